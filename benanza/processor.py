@@ -1,0 +1,431 @@
+"""Model processor (paper §III-A): ONNX file → layers with concrete shapes → unique layers.
+
+Weights are never loaded: a layer depends on weight *shapes*, which the TensorProto dims
+carry, so external-data and >2 GB models are processed from their small graph proto.
+Only small constant inputs whose *values* change the computation (a Reshape target, Clip
+bounds, Unsqueeze axes) are materialised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import ModelError, ShapeError, UsageError
+from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, UniqueLayer
+from .ops import NodeView, build_layer
+
+log = logging.getLogger(__name__)
+
+# Nodes that only materialise a constant: what another exporter stores as an initializer.
+_CONSTANT_MAKERS = {"ConstantOfShape", "Identity", "Cast"}
+
+
+def parse_input_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """``["data=1x3x224x224"]`` → ``{"data": (1, 3, 224, 224)}``."""
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = spec.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split("x"))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or any(d <= 0 for d in shape):
+            raise UsageError(f"--input-shape {spec!r}: want NAME=D1xD2x... with positive dims")
+        out[name] = shape
+    return out
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    batch_size: int = 1
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+def read_onnx(path: str | Path) -> onnx.ModelProto:
+    """Parse the graph proto, leaving external weight data on disk."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(p, "no such file")
+    if p.is_dir():
+        raise ModelError(p, "is a directory, not an ONNX file")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError, or others on truncation
+        raise ModelError(p, f"not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+    if model.ir_version < 3 or not model.opset_import or not model.graph.node:
+        raise ModelError(p, "not an ONNX model (no IR version ≥ 3, opset or graph nodes)")
+    return model
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 0
+
+
+def _fix_input_shapes(model: onnx.ModelProto, path: Path, opts: ProcessOptions) -> dict:
+    """Make every real graph input concrete: batch override on dim 0, user shapes elsewhere."""
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    given = dict(opts.input_shapes)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for inp in graph.input:
+        if inp.name in inits:
+            continue  # IR < 4 lists weights as inputs too; their initializer is the value
+        tt = inp.type.tensor_type
+        if not inp.type.HasField("tensor_type"):
+            raise ShapeError(path, f"input '{inp.name}' is not a tensor")
+        dims = tt.shape.dim
+        if inp.name in given:
+            shape = given.pop(inp.name)
+            if tt.HasField("shape") and len(dims) != len(shape):
+                raise ShapeError(path, f"--input-shape {inp.name} has rank {len(shape)}, "
+                                       f"the model's input has rank {len(dims)}")
+        else:
+            if not tt.HasField("shape"):
+                raise ShapeError(path, f"input '{inp.name}' has no shape: give --input-shape "
+                                       f"{inp.name}=D1xD2x...")
+            shape_list = []
+            unknown = []
+            for i, d in enumerate(dims):
+                if i == 0:
+                    shape_list.append(opts.batch_size)
+                elif d.HasField("dim_value") and d.dim_value > 0:
+                    shape_list.append(d.dim_value)
+                else:
+                    unknown.append(d.dim_param or "?")
+                    shape_list.append(-1)
+            if unknown:
+                shown = "x".join(
+                    (d.dim_param or "?") if not d.HasField("dim_value") or d.dim_value <= 0
+                    else str(d.dim_value) for d in dims)
+                raise ShapeError(path, f"input '{inp.name}' has symbolic dims {shown} "
+                                       f"({', '.join(unknown)} unknown): give --input-shape "
+                                       f"{inp.name}=" + "x".join(
+                                           str(s) if s > 0 else "N" for s in shape_list))
+            shape = tuple(shape_list)
+        tt.shape.ClearField("dim")
+        for s in shape:
+            tt.shape.dim.add().dim_value = s
+        shapes[inp.name] = shape
+    if given:
+        raise ShapeError(path, f"--input-shape names no graph input: {', '.join(sorted(given))}")
+    # Inferred shapes stored in the file may contradict the new batch: infer afresh.
+    del graph.value_info[:]
+    for out in graph.output:
+        out.type.tensor_type.ClearField("shape")
+    return shapes
+
+
+def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=True,
+                                                 data_prop=True)
+    except Exception as exc:
+        first_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    log.info("%s: ONNX shape inference failed (%s); trying symbolic inference", path, first_error)
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+    except Exception as exc:
+        raise ShapeError(path, f"shape inference failed: {first_error}; symbolic inference "
+                               f"also failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+
+
+def _tensor_spec(vi: onnx.ValueInfoProto) -> TensorSpec | None:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+        return None
+    dims = []
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        dims.append(d.dim_value)
+    return TensorSpec(tuple(dims), DTYPE_NAMES.get(tt.elem_type, str(tt.elem_type)))
+
+
+class _Constants:
+    """Constant tensors of a graph: their specs, and their values on demand."""
+
+    def __init__(self, graph: onnx.GraphProto, base_dir: str):
+        self.base_dir = base_dir
+        self.specs: dict[str, TensorSpec] = {}
+        self._thunks: dict[str, Callable[[], np.ndarray]] = {}
+        self._cache: dict[str, np.ndarray] = {}
+        for t in graph.initializer:
+            self._add_tensor(t.name, t)
+        for t in graph.sparse_initializer:
+            self.specs[t.values.name] = TensorSpec(tuple(t.dims), DTYPE_NAMES.get(t.values.data_type, "f32"))
+
+    def _add_tensor(self, name: str, t: onnx.TensorProto) -> None:
+        self.specs[name] = TensorSpec(tuple(t.dims), DTYPE_NAMES.get(t.data_type, str(t.data_type)))
+        self._thunks[name] = lambda t=t: numpy_helper.to_array(t, self.base_dir)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.specs
+
+    def value(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            self._cache[name] = self._thunks[name]()
+        return self._cache[name]
+
+    def thunk(self, name: str) -> Callable[[], np.ndarray] | None:
+        return (lambda: self.value(name)) if name in self._thunks else None
+
+    def fold(self, node: onnx.NodeProto) -> bool:
+        """Record the node's output as a constant if it only materialises one."""
+        if node.op_type == "Constant":
+            attr = node.attribute[0] if node.attribute else None
+            if attr is None:
+                return False
+            if attr.name == "value":
+                self._add_tensor(node.output[0], attr.t)
+            elif attr.name == "sparse_value":
+                v = attr.sparse_tensor.values
+                self.specs[node.output[0]] = TensorSpec(tuple(attr.sparse_tensor.dims),
+                                                        DTYPE_NAMES.get(v.data_type, "f32"))
+            else:
+                arr = np.array(onnx.helper.get_attribute_value(attr))
+                if attr.name.endswith("_string") or attr.name.endswith("_strings"):
+                    arr = arr.astype(object)
+                elif attr.name.startswith("value_float"):
+                    arr = arr.astype(np.float32)
+                else:
+                    arr = arr.astype(np.int64)
+                self._set(node.output[0], arr)
+            return True
+        if node.op_type not in _CONSTANT_MAKERS:
+            return False
+        ins = [i for i in node.input if i]
+        if not ins or not all(i in self for i in ins):
+            return False
+        out = node.output[0]
+        src = ins[0]
+        if node.op_type == "Identity":
+            self.specs[out] = self.specs[src]
+            self._thunks[out] = lambda: self.value(src)
+        elif node.op_type == "Cast":
+            to = next(a.i for a in node.attribute if a.name == "to")
+            np_type = onnx.helper.tensor_dtype_to_np_dtype(to)
+            self.specs[out] = TensorSpec(self.specs[src].shape, DTYPE_NAMES.get(to, str(to)))
+            self._thunks[out] = lambda: self.value(src).astype(np_type)
+        else:  # ConstantOfShape: the shape is a constant, so the result is too
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            fill = numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
+            shape = tuple(int(d) for d in self.value(src).reshape(-1))
+            self._set(out, np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype))
+        return True
+
+    def _set(self, name: str, arr: np.ndarray) -> None:
+        dtype = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype) if arr.dtype != object else 8
+        self.specs[name] = TensorSpec(tuple(arr.shape), DTYPE_NAMES.get(dtype, str(dtype)))
+        self._cache[name] = arr
+        self._thunks[name] = lambda: arr
+
+
+_SCHEMA_DEFAULTS: dict[tuple[str, str, int], dict] = {}
+
+
+def _attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict:
+    """Node attributes with ONNX's defaults filled in, so omitted == explicit default."""
+    key = (node.domain, node.op_type, opset)
+    defaults = _SCHEMA_DEFAULTS.get(key)
+    if defaults is None:
+        defaults = {}
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+            for name, a in schema.attributes.items():
+                if a.default_value is not None and a.default_value.type != 0:
+                    defaults[name] = onnx.helper.get_attribute_value(a.default_value)
+        except Exception:
+            pass  # ops of custom domains have no schema: their attributes stand as written
+        _SCHEMA_DEFAULTS[key] = defaults
+    attrs = dict(defaults)
+    for a in node.attribute:
+        attrs[a.name] = onnx.helper.get_attribute_value(a)
+    return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
+
+
+def _topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
+    """ONNX requires topological order, but not every exporter delivers it."""
+    produced = set(available)
+    ordered_ok = True
+    for n in nodes:
+        if any(i and i not in produced for i in n.input):
+            ordered_ok = False
+            break
+        produced.update(n.output)
+    if ordered_ok:
+        return nodes
+    pending = list(nodes)
+    produced = set(available)
+    out: list[onnx.NodeProto] = []
+    while pending:
+        rest = [n for n in pending if any(i and i not in produced for i in n.input)]
+        ready = [n for n in pending if n not in rest]
+        if not ready:
+            missing = sorted({i for n in rest for i in n.input if i and i not in produced})
+            raise ModelError("<graph>", f"graph has a cycle or undefined tensors: {missing[:5]}")
+        for n in ready:
+            produced.update(n.output)
+        out.extend(ready)
+        pending = rest
+    return out
+
+
+def load_model(path: str | Path, batch_size: int = 1,
+               input_shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
+    """Process one ONNX file into a Model whose every layer has concrete shapes."""
+    p = Path(path)
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be ≥ 1, got {batch_size}")
+    opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
+    model = read_onnx(p)
+    opset = _opset(model)
+    if opset < 1:
+        raise ModelError(p, "model imports no default-domain opset")
+    in_shapes = _fix_input_shapes(model, p, opts)
+    inferred = _infer_shapes(model, p)
+    graph = inferred.graph
+
+    consts = _Constants(graph, os.path.dirname(os.path.abspath(p)))
+    specs: dict[str, TensorSpec] = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        s = _tensor_spec(vi)
+        if s is not None:
+            specs[vi.name] = s
+
+    order = _topological(list(graph.node), set(in_shapes) | set(consts.specs))
+    nodes: list[Node] = []
+    edges: list[tuple[int, int]] = []
+    producer: dict[str, int] = {}
+    interned: dict[str, Layer] = {}
+    try:
+        for proto in order:
+            if consts.fold(proto):
+                continue
+            index = len(nodes)
+            name = proto.name or f"{proto.op_type}_{index}"
+            view = _node_view(proto, opset, specs, consts, p, name)
+            layer = build_layer(view)
+            layer = interned.setdefault(layer.key, layer)
+            data_in = tuple(i for i in proto.input if i and i not in consts)
+            for t in data_in:
+                if t in producer and producer[t] != index:
+                    edges.append((producer[t], index))
+            for t in proto.output:
+                if t:
+                    producer[t] = index
+            nodes.append(Node(index, name, layer, data_in, tuple(o for o in proto.output if o),
+                              tuple(i for i in proto.input if i and i in consts)))
+    except (ModelError, ShapeError):
+        raise
+    except Exception as exc:
+        raise ModelError(p, f"node {name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
+    return Model(name=p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
+                 input_shapes=in_shapes, batch_size=batch_size, opset=opset)
+
+
+def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
+               consts: _Constants, path: Path, name: str) -> NodeView:
+    inputs: list[TensorSpec | None] = []
+    constant: list[bool] = []
+    values = {}
+    for i, t in enumerate(proto.input):
+        if not t:
+            inputs.append(None)
+            constant.append(False)
+            continue
+        spec = consts.specs.get(t) or specs.get(t)
+        if spec is None:
+            raise ShapeError(path, f"node {name!r} ({proto.op_type}): shape of input '{t}' is "
+                                   f"unknown after shape inference")
+        inputs.append(spec)
+        constant.append(t in consts)
+        thunk = consts.thunk(t)
+        if thunk is not None:
+            values[i] = thunk
+    outputs = []
+    for t in proto.output:
+        if not t:
+            continue
+        spec = specs.get(t)
+        if spec is None:
+            raise ShapeError(path, f"node {name!r} ({proto.op_type}): output '{t}' has no "
+                                   f"concrete shape after shape inference (op unknown to ONNX "
+                                   f"shape inference, or data-dependent shape)")
+        outputs.append(spec)
+    opset_for_node = opset if proto.domain in ("", "ai.onnx") else 1
+    return NodeView(op=proto.op_type, inputs=tuple(inputs), outputs=tuple(outputs),
+                    attrs=_attrs_with_defaults(proto, opset_for_node), values=values,
+                    constant=tuple(constant), opset=opset)
+
+
+def unique_layers(models: Iterable[Model]) -> list[UniqueLayer]:
+    """Dedup layers within and across models in one pass; order of first appearance."""
+    table: dict[str, UniqueLayer] = {}
+    for m in models:
+        for n in m.nodes:
+            u = table.get(n.layer.key)
+            if u is None:
+                u = table[n.layer.key] = UniqueLayer(n.layer)
+            u.occurrences.append(Occurrence(m.name, n.name, n.index))
+    return list(table.values())
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    model: str
+    layers: int
+    unique_layers: int
+    covered_layers: int
+    macs: int
+    ops: tuple[tuple[str, int], ...]
+    not_covered: tuple[tuple[str, int], ...]
+
+    @property
+    def unique_pct(self) -> float:
+        return 100.0 * self.unique_layers / self.layers if self.layers else 0.0
+
+    @property
+    def covered_pct(self) -> float:
+        return 100.0 * self.covered_layers / self.layers if self.layers else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model, "layers": self.layers, "unique_layers": self.unique_layers,
+            "unique_pct": round(self.unique_pct, 2), "covered_layers": self.covered_layers,
+            "covered_pct": round(self.covered_pct, 2), "macs": self.macs,
+            "ops": dict(self.ops), "not_covered": dict(self.not_covered),
+        }
+
+
+def model_stats(model: Model) -> ModelStats:
+    layers = model.layers
+    ops = Counter(layer.op for layer in layers)
+    uncovered = Counter(layer.op for layer in layers if not layer.covered)
+    return ModelStats(
+        model=model.name, layers=len(layers), unique_layers=len({la.key for la in layers}),
+        covered_layers=sum(1 for la in layers if la.covered), macs=model.macs,
+        ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())))
+
+
+def total_stats(models: list[Model], uniques: list[UniqueLayer]) -> ModelStats:
+    layers = [la for m in models for la in m.layers]
+    ops = Counter(la.op for la in layers)
+    uncovered = Counter(la.op for la in layers if not la.covered)
+    return ModelStats(
+        model="total", layers=len(layers), unique_layers=len(uniques),
+        covered_layers=sum(1 for la in layers if la.covered), macs=sum(m.macs for m in models),
+        ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())))
