@@ -99,9 +99,22 @@ def zoo(out_dir: str, only: tuple[str, ...], list_only: bool) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench",
               show_default=True, help="Folder for layers.json and generated benchmark sources.")
 @batch_options
+@click.option("--backend", type=click.Choice(["all", "cudnn", "onednn", "none"]), default="all",
+              show_default=True, help="Which library's benchmarks to generate ('none': manifest only).")
+@click.option("--dtype", "dtypes", multiple=True, metavar="DT",
+              help="Data types (f32, f16, bf16); default: the backend's (cudnn f32+f16, onednn f32+bf16 "
+                   "where the CPU has it).")
+@click.option("--layout", "layouts", multiple=True, metavar="L", help="Layouts (nchw, nhwc, any).")
+@click.option("--math", "maths", multiple=True, metavar="M",
+              help="cuDNN math modes (default, tensor_op, tf32); default: per dtype.")
+@click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")
+@click.option("--cupti", is_flag=True, help="cuDNN: CUPTI kernel-metrics mode instead of timing.")
+@click.option("--cupti-metric", "cupti_metrics", multiple=True, metavar="NAME",
+              help="CUPTI metric to record per kernel in --cupti mode (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON on stdout.")
 def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape: tuple[str, ...],
-             as_json: bool) -> None:
+             backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
+             no_fusion: bool, cupti: bool, cupti_metrics: tuple[str, ...], as_json: bool) -> None:
     """Process ONNX models into their unique layers and write the benchmark manifest.
 
     Prints, per model, its layers, unique layers and the share covered by cuDNN/cuBLAS, plus
@@ -109,6 +122,8 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     A file that cannot be processed gets one error line; the others are still processed and
     the exit status is non-zero.
     """
+    from .generator import BACKEND_MODULES, GenOptions
+    from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import load_model, model_stats, parse_input_shapes, total_stats, unique_layers
 
@@ -123,8 +138,14 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     uniques = unique_layers(loaded)
     stats = [model_stats(m) for m in loaded]
     total = total_stats(loaded, uniques)
+    generated = []
     if loaded:
-        write_manifest(build_manifest(loaded, uniques), out_dir)
+        manifest = build_manifest(loaded, uniques)
+        write_manifest(manifest, out_dir)
+        options = GenOptions(dtypes=dtypes, layouts=layouts, math=maths, fusion=not no_fusion,
+                             cupti=cupti, cupti_metrics=cupti_metrics)
+        names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
+        generated = [generate_backend(manifest, name, out_dir, options) for name in names]
     if as_json:
         click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
                               indent=1))
@@ -132,6 +153,9 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         _print_stats(stats, total)
         if loaded:
             console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
+                          highlight=False)
+        for g in generated:
+            console.print(f"{g.backend}: {len(g.variants)} benchmark variants in {g.out_dir}",
                           highlight=False)
     if failed:
         sys.exit(1)

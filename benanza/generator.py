@@ -1,0 +1,136 @@
+"""Benchmark generator (paper §III-B): unique layers → variants → C++ sources + CMake project.
+
+A backend is a small module in ``benanza/backends/`` plus a template folder in
+``templates/<backend>/``. It expands each layer of the manifest into the variants its
+library can run (algorithm × dtype × layout × math × fusion) and renders data tables that
+the shared runtime (``runtime_cpp/``) turns into registered Google Benchmarks.
+
+Output layout, under the ``--out`` folder::
+
+    layers.json                 the unique-layer manifest (processor output)
+    <backend>/CMakeLists.txt    a standalone CMake project
+    <backend>/*.cpp|*.cu        generated tables and registrations
+    <backend>/variants.json     every variant generated, by benchmark name
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import jinja2
+
+from .errors import BenanzaError
+from .layers import UniqueLayer
+from .manifest import Manifest
+from .records import Variant
+from .resources import templates_dir
+
+VARIANTS_NAME = "variants.json"
+
+# backend name → module defining ``BACKEND`` (imported lazily: a backend's deps stay optional)
+BACKEND_MODULES = {
+    "cudnn": "benanza.backends.cudnn",
+    "onednn": "benanza.backends.onednn",
+}
+
+
+@dataclass(frozen=True)
+class GenOptions:
+    """What to expand. Empty tuples mean the backend's defaults."""
+
+    dtypes: tuple[str, ...] = ()
+    layouts: tuple[str, ...] = ()
+    math: tuple[str, ...] = ()
+    fusion: bool = True
+    cupti: bool = False  # cuDNN: fixed-iteration CUPTI kernel-metrics mode instead of timing
+    cupti_metrics: tuple[str, ...] = ()
+    extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+class Backend(Protocol):
+    name: str
+
+    def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
+        """Every variant of one layer; ``fusions`` are the pattern names the models use on it."""
+
+    def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
+               out_dir: Path, options: GenOptions) -> list[Path]:
+        """Write the backend's sources and CMakeLists.txt into ``out_dir``; return the files."""
+
+
+def get_backend(name: str) -> Backend:
+    module = BACKEND_MODULES.get(name)
+    if module is None:
+        raise BenanzaError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKEND_MODULES))}")
+    return importlib.import_module(module).BACKEND
+
+
+def template_env(backend: str) -> jinja2.Environment:
+    """Jinja with StrictUndefined: a missing template value is an error, never empty C++."""
+    root = templates_dir()
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(root / backend), str(root / "common")]),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["cstr"] = lambda s: json.dumps(str(s))  # a C string literal, escaped
+    return env
+
+
+@dataclass
+class Generated:
+    backend: str
+    out_dir: Path
+    variants: list[Variant]
+    files: list[Path]
+
+
+def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -> list[Variant]:
+    fusions: dict[str, list[str]] = {}
+    for f in manifest.fusions:
+        fusions.setdefault(f["layer"], []).append(f["pattern"])
+    out: list[Variant] = []
+    for u in manifest.layers:
+        used = tuple(sorted(fusions.get(u.layer.key, []))) if options.fusion else ()
+        out.extend(backend.variants(u, used, options))
+    names = [v.name for v in out]
+    if len(set(names)) != len(names):
+        raise BenanzaError(f"backend {backend.name} generated duplicate benchmark names")
+    return out
+
+
+def generate(manifest: Manifest, backend_name: str, out_root: str | Path,
+             options: GenOptions = GenOptions()) -> Generated:
+    backend = get_backend(backend_name)
+    out_dir = Path(out_root) / backend_name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    variants = expand_variants(manifest, backend, options)
+    files = backend.render(manifest, variants, template_env(backend_name), out_dir, options)
+    write_variants(out_dir, backend_name, variants, options)
+    return Generated(backend_name, out_dir, variants, files)
+
+
+def write_variants(out_dir: Path, backend: str, variants: list[Variant], options: GenOptions) -> Path:
+    path = out_dir / VARIANTS_NAME
+    data = {"backend": backend, "options": asdict(options),
+            "variants": [asdict(v) | {"name": v.name} for v in variants]}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def read_variants(out_dir: str | Path) -> list[Variant]:
+    path = Path(out_dir) / VARIANTS_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BenanzaError(f"{path}: no generated benchmarks here; run `benanza generate` first") from None
+    except ValueError as exc:
+        raise BenanzaError(f"{path}: unreadable variants file ({exc})") from None
+    return [Variant(**{k: v for k, v in d.items() if k != "name"}) for d in data["variants"]]
