@@ -1,0 +1,65 @@
+"""Small ONNX graphs for tests, built with onnx.helper (no committed blobs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def tensor(name: str, shape, value: float | None = None, dtype=np.float32) -> onnx.TensorProto:
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    arr = np.full(shape, value, dtype) if value is not None else rng.standard_normal(shape).astype(dtype)
+    return numpy_helper.from_array(arr, name)
+
+
+def model(nodes, inputs, outputs, initializers=(), opset: int = 13, ir_version: int | None = None):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    if ir_version is not None:
+        m.ir_version = ir_version
+    return m
+
+
+def io(name: str, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def conv_net(weights_as: str = "initializer", opset: int = 13) -> onnx.ModelProto:
+    """Conv(bias)→Relu→Conv(no bias)→BN→Relu→MaxPool→Flatten→Gemm→Softmax.
+
+    ``weights_as``: "initializer", "constant" (Constant nodes) or "constant_of_shape"
+    (BN scale from ConstantOfShape, the rest Constant nodes) — same layers either way.
+    """
+    consts = {
+        "W1": tensor("W1", (8, 3, 3, 3)), "B1": tensor("B1", (8,)),
+        "W2": tensor("W2", (8, 8, 3, 3)), "mean": tensor("mean", (8,), 0.0),
+        "var": tensor("var", (8,), 1.0), "bias": tensor("bias", (8,), 0.0),
+        "Wfc": tensor("Wfc", (10, 8 * 4 * 4)), "Bfc": tensor("Bfc", (10,)),
+    }
+    pre = []
+    inits = []
+    if weights_as == "initializer":
+        inits = list(consts.values()) + [tensor("scale", (8,), 1.0)]
+    else:
+        for name, t in consts.items():
+            pre.append(helper.make_node("Constant", [], [name], value=t))
+        if weights_as == "constant_of_shape":
+            pre.append(helper.make_node("Constant", [], ["scale_shape"],
+                                        value=numpy_helper.from_array(np.array([8], np.int64))))
+            pre.append(helper.make_node("ConstantOfShape", ["scale_shape"], ["scale"],
+                                        value=numpy_helper.from_array(np.array([1.0], np.float32))))
+        else:
+            pre.append(helper.make_node("Constant", [], ["scale"], value=tensor("scale", (8,), 1.0)))
+    nodes = pre + [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("BatchNormalization", ["c2", "scale", "bias", "mean", "var"], ["b2"], name="bn2"),
+        helper.make_node("Relu", ["b2"], ["r2"], name="relu2"),
+        helper.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2], name="pool2"),
+        helper.make_node("Flatten", ["p2"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "Wfc", "Bfc"], ["logits"], transB=1, name="fc"),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=1, name="softmax"),
+    ]
+    return model(nodes, [io("x", ["N", 3, 8, 8])], [io("y", None)], inits, opset=opset)
