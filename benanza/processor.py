@@ -78,6 +78,17 @@ def _fix_input_shapes(model: onnx.ModelProto, path: Path, opts: ProcessOptions) 
     graph = model.graph
     inits = {t.name for t in graph.initializer}
     given = dict(opts.input_shapes)
+    real_inputs = {i.name for i in graph.input} - inits
+    stray = sorted(set(given) - real_inputs)
+    if stray:
+        raise ShapeError(path, f"--input-shape names no graph input: {', '.join(stray)} "
+                               f"(inputs: {', '.join(sorted(real_inputs)) or 'none'})")
+    if model.ir_version < 4:
+        # IR < 4 shape inference only sees initializers that are listed as graph inputs.
+        listed = {i.name for i in graph.input}
+        for t in graph.initializer:
+            if t.name not in listed:
+                graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     shapes: dict[str, tuple[int, ...]] = {}
     for inp in graph.input:
         if inp.name in inits:
@@ -118,8 +129,6 @@ def _fix_input_shapes(model: onnx.ModelProto, path: Path, opts: ProcessOptions) 
         for s in shape:
             tt.shape.dim.add().dim_value = s
         shapes[inp.name] = shape
-    if given:
-        raise ShapeError(path, f"--input-shape names no graph input: {', '.join(sorted(given))}")
     # Inferred shapes stored in the file may contradict the new batch: infer afresh.
     del graph.value_info[:]
     for out in graph.output:
