@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up everything Benanza needs on a fresh Debian/Ubuntu machine: system packages
+# (compilers, CMake, Google Benchmark, oneDNN, headless Chromium), a virtualenv in .venv
+# with the package and its test extras, and the cuDNN/cuBLAS wheels the GPU backend
+# compiles against. Idempotent: a second run installs nothing new.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(cmake g++ make libbenchmark-dev libdnnl-dev chromium)
+if command -v apt-get >/dev/null 2>&1; then
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test,cuda]"
