@@ -136,20 +136,43 @@ def _fix_input_shapes(model: onnx.ModelProto, path: Path, opts: ProcessOptions) 
     return shapes
 
 
+def _unknown_outputs(model: onnx.ModelProto) -> int:
+    graph = model.graph
+    known = {vi.name for vi in list(graph.input) + list(graph.value_info) + list(graph.output)
+             if _tensor_spec(vi) is not None}
+    return sum(1 for n in graph.node for o in n.output if o and o not in known)
+
+
 def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """ONNX shape inference with data propagation; ONNX Runtime's symbolic inference where
+    that leaves shapes unknown (ops ONNX does not know, e.g. com.microsoft contrib ops)."""
+    problem = ""
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=True,
-                                                 data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=True,
+                                                     data_prop=True)
+        if _unknown_outputs(inferred) == 0:
+            return inferred
     except Exception as exc:
-        first_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    log.info("%s: ONNX shape inference failed (%s); trying symbolic inference", path, first_error)
+        inferred = None
+        problem = _first_line(exc)
+        log.info("%s: ONNX shape inference failed (%s); trying symbolic inference", path, problem)
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+        symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
     except Exception as exc:
-        raise ShapeError(path, f"shape inference failed: {first_error}; symbolic inference "
-                               f"also failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+        if inferred is None:
+            raise ShapeError(path, f"shape inference failed: {problem}; symbolic inference also "
+                                   f"failed: {_first_line(exc)}") from None
+        return inferred  # the unknown shapes are reported node by node
+    if inferred is None or _unknown_outputs(symbolic) < _unknown_outputs(inferred):
+        return symbolic
+    return inferred
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _tensor_spec(vi: onnx.ValueInfoProto) -> TensorSpec | None:

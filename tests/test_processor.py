@@ -265,3 +265,13 @@ def test_generate_cli_reports_each_bad_file_and_continues(tmp_path, save):
         {"layer": GOLDEN["conv1"], "pattern": "bias_relu", "count": 1},
         {"layer": conv2["key"], "pattern": "bn_relu", "count": 1},
     ]
+
+
+def test_symbolic_inference_fills_what_onnx_inference_leaves_unknown(save):
+    # ONNX does not know ONNX Runtime's contrib ops; symbolic inference does
+    node = helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")
+    m = model([node, helper.make_node("Relu", ["y"], ["z"])], [io("x", [1, 4])], [io("z", None)])
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    processed = load_model(save(m))
+    assert [n.layer.key for n in processed.nodes] == ["gelu:in1x4_out1x4_f32",
+                                                      "eltwise:relu_in1x4_f32"]
