@@ -8,8 +8,10 @@ bounds, Unsqueeze axes) are materialised.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +161,10 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        # On incomplete inference it dumps a model into the working directory: give it a
+        # scratch one so the user's folder is never littered.
+        with tempfile.TemporaryDirectory() as scratch, _working_dir(scratch):
+            symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
     except Exception as exc:
         if inferred is None:
             raise ShapeError(path, f"shape inference failed: {problem}; symbolic inference also "
@@ -168,6 +173,16 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     if inferred is None or _unknown_outputs(symbolic) < _unknown_outputs(inferred):
         return symbolic
     return inferred
+
+
+@contextlib.contextmanager
+def _working_dir(path: str):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
 
 
 def _first_line(exc: Exception) -> str:

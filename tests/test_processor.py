@@ -236,13 +236,15 @@ def test_errors_name_the_file(tmp_path, save):
         load_model(truncated)
 
 
-def test_unknown_op_is_a_clear_error(save):
+def test_unknown_op_is_a_clear_error(save, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     node = helper.make_node("Mystery", ["x"], ["y"], domain="com.example")
     m = model([node], [io("x", [1, 4])], [io("y", None)])
     m.opset_import.append(helper.make_opsetid("com.example", 1))
     with pytest.raises(ShapeError) as e:
         load_model(save(m))
     assert "Mystery" in str(e.value) and "m.onnx" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # nothing left behind
 
 
 def test_generate_cli_reports_each_bad_file_and_continues(tmp_path, save):
