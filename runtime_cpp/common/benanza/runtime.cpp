@@ -1,0 +1,262 @@
+#include "benanza/runtime.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <numeric>
+#include <set>
+#include <thread>
+#include <type_traits>
+
+#include "benanza/json.hpp"
+
+namespace benanza {
+namespace {
+
+constexpr const char* kUnsupportedPrefix = "unsupported: ";
+constexpr const char* kFailedPrefix = "failed: ";
+
+std::map<std::string, std::string>& context_map() {
+  static std::map<std::string, std::string> m;
+  return m;
+}
+
+void emit(const std::string& tag, const std::string& payload) {
+  // One write + flush per line: the runner reads it live and must see it even if we crash next.
+  std::string line = tag + " " + payload + "\n";
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fflush(stdout);
+}
+
+// Test hooks: make one named benchmark crash or hang, to prove the runner survives both.
+void inject_fault(const std::string& name) {
+  const char* abort_name = std::getenv("BENANZA_FAULT_ABORT");
+  if (abort_name && name == abort_name) std::abort();
+  const char* hang_name = std::getenv("BENANZA_FAULT_HANG");
+  if (hang_name && name == hang_name) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+void announce(const std::string& name) {
+  // Google Benchmark calls the body several times (iteration estimate, repetitions); the
+  // marker goes out once, so a crash is pinned on the benchmark that was running.
+  static std::string current;
+  if (name == current) return;
+  current = name;
+  emit("BENANZA_START", name);
+  inject_fault(name);
+}
+
+// Google Benchmark 1.8 replaced Run::error_occurred/error_message by skipped/skip_message.
+template <class R>
+auto run_skipped(const R& r, int) -> decltype(static_cast<bool>(r.error_occurred)) {
+  return r.error_occurred;
+}
+template <class R>
+auto run_skipped(const R& r, long) -> decltype(static_cast<bool>(r.skipped)) {
+  return static_cast<bool>(r.skipped);
+}
+template <class R>
+auto run_message(const R& r, int) -> decltype(std::string(r.error_message)) {
+  return r.error_message;
+}
+template <class R>
+auto run_message(const R& r, long) -> decltype(std::string(r.skip_message)) {
+  return r.skip_message;
+}
+
+double to_ms(double value, benchmark::TimeUnit unit) {
+  switch (unit) {
+    case benchmark::kNanosecond: return value * 1e-6;
+    case benchmark::kMicrosecond: return value * 1e-3;
+    case benchmark::kMillisecond: return value;
+    case benchmark::kSecond: return value * 1e3;
+  }
+  return value;
+}
+
+struct Stats {
+  double median, mean, stddev, min;
+};
+
+Stats stats_of(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  size_t n = xs.size();
+  double mean = std::accumulate(xs.begin(), xs.end(), 0.0) / n;
+  double median = n % 2 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
+  double ss = 0;
+  for (double x : xs) ss += (x - mean) * (x - mean);
+  double stddev = n > 1 ? std::sqrt(ss / (n - 1)) : 0.0;
+  return {median, mean, stddev, xs.front()};
+}
+
+std::string context_json(const benchmark::BenchmarkReporter::Context* ctx) {
+  JsonObject o;
+  if (ctx) {
+    const auto& cpu = ctx->cpu_info;
+    o.add("executable", ctx->executable_name ? ctx->executable_name : "");
+    o.add("host", ctx->sys_info.name);
+    o.add("num_cpus", static_cast<int64_t>(cpu.num_cpus));
+    o.add("mhz_per_cpu", cpu.cycles_per_second / 1e6);
+    o.add("cpu_scaling_enabled", cpu.scaling == benchmark::CPUInfo::ENABLED);
+  }
+  o.add("cpu_model", cpu_model());
+  o.add("hardware_threads", static_cast<int64_t>(std::thread::hardware_concurrency()));
+  o.add("custom", context_map());
+  return o.str();
+}
+
+// Streams one BENANZA_RESULT line per benchmark as soon as its repetitions are done, with
+// the statistics computed over repetitions here (the same way for every backend).
+class LineReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context& context) override {
+    emit("BENANZA_CONTEXT", context_json(&context));
+    return true;
+  }
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<const Run*> reps;
+    for (const auto& r : runs)
+      if (r.run_type == Run::RT_Iteration) reps.push_back(&r);
+    if (reps.empty()) return;  // the aggregates call that follows the repetitions
+    const Run& first = *reps.front();
+    JsonObject o;
+    o.add("name", first.run_name.function_name);
+    o.add("implementation", first.report_label);
+    if (run_skipped(first, 0)) {
+      std::string msg = run_message(first, 0);
+      bool unsupported = msg.rfind(kUnsupportedPrefix, 0) == 0;
+      const char* prefix = unsupported ? kUnsupportedPrefix : kFailedPrefix;
+      if (msg.rfind(prefix, 0) == 0) msg = msg.substr(std::string(prefix).size());
+      o.add("status", unsupported ? "unsupported" : "failed");
+      o.add("message", msg);
+    } else {
+      std::vector<double> times;
+      for (const Run* r : reps) times.push_back(to_ms(r->GetAdjustedRealTime(), r->time_unit));
+      Stats s = stats_of(times);
+      o.add("status", "ok");
+      o.add("median_ms", s.median).add("mean_ms", s.mean).add("stddev_ms", s.stddev).add("min_ms", s.min);
+      o.add("iterations", static_cast<int64_t>(first.iterations));
+      o.add("repetitions", static_cast<int64_t>(reps.size()));
+      std::string arr = "[";
+      for (size_t i = 0; i < times.size(); ++i) arr += (i ? "," : "") + json_number(times[i]);
+      o.raw("times_ms", arr + "]");
+    }
+    JsonObject counters;
+    for (const auto& kv : first.counters) counters.add(kv.first, static_cast<double>(kv.second.value));
+    o.raw("counters", counters.str());
+    emit("BENANZA_RESULT", o.str());
+  }
+
+  void Finalize() override {}
+};
+
+std::vector<std::string> read_names(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << "benanza: cannot read names file " << path << "\n";
+    std::exit(2);
+  }
+  std::vector<std::string> names;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) names.push_back(line);
+  return names;
+}
+
+}  // namespace
+
+void set_context(const std::string& key, const std::string& value) { context_map()[key] = value; }
+
+void mark_unsupported(benchmark::State& state, const std::string& message) {
+  state.SkipWithError((kUnsupportedPrefix + message).c_str());
+}
+
+void mark_failed(benchmark::State& state, const std::string& message) {
+  state.SkipWithError((kFailedPrefix + message).c_str());
+}
+
+void set_implementation(benchmark::State& state, const std::string& impl) { state.SetLabel(impl); }
+
+void set_workspace(benchmark::State& state, uint64_t bytes) {
+  state.counters["workspace_bytes"] = benchmark::Counter(static_cast<double>(bytes));
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      auto pos = line.find(':');
+      if (pos != std::string::npos) return line.substr(line.find_first_not_of(" \t", pos + 1));
+    }
+  }
+  return "";
+}
+
+int run_main(int argc, char** argv, const Registry& registry, Timing timing) {
+  std::vector<char*> rest;
+  std::string names_file;
+  bool list = false, context_only = false;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--benanza_names=", 0) == 0) {
+      names_file = a.substr(16);
+    } else if (a == "--benanza_list") {
+      list = true;
+    } else if (a == "--benanza_context") {
+      context_only = true;
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  if (list) {
+    for (const auto& e : registry.entries()) std::cout << e.first << "\n";
+    return 0;
+  }
+  if (context_only) {
+    emit("BENANZA_CONTEXT", context_json(nullptr));
+    return 0;
+  }
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 2;
+
+  std::map<std::string, const BenchFn*> by_name;
+  for (const auto& e : registry.entries()) by_name[e.first] = &e.second;
+  std::vector<std::string> order;
+  if (names_file.empty()) {
+    for (const auto& e : registry.entries()) order.push_back(e.first);
+  } else {
+    order = read_names(names_file);
+  }
+  for (const auto& name : order) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      emit("BENANZA_RESULT", JsonObject()
+                                 .add("name", name)
+                                 .add("status", "failed")
+                                 .add("message", "not in this binary: regenerate and rebuild")
+                                 .str());
+      continue;
+    }
+    const BenchFn* fn = it->second;
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [name, fn](benchmark::State& st) {
+      announce(name);
+      (*fn)(st);
+    });
+    b->Unit(benchmark::kMillisecond);
+    if (timing == Timing::Manual) b->UseManualTime(); else b->UseRealTime();
+  }
+  LineReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}
+
+}  // namespace benanza
