@@ -1,0 +1,206 @@
+"""The model execution profile (paper §III-D ④): a bundle folder, or single profile files.
+
+``benanza profile`` writes a folder with ``profile.json`` (the index, format below) next to
+the framework trace, library logs and Nsight report it captured. ``load_profile`` reads a
+bundle or any single file of a known format, so users can also bring their own logs.
+
+``profile.json``::
+
+    {"schema_version": 1, "model": "...", "framework": "onnxruntime", "framework_version": "...",
+     "device": "cpu", "batch_size": 1, "warmup": 5, "iterations": 50,
+     "latency_ms": {"trimmed_mean": .., "p50": .., "p90": .., "mean": .., "min": .., "max": ..,
+                    "samples": [..]},
+     "files": {"trace": "ort_profile.json", "cudnn_log": "cudnn.log", "cublas_log": "cublas.log",
+               "onednn_log": "onednn.log", "nsys": "nsys.nsys-rep"},
+     "notes": ["..."]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .base import FrameworkTrace, LibraryCall, ProfileFormatError, load_json
+from .cublas_log import parse_cublas_log
+from .cudnn_log import parse_cudnn_log
+from .kineto import parse_kineto_trace
+from .nsys import parse_nsys
+from .onednn_verbose import parse_onednn_verbose
+from .ort import parse_ort_profile
+
+INDEX_NAME = "profile.json"
+BUNDLE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    trimmed_mean_ms: float  # MLModelScope/XSP: mean after dropping 20% at each end
+    p50_ms: float
+    p90_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    samples_ms: tuple[float, ...]
+
+    def to_json(self) -> dict:
+        return {"trimmed_mean": self.trimmed_mean_ms, "p50": self.p50_ms, "p90": self.p90_ms,
+                "mean": self.mean_ms, "min": self.min_ms, "max": self.max_ms,
+                "samples": list(self.samples_ms)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LatencyStats":
+        return cls(d["trimmed_mean"], d["p50"], d["p90"], d["mean"], d["min"], d["max"],
+                   tuple(d.get("samples", ())))
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    pos = (len(ordered) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def latency_stats(samples_ms: list[float] | tuple[float, ...]) -> LatencyStats:
+    if not samples_ms:
+        raise ValueError("latency statistics need at least one sample")
+    ordered = sorted(samples_ms)
+    cut = int(0.2 * len(ordered))
+    kept = ordered[cut: len(ordered) - cut] or ordered
+    return LatencyStats(sum(kept) / len(kept), _percentile(ordered, 0.5), _percentile(ordered, 0.9),
+                        sum(ordered) / len(ordered), ordered[0], ordered[-1], tuple(samples_ms))
+
+
+@dataclass
+class ExecutionProfile:
+    """Everything known about one framework run of one model."""
+
+    path: str
+    framework: str = ""
+    framework_version: str = ""
+    device: str = ""
+    batch_size: int | None = None
+    model: str = ""
+    latency: LatencyStats | None = None
+    trace: FrameworkTrace | None = None  # the framework's own per-op trace
+    nsys: FrameworkTrace | None = None
+    library_calls: dict[str, list[LibraryCall]] = field(default_factory=dict)  # by library
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def measured_ms(self) -> float | None:
+        """Trimmed-mean latency, else the framework trace's mean run time."""
+        if self.latency is not None:
+            return self.latency.trimmed_mean_ms
+        runs = self.trace.runs if self.trace else []
+        return latency_stats([r.dur_us / 1000.0 for r in runs]).trimmed_mean_ms if runs else None
+
+    def merge(self, other: "ExecutionProfile") -> None:
+        """Fold a second source (e.g. a separately captured log) into this profile."""
+        for name in ("framework", "framework_version", "device", "model"):
+            if not getattr(self, name):
+                setattr(self, name, getattr(other, name))
+        self.batch_size = self.batch_size or other.batch_size
+        self.latency = self.latency or other.latency
+        self.trace = self.trace or other.trace
+        self.nsys = self.nsys or other.nsys
+        for lib, calls in other.library_calls.items():
+            self.library_calls.setdefault(lib, []).extend(calls)
+        self.notes.extend(other.notes)
+
+
+def _sniff(path: Path) -> str:
+    if path.suffix in (".sqlite", ".nsys-rep", ".qdrep"):
+        return "nsys"
+    with open(path, "rb") as f:
+        head = f.read(65536).decode("utf-8", errors="replace")
+    stripped = head.lstrip()
+    if stripped.startswith("["):
+        return "ort"
+    if stripped.startswith("{"):
+        return "kineto"
+    if "CuDNN (v" in head:
+        return "cudnn"
+    if "cuBLAS (v" in head or "[cublasLt]" in head:
+        return "cublas"
+    if "_verbose," in head:
+        return "onednn"
+    raise ProfileFormatError(path, "unknown profile format: expected an ONNX Runtime profile, a PyTorch "
+                                   "trace, a cuDNN/cuBLAS/oneDNN log, an Nsight Systems report, or a "
+                                   "`benanza profile` bundle folder")
+
+
+def load_file(path: str | Path, kind: str | None = None) -> ExecutionProfile:
+    p = Path(path)
+    if not p.exists():
+        raise ProfileFormatError(p, "no such profile file or bundle")
+    kind = kind or _sniff(p)
+    prof = ExecutionProfile(path=str(p))
+    if kind == "ort":
+        prof.trace, prof.framework = parse_ort_profile(p), "onnxruntime"
+    elif kind == "kineto":
+        prof.trace, prof.framework = parse_kineto_trace(p), "torch"
+    elif kind == "nsys":
+        prof.nsys = parse_nsys(p)
+    elif kind == "cudnn":
+        prof.library_calls["cudnn"] = parse_cudnn_log(p)
+    elif kind == "cublas":
+        calls = parse_cublas_log(p)
+        for c in calls:
+            prof.library_calls.setdefault(c.library, []).append(c)
+    elif kind == "onednn":
+        prof.library_calls["onednn"] = parse_onednn_verbose(p)
+    else:
+        raise ProfileFormatError(p, f"unknown profile kind {kind!r}")
+    return prof
+
+
+_FILE_KINDS = {"trace": None, "cudnn_log": "cudnn", "cublas_log": "cublas", "onednn_log": "onednn",
+               "nsys": "nsys"}
+
+
+def load_bundle(folder: str | Path) -> ExecutionProfile:
+    root = Path(folder)
+    index = root / INDEX_NAME
+    data = load_json(index, "profile bundle index")
+    if not isinstance(data, dict) or data.get("schema_version") != BUNDLE_SCHEMA_VERSION:
+        raise ProfileFormatError(index, f"not a Benanza profile index (schema_version "
+                                        f"{data.get('schema_version') if isinstance(data, dict) else None!r}, "
+                                        f"expected {BUNDLE_SCHEMA_VERSION})")
+    prof = ExecutionProfile(
+        path=str(root), framework=data.get("framework", ""), framework_version=data.get("framework_version", ""),
+        device=data.get("device", ""), batch_size=data.get("batch_size"), model=data.get("model", ""),
+        latency=LatencyStats.from_json(data["latency_ms"]) if data.get("latency_ms") else None,
+        notes=list(data.get("notes", [])))
+    for name, rel in sorted((data.get("files") or {}).items()):
+        if name not in _FILE_KINDS:
+            continue
+        file = root / rel
+        kind = _FILE_KINDS[name] or _sniff(file)
+        if file.exists() and file.stat().st_size == 0 and kind in ("cudnn", "cublas", "onednn"):
+            prof.library_calls.setdefault(kind, [])  # captured, and the library logged nothing
+            continue
+        prof.merge(load_file(file, kind))
+    return prof
+
+
+def load_profile(paths: list[str | Path] | tuple[str | Path, ...]) -> ExecutionProfile | None:
+    """One profile from any mix of bundle folders and single files; None when none given."""
+    merged: ExecutionProfile | None = None
+    for path in paths:
+        p = Path(path)
+        prof = load_bundle(p) if p.is_dir() else load_file(p)
+        if merged is None:
+            merged = prof
+        else:
+            merged.merge(prof)
+    return merged
+
+
+def write_index(folder: Path, data: dict) -> Path:
+    path = folder / INDEX_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"schema_version": BUNDLE_SCHEMA_VERSION, **data}, indent=1) + "\n")
+    tmp.replace(path)
+    return path
