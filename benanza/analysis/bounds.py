@@ -1,0 +1,191 @@
+"""Q1/Q2: per-layer latencies from the performance database, sequential and parallel bounds.
+
+The parallel bound is the critical path of the layer DAG with the layers' latencies as NODE
+weights. (The paper puts each layer's latency on its out-edges, which drops the last
+layer's own latency; node weights do not.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+from ..fusion import FusionMatch
+from ..layers import Layer, Model
+from ..records import Result, Status
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The database result a layer's bound uses."""
+
+    result: Result
+
+    @property
+    def latency_ms(self) -> float:
+        return float(self.result.median_ms)  # type: ignore[arg-type]
+
+
+class LayerStatus:
+    OK = "ok"
+    MISSING = "missing"  # the library covers it, the database has no OK result
+    NOT_COVERED = "not_covered"  # no library call runs this layer type
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    index: int
+    name: str
+    op: str
+    key: str
+    status: str
+    latency_ms: float  # 0 unless status is OK
+    variant: str = ""  # the benchmark name chosen
+    algo: str = ""
+    implementation: str = ""
+    critical: bool = False
+    failed_variants: int = 0  # variants of this layer that failed or were unsupported
+
+
+def covered(layer: Layer, backend: str) -> bool:
+    return (layer.onednn_primitive if backend == "onednn" else layer.cudnn_api) is not None
+
+
+def index_results(results: Iterable[Result]) -> dict[str, list[Result]]:
+    by_key: dict[str, list[Result]] = {}
+    for r in results:
+        by_key.setdefault(r.variant.layer_key, []).append(r)
+    return by_key
+
+
+def best(results: Iterable[Result], dtype: str, fusion: str = "none",
+         layouts: tuple[str, ...] = ()) -> Result | None:
+    """Fastest OK result of a layer for the dtype (and layouts, when given)."""
+    ok = [r for r in results if r.ok and r.variant.dtype == dtype and r.variant.fusion == fusion
+          and (not layouts or r.variant.layout in layouts)]
+    return min(ok, key=lambda r: (r.median_ms, r.variant.name)) if ok else None
+
+
+def layer_rows(model: Model, by_key: Mapping[str, list[Result]], backend: str, dtype: str,
+               layouts: tuple[str, ...] = ()) -> list[LayerRow]:
+    """One row per model node. Keys are looked up with the analysed dtype in place of the model's."""
+    rows = []
+    for node in model.nodes:
+        layer = node.layer
+        key = retype_key(layer.key, dtype)
+        if not covered(layer, backend):
+            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.NOT_COVERED, 0.0))
+            continue
+        results = by_key.get(key, [])
+        chosen = best(results, dtype, layouts=layouts)
+        failed = sum(1 for r in results if r.status is not Status.OK)
+        if chosen is None:
+            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.MISSING, 0.0,
+                                 failed_variants=failed))
+        else:
+            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.OK,
+                                 float(chosen.median_ms), chosen.variant.name, chosen.variant.algo,
+                                 chosen.implementation, failed_variants=failed))
+    return rows
+
+
+def retype_key(key: str, dtype: str) -> str:
+    """The same layer's key in another dtype (keys end in ``_<dtype>``)."""
+    head, _, tail = key.rpartition("_")
+    return f"{head}_{dtype}" if head and tail != dtype else key
+
+
+def critical_path(graph: nx.DiGraph, weight: Mapping[int, float]) -> tuple[float, list[int]]:
+    """Heaviest source-to-sink path by node weight, in O(V + E)."""
+    dist: dict[int, float] = {}
+    prev: dict[int, int | None] = {}
+    for v in nx.topological_sort(graph):
+        best_u, best_d = None, 0.0
+        for u in graph.predecessors(v):
+            if best_u is None or dist[u] > best_d:
+                best_u, best_d = u, dist[u]
+        dist[v] = best_d + weight.get(v, 0.0)
+        prev[v] = best_u
+    if not dist:
+        return 0.0, []
+    end = max(dist, key=lambda v: (dist[v], -v))
+    path = [end]
+    while prev[path[-1]] is not None:
+        path.append(prev[path[-1]])  # type: ignore[arg-type]
+    return dist[end], path[::-1]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    sequential_ms: float
+    parallel_ms: float
+    critical_path: tuple[int, ...]
+    partial: bool  # some covered layers had no result: the bound is a lower bound of the bound
+
+    def ratio(self, measured_ms: float | None) -> tuple[float | None, float | None]:
+        if not measured_ms:
+            return None, None
+        return self.sequential_ms / measured_ms, self.parallel_ms / measured_ms
+
+
+def bounds_from_weights(graph: nx.DiGraph, weight: Mapping[int, float], partial: bool) -> Bounds:
+    length, path = critical_path(graph, weight)
+    return Bounds(sum(weight.values()), length, tuple(path), partial)
+
+
+def fused_weights(rows: list[LayerRow], matches: Iterable[FusionMatch], by_key: Mapping[str, list[Result]],
+                  dtype: str, layouts: tuple[str, ...] = ()) -> tuple[dict[int, float], list[tuple[FusionMatch, Result]]]:
+    """Node weights with each matched pattern's fused latency on its conv, 0 on the fused tail.
+
+    A pattern whose fused benchmark is missing or failed keeps the unfused latencies (§III-D4).
+    """
+    weight = {r.index: r.latency_ms for r in rows}
+    applied = []
+    for m in matches:
+        fused = best(by_key.get(retype_key(m.conv_key, dtype), []), dtype, fusion=m.pattern.name,
+                     layouts=layouts)
+        if fused is None:
+            continue
+        weight[m.nodes[0]] = float(fused.median_ms)  # type: ignore[arg-type]
+        for i in m.nodes[1:]:
+            weight[i] = 0.0
+        applied.append((m, fused))
+    return weight, applied
+
+
+@dataclass(frozen=True)
+class ParallelModule:
+    """A fork/join subgraph: independent branches between a fork layer and its join."""
+
+    fork: int
+    join: int
+    branches: int
+    nodes: tuple[int, ...]  # strictly between fork and join
+    sequential_ms: float
+    parallel_ms: float
+
+
+def parallel_modules(graph: nx.DiGraph, weight: Mapping[int, float]) -> list[ParallelModule]:
+    """Forks (out-degree ≥ 2) paired with their immediate post-dominator."""
+    if graph.number_of_nodes() == 0:
+        return []
+    rev = graph.reverse(copy=True)
+    sink = -1
+    rev.add_node(sink)
+    for v in graph.nodes:
+        if graph.out_degree(v) == 0:
+            rev.add_edge(sink, v)
+    ipdom = nx.immediate_dominators(rev, sink)
+    modules = []
+    for fork in sorted(v for v in graph.nodes if graph.out_degree(v) >= 2):
+        join = ipdom.get(fork)
+        if join is None or join == sink:
+            continue
+        inside = (nx.descendants(graph, fork) & nx.ancestors(graph, join))
+        sub = graph.subgraph(inside)
+        par, _ = critical_path(sub, weight)
+        modules.append(ParallelModule(fork, join, graph.out_degree(fork), tuple(sorted(inside)),
+                                      sum(weight.get(v, 0.0) for v in inside), par))
+    return modules

@@ -1,0 +1,159 @@
+"""Q3–Q6 and the framework-fusion view, as pure functions over typed inputs."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..layers import Model
+from ..parsers import ExecutionProfile, FrameworkTrace
+from ..records import Result
+from .bounds import LayerRow, LayerStatus, best, retype_key
+from .matching import CallAlignment, TraceMatch
+
+# --- Q3: algorithm selection -----------------------------------------------------------------
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower().removeprefix("cudnn_convolution_fwd_algo_"))
+
+
+@dataclass(frozen=True)
+class AlgoChoice:
+    node: int
+    name: str
+    used: str  # algorithm / implementation the framework's library call used
+    used_ms: float | None  # its latency in the database (None: never benchmarked)
+    best: str
+    best_ms: float
+
+    @property
+    def gain_ms(self) -> float | None:
+        return None if self.used_ms is None else max(0.0, self.used_ms - self.best_ms)
+
+    @property
+    def optimal(self) -> bool:
+        return self.used_ms is not None and self.gain_ms is not None and self.gain_ms <= 1e-9
+
+
+def algorithm_choices(model: Model, alignment: CallAlignment, by_key: Mapping[str, list[Result]],
+                      dtype: str) -> list[AlgoChoice]:
+    """Per conv layer: the algorithm used most across passes vs the fastest benchmarked one."""
+    used: dict[int, Counter[str]] = {}
+    for p in alignment.passes:
+        for m in p:
+            if m.call.conv is not None and m.call.algo:
+                used.setdefault(m.node, Counter())[m.call.algo] += 1
+    out = []
+    for index, counts in sorted(used.items()):
+        node = model.nodes[index]
+        results = [r for r in by_key.get(retype_key(node.layer.key, dtype), [])
+                   if r.ok and r.variant.dtype == dtype and r.variant.fusion == "none"]
+        fastest = best(results, dtype)
+        if fastest is None:
+            continue
+        algo = counts.most_common(1)[0][0]
+        same = [r for r in results if _norm(algo) in (_norm(r.variant.algo), _norm(r.implementation))]
+        used_ms = min(float(r.median_ms) for r in same) if same else None  # type: ignore[arg-type]
+        out.append(AlgoChoice(index, node.name, algo, used_ms,
+                              fastest.implementation or fastest.variant.algo, float(fastest.median_ms)))  # type: ignore[arg-type]
+    return out
+
+
+# --- Q4: framework inefficiencies ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerOverhead:
+    group: str  # the framework op's name
+    op: str
+    nodes: tuple[int, ...]
+    framework_ms: float  # mean time in the framework op per run
+    bound_ms: float  # the bound's latency for the same layers
+    covered: bool  # every layer of the group has a database result
+
+    @property
+    def overhead_ms(self) -> float:
+        return self.framework_ms - self.bound_ms
+
+
+def layer_overheads(trace: TraceMatch, weight: Mapping[int, float], rows: list[LayerRow]) -> list[LayerOverhead]:
+    status = {r.index: r.status for r in rows}
+    out = []
+    for g in trace.groups:
+        bound = sum(weight.get(i, 0.0) for i in g.nodes)
+        out.append(LayerOverhead(g.name, g.op, g.nodes, g.time_ms, bound,
+                                 bool(g.nodes) and all(status.get(i) == LayerStatus.OK for i in g.nodes)))
+    return out
+
+
+@dataclass(frozen=True)
+class BetweenCalls:
+    """What ran between consecutive library calls (Nsight Systems), per name."""
+
+    name: str
+    kind: str  # "kernel" | "cuda_runtime" | ...
+    count: int
+    total_ms: float
+    backtrace: tuple[str, ...]
+
+
+def between_library_calls(nsys: FrameworkTrace, top: int = 10) -> list[BetweenCalls]:
+    lib = sorted((a for a in nsys.api_calls if a.kind in ("cudnn", "cublas")), key=lambda a: a.span.start_us)
+    if len(lib) < 2:
+        return []
+    windows = [(a.span.end_us, b.span.start_us) for a, b in zip(lib, lib[1:])]
+    starts = [w[0] for w in windows]
+    import bisect
+
+    stats: dict[tuple[str, str], list] = {}
+
+    def add(name: str, kind: str, t: float, dur: float, bt: tuple[str, ...]) -> None:
+        k = bisect.bisect_right(starts, t) - 1
+        if k >= 0 and t < windows[k][1]:
+            s = stats.setdefault((name, kind), [0, 0.0, bt])
+            s[0] += 1
+            s[1] += dur
+            s[2] = s[2] or bt
+
+    for a in nsys.api_calls:
+        if a.kind in ("cuda_runtime", "osrt"):
+            add(a.name, a.kind, a.span.start_us, a.span.dur_us, a.backtrace)
+    for kern in nsys.kernels:
+        add(kern.name, "kernel", kern.span.start_us, kern.span.dur_us, ())
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][0])[:top]
+    return [BetweenCalls(n, k, c, t / 1000.0, bt) for (n, k), (c, t, bt) in ranked]
+
+
+@dataclass(frozen=True)
+class IdleGap:
+    after: str
+    before: str
+    mean_us: float
+
+
+def kernel_gaps(trace: FrameworkTrace, top: int = 5) -> list[IdleGap]:
+    """Largest idle gaps between consecutive GPU kernels."""
+    ks = sorted(trace.kernels, key=lambda k: k.span.start_us)
+    gaps = [(b.span.start_us - a.span.end_us, a.name, b.name) for a, b in zip(ks, ks[1:])]
+    gaps = [g for g in gaps if g[0] > 0]
+    gaps.sort(reverse=True)
+    return [IdleGap(a, b, g) for g, a, b in gaps[:top]]
+
+
+# --- Q6: Tensor Cores ------------------------------------------------------------------------------
+
+# The paper's `_[ish]\d+` (volta_h884gemm, _s1688, _i8816) plus today's names.
+TENSOR_CORE_RE = re.compile(r"(_[ish]\d{3,5}(?=[a-z_]|$)|h1688|s16816|hmma|imma|xmma|_tensorop_|wgmma|"
+                            r"sm90_xmma_gemm|tensorop)", re.IGNORECASE)
+
+
+def tensor_core_kernels(profile: ExecutionProfile | None) -> tuple[int, int, list[str]]:
+    """(kernels using Tensor Cores, kernels seen, a few TC kernel names) over the profile."""
+    if profile is None:
+        return 0, 0, []
+    names = [k.name for t in (profile.trace, profile.nsys) if t is not None for k in t.kernels]
+    tc = [n for n in names if TENSOR_CORE_RE.search(n)]
+    return len(tc), len(names), sorted(set(tc))[:5]

@@ -1,0 +1,273 @@
+"""The Benanza analyzer (paper §III-D): lower bounds and Q1–Q6 for one model on one system.
+
+``analyze`` is a pure function of the processed model, the system's database results and,
+optionally, a model execution profile; the CLI and reports only present its ``Analysis``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from .analysis.bounds import (Bounds, LayerRow, LayerStatus, ParallelModule, bounds_from_weights, fused_weights,
+                              index_results, layer_rows, parallel_modules)
+from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
+from .analysis.questions import (AlgoChoice, BetweenCalls, IdleGap, LayerOverhead, algorithm_choices,
+                                 between_library_calls, kernel_gaps, layer_overheads, tensor_core_kernels)
+from .fusion import FusionMatch, match_fusions
+from .layers import Model
+from .parsers import ExecutionProfile
+from .records import Result
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FusionUse:
+    pattern: str
+    nodes: tuple[int, ...]
+    unfused_ms: float
+    fused_ms: float
+    variant: str
+
+
+@dataclass
+class FusionAnalysis:
+    """Q5: the bound with every matched pattern run as one fused call."""
+
+    matches: int  # patterns found in the model
+    applied: list[FusionUse]  # those with a fused benchmark result
+    bounds: Bounds
+
+    @property
+    def layers_fused(self) -> int:
+        return sum(len(u.nodes) for u in self.applied)
+
+
+@dataclass
+class FrameworkView:
+    """What the framework did, from its own trace: fusions, insertions, time per layer (Q4)."""
+
+    framework: str
+    match: TraceMatch
+    bounds_same_fusions: Bounds  # the bound with exactly the fusions the framework made
+    fusions_applied: list[FusionUse]
+    overheads: list[LayerOverhead]
+    explanations: list[str]
+
+    @property
+    def inserted_ms(self) -> float:
+        return sum(g.time_ms for g in self.match.inserted)
+
+    @property
+    def kernel_share(self) -> float | None:
+        """Share of run time spent inside ops (the TF-eager study's kernel-time metric)."""
+        return self.match.op_ms / self.match.run_ms if self.match.run_ms else None
+
+
+@dataclass
+class LibraryView:
+    """The library calls the framework made (from cuDNN/cuBLAS/oneDNN logs) vs the expected ones."""
+
+    library: str
+    calls: int
+    alignment: CallAlignment
+    algorithms: list[AlgoChoice]
+
+    @property
+    def algorithm_gain_ms(self) -> float:
+        return sum(a.gain_ms or 0.0 for a in self.algorithms)
+
+
+@dataclass
+class TensorCoreView:
+    """Q6: Tensor Core kernels in the profile, and bounds per dtype/layout."""
+
+    tc_kernels: int
+    kernels: int
+    examples: list[str]
+    bounds: dict[str, Bounds]  # "f32", "f16", "f16/nhwc", ... → bounds (only those with results)
+
+
+@dataclass
+class Analysis:
+    model: str
+    model_path: str
+    system: str
+    backend: str
+    dtype: str
+    batch_size: int
+    rows: list[LayerRow]
+    edges: list[tuple[int, int]]  # the layer DAG (node indices), for reports
+    bounds: Bounds
+    modules: list[ParallelModule]
+    fusion: FusionAnalysis
+    tensor_cores: TensorCoreView
+    joint: Bounds | None  # parallel + best algorithm + fusion + best reduced-precision layout (Fig 20)
+    joint_label: str
+    measured_ms: float | None = None
+    measured_source: str = ""
+    framework: FrameworkView | None = None
+    libraries: list[LibraryView] = field(default_factory=list)
+    between_calls: list[BetweenCalls] = field(default_factory=list)
+    kernel_gaps: list[IdleGap] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the profile says it could not capture
+
+    @property
+    def missing(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == LayerStatus.MISSING]
+
+    @property
+    def not_covered(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == LayerStatus.NOT_COVERED]
+
+    @property
+    def br_sequential(self) -> float | None:
+        return self.bounds.ratio(self.measured_ms)[0]
+
+    @property
+    def br_parallel(self) -> float | None:
+        return self.bounds.ratio(self.measured_ms)[1]
+
+
+def _fusion_uses(applied: list[tuple[FusionMatch, Result]], weight: dict[int, float]) -> list[FusionUse]:
+    return [FusionUse(m.pattern.name, m.nodes, sum(weight[i] for i in m.nodes), float(r.median_ms),  # type: ignore[arg-type]
+                      r.variant.name) for m, r in applied]
+
+
+def analyze(model: Model, results: Iterable[Result], system: str, backend: str, dtype: str = "f32",
+            profile: ExecutionProfile | None = None, measured_ms: float | None = None) -> Analysis:
+    by_key = index_results(results)
+    graph = model.dag()
+    rows = layer_rows(model, by_key, backend, dtype)
+    weight = {r.index: r.latency_ms for r in rows}
+    partial = any(r.status == LayerStatus.MISSING for r in rows)
+    bounds = bounds_from_weights(graph, weight, partial)
+    on_path = set(bounds.critical_path)
+    rows = [replace(r, critical=r.index in on_path) for r in rows]
+
+    matches = match_fusions(model)
+    fweight, applied = fused_weights(rows, matches, by_key, dtype)
+    fusion = FusionAnalysis(len(matches), _fusion_uses(applied, weight),
+                            bounds_from_weights(graph, fweight, partial))
+
+    tc_bounds: dict[str, Bounds] = {}
+    for dt, layouts, label in (("f32", (), "f32"), ("f16", (), "f16"), ("f16", ("nchw",), "f16/nchw"),
+                               ("f16", ("nhwc",), "f16/nhwc"), ("bf16", (), "bf16")):
+        r = layer_rows(model, by_key, backend, dt, layouts)
+        if any(x.status == LayerStatus.OK for x in r):
+            tc_bounds[label] = bounds_from_weights(graph, {x.index: x.latency_ms for x in r},
+                                                   any(x.status == LayerStatus.MISSING for x in r))
+    tc, total, names = tensor_core_kernels(profile)
+    joint, joint_label = _joint(model, graph, by_key, backend, dtype, matches, tc_bounds)
+
+    analysis = Analysis(model.name, model.path, system, backend, dtype, model.batch_size, rows,
+                        list(model.edges), bounds,
+                        parallel_modules(graph, weight), fusion, TensorCoreView(tc, total, names, tc_bounds),
+                        joint, joint_label)
+    if measured_ms is not None:
+        analysis.measured_ms, analysis.measured_source = measured_ms, "--measured-ms"
+    elif profile is not None and profile.measured_ms is not None:
+        analysis.measured_ms = profile.measured_ms
+        analysis.measured_source = f"{profile.framework or 'profile'} trimmed mean"
+    if profile is not None:
+        _profile_views(analysis, model, profile, by_key, weight, matches, graph)
+    _warn(analysis)
+    return analysis
+
+
+def _joint(model, graph, by_key, backend, dtype, matches, tc_bounds) -> tuple[Bounds | None, str]:
+    """Fig 20: parallel execution + best algorithms + fusion + the fastest reduced-precision setup."""
+    candidates = [(lbl, b) for lbl, b in tc_bounds.items() if lbl.split("/")[0] != dtype]
+    if not candidates:
+        return None, ""
+    label, _ = min(candidates, key=lambda kv: kv[1].parallel_ms)
+    dt, _, layout = label.partition("/")
+    rows = layer_rows(model, by_key, backend, dt, (layout,) if layout else ())
+    weight, _ = fused_weights(rows, matches, by_key, dt, (layout,) if layout else ())
+    partial = any(r.status == LayerStatus.MISSING for r in rows)
+    return bounds_from_weights(graph, weight, partial), f"parallel + best algorithm + fusion + {label}"
+
+
+def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches, graph) -> None:
+    if profile.batch_size and profile.batch_size != model.batch_size:
+        a.warnings.append(f"the profile ran batch size {profile.batch_size}, the analysis uses "
+                          f"{model.batch_size}: ratios compare different work")
+    a.notes = list(profile.notes)
+    if profile.trace is not None and profile.trace.ops:
+        a.framework = _framework_view(a, model, profile, by_key, weight, matches, graph)
+    for library, calls in sorted(profile.library_calls.items()):
+        alignment = align_calls(model, calls, a.backend)
+        algos = algorithm_choices(model, alignment, by_key, a.dtype) if library in ("cudnn", "onednn") else []
+        a.libraries.append(LibraryView(library, len(calls), alignment, algos))
+    if profile.nsys is not None:
+        a.between_calls = between_library_calls(profile.nsys)
+    kernels_from = profile.nsys if profile.nsys is not None and profile.nsys.kernels else profile.trace
+    if kernels_from is not None and kernels_from.kernels:
+        a.kernel_gaps = kernel_gaps(kernels_from)
+
+
+def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches, graph) -> FrameworkView:
+    tm = match_trace(model, profile.trace)  # type: ignore[arg-type]
+    groups = tm.node_group()
+    done = [m for m in matches
+            if len({id(groups.get(i)) for i in m.nodes}) == 1 and groups.get(m.nodes[0]) is not None]
+    fw, applied = fused_weights(a.rows, done, by_key, a.dtype)
+    for i in tm.eliminated:
+        fw[i] = 0.0  # the framework never runs it (folded into a neighbour, or removed)
+    same = bounds_from_weights(graph, fw, a.bounds.partial)
+    overheads = layer_overheads(tm, fw, a.rows)
+    view = FrameworkView(profile.framework or profile.trace.framework, tm, same,  # type: ignore[union-attr]
+                         _fusion_uses(applied, weight), overheads, [])
+    view.explanations = _explain(a, view)
+    return view
+
+
+def _explain(a: Analysis, v: FrameworkView) -> list[str]:
+    """Why the measured latency sits where it does relative to the bounds; never hide BR > 1."""
+    out = []
+    m = a.measured_ms
+    if v.match.fused:
+        names = ", ".join(f"{g.name} ({'+'.join(model_ops(a, g.nodes))})" for g in v.match.fused[:4])
+        out.append(f"{v.framework} fused {len(v.match.fused)} layer groups into single kernels ({names}"
+                   f"{', …' if len(v.match.fused) > 4 else ''}); the bound with the same fusions is "
+                   f"{v.bounds_same_fusions.sequential_ms:.4g} ms sequential")
+    if v.match.eliminated:
+        out.append(f"{len(v.match.eliminated)} layers never ran as separate ops in {v.framework} "
+                   f"(folded or removed by its graph optimizer): "
+                   + ", ".join(a.rows[i].name for i in v.match.eliminated[:6]))
+    if v.match.inserted:
+        kinds = sorted({g.op for g in v.match.inserted})
+        out.append(f"{v.framework} inserted {len(v.match.inserted)} ops the model does not have "
+                   f"({', '.join(kinds)}), {v.inserted_ms:.4g} ms per run: time the bound does not contain")
+    if m is not None and a.bounds.sequential_ms > m:
+        faster = sorted((o for o in v.overheads if o.covered and o.overhead_ms < 0), key=lambda o: o.overhead_ms)
+        if faster:
+            worst = ", ".join(f"{o.group} {o.framework_ms:.3g} vs {o.bound_ms:.3g} ms" for o in faster[:3])
+            out.append(f"BR > 1: {len(faster)} framework kernels ran faster than the best benchmarked variant "
+                       f"of the same layers ({worst}); the framework's own kernels (e.g. ONNX Runtime's MLAS "
+                       f"on CPU) beat the library benchmarks there, so the bound is not a floor for them")
+        else:
+            out.append("BR > 1 with no layer faster than its benchmark: the benchmarks and the framework "
+                       "ran under different conditions (thread count, frequency, a busy machine)")
+    return out
+
+
+def model_ops(a: Analysis, nodes: tuple[int, ...]) -> list[str]:
+    return [a.rows[i].op for i in nodes]
+
+
+def _warn(a: Analysis) -> None:
+    if a.missing:
+        keys = sorted({r.key for r in a.missing})
+        a.warnings.append(f"the database has no OK result on system {a.system!r} for {len(keys)} layer(s) "
+                          f"({len(a.missing)} of {len(a.rows)} model layers): the bound is PARTIAL. "
+                          f"Missing: {', '.join(keys[:5])}{', …' if len(keys) > 5 else ''}")
+    if a.not_covered:
+        ops = sorted({r.op for r in a.not_covered})
+        a.warnings.append(f"{len(a.not_covered)} layers have no {a.backend} call and count as 0 in the bound "
+                          f"(not covered: {', '.join(ops)})")
+    for w in a.warnings:
+        log.info(w)  # the caller presents warnings; this keeps them in -v logs too

@@ -1,0 +1,331 @@
+"""Present analyses: rich terminal tables, the documented JSON (docs/analyze-json.md), and a
+single self-contained HTML page (inline CSS and SVG; no network)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from .analysis.bounds import Bounds
+from .analyzer import Analysis
+
+SCHEMA_VERSION = 1
+
+
+def _r(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+def _bounds_json(b: Bounds | None, measured: float | None) -> dict | None:
+    if b is None:
+        return None
+    seq, par = b.ratio(measured)
+    return {"sequential_ms": _r(b.sequential_ms), "parallel_ms": _r(b.parallel_ms), "partial": b.partial,
+            "critical_path": list(b.critical_path), "br_sequential": _r(seq, 4), "br_parallel": _r(par, 4)}
+
+
+def _speedup(br: float | None) -> float | None:
+    return _r(1.0 / br, 4) if br else None
+
+
+def analysis_json(a: Analysis) -> dict:
+    m = a.measured_ms
+    out: dict = {
+        "model": a.model, "model_path": a.model_path, "system": a.system, "backend": a.backend,
+        "dtype": a.dtype, "batch_size": a.batch_size,
+        "measured_ms": _r(m), "measured_source": a.measured_source or None,
+        "bounds": _bounds_json(a.bounds, m),
+        "speedup": {"sequential": _speedup(a.br_sequential), "parallel": _speedup(a.br_parallel)},
+        "layers": [{"index": r.index, "name": r.name, "op": r.op, "key": r.key, "status": r.status,
+                    "latency_ms": _r(r.latency_ms), "variant": r.variant or None, "algo": r.algo or None,
+                    "implementation": r.implementation or None, "critical": r.critical,
+                    "failed_variants": r.failed_variants} for r in a.rows],
+        "edges": [list(e) for e in a.edges],
+        "coverage": {
+            "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
+            "missing": [r.index for r in a.missing],
+            "not_covered_ops": sorted({r.op for r in a.not_covered}),
+        },
+        "parallel_modules": [{"fork": p.fork, "join": p.join, "branches": p.branches, "layers": len(p.nodes),
+                              "sequential_ms": _r(p.sequential_ms), "parallel_ms": _r(p.parallel_ms)}
+                             for p in a.modules],
+        "fusion": {"patterns_found": a.fusion.matches, "layers_fused": a.fusion.layers_fused,
+                   "bounds": _bounds_json(a.fusion.bounds, m),
+                   "speedup_sequential": _r(a.bounds.sequential_ms / a.fusion.bounds.sequential_ms, 4)
+                   if a.fusion.bounds.sequential_ms else None,
+                   "applied": [_fusion_use(u) for u in a.fusion.applied]},
+        "tensor_cores": {"tc_kernels": a.tensor_cores.tc_kernels, "kernels": a.tensor_cores.kernels,
+                         "examples": a.tensor_cores.examples,
+                         "bounds": {k: _bounds_json(b, m) for k, b in a.tensor_cores.bounds.items()}},
+        "joint": None if a.joint is None else {"label": a.joint_label, **(_bounds_json(a.joint, m) or {})},
+        "framework": _framework_json(a),
+        "libraries": [_library_json(v) for v in a.libraries],
+        "between_calls": [{"name": b.name, "kind": b.kind, "count": b.count, "total_ms": _r(b.total_ms),
+                           "backtrace": list(b.backtrace)} for b in a.between_calls],
+        "kernel_gaps": [{"after": g.after, "before": g.before, "gap_us": _r(g.mean_us, 3)} for g in a.kernel_gaps],
+        "warnings": a.warnings, "notes": a.notes,
+    }
+    return out
+
+
+def _fusion_use(u) -> dict:
+    return {"pattern": u.pattern, "nodes": list(u.nodes), "unfused_ms": _r(u.unfused_ms),
+            "fused_ms": _r(u.fused_ms), "variant": u.variant}
+
+
+def _framework_json(a: Analysis) -> dict | None:
+    v = a.framework
+    if v is None:
+        return None
+    return {
+        "framework": v.framework, "runs": v.match.runs, "run_ms": _r(v.match.run_ms), "op_ms": _r(v.match.op_ms),
+        "kernel_share": _r(v.kernel_share, 4),
+        "bounds_same_fusions": _bounds_json(v.bounds_same_fusions, a.measured_ms),
+        "fused_groups": [{"name": g.name, "op": g.op, "nodes": list(g.nodes)} for g in v.match.fused],
+        "fusions_applied": [_fusion_use(u) for u in v.fusions_applied],
+        "eliminated": list(v.match.eliminated),
+        "inserted": [{"name": g.name, "op": g.op, "time_ms": _r(g.time_ms)} for g in v.match.inserted],
+        "inserted_ms": _r(v.inserted_ms),
+        "layers": [{"name": o.group, "op": o.op, "nodes": list(o.nodes), "framework_ms": _r(o.framework_ms),
+                    "bound_ms": _r(o.bound_ms), "overhead_ms": _r(o.overhead_ms), "covered": o.covered}
+                   for o in v.overheads],
+        "gaps": [{"after": x, "before": y, "gap_us": _r(g, 3)} for x, y, g in v.match.gaps],
+        "explanations": v.explanations,
+    }
+
+
+def _library_json(v) -> dict:
+    al = v.alignment
+    deviations = [{"node": m.node, "deviations": list(m.deviations)} for m in (al.passes[0] if al.passes else [])
+                  if m.deviations]
+    return {
+        "library": v.library, "calls": v.calls, "passes": len(al.passes),
+        "expected_calls": len(al.expected), "missing": al.missing, "out_of_order": al.out_of_order,
+        "extra": [{"api": c.api, "index": c.index, "algo": c.algo} for c in al.extra],
+        "deviations": deviations,
+        "api_counts": {k: {"expected": e, "logged": g} for k, (e, g) in al.api_counts.items()},
+        "algorithms": [{"node": c.node, "name": c.name, "used": c.used, "used_ms": _r(c.used_ms),
+                        "best": c.best, "best_ms": _r(c.best_ms), "gain_ms": _r(c.gain_ms)} for c in v.algorithms],
+        "algorithm_gain_ms": _r(v.algorithm_gain_ms),
+    }
+
+
+def document(analyses: Sequence[Analysis]) -> dict:
+    """The top-level --json document: every (system, batch size) analysed, in order."""
+    return {"schema_version": SCHEMA_VERSION, "analyses": [analysis_json(a) for a in analyses]}
+
+
+# --- terminal ----------------------------------------------------------------------------------
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4g}"
+
+
+def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
+    title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size})"
+    t = Table("", "sequential", "parallel", title=title)
+    t.add_row("lower bound (ms)" + (" [PARTIAL]" if a.bounds.partial else ""),
+              _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms))
+    t.add_row("with fusion (ms)", _ms(a.fusion.bounds.sequential_ms), _ms(a.fusion.bounds.parallel_ms))
+    if a.framework is not None:
+        t.add_row(f"with {a.framework.framework}'s fusions (ms)", _ms(a.framework.bounds_same_fusions.sequential_ms),
+                  _ms(a.framework.bounds_same_fusions.parallel_ms))
+    for label, b in a.tensor_cores.bounds.items():
+        if label != a.dtype:
+            t.add_row(f"{label} (ms)", _ms(b.sequential_ms), _ms(b.parallel_ms))
+    if a.joint is not None:
+        t.add_row(a.joint_label + " (ms)", "", _ms(a.joint.parallel_ms))
+    if a.measured_ms is not None:
+        t.add_row(f"measured ({a.measured_source}) ms", _ms(a.measured_ms), "")
+        t.add_row("Benanza ratio", _ms(a.br_sequential), _ms(a.br_parallel))
+        t.add_row("potential speedup", f"{1 / a.br_sequential:.3g}×" if a.br_sequential else "—",
+                  f"{1 / a.br_parallel:.3g}×" if a.br_parallel else "—")
+        if a.framework is not None:
+            seq, par = a.framework.bounds_same_fusions.ratio(a.measured_ms)
+            t.add_row(f"ratio vs bound with {a.framework.framework}'s fusions", _ms(seq), _ms(par))
+    console.print(t)
+
+    rows = a.rows if len(a.rows) <= max_layers else sorted(a.rows, key=lambda r: -r.latency_ms)[:max_layers]
+    lt = Table("#", "layer", "type", "latency ms", "variant", "path", title=(
+        "layers" if rows is a.rows else f"the {max_layers} slowest of {len(a.rows)} layers"))
+    for r in rows:
+        lat = _ms(r.latency_ms) if r.status == "ok" else r.status.replace("_", " ")
+        variant = f"{r.algo}" + (f" [{r.implementation}]" if r.implementation else "")
+        lt.add_row(str(r.index), r.name, r.op, lat, variant, "●" if r.critical else "")
+    console.print(lt)
+
+    if a.modules:
+        mt = Table("fork", "join", "branches", "layers", "sequential ms", "parallel ms", title="parallel modules")
+        for p in a.modules:
+            mt.add_row(a.rows[p.fork].name, a.rows[p.join].name, str(p.branches), str(len(p.nodes)),
+                       _ms(p.sequential_ms), _ms(p.parallel_ms))
+        console.print(mt)
+    if a.fusion.matches:
+        console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} with fused "
+                      f"benchmarks, {a.fusion.layers_fused} layers fused; sequential bound "
+                      f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms", highlight=False)
+    for v in a.libraries:
+        al = v.alignment
+        console.print(f"Q4 {v.library}: {v.calls} calls logged over {len(al.passes)} passes; "
+                      f"{len(al.missing)} expected layers missing, {len(al.extra)} extra calls, "
+                      f"{len(al.out_of_order)} out of order", highlight=False)
+        if v.algorithms:
+            at = Table("layer", "used", "used ms", "best", "best ms", "gain ms", title=f"Q3 {v.library} algorithms")
+            for c in v.algorithms:
+                at.add_row(c.name, c.used, _ms(c.used_ms), c.best, _ms(c.best_ms), _ms(c.gain_ms))
+            console.print(at)
+            console.print(f"Q3: {sum(1 for c in v.algorithms if not c.optimal)} sub-optimal layers, "
+                          f"{v.algorithm_gain_ms:.4g} ms to gain", highlight=False)
+    if a.framework is not None:
+        f = a.framework
+        console.print(f"Q4 {f.framework}: {f.match.run_ms:.4g} ms per run, {f.match.op_ms:.4g} ms in ops "
+                      f"(kernel share {f.kernel_share or 0:.0%}), {f.inserted_ms:.4g} ms in inserted ops",
+                      highlight=False)
+        for e in f.explanations:
+            console.print(f"  • {e}", highlight=False)
+    if a.tensor_cores.kernels:
+        console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
+                      highlight=False)
+    for b in a.between_calls:
+        console.print(f"between library calls: {b.name} ({b.kind}) ×{b.count}, {b.total_ms:.4g} ms"
+                      + (f" at {b.backtrace[0]}" if b.backtrace else ""), highlight=False)
+    for w in a.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+    for n in a.notes:
+        console.print(f"note: {n}", highlight=False, soft_wrap=True)
+
+
+def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
+    t = Table("model", "system", "batch", "seq ms", "par ms", "fused seq ms", "joint ms", "measured ms",
+              "BR seq", "BR par", title="sweep")
+    for a in analyses:
+        t.add_row(a.model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
+                  _ms(a.fusion.bounds.sequential_ms), _ms(a.joint.parallel_ms if a.joint else None),
+                  _ms(a.measured_ms), _ms(a.br_sequential), _ms(a.br_parallel))
+    console.print(t)
+
+
+# --- HTML ----------------------------------------------------------------------------------------
+
+_BOX_W, _BOX_H, _GAP_X, _GAP_Y = 168, 46, 18, 34
+
+
+def dag_layout(n: int, edges: Sequence[tuple[int, int]]) -> dict[int, tuple[float, float]]:
+    """Layered layout: rank = longest distance from a source; order within a rank by the
+    mean position of predecessors (one barycenter sweep), which keeps branches side by side."""
+    preds: dict[int, list[int]] = {i: [] for i in range(n)}
+    for s, d in edges:
+        preds[d].append(s)
+    rank: dict[int, int] = {}
+    for i in range(n):  # node indices are topological
+        rank[i] = 1 + max((rank[p] for p in preds[i]), default=-1)
+    by_rank: dict[int, list[int]] = {}
+    for i in range(n):
+        by_rank.setdefault(rank[i], []).append(i)
+    pos: dict[int, float] = {}
+    for r in sorted(by_rank):
+        nodes = by_rank[r]
+        nodes.sort(key=lambda i: (sum(pos[p] for p in preds[i]) / len(preds[i])) if preds[i] else i)
+        for k, i in enumerate(nodes):
+            pos[i] = k - (len(nodes) - 1) / 2
+    return {i: (pos[i], rank[i]) for i in range(n)}
+
+
+def dag_svg(a: Analysis) -> str:
+    from markupsafe import escape
+
+    layout = dag_layout(len(a.rows), a.edges)
+    if not layout:
+        return "<svg xmlns='http://www.w3.org/2000/svg' width='10' height='10'></svg>"
+    min_x = min(x for x, _ in layout.values())
+    max_x = max(x for x, _ in layout.values())
+    depth = max(y for _, y in layout.values()) + 1
+    width = (max_x - min_x + 1) * (_BOX_W + _GAP_X) + _GAP_X
+    height = depth * (_BOX_H + _GAP_Y) + _GAP_Y
+
+    def xy(i: int) -> tuple[float, float]:
+        x, y = layout[i]
+        return (_GAP_X + (x - min_x) * (_BOX_W + _GAP_X), _GAP_Y / 2 + y * (_BOX_H + _GAP_Y))
+
+    path = a.bounds.critical_path
+    crit_edges = set(zip(path, path[1:]))
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='dag' width='{width:.0f}' height='{height:.0f}' "
+             f"viewBox='0 0 {width:.0f} {height:.0f}'>"]
+    for s, d in a.edges:
+        (x1, y1), (x2, y2) = xy(s), xy(d)
+        cls = "edge critical" if (s, d) in crit_edges else "edge"
+        parts.append(f"<line class='{cls}' x1='{x1 + _BOX_W / 2:.1f}' y1='{y1 + _BOX_H:.1f}' "
+                     f"x2='{x2 + _BOX_W / 2:.1f}' y2='{y2:.1f}'/>")
+    for r in a.rows:
+        x, y = xy(r.index)
+        cls = "node critical" if r.critical else "node"
+        cls += f" {r.status}"
+        lat = f"{r.latency_ms:.4g} ms" if r.status == "ok" else r.status.replace("_", " ")
+        parts.append(
+            f"<g class='{cls}' data-index='{r.index}'><title>{escape(r.key)}</title>"
+            f"<rect x='{x:.1f}' y='{y:.1f}' width='{_BOX_W}' height='{_BOX_H}' rx='5'/>"
+            f"<text x='{x + 6:.1f}' y='{y + 15:.1f}' class='name'>{escape(r.name[:24])}</text>"
+            f"<text x='{x + 6:.1f}' y='{y + 29:.1f}'>{escape(r.op)}</text>"
+            f"<text x='{x + 6:.1f}' y='{y + 42:.1f}' class='lat'>{escape(lat)}</text></g>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def bar_chart(title: str, bars: Sequence[tuple[str, float | None]], unit: str = "ms") -> str:
+    """A horizontal SVG bar chart; bars without a value are omitted."""
+    from markupsafe import escape
+
+    bars = [(label, v) for label, v in bars if v is not None and math.isfinite(v)]
+    if not bars:
+        return ""
+    top = max(v for _, v in bars) or 1.0
+    row, label_w, bar_w = 24, 300, 360
+    h = row * len(bars) + 30
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' class='chart' width='{label_w + bar_w + 90}' height='{h}'>"
+           f"<text x='0' y='14' class='title'>{escape(title)}</text>"]
+    for k, (label, v) in enumerate(bars):
+        y = 24 + k * row
+        w = max(1.0, bar_w * v / top)
+        out.append(f"<text x='0' y='{y + 14}'>{escape(label)}</text>"
+                   f"<rect x='{label_w}' y='{y + 2}' width='{w:.1f}' height='{row - 8}' class='bar'/>"
+                   f"<text x='{label_w + w + 6:.1f}' y='{y + 14}'>{v:.4g} {escape(unit)}</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _charts(a: Analysis) -> list[str]:
+    bars = [("sequential bound", a.bounds.sequential_ms), ("parallel bound", a.bounds.parallel_ms),
+            ("sequential bound with fusion", a.fusion.bounds.sequential_ms)]
+    if a.framework is not None:
+        bars.append((f"bound with {a.framework.framework}'s fusions", a.framework.bounds_same_fusions.sequential_ms))
+    bars += [(f"{k} sequential bound", b.sequential_ms) for k, b in a.tensor_cores.bounds.items() if k != a.dtype]
+    if a.joint is not None:
+        bars.append((a.joint_label, a.joint.parallel_ms))
+    bars.append(("measured", a.measured_ms))
+    charts = [bar_chart("latency", bars)]
+    if a.measured_ms:
+        charts.append(bar_chart("Benanza ratio (bound / measured)", [
+            ("BR sequential", a.br_sequential), ("BR parallel", a.br_parallel)], unit=""))
+        charts.append(bar_chart("potential speedup (1 / BR)", [
+            ("sequential", 1 / a.br_sequential if a.br_sequential else None),
+            ("parallel", 1 / a.br_parallel if a.br_parallel else None),
+            ("with fusion", a.measured_ms / a.fusion.bounds.sequential_ms if a.fusion.bounds.sequential_ms else None),
+            (a.joint_label or "joint", a.measured_ms / a.joint.parallel_ms if a.joint and a.joint.parallel_ms else None),
+        ], unit="×"))
+    return [c for c in charts if c]
+
+
+def render_html(analyses: Sequence[Analysis]) -> str:
+    from markupsafe import Markup
+
+    from .generator import template_env
+
+    env = template_env("report")
+    env.autoescape = True
+    sections = [{"a": a, "json": analysis_json(a), "dag": Markup(dag_svg(a)),
+                 "charts": [Markup(c) for c in _charts(a)]} for a in analyses]
+    return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION)
