@@ -1,0 +1,571 @@
+#include "benanza/onednn.hpp"
+
+#include <algorithm>
+#include <cfloat>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include <dnnl.hpp>
+#ifdef BENANZA_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+#define BENANZA_DNNL3 (DNNL_VERSION_MAJOR >= 3)
+
+namespace benanza {
+namespace onednn {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::memory;
+using dnnl::prop_kind;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+dnnl::engine& engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+dnnl::stream& stream() {
+  static dnnl::stream s(engine());
+  return s;
+}
+
+// A problem oneDNN cannot run as asked, found before oneDNN is called (e.g. an ONNX
+// broadcast oneDNN's binary primitive does not accept): recorded as unsupported.
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string isa_name() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "isa_" + std::to_string(static_cast<int>(dnnl_get_effective_cpu_isa()));
+  }
+}
+
+bool has_avx512() {
+  auto isa = dnnl_get_effective_cpu_isa();
+  return isa == dnnl_cpu_isa_avx512_core || isa == dnnl_cpu_isa_avx512_core_vnni ||
+         isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx;
+}
+
+dt data_type(DType d) { return d == DType::bf16 ? dt::bf16 : dt::f32; }
+
+tag plain_tag(size_t rank) {
+  switch (rank) {
+    case 1: return tag::a;
+    case 2: return tag::ab;
+    case 3: return tag::abc;
+    case 4: return tag::abcd;
+    case 5: return tag::abcde;
+    case 6: return tag::abcdef;
+  }
+  throw Unsupported("tensor rank " + std::to_string(rank) + " (oneDNN plain layouts go up to 6)");
+}
+
+// 4-d activation layout for the non-convolution ops; `any` means the blocked layout a
+// oneDNN conv chain would hand them (8 channels per block on AVX2, 16 on AVX-512).
+tag activation_tag(Layout l) {
+  switch (l) {
+    case Layout::nchw: return tag::nchw;
+    case Layout::nhwc: return tag::nhwc;
+    case Layout::any: return has_avx512() ? tag::nChw16c : tag::nChw8c;
+    case Layout::plain: return tag::nchw;
+  }
+  return tag::nchw;
+}
+
+memory::desc md(const Dims& dims, DType d, tag t) { return memory::desc(dims, data_type(d), t); }
+memory::desc plain_md(const Dims& dims, DType d) { return md(dims, d, plain_tag(dims.size())); }
+
+// Deterministic values in [-1, 1): written plainly in f32, then reordered into the target
+// layout and type, so blocked layouts get correct zero padding.
+memory filled(const memory::desc& target) {
+  memory out(target, engine());
+#if BENANZA_DNNL3
+  Dims dims = target.get_dims();
+#else
+  Dims dims = target.dims();
+#endif
+  if (dims.empty()) return out;
+  memory::desc src_md(dims, dt::f32, plain_tag(dims.size()));
+  memory src(src_md, engine());
+  auto* p = static_cast<float*>(src.get_data_handle());
+  size_t n = src_md.get_size() / sizeof(float);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>((i * 2654435761u) % 2048) / 1024.0f - 1.0f;
+  dnnl::reorder(src, out).execute(stream(), src, out);
+  stream().wait();
+  return out;
+}
+
+// The attribute every benchmark uses: scratchpad owned by us, so its size is the workspace.
+dnnl::primitive_attr base_attr() {
+  dnnl::primitive_attr a;
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return a;
+}
+
+void append_relu(dnnl::primitive_attr& attr) {
+  dnnl::post_ops po;
+#if BENANZA_DNNL3
+  po.append_eltwise(algorithm::eltwise_relu, 0.f, 0.f);
+#else
+  po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+#endif
+  attr.set_post_ops(po);
+}
+
+struct Prepared {
+  dnnl::primitive prim;
+  std::unordered_map<int, memory> args;
+  std::string impl;
+  size_t scratchpad = 0;
+};
+
+// Binds the memories a primitive needs: `inputs` by argument id (filled from the pd's
+// descriptors), the destination and the scratchpad.
+template <class Prim, class PD>
+Prepared prepare(const PD& pd, const std::vector<std::pair<int, memory::desc>>& inputs) {
+  Prepared p;
+  p.prim = Prim(pd);
+  for (const auto& in : inputs) p.args[in.first] = filled(in.second);
+  p.args[DNNL_ARG_DST] = memory(pd.dst_desc(), engine());
+  memory::desc sp = pd.scratchpad_desc();
+  p.scratchpad = sp.get_size();
+  p.args[DNNL_ARG_SCRATCHPAD] = memory(sp, engine());
+  p.impl = pd.impl_info_str();
+  return p;
+}
+
+// Creation errors are the library refusing the problem (unimplemented → unsupported);
+// anything thrown later is a failure of a problem it accepted.
+void measure(benchmark::State& st, const Config& cfg, const std::function<Prepared()>& make) {
+  Prepared p;
+  try {
+    p = make();
+  } catch (const dnnl::error& e) {
+    std::string msg = std::string("oneDNN: ") + e.what();
+    if (e.status == dnnl_unimplemented) {
+      if (cfg.dtype == DType::bf16) msg += " (bf16 on effective ISA " + isa_name() + ")";
+      mark_unsupported(st, msg);
+    } else {
+      mark_failed(st, msg + " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+    }
+    return;
+  } catch (const Unsupported& e) {
+    mark_unsupported(st, std::string("benanza: ") + e.what());
+    return;
+  } catch (const std::exception& e) {
+    mark_failed(st, e.what());
+    return;
+  }
+  try {
+    for (int i = 0; i < kWarmupCalls; ++i) p.prim.execute(stream(), p.args);
+    stream().wait();
+  } catch (const std::exception& e) {
+    mark_failed(st, std::string("execute: ") + e.what());
+    return;
+  }
+  for (auto _ : st) {
+    p.prim.execute(stream(), p.args);
+    stream().wait();
+  }
+  set_implementation(st, p.impl);
+  set_workspace(st, p.scratchpad);
+}
+
+#if BENANZA_DNNL3
+using Pooling = dnnl::pooling_forward;
+using Softmax = dnnl::softmax_forward;
+#else
+using Pooling = dnnl::pooling_v2_forward;
+using Softmax = dnnl::softmax_v2_forward;
+#endif
+
+Dims pad_rank(const Dims& d, size_t rank) {
+  Dims out(rank - std::min(rank, d.size()), 1);
+  out.insert(out.end(), d.begin(), d.end());
+  return out;
+}
+
+// oneDNN wants the right/bottom padding that makes the output size come out exactly
+// (ONNX ceil_mode and SAME padding are expressed through it).
+int64_t end_pad(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, int64_t begin) {
+  return (out - 1) * s + (k - 1) * d + 1 - in - begin;
+}
+
+// --- convolution -------------------------------------------------------------------------
+
+algorithm conv_alg(ConvAlgo a) {
+  switch (a) {
+    case ConvAlgo::winograd: return algorithm::convolution_winograd;
+    case ConvAlgo::automatic: return algorithm::convolution_auto;
+    default: return algorithm::convolution_direct;
+  }
+}
+
+Prepared make_conv(const ConvParams& c, const Config& cfg) {
+  tag t = cfg.layout == Layout::nhwc ? tag::nhwc : cfg.layout == Layout::any ? tag::any : tag::nchw;
+  auto src = md({c.mb, c.ic, c.ih, c.iw}, cfg.dtype, t);
+  auto dst = md({c.mb, c.oc, c.oh, c.ow}, cfg.dtype, t);
+  // Weights are constants a framework reorders once at load time: let oneDNN pick their layout.
+  Dims wdims = c.g > 1 ? Dims{c.g, c.oc / c.g, c.ic / c.g, c.kh, c.kw} : Dims{c.oc, c.ic, c.kh, c.kw};
+  auto wei = md(wdims, cfg.dtype, tag::any);
+  auto bias = memory::desc({c.oc}, dt::f32, tag::x);
+  memory::dims strides{c.sh, c.sw}, dil{c.dh - 1, c.dw - 1}, pl{c.pt, c.pl};
+  memory::dims pr{end_pad(c.ih, c.oh, c.kh, c.sh, c.dh, c.pt), end_pad(c.iw, c.ow, c.kw, c.sw, c.dw, c.pl)};
+  auto attr = base_attr();
+  if (cfg.relu) append_relu(attr);
+  auto alg = conv_alg(cfg.algo);
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  auto pd = cfg.bias
+      ? dnnl::convolution_forward::primitive_desc(engine(), pk, alg, src, wei, bias, dst, strides, dil, pl, pr, attr)
+      : dnnl::convolution_forward::primitive_desc(engine(), pk, alg, src, wei, dst, strides, dil, pl, pr, attr);
+#else
+  auto d = cfg.bias ? dnnl::convolution_forward::desc(pk, alg, src, wei, bias, dst, strides, dil, pl, pr)
+                    : dnnl::convolution_forward::desc(pk, alg, src, wei, dst, strides, dil, pl, pr);
+  dnnl::convolution_forward::primitive_desc pd(d, attr, engine());
+#endif
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
+  if (cfg.bias) in.push_back({DNNL_ARG_BIAS, pd.bias_desc()});
+  return prepare<dnnl::convolution_forward>(pd, in);
+}
+
+// --- pooling -----------------------------------------------------------------------------
+
+algorithm pool_alg(const std::string& a) {
+  if (a == "max" || a == "gmax") return algorithm::pooling_max;
+  if (a == "avgi") return algorithm::pooling_avg_include_padding;
+  if (a == "avgx" || a == "gavg") return algorithm::pooling_avg_exclude_padding;
+  throw Unsupported("pooling algorithm " + a);
+}
+
+Prepared make_pool(const PoolParams& p, const Config& cfg) {
+  tag t = activation_tag(cfg.layout);
+  auto src = md({p.mb, p.ic, p.ih, p.iw}, cfg.dtype, t);
+  auto dst = md({p.mb, p.ic, p.oh, p.ow}, cfg.dtype, t);
+  memory::dims strides{p.sh, p.sw}, kernel{p.kh, p.kw}, dil{p.dh - 1, p.dw - 1}, pl{p.pt, p.pl};
+  memory::dims pr{end_pad(p.ih, p.oh, p.kh, p.sh, p.dh, p.pt), end_pad(p.iw, p.ow, p.kw, p.sw, p.dw, p.pl)};
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::pooling_forward::primitive_desc pd(engine(), pk, pool_alg(p.alg), src, dst, strides, kernel, dil, pl, pr, attr);
+#else
+  dnnl::pooling_v2_forward::desc d(pk, pool_alg(p.alg), src, dst, strides, kernel, dil, pl, pr);
+  dnnl::pooling_v2_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<Pooling>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
+// --- batch normalization (inference: global statistics, scale and shift) -----------------
+
+Prepared make_bnorm(const BnormParams& b, const Config& cfg) {
+  auto data = md({b.mb, b.ic, b.ih, b.iw}, cfg.dtype, activation_tag(cfg.layout));
+  auto flags = dnnl::normalization_flags::use_global_stats | dnnl::normalization_flags::use_scale |
+               dnnl::normalization_flags::use_shift;
+  auto attr = base_attr();
+  if (cfg.relu) append_relu(attr);
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::batch_normalization_forward::primitive_desc pd(engine(), pk, data, data, b.eps, flags, attr);
+#else
+  dnnl::batch_normalization_forward::desc d(pk, data, b.eps, flags);
+  dnnl::batch_normalization_forward::primitive_desc pd(d, attr, engine());
+#endif
+  auto channel = memory::desc({b.ic}, dt::f32, tag::x);
+  return prepare<dnnl::batch_normalization_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_MEAN, pd.mean_desc()},
+                      {DNNL_ARG_VARIANCE, pd.variance_desc()}, {DNNL_ARG_SCALE, channel},
+                      {DNNL_ARG_SHIFT, channel}});
+}
+
+// --- LRN ---------------------------------------------------------------------------------
+
+Prepared make_lrn(const LrnParams& l, const Config& cfg) {
+  auto data = md({l.mb, l.ic, l.ih, l.iw}, cfg.dtype, activation_tag(cfg.layout));
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+  auto alg = algorithm::lrn_across_channels;
+#if BENANZA_DNNL3
+  dnnl::lrn_forward::primitive_desc pd(engine(), pk, alg, data, data, l.size, l.alpha, l.beta, l.k, attr);
+#else
+  dnnl::lrn_forward::desc d(pk, alg, data, l.size, l.alpha, l.beta, l.k);
+  dnnl::lrn_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::lrn_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
+// --- element-wise ------------------------------------------------------------------------
+
+struct EltAlg {
+  algorithm alg;
+  float alpha, beta;
+};
+
+EltAlg eltwise_alg(const EltwiseParams& e) {
+  std::string a = e.alg;
+  if (a == "relu") return {algorithm::eltwise_relu, 0.f, 0.f};
+  if (a == "leakyrelu") return {algorithm::eltwise_relu, e.alpha, 0.f};
+  if (a == "sigmoid") return {algorithm::eltwise_logistic, 0.f, 0.f};
+  if (a == "tanh") return {algorithm::eltwise_tanh, 0.f, 0.f};
+  if (a == "elu") return {algorithm::eltwise_elu, e.alpha, 0.f};
+  // Clip bounds only known at run time (NaN) cost the same as any others: clip to ±FLT_MAX.
+  if (a == "clip") {
+    float lo = e.alpha == e.alpha ? std::max(e.alpha, -FLT_MAX) : -FLT_MAX;
+    float hi = e.beta == e.beta ? std::min(e.beta, FLT_MAX) : FLT_MAX;
+    return {algorithm::eltwise_clip, lo, hi};
+  }
+  if (a == "softplus") return {algorithm::eltwise_soft_relu, 1.f, 0.f};
+  if (a == "exp") return {algorithm::eltwise_exp, 0.f, 0.f};
+  if (a == "log") return {algorithm::eltwise_log, 0.f, 0.f};
+  if (a == "abs") return {algorithm::eltwise_abs, 0.f, 0.f};
+  if (a == "sqrt") return {algorithm::eltwise_sqrt, 0.f, 0.f};
+  if (a == "neg") return {algorithm::eltwise_linear, -1.f, 0.f};
+  if (a == "swish") return {algorithm::eltwise_swish, e.alpha, 0.f};
+#if BENANZA_DNNL3
+  if (a == "hardsigmoid") return {algorithm::eltwise_hardsigmoid, e.alpha, e.beta};
+#endif
+  throw Unsupported("element-wise " + a + " has no oneDNN " + std::to_string(DNNL_VERSION_MAJOR) +
+                    ".x algorithm");
+}
+
+Prepared make_eltwise(const EltwiseParams& e, const Config& cfg) {
+  auto data = plain_md(e.shape, cfg.dtype);
+  EltAlg a = eltwise_alg(e);
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::eltwise_forward::primitive_desc pd(engine(), pk, a.alg, data, data, a.alpha, a.beta, attr);
+#else
+  dnnl::eltwise_forward::desc d(pk, a.alg, data, a.alpha, a.beta);
+  dnnl::eltwise_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::eltwise_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
+Prepared make_prelu(const PreluParams& p, const Config& cfg) {
+  auto src = plain_md(p.shape, cfg.dtype);
+  auto slope = plain_md(pad_rank(p.slope, p.shape.size()), cfg.dtype);
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::prelu_forward::primitive_desc pd(engine(), pk, src, slope, src, attr);
+#else
+  dnnl::prelu_forward::desc d(pk, src, slope);
+  dnnl::prelu_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::prelu_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}});
+}
+
+// --- binary and n-ary sums ---------------------------------------------------------------
+
+algorithm binary_alg(const std::string& a) {
+  if (a == "add" || a == "sum") return algorithm::binary_add;
+  if (a == "sub") return algorithm::binary_sub;
+  if (a == "mul") return algorithm::binary_mul;
+  if (a == "div") return algorithm::binary_div;
+  if (a == "min") return algorithm::binary_min;
+  if (a == "max") return algorithm::binary_max;
+  throw Unsupported("binary algorithm " + a);
+}
+
+Prepared make_sum(const BinaryParams& b, const Config& cfg) {
+  std::vector<memory::desc> srcs;
+  for (const auto& d : b.inputs) srcs.push_back(plain_md(d, cfg.dtype));
+  std::vector<float> scales(srcs.size(), 1.f);
+  auto dst = plain_md(b.out, cfg.dtype);
+  auto attr = base_attr();
+#if BENANZA_DNNL3
+  dnnl::sum::primitive_desc pd(engine(), dst, scales, srcs, attr);
+#else
+  dnnl::sum::primitive_desc pd(dst, scales, srcs, engine(), attr);
+#endif
+  std::vector<std::pair<int, memory::desc>> in;
+  for (size_t i = 0; i < srcs.size(); ++i) in.push_back({DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i), srcs[i]});
+  return prepare<dnnl::sum>(pd, in);
+}
+
+Prepared make_binary(const BinaryParams& b, const Config& cfg) {
+  std::string alg = b.alg;
+  bool equal_shapes = std::all_of(b.inputs.begin(), b.inputs.end(), [&](const Dims& d) { return d == b.out; });
+  if (b.inputs.size() > 2) {
+    if (alg == "sum" && equal_shapes) return make_sum(b, cfg);
+    throw Unsupported(std::to_string(b.inputs.size()) + "-input " + alg +
+                      " with broadcasting (oneDNN binary takes two inputs)");
+  }
+  size_t rank = std::max<size_t>(b.out.size(), 1);
+  Dims a0 = pad_rank(b.inputs.at(0), rank), a1 = pad_rank(b.inputs.at(1), rank), out = pad_rank(b.out, rank);
+  bool commutative = alg == "add" || alg == "sum" || alg == "mul" || alg == "min" || alg == "max";
+  if (a0 != out) {
+    // oneDNN broadcasts src1 only; ONNX may broadcast either side.
+    if (a1 == out && commutative) std::swap(a0, a1);
+    else throw Unsupported("binary " + alg + " broadcasts its first input; oneDNN broadcasts src1 only");
+  }
+  auto s0 = plain_md(a0, cfg.dtype), s1 = plain_md(a1, cfg.dtype), dst = plain_md(out, cfg.dtype);
+  auto attr = base_attr();
+#if BENANZA_DNNL3
+  dnnl::binary::primitive_desc pd(engine(), binary_alg(alg), s0, s1, dst, attr);
+#else
+  dnnl::binary::desc d(binary_alg(alg), s0, s1, dst);
+  dnnl::binary::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::binary>(pd, {{DNNL_ARG_SRC_0, pd.src_desc(0)}, {DNNL_ARG_SRC_1, pd.src_desc(1)}});
+}
+
+// --- GEMM, MatMul ------------------------------------------------------------------------
+
+template <class PD>
+PD matmul_pd(const memory::desc& a, const memory::desc& b, const memory::desc* bias, const memory::desc& c,
+             const dnnl::primitive_attr& attr) {
+#if BENANZA_DNNL3
+  return bias ? PD(engine(), a, b, *bias, c, attr) : PD(engine(), a, b, c, attr);
+#else
+  auto d = bias ? dnnl::matmul::desc(a, b, *bias, c) : dnnl::matmul::desc(a, b, c);
+  return PD(d, attr, engine());
+#endif
+}
+
+Prepared make_gemm(const GemmParams& g, const Config& cfg) {
+  if (g.alpha != 1.f)
+    throw Unsupported("Gemm alpha=" + std::to_string(g.alpha) + " (only alpha=1 is generated)");
+  bool bias = g.has_c && g.beta != 0.f;  // beta scales a constant C: folded into its values
+  auto attr = base_attr();
+  if (g.inner_product) {
+    auto src = md({g.m, g.k}, cfg.dtype, tag::ab);
+    auto wei = md({g.n, g.k}, cfg.dtype, tag::any);
+    auto b = memory::desc({g.n}, dt::f32, tag::x);
+    auto dst = md({g.m, g.n}, cfg.dtype, tag::ab);
+    auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+    auto pd = bias ? dnnl::inner_product_forward::primitive_desc(engine(), pk, src, wei, b, dst, attr)
+                   : dnnl::inner_product_forward::primitive_desc(engine(), pk, src, wei, dst, attr);
+#else
+    auto d = bias ? dnnl::inner_product_forward::desc(pk, src, wei, b, dst)
+                  : dnnl::inner_product_forward::desc(pk, src, wei, dst);
+    dnnl::inner_product_forward::primitive_desc pd(d, attr, engine());
+#endif
+    std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
+    if (bias) in.push_back({DNNL_ARG_BIAS, pd.bias_desc()});
+    return prepare<dnnl::inner_product_forward>(pd, in);
+  }
+  // Transposed operands are read through strides, as a framework hands them over.
+  memory::desc a({g.m, g.k}, data_type(cfg.dtype), g.ta ? memory::dims{1, g.m} : memory::dims{g.k, 1});
+  memory::desc b({g.k, g.n}, data_type(cfg.dtype), g.tb ? memory::dims{1, g.k} : memory::dims{g.n, 1});
+  auto c = md({g.m, g.n}, cfg.dtype, tag::ab);
+  memory::desc bias_md = plain_md(pad_rank(g.c, 2), cfg.dtype);
+  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(a, b, bias ? &bias_md : nullptr, c, attr);
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
+  if (bias) in.push_back({DNNL_ARG_BIAS, bias_md});
+  return prepare<dnnl::matmul>(pd, in);
+}
+
+Prepared make_matmul(const MatmulParams& m, const Config& cfg) {
+  // ONNX MatMul: 1-d operands are promoted (a → 1×k, b → k×1); batch dims broadcast.
+  Dims a = m.a.size() == 1 ? Dims{1, m.a[0]} : m.a;
+  Dims b = m.b.size() == 1 ? Dims{m.b[0], 1} : m.b;
+  size_t rank = std::max(a.size(), b.size());
+  a = pad_rank(a, rank);
+  b = pad_rank(b, rank);
+  Dims c(rank);
+  for (size_t i = 0; i + 2 < rank; ++i) c[i] = std::max(a[i], b[i]);
+  c[rank - 2] = a[rank - 2];
+  c[rank - 1] = b[rank - 1];
+  auto attr = base_attr();
+  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(a, cfg.dtype), plain_md(b, cfg.dtype), nullptr,
+                                                     plain_md(c, cfg.dtype), attr);
+  return prepare<dnnl::matmul>(pd, {{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}});
+}
+
+// --- softmax -----------------------------------------------------------------------------
+
+Prepared make_softmax(const SoftmaxParams& s, const Config& cfg) {
+  Dims shape = s.shape;
+  int axis = s.axis;
+  if (s.flat) {  // opset < 13: coerced to 2-d at `axis`
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < static_cast<int>(shape.size()); ++i) (i < axis ? outer : inner) *= shape[i];
+    shape = {outer, inner};
+    axis = 1;
+  }
+  auto data = plain_md(shape, cfg.dtype);
+  auto alg = std::string(s.alg) == "logsoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::softmax_forward::primitive_desc pd(engine(), pk, alg, data, data, axis, attr);
+#else
+  dnnl::softmax_v2_forward::desc d(pk, alg, data, data, axis);
+  dnnl::softmax_v2_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<Softmax>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
+// --- concat ------------------------------------------------------------------------------
+
+Prepared make_concat(const ConcatParams& c, const Config& cfg) {
+  std::vector<memory::desc> srcs;
+  for (const auto& d : c.inputs) {
+    srcs.push_back(d.size() == 4 && cfg.layout != Layout::plain ? md(d, cfg.dtype, activation_tag(cfg.layout))
+                                                                 : plain_md(d, cfg.dtype));
+  }
+  auto attr = base_attr();
+#if BENANZA_DNNL3
+  dnnl::concat::primitive_desc pd(engine(), c.axis, srcs, attr);
+#else
+  dnnl::concat::primitive_desc pd(c.axis, srcs, engine(), attr);
+#endif
+  std::vector<std::pair<int, memory::desc>> in;
+  for (size_t i = 0; i < srcs.size(); ++i) in.push_back({DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i), srcs[i]});
+  return prepare<dnnl::concat>(pd, in);
+}
+
+}  // namespace
+
+#define BENANZA_BENCH(family, Params)                                          \
+  void bench_##family(benchmark::State& st, const Params& p, const Config& c) { \
+    measure(st, c, [&] { return make_##family(p, c); });                      \
+  }
+
+BENANZA_BENCH(conv, ConvParams)
+BENANZA_BENCH(pool, PoolParams)
+BENANZA_BENCH(bnorm, BnormParams)
+BENANZA_BENCH(lrn, LrnParams)
+BENANZA_BENCH(eltwise, EltwiseParams)
+BENANZA_BENCH(prelu, PreluParams)
+BENANZA_BENCH(binary, BinaryParams)
+BENANZA_BENCH(gemm, GemmParams)
+BENANZA_BENCH(matmul, MatmulParams)
+BENANZA_BENCH(softmax, SoftmaxParams)
+BENANZA_BENCH(concat, ConcatParams)
+
+void describe_context() {
+  const auto* v = dnnl::version();
+  set_context("backend", "onednn");
+  set_context("onednn_version", std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                                    std::to_string(v->patch));
+  set_context("onednn_hash", v->hash ? v->hash : "");
+  set_context("isa", isa_name());
+  set_context("onednn_cpu_runtime", DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP   ? "omp"
+                                    : DNNL_CPU_RUNTIME == DNNL_RUNTIME_TBB ? "tbb"
+                                    : DNNL_CPU_RUNTIME == DNNL_RUNTIME_SEQ ? "seq"
+                                                                           : "other");
+#ifdef BENANZA_HAVE_OPENMP
+  set_context("threads", std::to_string(omp_get_max_threads()));
+#endif
+}
+
+}  // namespace onednn
+}  // namespace benanza

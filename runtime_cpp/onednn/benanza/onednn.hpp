@@ -1,0 +1,81 @@
+// oneDNN benchmark runtime: one function per layer family, driven by generated tables.
+//
+// Generated code holds only data (a params table per family and a row per variant); this
+// runtime creates the primitive, allocates and fills memory, warms up, and times
+// `execute + wait` with real time. Works with oneDNN 2.x (Debian libdnnl-dev) and 3.x (PyPI
+// onednn-devel-cpu-gomp): the API differences stay inside onednn.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "benanza/runtime.hpp"
+
+namespace benanza {
+namespace onednn {
+
+using Dims = std::vector<int64_t>;
+
+enum class DType { f32, bf16 };
+// plain: row-major of any rank; nchw/nhwc: 4-d activations; any: the library's choice
+// (blocked nChw8c/nChw16c), which is what oneDNN-native frameworks keep between layers.
+enum class Layout { plain, nchw, nhwc, any };
+enum class ConvAlgo { none, direct, winograd, automatic };
+
+// One variant's configuration. `bias` and `relu` describe the fused computation (post-ops);
+// for an unfused conv `bias` is the layer's own bias.
+struct Config {
+  DType dtype;
+  Layout layout;
+  ConvAlgo algo;
+  bool bias;
+  bool relu;
+};
+
+struct Row {
+  const char* name;  // Variant.name
+  int index;         // into the family's params table
+  Config config;
+};
+
+struct ConvParams { int64_t mb, ic, ih, iw, oc, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, g; };
+struct PoolParams { const char* alg; int64_t mb, ic, ih, iw, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw; };
+struct BnormParams { int64_t mb, ic, ih, iw; float eps; };
+struct LrnParams { int64_t mb, ic, ih, iw, size; float alpha, beta, k; };
+struct EltwiseParams { const char* alg; Dims shape; float alpha, beta; };
+struct PreluParams { Dims shape, slope; };
+struct BinaryParams { const char* alg; std::vector<Dims> inputs; Dims out; };
+struct GemmParams { int64_t m, n, k; bool ta, tb; float alpha, beta; bool has_c; Dims c; bool inner_product; };
+struct MatmulParams { Dims a, b; };
+struct SoftmaxParams { const char* alg; Dims shape; int axis; bool flat; };
+struct ConcatParams { int axis; std::vector<Dims> inputs; };
+
+void bench_conv(benchmark::State&, const ConvParams&, const Config&);
+void bench_pool(benchmark::State&, const PoolParams&, const Config&);
+void bench_bnorm(benchmark::State&, const BnormParams&, const Config&);
+void bench_lrn(benchmark::State&, const LrnParams&, const Config&);
+void bench_eltwise(benchmark::State&, const EltwiseParams&, const Config&);
+void bench_prelu(benchmark::State&, const PreluParams&, const Config&);
+void bench_binary(benchmark::State&, const BinaryParams&, const Config&);
+void bench_gemm(benchmark::State&, const GemmParams&, const Config&);
+void bench_matmul(benchmark::State&, const MatmulParams&, const Config&);
+void bench_softmax(benchmark::State&, const SoftmaxParams&, const Config&);
+void bench_concat(benchmark::State&, const ConcatParams&, const Config&);
+
+// Registers every row of one family's table.
+template <class P, size_t NP, size_t NR>
+void add(Registry& registry, const P (&params)[NP], const Row (&rows)[NR],
+         void (*bench)(benchmark::State&, const P&, const Config&)) {
+  for (const Row& row : rows) {
+    const P* p = &params[row.index];
+    const Config cfg = row.config;
+    registry.add(row.name, [p, cfg, bench](benchmark::State& st) { bench(st, *p, cfg); });
+  }
+}
+
+// Library version, effective ISA, CPU runtime and thread count for the context block.
+void describe_context();
+
+}  // namespace onednn
+}  // namespace benanza
