@@ -170,3 +170,319 @@ def _print_stats(stats, total) -> None:
                       str(s.covered_layers), f"{s.covered_pct:.1f}", f"{s.macs / 1e9:.3f}G",
                       uncovered, end_section=s is stats[-1])
     console.print(table)
+
+
+# --- run ---------------------------------------------------------------------------------
+
+def db_option(f):
+    return click.option("--db", "db_path", metavar="FILE",
+                        help="Performance database (default: $BENANZA_DB, else perfdb/benanza.db).")(f)
+
+
+@main.command()
+@click.option("--system", "system_name", required=True, metavar="NAME",
+              help="Name the results are stored under (hardware and stack are detected).")
+@click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
+              help="Folder `benanza generate --out` wrote.")
+@click.option("--backend", type=click.Choice(["auto", "onednn", "cudnn"]), default="auto", show_default=True,
+              help="auto: cudnn when a CUDA device is present, else onednn.")
+@db_option
+@click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
+@click.option("--dry-run", is_flag=True, help="Show what would run, build and run nothing.")
+@click.option("--force", is_flag=True, help="Re-run benchmarks already measured on this system and stack.")
+@click.option("--min-time", type=click.FloatRange(min=0.0, min_open=True), default=0.2, show_default=True,
+              help="Seconds per repetition (Google Benchmark min time).")
+@click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (oneDNN); default all cores.")
+@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
+              help="Seconds one benchmark may take before it is killed and stored as failed.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
+def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
+        dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
+        timeout: float, jobs: int | None) -> None:
+    """Build the generated benchmarks, run those the database lacks, and store the results.
+
+    Incremental: variants already measured on this system and software stack are skipped
+    (unless --force). Results are stored as they arrive: Ctrl-C keeps them and a re-run
+    continues where it stopped. A benchmark that crashes or hangs is stored as failed.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from . import runner
+    from .perfdb import resolve_db_path
+
+    options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
+                                repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
+                                command=" ".join(["benanza", *sys.argv[1:]]))
+    path = resolve_db_path(db_path)
+    if dry_run:
+        summary = runner.run(bench_dir, system_name, backend, path, options)
+        for name in summary.to_run:
+            console.print(name, highlight=False, soft_wrap=True)
+        console.print(f"{summary.backend} on {summary.system.device}: {len(summary.to_run)} of "
+                      f"{summary.total} benchmarks would run ({summary.already} already in {path})",
+                      highlight=False)
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("ok {task.fields[ok]} unsup {task.fields[unsupported]} failed {task.fields[failed]}"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0)
+        counts = {"ok": 0, "unsupported": 0, "failed": 0}
+
+        def step(p: runner.Progress) -> None:
+            if p.status is not None:
+                counts[p.status.value] += 1
+            bar.update(task, total=p.total, completed=p.done, description="running", **counts)
+
+        summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
+    console.print(f"{summary.backend} on {summary.system.device} (stack {summary.system.stack_id}): "
+                  f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
+                  f"{summary.failed} failed), {summary.already} already measured, "
+                  f"{summary.seconds:.1f}s → {path}", highlight=False)
+    if summary.interrupted:
+        err_console.print("interrupted: results so far are stored; run the same command to continue")
+        sys.exit(130)
+
+
+# --- db ----------------------------------------------------------------------------------
+
+@main.group()
+def db() -> None:
+    """Inspect, export, merge and serve performance databases."""
+
+
+@db.command("info")
+@db_option
+def db_info(db_path: str | None) -> None:
+    """Schema version, row counts and the systems stored."""
+    from .perfdb import PerfDB, resolve_db_path
+
+    path = resolve_db_path(db_path)
+    with PerfDB(path) as pdb:
+        console.print(f"{path}: schema {pdb.schema_version}", highlight=False)
+        table = Table("table", "rows")
+        for c in pdb.counts():
+            table.add_row(c.table, str(c.rows))
+        console.print(table)
+        systems = Table("system", "backend", "device", "stack id", "stack")
+        for s in pdb.systems():
+            systems.add_row(s.name, s.backend, s.device, s.stack_id, ", ".join(f"{k}={v}" for k, v in s.stack))
+        console.print(systems)
+
+
+@db.command("list")
+@db_option
+@click.option("--system", "system_name", required=True, metavar="NAME")
+@click.option("--filter", "name_filter", metavar="REGEX", help="Only variants whose name matches.")
+@click.option("--status", type=click.Choice(["ok", "unsupported", "failed"]), help="Only this status.")
+def db_list(db_path: str | None, system_name: str, name_filter: str | None, status: str | None) -> None:
+    """The latest result of every variant measured on a system."""
+    import re
+
+    from .perfdb import PerfDB, resolve_db_path
+
+    with PerfDB(resolve_db_path(db_path)) as pdb:
+        results = pdb.results(system_name)
+    rx = re.compile(name_filter) if name_filter else None
+    table = Table("variant", "status", "median ms", "stddev ms", "implementation / message")
+    for r in results:
+        if (rx and not rx.search(r.variant.name)) or (status and r.status.value != status):
+            continue
+        table.add_row(r.variant.name, r.status.value, f"{r.median_ms:.4f}" if r.ok else "",
+                      f"{r.stddev_ms:.4f}" if r.ok else "", r.implementation if r.ok else r.message)
+    console.print(table)
+
+
+@db.command("export")
+@db_option
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="Output file; .csv or .parquet.")
+@click.option("--system", "system_name", metavar="NAME", help="Only this system.")
+@click.option("--all", "all_rows", is_flag=True, help="Every stored measurement, not only the latest.")
+def db_export(db_path: str | None, out_path: str, system_name: str | None, all_rows: bool) -> None:
+    """Results joined with variants and layers, as CSV or Parquet (pandas; pyarrow for Parquet)."""
+    from .errors import UsageError
+    from .perfdb import PerfDB, resolve_db_path
+
+    with PerfDB(resolve_db_path(db_path)) as pdb:
+        frame = pdb.results_frame(system_name, latest=not all_rows)
+    if out_path.endswith(".parquet"):
+        try:
+            frame.to_parquet(out_path, index=False)
+        except ImportError as exc:
+            raise UsageError(f"Parquet export needs pyarrow: pip install pyarrow ({exc})") from None
+    elif out_path.endswith(".csv"):
+        frame.to_csv(out_path, index=False)
+    else:
+        raise UsageError(f"{out_path}: choose a .csv or .parquet file name")
+    console.print(f"{len(frame)} rows → {out_path}", highlight=False)
+
+
+@db.command("merge")
+@click.argument("target", type=click.Path(dir_okay=False))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def db_merge(target: str, sources: tuple[str, ...]) -> None:
+    """Copy every row of SOURCES into TARGET (created if missing); nothing is lost or duplicated."""
+    from .perfdb import PerfDB
+
+    with PerfDB(target) as pdb:
+        for src in sources:
+            added = pdb.merge_from(src)
+            console.print(f"{src}: " + ", ".join(f"{k} +{v}" for k, v in added.items()), highlight=False)
+
+
+@db.command("serve")
+@db_option
+@click.option("--port", type=int, default=8001, show_default=True)
+def db_serve(db_path: str | None, port: int) -> None:
+    """Browse the database in Datasette (pip install datasette)."""
+    import importlib.util
+    import subprocess
+
+    from .errors import UsageError
+    from .perfdb import PerfDB, resolve_db_path
+
+    if importlib.util.find_spec("datasette") is None:
+        raise UsageError("`benanza db serve` needs Datasette: pip install datasette")
+    path = resolve_db_path(db_path)
+    PerfDB(path).close()  # validate before handing it over
+    sys.exit(subprocess.call([sys.executable, "-m", "datasette", "serve", str(path), "--port", str(port)]))
+
+
+@db.command("lookup")
+@click.argument("models", nargs=-1, required=True, type=click.Path())
+@db_option
+@click.option("--system", "system_name", required=True, metavar="NAME")
+@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default="onednn", show_default=True)
+@batch_options
+@click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True)
+@click.option("--generate-missing", is_flag=True, help="Generate and run the missing benchmarks now.")
+def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, backend: str, batch_size: int,
+              input_shape: tuple[str, ...], bench_dir: str, generate_missing: bool) -> None:
+    """Check the database holds every benchmark the models need on a system (paper §III-C)."""
+    from . import runner
+    from .generator import GenOptions, expand_variants, generate as generate_backend, get_backend
+    from .manifest import build_manifest, write_manifest
+    from .perfdb import PerfDB, missing_command, resolve_db_path
+    from .processor import load_model, parse_input_shapes, unique_layers
+
+    shapes = parse_input_shapes(input_shape)
+    loaded = [load_model(p, batch_size=batch_size, input_shapes=shapes) for p in models]
+    manifest = build_manifest(loaded, unique_layers(loaded))
+    wanted = expand_variants(manifest, get_backend(backend), GenOptions())
+    path = resolve_db_path(db_path)
+    with PerfDB(path) as pdb:
+        absent = pdb.missing(system_name, wanted)
+    if not absent:
+        console.print(f"all {len(wanted)} benchmarks of {len(models)} model(s) are in {path}", highlight=False)
+        return
+    for v in absent:
+        err_console.print(f"missing: {v.name}", highlight=False, soft_wrap=True)
+    cmd = missing_command(models, system_name, backend, bench_dir=bench_dir, batch_size=batch_size,
+                          db=db_path)
+    err_console.print(f"{len(absent)} of {len(wanted)} benchmarks missing on {system_name}; to measure them:\n"
+                      f"  {cmd}", highlight=False, soft_wrap=True)
+    if not generate_missing:
+        sys.exit(1)
+    write_manifest(manifest, bench_dir)
+    generate_backend(manifest, backend, bench_dir, GenOptions())
+    summary = runner.run(bench_dir, system_name, backend, path, runner.RunOptions(command=cmd))
+    console.print(f"stored {summary.stored} results ({summary.ok} ok)", highlight=False)
+
+
+# --- profile -----------------------------------------------------------------------------
+
+@main.command()
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--framework", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime",
+              show_default=True, help="Framework to run the model in (torch converts it with onnx2torch).")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True, help="Timed runs.")
+@click.option("--trace-iterations", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Runs recorded by the framework's profiler (a separate session, so tracing never "
+                   "inflates the latency numbers).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Bundle folder [default: profiles/<model>-<framework>-b<batch>].")
+@click.option("--nsys", is_flag=True, help="Also record an Nsight Systems report (needs `nsys` on PATH).")
+def profile(model: str, framework: str, batch_size: int, warmup: int, iterations: int, trace_iterations: int,
+            device: str, out_dir: str | None, nsys: bool) -> None:
+    """Run MODEL in a framework and write its execution profile bundle.
+
+    The bundle holds latency statistics (trimmed mean, p50, p90), the framework's per-op
+    trace, the cuDNN/cuBLAS/oneDNN logs of the run and, with --nsys, an Nsight Systems
+    report. Pass the bundle folder to `benanza analyze --profile`.
+    """
+    from .profiler import ProfileSpec, profile_model
+
+    out = out_dir or str(Path("profiles") / f"{Path(model).stem}-{framework}-b{batch_size}")
+    spec = ProfileSpec(model=str(Path(model).resolve()), framework=framework, out_dir=out, batch_size=batch_size,
+                       warmup=warmup, iterations=iterations, trace_iterations=trace_iterations, device=device)
+    bundle = profile_model(spec, nsys=nsys)
+    index = json.loads((bundle / "profile.json").read_text())
+    lat = index["latency_ms"]
+    console.print(f"{Path(model).stem} on {framework} ({device}, batch {batch_size}): trimmed mean "
+                  f"{lat['trimmed_mean']:.4g} ms, p50 {lat['p50']:.4g} ms, p90 {lat['p90']:.4g} ms",
+                  highlight=False)
+    for note in index["notes"]:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    console.print(f"bundle: {bundle}", highlight=False)
+
+
+# --- analyze -----------------------------------------------------------------------------
+
+@main.command()
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--system", "systems", multiple=True, required=True, metavar="NAME",
+              help="System in the performance database (repeatable: one analysis per system).")
+@click.option("--profile", "profiles", multiple=True, type=click.Path(exists=True), metavar="BUNDLE_OR_FILE",
+              help="`benanza profile` bundle, or a profile/log file (ORT or PyTorch trace, cuDNN, cuBLAS, "
+                   "oneDNN log, Nsight Systems report); repeatable, merged.")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+              help="Performance database [default: $BENANZA_DB, else perfdb/benanza.db].")
+@click.option("--dtype", default="f32", show_default=True, help="Data type of the bound.")
+@click.option("--batch-size", "-b", "batch_sizes", multiple=True, type=click.IntRange(min=1),
+              help="Batch size (repeatable: a sweep) [default: 1].")
+@click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
+              help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")
+@click.option("--measured-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Measured model latency, when no profile gives one.")
+@click.option("--generate-missing", is_flag=True, help="Generate and run the benchmarks the database lacks.")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON (docs/analyze-json.md).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a self-contained HTML report here.")
+def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
+            batch_sizes: tuple[int, ...], input_shape: tuple[str, ...], measured_ms: float | None,
+            generate_missing: bool, as_json: bool, report_path: str | None) -> None:
+    """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
+
+    Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
+    layer; with a profile, the ratio to the measured latency (also against a bound with the
+    framework's own fusions), the algorithms the framework used vs the best, its calls vs the
+    expected ones, and its time per layer.
+    """
+    from .analysis.sweep import SweepRequest, run_sweep, write_report
+    from .parsers import load_profile
+    from .perfdb import PerfDB, resolve_db_path
+    from .processor import parse_input_shapes
+    from .report import document, print_analysis, print_sweep, render_html
+
+    req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
+                       input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
+                       measured_ms=measured_ms, generate_missing=generate_missing)
+    if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
+        raise click.UsageError("--measured-ms applies to one system and one batch size")
+    prof = load_profile(list(profiles))
+    analyses = run_sweep(req, PerfDB(resolve_db_path(db_path)), prof)
+    if report_path:
+        path = write_report(report_path, render_html(analyses))
+        err_console.print(f"report: {path}", highlight=False)
+    if as_json:
+        click.echo(json.dumps(document(analyses), indent=1))
+        return
+    for a in analyses:
+        print_analysis(a, console)
+    if len(analyses) > 1:
+        print_sweep(analyses, console)

@@ -1,0 +1,415 @@
+"""The performance database (paper §III-C): SQLite through sqlite-utils.
+
+Tables (schema in ``perfdb/SCHEMA.md``): ``systems`` (one row per machine + stack),
+``layers``, ``variants``, ``results`` (every measurement ever stored, never overwritten; a
+lookup takes the latest per variant), ``models`` and ``occurrences``. Results are indexed by
+system, dtype and layer key. The file is in WAL mode with a busy timeout, every write is one
+transaction retried while another writer holds the lock, so concurrent ``benanza run``
+processes lose nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+import sqlite_utils
+
+from .errors import FileProblem
+from .layers import Layer
+from .manifest import Manifest
+from .records import Result, Status, System, Variant
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+DEFAULT_PATH = Path("perfdb") / "benanza.db"
+ENV_VAR = "BENANZA_DB"
+_BUSY_MS = 60_000
+_RETRY_SECONDS = 120.0
+
+T = TypeVar("T")
+
+
+class DatabaseError(FileProblem):
+    """A database that cannot be opened, is not Benanza's, or is newer than this Benanza."""
+
+
+def resolve_db_path(cli_value: str | None) -> Path:
+    """The database to use: the --db flag, else $BENANZA_DB, else perfdb/benanza.db."""
+    if cli_value:
+        return Path(cli_value)
+    env = os.environ.get(ENV_VAR)
+    return Path(env) if env else DEFAULT_PATH
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS systems (
+  stack_id TEXT PRIMARY KEY, name TEXT NOT NULL, backend TEXT NOT NULL, device TEXT NOT NULL,
+  stack TEXT NOT NULL, first_seen TEXT NOT NULL, last_used TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS systems_name ON systems(name, last_used);
+CREATE TABLE IF NOT EXISTS layers (
+  key TEXT PRIMARY KEY, hash TEXT NOT NULL, op TEXT NOT NULL, family TEXT NOT NULL,
+  params TEXT NOT NULL, inputs TEXT NOT NULL, outputs TEXT NOT NULL, macs INTEGER NOT NULL,
+  flops INTEGER NOT NULL, bytes INTEGER NOT NULL, cudnn_api TEXT, onednn_primitive TEXT);
+CREATE INDEX IF NOT EXISTS layers_hash ON layers(hash);
+CREATE TABLE IF NOT EXISTS variants (
+  name TEXT PRIMARY KEY, layer_key TEXT NOT NULL, backend TEXT NOT NULL, api TEXT NOT NULL,
+  algo TEXT NOT NULL, dtype TEXT NOT NULL, layout TEXT NOT NULL, math TEXT NOT NULL,
+  fusion TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS variants_layer ON variants(layer_key, dtype);
+CREATE TABLE IF NOT EXISTS results (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT NOT NULL, stack_id TEXT NOT NULL,
+  variant TEXT NOT NULL, layer_key TEXT NOT NULL, dtype TEXT NOT NULL, status TEXT NOT NULL,
+  message TEXT NOT NULL, median_ms REAL, mean_ms REAL, stddev_ms REAL, min_ms REAL,
+  iterations INTEGER NOT NULL, repetitions INTEGER NOT NULL, workspace_bytes INTEGER NOT NULL,
+  implementation TEXT NOT NULL, metrics TEXT NOT NULL, raw TEXT NOT NULL, command TEXT NOT NULL,
+  timestamp TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS results_lookup ON results(system, dtype, layer_key);
+CREATE INDEX IF NOT EXISTS results_stack ON results(stack_id, variant);
+CREATE TABLE IF NOT EXISTS models (
+  name TEXT NOT NULL, batch_size INTEGER NOT NULL, path TEXT NOT NULL, stats TEXT NOT NULL,
+  recorded TEXT NOT NULL, PRIMARY KEY (name, batch_size));
+CREATE TABLE IF NOT EXISTS occurrences (
+  model TEXT NOT NULL, batch_size INTEGER NOT NULL, node TEXT NOT NULL, idx INTEGER NOT NULL,
+  layer_key TEXT NOT NULL, PRIMARY KEY (model, batch_size, idx));
+CREATE INDEX IF NOT EXISTS occurrences_layer ON occurrences(layer_key);
+"""
+
+_RESULT_COLUMNS = ("system", "stack_id", "variant", "layer_key", "dtype", "status", "message",
+                   "median_ms", "mean_ms", "stddev_ms", "min_ms", "iterations", "repetitions",
+                   "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp")
+
+
+@dataclass(frozen=True)
+class TableCount:
+    table: str
+    rows: int
+
+
+class PerfDB:
+    """One performance database file. Opening creates it (and its folder) if missing."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=_BUSY_MS / 1000, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
+            self.db = sqlite_utils.Database(conn)
+            self._retry(self._init_schema)
+            self._enable_wal()
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(self.path, f"not a usable SQLite database ({exc})") from None
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    def __enter__(self) -> "PerfDB":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` in one IMMEDIATE transaction, retrying while another writer holds the lock."""
+        deadline = time.monotonic() + _RETRY_SECONDS
+        delay = 0.05
+        while True:
+            try:
+                self.db.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    out = fn()
+                except BaseException:
+                    self.db.conn.execute("ROLLBACK")
+                    raise
+                self.db.conn.execute("COMMIT")
+                return out
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise DatabaseError(self.path, f"still locked by another writer after "
+                                                   f"{_RETRY_SECONDS:.0f}s ({exc})") from None
+                log.debug("database busy, retrying in %.2fs", delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _init_schema(self) -> None:
+        conn = self.db.conn
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+        if has_meta:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise DatabaseError(self.path, f"schema version {version} is newer than this Benanza "
+                                               f"understands ({SCHEMA_VERSION}); upgrade benanza")
+            if version == SCHEMA_VERSION:
+                return
+        elif conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]:
+            raise DatabaseError(self.path, "not a Benanza performance database (no meta table)")
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+        conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
+                     (str(SCHEMA_VERSION),))
+
+    def _enable_wal(self) -> None:
+        # Outside any transaction; persistent in the file, so a no-op once set. Another
+        # process holding the file can make it fail: that process then sets it.
+        try:
+            self.db.conn.execute("PRAGMA journal_mode=wal")
+        except sqlite3.OperationalError as exc:
+            log.debug("WAL not enabled yet (%s)", exc)
+
+    @property
+    def schema_version(self) -> int:
+        row = self.db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0])
+
+    # --- systems -------------------------------------------------------------------------
+
+    def upsert_system(self, system: System) -> None:
+        """Stores the system+stack, marking it the name's current stack."""
+        stamp = now()
+
+        def write() -> None:
+            self.db.conn.execute(
+                "INSERT INTO systems(stack_id, name, backend, device, stack, first_seen, last_used) "
+                "VALUES (?,?,?,?,?,?,?) ON CONFLICT(stack_id) DO UPDATE SET last_used=excluded.last_used",
+                (system.stack_id, system.name, system.backend, system.device,
+                 json.dumps(dict(system.stack), sort_keys=True), stamp, stamp))
+
+        self._retry(write)
+
+    def systems(self) -> list[System]:
+        rows = self.db.conn.execute(
+            "SELECT name, backend, device, stack FROM systems ORDER BY name, last_used DESC").fetchall()
+        return [_system(r) for r in rows]
+
+    def system(self, name: str) -> System | None:
+        """The stack most recently used under ``name``."""
+        row = self.db.conn.execute(
+            "SELECT name, backend, device, stack FROM systems WHERE name=? "
+            "ORDER BY last_used DESC, rowid DESC LIMIT 1", (name,)).fetchone()
+        return _system(row) if row else None
+
+    # --- layers, variants, models --------------------------------------------------------
+
+    def upsert_layers(self, layers: Iterable[Layer]) -> None:
+        rows = [_layer_row(layer) for layer in layers]
+        self._retry(lambda: self.db["layers"].upsert_all(rows, pk="key") if rows else None)
+
+    def upsert_variants(self, variants: Iterable[Variant]) -> None:
+        rows = [asdict(v) | {"name": v.name} for v in variants]
+        self._retry(lambda: self.db["variants"].upsert_all(rows, pk="name") if rows else None)
+
+    def record_models(self, manifest: Manifest) -> None:
+        """Stores the manifest's models, their layers and where each layer occurs."""
+        self.upsert_layers(u.layer for u in manifest.layers)
+        stamp = now()
+        models = [{"name": m["model"], "batch_size": manifest.batch_size,
+                   "path": m.get("path", ""), "stats": json.dumps(m, sort_keys=True), "recorded": stamp}
+                  for m in manifest.models]
+        occ = [{"model": o.model, "batch_size": manifest.batch_size, "node": o.node, "idx": o.index,
+                "layer_key": u.layer.key} for u in manifest.layers for o in u.occurrences]
+
+        def write() -> None:
+            if models:
+                self.db["models"].upsert_all(models, pk=("name", "batch_size"))
+            if occ:
+                self.db["occurrences"].upsert_all(occ, pk=("model", "batch_size", "idx"))
+
+        self._retry(write)
+
+    # --- results -------------------------------------------------------------------------
+
+    def insert_results(self, system: System, results: Iterable[Result], command: str = "",
+                       raw: dict | None = None) -> int:
+        """Appends results (one transaction); never overwrites earlier measurements."""
+        return self.insert_measurements(system, [(r, raw or {}) for r in results], command)
+
+    def insert_measurements(self, system: System, measured: Iterable[tuple[Result, dict]],
+                            command: str = "") -> int:
+        """Like insert_results, with each result's own raw record (the runtime's JSON line)."""
+        measured = list(measured)
+        if not measured:
+            return 0
+        self.upsert_system(system)
+        variants = [asdict(v) | {"name": v.name} for v in {r.variant.name: r.variant for r, _ in measured}.values()]
+        rows = [[_result_row(system, r, command, raw)[c] for c in _RESULT_COLUMNS] for r, raw in measured]
+        sql = (f"INSERT INTO results({', '.join(_RESULT_COLUMNS)}) "
+               f"VALUES ({', '.join('?' * len(_RESULT_COLUMNS))})")
+
+        def write() -> None:
+            self.db["variants"].upsert_all(variants, pk="name")
+            self.db.conn.executemany(sql, rows)
+
+        self._retry(write)
+        return len(rows)
+
+    def results(self, system: str, layer_keys: Iterable[str] | None = None) -> list[Result]:
+        """The latest result per variant stored under the system name (any status)."""
+        sql = ("SELECT r.*, v.backend, v.api, v.algo, v.layout, v.math, v.fusion FROM results r "
+               "JOIN variants v ON v.name = r.variant "
+               "WHERE r.id IN (SELECT max(id) FROM results WHERE system = ? GROUP BY variant)")
+        args: list = [system]
+        keys = list(layer_keys) if layer_keys is not None else None
+        if keys is not None:
+            if not keys:
+                return []
+            sql += f" AND r.layer_key IN ({', '.join('?' * len(keys))})"
+            args += keys
+        cur = self.db.conn.execute(sql + " ORDER BY r.layer_key, r.variant", args)
+        names = [d[0] for d in cur.description]
+        return [_result(dict(zip(names, row))) for row in cur.fetchall()]
+
+    def measured(self, system: System) -> set[str]:
+        """Variant names with any stored result on exactly this system+stack."""
+        rows = self.db.conn.execute("SELECT DISTINCT variant FROM results WHERE stack_id = ?",
+                                    (system.stack_id,)).fetchall()
+        return {r[0] for r in rows}
+
+    def missing(self, system: str | System, variants: Iterable[Variant]) -> list[Variant]:
+        """Variants with no stored result on the system's (current) stack."""
+        sys_ = system if isinstance(system, System) else self.system(system)
+        variants = list(variants)
+        if sys_ is None:
+            return variants
+        done = self.measured(sys_)
+        return [v for v in variants if v.name not in done]
+
+    # --- maintenance ---------------------------------------------------------------------
+
+    def counts(self) -> list[TableCount]:
+        return [TableCount(t, self.db[t].count) for t in
+                ("systems", "layers", "variants", "results", "models", "occurrences")]
+
+    def results_frame(self, system: str | None = None, latest: bool = True):
+        """Results joined with their variant and layer, as a pandas DataFrame (for export)."""
+        import pandas as pd
+
+        where = "WHERE r.system = ?" if system else ""
+        if latest:
+            inner = "SELECT max(id) FROM results " + ("WHERE system = ? " if system else "") + \
+                    "GROUP BY system, variant"
+            where = (where + " AND " if where else "WHERE ") + f"r.id IN ({inner})"
+        sql = ("SELECT r.id, r.system, r.stack_id, s.device, r.layer_key, l.family, l.op, r.variant, "
+               "v.backend, v.api, v.algo, r.dtype, v.layout, v.math, v.fusion, r.status, r.message, "
+               "r.median_ms, r.mean_ms, r.stddev_ms, r.min_ms, r.iterations, r.repetitions, "
+               "r.workspace_bytes, r.implementation, l.flops, l.bytes, r.metrics, r.command, r.timestamp "
+               "FROM results r JOIN variants v ON v.name = r.variant "
+               "LEFT JOIN layers l ON l.key = r.layer_key LEFT JOIN systems s ON s.stack_id = r.stack_id "
+               f"{where} ORDER BY r.id")
+        args = [system, system] if system and latest else [system] if system else []
+        return pd.read_sql_query(sql, self.db.conn, params=args)
+
+    def merge_from(self, other: str | Path) -> dict[str, int]:
+        """Copies every row of ``other`` that this database lacks; returns rows added per table.
+
+        Results are append-only, so a result row is only skipped when an identical one
+        (same stack, variant, timestamp and latency) is already here: nothing of either side
+        is lost and merging twice adds nothing.
+        """
+        if Path(other).resolve() == self.path.resolve():
+            raise DatabaseError(other, "cannot merge a database into itself")
+        if not Path(other).is_file():
+            raise DatabaseError(other, "no such database file")
+        src = PerfDB(other)  # validates its schema version
+        src.close()
+        added: dict[str, int] = {}
+
+        def write() -> None:
+            conn = self.db.conn
+            for table in ("systems", "layers", "variants"):
+                before = self.db[table].count
+                conn.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM src.{table}")
+                added[table] = self.db[table].count - before
+            conn.execute("UPDATE systems SET last_used = max(last_used, (SELECT s.last_used FROM "
+                         "src.systems s WHERE s.stack_id = systems.stack_id)) WHERE stack_id IN "
+                         "(SELECT stack_id FROM src.systems)")
+            cols = ", ".join(_RESULT_COLUMNS)
+            before = self.db["results"].count
+            conn.execute(
+                f"INSERT INTO results({cols}) SELECT {cols} FROM src.results s WHERE NOT EXISTS ("
+                "SELECT 1 FROM results r WHERE r.stack_id = s.stack_id AND r.variant = s.variant "
+                "AND r.timestamp = s.timestamp AND r.status = s.status "
+                "AND r.median_ms IS s.median_ms) ORDER BY s.id")
+            added["results"] = self.db["results"].count - before
+            for table in ("models", "occurrences"):
+                before = self.db[table].count
+                conn.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM src.{table}")
+                added[table] = self.db[table].count - before
+
+        self.db.conn.execute("ATTACH DATABASE ? AS src", (str(other),))
+        try:
+            self._retry(write)
+        finally:
+            self.db.conn.execute("DETACH DATABASE src")
+        return added
+
+
+def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
+                    batch_size: int = 1, db: str | None = None) -> str:
+    """The exact shell command that generates and runs the benchmarks a lookup missed."""
+    models = [str(m) for m in models]
+    gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend]
+    if batch_size != 1:
+        gen += ["--batch-size", str(batch_size)]
+    run = ["benanza", "run", "--system", system, "--backend", backend, "--bench-dir", bench_dir]
+    if db:
+        run += ["--db", db]
+    return shlex.join(gen) + " && " + shlex.join(run)
+
+
+# --- row conversion ----------------------------------------------------------------------
+
+def _system(row) -> System:
+    name, backend, device, stack = row
+    return System(name, backend, device, tuple(sorted(json.loads(stack).items())))
+
+
+def _layer_row(layer: Layer) -> dict:
+    d = layer.to_json()
+    return {"key": layer.key, "hash": layer.hash, "op": layer.op, "family": layer.family,
+            "params": json.dumps(d["params"], sort_keys=True), "inputs": json.dumps(d["inputs"]),
+            "outputs": json.dumps(d["outputs"]), "macs": layer.macs, "flops": layer.flops,
+            "bytes": layer.bytes, "cudnn_api": layer.cudnn_api, "onednn_primitive": layer.onednn_primitive}
+
+
+def _result_row(system: System, r: Result, command: str, raw: dict | None) -> dict:
+    return {"system": system.name, "stack_id": system.stack_id, "variant": r.variant.name,
+            "layer_key": r.variant.layer_key, "dtype": r.variant.dtype, "status": r.status.value,
+            "message": r.message, "median_ms": r.median_ms, "mean_ms": r.mean_ms,
+            "stddev_ms": r.stddev_ms, "min_ms": r.min_ms, "iterations": r.iterations,
+            "repetitions": r.repetitions, "workspace_bytes": r.workspace_bytes,
+            "implementation": r.implementation, "metrics": json.dumps(r.metrics, sort_keys=True),
+            "raw": json.dumps(raw or {}, sort_keys=True), "command": command,
+            "timestamp": r.timestamp or now()}
+
+
+def _result(d: dict) -> Result:
+    variant = Variant(d["layer_key"], d["backend"], d["api"], d["algo"], d["dtype"], d["layout"],
+                      d["math"], d["fusion"])
+    return Result(variant=variant, system=d["system"], status=Status(d["status"]), message=d["message"],
+                  median_ms=d["median_ms"], mean_ms=d["mean_ms"], stddev_ms=d["stddev_ms"],
+                  min_ms=d["min_ms"], iterations=d["iterations"], repetitions=d["repetitions"],
+                  workspace_bytes=d["workspace_bytes"], implementation=d["implementation"],
+                  metrics=json.loads(d["metrics"]), timestamp=d["timestamp"])
+
