@@ -41,8 +41,8 @@ importer=$(find "$PREFIX" -type f -name QdstrmImporter | head -n1)
 if [ -n "$importer" ]; then
     # QdstrmImporter looks for libssh.so without a version suffix.
     libssh=$(find / -xdev -name 'libssh.so.4*' -type f 2>/dev/null | head -n1)
-    if [ -n "$libssh" ] && [ ! -e "$(dirname "$importer")/libssh.so" ]; then
-        ln -s "$libssh" "$(dirname "$importer")/libssh.so"
+    if [ -n "$libssh" ]; then
+        ln -sf "$libssh" "$(dirname "$importer")/libssh.so"
     fi
 fi
 ln -sf "$nsys_bin" "$BIN_DIR/nsys"

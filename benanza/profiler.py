@@ -1,0 +1,359 @@
+"""``benanza profile``: run a model in a framework and capture its execution profile (§III-D ④).
+
+The model runs in a child process (``python -m benanza.profiler SPEC``) so that the library
+loggers, which read their environment variables once at load time, are switched on for it
+alone: cuDNN (``CUDNN_LOGINFO_DBG``/``CUDNN_LOGLEVEL_DBG``), cuBLAS (``CUBLAS_LOGINFO_DBG``),
+cuBLASLt (``CUBLASLT_LOG_LEVEL``) and oneDNN (``ONEDNN_VERBOSE``/``DNNL_VERBOSE``). With
+``--nsys`` the child runs under Nsight Systems. The bundle format is in ``parsers/bundle.py``.
+
+``measure`` is the timing API for users' own code: ``with benanza.measure("preprocess"):``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import BenanzaError, ModelError, UsageError
+from .parsers.bundle import latency_stats, write_index
+
+log = logging.getLogger(__name__)
+
+FRAMEWORKS = ("onnxruntime", "torch")
+
+
+# --- timing API ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    name: str
+    elapsed_ms: float | None = None  # set when the block exits
+
+
+def _nvtx():
+    """push/pop callables for NVTX ranges: the nvtx package, else torch.cuda.nvtx, else None."""
+    try:
+        import nvtx  # type: ignore[import-not-found]
+
+        return nvtx.push_range, nvtx.pop_range
+    except ImportError:
+        pass
+    torch = sys.modules.get("torch")  # never import torch just to time something
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+    return None
+
+
+def _cuda_sync():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.synchronize
+    return None
+
+
+@contextmanager
+def measure(name: str, sync: bool = True) -> Iterator[Measurement]:
+    """Time a block of code; the range also appears in Nsight Systems as an NVTX range.
+
+    With ``sync`` and torch's CUDA initialised, the device is synchronised before the clock
+    stops, so asynchronous kernels launched in the block are counted.
+    """
+    m = Measurement(name)
+    nvtx = _nvtx()
+    if nvtx:
+        nvtx[0](name)
+    start = time.perf_counter_ns()
+    try:
+        yield m
+    finally:
+        synchronize = _cuda_sync() if sync else None
+        if synchronize:
+            synchronize()
+        m.elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+        if nvtx:
+            nvtx[1]()
+        log.debug("%s: %.4f ms", name, m.elapsed_ms)
+
+
+# --- the profile command -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    model: str
+    framework: str
+    out_dir: str
+    batch_size: int = 1
+    warmup: int = 5
+    iterations: int = 50
+    trace_iterations: int = 10
+    device: str = "cpu"
+
+
+LOG_ENV = {
+    "CUDNN_LOGINFO_DBG": "1", "CUDNN_LOGLEVEL_DBG": "3", "CUBLAS_LOGINFO_DBG": "1",
+    "CUBLASLT_LOG_LEVEL": "5", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1",
+}
+
+
+def _log_env(out: Path) -> dict[str, str]:
+    env = dict(LOG_ENV)
+    env.update(CUDNN_LOGDEST_DBG=str(out / "cudnn.log"), CUBLAS_LOGDEST_DBG=str(out / "cublas.log"),
+               CUBLASLT_LOG_FILE=str(out / "cublaslt.log"))
+    return env
+
+
+def check_framework(framework: str, device: str) -> str:
+    """The framework's version; a clear error when it, or the device, is not usable here."""
+    if framework == "onnxruntime":
+        import onnxruntime as ort
+
+        if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise UsageError(f"--device cuda: this ONNX Runtime ({ort.__version__}) has no CUDA execution "
+                             f"provider (available: {', '.join(ort.get_available_providers())}); install "
+                             f"onnxruntime-gpu on a machine with an NVIDIA GPU")
+        return ort.__version__
+    if framework == "torch":
+        try:
+            import torch
+        except ImportError:
+            raise UsageError("--framework torch needs PyTorch and onnx2torch: pip install torch onnx2torch") from None
+        try:
+            import onnx2torch  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - a mismatched torchvision fails with RuntimeError
+            raise UsageError(f"--framework torch converts the ONNX model with onnx2torch, which cannot be "
+                             f"imported here ({type(exc).__name__}: {exc}); it needs onnx2torch and a "
+                             f"torchvision built for this torch {torch.__version__}: "
+                             f"pip install onnx2torch torchvision") from None
+        if device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch sees no CUDA device here")
+        return torch.__version__
+    raise UsageError(f"unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
+
+
+def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
+    """Run the child under the logging environment (and nsys) and write the bundle; its folder."""
+    version = check_framework(spec.framework, spec.device)
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = out / "spec.json"
+    spec_path.write_text(json.dumps(spec.__dict__, indent=1))
+    cmd = [sys.executable, "-m", "benanza.profiler", str(spec_path)]
+    notes: list[str] = []
+    nsys_bin = shutil.which("nsys") if nsys else None
+    if nsys and nsys_bin is None:
+        raise UsageError("--nsys: Nsight Systems' `nsys` is not on PATH (scripts/install-nsys.sh installs it)")
+    if nsys_bin:
+        trace = "osrt,nvtx" if spec.device == "cpu" else "cuda,nvtx,osrt,cudnn,cublas"
+        cmd = [nsys_bin, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
+               "--force-overwrite=true", "-o", str(out / "nsys")] + cmd
+    env = {**os.environ, **_log_env(out)}
+    log.info("running %s", " ".join(cmd))
+    with open(out / "child.stdout", "w") as so, open(out / "child.stderr", "w") as se:
+        proc = subprocess.run(cmd, env=env, stdout=so, stderr=se)
+    child_path = out / "child.json"
+    if proc.returncode != 0 or not child_path.exists():
+        tail = (out / "child.stderr").read_text(errors="replace").strip().splitlines()[-5:]
+        raise BenanzaError(f"{spec.model}: the {spec.framework} run failed (exit {proc.returncode}): "
+                           + " | ".join(tail))
+    child = json.loads(child_path.read_text())
+    files = {"trace": child["trace"]}
+    notes.extend(child.get("notes", []))
+    _collect_onednn(out, files, notes, spec)
+    _collect_gpu_logs(out, files, notes, spec)
+    if nsys_bin:
+        _collect_nsys(out, files, notes)
+    write_index(out, {
+        "model": spec.model, "framework": spec.framework, "framework_version": version,
+        "device": spec.device, "batch_size": spec.batch_size, "warmup": spec.warmup,
+        "iterations": spec.iterations, "trace_iterations": spec.trace_iterations,
+        "providers": child.get("providers", []), "command": " ".join(cmd),
+        "latency_ms": latency_stats(child["samples_ms"]).to_json(), "files": files, "notes": notes,
+    })
+    return out
+
+
+def _collect_onednn(out: Path, files: dict, notes: list[str], spec: ProfileSpec) -> None:
+    """oneDNN prints verbose lines on stdout, interleaved with anything else the child prints."""
+    lines = [ln for ln in (out / "child.stdout").read_text(errors="replace").splitlines()
+             if ln.startswith(("onednn_verbose,", "dnnl_verbose,"))]
+    (out / "onednn.log").write_text("".join(ln + "\n" for ln in lines))
+    files["onednn_log"] = "onednn.log"
+    if not lines:
+        if spec.framework == "onnxruntime":
+            notes.append("oneDNN verbose log is empty: ONNX Runtime's CPU execution provider runs its own MLAS "
+                         "kernels, not oneDNN, so there are no oneDNN calls to compare (Q3/Q4 library views "
+                         "need a oneDNN-backed framework, e.g. PyTorch on CPU)")
+        else:
+            notes.append("oneDNN verbose log is empty: the framework made no oneDNN calls")
+
+
+def _collect_gpu_logs(out: Path, files: dict, notes: list[str], spec: ProfileSpec) -> None:
+    for name, key in (("cudnn.log", "cudnn_log"), ("cublas.log", "cublas_log"), ("cublaslt.log", "cublas_log")):
+        p = out / name
+        if p.exists() and p.stat().st_size > 0:
+            if key in files:  # cuBLAS and cuBLASLt share one parser: append Lt lines to cublas.log
+                with open(out / files[key], "a") as f:
+                    f.write(p.read_text(errors="replace"))
+            else:
+                files[key] = name
+    if spec.device == "cpu":
+        notes.append("device cpu: no cuDNN/cuBLAS calls, so no cuDNN/cuBLAS logs were captured")
+    elif "cudnn_log" not in files:
+        notes.append("the cuDNN logger wrote nothing: the framework made no cuDNN calls on this run")
+
+
+def _collect_nsys(out: Path, files: dict, notes: list[str]) -> None:
+    rep = out / "nsys.nsys-rep"
+    qdstrm = out / "nsys.qdstrm"
+    if not rep.exists() and qdstrm.exists():
+        # Without a GPU, nsys may leave the raw stream; its importer turns it into a report.
+        importer = _qdstrm_importer()
+        if importer is not None:
+            subprocess.run([str(importer), "-i", str(qdstrm)], capture_output=True, text=True)
+    if rep.exists():
+        files["nsys"] = rep.name
+    else:
+        notes.append("nsys ran but produced no .nsys-rep (see child.stderr); the Nsight view is absent")
+
+
+def _qdstrm_importer() -> Path | None:
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        return None
+    root = Path(os.path.realpath(nsys)).parents[3]  # host-linux-x64 is a sibling of the target dir
+    found = sorted(root.rglob("QdstrmImporter"))
+    return found[0] if found else None
+
+
+# --- child process -------------------------------------------------------------------------------
+
+
+def _random_feed(inputs, batch: int, path: str) -> dict:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    feed = {}
+    for i in inputs:
+        shape = []
+        for k, d in enumerate(i.shape):
+            if isinstance(d, int) and d > 0:
+                shape.append(batch if k == 0 else d)
+            elif k == 0:
+                shape.append(batch)
+            else:
+                raise ModelError(path, f"input {i.name!r} has a symbolic dimension {d!r} beyond the batch "
+                                       f"dimension; profile needs concrete shapes")
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+                 "tensor(int32)": np.int32, "tensor(double)": np.float64}.get(i.type, np.float32)
+        feed[i.name] = (rng.random(shape) if np.issubdtype(dtype, np.floating)
+                        else rng.integers(0, 2, shape)).astype(dtype)
+    return feed
+
+
+def _ort_model_bytes(path: str, notes: list[str]) -> bytes:
+    """The model, with its IR version lowered when this ONNX Runtime is older than the file.
+
+    ORT states the highest IR version it reads only in its load error, so probe once.
+    """
+    import re
+
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(path)
+    data = model.SerializeToString()
+    try:
+        ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        return data
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own Fail type
+        m = re.search(r"Unsupported model IR version: \d+, max supported IR version: (\d+)", str(exc))
+        if m is None:
+            raise ModelError(path, f"onnxruntime cannot load the model: {exc}") from None
+        max_ir = int(m.group(1))
+    notes.append(f"model IR version {model.ir_version} lowered to {max_ir} for onnxruntime {ort.__version__}")
+    model.ir_version = max_ir
+    return model.SerializeToString()
+
+
+def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str]) -> dict:
+    import onnxruntime as ort
+
+    data = _ort_model_bytes(spec.model, notes)
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if spec.device == "cuda" else ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(data, providers=providers)
+    feed = _random_feed(sess.get_inputs(), spec.batch_size, spec.model)
+    samples = _time_runs(lambda: sess.run(None, feed), spec)
+    # A second session records the per-node trace, so profiling never inflates the latency numbers.
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(out / "ort_profile")
+    traced = ort.InferenceSession(data, so, providers=providers)
+    for _ in range(spec.trace_iterations):
+        traced.run(None, feed)
+    trace = Path(traced.end_profiling())
+    final = out / "ort_profile.json"
+    trace.replace(final)
+    return {"samples_ms": samples, "trace": final.name, "providers": sess.get_providers()}
+
+
+def _run_torch(spec: ProfileSpec, out: Path, notes: list[str]) -> dict:
+    import onnx
+    import torch
+    from onnx2torch import convert
+
+    device = torch.device(spec.device)
+    module = convert(onnx.load(spec.model)).eval().to(device)
+    import onnxruntime as ort  # only to read the input signature the same way as the ORT path
+
+    sig = ort.InferenceSession(_ort_model_bytes(spec.model, notes), providers=["CPUExecutionProvider"]).get_inputs()
+    feed = [torch.from_numpy(v).to(device) for v in _random_feed(sig, spec.batch_size, spec.model).values()]
+    with torch.inference_mode():
+        samples = _time_runs(lambda: module(*feed), spec)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if spec.device == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+            for _ in range(spec.trace_iterations):
+                with torch.profiler.record_function("benanza_run"):
+                    module(*feed)
+                if spec.device == "cuda":
+                    torch.cuda.synchronize()
+    prof.export_chrome_trace(str(out / "torch_trace.json"))
+    return {"samples_ms": samples, "trace": "torch_trace.json", "providers": [str(device)]}
+
+
+def _time_runs(run, spec: ProfileSpec) -> list[float]:
+    for _ in range(spec.warmup):
+        run()
+    samples = []
+    for _ in range(spec.iterations):
+        with measure("benanza_run") as m:
+            run()
+        samples.append(m.elapsed_ms)
+    return samples
+
+
+def _child(spec_path: str) -> int:
+    spec = ProfileSpec(**json.loads(Path(spec_path).read_text()))
+    out = Path(spec.out_dir)
+    notes: list[str] = []
+    runner = _run_onnxruntime if spec.framework == "onnxruntime" else _run_torch
+    result = runner(spec, out, notes)
+    result["notes"] = notes
+    (out / "child.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))
