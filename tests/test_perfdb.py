@@ -1,0 +1,158 @@
+"""Performance database: storage, latest-per-variant lookups, schema guard, merge, concurrency."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from benanza.cli import main
+from benanza.perfdb import DEFAULT_PATH, PerfDB, DatabaseError, missing_command, resolve_db_path
+from benanza.records import Result, Status, System, Variant
+
+SYSTEM = System("box", "onednn", "Test CPU", (("onednn", "2.6.3"), ("threads", "2")))
+OTHER_STACK = System("box", "onednn", "Test CPU", (("onednn", "3.2.0"), ("threads", "2")))
+
+
+def variant(i: int, dtype: str = "f32") -> Variant:
+    return Variant(f"conv:mb1_ic{i}ih8iw8_oc8oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias0_f32", "onednn",
+                   "convolution", "direct", dtype, "nchw", "default", "none")
+
+
+def result(v: Variant, ms: float | None = 1.0, status: Status = Status.OK, stamp: str = "") -> Result:
+    return Result(v, SYSTEM.name, status, "" if status is Status.OK else "refused", ms, ms, 0.01, ms,
+                  100, 3, 64, "jit:avx2", {"times_ms": [ms]}, stamp)
+
+
+def test_insert_and_latest_result_per_variant(tmp_path):
+    with PerfDB(tmp_path / "a.db") as db:
+        v1, v2 = variant(1), variant(2)
+        assert db.insert_results(SYSTEM, [result(v1, 2.0), result(v2, status=Status.UNSUPPORTED, ms=None)],
+                                 command="benanza run", raw={"x": 1}) == 2
+        db.insert_results(SYSTEM, [result(v1, 1.5)])
+        got = {r.variant: r for r in db.results("box")}
+        assert got[v1].median_ms == 1.5 and got[v1].implementation == "jit:avx2"
+        assert got[v1].workspace_bytes == 64 and got[v1].metrics == {"times_ms": [1.5]}
+        assert got[v2].status is Status.UNSUPPORTED and got[v2].message == "refused" and not got[v2].ok
+        assert [r.variant for r in db.results("box", [v2.layer_key])] == [v2]
+        assert db.results("box", []) == [] and db.results("nobody") == []
+        assert db.db["results"].count == 3  # history kept, never overwritten
+
+
+def test_missing_is_per_stack_and_systems_are_tracked(tmp_path):
+    with PerfDB(tmp_path / "a.db") as db:
+        vs = [variant(i) for i in range(4)]
+        assert db.missing("box", vs) == vs  # unknown system: everything missing
+        db.insert_results(SYSTEM, [result(vs[0]), result(vs[1])])
+        assert db.missing("box", vs) == vs[2:]
+        assert db.missing(OTHER_STACK, vs) == vs  # a new oneDNN version measures again
+        db.upsert_system(OTHER_STACK)
+        assert db.system("box") == OTHER_STACK  # the most recently used stack
+        assert set(db.systems()) == {SYSTEM, OTHER_STACK}
+        assert db.system("nobody") is None
+
+
+def test_newer_schema_and_foreign_files_are_refused(tmp_path):
+    path = tmp_path / "a.db"
+    PerfDB(path).close()
+    con = sqlite3.connect(path)
+    con.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(DatabaseError, match="schema version 99 is newer"):
+        PerfDB(path)
+    foreign = tmp_path / "f.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE t(x)")
+    con.execute("INSERT INTO t VALUES (1)")
+    con.commit()
+    con.close()
+    with pytest.raises(DatabaseError, match="not a Benanza"):
+        PerfDB(foreign)
+    assert sqlite3.connect(foreign).execute("SELECT x FROM t").fetchall() == [(1,)]  # untouched
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(DatabaseError, match="junk.db"):
+        PerfDB(junk)
+
+
+def test_merge_keeps_every_row_of_both_and_is_idempotent(tmp_path):
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    with PerfDB(a) as db:
+        db.insert_results(SYSTEM, [result(variant(1), 1.0, stamp="2024-01-01T00:00:00+00:00")])
+    with PerfDB(b) as db:
+        db.insert_results(SYSTEM, [result(variant(1), 3.0, stamp="2024-01-02T00:00:00+00:00"),
+                                   result(variant(2), 2.0, stamp="2024-01-02T00:00:00+00:00")])
+        db.insert_results(OTHER_STACK, [result(variant(1), 5.0, stamp="2024-01-03T00:00:00+00:00")])
+    out = CliRunner().invoke(main, ["db", "merge", str(a), str(b)])
+    assert out.exit_code == 0, out.output
+    with PerfDB(a) as db:
+        assert db.db["results"].count == 4 and db.db["systems"].count == 2
+        assert sorted(r[0] for r in db.db.execute("SELECT median_ms FROM results")) == [1.0, 2.0, 3.0, 5.0]
+        assert db.merge_from(b)["results"] == 0  # again: nothing duplicated
+    with PerfDB(b) as db:
+        assert db.db["results"].count == 3  # the source is never modified
+    with pytest.raises(DatabaseError, match="into itself"):
+        PerfDB(a).merge_from(a)
+
+
+def _writer(path: str, offset: int, n: int) -> None:
+    with PerfDB(path) as db:
+        for i in range(n):
+            db.insert_results(SYSTEM, [result(variant(offset + i))])
+
+
+def test_two_concurrent_writer_processes_lose_nothing(tmp_path):
+    path = str(tmp_path / "c.db")
+    PerfDB(path).close()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, k * 1000, 150)) for k in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    with PerfDB(path) as db:
+        assert db.db["results"].count == 300
+        assert len(db.results("box")) == 300
+        assert db.db.journal_mode == "wal"
+
+
+def test_resolve_db_path_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("BENANZA_DB", raising=False)
+    assert resolve_db_path(None) == DEFAULT_PATH
+    monkeypatch.setenv("BENANZA_DB", str(tmp_path / "env.db"))
+    assert resolve_db_path(None) == tmp_path / "env.db"
+    assert resolve_db_path("flag.db").name == "flag.db"
+
+
+def test_missing_command_is_a_runnable_pipeline():
+    cmd = missing_command(["models/resnet50-v1.onnx", "my model.onnx"], "box", "onednn")
+    assert cmd == ("benanza generate models/resnet50-v1.onnx 'my model.onnx' --out out/bench --backend onednn"
+                   " && benanza run --system box --backend onednn --bench-dir out/bench")
+
+
+def test_cli_info_list_export(tmp_path):
+    path = tmp_path / "a.db"
+    with PerfDB(path) as db:
+        db.insert_results(SYSTEM, [result(variant(1), 1.25), result(variant(2), None, Status.FAILED)])
+    runner = CliRunner()
+    out = runner.invoke(main, ["db", "info", "--db", str(path)])
+    assert out.exit_code == 0 and "results" in out.output and "box" in out.output
+    out = runner.invoke(main, ["db", "list", "--db", str(path), "--system", "box", "--status", "ok"])
+    assert out.exit_code == 0 and "1.2500" in out.output and "refused" not in out.output
+    csv = tmp_path / "r.csv"
+    out = runner.invoke(main, ["db", "export", "--db", str(path), "--out", str(csv)])
+    assert out.exit_code == 0, out.output
+    import pandas as pd
+
+    frame = pd.read_csv(csv)
+    assert len(frame) == 2 and set(frame["status"]) == {"ok", "failed"}
+    pytest.importorskip("pyarrow")
+    pq = tmp_path / "r.parquet"
+    assert runner.invoke(main, ["db", "export", "--db", str(path), "--out", str(pq)]).exit_code == 0
+    assert len(pd.read_parquet(pq)) == 2
+    bad = runner.invoke(main, ["db", "export", "--db", str(path), "--out", str(tmp_path / "r.txt")])
+    assert bad.exit_code == 1 and "csv or .parquet" in bad.output
