@@ -6,7 +6,6 @@ This is the only analysis code that touches the database; ``analyze`` itself sta
 from __future__ import annotations
 
 import logging
-import shlex
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,7 +59,7 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
             a = analyze(model, results, name, system.backend, req.dtype,
                         _profile_for(profile, batch, single), req.measured_ms if single else None)
             if a.missing:
-                cmd = missing_command([req.model], name, system.backend)
+                cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path))
                 if req.generate_missing:
                     log.info("filling %d missing benchmarks: %s", len(a.missing), cmd)
                     _run(cmd)
@@ -73,7 +72,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
 
 
 def _run(cmd: str) -> None:
-    proc = subprocess.run(shlex.split(cmd))
+    # the command is `benanza generate ... && benanza run ...`, shell-quoted by perfdb
+    proc = subprocess.run(cmd, shell=True)
     if proc.returncode != 0:
         raise BenanzaError(f"--generate-missing: `{cmd}` failed with exit status {proc.returncode}")
 

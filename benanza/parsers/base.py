@@ -141,7 +141,8 @@ def load_json(path: str | Path, what: str) -> object:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        hint = " (file looks truncated)" if exc.pos >= len(text.rstrip()) - 1 else ""
+        # a JSON document that does not end in its closing bracket was cut off while written
+        hint = " (file looks truncated)" if not text.rstrip().endswith(("]", "}")) else ""
         raise ProfileFormatError(
             p, f"not valid {what} JSON: {exc.msg} at line {exc.lineno} column {exc.colno}{hint}"
         ) from None

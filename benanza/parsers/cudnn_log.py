@@ -71,31 +71,17 @@ def _legacy_conv(b: Block) -> ConvSignature | None:
 
 
 def _backend_conv(b: Block) -> ConvSignature | None:
-    """The first forward-convolution operation inside an executed plan, if any."""
-    op = None
-    for path, _ in b.fields:
-        parts = path.split(".")
-        for i, p in enumerate(parts):
-            if p.lower() in ("convolutionforward", "conv_fprop", "operation_convolution_forward") or \
-                    "CONVOLUTION_FORWARD" in p.upper():
-                op = ".".join(parts[: i + 1])
-                break
-        if op:
-            break
-    if op is None:
-        return None
-    fields = {p[len(op) + 1:]: v for p, v in b.fields if p.startswith(op + ".")}
-
+    """The forward convolution inside an executed plan: its X/W tensors and conv descriptor,
+    wherever the plan nests them (engine config → engine → operation graph → ops)."""
     def pick(*suffixes: str) -> tuple[int, ...]:
         for s in suffixes:
-            for p, v in fields.items():
+            for p, v in b.fields:
                 if p.lower().endswith(s.lower()):
                     return int_list(v)
         return ()
 
-    return _conv_from(pick("xDesc.dimA", "xDesc.dim", "X.dim"), pick("wDesc.dimA", "wDesc.dim", "W.dim"),
-                      pick("prePaddings", "padLower", "padA"), pick("filterStrides", "strideA", "stride"),
-                      pick("dilations", "dilationA", "dilation"), 0)
+    return _conv_from(pick("xDesc.dimA", "xDesc.dim"), pick("wDesc.dimA", "wDesc.dim"),
+                      pick("prePaddings", "padLower"), pick("filterStrides"), pick("dilations"), 0)
 
 
 def _engine(b: Block) -> str:
