@@ -1,0 +1,492 @@
+"""cuDNN/cuBLAS backend (paper §III-B, Table II): unique layers → variants → C++ tables.
+
+Each layer's ``cudnn_api`` (set by the op registry) picks a runtime family in
+``runtime_cpp/cudnn``; the generator writes one table of layer parameters plus one table of
+variants per family (split into parts so the compile runs in parallel), a ``registry.cpp`` that
+registers them, and a CMake project that links them with the runtime, cuDNN and cuBLAS.
+
+Expansion (every combination the library can run; the library itself rejects the rest at run
+time, recorded as "unsupported" with its status string):
+
+- Convolution: the 8 forward algorithms × dtypes × layouts (NCHW, NHWC) × math modes, plus one
+  fused ``cudnnConvolutionBiasActivationForward`` set per fusion pattern the models use on the
+  layer (``benanza.fusion``): RELU with every algorithm, IDENTITY (Conv→Bias, Conv→BN) with
+  IMPLICIT_PRECOMP_GEMM only, the one algorithm cuDNN allows with it. A convolution with a bias
+  input is timed unfused as cudnnConvolutionForward followed by cudnnAddTensor, as a framework
+  runs it.
+- Asymmetric padding (which cuDNN's legacy API cannot express) is benchmarked with the larger pad
+  on both sides; the result reports the added padding in its ``pad_added`` counter and a warning
+  is logged here. The measured work is then a slight superset of the layer's.
+- Pooling, batch norm and LRN get both layouts; element-wise families, softmax, dropout and RNNs
+  one (``nchw``, meaning plain row-major).
+- Math: ``default`` = FMA only (true fp32/fp16), ``tensor_op`` = Tensor Cores, ``tf32`` = TF32
+  Tensor Cores for fp32 data. Defaults: f32→default, f16→tensor_op, bf16→tensor_op. Math
+  applies to convolutions, GEMMs and RNNs; the other families run with ``default``.
+- GEMV layers (m or n = 1) use ``cublasSgemv`` in fp32 and ``cublasGemmEx`` for 16-bit types,
+  which have no GEMV in cuBLAS.
+
+Run-time counters of every benchmark: ``flops``, ``bytes``, ``workspace_bytes``; convolutions
+add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``: what
+cudnnGetConvolutionForwardAlgorithm_v7 and cudnnFindConvolutionForwardAlgorithm pick) and
+``find_ms``. In CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import jinja2
+
+from ..errors import BenanzaError
+from ..fusion import BY_NAME as FUSION_PATTERNS
+from ..generator import GenOptions
+from ..layers import Layer, UniqueLayer
+from ..manifest import Manifest
+from ..ops import ELEMENT_SIZE
+from ..records import Variant
+from ..resources import runtime_dir
+
+log = logging.getLogger(__name__)
+
+NAME = "cudnn"
+# cudnnConvolutionFwdAlgo_t, in enum order: the runtime's algo counters index this tuple.
+CONV_ALGOS = ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
+              "WINOGRAD", "WINOGRAD_NONFUSED")
+FUSED_API = "cudnnConvolutionBiasActivationForward"
+# cuDNN runs the IDENTITY activation in the fused call with this algorithm only.
+IDENTITY_ALGOS = ("IMPLICIT_PRECOMP_GEMM",)
+
+DTYPES = ("f32", "f16", "bf16")
+DEFAULT_DTYPES = ("f32", "f16")
+LAYOUTS = ("nchw", "nhwc")
+MATHS = ("default", "tensor_op", "tf32")
+DEFAULT_MATH = {"f32": "default", "f16": "tensor_op", "bf16": "tensor_op"}
+# Math modes per dtype where the call has a math setting (conv, GEMM, RNN).
+TENSOR_MATH = {"f32": ("default", "tf32"), "f16": ("tensor_op", "default"), "bf16": ("tensor_op",)}
+
+# Variants per C++ table file: keeps each generated translation unit small enough that the
+# parts compile in parallel and a rebuild after regeneration recompiles only what changed.
+PART_SIZE = 2500
+
+_CPP = {"dtype": {"f32": "DType::F32", "f16": "DType::F16", "bf16": "DType::BF16"},
+        "layout": {"nchw": "Layout::NCHW", "nhwc": "Layout::NHWC"},
+        "math": {"default": "Math::Default", "tensor_op": "Math::TensorOp", "tf32": "Math::TF32"}}
+
+Fields = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """How layers reach one runtime family: its C++ layer struct and registration function."""
+
+    name: str
+    struct: str
+    add: str  # runtime registration function (tables.hpp)
+    fields: Callable[[Layer], Fields]
+    spatial: bool  # NCHW and NHWC both generated
+    math: bool  # the call takes a math mode
+
+
+# --- C++ literals --------------------------------------------------------------------------
+
+def _int(x: object) -> str:
+    return str(int(x))  # type: ignore[call-overload]
+
+
+def _bool(x: object) -> str:
+    return "true" if x else "false"
+
+
+def _float(x: object) -> str:
+    value = float(x)  # type: ignore[arg-type]
+    if not math.isfinite(value):
+        raise BenanzaError(f"non-finite layer parameter {value!r} cannot be benchmarked")
+    return repr(value)
+
+
+def _dims(dims: tuple[int, ...]) -> str:
+    return "{" + ", ".join(str(int(d)) for d in dims) + "}"
+
+
+def _work(layer: Layer) -> str:
+    elements = layer.bytes // ELEMENT_SIZE.get(layer.dtype, 4)
+    return f"{{.flops = {float(layer.flops)!r}, .elements = {float(elements)!r}}}"
+
+
+def _p(layer: Layer, *names: str) -> list[object]:
+    return [layer.param(n) for n in names]
+
+
+def _fold4(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """N, C, H, W view of an element-wise tensor (trailing 1s; extra dims folded into W)."""
+    dims = list(shape) + [1] * (4 - len(shape))
+    return dims[0], dims[1], dims[2], math.prod(dims[3:])
+
+
+def _align(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """Right-aligned to ``rank`` dims with leading 1s: NumPy/ONNX broadcasting."""
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+# --- per-family layer rows -----------------------------------------------------------------
+
+def _conv_fields(layer: Layer) -> Fields:
+    names = ("n", "c", "h", "w", "k", "r", "s", "pad_t", "pad_l", "pad_b", "pad_r", "stride_h",
+             "stride_w", "dil_h", "dil_w", "groups", "out_h", "out_w")
+    params = ("mb", "ic", "ih", "iw", "oc", "kh", "kw", "pt", "pl", "pb", "pr", "sh", "sw", "dh",
+              "dw", "g", "oh", "ow")
+    return ([(n, _int(v)) for n, v in zip(names, _p(layer, *params))]
+            + [("bias", _bool(layer.param("bias"))), ("work", _work(layer))])
+
+
+_POOL_MODE = {"max": "Max", "gmax": "Max", "avgi": "AvgIncludePad", "avgx": "AvgExcludePad",
+              "gavg": "AvgExcludePad"}
+
+
+def _pool_fields(layer: Layer) -> Fields:
+    names = ("n", "c", "h", "w", "out_h", "out_w", "kh", "kw", "stride_h", "stride_w", "pad_t",
+             "pad_l", "pad_b", "pad_r", "dil_h", "dil_w")
+    params = ("mb", "ic", "ih", "iw", "oh", "ow", "kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr",
+              "dh", "dw")
+    return ([("mode", "PoolMode::" + _POOL_MODE[str(layer.param("alg"))])]
+            + [(n, _int(v)) for n, v in zip(names, _p(layer, *params))]
+            + [("work", _work(layer))])
+
+
+def _bnorm_fields(layer: Layer) -> Fields:
+    dims = [(n, _int(v)) for n, v in zip("nchw", _p(layer, "mb", "ic", "ih", "iw"))]
+    return dims + [("eps", _float(layer.param("eps"))), ("work", _work(layer))]
+
+
+def _lrn_fields(layer: Layer) -> Fields:
+    dims = [(n, _int(v)) for n, v in zip("nchw", _p(layer, "mb", "ic", "ih", "iw"))]
+    return dims + [("size", _int(layer.param("size"))), ("alpha", _float(layer.param("alpha"))),
+                   ("beta", _float(layer.param("beta"))), ("k", _float(layer.param("k"))),
+                   ("work", _work(layer))]
+
+
+# eltwise alg → (runtime mode, the parameter cuDNN's coefficient takes)
+_ACTIVATIONS = {"relu": ("Relu", None), "sigmoid": ("Sigmoid", None), "tanh": ("Tanh", None),
+                "elu": ("Elu", "alpha"), "clip": ("ClippedRelu", "max"), "swish": ("Swish", "alpha")}
+
+
+def _activation_fields(layer: Layer) -> Fields:
+    mode, coef = _ACTIVATIONS[str(layer.param("alg"))]
+    n, c, h, w = _fold4(tuple(layer.param("shape")))  # type: ignore[arg-type]
+    return [("mode", "ActMode::" + mode), ("n", _int(n)), ("c", _int(c)), ("h", _int(h)),
+            ("w", _int(w)), ("coef", _float(layer.param(coef) if coef else 0.0)),
+            ("work", _work(layer))]
+
+
+def _softmax_fields(layer: Layer) -> Fields:
+    shape = tuple(layer.param("shape"))  # type: ignore[arg-type]
+    axis = int(layer.param("axis"))  # type: ignore[call-overload]
+    n = math.prod(shape[:axis])
+    if layer.param("flat"):  # opset < 13: one softmax over the flattened trailing dims
+        c, h = math.prod(shape[axis:]), 1
+    else:
+        c, h = shape[axis], math.prod(shape[axis + 1:])
+    return [("log", _bool(layer.param("alg") == "logsoftmax")), ("n", _int(n)), ("c", _int(c)),
+            ("h", _int(h)), ("work", _work(layer))]
+
+
+def _dropout_fields(layer: Layer) -> Fields:
+    n, c, h, w = _fold4(tuple(layer.param("shape")))  # type: ignore[arg-type]
+    return [("n", _int(n)), ("c", _int(c)), ("h", _int(h)), ("w", _int(w)),
+            ("ratio", _float(layer.param("ratio"))), ("work", _work(layer))]
+
+
+_BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "Min", "max": "Max"}
+
+
+def _binary_fields(layer: Layer) -> Fields:
+    shapes = [tuple(s) for s in layer.param("shapes")]  # type: ignore[union-attr]
+    out = tuple(layer.param("out"))  # type: ignore[arg-type]
+    rank = max(4, len(out))
+    a, b, o = _align(shapes[0], rank), _align(shapes[1], rank), _align(out, rank)
+    if layer.cudnn_api == "cudnnAddTensor":
+        op = "AddTensor"
+    elif layer.cudnn_api == "cudnnScaleTensor":
+        op = "Scale"
+    else:
+        op = _BINARY_OPS[str(layer.param("alg"))]
+    # cuDNN scales / adds into the operand that has the output's shape: put it first.
+    swapped = a != o and b == o if op != "Scale" else math.prod(a) == 1
+    if swapped:
+        a, b = b, a
+    pad = (0,) * (5 - rank)
+    return [("op", "BinaryOp::" + op), ("swapped", _bool(swapped)), ("rank", _int(rank)),
+            ("a", _dims(a + pad)), ("b", _dims(b + pad)), ("out", _dims(o + pad)),
+            ("work", _work(layer))]
+
+
+_CELLS = {"lstm": "Lstm", "gru": "Gru", "rnn": "RnnTanh"}
+
+
+def _rnn_fields(layer: Layer) -> Fields:
+    seq, mb, ic, hidden, dirs = _p(layer, "seq", "mb", "ic", "hidden", "dirs")
+    return [("cell", "Cell::" + _CELLS[str(layer.param("cell"))]), ("seq", _int(seq)),
+            ("batch", _int(mb)), ("input", _int(ic)), ("hidden", _int(hidden)),
+            ("dirs", _int(dirs)), ("bias", _bool(layer.param("bias"))), ("work", _work(layer))]
+
+
+def _blas_fields(layer: Layer) -> Fields:
+    if layer.family == "gemm":
+        m, n, k, ta, tb, alpha, beta = _p(layer, "m", "n", "k", "ta", "tb", "alpha", "beta")
+        if layer.param("c") is None:
+            beta = 0.0  # no C input: nothing to accumulate
+        batch = a_count = b_count = 1
+    else:  # MatMul: batched over the leading dims, either operand possibly broadcast
+        m, n, k, batch = _p(layer, "m", "n", "k", "batch")
+        ta, tb, alpha, beta = 0, 0, 1.0, 0.0
+        a_shape, b_shape = tuple(layer.param("a")), tuple(layer.param("b"))  # type: ignore[arg-type]
+        a_count, b_count = math.prod(a_shape[:-2]), math.prod(b_shape[:-2])
+    return [("m", _int(m)), ("n", _int(n)), ("k", _int(k)), ("trans_a", _bool(ta)),
+            ("trans_b", _bool(tb)), ("batch", _int(batch)), ("a_count", _int(a_count)),
+            ("b_count", _int(b_count)), ("alpha", _float(alpha)), ("beta", _float(beta)),
+            ("work", _work(layer))]
+
+
+CONV = Family("conv", "ConvLayer", "add_conv", _conv_fields, spatial=True, math=True)
+BLAS = Family("blas", "BlasLayer", "add_blas", _blas_fields, spatial=False, math=True)
+FAMILIES = {
+    "cudnnConvolutionForward": CONV,
+    "cudnnPoolingForward": Family("pool", "PoolLayer", "add_pool", _pool_fields, True, False),
+    "cudnnBatchNormalizationForwardInference":
+        Family("bnorm", "BnormLayer", "add_bnorm", _bnorm_fields, True, False),
+    "cudnnLRNCrossChannelForward": Family("lrn", "LrnLayer", "add_lrn", _lrn_fields, True, False),
+    "cudnnActivationForward":
+        Family("activation", "ActLayer", "add_activation", _activation_fields, False, False),
+    "cudnnSoftmaxForward":
+        Family("softmax", "SoftmaxLayer", "add_softmax", _softmax_fields, False, False),
+    "cudnnDropoutForward":
+        Family("dropout", "DropoutLayer", "add_dropout", _dropout_fields, False, False),
+    "cudnnRNNForward": Family("rnn", "RnnLayer", "add_rnn", _rnn_fields, False, True),
+    "cublasGemmEx": BLAS,
+    "cublasGemmStridedBatchedEx": BLAS,
+    "cublasSgemv": BLAS,
+}
+_BINARY = Family("binary", "BinaryLayer", "add_binary", _binary_fields, False, False)
+FAMILIES.update({api: _BINARY for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")})
+
+# Variant.api → the runtime's call constant (tables.hpp)
+_CALLS = {"cudnnConvolutionForward": "kConvForward", "cublasGemmEx": "kGemmEx",
+          "cublasGemmStridedBatchedEx": "kGemmStridedBatchedEx", "cublasSgemv": "kSgemv"}
+
+
+def family_of(layer: Layer) -> Family | None:
+    """The runtime family that benchmarks a layer; None when no cuDNN/cuBLAS call covers it."""
+    if layer.cudnn_api is None:
+        return None
+    family = FAMILIES.get(layer.cudnn_api)
+    if family is None:
+        raise BenanzaError(f"layer {layer.key}: the cuDNN backend has no runtime for {layer.cudnn_api}")
+    return family
+
+
+# --- option resolution ---------------------------------------------------------------------
+
+def _pick(requested: tuple[str, ...], known: tuple[str, ...], default: tuple[str, ...],
+          what: str) -> tuple[str, ...]:
+    if not requested:
+        return default
+    unknown = [r for r in requested if r not in known]
+    if unknown:
+        log.warning("cudnn backend ignores %s %s (it knows %s)", what, ", ".join(unknown), ", ".join(known))
+    picked = tuple(dict.fromkeys(r for r in requested if r in known))
+    if not picked:
+        raise BenanzaError(f"no {what} the cuDNN backend can run among {', '.join(requested)}; "
+                           f"choose from {', '.join(known)}")
+    return picked
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The resolved dtype/layout/math lists one generation expands every layer over."""
+
+    dtypes: tuple[str, ...]
+    layouts: tuple[str, ...]
+    maths: tuple[str, ...]
+
+    def math_for(self, dtype: str, family: Family) -> tuple[str, ...]:
+        """Requested math modes valid for the dtype, else the dtype's default."""
+        if not family.math:
+            return ("default",)
+        valid = TENSOR_MATH[dtype]
+        chosen = tuple(m for m in self.maths if m in valid) if self.maths else ()
+        return chosen or (DEFAULT_MATH[dtype],)
+
+    def combos(self, family: Family) -> list[tuple[str, str, str]]:
+        layouts = self.layouts if family.spatial else ("nchw",)
+        return [(d, lay, m) for d in self.dtypes for lay in layouts for m in self.math_for(d, family)]
+
+
+@functools.lru_cache(maxsize=8)
+def expansion(options: GenOptions) -> Expansion:
+    maths = _pick(options.math, MATHS, (), "math modes") if options.math else ()
+    return Expansion(_pick(options.dtypes, DTYPES, DEFAULT_DTYPES, "dtypes"),
+                     _pick(options.layouts, LAYOUTS, LAYOUTS, "layouts"), maths)
+
+
+# --- the backend ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Part:
+    """One generated table file: a slice of one family's layers and their variants."""
+
+    family: Family
+    index: int
+    layers: list[Layer]
+    variants: list[tuple[Variant, int]]  # variant, index into ``layers``
+
+    @property
+    def function(self) -> str:
+        return f"{self.family.name}_{self.index}"
+
+    @property
+    def filename(self) -> str:
+        return f"tables_{self.function}.cpp"
+
+
+class CudnnBackend:
+    name = NAME
+
+    def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
+        layer = unique.layer
+        family = family_of(layer)
+        if family is None:
+            return []
+        exp = expansion(options)
+        key, api = layer.key, layer.cudnn_api
+        out: list[Variant] = []
+        if family is CONV:
+            _warn_asymmetric(layer)
+            combos = exp.combos(family)
+            out += [Variant(key, NAME, api, algo, d, lay, m) for algo in CONV_ALGOS for d, lay, m in combos]
+            for fusion in fusions:
+                pattern = FUSION_PATTERNS[fusion]
+                algos = CONV_ALGOS if pattern.activation == "relu" else IDENTITY_ALGOS
+                out += [Variant(key, NAME, FUSED_API, algo, d, lay, m, fusion)
+                        for algo in algos for d, lay, m in combos]
+            return out
+        for d, lay, m in exp.combos(family):
+            # cuBLAS has no 16-bit GEMV: those run as a GEMM with one row or column.
+            call = "cublasGemmEx" if api == "cublasSgemv" and d != "f32" else api
+            out.append(Variant(key, NAME, call, "default", d, lay, m))
+        return out
+
+    def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
+               out_dir: Path, options: GenOptions) -> list[Path]:
+        layers = {u.layer.key: u.layer for u in manifest.layers}
+        parts = _partition(variants, layers)
+        table = env.get_template("table.cpp.j2")
+        files = []
+        for part in parts:
+            text = table.render(
+                family=part.family.name, part=part.index, struct=part.family.struct, add=part.family.add,
+                function=part.function,
+                layers=[{"key": layer.key, "fields": part.family.fields(layer)} for layer in part.layers],
+                variants=[_variant_fields(v, i) for v, i in part.variants])
+            files.append(_write(out_dir / part.filename, text))
+        common = dict(variant_count=len(variants), layer_count=len({v.layer_key for v in variants}))
+        files.append(_write(out_dir / "registry.cpp", env.get_template("registry.cpp.j2").render(
+            functions=[p.function for p in parts], cupti_metrics=list(options.cupti_metrics), **common)))
+        files.append(_write(out_dir / "CMakeLists.txt", env.get_template("CMakeLists.txt.j2").render(
+            sources=[p.filename for p in parts], python=sys.executable, cupti=options.cupti, **common)))
+        _remove_stale_tables(out_dir, {p.filename for p in parts})
+        return files + _copy_runtime(out_dir / "runtime")
+
+
+def _warn_asymmetric(layer: Layer) -> None:
+    pt, pl, pb, pr = _p(layer, "pt", "pl", "pb", "pr")
+    if (pt, pl) != (pb, pr):
+        log.warning("%s: asymmetric pads (top %s, left %s, bottom %s, right %s); cuDNN's API pads "
+                    "symmetrically, so it is benchmarked with %sx%s (counter pad_added)",
+                    layer.key, pt, pl, pb, pr, max(pt, pb), max(pl, pr))  # type: ignore[type-var]
+
+
+def _variant_fields(v: Variant, layer_index: int) -> Fields:
+    if v.api == FUSED_API:
+        call = "kConvBiasRelu" if FUSION_PATTERNS[v.fusion].activation == "relu" else "kConvBiasIdentity"
+    else:
+        call = _CALLS.get(v.api, "kCall")
+    algo = CONV_ALGOS.index(v.algo) if v.algo in CONV_ALGOS else 0
+    return [("name", _cstring(v.name)), ("layer", str(layer_index)), ("call", call), ("algo", str(algo)),
+            ("dtype", _CPP["dtype"][v.dtype]), ("layout", _CPP["layout"][v.layout]),
+            ("math", _CPP["math"][v.math])]
+
+
+def _cstring(s: str) -> str:
+    return json.dumps(s)  # a valid C string literal for the ASCII names Benanza prints
+
+
+def _partition(variants: list[Variant], layers: dict[str, Layer]) -> list[_Part]:
+    """Group variants by family (first-seen order), then cut each family into parts of about
+    PART_SIZE variants without splitting a layer's variants across parts."""
+    by_family: dict[str, list[tuple[Layer, list[Variant]]]] = {}
+    families: dict[str, Family] = {}
+    per_layer: dict[str, list[Variant]] = {}
+    for v in variants:
+        per_layer.setdefault(v.layer_key, []).append(v)
+    for key, vs in per_layer.items():
+        layer = layers.get(key)
+        if layer is None:
+            raise BenanzaError(f"variant {vs[0].name} names a layer missing from the manifest")
+        family = family_of(layer)
+        assert family is not None  # layers without a cuDNN API produce no variants
+        families[family.name] = family
+        by_family.setdefault(family.name, []).append((layer, vs))
+    parts: list[_Part] = []
+    for name, entries in by_family.items():
+        index, current_layers, current = 0, [], []
+        for layer, vs in entries:
+            if current and len(current) + len(vs) > PART_SIZE:
+                parts.append(_Part(families[name], index, current_layers, current))
+                index, current_layers, current = index + 1, [], []
+            current += [(v, len(current_layers)) for v in vs]
+            current_layers.append(layer)
+        if current:
+            parts.append(_Part(families[name], index, current_layers, current))
+    return parts
+
+
+def _write(path: Path, text: str) -> Path:
+    """Write only when the content changed, so a rebuild recompiles only changed tables."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def _remove_stale_tables(out_dir: Path, keep: set[str]) -> None:
+    for path in out_dir.glob("tables_*.cpp"):
+        if path.name not in keep:
+            path.unlink()
+
+
+_RUNTIME_PARTS = ("common", "cudnn", "cmake")
+
+
+def _copy_runtime(dest: Path) -> list[Path]:
+    """The project carries its runtime so it builds on a GPU machine without a Benanza checkout."""
+    files = []
+    for part in _RUNTIME_PARTS:
+        src_root = runtime_dir() / part
+        for src in sorted(src_root.rglob("*")):
+            if src.is_file() and "__pycache__" not in src.parts:
+                target = dest / part / src.relative_to(src_root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.exists() or target.read_bytes() != src.read_bytes():
+                    shutil.copyfile(src, target)
+                files.append(target)
+    return files
+
+
+BACKEND = CudnnBackend()

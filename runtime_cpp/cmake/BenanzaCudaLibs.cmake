@@ -1,0 +1,85 @@
+# Imported targets for the libraries the cuDNN backend links (include after project()):
+#   benanza::cudnn   libcudnn    (PyPI nvidia-cudnn-cu13/-cu12 wheel, $CUDNN_ROOT, or a system install)
+#   benanza::cublas  libcublas   (PyPI nvidia-cublas / nvidia-cublas-cu12 wheel, or the CUDA toolkit)
+#   benanza::cupti   libcupti    (the CUDA toolkit: lib64 or extras/CUPTI)
+# The wheels ship versioned sonames only (libcudnn.so.9, libcublas.so.13), so the libraries are
+# found and linked by full path. BENANZA_PYTHON names the interpreter whose site-packages hold
+# the wheels (the generator records the one it ran under).
+include_guard(GLOBAL)
+
+find_package(CUDAToolkit REQUIRED)
+
+set(BENANZA_PYTHON "" CACHE FILEPATH "Python whose site-packages hold the nvidia-* wheels")
+if(NOT BENANZA_PYTHON OR NOT EXISTS "${BENANZA_PYTHON}")
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_FOUND)
+    set(BENANZA_PYTHON "${Python3_EXECUTABLE}" CACHE FILEPATH "" FORCE)
+  endif()
+endif()
+
+set(_benanza_site_dirs "")
+if(BENANZA_PYTHON)
+  execute_process(
+    COMMAND "${BENANZA_PYTHON}" -c
+            "import site, sysconfig; p = sysconfig.get_paths(); print(';'.join(dict.fromkeys([p['purelib'], p['platlib'], *site.getsitepackages(), site.getusersitepackages()])))"
+    OUTPUT_VARIABLE _benanza_site_dirs OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
+
+set(_cudnn_roots ${CUDNN_ROOT} $ENV{CUDNN_ROOT})
+set(_wheel_cudnn "")
+set(_wheel_cublas "")
+foreach(dir IN LISTS _benanza_site_dirs)
+  list(APPEND _wheel_cudnn "${dir}/nvidia/cudnn")
+  list(APPEND _wheel_cublas "${dir}/nvidia/cu13" "${dir}/nvidia/cublas")
+endforeach()
+
+find_path(BENANZA_CUDNN_INCLUDE_DIR cudnn.h
+  HINTS ${_cudnn_roots} ${_wheel_cudnn} ${CUDAToolkit_INCLUDE_DIRS}
+  PATH_SUFFIXES include)
+find_library(BENANZA_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 libcudnn.so.8
+  HINTS ${_cudnn_roots} ${_wheel_cudnn} ${CUDAToolkit_LIBRARY_DIR}
+  PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+find_path(BENANZA_CUBLAS_INCLUDE_DIR cublas_v2.h
+  HINTS ${_wheel_cublas} ${CUDAToolkit_INCLUDE_DIRS}
+  PATH_SUFFIXES include)
+find_library(BENANZA_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12
+  HINTS ${_wheel_cublas} ${CUDAToolkit_LIBRARY_DIR}
+  PATH_SUFFIXES lib lib64)
+
+foreach(var BENANZA_CUDNN_INCLUDE_DIR BENANZA_CUDNN_LIBRARY BENANZA_CUBLAS_INCLUDE_DIR BENANZA_CUBLAS_LIBRARY)
+  if(NOT ${var})
+    message(FATAL_ERROR
+      "${var} not found. Install the wheels (pip install nvidia-cudnn-cu13 nvidia-cublas) into the "
+      "Python given by -DBENANZA_PYTHON=..., or point -DCUDNN_ROOT=... at a cuDNN install. "
+      "Searched site-packages: ${_benanza_site_dirs}")
+  endif()
+endforeach()
+message(STATUS "benanza: cuDNN ${BENANZA_CUDNN_LIBRARY}")
+message(STATUS "benanza: cuBLAS ${BENANZA_CUBLAS_LIBRARY}")
+
+function(_benanza_imported name library include_dir)
+  if(NOT TARGET ${name})
+    add_library(${name} SHARED IMPORTED GLOBAL)
+    set_target_properties(${name} PROPERTIES IMPORTED_LOCATION "${library}"
+                                             INTERFACE_INCLUDE_DIRECTORIES "${include_dir}")
+  endif()
+endfunction()
+
+_benanza_imported(benanza::cudnn "${BENANZA_CUDNN_LIBRARY}" "${BENANZA_CUDNN_INCLUDE_DIR}")
+_benanza_imported(benanza::cublas "${BENANZA_CUBLAS_LIBRARY}" "${BENANZA_CUBLAS_INCLUDE_DIR}")
+# libcublas needs libcublasLt from its own folder at link time too.
+get_filename_component(_cublas_dir "${BENANZA_CUBLAS_LIBRARY}" DIRECTORY)
+set_property(TARGET benanza::cublas PROPERTY INTERFACE_LINK_OPTIONS "LINKER:-rpath-link,${_cublas_dir}")
+
+function(benanza_find_cupti)
+  find_library(BENANZA_CUPTI_LIBRARY NAMES cupti libcupti.so.13 libcupti.so.12
+    HINTS ${CUDAToolkit_LIBRARY_DIR} "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/lib64"
+    PATH_SUFFIXES lib64 lib)
+  find_path(BENANZA_CUPTI_INCLUDE_DIR cupti.h
+    HINTS ${CUDAToolkit_INCLUDE_DIRS} "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include")
+  if(NOT BENANZA_CUPTI_LIBRARY OR NOT BENANZA_CUPTI_INCLUDE_DIR)
+    message(FATAL_ERROR "BENANZA_CUPTI=ON but CUPTI (libcupti, cupti.h) is not in the CUDA toolkit "
+                        "${CUDAToolkit_LIBRARY_ROOT}")
+  endif()
+  _benanza_imported(benanza::cupti "${BENANZA_CUPTI_LIBRARY}" "${BENANZA_CUPTI_INCLUDE_DIR}")
+endfunction()

@@ -1,0 +1,161 @@
+// The data the generator emits for the cuDNN/cuBLAS backend: one table of layer parameters per
+// family and one table of variants (benchmarks) over it.
+//
+// This header is all a generated table includes: no CUDA, cuDNN, cuBLAS or Google Benchmark
+// headers, so the thousands of table rows compile in seconds. The Python side
+// (benanza/backends/cudnn.py) writes the rows with designated initializers in declaration
+// order, so a field added here without the generator following fails to compile.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace benanza {
+class Registry;
+}
+
+namespace benanza::cudnn {
+
+enum class DType : uint8_t { F32, F16, BF16 };
+enum class Layout : uint8_t { NCHW, NHWC };
+// Default: FMA kernels only (true fp32/fp16 arithmetic, no Tensor Cores, no TF32);
+// TensorOp: Tensor Cores allowed; TF32: fp32 data through TF32 Tensor Cores.
+enum class Math : uint8_t { Default, TensorOp, TF32 };
+
+// Which library call a variant times, per family (the `call` field of Variant).
+constexpr uint8_t kCall = 0;  // the family's only call
+constexpr uint8_t kConvForward = 0;         // cudnnConvolutionForward (+ cudnnAddTensor if bias)
+constexpr uint8_t kConvBiasIdentity = 1;    // cudnnConvolutionBiasActivationForward, IDENTITY
+constexpr uint8_t kConvBiasRelu = 2;        // cudnnConvolutionBiasActivationForward, RELU
+constexpr uint8_t kGemmEx = 0;              // cublasGemmEx
+constexpr uint8_t kGemmStridedBatchedEx = 1;  // cublasGemmStridedBatchedEx
+constexpr uint8_t kSgemv = 2;               // cublasSgemv
+
+// One benchmark. `layer` indexes the family's layer table; `algo` is the cudnnConvolutionFwdAlgo_t
+// value for convolutions and 0 elsewhere.
+struct Variant {
+  const char* name;  // exactly records.Variant.name
+  uint32_t layer;
+  uint8_t call;
+  uint8_t algo;
+  DType dtype;
+  Layout layout;
+  Math math;
+};
+
+// Every layer row carries the work it does, for the flops/bytes counters. `elements` is the
+// number of tensor elements read and written; bytes follow from the variant's data type.
+struct Work {
+  double flops;
+  double elements;
+};
+
+// Pads are ONNX's [top, left, bottom, right]; cuDNN's legacy API is symmetric, so the runtime
+// uses max(top, bottom) x max(left, right) and reports the rows/columns it added.
+struct ConvLayer {
+  int n, c, h, w, k, r, s;
+  int pad_t, pad_l, pad_b, pad_r;
+  int stride_h, stride_w, dil_h, dil_w, groups;
+  int out_h, out_w;
+  bool bias;
+  Work work;
+};
+
+enum class PoolMode : uint8_t { Max, AvgIncludePad, AvgExcludePad };
+
+struct PoolLayer {
+  PoolMode mode;
+  int n, c, h, w, out_h, out_w, kh, kw, stride_h, stride_w;
+  int pad_t, pad_l, pad_b, pad_r, dil_h, dil_w;
+  Work work;
+};
+
+struct BnormLayer {
+  int n, c, h, w;
+  double eps;
+  Work work;
+};
+
+struct LrnLayer {
+  int n, c, h, w, size;
+  double alpha, beta, k;
+  Work work;
+};
+
+enum class ActMode : uint8_t { Relu, Sigmoid, Tanh, Elu, ClippedRelu, Swish };
+
+// Element-wise tensors are folded to 4-d NCHW; the shape does not change the work.
+struct ActLayer {
+  ActMode mode;
+  int n, c, h, w;
+  double coef;  // ELU alpha, clipped-ReLU ceiling, swish beta
+  Work work;
+};
+
+// Softmax over the C axis of an N x C x H x 1 view (cuDNN's CHANNEL mode).
+struct SoftmaxLayer {
+  bool log;
+  int n, c, h;
+  Work work;
+};
+
+struct DropoutLayer {
+  int n, c, h, w;
+  double ratio;
+  Work work;
+};
+
+// Binary element-wise ops. Shapes are right-aligned to `rank` (4 or 5) dims with leading 1s.
+// cuDNN wants `a` in the output's shape and `b` broadcasting into it (the generator swaps the
+// operands for that); a layer where neither operand has the output's shape is refused at run time.
+enum class BinaryOp : uint8_t { AddTensor, Add, Sub, Mul, Min, Max, Scale };
+
+struct BinaryLayer {
+  BinaryOp op;
+  bool swapped;  // operands were swapped: a subtraction then negates the other side
+  int rank;
+  int a[5], b[5], out[5];
+  Work work;
+};
+
+enum class Cell : uint8_t { Lstm, Gru, RnnTanh, RnnRelu };
+
+struct RnnLayer {
+  Cell cell;
+  int seq, batch, input, hidden, dirs;
+  bool bias;
+  Work work;
+};
+
+// Row-major ONNX matrices: Y[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C, over
+// `batch` matrices. a_count/b_count are how many A/B matrices are stored: `batch` (one per
+// product) or 1 (broadcast); anything else is a broadcast strided-batched GEMM cannot express.
+struct BlasLayer {
+  int m, n, k;
+  bool trans_a, trans_b;
+  int batch, a_count, b_count;
+  double alpha, beta;
+  Work work;
+};
+
+// Registration entry points the generated tables call, one per family (defined in the runtime).
+void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
+void add_pool(Registry& r, const PoolLayer* layers, const Variant* variants, size_t count);
+void add_bnorm(Registry& r, const BnormLayer* layers, const Variant* variants, size_t count);
+void add_lrn(Registry& r, const LrnLayer* layers, const Variant* variants, size_t count);
+void add_activation(Registry& r, const ActLayer* layers, const Variant* variants, size_t count);
+void add_softmax(Registry& r, const SoftmaxLayer* layers, const Variant* variants, size_t count);
+void add_dropout(Registry& r, const DropoutLayer* layers, const Variant* variants, size_t count);
+void add_binary(Registry& r, const BinaryLayer* layers, const Variant* variants, size_t count);
+void add_rnn(Registry& r, const RnnLayer* layers, const Variant* variants, size_t count);
+void add_blas(Registry& r, const BlasLayer* layers, const Variant* variants, size_t count);
+
+// Defined by the generated registry.cpp: registers every family table of this build.
+void register_generated(Registry& r);
+
+// Defined by the generated registry.cpp: metrics asked for with `generate --cupti-metric`
+// (the list always ends with nullptr, which kCuptiMetricCount does not count).
+extern const char* const kCuptiMetrics[];
+extern const size_t kCuptiMetricCount;
+
+}  // namespace benanza::cudnn

@@ -1,0 +1,145 @@
+// Convolution: cudnnConvolutionForward for every forward algorithm, and the fused
+// cudnnConvolutionBiasActivationForward (Conv→Bias→Activation, Conv→Bias with IDENTITY).
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "benanza_cudnn/harness.hpp"
+
+namespace benanza::cudnn {
+namespace {
+
+static_assert(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM == 0 && CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED == 7,
+              "the generator numbers algorithms in cudnnConvolutionFwdAlgo_t order");
+constexpr const char* kAlgoNames[] = {"IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT",
+                                      "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+
+// What cuDNN would choose for a problem: the heuristic's first and cudnnFind's fastest
+// supported algorithm (-1 where it found none), computed once per layer/dtype/layout/math.
+struct Choice {
+  int heuristic = -1;
+  int found = -1;
+  float found_ms = -1;
+};
+
+using ChoiceKey = std::tuple<const ConvLayer*, DType, Layout, Math>;
+
+Choice choose(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t conv,
+              cudnnTensorDescriptor_t y) {
+  Choice c;
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int returned = 0;
+  if (cudnnGetConvolutionForwardAlgorithm_v7(cudnn_handle(), x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                             &returned, perf) == CUDNN_STATUS_SUCCESS) {
+    for (int i = 0; i < returned; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+        c.heuristic = perf[i].algo;
+        break;
+      }
+  }
+  if (cudnnFindConvolutionForwardAlgorithm(cudnn_handle(), x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                           &returned, perf) == CUDNN_STATUS_SUCCESS) {
+    for (int i = 0; i < returned; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+        c.found = perf[i].algo;
+        c.found_ms = perf[i].time;
+        break;
+      }
+  }
+  cudaGetLastError();  // Find may leave an allocation failure behind; it is not this benchmark's
+  return c;
+}
+
+class ConvProblem : public Problem {
+ public:
+  ConvProblem(const ConvLayer& L, const Variant& v)
+      : algo_(static_cast<cudnnConvolutionFwdAlgo_t>(v.algo)), call_(v.call), bias_(L.bias) {
+    const int pad_h = std::max(L.pad_t, L.pad_b), pad_w = std::max(L.pad_l, L.pad_r);
+    set_tensor4d(x_, v.layout, v.dtype, L.n, L.c, L.h, L.w);
+    BZ_CUDNN(cudnnSetFilter4dDescriptor(w_, cudnn_dtype(v.dtype), cudnn_format(v.layout), L.k, L.c / L.groups,
+                                        L.r, L.s));
+    // fp16/bf16 data accumulate in fp32 (cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configurations),
+    // which is what inference frameworks ask for.
+    BZ_CUDNN(cudnnSetConvolution2dDescriptor(conv_, pad_h, pad_w, L.stride_h, L.stride_w, L.dil_h, L.dil_w,
+                                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    BZ_CUDNN(cudnnSetConvolutionGroupCount(conv_, L.groups));
+    BZ_CUDNN(cudnnSetConvolutionMathType(conv_, cudnn_math(v.math)));
+    int n, c, h, w;
+    BZ_CUDNN(cudnnGetConvolution2dForwardOutputDim(conv_, x_, w_, &n, &c, &h, &w));
+    set_tensor4d(y_, v.layout, v.dtype, n, c, h, w);
+    set_tensor4d(bias_desc_, Layout::NCHW, v.dtype, 1, L.k, 1, 1);
+    if (L.pad_t != L.pad_b || L.pad_l != L.pad_r) {
+      // Symmetric max padding computes a superset of the asymmetric output: report how much.
+      counters["pad_added"] = (2 * pad_h - L.pad_t - L.pad_b) + (2 * pad_w - L.pad_l - L.pad_r);
+      counters["output_extra_rows"] = h - L.out_h;
+      counters["output_extra_cols"] = w - L.out_w;
+    }
+
+    size_t ws = 0;
+    BZ_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cudnn_handle(), x_, w_, conv_, y_, algo_, &ws));
+    workspace_bytes = ws;
+
+    static std::map<ChoiceKey, Choice> choices;
+    const ChoiceKey key{&L, v.dtype, v.layout, v.math};
+    auto it = choices.find(key);
+    if (it == choices.end()) it = choices.emplace(key, choose(x_, w_, conv_, y_)).first;
+    counters["algo"] = v.algo;
+    counters["heuristic_algo"] = it->second.heuristic;
+    counters["find_algo"] = it->second.found;
+    counters["find_ms"] = it->second.found_ms;
+    counters["flops"] = L.work.flops;
+    counters["bytes"] = bytes_of(L.work, v);
+
+    x_buf_ = filled(size_t(L.n) * L.c * L.h * L.w, v.dtype);
+    w_buf_ = filled(size_t(L.k) * (L.c / L.groups) * L.r * L.s, v.dtype, -0.1f, 0.1f);
+    y_buf_ = filled(size_t(n) * c * h * w, v.dtype);
+    ws_buf_ = DeviceBuffer(ws);
+    implementation = kAlgoNames[v.algo];
+    if (call_ != kConvForward || bias_) bias_buf_ = filled(L.k, v.dtype);
+    if (call_ != kConvForward) {
+      BZ_CUDNN(cudnnSetActivationDescriptor(
+          act_, call_ == kConvBiasRelu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+          CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    } else if (bias_) {
+      implementation += "+cudnnAddTensor";  // the unfused Conv→Bias a framework runs
+    }
+  }
+
+  void enqueue() override {
+    const Scale one{1.0f}, zero{0.0f};
+    if (call_ == kConvForward) {
+      BZ_CUDNN(cudnnConvolutionForward(cudnn_handle(), one.ptr(), x_, x_buf_.get(), w_, w_buf_.get(), conv_,
+                                       algo_, ws_buf_.get(), ws_buf_.bytes(), zero.ptr(), y_, y_buf_.get()));
+      if (bias_)
+        BZ_CUDNN(cudnnAddTensor(cudnn_handle(), one.ptr(), bias_desc_, bias_buf_.get(), one.ptr(), y_,
+                                y_buf_.get()));
+      return;
+    }
+    // y = act(conv(x) + 0 * z + bias) with z aliasing y, as cuDNN allows.
+    BZ_CUDNN(cudnnConvolutionBiasActivationForward(
+        cudnn_handle(), one.ptr(), x_, x_buf_.get(), w_, w_buf_.get(), conv_, algo_, ws_buf_.get(),
+        ws_buf_.bytes(), zero.ptr(), y_, y_buf_.get(), bias_desc_, bias_buf_.get(), act_, y_, y_buf_.get()));
+  }
+
+ private:
+  cudnnConvolutionFwdAlgo_t algo_;
+  uint8_t call_;
+  bool bias_;
+  TensorDesc x_, y_, bias_desc_;
+  FilterDesc w_;
+  ConvDesc conv_;
+  ActivationDesc act_;
+  DeviceBuffer x_buf_, w_buf_, y_buf_, ws_buf_, bias_buf_;
+};
+
+std::unique_ptr<Problem> make_conv(const ConvLayer& L, const Variant& v) {
+  return std::make_unique<ConvProblem>(L, v);
+}
+
+}  // namespace
+
+void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count) {
+  add_family(r, layers, variants, count, make_conv);
+}
+
+}  // namespace benanza::cudnn

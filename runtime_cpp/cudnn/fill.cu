@@ -1,0 +1,50 @@
+// Device-side initialisation of benchmark inputs: no host copies, no cuRAND.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "benanza_cudnn/cuda_runtime.hpp"
+
+namespace benanza::cudnn {
+namespace {
+
+// A cheap integer hash (lowbias32) mapped to [lo, hi): values vary so no kernel sees a
+// constant or all-zero tensor, and every run fills the same values.
+__device__ float uniform(size_t i, float lo, float hi) {
+  uint32_t x = static_cast<uint32_t>(i) ^ static_cast<uint32_t>(i >> 32) ^ 0x9e3779b9u;
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return lo + (hi - lo) * (x * (1.0f / 4294967296.0f));
+}
+
+template <class T>
+__global__ void fill_kernel(T* out, size_t count, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = static_cast<T>(uniform(i, lo, hi));
+}
+
+template <class T>
+void launch(void* out, size_t count, float lo, float hi) {
+  const int threads = 256;
+  const size_t wanted = (count + threads - 1) / threads;
+  const int blocks = static_cast<int>(wanted < 4096 ? (wanted ? wanted : 1) : 4096);
+  fill_kernel<T><<<blocks, threads, 0, stream()>>>(static_cast<T*>(out), count, lo, hi);
+  BZ_CUDA(cudaGetLastError());
+}
+
+}  // namespace
+
+DeviceBuffer filled(size_t count, DType type, float lo, float hi) {
+  DeviceBuffer buf(count * dtype_size(type));
+  if (!count) return buf;
+  switch (type) {
+    case DType::F32: launch<float>(buf.get(), count, lo, hi); break;
+    case DType::F16: launch<__half>(buf.get(), count, lo, hi); break;
+    case DType::BF16: launch<__nv_bfloat16>(buf.get(), count, lo, hi); break;
+  }
+  return buf;
+}
+
+}  // namespace benanza::cudnn
