@@ -187,8 +187,15 @@ class CallAlignment:
     api_counts: dict[str, tuple[int, int]]  # api → (expected per pass, logged per pass)
 
 
-def align_calls(model: Model, calls: list[LibraryCall], backend: str, window: int = 8) -> CallAlignment:
-    expected = [n for n in model.nodes if conv_signature(n.layer) or gemm_signature(n.layer)]
+# which layers a library's log can show: cuDNN runs the convs, cuBLAS the GEMMs, oneDNN both
+_LOGGED = {"cudnn": (conv_signature,), "cublas": (gemm_signature,), "cublaslt": (gemm_signature,),
+           "onednn": (conv_signature, gemm_signature)}
+
+
+def align_calls(model: Model, calls: list[LibraryCall], backend: str, library: str,
+                window: int = 8) -> CallAlignment:
+    signatures = _LOGGED.get(library, (conv_signature, gemm_signature))
+    expected = [n for n in model.nodes if any(sig(n.layer) for sig in signatures)]
     sig_calls = [c for c in calls if c.conv is not None or c.gemm is not None]
     passes: list[list[CallMatch]] = []
     extra: list[LibraryCall] = []
@@ -202,16 +209,17 @@ def align_calls(model: Model, calls: list[LibraryCall], backend: str, window: in
         while pending and j < len(sig_calls):
             call = sig_calls[j]
             hit = next((k for k, n in enumerate(pending[:window]) if _signature_matches(n, call)), None)
+            dev: list[str] = []
             if hit is None:
-                near = next(((k, d) for k, n in enumerate(pending[:window]) if (d := _near_conv(n, call))), None)
-                if near is None:
-                    if not passes:
-                        extra.append(call)
-                    j += 1
-                    continue
-                hit, dev = near
-            else:
-                dev = []
+                if any(_signature_matches(n, call) for n in expected if n not in pending):
+                    break  # a layer of this pass runs again: the next inference has begun
+                hit, dev = next(((k, d) for k, n in enumerate(pending[:window]) if (d := _near_conv(n, call))),
+                                (None, []))
+            if hit is None:
+                if not passes:
+                    extra.append(call)
+                j += 1
+                continue
             if hit > 0 and not passes:
                 out_of_order.append(pending[hit].index)
             matches.append(CallMatch(pending[hit].index, call, tuple(dev)))
