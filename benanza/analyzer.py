@@ -199,6 +199,8 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
     if profile.trace is not None and profile.trace.ops:
         a.framework = _framework_view(a, model, profile, by_key, weight, matches, graph)
     for library, calls in sorted(profile.library_calls.items()):
+        if not calls:
+            continue  # an empty log: the profile's notes say why
         alignment = align_calls(model, calls, a.backend, library)
         algos = algorithm_choices(model, alignment, by_key, a.dtype) if library in ("cudnn", "onednn") else []
         a.libraries.append(LibraryView(library, len(calls), alignment, algos))
