@@ -1,0 +1,110 @@
+"""benanza profile: timing API, latency statistics, bundles from real ONNX Runtime runs, nsys."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+from click.testing import CliRunner
+
+import benanza
+import helpers
+from benanza.cli import main
+from benanza.errors import UsageError
+from benanza.parsers import latency_stats, load_profile
+from benanza.profiler import ProfileSpec, check_framework, profile_model
+
+
+def test_trimmed_mean_drops_20_percent_each_side():
+    samples = [100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 0.01]
+    s = latency_stats(samples)
+    # MLModelScope: Mean(Sort(list)[floor(0.2 n) : -floor(0.2 n)])
+    assert s.trimmed_mean_ms == pytest.approx(sum([2.0, 3.0, 4.0, 5.0, 6.0, 7.0]) / 6)
+    assert s.p50_ms == pytest.approx(4.5) and s.p90_ms == pytest.approx(17.2)
+    assert s.min_ms == 0.01 and s.max_ms == 100.0
+
+
+def test_measure_times_a_block():
+    with benanza.measure("sleep") as m:
+        time.sleep(0.02)
+    assert 15 <= m.elapsed_ms < 1000 and m.name == "sleep"
+
+
+@pytest.fixture
+def convnet_file(save):
+    return save(helpers.conv_net(), "convnet.onnx")
+
+
+def test_profile_onnxruntime_bundle(tmp_path, convnet_file):
+    out = profile_model(ProfileSpec(str(convnet_file), "onnxruntime", str(tmp_path / "b"), batch_size=2,
+                                    warmup=1, iterations=7, trace_iterations=3))
+    index = json.loads((out / "profile.json").read_text())
+    assert index["schema_version"] == 1 and index["framework"] == "onnxruntime"
+    assert len(index["latency_ms"]["samples"]) == 7
+    assert index["latency_ms"]["min"] <= index["latency_ms"]["p50"] <= index["latency_ms"]["p90"]
+    assert index["providers"] == ["CPUExecutionProvider"]
+    assert any("MLAS" in n and "oneDNN" in n for n in index["notes"]), "the empty oneDNN log is explained"
+    assert (out / index["files"]["trace"]).exists() and (out / "onednn.log").read_text() == ""
+    prof = load_profile([out])
+    assert prof.batch_size == 2 and prof.library_calls == {"onednn": []}
+    assert len(prof.trace.runs) == 3
+    conv = next(o for o in prof.trace.ops if o.op == "Conv")
+    assert conv.input_shapes[0] == (2, 3, 8, 8)  # the batch size reached the framework
+    assert prof.measured_ms == pytest.approx(index["latency_ms"]["trimmed_mean"])
+
+
+def test_profile_cli(tmp_path, convnet_file):
+    r = CliRunner().invoke(main, ["profile", str(convnet_file), "--out", str(tmp_path / "p"), "--iterations", "3",
+                                  "--warmup", "0", "--trace-iterations", "2"])
+    assert r.exit_code == 0, r.output
+    assert "trimmed mean" in r.output and "MLAS" in r.output
+
+
+def test_cuda_device_without_cuda_provider_is_said_plainly():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has a CUDA execution provider")
+    with pytest.raises(UsageError, match="no CUDA execution provider"):
+        check_framework("onnxruntime", "cuda")
+
+
+def _onnx2torch_ok() -> bool:
+    try:
+        import onnx2torch  # noqa: F401
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def test_torch_framework_needs_onnx2torch():
+    if _onnx2torch_ok():
+        pytest.skip("onnx2torch is importable here; the torch path runs in test_profile_torch")
+    with pytest.raises(UsageError, match="onnx2torch"):
+        check_framework("torch", "cpu")
+
+
+@pytest.mark.skipif(not _onnx2torch_ok(), reason="torch + onnx2torch (with a matching torchvision) not installed")
+def test_profile_torch(tmp_path, convnet_file):
+    out = profile_model(ProfileSpec(str(convnet_file), "torch", str(tmp_path / "t"), iterations=3, warmup=1,
+                                    trace_iterations=2))
+    prof = load_profile([out])
+    assert prof.framework == "torch" and len(prof.trace.runs) == 2 and prof.trace.ops
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems not installed (scripts/install-nsys.sh)")
+def test_profile_with_nsys_on_cpu(tmp_path, convnet_file):
+    """nsys --trace=osrt,nvtx → .qdstrm → QdstrmImporter → .nsys-rep → nsys export → parser."""
+    pytest.importorskip("nvtx")
+    out = profile_model(ProfileSpec(str(convnet_file), "onnxruntime", str(tmp_path / "n"), warmup=1,
+                                    iterations=4, trace_iterations=2), nsys=True)
+    index = json.loads((out / "profile.json").read_text())
+    assert index["files"].get("nsys") == "nsys.nsys-rep", index["notes"]
+    prof = load_profile([out])
+    assert prof.nsys is not None
+    assert any(a.kind == "osrt" for a in prof.nsys.api_calls)
+    # benanza.measure's NVTX ranges: one per timed iteration
+    assert len(prof.nsys.runs) == 4
