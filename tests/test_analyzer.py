@@ -4,6 +4,7 @@ models (onnx.helper graphs) with Results constructed for them."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import networkx as nx
@@ -292,3 +293,65 @@ def test_tensor_cores_from_kineto_and_fp16_bounds(convnet):
 def test_parallel_modules_of_a_chain_are_none():
     g = nx.DiGraph([(0, 1), (1, 2)])
     assert parallel_modules(g, {0: 1, 1: 1, 2: 1}) == []
+
+
+# --- through the CLI and the performance database --------------------------------------------------
+
+def _db_with(path, model, system_name="cpu-a", ms_of=lambda n: 0.1):
+    from benanza.perfdb import PerfDB
+    from benanza.records import System
+
+    db = PerfDB(path)
+    system = System(system_name, "onednn", "test CPU", (("onednn", "3.2"),))
+    db.insert_results(system, [Result(r.variant, system_name, r.status, median_ms=r.median_ms)
+                               for r in results_for(model, ms_of)], command="test")
+    return db
+
+
+def test_analyze_cli_json_and_missing_warning(tmp_path, save):
+    from click.testing import CliRunner
+
+    from benanza.cli import main
+
+    path = save(inception_like(), "inc.onnx")
+    model = load_model(path, 1)
+    _db_with(tmp_path / "p.db", model)
+    r = CliRunner().invoke(main, ["analyze", str(path), "--system", "cpu-a", "--db", str(tmp_path / "p.db"),
+                                  "--measured-ms", "2", "--json", "--report", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    (a,) = doc["analyses"]
+    assert a["bounds"]["sequential_ms"] == pytest.approx(0.1 * 9) and not a["bounds"]["partial"]
+    assert a["bounds"]["br_sequential"] == pytest.approx(0.45)
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    # batch 2 has no results at all: partial, with the command that fills the database
+    r = CliRunner().invoke(main, ["analyze", str(path), "--system", "cpu-a", "--db", str(tmp_path / "p.db"),
+                                  "-b", "1", "-b", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    one, two = json.loads(r.stdout)["analyses"]
+    assert not one["bounds"]["partial"] and two["bounds"]["partial"]
+    assert any("benanza generate" in w and "--batch-size 2" in w for w in two["warnings"])
+
+
+def test_analyze_cli_unknown_system_is_one_clean_line(tmp_path, save):
+    from click.testing import CliRunner
+
+    from benanza.cli import main
+
+    path = save(inception_like(), "inc.onnx")
+    _db_with(tmp_path / "p.db", load_model(path, 1))
+    r = CliRunner().invoke(main, ["analyze", str(path), "--system", "nope", "--db", str(tmp_path / "p.db")])
+    assert r.exit_code == 1 and "system 'nope' is not in the performance database (known: cpu-a)" in r.output
+
+
+def test_analyze_sweep_over_systems(tmp_path, save):
+    from benanza.analysis.sweep import SweepRequest, run_sweep
+
+    path = save(inception_like(), "inc.onnx")
+    model = load_model(path, 1)
+    db = _db_with(tmp_path / "p.db", model, "fast", lambda n: 0.1)
+    from benanza.records import System
+    slow = System("slow", "onednn", "old CPU", ())
+    db.insert_results(slow, [Result(r.variant, "slow", r.status, median_ms=1.0) for r in results_for(model)])
+    a_fast, a_slow = run_sweep(SweepRequest(str(path), ("fast", "slow")), db)
+    assert a_slow.bounds.sequential_ms == pytest.approx(10 * a_fast.bounds.sequential_ms)
