@@ -1,0 +1,122 @@
+"""`benanza run`: incremental runs, crash and hang recovery, Ctrl-C resume, GPU guard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from benanza.cli import main
+from benanza.generator import GenOptions, generate
+from benanza.manifest import build_manifest, write_manifest
+from benanza.perfdb import PerfDB
+from benanza.processor import load_model, unique_layers
+from benanza.records import Status
+from benanza.runner import NoDeviceError, RunOptions, run
+from benanza.system import probe_gpu
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_onednn import HAVE_TOOLCHAIN, small_cnn  # noqa: E402
+
+FAST = dict(min_time=0.01, repetitions=1)
+
+needs_toolchain = pytest.mark.skipif(not HAVE_TOOLCHAIN, reason="needs cmake, libdnnl-dev and libbenchmark-dev")
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> Path:
+    """A small model's f32 benchmarks, generated and built once for the module."""
+    root = tmp_path_factory.mktemp("bench")
+    models = [load_model(small_cnn(root / "small.onnx"), batch_size=1)]
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, root)
+    generate(manifest, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw", "any")))
+    return root
+
+
+def names(db: Path) -> dict[str, Status]:
+    with PerfDB(db) as pdb:
+        return {r.variant.name: r.status for r in pdb.results("ci")}
+
+
+@pytest.mark.slow
+@needs_toolchain
+def test_second_run_measures_nothing_new_and_force_remeasures(bench, tmp_path):
+    db = tmp_path / "r.db"
+    first = run(bench, "ci", "onednn", db, RunOptions(**FAST))
+    assert first.stored == first.total > 20 and first.failed == 0
+    second = run(bench, "ci", "onednn", db, RunOptions(**FAST))
+    assert second.already == second.total and second.stored == 0 and second.to_run == []
+    dry = run(bench, "ci", "onednn", db, RunOptions(dry_run=True, force=True, filter="^pool:"))
+    assert dry.to_run and all(n.startswith("pool:") for n in dry.to_run)
+    forced = run(bench, "ci", "onednn", db, RunOptions(force=True, filter="^pool:", **FAST))
+    assert forced.stored == len(dry.to_run)
+    with PerfDB(db) as pdb:
+        assert pdb.db["results"].count == first.total + forced.stored
+
+
+@pytest.mark.slow
+@needs_toolchain
+def test_crashing_and_hanging_benchmarks_do_not_lose_the_others(bench, tmp_path):
+    all_names = run(bench, "ci", "onednn", tmp_path / "dry.db", RunOptions(dry_run=True)).to_run
+    crash, hang = all_names[3], all_names[7]
+    db = tmp_path / "r.db"
+    summary = run(bench, "ci", "onednn", db, RunOptions(
+        timeout=3, env=(("BENANZA_FAULT_ABORT", crash), ("BENANZA_FAULT_HANG", hang)), **FAST))
+    stored = names(db)
+    assert set(stored) == set(all_names)  # every benchmark has a row, including after the faults
+    assert stored[crash] is Status.FAILED and stored[hang] is Status.FAILED
+    assert summary.failed == 2
+    with PerfDB(db) as pdb:
+        msgs = {r.variant.name: r.message for r in pdb.results("ci")}
+    assert "SIGABRT" in msgs[crash] and "timed out after 3s" in msgs[hang]
+    assert sum(s is Status.OK for s in stored.values()) > len(all_names) // 2
+
+
+@pytest.mark.slow
+@needs_toolchain
+def test_interrupted_run_keeps_results_and_resumes(bench, tmp_path):
+    db = tmp_path / "r.db"
+    total = len(run(bench, "ci", "onednn", db, RunOptions(dry_run=True)).to_run)
+    # A hanging benchmark late in the list holds the run so it can be interrupted mid-way.
+    hang_at = run(bench, "ci", "onednn", db, RunOptions(dry_run=True)).to_run[total // 2]
+    env = dict(os.environ, BENANZA_FAULT_HANG=hang_at)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "benanza"), "run", "--system", "ci", "--backend", "onednn",
+                             "--bench-dir", str(bench), "--db", str(db), "--min-time", "0.01",
+                             "--repetitions", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if db.exists() and len(names(db)) >= total // 2:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    kept = names(db)
+    assert total // 2 <= len(kept) < total and hang_at not in kept
+    resumed = run(bench, "ci", "onednn", db, RunOptions(**FAST))
+    assert resumed.already == len(kept) and resumed.stored == total - len(kept)
+    assert len(names(db)) == total
+
+
+@pytest.mark.skipif(probe_gpu().present, reason="checks the no-GPU guard")
+def test_cudnn_without_gpu_stops_before_building(tmp_path):
+    db = tmp_path / "never.db"
+    with pytest.raises(NoDeviceError, match="no CUDA device found.*onednn"):
+        run(tmp_path / "nothing-generated-here", "gpu", "cudnn", db)
+    out = CliRunner().invoke(main, ["run", "--system", "gpu", "--backend", "cudnn", "--bench-dir",
+                                    str(tmp_path), "--db", str(db)])
+    assert out.exit_code == 1 and "no CUDA device found" in out.output
+    assert not db.exists() and not (tmp_path / "cudnn").exists()
+
+
+def test_bad_filter_and_missing_project_are_clear_errors(tmp_path):
+    out = CliRunner().invoke(main, ["run", "--system", "x", "--backend", "onednn", "--bench-dir", str(tmp_path),
+                                    "--db", str(tmp_path / "a.db")])
+    assert out.exit_code == 1 and "layers.json" in out.output
