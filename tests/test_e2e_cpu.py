@@ -1,0 +1,88 @@
+"""End to end on CPU: zoo models → oneDNN benchmarks → ONNX Runtime profile → analyze → HTML.
+
+Uses the real commands (`benanza zoo|generate|run|profile|analyze`) in a scratch folder; the
+models are small (LeNet, Inception-v1) and the benchmarks run briefly (f32, 10 ms each).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+MODELS = ("lenet", "inception-v1")
+
+
+def benanza(*args: str, cwd: Path) -> str:
+    proc = subprocess.run([str(Path(sys.executable).parent / "benanza"), *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, f"benanza {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    if not (Path(sys.executable).parent / "benanza").exists():
+        pytest.skip("the benanza console script is not installed in this environment")
+    d = tmp_path_factory.mktemp("e2e")
+    benanza("zoo", "--out", "models", *[a for m in MODELS for a in ("--only", m)], cwd=d)
+    benanza("generate", *[f"models/{m}.onnx" for m in MODELS], "--out", "bench", "--backend", "onednn",
+            "--dtype", "f32", cwd=d)
+    benanza("run", "--bench-dir", "bench", "--system", "ci-cpu", "--db", "perf.db", "--backend", "onednn",
+            "--min-time", "0.01", "--repetitions", "1", cwd=d)
+    for m in MODELS:
+        benanza("profile", f"models/{m}.onnx", "--framework", "onnxruntime", "--out", f"prof-{m}",
+                "--warmup", "2", "--iterations", "10", "--trace-iterations", "3", cwd=d)
+    return d
+
+
+def analyze(d: Path, model: str) -> dict:
+    out = benanza("analyze", f"models/{model}.onnx", "--system", "ci-cpu", "--db", "perf.db",
+                  "--profile", f"prof-{model}", "--json", "--report", f"{model}.html", cwd=d)
+    (a,) = json.loads(out)["analyses"]
+    return a
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bounds_and_ratio(workdir, model):
+    a = analyze(workdir, model)
+    b = a["bounds"]
+    assert b["sequential_ms"] > 0 and b["parallel_ms"] > 0
+    assert b["parallel_ms"] <= b["sequential_ms"] + 1e-9
+    assert a["measured_ms"] > 0 and a["measured_source"] == "onnxruntime trimmed mean"
+    assert b["br_sequential"] == pytest.approx(b["sequential_ms"] / a["measured_ms"], rel=1e-3)
+    fw = a["framework"]
+    assert fw["framework"] == "onnxruntime" and fw["fused_groups"], "ORT fuses Conv+Relu on CPU"
+    assert fw["bounds_same_fusions"]["br_sequential"] is not None
+    if b["br_sequential"] > 1:
+        assert any(e.startswith("BR > 1") for e in fw["explanations"])
+    assert any("MLAS" in n for n in a["notes"])
+
+
+def test_inception_has_parallel_modules(workdir):
+    a = analyze(workdir, "inception-v1")
+    assert a["bounds"]["parallel_ms"] < a["bounds"]["sequential_ms"]
+    assert len(a["parallel_modules"]) >= 9  # one per inception module
+    assert all(m["branches"] == 4 for m in a["parallel_modules"][:9])
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed (apt-get install chromium)")
+def test_report_renders_in_chromium(workdir):
+    a = analyze(workdir, "inception-v1")
+    page = workdir / "inception-v1.html"
+    with tempfile.TemporaryDirectory() as profile_dir:
+        proc = subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile_dir}",
+             "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    assert dom.count('<g class="node') == len(a["layers"])
+    assert dom.count('class="node critical') == len(a["bounds"]["critical_path"])
+    assert "inception_3a" in dom and "Benanza ratio" in dom
