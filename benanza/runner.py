@@ -225,7 +225,14 @@ class _Store:
         self.pending.append((result, raw))
         field_name = result.status.value  # ok | unsupported | failed
         setattr(self.summary, field_name, getattr(self.summary, field_name) + 1)
-        if len(self.pending) >= _FLUSH_EVERY or time.monotonic() - self.last > _FLUSH_SECONDS:
+        if len(self.pending) >= _FLUSH_EVERY:
+            self.flush()
+        else:
+            self.tick()
+
+    def tick(self) -> None:
+        """Writes what waits longer than a moment, also while a long benchmark runs."""
+        if self.pending and time.monotonic() - self.last > _FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
@@ -281,6 +288,7 @@ def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: Run
                     try:
                         line = lines.get(timeout=0.5)
                     except queue.Empty:
+                        store.tick()
                         if current is not None and time.monotonic() - since > options.timeout:
                             _kill(proc)
                             _record_failure(store, by_name, system, current, finished, notify,
