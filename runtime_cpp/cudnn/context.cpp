@@ -1,4 +1,5 @@
-// The context block: which GPU, driver and library versions produced the numbers.
+// The context block: which GPU, driver and library versions produced the numbers. Keys follow
+// benanza/system.py and runner.py (cudnn_version, cublas_version, cuda_runtime, cuda_driver_api).
 #include <benchmark/benchmark.h>
 
 #include <string>
@@ -27,14 +28,14 @@ void add_cuda_context(bool cupti) {
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);  // 0 when no driver is installed
   put("cuda_runtime", dotted(runtime, 1000, 10));
-  put("cuda_driver", driver ? dotted(driver, 1000, 10) : "none");
-  put("cudnn", dotted(static_cast<int>(cudnnGetVersion()), 10000, 100));
-  put("cudnn_headers", dotted(CUDNN_VERSION, 10000, 100));
+  put("cuda_driver_api", driver ? dotted(driver, 1000, 10) : "none");
+  put("cudnn_version", dotted(static_cast<int>(cudnnGetVersion()), 10000, 100));
+  put("cudnn_header_version", dotted(CUDNN_VERSION, 10000, 100));
   int major = 0, minor = 0, patch = 0;
   cublasGetProperty(MAJOR_VERSION, &major);
   cublasGetProperty(MINOR_VERSION, &minor);
   cublasGetProperty(PATCH_LEVEL, &patch);
-  put("cublas", std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch));
+  put("cublas_version", std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch));
   int device = 0;
   cudaDeviceProp prop{};
   cudaError_t err = cudaGetDevice(&device);

@@ -1,0 +1,416 @@
+"""cuDNN/cuBLAS backend: variant expansion, generated tables, and a real nvcc build.
+
+There is no GPU here: the build must compile and link against the cuDNN/cuBLAS wheels, and the
+binary must report every benchmark cleanly (the CUDA error, or the library's refusal) instead
+of crashing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import io, model, tensor
+from onnx import helper, numpy_helper
+
+from benanza.backends import cudnn
+from benanza.errors import BenanzaError
+from benanza.fusion import BY_NAME
+from benanza.generator import GenOptions, generate, read_variants
+from benanza.manifest import Manifest, build_manifest
+from benanza.processor import load_model, unique_layers
+from benanza.records import Variant
+
+
+def _wheels_present() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("nvidia.cudnn", "nvidia.cu13"))
+
+
+NEED_TOOLCHAIN = pytest.mark.skipif(
+    not (_wheels_present() and shutil.which("cmake") and Path("/usr/local/cuda/bin/nvcc").exists()),
+    reason="needs the nvidia-cudnn-cu13 and nvidia-cublas wheels (pip install nvidia-cudnn-cu13 "
+           "nvidia-cublas), cmake and nvcc at /usr/local/cuda",
+)
+
+
+# --- a model with every family the backend covers ----------------------------------------
+
+def every_family_model():
+    """Conv (bias, asymmetric pads; grouped + dilated) with both fusion kinds, BN, LRN, max/avg/
+    global pooling, five activations, AddTensor/OpTensor/ScaleTensor, dropout, GEMV, softmax,
+    LSTM, bidirectional GRU, batched and plain MatMul."""
+    inits = [
+        tensor("W1", (8, 3, 3, 3)), tensor("B1", (8,)), tensor("W2", (8, 2, 3, 3)),
+        tensor("scale", (8,), 1.0), tensor("shift", (8,), 0.0), tensor("mean", (8,), 0.0),
+        tensor("var", (8,), 1.0), tensor("lo", (), 0.0), tensor("hi", (), 6.0),
+        tensor("bias8", (8, 1, 1)), tensor("two", (), 2.0), tensor("ratio", (), 0.25),
+        tensor("Wfc", (8, 16)), tensor("Bfc", (16,)),
+        tensor("Wl", (1, 64, 8)), tensor("Rl", (1, 64, 16)), tensor("Bl", (1, 128)),
+        tensor("Wg", (2, 48, 8)), tensor("Rg", (2, 48, 16)),
+        tensor("Wm", (8, 12)), tensor("Wn", (8, 6)),
+        numpy_helper.from_array(np.array([5, 2, 8], np.int64), "seq_shape"),
+        numpy_helper.from_array(np.array([4, 8], np.int64), "mat_shape"),
+    ]
+    n = helper.make_node
+    nodes = [
+        # sequences come from reshapes: the batch override only touches graph inputs' dim 0
+        n("Reshape", ["s", "seq_shape"], ["seq"]),
+        n("Reshape", ["t", "mat_shape"], ["mat"]),
+        n("Conv", ["x", "W1", "B1"], ["c1"], pads=[0, 0, 1, 1], name="conv_asym"),
+        n("Relu", ["c1"], ["r1"]),
+        n("Conv", ["r1", "W2"], ["c2"], pads=[2, 2, 2, 2], dilations=[2, 2], group=4, name="conv_group"),
+        n("BatchNormalization", ["c2", "scale", "shift", "mean", "var"], ["b2"]),
+        n("Relu", ["b2"], ["r2"]),
+        n("LRN", ["r2"], ["l3"], size=3),
+        n("MaxPool", ["l3"], ["p3"], kernel_shape=[2, 2], strides=[2, 2]),
+        n("AveragePool", ["p3"], ["a3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1),
+        n("Sigmoid", ["a3"], ["s4"]),
+        n("Tanh", ["a3"], ["t4"]),
+        n("Elu", ["a3"], ["e4"]),
+        n("Clip", ["a3", "lo", "hi"], ["k4"]),
+        n("Add", ["e4", "k4"], ["add5"]),
+        n("Add", ["add5", "bias8"], ["bias5"]),
+        n("Sub", ["bias8", "bias5"], ["sub5"]),
+        n("Mul", ["sub5", "two"], ["mul5"]),
+        n("Max", ["mul5", "s4"], ["max5"]),
+        n("Max", ["max5", "t4"], ["max6"]),
+        n("GlobalAveragePool", ["max6"], ["g"]),
+        n("Dropout", ["g", "ratio"], ["d"]),
+        n("Flatten", ["d"], ["flat"]),
+        n("Gemm", ["flat", "Wfc", "Bfc"], ["fc"]),
+        n("Softmax", ["fc"], ["y"], axis=1),
+        n("LSTM", ["seq", "Wl", "Rl", "Bl"], ["ly"], hidden_size=16),
+        n("GRU", ["seq", "Wg", "Rg"], ["gy"], hidden_size=16, direction="bidirectional"),
+        n("MatMul", ["seq", "Wm"], ["mm3"]),
+        n("MatMul", ["mat", "Wn"], ["mm2"]),
+    ]
+    return model(nodes, [io("x", [1, 3, 16, 16]), io("s", [1, 80]), io("t", [1, 32])],
+                 [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None)],
+                 inits, opset=13)
+
+
+@pytest.fixture
+def family_manifest(save) -> Manifest:
+    path = save(every_family_model(), "every_family.onnx")
+    m = load_model(path)
+    return build_manifest([m], unique_layers([m]))
+
+
+def _by_api(manifest: Manifest) -> Counter:
+    return Counter(u.layer.cudnn_api for u in manifest.layers if u.layer.cudnn_api)
+
+
+def expected_count(manifest: Manifest, dtypes=2, layouts=2, maths=1) -> int:
+    """Variants the backend must generate, counted from the manifest (defaults: f32+f16,
+    NCHW+NHWC, one math mode per dtype)."""
+    combos_spatial = dtypes * layouts * maths
+    total = 0
+    for u in manifest.layers:
+        api = u.layer.cudnn_api
+        if api is None:
+            continue
+        if api == "cudnnConvolutionForward":
+            total += 8 * combos_spatial
+        elif api in ("cudnnPoolingForward", "cudnnBatchNormalizationForwardInference",
+                     "cudnnLRNCrossChannelForward"):
+            total += dtypes * layouts
+        elif api in ("cudnnRNNForward", "cublasGemmEx", "cublasGemmStridedBatchedEx", "cublasSgemv"):
+            total += dtypes * maths
+        else:
+            total += dtypes
+    for f in manifest.fusions:
+        algos = 8 if BY_NAME[f["pattern"]].activation == "relu" else 1
+        total += algos * combos_spatial
+    return total
+
+
+# --- expansion -----------------------------------------------------------------------------
+
+def test_every_family_is_covered(family_manifest):
+    apis = _by_api(family_manifest)
+    assert set(apis) == {
+        "cudnnConvolutionForward", "cudnnBatchNormalizationForwardInference",
+        "cudnnLRNCrossChannelForward", "cudnnPoolingForward", "cudnnActivationForward",
+        "cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor", "cudnnDropoutForward",
+        "cublasSgemv", "cudnnSoftmaxForward", "cudnnRNNForward", "cublasGemmStridedBatchedEx",
+        "cublasGemmEx"}
+    assert {f["pattern"] for f in family_manifest.fusions} == {"bias_relu", "bn_relu"}
+
+
+def test_variant_counts_match_manifest(family_manifest):
+    variants = _expand(family_manifest)
+    assert len(variants) == expected_count(family_manifest)
+    names = [v.name for v in variants]
+    assert len(set(names)) == len(names)
+    assert all(Variant.from_name(n) == v for n, v in zip(names, variants))
+
+
+def _expand(manifest, options=GenOptions()):
+    from benanza.generator import expand_variants
+
+    return expand_variants(manifest, cudnn.BACKEND, options)
+
+
+def test_convolution_expansion(family_manifest):
+    variants = _expand(family_manifest)
+    asym = next(u.layer.key for u in family_manifest.layers if "pb1pr1" in u.layer.key)
+    plain = [v for v in variants if v.layer_key == asym and v.fusion == "none"]
+    assert {v.algo for v in plain} == set(cudnn.CONV_ALGOS)
+    assert {(v.dtype, v.layout, v.math) for v in plain} == {
+        ("f32", "nchw", "default"), ("f32", "nhwc", "default"),
+        ("f16", "nchw", "tensor_op"), ("f16", "nhwc", "tensor_op")}
+    fused = [v for v in variants if v.layer_key == asym and v.fusion != "none"]
+    assert {v.fusion for v in fused} == {"bias_relu"}
+    assert all(v.api == cudnn.FUSED_API for v in fused)
+    assert len(fused) == 8 * 4
+
+
+def test_identity_fusion_uses_the_one_algorithm_cudnn_allows(save):
+    # Conv(bias) with no activation after it: the Conv→Bias pattern, IDENTITY activation.
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"], pads=[1, 1, 1, 1])]
+    m = model(nodes, [io("x", [1, 4, 8, 8])], [io("y", None)],
+              [tensor("W", (4, 4, 3, 3)), tensor("B", (4,))])
+    loaded = load_model(save(m))
+    manifest = build_manifest([loaded], unique_layers([loaded]))
+    assert [f["pattern"] for f in manifest.fusions] == ["bias"]
+    fused = [v for v in _expand(manifest) if v.fusion == "bias"]
+    assert {v.algo for v in fused} == set(cudnn.IDENTITY_ALGOS) == {"IMPLICIT_PRECOMP_GEMM"}
+    assert len(fused) == 4
+
+
+def test_options_dtype_math_layout(family_manifest):
+    opts = GenOptions(dtypes=("f32", "bf16"), layouts=("nhwc",), math=("tf32", "default"))
+    variants = _expand(family_manifest, opts)
+    conv = {(v.dtype, v.layout, v.math) for v in variants if v.api == "cudnnConvolutionForward"}
+    # f32 gets both requested modes; bf16 has neither, so its default (tensor_op)
+    assert conv == {("f32", "nhwc", "default"), ("f32", "nhwc", "tf32"), ("bf16", "nhwc", "tensor_op")}
+    act = {(v.dtype, v.layout, v.math) for v in variants if v.api == "cudnnActivationForward"}
+    assert act == {("f32", "nchw", "default"), ("bf16", "nchw", "default")}
+    gemv = {(v.api, v.dtype) for v in variants if "m1n16k8" in v.layer_key}
+    assert gemv == {("cublasSgemv", "f32"), ("cublasGemmEx", "bf16")}
+
+
+def test_unusable_options_are_errors(family_manifest, caplog):
+    cudnn.expansion.cache_clear()
+    with pytest.raises(BenanzaError, match="no layouts the cuDNN backend can run"):
+        _expand(family_manifest, GenOptions(layouts=("any",)))
+    with caplog.at_level(logging.WARNING):
+        variants = _expand(family_manifest, GenOptions(layouts=("any", "nchw")))
+    assert "ignores layouts any" in caplog.text
+    assert {v.layout for v in variants} == {"nchw"}
+
+
+def test_asymmetric_pads_are_reported(family_manifest, caplog):
+    with caplog.at_level(logging.WARNING, logger="benanza.backends.cudnn"):
+        _expand(family_manifest)
+    assert "asymmetric pads (top 0, left 0, bottom 1, right 1)" in caplog.text
+    assert "benchmarked with 1x1" in caplog.text
+
+
+def test_uncovered_layers_get_no_variants(family_manifest):
+    variants = _expand(family_manifest)
+    keys = {v.layer_key for v in variants}
+    uncovered = [u.layer for u in family_manifest.layers if u.layer.cudnn_api is None]
+    assert uncovered and all(layer.key not in keys for layer in uncovered)  # Flatten
+
+
+# --- generated sources ---------------------------------------------------------------------
+
+@pytest.fixture
+def generated(tmp_path, family_manifest):
+    return generate(family_manifest, "cudnn", tmp_path, GenOptions(cupti_metrics=("dram__bytes.sum",)))
+
+
+def test_generated_files_and_variants_json(generated):
+    out = generated.out_dir
+    assert read_variants(out) == generated.variants
+    names = {p.name for p in out.glob("tables_*.cpp")}
+    assert names == {f"tables_{f}_0.cpp" for f in ("conv", "bnorm", "lrn", "pool", "activation", "binary",
+                                                   "dropout", "blas", "softmax", "rnn")}
+    for part in ("common/benanza/runtime.hpp", "cudnn/benanza_cudnn/tables.hpp", "cudnn/conv.cpp",
+                 "cmake/BenanzaCudaLibs.cmake"):
+        assert (out / "runtime" / part).is_file()
+    # every benchmark name in the tables is a generated variant, once
+    rows = []
+    for p in out.glob("tables_*.cpp"):
+        rows += [json.loads(line.split(".name = ", 1)[1].split(", .layer", 1)[0])
+                 for line in p.read_text().splitlines() if ".name = " in line]
+    assert sorted(rows) == sorted(v.name for v in generated.variants)
+
+
+def test_golden_conv_rows(generated):
+    text = (generated.out_dir / "tables_conv_0.cpp").read_text()
+    assert ("{.n = 1, .c = 3, .h = 16, .w = 16, .k = 8, .r = 3, .s = 3, .pad_t = 0, .pad_l = 0, "
+            ".pad_b = 1, .pad_r = 1, .stride_h = 1, .stride_w = 1, .dil_h = 1, .dil_w = 1, "
+            ".groups = 1, .out_h = 15, .out_w = 15, .bias = true, ") in text
+    assert ".groups = 4, .out_h = 15, .out_w = 15, .bias = false" in text
+    assert ".dil_h = 2, .dil_w = 2" in text
+    assert ("algo=WINOGRAD/dtype=f16/layout=nhwc/math=tensor_op/fusion=bias_relu\", .layer = 0, "
+            ".call = kConvBiasRelu, .algo = 6, .dtype = DType::F16, .layout = Layout::NHWC, "
+            ".math = Math::TensorOp}") in text
+    assert ".call = kConvBiasRelu, .algo = 1" in text
+    assert "benanza::cudnn::add_conv(r, kLayers, kVariants" in text
+
+
+def test_golden_other_rows(generated):
+    out = generated.out_dir
+    binary = (out / "tables_binary_0.cpp").read_text()
+    # Sub(bias8[8,1,1], x[1,8,7,7]): the full-shape operand goes first, the subtraction flips
+    assert ("{.op = BinaryOp::Sub, .swapped = true, .rank = 4, .a = {1, 8, 7, 7, 0}, "
+            ".b = {1, 8, 1, 1, 0}, .out = {1, 8, 7, 7, 0}") in binary
+    assert ".op = BinaryOp::Scale, .swapped = false" in binary
+    assert ".op = BinaryOp::AddTensor" in binary
+    blas = (out / "tables_blas_0.cpp").read_text()
+    assert ("{.m = 1, .n = 16, .k = 8, .trans_a = false, .trans_b = false, .batch = 1, .a_count = 1, "
+            ".b_count = 1, .alpha = 1.0, .beta = 1.0") in blas
+    assert ".m = 2, .n = 12, .k = 8, .trans_a = false, .trans_b = false, .batch = 5, .a_count = 5, .b_count = 1" in blas
+    assert ".call = kSgemv" in blas and ".call = kGemmStridedBatchedEx" in blas
+    rnn = (out / "tables_rnn_0.cpp").read_text()
+    assert "{.cell = Cell::Lstm, .seq = 5, .batch = 2, .input = 8, .hidden = 16, .dirs = 1, .bias = true" in rnn
+    assert "{.cell = Cell::Gru, .seq = 5, .batch = 2, .input = 8, .hidden = 16, .dirs = 2, .bias = false" in rnn
+    softmax = (out / "tables_softmax_0.cpp").read_text()
+    assert "{.log = false, .n = 1, .c = 16, .h = 1" in softmax
+    pool = (out / "tables_pool_0.cpp").read_text()
+    assert "{.mode = PoolMode::AvgIncludePad" in pool and "{.mode = PoolMode::Max" in pool
+    registry = (out / "registry.cpp").read_text()
+    assert "benanza_cudnn_conv_0(r);" in registry and '"dram__bytes.sum",' in registry
+    assert "kCuptiMetricCount = 1;" in registry
+    cmake = (out / "CMakeLists.txt").read_text()
+    assert "tables_conv_0.cpp" in cmake and 'option(BENANZA_CUPTI' in cmake and "OFF)" in cmake
+
+
+def test_large_families_are_split_into_parts(tmp_path, family_manifest, monkeypatch):
+    monkeypatch.setattr(cudnn, "PART_SIZE", 40)
+    g = generate(family_manifest, "cudnn", tmp_path)
+    conv_parts = sorted(p.name for p in g.out_dir.glob("tables_conv_*.cpp"))
+    # two conv layers of 64 and 64 variants: one part each, a layer is never split
+    assert conv_parts == ["tables_conv_0.cpp", "tables_conv_1.cpp"]
+    monkeypatch.setattr(cudnn, "PART_SIZE", 100000)
+    generate(family_manifest, "cudnn", tmp_path)
+    assert sorted(p.name for p in g.out_dir.glob("tables_conv_*.cpp")) == ["tables_conv_0.cpp"]
+
+
+def test_regeneration_keeps_unchanged_files(generated, family_manifest):
+    out = generated.out_dir
+    before = {p: p.stat().st_mtime_ns for p in out.glob("*.cpp")}
+    generate(family_manifest, "cudnn", out.parent, GenOptions(cupti_metrics=("dram__bytes.sum",)))
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*.cpp")} == before
+
+
+# --- build and run (nvcc, no GPU) ----------------------------------------------------------
+
+def _build(project: Path, *args: str) -> Path:
+    build = project / "build"
+    cmd = ["cmake", "-S", str(project), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *args]
+    if shutil.which("ninja"):
+        cmd += ["-G", "Ninja"]
+    for step in (cmd, ["cmake", "--build", str(build), "-j", "2"]):
+        done = subprocess.run(step, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return build / "benanza_bench"
+
+
+def _lines(stdout: str, tag: str) -> list[dict]:
+    return [json.loads(line.split(" ", 1)[1]) for line in stdout.splitlines() if line.startswith(tag + " ")]
+
+
+@pytest.mark.slow
+@NEED_TOOLCHAIN
+def test_reference_models_build_and_report_no_gpu(tmp_path, save, zoo_model):
+    paths = [zoo_model(n) for n in ("resnet50-v1", "inception-v1", "mobilenet-v2")]
+    paths.append(save(every_family_model(), "every_family.onnx"))
+    models = [load_model(p) for p in paths]
+    manifest = build_manifest(models, unique_layers(models))
+    g = generate(manifest, "cudnn", tmp_path)
+    assert len(g.variants) == expected_count(manifest)
+    assert Counter(v.api for v in g.variants)[cudnn.FUSED_API] > 0
+
+    binary = _build(g.out_dir)
+    listed = subprocess.run([str(binary), "--benanza_list"], capture_output=True, text=True, check=True)
+    assert listed.stdout.split() == [v.name for v in _registration_order(g)]
+
+    run = subprocess.run([str(binary), "--benchmark_min_time=0.01"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    context = _lines(run.stdout, "BENANZA_CONTEXT")[0]["custom"]
+    assert context["backend"] == "cudnn" and context["cudnn_version"].startswith("9.")
+    assert context["gpu"].startswith("unavailable: cudaError")
+    results = _lines(run.stdout, "BENANZA_RESULT")
+    assert sorted(r["name"] for r in results) == sorted(v.name for v in g.variants)
+    statuses = Counter(r["status"] for r in results)
+    assert statuses["ok"] == 0
+    for r in results:
+        assert r["status"] == "failed", r
+        assert "cudaErrorInsufficientDriver" in r["message"] or "cudaErrorNoDevice" in r["message"], r
+
+
+def _registration_order(g) -> list[Variant]:
+    """Variants in the order the tables register them: family parts in file order."""
+    registry = (g.out_dir / "registry.cpp").read_text()
+    order = [line.strip()[len("benanza_cudnn_"):-len("(r);")] for line in registry.splitlines()
+             if line.strip().startswith("benanza_cudnn_") and line.strip().endswith("(r);")]
+    by_name = {v.name: v for v in g.variants}
+    out = []
+    for function in order:
+        text = (g.out_dir / f"tables_{function}.cpp").read_text()
+        out += [by_name[json.loads(line.split(".name = ", 1)[1].split(", .layer", 1)[0])]
+                for line in text.splitlines() if ".name = " in line]
+    return out
+
+
+@pytest.mark.slow
+@NEED_TOOLCHAIN
+def test_cupti_mode_builds_and_refusals_need_no_gpu(tmp_path, save):
+    # A MatMul whose operands broadcast over different batch dims: strided-batched GEMM cannot
+    # express it, and the runtime says so before touching the GPU.
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
+    m = model(nodes, [io("a", [1, 2, 1, 4, 8]), io("b", [1, 1, 3, 8, 4])], [io("y", None)])
+    loaded = load_model(save(m))
+    manifest = build_manifest([loaded], unique_layers([loaded]))
+    g = generate(manifest, "cudnn", tmp_path, GenOptions(cupti=True, cupti_metrics=("sm__throughput.avg",)))
+    assert "BENANZA_CUPTI \"Profile kernels with CUPTI (fixed iterations) instead of timing only\" ON" in \
+        (g.out_dir / "CMakeLists.txt").read_text()
+    binary = _build(g.out_dir)
+    run = subprocess.run([str(binary), "--benanza_cupti_iterations=3"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert _lines(run.stdout, "BENANZA_CONTEXT")[0]["custom"]["mode"] == "cupti"
+    results = _lines(run.stdout, "BENANZA_RESULT")
+    assert len(results) == len(g.variants) == 2
+    for r in results:
+        assert r["status"] == "unsupported"
+        assert r["message"] == "cublasGemmStridedBatchedEx cannot broadcast 2 matrices over 6 products"
+
+
+@pytest.mark.slow
+@NEED_TOOLCHAIN
+def test_top_level_cmake_builds_a_bench_folder(tmp_path, save):
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    loaded = load_model(save(model(nodes, [io("x", [1, 4])], [io("y", None)])))
+    manifest = build_manifest([loaded], unique_layers([loaded]))
+    bench = tmp_path / "bench"
+    generate(manifest, "cudnn", bench)
+    root = Path(__file__).resolve().parents[1]
+    build = tmp_path / "build"
+    cmd = ["cmake", "-S", str(root), "-B", str(build), f"-DBENANZA_BENCH_DIR={bench}"]
+    for step in (cmd, ["cmake", "--build", str(build), "-j", "2"]):
+        done = subprocess.run(step, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    listed = subprocess.run([str(build / "cudnn" / "benanza_bench"), "--benanza_list"],
+                            capture_output=True, text=True, check=True)
+    assert len(listed.stdout.split()) == 2  # relu in f32 and f16
+
+
+def test_top_level_cmake_rejects_an_empty_folder(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["cmake", "-S", str(root), "-B", str(tmp_path / "b"),
+                           f"-DBENANZA_BENCH_DIR={tmp_path}"], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "holds no generated backend folder" in " ".join(done.stderr.split())  # CMake wraps lines
