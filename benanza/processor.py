@@ -138,6 +138,43 @@ def _fix_input_shapes(model: onnx.ModelProto, path: Path, opts: ProcessOptions) 
     return shapes
 
 
+# Initializers up to this many elements keep their values for shape inference: shape
+# tensors, axes and scalars that data propagation needs. Larger ones are weights.
+_PROXY_KEEP_ELEMENTS = 1024
+
+
+def _shape_proxy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with weights replaced by typed graph inputs of the same shape.
+
+    Shape inference serialises the whole proto into C++ and back; for a 500 MB VGG that
+    copying, not inference, is the cost. Weights only contribute their dims, so inference
+    runs on this light proxy instead.
+    """
+    proxy = onnx.ModelProto()
+    for name in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(proxy, name, getattr(model, name))
+    proxy.opset_import.extend(model.opset_import)
+    proxy.functions.extend(model.functions)
+    src, dst = model.graph, proxy.graph
+    dst.name = src.name
+    dst.node.extend(src.node)
+    dst.input.extend(src.input)
+    dst.output.extend(src.output)
+    dst.sparse_initializer.extend(src.sparse_initializer)
+    listed = {i.name for i in src.input}
+    for t in src.initializer:
+        numel = 1
+        for d in t.dims:
+            numel *= d
+        if numel <= _PROXY_KEEP_ELEMENTS:
+            dst.initializer.append(t)
+        elif t.name not in listed:
+            dst.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    if proxy.ir_version < 4:
+        proxy.ir_version = 4  # weights now arrive as inputs, which IR 3 cannot tell from data
+    return proxy
+
+
 def _unknown_outputs(model: onnx.ModelProto) -> int:
     graph = model.graph
     known = {vi.name for vi in list(graph.input) + list(graph.value_info) + list(graph.output)
@@ -343,17 +380,15 @@ def load_model(path: str | Path, batch_size: int = 1,
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
     in_shapes = _fix_input_shapes(model, p, opts)
-    inferred = _infer_shapes(model, p)
-    graph = inferred.graph
-
-    consts = _Constants(graph, os.path.dirname(os.path.abspath(p)))
+    inferred = _infer_shapes(_shape_proxy(model), p).graph
     specs: dict[str, TensorSpec] = {}
-    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+    for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
         s = _tensor_spec(vi)
         if s is not None:
             specs[vi.name] = s
 
-    order = _topological(list(graph.node), set(in_shapes) | set(consts.specs))
+    consts = _Constants(model.graph, os.path.dirname(os.path.abspath(p)))
+    order = _topological(list(model.graph.node), set(in_shapes) | set(consts.specs))
     nodes: list[Node] = []
     edges: list[tuple[int, int]] = []
     producer: dict[str, int] = {}
