@@ -7,13 +7,13 @@ models are small (LeNet, Inception-v1) and the benchmarks run briefly (f32, 10 m
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+
+from test_report import dump_dom, needs_chromium
 
 pytestmark = pytest.mark.slow
 MODELS = ("lenet", "inception-v1")
@@ -72,17 +72,10 @@ def test_inception_has_parallel_modules(workdir):
     assert all(m["branches"] == 4 for m in a["parallel_modules"][:9])
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed (apt-get install chromium)")
+@needs_chromium
 def test_report_renders_in_chromium(workdir):
     a = analyze(workdir, "inception-v1")
-    page = workdir / "inception-v1.html"
-    with tempfile.TemporaryDirectory() as profile_dir:
-        proc = subprocess.run(
-            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile_dir}",
-             "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    dom = proc.stdout
+    dom = dump_dom(workdir / "inception-v1.html")
     assert dom.count('<g class="node') == len(a["layers"])
     assert dom.count('class="node critical') == len(a["bounds"]["critical_path"])
     assert "inception_3a" in dom and "Benanza ratio" in dom

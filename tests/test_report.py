@@ -66,21 +66,30 @@ def test_html_is_self_contained(analysis):
     assert html.count("<svg") >= 3  # graph + charts
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None,
-                    reason="headless Chromium not installed (apt-get install chromium); CI should have it")
+needs_chromium = pytest.mark.skipif(
+    shutil.which("chromium") is None,
+    reason="headless Chromium not installed (apt-get install chromium); CI should have it")
+
+
+def dump_dom(page: Path) -> str:
+    """The DOM a real headless Chromium builds from the page (no network, throwaway profile)."""
+    with tempfile.TemporaryDirectory() as profile_dir:
+        proc = subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile_dir}",
+             "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@needs_chromium
 def test_html_renders_in_headless_chromium(tmp_path, save):
     model = load_model(save(__import__("helpers").conv_net(), "convnet.onnx"), 1)
     prof = load_file(FIX / "ort_convnet.json")
     a = analyze(model, results_for(model, lambda n: 0.01), "sys", "onednn", profile=prof)
     page = tmp_path / "report.html"
     page.write_text(render_html([a]))
-    with tempfile.TemporaryDirectory() as profile_dir:
-        proc = subprocess.run(
-            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile_dir}",
-             "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
-    dom = proc.stdout
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = dump_dom(page)
     # the browser parsed the table and the SVG graph: every layer is a row and a node
     assert dom.count("<g class=\"node") == len(a.rows)
     assert "class=\"layers\"" in dom and ">conv1<" in dom
