@@ -24,8 +24,8 @@ RES_GAIN = 0.2  # weight gain of the last conv of a residual branch (keeps rando
 
 
 def _conv_bn(g: GraphBuilder, x: str, ch: int, k: int, s: int, p: int, prefix: str, idx: list,
-             relu: bool, gain: float = 1.0) -> str:
-    x = g.conv(x, ch, k, s, p, bias=False, name=f"{prefix}conv{idx[0]}_fwd", gain=gain)
+             relu: bool, gain: float = 1.0, bias: bool = False) -> str:
+    x = g.conv(x, ch, k, s, p, bias=bias, name=f"{prefix}conv{idx[0]}_fwd", gain=gain)
     x = g.bn(x, eps=1e-5, name=f"{prefix}batchnorm{idx[1]}_fwd")
     idx[0] += 1
     idx[1] += 1
@@ -36,7 +36,11 @@ def _conv_bn(g: GraphBuilder, x: str, ch: int, k: int, s: int, p: int, prefix: s
 
 
 def resnet_v1(depth: int, seed: int) -> onnx.ModelProto:
-    """Gluon ResNetV1 (stride on the first 1x1 of the bottleneck, as in MXNet's resnet*_v1)."""
+    """Gluon ResNetV1 (stride on the first 1x1 of the bottleneck, as in MXNet's resnet*_v1).
+
+    Conv layers have no bias except the bottleneck's two 1x1 convs (Gluon's BottleneckV1 does
+    not pass ``use_bias=False`` to them): the paper's Conv->Bias fusion candidates.
+    """
     kind, layers, channels = _RESNET_SPEC[depth]
     g = GraphBuilder(f"resnet{depth}_v1", seed, doc=f"Gluon resnet{depth}_v1 (ONNX Model Zoo layout)")
     x = g.input("data", (3, 224, 224))
@@ -59,10 +63,12 @@ def resnet_v1(depth: int, seed: int) -> onnx.ModelProto:
                 y = _conv_bn(g, x, out_ch, 3, stride, 1, p, idx, relu=True)
                 y = _conv_bn(g, y, out_ch, 3, 1, 1, p, idx, relu=False, gain=RES_GAIN)
             else:
+                # Gluon's BottleneckV1 leaves use_bias at its default (True) on its two 1x1
+                # convs; only the 3x3 and the downsample conv are bias-free.
                 mid = out_ch // 4
-                y = _conv_bn(g, x, mid, 1, stride, 0, p, idx, relu=True)
+                y = _conv_bn(g, x, mid, 1, stride, 0, p, idx, relu=True, bias=True)
                 y = _conv_bn(g, y, mid, 3, 1, 1, p, idx, relu=True)
-                y = _conv_bn(g, y, out_ch, 1, 1, 0, p, idx, relu=False, gain=RES_GAIN)
+                y = _conv_bn(g, y, out_ch, 1, 1, 0, p, idx, relu=False, gain=RES_GAIN, bias=True)
             if downsample:
                 residual = _conv_bn(g, x, out_ch, 1, stride, 0, p, idx, relu=False)
             x = g.add(y, residual, name=f"{p}plus{bi}")
