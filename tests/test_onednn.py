@@ -131,3 +131,28 @@ def test_build_and_run_every_variant_reports_a_status(manifest, tmp_path):
     bf16 = [r for r in results if r.variant.dtype == "bf16" and r.variant.layer_key.startswith("conv:")]
     if not cpu_has_bf16():
         assert all(r.status.value == "unsupported" and "bf16" in r.message for r in bf16)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_TOOLCHAIN, reason="needs cmake, libdnnl-dev and libbenchmark-dev")
+def test_reference_models_lenet_resnet50_all_layers_measured(tmp_path):
+    """CI's real model set: every oneDNN-covered layer of LeNet and ResNet50-v1 gets a latency
+    or an explicit status (f32, layout any, unfused, to stay within CI time)."""
+    from benanza.perfdb import PerfDB
+    from benanza.runner import RunOptions, run
+    from benanza.zoo import build_all
+
+    paths = build_all(tmp_path / "models", names=["lenet", "resnet50-v1"])
+    models = [load_model(p, batch_size=1) for p in paths]
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, tmp_path / "bench")
+    gen = generate(manifest, "onednn", tmp_path / "bench", GenOptions(dtypes=("f32",), layouts=("any",), fusion=False))
+    summary = run(tmp_path / "bench", "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.stored == len(gen.variants) and summary.failed == 0
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all((r.ok and r.median_ms > 0) or (r.status.value != "ok" and r.message) for r in results)
+    measured = {r.variant.layer_key for r in results if r.ok}
+    covered = {u.layer.key for u in manifest.layers if BACKEND.variants(u, (), GenOptions(dtypes=("f32",)))}
+    assert covered and measured == covered
+    assert sum(k.startswith("conv:") for k in measured) >= 20  # ResNet-50's distinct convolutions

@@ -1,0 +1,65 @@
+"""Time to benchmark every unique layer of the 30 reference models with oneDNN at f32.
+
+Usage: python benchmarks/bench_onednn_all.py [--work DIR] [--min-time 0.05] [--repetitions 3]
+           [--layout any] [--models NAME ...]
+
+Builds the models (benanza.zoo), generates the oneDNN benchmarks (f32, one layout, no fusion
+variants), builds and runs them into a fresh database, and prints one JSON object: unique
+layers, variants, seconds per stage, status counts and the median relative stddev
+(stddev / median over the OK results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from benanza.generator import GenOptions, generate
+from benanza.manifest import build_manifest, write_manifest
+from benanza.perfdb import PerfDB
+from benanza.processor import load_model, unique_layers
+from benanza.runner import RunOptions, run
+from benanza.zoo import build_all
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", default="out/bench_onednn_all")
+    ap.add_argument("--min-time", type=float, default=0.05)
+    ap.add_argument("--repetitions", type=int, default=3)
+    ap.add_argument("--layout", default="any")
+    ap.add_argument("--models", nargs="*", default=None)
+    args = ap.parse_args()
+    work = Path(args.work)
+    t0 = time.monotonic()
+    paths = build_all(work / "models", names=args.models)
+    models = [load_model(p, batch_size=1) for p in paths]
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, work / "bench")
+    gen = generate(manifest, "onednn", work / "bench", GenOptions(dtypes=("f32",), layouts=(args.layout,), fusion=False))
+    t1 = time.monotonic()
+    db = work / "bench.db"
+    db.unlink(missing_ok=True)
+    summary = run(work / "bench", "bench", "onednn", db,
+                  RunOptions(min_time=args.min_time, repetitions=args.repetitions, timeout=120))
+    t2 = time.monotonic()
+    with PerfDB(db) as pdb:
+        results = pdb.results("bench")
+    rel = [r.stddev_ms / r.median_ms for r in results if r.ok and r.median_ms]
+    print(json.dumps({
+        "models": len(models), "unique_layers": len(manifest.layers), "variants": len(gen.variants),
+        "seconds_models_and_generate": round(t1 - t0, 1), "seconds_build_and_run": round(t2 - t1, 1),
+        "seconds_run_only": round(summary.seconds, 1),
+        "ok": summary.ok, "unsupported": summary.unsupported, "failed": summary.failed,
+        "median_rel_stddev": round(statistics.median(rel), 4) if rel else None,
+        "p90_rel_stddev": round(sorted(rel)[int(0.9 * len(rel))], 4) if rel else None,
+        "threads": dict(summary.system.stack).get("threads"), "onednn": dict(summary.system.stack).get("onednn"),
+        "cpu": summary.system.device,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
