@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -27,7 +28,7 @@ from .errors import BenanzaError
 from .layers import UniqueLayer
 from .manifest import Manifest
 from .records import Variant
-from .resources import templates_dir
+from .resources import runtime_dir, templates_dir
 
 VARIANTS_NAME = "variants.json"
 
@@ -115,6 +116,30 @@ def generate(manifest: Manifest, backend_name: str, out_root: str | Path,
     files = backend.render(manifest, variants, template_env(backend_name), out_dir, options)
     write_variants(out_dir, backend_name, variants, options)
     return Generated(backend_name, out_dir, variants, files)
+
+
+def write_if_changed(path: Path, text: str) -> Path:
+    """Write a generated file only when its content changed: unchanged sources keep their
+    mtime, so a rebuild after regeneration recompiles only what differs."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def copy_runtime(dest: Path, parts: tuple[str, ...]) -> list[Path]:
+    """Copy ``runtime_cpp/<part>`` folders into a generated project (unchanged files untouched),
+    so the project builds on a machine without a Benanza checkout (e.g. the GPU box)."""
+    files = []
+    for part in parts:
+        src_root = runtime_dir() / part
+        for src in sorted(src_root.rglob("*")):
+            if src.is_file() and "__pycache__" not in src.parts:
+                target = dest / part / src.relative_to(src_root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.exists() or target.read_bytes() != src.read_bytes():
+                    shutil.copyfile(src, target)
+                files.append(target)
+    return files
 
 
 def write_variants(out_dir: Path, backend: str, variants: list[Variant], options: GenOptions) -> Path:

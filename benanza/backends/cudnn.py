@@ -22,6 +22,9 @@ time, recorded as "unsupported" with its status string):
 - Math: ``default`` = FMA only (true fp32/fp16), ``tensor_op`` = Tensor Cores, ``tf32`` = TF32
   Tensor Cores for fp32 data. Defaults: f32→default, f16→tensor_op, bf16→tensor_op. Math
   applies to convolutions, GEMMs and RNNs; the other families run with ``default``.
+- RNNs run one layer of cudnnRNNForward (v8 API, inference) in cuDNN's packed sequence-major
+  layout (ONNX layout 0; a batch-major layout=1 layer is timed sequence-major too). cuDNN's GRU
+  is ONNX's linear_before_reset=1 form, which its ``implementation`` string says.
 - GEMV layers (m or n = 1) use ``cublasSgemv`` in fp32 and ``cublasGemmEx`` for 16-bit types,
   which have no GEMV in cuBLAS.
 
@@ -37,7 +40,6 @@ import functools
 import json
 import logging
 import math
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +49,11 @@ import jinja2
 
 from ..errors import BenanzaError
 from ..fusion import BY_NAME as FUSION_PATTERNS
-from ..generator import GenOptions
+from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import Layer, UniqueLayer
 from ..manifest import Manifest
 from ..ops import ELEMENT_SIZE
 from ..records import Variant
-from ..resources import runtime_dir
 
 log = logging.getLogger(__name__)
 
@@ -395,14 +396,14 @@ class CudnnBackend:
                 function=part.function,
                 layers=[{"key": layer.key, "fields": part.family.fields(layer)} for layer in part.layers],
                 variants=[_variant_fields(v, i) for v, i in part.variants])
-            files.append(_write(out_dir / part.filename, text))
+            files.append(write_if_changed(out_dir / part.filename, text))
         common = dict(variant_count=len(variants), layer_count=len({v.layer_key for v in variants}))
-        files.append(_write(out_dir / "registry.cpp", env.get_template("registry.cpp.j2").render(
+        files.append(write_if_changed(out_dir / "registry.cpp", env.get_template("registry.cpp.j2").render(
             functions=[p.function for p in parts], cupti_metrics=list(options.cupti_metrics), **common)))
-        files.append(_write(out_dir / "CMakeLists.txt", env.get_template("CMakeLists.txt.j2").render(
+        files.append(write_if_changed(out_dir / "CMakeLists.txt", env.get_template("CMakeLists.txt.j2").render(
             sources=[p.filename for p in parts], python=sys.executable, cupti=options.cupti, **common)))
         _remove_stale_tables(out_dir, {p.filename for p in parts})
-        return files + _copy_runtime(out_dir / "runtime")
+        return files + copy_runtime(out_dir / "runtime", ("common", "cudnn", "cmake"))
 
 
 def _warn_asymmetric(layer: Layer) -> None:
@@ -458,35 +459,10 @@ def _partition(variants: list[Variant], layers: dict[str, Layer]) -> list[_Part]
     return parts
 
 
-def _write(path: Path, text: str) -> Path:
-    """Write only when the content changed, so a rebuild recompiles only changed tables."""
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return path
-
-
 def _remove_stale_tables(out_dir: Path, keep: set[str]) -> None:
     for path in out_dir.glob("tables_*.cpp"):
         if path.name not in keep:
             path.unlink()
-
-
-_RUNTIME_PARTS = ("common", "cudnn", "cmake")
-
-
-def _copy_runtime(dest: Path) -> list[Path]:
-    """The project carries its runtime so it builds on a GPU machine without a Benanza checkout."""
-    files = []
-    for part in _RUNTIME_PARTS:
-        src_root = runtime_dir() / part
-        for src in sorted(src_root.rglob("*")):
-            if src.is_file() and "__pycache__" not in src.parts:
-                target = dest / part / src.relative_to(src_root)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if not target.exists() or target.read_bytes() != src.read_bytes():
-                    shutil.copyfile(src, target)
-                files.append(target)
-    return files
 
 
 BACKEND = CudnnBackend()
