@@ -197,7 +197,12 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
                           f"{model.batch_size}: ratios compare different work")
     a.notes = list(profile.notes)
     if profile.trace is not None and profile.trace.ops:
-        a.framework = _framework_view(a, model, profile, by_key, weight, matches, graph)
+        view = _framework_view(a, model, profile, by_key, weight, matches, graph)
+        if any(g.nodes for g in view.match.groups):
+            a.framework = view
+        else:  # e.g. a PyTorch trace: aten:: op names carry no ONNX node names to match on
+            a.notes.append(f"the {view.framework} trace's ops could not be matched to the model's layers "
+                           f"by name; the per-layer framework view is omitted")
     for library, calls in sorted(profile.library_calls.items()):
         if not calls:
             continue  # an empty log: the profile's notes say why

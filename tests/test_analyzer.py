@@ -355,3 +355,12 @@ def test_analyze_sweep_over_systems(tmp_path, save):
     db.insert_results(slow, [Result(r.variant, "slow", r.status, median_ms=1.0) for r in results_for(model)])
     a_fast, a_slow = run_sweep(SweepRequest(str(path), ("fast", "slow")), db)
     assert a_slow.bounds.sequential_ms == pytest.approx(10 * a_fast.bounds.sequential_ms)
+
+
+def test_unmatchable_trace_is_said_not_misread(convnet):
+    # torch's aten:: ops carry no ONNX node names: no fake "inserted ops" view
+    prof = load_file(FIX / "kineto_cpu.json")
+    a = analyze(convnet, results_for(convnet), "sys", "onednn", profile=prof)
+    assert a.framework is None
+    assert any("could not be matched" in n for n in a.notes)
+    assert a.measured_ms is not None  # the trace's runs still give a latency
