@@ -17,16 +17,16 @@ See ``models/README.md`` for the per-model layer/MAC table and the documented de
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import onnx
 
 from . import _caffe, _caffe2, _cntk, _gluon, _mxnet, _winml
 from ._builder import IR_VERSION, OPSET
 
-__all__ = ["MODELS", "ZooModel", "build_all", "get", "names", "OPSET", "IR_VERSION"]
+__all__ = ["IR_VERSION", "MODELS", "OPSET", "ZooModel", "build_all", "get", "names"]
 
 
 @dataclass(frozen=True)
@@ -187,8 +187,7 @@ def names() -> list[str]:
 def get(name: str) -> ZooModel:
     """Look a model up by file stem (case-insensitive; a trailing ``.onnx`` is ignored)."""
     key = name.strip().lower()
-    if key.endswith(".onnx"):
-        key = key[:-5]
+    key = key.removesuffix(".onnx")
     try:
         return _BY_NAME[key]
     except KeyError:

@@ -9,11 +9,11 @@ nodes with the attribute conventions of the exporters the ONNX Model Zoo models 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 OPSET = 13
 IR_VERSION = 8  # opset 13 needs IR >= 7; 8 is accepted by every onnxruntime since 1.10
