@@ -17,9 +17,16 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/lists/partial" "$work/archives/partial"
-cat > "$work/sources.list" <<SRC
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm non-free
-SRC
+# The machine's own Debian mirror and release, with the non-free component that its
+# configured sources leave out.
+mirror=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+[ -n "$mirror" ] || mirror=$(awk '/^deb / && $0 !~ /security/ {for (i=2;i<=NF;i++) if ($i ~ /^https?:/) {print $i; exit}}' /etc/apt/sources.list 2>/dev/null || true)
+codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+if [ -z "$mirror" ]; then
+    echo "install-nsys: no Debian mirror found in the apt sources" >&2
+    exit 1
+fi
+echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $codename non-free" > "$work/sources.list"
 apt_opts=(-o Dir::Etc::SourceList="$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
           -o Dir::State::Lists="$work/lists" -o Dir::Cache::Archives="$work/archives")
 apt-get "${apt_opts[@]}" update -qq

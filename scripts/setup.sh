@@ -19,6 +19,11 @@ if command -v apt-get >/dev/null 2>&1; then
   fi
 fi
 
+# Nsight Systems (Debian non-free) for `benanza profile --nsys` and .nsys-rep parsing.
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && ! command -v nsys >/dev/null 2>&1; then
+  bash scripts/install-nsys.sh || echo "setup: Nsight Systems not installed; nsys tests will skip" >&2
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
