@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 
 from ..fusion import BY_NAME as FUSION_PATTERNS
-from ..generator import GenOptions
+from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import Layer, UniqueLayer
 from ..manifest import Manifest
 from ..records import Variant
-from ..resources import runtime_dir
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +111,10 @@ class OneDNNBackend:
             table.rows.append(_row(v, index, bias, relu))
         source = env.get_template("benchmarks.cpp.j2").render(tables=list(tables.values()),
                                                                count=len(variants))
-        files = [_write(out_dir / "benchmarks.cpp", source),
-                 _write(out_dir / "CMakeLists.txt", env.get_template("CMakeLists.txt.j2").render())]
-        files += _copy_runtime(out_dir / "runtime")
+        files = [write_if_changed(out_dir / "benchmarks.cpp", source),
+                 write_if_changed(out_dir / "CMakeLists.txt", env.get_template("CMakeLists.txt.j2").render())]
+        # the project carries its runtime, so it builds without a Benanza checkout
+        files += copy_runtime(out_dir / "runtime", ("common", NAME))
         return files
 
 
@@ -228,27 +227,6 @@ def _concat(layer: Layer) -> str:
 PARAMS = {"conv": _conv, "pool": _pool, "bnorm": _bnorm, "lrn": _lrn, "eltwise": _eltwise,
           "prelu": _prelu, "binary": _binary, "gemm": _gemm, "matmul": _matmul,
           "softmax": _softmax, "concat": _concat}
-
-
-def _write(path: Path, text: str) -> Path:
-    if not path.exists() or path.read_text() != text:  # unchanged files keep their mtime: no rebuild
-        path.write_text(text)
-    return path
-
-
-def _copy_runtime(dest: Path) -> list[Path]:
-    """The project carries its runtime, so it builds on a machine without a Benanza checkout."""
-    files = []
-    for part in ("common", NAME):
-        src_root = runtime_dir() / part
-        for src in sorted(src_root.rglob("*")):
-            if src.is_file() and src.suffix in (".hpp", ".cpp", ".cmake"):
-                target = dest / part / src.relative_to(src_root)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if not target.exists() or target.read_bytes() != src.read_bytes():
-                    shutil.copyfile(src, target)
-                files.append(target)
-    return files
 
 
 BACKEND = OneDNNBackend()
