@@ -55,7 +55,7 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-_SCHEMA = f"""
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS systems (
   stack_id TEXT PRIMARY KEY, name TEXT NOT NULL, backend TEXT NOT NULL, device TEXT NOT NULL,
