@@ -283,6 +283,7 @@ def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: Run
             threading.Thread(target=_pump, args=(proc, lines), daemon=True).start()
             current: str | None = None
             since = 0.0
+            kernels: dict[str, object] = {}  # CUPTI mode: kernel records, ahead of the result
             try:
                 while True:
                     try:
@@ -301,9 +302,14 @@ def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: Run
                     if tag == "BENANZA_START":
                         current, since = payload, time.monotonic()
                         notify(current, None)
+                    elif tag == "BENANZA_METRICS":
+                        data = json.loads(payload)
+                        kernels[data.get("name", "")] = data.get("profile")
                     elif tag == "BENANZA_RESULT":
                         data = json.loads(payload)
                         name = data.get("name", "")
+                        if name in kernels:
+                            data["cupti"] = kernels.pop(name)
                         if name in by_name and name not in finished:
                             result = parse_result(by_name[name], system.name, data)
                             store.add(result, data)
@@ -372,6 +378,8 @@ def parse_result(variant: Variant, system: str, data: dict) -> Result:
     metrics = {k: v for k, v in counters.items() if k != "workspace_bytes"}
     if "times_ms" in data:
         metrics["times_ms"] = data["times_ms"]
+    if "cupti" in data:
+        metrics["cupti"] = data["cupti"]
     return Result(variant=variant, system=system, status=status, message=data.get("message", ""),
                   median_ms=data.get("median_ms"), mean_ms=data.get("mean_ms"),
                   stddev_ms=data.get("stddev_ms"), min_ms=data.get("min_ms"),

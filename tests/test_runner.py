@@ -120,3 +120,30 @@ def test_bad_filter_and_missing_project_are_clear_errors(tmp_path):
     out = CliRunner().invoke(main, ["run", "--system", "x", "--backend", "onednn", "--bench-dir", str(tmp_path),
                                     "--db", str(tmp_path / "a.db")])
     assert out.exit_code == 1 and "layers.json" in out.output
+
+
+def test_cupti_kernel_records_are_stored_with_their_result(tmp_path):
+    """A stand-in binary speaking the runtime's line protocol as a CUPTI-mode build does."""
+    from benanza.records import System, Variant
+    from benanza.runner import RunSummary, _execute
+
+    variants = [Variant(f"eltwise:relu_in1x{n}_f32", "cudnn", "cudnnActivationForward") for n in (8, 16)]
+    fake = tmp_path / "benanza_bench"
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+names = open(sys.argv[1].split("=", 1)[1]).read().split()
+for n in names:
+    print("BENANZA_START", n, flush=True)
+    print("BENANZA_METRICS", json.dumps({{"name": n, "profile": {{"kernels": [{{"name": "relu_kernel", "duration_ns": 1200}}]}}}}), flush=True)
+    print("BENANZA_RESULT", json.dumps({{"name": n, "status": "ok", "median_ms": 0.01, "iterations": 10, "repetitions": 1}}), flush=True)
+""")
+    fake.chmod(0o755)
+    system = System("gpu-box", "cudnn", "stand-in", (("cuda", "13.0"),))
+    summary = RunSummary(system, "cudnn", tmp_path / "r.db", total=len(variants), already=0)
+    with PerfDB(tmp_path / "r.db") as db:
+        _execute(fake, variants, dict(os.environ), RunOptions(timeout=30), db, system, summary, None)
+        results = {r.variant.name: r for r in db.results("gpu-box")}
+    assert set(results) == {v.name for v in variants}
+    for r in results.values():
+        assert r.status is Status.OK
+        assert r.metrics["cupti"]["kernels"][0]["name"] == "relu_kernel"
