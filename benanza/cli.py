@@ -336,7 +336,7 @@ def db_merge(target: str, sources: tuple[str, ...]) -> None:
 @db_option
 @click.option("--port", type=int, default=8001, show_default=True)
 def db_serve(db_path: str | None, port: int) -> None:
-    """Browse the database in Datasette (pip install datasette)."""
+    """Browse the database in a web page (Datasette, on 127.0.0.1)."""
     import importlib.util
     import subprocess
 
@@ -344,7 +344,7 @@ def db_serve(db_path: str | None, port: int) -> None:
     from .perfdb import PerfDB, resolve_db_path
 
     if importlib.util.find_spec("datasette") is None:
-        raise UsageError("`benanza db serve` needs Datasette: pip install datasette")
+        raise UsageError("`benanza db serve` needs Datasette: pip install 'benanza[serve]'")
     path = resolve_db_path(db_path)
     PerfDB(path).close()  # validate before handing it over
     sys.exit(subprocess.call([sys.executable, "-m", "datasette", "serve", str(path), "--port", str(port)]))

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(cmake g++ make libbenchmark-dev libdnnl-dev chromium)
+APT_PACKAGES=(cmake ninja-build g++ make libbenchmark-dev libdnnl-dev chromium libssh-4)
 if command -v apt-get >/dev/null 2>&1; then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do
@@ -27,4 +27,4 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test,cuda]"
+.venv/bin/python -m pip install -q -e ".[test,cuda,serve]"

@@ -156,3 +156,42 @@ def test_cli_info_list_export(tmp_path):
     assert len(pd.read_parquet(pq)) == 2
     bad = runner.invoke(main, ["db", "export", "--db", str(path), "--out", str(tmp_path / "r.txt")])
     assert bad.exit_code == 1 and "csv or .parquet" in bad.output
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("datasette") is None,
+                    reason="Datasette not installed (pip install 'benanza[serve]')")
+def test_db_serve_shows_the_results_in_a_web_page(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    path = tmp_path / "a.db"
+    with PerfDB(path) as db:
+        db.insert_results(SYSTEM, [result(variant(7), 0.25)])
+    with socket.socket() as s:  # a free loopback port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from pathlib import Path
+
+    cli = Path(sys.executable).parent / "benanza"  # the installed console command
+    proc = subprocess.Popen([str(cli), "db", "serve", "--db", str(path),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                url = f"http://127.0.0.1:{port}/a/results.json?_shape=array"
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    rows = json.loads(r.read())
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode()
+                assert time.monotonic() < deadline, "datasette did not answer within 60 s"
+                time.sleep(0.5)
+        assert len(rows) == 1 and rows[0]["median_ms"] == 0.25
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
