@@ -64,7 +64,9 @@ def batch_options(f):
               show_default=True, help="Folder to write <name>.onnx files into.")
 @click.option("--only", multiple=True, metavar="NAME", help="Build only these models (repeatable).")
 @click.option("--list", "list_only", is_flag=True, help="List the reference models and exit.")
-def zoo(out_dir: str, only: tuple[str, ...], list_only: bool) -> None:
+@click.option("--table", "table_only", is_flag=True,
+              help="Build in memory and compare layers and MACs with the paper's Table I; write nothing.")
+def zoo(out_dir: str, only: tuple[str, ...], list_only: bool, table_only: bool) -> None:
     """Build the paper's 30 reference models (Table I) as ONNX files, offline and deterministically.
 
     The models follow the ONNX Model Zoo versions the paper used, with random weights.
@@ -79,6 +81,9 @@ def zoo(out_dir: str, only: tuple[str, ...], list_only: bool) -> None:
             table.add_row(str(m.id), m.name, m.task, f"{m.paper_macs / 1e9:.3g}G", str(m.paper_layers))
         console.print(table)
         return
+    if table_only:
+        _zoo_table(zoo_mod, list(only) or None)
+        return
     names = list(only) or None
     with Progress(console=err_console, transient=True) as progress:
         total = len(names) if names else len(zoo_mod.MODELS)
@@ -90,6 +95,25 @@ def zoo(out_dir: str, only: tuple[str, ...], list_only: bool) -> None:
         paths = zoo_mod.build_all(out_dir, names=names, progress=step)
     for p in paths:
         console.print(str(p), highlight=False)
+
+
+def _zoo_table(zoo_mod, names: list[str] | None) -> None:
+    from .processor import load_model
+
+    table = Table("id", "name", "paper layers", "built layers", "paper MACs", "built MACs", "MACs Δ",
+                  title="reference models vs Table I (* deviation, explained below)")
+    notes = []
+    for m in (zoo_mod.MODELS if not names else [zoo_mod.get(n) for n in names]):
+        built = load_model(m.build(), name=m.name)
+        delta = 100.0 * (built.macs - m.paper_macs) / m.paper_macs
+        why = [n for n in (m.layers_note, m.macs_note) if n]
+        notes.extend(f"{m.name}: {n}" for n in why)
+        table.add_row(str(m.id), m.name + (" *" if why else ""), str(m.paper_layers),
+                      str(len(built.nodes)), f"{m.paper_macs / 1e9:.3f}G", f"{built.macs / 1e9:.3f}G",
+                      f"{delta:+.1f}%")
+    console.print(table)
+    for note in notes:
+        console.print(f"* {note}", highlight=False)
 
 
 # --- generate ----------------------------------------------------------------------------

@@ -75,26 +75,23 @@ def _opset(model: onnx.ModelProto) -> int:
     return 0
 
 
-def _fix_input_shapes(model: onnx.ModelProto, path: Path, opts: ProcessOptions) -> dict:
-    """Make every real graph input concrete: batch override on dim 0, user shapes elsewhere."""
+def _fix_input_shapes(model: onnx.ModelProto, inits: set[str], path: Path,
+                      opts: ProcessOptions) -> dict:
+    """Make every real graph input concrete: batch override on dim 0, user shapes elsewhere.
+
+    ``inits`` are the original model's initializer names: IR < 4 lists weights as inputs too.
+    """
     graph = model.graph
-    inits = {t.name for t in graph.initializer}
     given = dict(opts.input_shapes)
     real_inputs = {i.name for i in graph.input} - inits
     stray = sorted(set(given) - real_inputs)
     if stray:
         raise ShapeError(path, f"--input-shape names no graph input: {', '.join(stray)} "
                                f"(inputs: {', '.join(sorted(real_inputs)) or 'none'})")
-    if model.ir_version < 4:
-        # IR < 4 shape inference only sees initializers that are listed as graph inputs.
-        listed = {i.name for i in graph.input}
-        for t in graph.initializer:
-            if t.name not in listed:
-                graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     shapes: dict[str, tuple[int, ...]] = {}
     for inp in graph.input:
         if inp.name in inits:
-            continue  # IR < 4 lists weights as inputs too; their initializer is the value
+            continue
         tt = inp.type.tensor_type
         if not inp.type.HasField("tensor_type"):
             raise ShapeError(path, f"input '{inp.name}' is not a tensor")
@@ -171,7 +168,7 @@ def _shape_proxy(model: onnx.ModelProto) -> onnx.ModelProto:
         elif t.name not in listed:
             dst.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     if proxy.ir_version < 4:
-        proxy.ir_version = 4  # weights now arrive as inputs, which IR 3 cannot tell from data
+        proxy.ir_version = 4  # IR 4 lets the kept initializers stand without a graph input
     return proxy
 
 
@@ -368,19 +365,26 @@ def _topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.
     return out
 
 
-def load_model(path: str | Path, batch_size: int = 1,
-               input_shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
-    """Process one ONNX file into a Model whose every layer has concrete shapes."""
-    p = Path(path)
+def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
+               input_shapes: dict[str, tuple[int, ...]] | None = None,
+               name: str | None = None) -> Model:
+    """Process one ONNX file (or an in-memory ModelProto, left unchanged) into a Model whose
+    every layer has concrete shapes."""
+    if isinstance(source, onnx.ModelProto):
+        p = Path(name or "<in-memory model>")
+        model = source
+    else:
+        p = Path(source)
+        model = read_onnx(p)
     if batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {batch_size}")
     opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
-    model = read_onnx(p)
     opset = _opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
-    in_shapes = _fix_input_shapes(model, p, opts)
-    inferred = _infer_shapes(_shape_proxy(model), p).graph
+    proxy = _shape_proxy(model)
+    in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
+    inferred = _infer_shapes(proxy, p).graph
     specs: dict[str, TensorSpec] = {}
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
         s = _tensor_spec(vi)
@@ -393,13 +397,14 @@ def load_model(path: str | Path, batch_size: int = 1,
     edges: list[tuple[int, int]] = []
     producer: dict[str, int] = {}
     interned: dict[str, Layer] = {}
+    node_name = "?"
     try:
         for proto in order:
             if consts.fold(proto):
                 continue
             index = len(nodes)
-            name = proto.name or f"{proto.op_type}_{index}"
-            view = _node_view(proto, opset, specs, consts, p, name)
+            node_name = proto.name or f"{proto.op_type}_{index}"
+            view = _node_view(proto, opset, specs, consts, p, node_name)
             layer = build_layer(view)
             layer = interned.setdefault(layer.key, layer)
             data_in = tuple(i for i in proto.input if i and i not in consts)
@@ -409,13 +414,13 @@ def load_model(path: str | Path, batch_size: int = 1,
             for t in proto.output:
                 if t:
                     producer[t] = index
-            nodes.append(Node(index, name, layer, data_in, tuple(o for o in proto.output if o),
+            nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
                               tuple(i for i in proto.input if i and i in consts)))
     except (ModelError, ShapeError):
         raise
     except Exception as exc:
-        raise ModelError(p, f"node {name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
-    return Model(name=p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
+        raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
+    return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset)
 
 

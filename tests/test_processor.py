@@ -277,3 +277,11 @@ def test_symbolic_inference_fills_what_onnx_inference_leaves_unknown(save):
     processed = load_model(save(m))
     assert [n.layer.key for n in processed.nodes] == ["gelu:in1x4_out1x4_f32",
                                                       "eltwise:relu_in1x4_f32"]
+
+
+def test_in_memory_model_is_processed_and_left_unchanged():
+    proto = conv_net()
+    before = proto.SerializeToString()
+    m = load_model(proto, batch_size=2, name="net")
+    assert m.name == "net" and m.nodes[0].layer.key.startswith("conv:mb2_")
+    assert proto.SerializeToString() == before
