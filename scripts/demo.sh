@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The main job end to end on the embedded default, no GPU needed:
+#   reference models → unique layers → oneDNN (and cuDNN) benchmarks → performance DB
+#   → ONNX Runtime profile → lower bounds, Benanza ratio, advice, HTML report.
+# Everything lands in out/demo (override with BENANZA_DEMO_OUT); re-running is incremental.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+
+OUT=${BENANZA_DEMO_OUT:-out/demo}
+DB="$OUT/benanza.db"
+SYSTEM=${BENANZA_DEMO_SYSTEM:-local-cpu}
+MODELS=(lenet inception-v1 resnet50-v1)
+mkdir -p "$OUT"
+
+only=(); paths=()
+for m in "${MODELS[@]}"; do only+=(--only "$m"); paths+=("models/$m.onnx"); done
+benanza zoo --out models "${only[@]}"
+
+# every backend's sources; only oneDNN's are built and run on a machine without a GPU
+benanza generate "${paths[@]}" --out "$OUT/bench"
+benanza run --bench-dir "$OUT/bench" --system "$SYSTEM" --db "$DB" --backend onednn \
+  --min-time 0.05 --repetitions 3
+
+for m in inception-v1 resnet50-v1; do
+  benanza profile "models/$m.onnx" --framework onnxruntime --out "$OUT/profile-$m"
+  benanza analyze "models/$m.onnx" --system "$SYSTEM" --db "$DB" --profile "$OUT/profile-$m" \
+    --report "$OUT/$m.html"
+done
+echo "reports: $OUT/inception-v1.html $OUT/resnet50-v1.html"
