@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 from .errors import LayerKeyError
 
@@ -153,7 +153,8 @@ class Layer:
         """Covered means a GPU library call (cuDNN/cuBLAS) runs it, as the paper counts."""
         return self.cudnn_api is not None
 
-    def param(self, name: str, default: object = None) -> object:
+    def param(self, name: str, default: Any = None) -> Any:
+        """A canonical parameter; its type depends on the family (ops.py documents each)."""
         for n, v in self.params:
             if n == name:
                 return v
