@@ -102,7 +102,7 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
 
     table = Table("id", "name", "paper layers", "built layers", "paper MACs", "built MACs", "MACs Δ",
                   title="reference models vs Table I (* deviation, explained below)")
-    notes = []
+    notes: list[str] = []
     for m in (zoo_mod.MODELS if not names else [zoo_mod.get(n) for n in names]):
         built = load_model(m.build(), name=m.name)
         delta = 100.0 * (built.macs - m.paper_macs) / m.paper_macs
@@ -257,7 +257,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
         def step(p: runner.Progress) -> None:
             if p.status is not None:
                 counts[p.status.value] += 1
-            bar.update(task, total=p.total, completed=p.done, description="running", **counts)
+            bar.update(task, total=p.total, completed=p.done, description="running",
+                       ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"])
 
         summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
     console.print(f"{summary.backend} on {summary.system.device} (stack {summary.system.stack_id}): "

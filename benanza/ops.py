@@ -65,6 +65,14 @@ def _io_bytes(view: NodeView) -> int:
     return sum(t.numel * ELEMENT_SIZE.get(t.dtype, 4) for t in tensors)
 
 
+def _input(view: NodeView, i: int) -> TensorSpec:
+    """An input the family cannot do without; ONNX lets only optional inputs be omitted."""
+    t = view.inputs[i]
+    if t is None:
+        raise ValueError(f"required input {i} of {view.op} is omitted")
+    return t
+
+
 def _zero(view: NodeView, p: dict) -> int:
     return 0
 
@@ -102,7 +110,7 @@ def _pad_token(pt: int, pl: int, pb: int, pr: int) -> str:
 
 
 def _conv_build(view: NodeView) -> tuple[str, dict]:
-    x, w = view.inputs[0], view.inputs[1]
+    x, w = _input(view, 0), _input(view, 1)
     y = view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
@@ -135,7 +143,7 @@ _POOL_ALG = {"MaxPool": "max", "GlobalMaxPool": "gmax", "GlobalAveragePool": "ga
 
 
 def _pool_build(view: NodeView) -> tuple[str, dict]:
-    x, y = view.inputs[0], view.outputs[0]
+    x, y = _input(view, 0), view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
     if view.op.startswith("Global"):
@@ -168,14 +176,14 @@ def _nchw(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
 
 
 def _bnorm_build(view: NodeView) -> tuple[str, dict]:
-    mb, ic, ih, iw = _nchw(view.inputs[0].shape)
+    mb, ic, ih, iw = _nchw(_input(view, 0).shape)
     eps = float(view.attrs.get("epsilon", 1e-5))
     p = dict(mb=mb, ic=ic, ih=ih, iw=iw, eps=eps)
     return f"bnorm:mb{mb}ic{ic}ih{ih}iw{iw}_eps{format_number(eps)}_{view.dtype}", p
 
 
 def _lrn_build(view: NodeView) -> tuple[str, dict]:
-    mb, ic, ih, iw = _nchw(view.inputs[0].shape)
+    mb, ic, ih, iw = _nchw(_input(view, 0).shape)
     a = view.attrs
     size, alpha, beta, bias = int(a["size"]), a.get("alpha", 1e-4), a.get("beta", 0.75), a.get("bias", 1.0)
     p = dict(mb=mb, ic=ic, ih=ih, iw=iw, size=size, alpha=alpha, beta=beta, k=bias)
@@ -224,7 +232,7 @@ def _clip_bounds(view: NodeView) -> tuple[float, float]:
 
 def _eltwise_build(view: NodeView) -> tuple[str, dict]:
     alg, names, _, _ = _ELTWISE[view.op]
-    p: dict = dict(alg=alg, shape=tuple(view.inputs[0].shape))
+    p: dict = dict(alg=alg, shape=tuple(_input(view, 0).shape))
     if view.op == "Clip":
         lo, hi = _clip_bounds(view)
         p.update(min=lo, max=hi)
@@ -258,7 +266,7 @@ def _eltwise_onednn(view: NodeView, p: dict) -> str | None:
 
 
 def _prelu_build(view: NodeView) -> tuple[str, dict]:
-    x, slope = view.inputs[0], view.inputs[1]
+    x, slope = _input(view, 0), _input(view, 1)
     p = dict(shape=tuple(x.shape), slope=tuple(slope.shape))
     return f"prelu:in{format_dims(x.shape)}_slope{format_dims(slope.shape)}_{view.dtype}", p
 
@@ -310,7 +318,7 @@ def _binary_macs(view: NodeView, p: dict) -> int:
 
 
 def _gemm_build(view: NodeView) -> tuple[str, dict]:
-    a_, b_ = view.inputs[0].shape, view.inputs[1].shape
+    a_, b_ = _input(view, 0).shape, _input(view, 1).shape
     at = view.attrs
     ta, tb = int(at.get("transA", 0)), int(at.get("transB", 0))
     m, k = (a_[1], a_[0]) if ta else (a_[0], a_[1])
@@ -338,7 +346,7 @@ def _gemm_onednn(view: NodeView, p: dict) -> str:
 
 
 def _matmul_build(view: NodeView) -> tuple[str, dict]:
-    a_, b_ = tuple(view.inputs[0].shape), tuple(view.inputs[1].shape)
+    a_, b_ = tuple(_input(view, 0).shape), tuple(_input(view, 1).shape)
     a2 = (1,) + a_ if len(a_) == 1 else a_
     b2 = b_ + (1,) if len(b_) == 1 else b_
     m, k, n = a2[-2], a2[-1], b2[-1]
@@ -357,7 +365,7 @@ def _matmul_cudnn(view: NodeView, p: dict) -> str:
 
 
 def _softmax_build(view: NodeView) -> tuple[str, dict]:
-    shape = tuple(view.inputs[0].shape)
+    shape = tuple(_input(view, 0).shape)
     rank = len(shape)
     legacy = view.opset < 13
     axis = int(view.attrs.get("axis", 1 if legacy else -1))
@@ -372,7 +380,7 @@ def _softmax_build(view: NodeView) -> tuple[str, dict]:
 
 
 def _dropout_build(view: NodeView) -> tuple[str, dict]:
-    shape = tuple(view.inputs[0].shape)
+    shape = tuple(_input(view, 0).shape)
     if view.opset >= 12:
         v = view.value(1) if len(view.inputs) > 1 and view.inputs[1] is not None else None
         ratio = float(v.reshape(-1)[0]) if v is not None else 0.5
@@ -383,7 +391,7 @@ def _dropout_build(view: NodeView) -> tuple[str, dict]:
 
 
 def _rnn_build(view: NodeView) -> tuple[str, dict]:
-    x, w = view.inputs[0], view.inputs[1]
+    x, w = _input(view, 0), _input(view, 1)
     a = view.attrs
     layout = int(a.get("layout", 0))
     seq, mb = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
@@ -392,8 +400,8 @@ def _rnn_build(view: NodeView) -> tuple[str, dict]:
     cell = view.op.lower()
     bias = int(len(view.inputs) > 3 and view.inputs[3] is not None)
     acts = a.get("activations")
-    p = dict(cell=cell, seq=seq, mb=mb, ic=x.shape[2], hidden=hidden, dirs=dirs, bias=bias,
-             layout=layout, lbr=int(a.get("linear_before_reset", 0)))
+    p: dict = dict(cell=cell, seq=seq, mb=mb, ic=x.shape[2], hidden=hidden, dirs=dirs, bias=bias,
+                   layout=layout, lbr=int(a.get("linear_before_reset", 0)))
     key = f"rnn:{cell}_t{seq}mb{mb}_ic{x.shape[2]}_sic{hidden}_dir{dirs}_bias{bias}"
     if p["lbr"]:
         key += "_lbr1"
@@ -511,8 +519,8 @@ _register(CONV, ["Conv"], _is_4d)
 _register(POOL, ["MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"],
           lambda v: _is_4d(v) and len(v.outputs) == 1)
 _register(BNORM, ["BatchNormalization"],
-          lambda v: 2 <= len(v.inputs[0].shape) <= 4 and len(v.outputs) == 1)
-_register(LRN, ["LRN"], lambda v: 2 <= len(v.inputs[0].shape) <= 4)
+          lambda v: 2 <= len(_input(v, 0).shape) <= 4 and len(v.outputs) == 1)
+_register(LRN, ["LRN"], lambda v: 2 <= len(_input(v, 0).shape) <= 4)
 _register(ELTWISE, list(_ELTWISE))
 _register(PRELU, ["PRelu"])
 _register(BINARY, list(_BINARY))

@@ -214,11 +214,11 @@ class PerfDB:
 
     def upsert_layers(self, layers: Iterable[Layer]) -> None:
         rows = [_layer_row(layer) for layer in layers]
-        self._retry(lambda: self.db["layers"].upsert_all(rows, pk="key") if rows else None)
+        self._retry(lambda: self.db.table("layers").upsert_all(rows, pk="key") if rows else None)
 
     def upsert_variants(self, variants: Iterable[Variant]) -> None:
         rows = [asdict(v) | {"name": v.name} for v in variants]
-        self._retry(lambda: self.db["variants"].upsert_all(rows, pk="name") if rows else None)
+        self._retry(lambda: self.db.table("variants").upsert_all(rows, pk="name") if rows else None)
 
     def record_models(self, manifest: Manifest) -> None:
         """Stores the manifest's models, their layers and where each layer occurs."""
@@ -232,9 +232,9 @@ class PerfDB:
 
         def write() -> None:
             if models:
-                self.db["models"].upsert_all(models, pk=("name", "batch_size"))
+                self.db.table("models").upsert_all(models, pk=("name", "batch_size"))
             if occ:
-                self.db["occurrences"].upsert_all(occ, pk=("model", "batch_size", "idx"))
+                self.db.table("occurrences").upsert_all(occ, pk=("model", "batch_size", "idx"))
 
         self._retry(write)
 
@@ -258,7 +258,7 @@ class PerfDB:
                f"VALUES ({', '.join('?' * len(_RESULT_COLUMNS))})")
 
         def write() -> None:
-            self.db["variants"].upsert_all(variants, pk="name")
+            self.db.table("variants").upsert_all(variants, pk="name")
             self.db.conn.executemany(sql, rows)
 
         self._retry(write)

@@ -251,7 +251,7 @@ class _Constants:
 
     def _add_tensor(self, name: str, t: onnx.TensorProto) -> None:
         self.specs[name] = TensorSpec(tuple(t.dims), DTYPE_NAMES.get(t.data_type, str(t.data_type)))
-        self._thunks[name] = lambda t=t: numpy_helper.to_array(t, self.base_dir)
+        self._thunks[name] = lambda: numpy_helper.to_array(t, self.base_dir)
 
     def __contains__(self, name: str) -> bool:
         return name in self.specs

@@ -340,6 +340,7 @@ def _time_runs(run, spec: ProfileSpec) -> list[float]:
     for _ in range(spec.iterations):
         with measure("benanza_run") as m:
             run()
+        assert m.elapsed_ms is not None  # measure() sets it as the block exits
         samples.append(m.elapsed_ms)
     return samples
 

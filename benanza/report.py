@@ -190,9 +190,9 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
                       highlight=False)
-    for b in a.between_calls:
-        console.print(f"between library calls: {b.name} ({b.kind}) ×{b.count}, {b.total_ms:.4g} ms"
-                      + (f" at {b.backtrace[0]}" if b.backtrace else ""), highlight=False)
+    for bc in a.between_calls:
+        console.print(f"between library calls: {bc.name} ({bc.kind}) ×{bc.count}, {bc.total_ms:.4g} ms"
+                      + (f" at {bc.backtrace[0]}" if bc.backtrace else ""), highlight=False)
     for w in a.warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     for n in a.notes:
@@ -279,15 +279,15 @@ def bar_chart(title: str, bars: Sequence[tuple[str, float | None]], unit: str = 
     """A horizontal SVG bar chart; bars without a value are omitted."""
     from markupsafe import escape
 
-    bars = [(label, v) for label, v in bars if v is not None and math.isfinite(v)]
-    if not bars:
+    shown = [(label, v) for label, v in bars if v is not None and math.isfinite(v)]
+    if not shown:
         return ""
-    top = max(v for _, v in bars) or 1.0
+    top = max(v for _, v in shown) or 1.0
     row, label_w, bar_w = 24, 300, 360
-    h = row * len(bars) + 30
+    h = row * len(shown) + 30
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' class='chart' width='{label_w + bar_w + 90}' height='{h}'>"
            f"<text x='0' y='14' class='title'>{escape(title)}</text>"]
-    for k, (label, v) in enumerate(bars):
+    for k, (label, v) in enumerate(shown):
         y = 24 + k * row
         w = max(1.0, bar_w * v / top)
         out.append(f"<text x='0' y='{y + 14}'>{escape(label)}</text>"
@@ -298,8 +298,9 @@ def bar_chart(title: str, bars: Sequence[tuple[str, float | None]], unit: str = 
 
 
 def _charts(a: Analysis) -> list[str]:
-    bars = [("sequential bound", a.bounds.sequential_ms), ("parallel bound", a.bounds.parallel_ms),
-            ("sequential bound with fusion", a.fusion.bounds.sequential_ms)]
+    bars: list[tuple[str, float | None]] = [
+        ("sequential bound", a.bounds.sequential_ms), ("parallel bound", a.bounds.parallel_ms),
+        ("sequential bound with fusion", a.fusion.bounds.sequential_ms)]
     if a.framework is not None:
         bars.append((f"bound with {a.framework.framework}'s fusions", a.framework.bounds_same_fusions.sequential_ms))
     bars += [(f"{k} sequential bound", b.sequential_ms) for k, b in a.tensor_cores.bounds.items() if k != a.dtype]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import networkx as nx
 
@@ -85,8 +86,9 @@ def layer_rows(model: Model, by_key: Mapping[str, list[Result]], backend: str, d
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.MISSING, 0.0,
                                  failed_variants=failed))
         else:
+            median = cast(float, chosen.median_ms)  # best() picks OK results only: they have one
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.OK,
-                                 float(chosen.median_ms), chosen.variant.name, chosen.variant.algo,
+                                 float(median), chosen.variant.name, chosen.variant.algo,
                                  chosen.implementation, failed_variants=failed))
     return rows
 

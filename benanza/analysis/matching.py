@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..layers import Layer, Model, Node
 from ..parsers import ConvSignature, FrameworkTrace, GemmSignature, LibraryCall, OpEvent
@@ -116,14 +117,16 @@ def _reaches(node: Node, op: str, producer: dict[str, Node], depth: int = 6) -> 
 
 def _gaps(ops: list[OpEvent], nruns: int, top: int = 5) -> list[tuple[str, str, float]]:
     """Largest idle gaps between consecutive ops of a run (same thread), mean per run in µs."""
-    by_pair: Counter[tuple[str, str]] = Counter()
+    by_pair: defaultdict[tuple[str, str], float] = defaultdict(float)  # a Counter counts ints
     ordered = sorted(ops, key=lambda o: (o.run, o.thread, o.span.start_us))
     for a, b in zip(ordered, ordered[1:]):
         if a.run == b.run and a.thread == b.thread:
             gap = b.span.start_us - a.span.end_us
             if gap > 0:
                 by_pair[(a.name, b.name)] += gap
-    return [(a, b, g / nruns) for (a, b), g in by_pair.most_common(top)]
+    # a stable sort, as Counter.most_common: equal gaps keep first-seen order
+    largest = sorted(by_pair.items(), key=lambda e: e[1], reverse=True)[:top]
+    return [(a, b, g / nruns) for (a, b), g in largest]
 
 
 # --- library calls ---------------------------------------------------------------------------
@@ -132,7 +135,7 @@ def _gaps(ops: list[OpEvent], nruns: int, top: int = 5) -> list[tuple[str, str, 
 def conv_signature(layer: Layer) -> ConvSignature | None:
     if layer.family != "conv":
         return None
-    p = dict(layer.params)
+    p: dict[str, Any] = dict(layer.params)  # ints for conv, as ops.py builds them
     return ConvSignature(p["mb"], p["ic"], p["ih"], p["iw"], p["oc"], p["kh"], p["kw"], p["sh"], p["sw"],
                          p["pt"], p["pl"], p["dh"], p["dw"], p["g"])
 
@@ -140,7 +143,7 @@ def conv_signature(layer: Layer) -> ConvSignature | None:
 def gemm_signature(layer: Layer) -> GemmSignature | None:
     if layer.family not in ("gemm", "matmul"):
         return None
-    p = dict(layer.params)
+    p: dict[str, Any] = dict(layer.params)  # m, n, k, batch are ints, as ops.py builds them
     return GemmSignature(p["m"], p["n"], p["k"], p.get("batch", 1))
 
 

@@ -43,7 +43,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import jinja2
 
@@ -122,7 +122,7 @@ def _work(layer: Layer) -> str:
     return f"{{.flops = {float(layer.flops)!r}, .elements = {float(elements)!r}}}"
 
 
-def _p(layer: Layer, *names: str) -> list[object]:
+def _p(layer: Layer, *names: str) -> list[Any]:
     return [layer.param(n) for n in names]
 
 
@@ -181,15 +181,15 @@ _ACTIVATIONS = {"relu": ("Relu", None), "sigmoid": ("Sigmoid", None), "tanh": ("
 
 def _activation_fields(layer: Layer) -> Fields:
     mode, coef = _ACTIVATIONS[str(layer.param("alg"))]
-    n, c, h, w = _fold4(tuple(layer.param("shape")))  # type: ignore[arg-type]
+    n, c, h, w = _fold4(tuple(layer.param("shape")))
     return [("mode", "ActMode::" + mode), ("n", _int(n)), ("c", _int(c)), ("h", _int(h)),
             ("w", _int(w)), ("coef", _float(layer.param(coef) if coef else 0.0)),
             ("work", _work(layer))]
 
 
 def _softmax_fields(layer: Layer) -> Fields:
-    shape = tuple(layer.param("shape"))  # type: ignore[arg-type]
-    axis = int(layer.param("axis"))  # type: ignore[call-overload]
+    shape = tuple(layer.param("shape"))
+    axis = int(layer.param("axis"))
     n = math.prod(shape[:axis])
     if layer.param("flat"):  # opset < 13: one softmax over the flattened trailing dims
         c, h = math.prod(shape[axis:]), 1
@@ -200,7 +200,7 @@ def _softmax_fields(layer: Layer) -> Fields:
 
 
 def _dropout_fields(layer: Layer) -> Fields:
-    n, c, h, w = _fold4(tuple(layer.param("shape")))  # type: ignore[arg-type]
+    n, c, h, w = _fold4(tuple(layer.param("shape")))
     return [("n", _int(n)), ("c", _int(c)), ("h", _int(h)), ("w", _int(w)),
             ("ratio", _float(layer.param("ratio"))), ("work", _work(layer))]
 
@@ -209,8 +209,8 @@ _BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "M
 
 
 def _binary_fields(layer: Layer) -> Fields:
-    shapes = [tuple(s) for s in layer.param("shapes")]  # type: ignore[union-attr]
-    out = tuple(layer.param("out"))  # type: ignore[arg-type]
+    shapes = [tuple(s) for s in layer.param("shapes")]
+    out = tuple(layer.param("out"))
     rank = max(4, len(out))
     a, b, o = _align(shapes[0], rank), _align(shapes[1], rank), _align(out, rank)
     if layer.cudnn_api == "cudnnAddTensor":
@@ -248,7 +248,7 @@ def _blas_fields(layer: Layer) -> Fields:
     else:  # MatMul: batched over the leading dims, either operand possibly broadcast
         m, n, k, batch = _p(layer, "m", "n", "k", "batch")
         ta, tb, alpha, beta = 0, 0, 1.0, 0.0
-        a_shape, b_shape = tuple(layer.param("a")), tuple(layer.param("b"))  # type: ignore[arg-type]
+        a_shape, b_shape = tuple(layer.param("a")), tuple(layer.param("b"))
         a_count, b_count = math.prod(a_shape[:-2]), math.prod(b_shape[:-2])
     return [("m", _int(m)), ("n", _int(n)), ("k", _int(k)), ("trans_a", _bool(ta)),
             ("trans_b", _bool(tb)), ("batch", _int(batch)), ("a_count", _int(a_count)),
@@ -363,7 +363,7 @@ class CudnnBackend:
     def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
         layer = unique.layer
         family = family_of(layer)
-        if family is None:
+        if family is None or layer.cudnn_api is None:  # the second test repeats family_of's, for api below
             return []
         exp = expansion(options)
         key, api = layer.key, layer.cudnn_api
@@ -411,7 +411,7 @@ def _warn_asymmetric(layer: Layer) -> None:
     if (pt, pl) != (pb, pr):
         log.warning("%s: asymmetric pads (top %s, left %s, bottom %s, right %s); cuDNN's API pads "
                     "symmetrically, so it is benchmarked with %sx%s (counter pad_added)",
-                    layer.key, pt, pl, pb, pr, max(pt, pb), max(pl, pr))  # type: ignore[type-var]
+                    layer.key, pt, pl, pb, pr, max(pt, pb), max(pl, pr))
 
 
 def _variant_fields(v: Variant, layer_index: int) -> Fields:
@@ -447,7 +447,9 @@ def _partition(variants: list[Variant], layers: dict[str, Layer]) -> list[_Part]
         by_family.setdefault(family.name, []).append((layer, vs))
     parts: list[_Part] = []
     for name, entries in by_family.items():
-        index, current_layers, current = 0, [], []
+        index = 0
+        current_layers: list[Layer] = []
+        current: list[tuple[Variant, int]] = []
         for layer, vs in entries:
             if current and len(current) + len(vs) > PART_SIZE:
                 parts.append(_Part(families[name], index, current_layers, current))

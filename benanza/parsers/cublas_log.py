@@ -31,7 +31,7 @@ def parse_cublas_log(path: str | Path) -> list[LibraryCall]:
         if not _COMPUTE.search(b.function):
             continue
         dims = [int_list(b.get(n)) for n in ("m", "n", "k")]
-        gemm = GemmSignature(*(d[0] for d in dims), batch=_first(int_list(b.get("batchCount")), 1)) \
+        gemm = GemmSignature(dims[0][0], dims[1][0], dims[2][0], batch=_first(int_list(b.get("batchCount")), 1)) \
             if all(dims) else None
         detail = tuple((p, v) for p, v in b.fields if not v.startswith("POINTER"))
         calls.append(LibraryCall(

@@ -27,7 +27,7 @@ def parse_cudnn_log(path: str | Path) -> list[LibraryCall]:
     blocks = parse_blocks(text, path, _HEADER, "cuDNN API log")
     if not blocks and text.strip():
         raise ProfileFormatError(path, "no `CuDNN (vN) function ...() called:` blocks: not a cuDNN API log")
-    calls = []
+    calls: list[LibraryCall] = []
     for b in blocks:
         if not _COMPUTE.search(b.function):
             continue

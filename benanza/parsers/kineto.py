@@ -9,6 +9,7 @@ named ``benanza_run`` (what ``benanza profile`` records) or ``ProfilerStep#N``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from .base import ApiEvent, FrameworkTrace, KernelEvent, OpEvent, ProfileFormatError, Span, load_json
@@ -19,7 +20,7 @@ _RUNTIME_CATS = {"cuda_runtime", "runtime", "cuda_driver"}
 _RUN_NAMES = ("benanza_run", "ProfilerStep#")
 
 
-def _dims(value: object) -> tuple[tuple[int, ...], ...]:
+def _dims(value: Iterable[object] | None) -> tuple[tuple[int, ...], ...]:
     out = []
     for d in value or []:
         if isinstance(d, list) and all(isinstance(x, int) for x in d):

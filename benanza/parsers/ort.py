@@ -9,6 +9,7 @@ which are bookkeeping, not work).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from pathlib import Path
 
 from .base import FrameworkTrace, OpEvent, ProfileFormatError, Span, load_json
@@ -16,7 +17,7 @@ from .base import FrameworkTrace, OpEvent, ProfileFormatError, Span, load_json
 _SUFFIX = "_kernel_time"
 
 
-def _shapes(items: object) -> tuple[tuple[int, ...], ...]:
+def _shapes(items: Iterable[object] | None) -> tuple[tuple[int, ...], ...]:
     out = []
     for item in items or []:
         if isinstance(item, dict):

@@ -93,7 +93,7 @@ class GraphBuilder:
     # ------------------------------------------------------------------ tensors
     def input(self, name: str, dims: Sequence[int]) -> str:
         name = self.uniq(name)
-        shape = (BATCH, *dims)
+        shape: tuple[str | int, ...] = (BATCH, *dims)
         self.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
         self.shapes[name] = shape
         return name
@@ -349,5 +349,6 @@ class GraphBuilder:
         for o in self.outputs:
             self.graph.output.append(
                 helper.make_tensor_value_info(o, TensorProto.FLOAT, list(self.shapes[o])))
-        model, self.model, self.graph = self.model, None, None  # a builder builds once
+        model = self.model
+        del self.model, self.graph  # a builder builds once
         return model
