@@ -199,7 +199,7 @@ std::string cpu_model() {
   return "";
 }
 
-int run_main(int argc, char** argv, const Registry& registry, Timing timing) {
+int run_main(int argc, char** argv, const Registry& registry, Timing timing, int64_t fixed_iterations) {
   std::vector<char*> rest;
   std::string names_file;
   bool list = false, context_only = false;
@@ -252,6 +252,7 @@ int run_main(int argc, char** argv, const Registry& registry, Timing timing) {
     });
     b->Unit(benchmark::kMillisecond);
     if (timing == Timing::Manual) b->UseManualTime(); else b->UseRealTime();
+    if (fixed_iterations > 0) b->Iterations(fixed_iterations);
   }
   LineReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

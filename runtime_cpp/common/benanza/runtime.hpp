@@ -58,6 +58,8 @@ std::string cpu_model();
 //   --benanza_list         print every registered name and exit
 //   --benanza_context      print the context line and exit
 // Everything else goes to Google Benchmark (--benchmark_min_time, --benchmark_repetitions ...).
-int run_main(int argc, char** argv, const Registry& registry, Timing timing);
+// `fixed_iterations` > 0 runs every benchmark exactly that many timed iterations instead of
+// until --benchmark_min_time: CUPTI mode profiles a fixed, small count (paper §III-B5).
+int run_main(int argc, char** argv, const Registry& registry, Timing timing, int64_t fixed_iterations = 0);
 
 }  // namespace benanza
