@@ -421,7 +421,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
 @main.command()
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
 @click.option("--framework", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime",
-              show_default=True, help="Framework to run the model in (torch converts it with onnx2torch).")
+              show_default=True, help="Framework to run the model in (torch: Benanza's eager executor of the ONNX graph).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True, help="Timed runs.")

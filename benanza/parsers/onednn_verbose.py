@@ -4,6 +4,8 @@
         alg:convolution_direct,mb1_ic3oc64_ih224oh112kh7sh2dh0ph3_iw224ow112kw7sw2dw0pw3,0.5
     onednn_verbose,primitive,exec,cpu,convolution,brg_conv_fwd:avx512_core,forward_inference,...
 
+    onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx2,forward_training,...   (torch's oneDNN 3.x)
+
 (v3.4+ may add a timestamp after the marker.) Only ``exec`` lines are calls; ``create``,
 ``info`` and other lines are context. The problem descriptor is benchdnn's grammar;
 oneDNN counts dilation from 0, Benanza from 1.
@@ -29,7 +31,7 @@ def parse_onednn_verbose(path: str | Path) -> list[LibraryCall]:
         if fields[0] not in _MARKERS:
             continue
         seen_marker = True
-        if "exec" not in fields[:4]:
+        if "exec" not in fields[:6]:  # v3.4+ may put a timestamp (and "v1") before it
             continue
         rest = fields[fields.index("exec") + 1:]
         if len(rest) < 8:
