@@ -1,4 +1,4 @@
-"""End to end on CPU: zoo models → oneDNN benchmarks → ONNX Runtime profile → analyze → HTML.
+"""End to end on CPU: zoo models → oneDNN benchmarks → ONNX Runtime and torch profiles → analyze → HTML.
 
 Uses the real commands (`benanza zoo|generate|run|profile|analyze`) in a scratch folder; the
 models are small (LeNet, Inception-v1) and the benchmarks run briefly (f32, 10 ms each).
@@ -6,6 +6,7 @@ models are small (LeNet, Inception-v1) and the benchmarks run briefly (f32, 10 m
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from test_report import dump_dom, needs_chromium
 
 pytestmark = pytest.mark.slow
 MODELS = ("lenet", "inception-v1")
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (pip install torch): no torch profile")
 
 
 def benanza(*args: str, cwd: Path) -> str:
@@ -39,12 +42,15 @@ def workdir(tmp_path_factory):
     for m in MODELS:
         benanza("profile", f"models/{m}.onnx", "--framework", "onnxruntime", "--out", f"prof-{m}",
                 "--warmup", "2", "--iterations", "10", "--trace-iterations", "3", cwd=d)
+        if HAS_TORCH:  # Benanza's torch executor: layer-named ranges plus torch's oneDNN verbose log
+            benanza("profile", f"models/{m}.onnx", "--framework", "torch", "--out", f"torch-{m}",
+                    "--warmup", "2", "--iterations", "10", "--trace-iterations", "3", cwd=d)
     return d
 
 
-def analyze(d: Path, model: str) -> dict:
+def analyze(d: Path, model: str, profile: str = "prof") -> dict:
     out = benanza("analyze", f"models/{model}.onnx", "--system", "ci-cpu", "--db", "perf.db",
-                  "--profile", f"prof-{model}", "--json", "--report", f"{model}.html", cwd=d)
+                  "--profile", f"{profile}-{model}", "--json", "--report", f"{profile}-{model}.html", cwd=d)
     (a,) = json.loads(out)["analyses"]
     return a
 
@@ -75,7 +81,36 @@ def test_inception_has_parallel_modules(workdir):
 @needs_chromium
 def test_report_renders_in_chromium(workdir):
     a = analyze(workdir, "inception-v1")
-    dom = dump_dom(workdir / "inception-v1.html")
+    dom = dump_dom(workdir / "prof-inception-v1.html")
     assert dom.count('<g class="node') == len(a["layers"])
     assert dom.count('class="node critical') == len(a["bounds"]["critical_path"])
     assert "inception_3a" in dom and "Benanza ratio" in dom
+
+
+@needs_torch
+@pytest.mark.parametrize("model", MODELS)
+def test_torch_profile_maps_layers_and_names_onednn_algorithms(workdir, model):
+    a = analyze(workdir, model, "torch")
+    assert a["measured_source"] == "torch trimmed mean" and a["measured_ms"] > 0
+    fw = a["framework"]
+    assert fw is not None and fw["framework"] == "torch", a["notes"]
+    assert not fw["inserted"] and not fw["fused_groups"]  # one range per layer, nothing else
+    convs = {la["name"] for la in a["layers"] if la["op"] == "Conv"}
+    per_layer = {g["name"]: g for g in fw["layers"]}
+    assert convs <= per_layer.keys()
+    assert all(per_layer[c]["op"] == "aten::conv2d" and per_layer[c]["framework_ms"] > 0 for c in convs)
+
+    (lib,) = [lib for lib in a["libraries"] if lib["library"] == "onednn"]
+    assert lib["calls"] > 0 and lib["out_of_order"] == []  # the executor runs layers in model order
+    not_called = {a["layers"][i]["name"] for i in lib["missing"]}
+    algos = {x["name"]: x for x in lib["algorithms"]}
+    # Q3: every conv torch sent to oneDNN, with the implementation it used next to the fastest benchmarked
+    assert set(algos) == convs - not_called
+    assert len(algos) > len(convs) / 2  # torch runs only small batch-1 3x3 convs with its own kernels
+    if model == "lenet":
+        assert set(algos) == convs
+    log = (workdir / f"torch-{model}" / "onednn.log").read_text()
+    for x in algos.values():
+        assert f",convolution,{x['used']}," in log  # the implementation torch's oneDNN reported
+        assert x["best"] and x["best_ms"] > 0
+    assert any(x["used_ms"] is not None for x in algos.values())  # torch's choice is in the database
