@@ -28,3 +28,4 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test,cuda,serve]"
+.venv/bin/python -m pip install -q "torch==2.13.0" || echo "setup: torch not installed; torch profile tests will skip" >&2
