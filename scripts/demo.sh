@@ -28,4 +28,10 @@ for m in inception-v1 resnet50-v1; do
   benanza analyze "models/$m.onnx" --system "$SYSTEM" --db "$DB" --profile "$OUT/profile-$m" \
     --report "$OUT/$m.html"
 done
-echo "reports: $OUT/inception-v1.html $OUT/resnet50-v1.html"
+# PyTorch on CPU sends its convolutions to oneDNN: its log answers Q3/Q4 against the database
+if python -c "import torch" 2>/dev/null; then
+  benanza profile models/inception-v1.onnx --framework torch --out "$OUT/profile-inception-v1-torch"
+  benanza analyze models/inception-v1.onnx --system "$SYSTEM" --db "$DB" \
+    --profile "$OUT/profile-inception-v1-torch" --report "$OUT/inception-v1-torch.html"
+fi
+echo "reports: $(ls "$OUT"/*.html | tr '\n' ' ')"
