@@ -7,6 +7,8 @@ Export conventions reproduced: Conv2D(use_bias=False) + BatchNormalization + Rel
 
 from __future__ import annotations
 
+from typing import Iterator, Sequence
+
 import onnx
 
 from ._builder import GraphBuilder
@@ -35,6 +37,18 @@ def _conv_bn(g: GraphBuilder, x: str, ch: int, k: int, s: int, p: int, prefix: s
     return x
 
 
+def _resnet_blocks(layers: Sequence[int], channels: Sequence[int]
+                   ) -> Iterator[tuple[int, int, int, int, bool]]:
+    """(stage, block, stride, out_channels, downsample) of every residual block, in order."""
+    in_ch = channels[0]
+    for si, n_blocks in enumerate(layers):
+        out_ch = channels[si + 1]
+        for bi in range(n_blocks):
+            stride = 2 if si > 0 and bi == 0 else 1
+            yield si, bi, stride, out_ch, bi == 0 and out_ch != in_ch
+            in_ch = out_ch
+
+
 def resnet_v1(depth: int, seed: int) -> onnx.ModelProto:
     """Gluon ResNetV1 (stride on the first 1x1 of the bottleneck, as in MXNet's resnet*_v1).
 
@@ -49,31 +63,24 @@ def resnet_v1(depth: int, seed: int) -> onnx.ModelProto:
     x = g.bn(x, name=pre + "batchnorm0_fwd")
     x = g.relu(x, name=pre + "relu0_fwd")
     x = g.maxpool(x, 3, 2, 1, name=pre + "pool0_fwd")
-    in_ch = channels[0]
-    for si, n_blocks in enumerate(layers):
-        out_ch = channels[si + 1]
-        stage_stride = 1 if si == 0 else 2
-        for bi in range(n_blocks):
-            stride = stage_stride if bi == 0 else 1
-            downsample = bi == 0 and out_ch != in_ch
-            p = f"{pre}stage{si + 1}_"
-            idx = [bi * 10, bi * 10, bi * 10]
-            residual = x
-            if kind == "basic":
-                y = _conv_bn(g, x, out_ch, 3, stride, 1, p, idx, relu=True)
-                y = _conv_bn(g, y, out_ch, 3, 1, 1, p, idx, relu=False, gain=RES_GAIN)
-            else:
-                # Gluon's BottleneckV1 leaves use_bias at its default (True) on its two 1x1
-                # convs; only the 3x3 and the downsample conv are bias-free.
-                mid = out_ch // 4
-                y = _conv_bn(g, x, mid, 1, stride, 0, p, idx, relu=True, bias=True)
-                y = _conv_bn(g, y, mid, 3, 1, 1, p, idx, relu=True)
-                y = _conv_bn(g, y, out_ch, 1, 1, 0, p, idx, relu=False, gain=RES_GAIN, bias=True)
-            if downsample:
-                residual = _conv_bn(g, x, out_ch, 1, stride, 0, p, idx, relu=False)
-            x = g.add(y, residual, name=f"{p}plus{bi}")
-            x = g.relu(x, name=f"{p}activation{bi}")
-            in_ch = out_ch
+    for si, bi, stride, out_ch, downsample in _resnet_blocks(layers, channels):
+        p = f"{pre}stage{si + 1}_"
+        idx = [bi * 10, bi * 10, bi * 10]
+        residual = x
+        if kind == "basic":
+            y = _conv_bn(g, x, out_ch, 3, stride, 1, p, idx, relu=True)
+            y = _conv_bn(g, y, out_ch, 3, 1, 1, p, idx, relu=False, gain=RES_GAIN)
+        else:
+            # Gluon's BottleneckV1 leaves use_bias at its default (True) on its two 1x1
+            # convs; only the 3x3 and the downsample conv are bias-free.
+            mid = out_ch // 4
+            y = _conv_bn(g, x, mid, 1, stride, 0, p, idx, relu=True, bias=True)
+            y = _conv_bn(g, y, mid, 3, 1, 1, p, idx, relu=True)
+            y = _conv_bn(g, y, out_ch, 1, 1, 0, p, idx, relu=False, gain=RES_GAIN, bias=True)
+        if downsample:
+            residual = _conv_bn(g, x, out_ch, 1, stride, 0, p, idx, relu=False)
+        x = g.add(y, residual, name=f"{p}plus{bi}")
+        x = g.relu(x, name=f"{p}activation{bi}")
     x = g.global_avgpool(x, name=pre + "pool1_fwd")
     x = g.flatten(x, name="flatten")
     x = g.gemm(x, 1000, name=pre + "dense0_fwd")
@@ -92,32 +99,25 @@ def resnet_v2(depth: int, seed: int) -> onnx.ModelProto:
     x = g.bn(x, name=pre + "batchnorm1_fwd")
     x = g.relu(x, name=pre + "relu0_fwd")
     x = g.maxpool(x, 3, 2, 1, name=pre + "pool0_fwd")
-    in_ch = channels[0]
-    for si, n_blocks in enumerate(layers):
-        out_ch = channels[si + 1]
-        stage_stride = 1 if si == 0 else 2
-        for bi in range(n_blocks):
-            stride = stage_stride if bi == 0 else 1
-            downsample = bi == 0 and out_ch != in_ch
-            p = f"{pre}stage{si + 1}_"
-            k = bi * 10
-            residual = x
-            act = g.relu(g.bn(x, name=f"{p}batchnorm{k}_fwd"), name=f"{p}activation{k}")
-            if downsample:
-                residual = g.conv(act, out_ch, 1, stride, 0, bias=False, name=f"{p}conv{k + 9}_fwd")
-            if kind == "basic":
-                y = g.conv(act, out_ch, 3, stride, 1, bias=False, name=f"{p}conv{k}_fwd")
-                y = g.relu(g.bn(y, name=f"{p}batchnorm{k + 1}_fwd"), name=f"{p}activation{k + 1}")
-                y = g.conv(y, out_ch, 3, 1, 1, bias=False, name=f"{p}conv{k + 1}_fwd", gain=RES_GAIN)
-            else:
-                mid = out_ch // 4
-                y = g.conv(act, mid, 1, 1, 0, bias=False, name=f"{p}conv{k}_fwd")
-                y = g.relu(g.bn(y, name=f"{p}batchnorm{k + 1}_fwd"), name=f"{p}activation{k + 1}")
-                y = g.conv(y, mid, 3, stride, 1, bias=False, name=f"{p}conv{k + 1}_fwd")
-                y = g.relu(g.bn(y, name=f"{p}batchnorm{k + 2}_fwd"), name=f"{p}activation{k + 2}")
-                y = g.conv(y, out_ch, 1, 1, 0, bias=False, name=f"{p}conv{k + 2}_fwd", gain=RES_GAIN)
-            x = g.add(y, residual, name=f"{p}plus{bi}")
-            in_ch = out_ch
+    for si, bi, stride, out_ch, downsample in _resnet_blocks(layers, channels):
+        p = f"{pre}stage{si + 1}_"
+        k = bi * 10
+        residual = x
+        act = g.relu(g.bn(x, name=f"{p}batchnorm{k}_fwd"), name=f"{p}activation{k}")
+        if downsample:
+            residual = g.conv(act, out_ch, 1, stride, 0, bias=False, name=f"{p}conv{k + 9}_fwd")
+        if kind == "basic":
+            y = g.conv(act, out_ch, 3, stride, 1, bias=False, name=f"{p}conv{k}_fwd")
+            y = g.relu(g.bn(y, name=f"{p}batchnorm{k + 1}_fwd"), name=f"{p}activation{k + 1}")
+            y = g.conv(y, out_ch, 3, 1, 1, bias=False, name=f"{p}conv{k + 1}_fwd", gain=RES_GAIN)
+        else:
+            mid = out_ch // 4
+            y = g.conv(act, mid, 1, 1, 0, bias=False, name=f"{p}conv{k}_fwd")
+            y = g.relu(g.bn(y, name=f"{p}batchnorm{k + 1}_fwd"), name=f"{p}activation{k + 1}")
+            y = g.conv(y, mid, 3, stride, 1, bias=False, name=f"{p}conv{k + 1}_fwd")
+            y = g.relu(g.bn(y, name=f"{p}batchnorm{k + 2}_fwd"), name=f"{p}activation{k + 2}")
+            y = g.conv(y, out_ch, 1, 1, 0, bias=False, name=f"{p}conv{k + 2}_fwd", gain=RES_GAIN)
+        x = g.add(y, residual, name=f"{p}plus{bi}")
     x = g.bn(x, name=pre + "batchnorm2_fwd")
     x = g.relu(x, name=pre + "relu1_fwd")
     x = g.global_avgpool(x, name=pre + "pool1_fwd")
