@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -13,8 +14,11 @@ from rich.table import Table
 
 from .errors import BenanzaError
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped or logged output has no terminal width; Rich would fall back to 80 columns and cut
+# model names and keys. COLUMNS still wins when set.
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=_WIDTH)
 
 
 class _Group(click.Group):
