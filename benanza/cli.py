@@ -269,6 +269,12 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
                   f"{summary.failed} failed), {summary.already} already measured, "
                   f"{summary.seconds:.1f}s → {path}", highlight=False)
+    if summary.contended > 0.1:
+        err_console.print(
+            f"[yellow]warning:[/] other processes competed for the CPU during "
+            f"{summary.contended:.0%} of the run: latencies may be inflated (on a small machine by "
+            f"whole scheduler quanta). Re-run on an idle machine with --force to replace them.",
+            highlight=False)
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)

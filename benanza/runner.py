@@ -30,7 +30,7 @@ from .generator import read_variants
 from .manifest import read_manifest
 from .perfdb import PerfDB, resolve_db_path
 from .records import Result, Status, System, Variant
-from .system import default_threads, detect_system, probe_gpu
+from .system import default_threads, detect_system, probe_gpu, runnable_tasks
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,9 @@ class RunSummary:
     failed: int = 0
     interrupted: bool = False
     seconds: float = 0.0
+    # Share of samples, while benchmarks ran, in which more tasks were runnable than the
+    # benchmark's threads plus the sampler: other work competed for the CPU.
+    contended: float = 0.0
     context: dict = field(default_factory=dict)
 
     @property
@@ -253,6 +256,8 @@ def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: Ru
         if progress:
             progress(Progress(len(finished), len(todo), name, status))
 
+    monitor = ContentionMonitor(int(dict(system.stack).get("threads", "1")))
+    monitor.start()
     try:
         while remaining:
             _run_batch(binary, remaining, env, options, system, store, by_name, finished, notify)
@@ -260,7 +265,43 @@ def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: Ru
     except KeyboardInterrupt:
         summary.interrupted = True
     finally:
+        summary.contended = monitor.stop()
         store.flush()
+
+
+class ContentionMonitor:
+    """Samples how many tasks are runnable while benchmarks run.
+
+    On a small machine one busy neighbour process costs a multi-threaded benchmark whole
+    scheduler quanta (milliseconds) at every barrier, which inflates latencies far beyond
+    their noise; this makes such runs visible instead of silently stored as the bound.
+    """
+
+    def __init__(self, threads: int, interval: float = 0.2,
+                 read: Callable[[], int | None] = runnable_tasks):
+        self.allowed = threads + 1  # the benchmark's threads and this sampler
+        self.interval = interval
+        self.read = read
+        self.samples = 0
+        self.busy = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            n = self.read()
+            if n is not None:
+                self.samples += 1
+                self.busy += n > self.allowed
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> float:
+        """Ends sampling; the share of samples with more runnable tasks than allowed."""
+        self._stop.set()
+        self._thread.join()
+        return self.busy / self.samples if self.samples else 0.0
 
 
 def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: RunOptions, system: System,
