@@ -165,7 +165,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
     uniques = unique_layers(loaded)
     stats = [model_stats(m) for m in loaded]
-    total = total_stats(loaded, uniques)
+    total = total_stats(loaded)
     generated = []
     if loaded:
         manifest = build_manifest(loaded, uniques)

@@ -498,21 +498,20 @@ class ModelStats:
         }
 
 
-def model_stats(model: Model) -> ModelStats:
-    layers = model.layers
-    ops = Counter(layer.op for layer in layers)
-    uncovered = Counter(layer.op for layer in layers if not layer.covered)
-    return ModelStats(
-        model=model.name, layers=len(layers), unique_layers=len({la.key for la in layers}),
-        covered_layers=sum(1 for la in layers if la.covered), macs=model.macs,
-        ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())))
-
-
-def total_stats(models: list[Model], uniques: list[UniqueLayer]) -> ModelStats:
-    layers = [la for m in models for la in m.layers]
+def layer_stats(name: str, layers: list[Layer]) -> ModelStats:
+    """Counts, coverage and MACs of a list of layer occurrences (one model, or several)."""
     ops = Counter(la.op for la in layers)
     uncovered = Counter(la.op for la in layers if not la.covered)
     return ModelStats(
-        model="total", layers=len(layers), unique_layers=len(uniques),
-        covered_layers=sum(1 for la in layers if la.covered), macs=sum(m.macs for m in models),
+        model=name, layers=len(layers), unique_layers=len({la.key for la in layers}),
+        covered_layers=sum(1 for la in layers if la.covered), macs=sum(la.macs for la in layers),
         ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())))
+
+
+def model_stats(model: Model) -> ModelStats:
+    return layer_stats(model.name, model.layers)
+
+
+def total_stats(models: list[Model]) -> ModelStats:
+    """The union across models: unique layers are deduplicated across them too."""
+    return layer_stats("total", [la for m in models for la in m.layers])
