@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -84,24 +84,28 @@ def _const(api: str | None) -> Callable[[NodeView, dict], str | None]:
 # --- convolution -------------------------------------------------------------------------
 
 
-def _spatial_pads(attrs: dict, in_hw: tuple[int, int], k: tuple[int, int], s, d) -> list[int]:
-    """Explicit [top, left, bottom, right] pads, resolving auto_pad as ONNX defines it."""
+AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+                  dilations: Sequence[int]) -> list[int]:
+    """ONNX-ordered pads (all begins, then all ends), resolving auto_pad as ONNX defines it."""
+    n = len(kernel)
     auto = attrs.get("auto_pad", "NOTSET")
     if isinstance(auto, bytes):
         auto = auto.decode()
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         begin, end = [], []
-        for i in range(2):
-            out = math.ceil(in_hw[i] / s[i])
-            total = max((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_hw[i], 0)
+        for i in range(n):
+            out = math.ceil(spatial[i] / strides[i])
+            total = max((out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - spatial[i], 0)
             small = total // 2
             begin.append(small if auto == "SAME_UPPER" else total - small)
             end.append(total - begin[-1])
-        return [begin[0], begin[1], end[0], end[1]]
+        return begin + end
     if auto == "VALID":
-        return [0, 0, 0, 0]
-    pads = list(attrs.get("pads") or [0, 0, 0, 0])
-    return pads
+        return [0] * 2 * n
+    return [int(p) for p in (attrs.get("pads") or [0] * 2 * n)]
 
 
 def _pad_token(pt: int, pl: int, pb: int, pr: int) -> str:
@@ -118,7 +122,7 @@ def _conv_build(view: NodeView) -> tuple[str, dict]:
     k = tuple(a.get("kernel_shape") or (kh, kw))
     s = tuple(a.get("strides") or (1, 1))
     d = tuple(a.get("dilations") or (1, 1))
-    pt, pl, pb, pr = _spatial_pads(a, (ih, iw), k, s, d)
+    pt, pl, pb, pr = explicit_pads(a, (ih, iw), k, s, d)
     bias = int(len(view.inputs) > 2 and view.inputs[2] is not None)
     g = int(a.get("group", 1))
     p = dict(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
@@ -152,7 +156,7 @@ def _pool_build(view: NodeView) -> tuple[str, dict]:
         k = tuple(a["kernel_shape"])
         s = tuple(a.get("strides") or (1, 1))
         d = tuple(a.get("dilations") or (1, 1))
-        pads = _spatial_pads(a, (ih, iw), k, s, d)
+        pads = explicit_pads(a, (ih, iw), k, s, d)
     if view.op == "AveragePool":
         alg = "avgi" if a.get("count_include_pad", 0) else "avgx"
     else:

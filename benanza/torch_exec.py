@@ -27,6 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import BenanzaError, ModelError
+from .ops import AUTO_PAD_MODES, explicit_pads
 from .processor import _attrs_with_defaults, _opset, load_model, read_onnx
 
 log = logging.getLogger(__name__)
@@ -228,24 +229,11 @@ def _torch_pad(pads: Sequence[int]) -> list[int]:
 
 def _spatial_pads(ctx: Ctx, x: Tensor, kernel: Sequence[int], strides: Sequence[int],
                   dilations: Sequence[int]) -> list[int]:
-    """Explicit begin/end pads, resolving ``auto_pad`` like ONNX does."""
-    n = len(kernel)
+    """Explicit begin/end pads, resolved by the same rule the processor's layer keys use."""
     mode = ctx.attrs.get("auto_pad", "NOTSET")
-    if mode in ("NOTSET", ""):
-        return [int(p) for p in ctx.attrs.get("pads", [0] * 2 * n)]
-    if mode == "VALID":
-        return [0] * 2 * n
-    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+    if mode not in AUTO_PAD_MODES + ("",):
         raise ctx.unsupported(f"auto_pad {mode!r}")
-    begin, end = [], []
-    for d in range(n):
-        size = x.shape[2 + d]
-        out = -(-size // strides[d])
-        total = max(0, (out - 1) * strides[d] + (kernel[d] - 1) * dilations[d] + 1 - size)
-        small, large = total // 2, total - total // 2
-        begin.append(small if mode == "SAME_UPPER" else large)
-        end.append(large if mode == "SAME_UPPER" else small)
-    return begin + end
+    return explicit_pads(ctx.attrs, x.shape[2:], kernel, strides, dilations)
 
 
 def _symmetric(pads: Sequence[int]) -> list[int] | None:
