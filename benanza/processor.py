@@ -68,7 +68,7 @@ def read_onnx(path: str | Path) -> onnx.ModelProto:
     return model
 
 
-def _opset(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return imp.version
@@ -318,7 +318,7 @@ class _Constants:
 _SCHEMA_DEFAULTS: dict[tuple[str, str, int], dict] = {}
 
 
-def _attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict:
+def attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict:
     """Node attributes with ONNX's defaults filled in, so omitted == explicit default."""
     key = (node.domain, node.op_type, opset)
     defaults = _SCHEMA_DEFAULTS.get(key)
@@ -379,7 +379,7 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
     if batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {batch_size}")
     opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
-    opset = _opset(model)
+    opset = default_opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
     proxy = _shape_proxy(model)
@@ -455,7 +455,7 @@ def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
         outputs.append(spec)
     opset_for_node = opset if proto.domain in ("", "ai.onnx") else 1
     return NodeView(op=proto.op_type, inputs=tuple(inputs), outputs=tuple(outputs),
-                    attrs=_attrs_with_defaults(proto, opset_for_node), values=values,
+                    attrs=attrs_with_defaults(proto, opset_for_node), values=values,
                     constant=tuple(constant), opset=opset)
 
 

@@ -28,7 +28,7 @@ from onnx import numpy_helper
 
 from .errors import BenanzaError, ModelError
 from .ops import AUTO_PAD_MODES, explicit_pads
-from .processor import _attrs_with_defaults, _opset, load_model, read_onnx
+from .processor import attrs_with_defaults, default_opset, load_model, read_onnx
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def load_torch_graph(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         base_dir = os.path.dirname(os.path.abspath(path))
     model = load_model(proto, batch_size, input_shapes, name=None if isinstance(source, onnx.ModelProto)
                        else path.stem)
-    opset = _opset(proto)
+    opset = default_opset(proto)
     graph = proto.graph
     constants: dict[str, Tensor] = {}
     for t in graph.initializer:
@@ -178,7 +178,7 @@ def _exec_node(proto: onnx.NodeProto, name: str, opset: int) -> ExecNode:
     if fn is None:
         domain = f" of domain {proto.domain!r}" if proto.domain not in ("", "ai.onnx") else ""
         raise UnsupportedOpError(f"torch executor: node {name!r}: op {proto.op_type}{domain} is not implemented")
-    ctx = Ctx(name, proto.op_type, _attrs_with_defaults(proto, opset), opset, len(proto.output))
+    ctx = Ctx(name, proto.op_type, attrs_with_defaults(proto, opset), opset, len(proto.output))
     return ExecNode(name, proto.op_type, tuple(proto.input), tuple(proto.output), ctx, fn)
 
 
