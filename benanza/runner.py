@@ -122,11 +122,12 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     manifest = read_manifest(bench_dir)
     variants = _select(read_variants(project), options.filter)
     threads = options.threads or default_threads()
-    system = detect_system(system_name, backend, threads=threads)
     path = Path(db_path) if db_path else resolve_db_path(None)
     started = time.monotonic()
 
     if options.dry_run:
+        # Nothing is built, so the stack is what the machine reports, not the binary's context.
+        system = detect_system(system_name, backend, threads=threads)
         todo = variants if options.force or not path.exists() else _missing_in(path, system, variants)
         return RunSummary(system, backend, path, len(variants), len(variants) - len(todo),
                           [v.name for v in todo])
