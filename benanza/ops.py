@@ -314,10 +314,6 @@ def _binary_onednn(view: NodeView, p: dict) -> str | None:
     return None if p["alg"] == "pow" else "binary"
 
 
-def _binary_macs(view: NodeView, p: dict) -> int:
-    return 0
-
-
 # --- GEMM / MatMul -----------------------------------------------------------------------
 
 
@@ -502,7 +498,7 @@ BNORM = Family("bnorm", _bnorm_build, _zero, _const("cudnnBatchNormalizationForw
 LRN = Family("lrn", _lrn_build, _zero, _const("cudnnLRNCrossChannelForward"), _const("lrn"))
 ELTWISE = Family("eltwise", _eltwise_build, _zero, _eltwise_cudnn, _eltwise_onednn)
 PRELU = Family("prelu", _prelu_build, _zero, _const(None), _const("prelu"))
-BINARY = Family("binary", _binary_build, _binary_macs, _binary_cudnn, _binary_onednn)
+BINARY = Family("binary", _binary_build, _zero, _binary_cudnn, _binary_onednn)
 GEMM = Family("gemm", _gemm_build, _gemm_macs, _gemm_cudnn, _gemm_onednn)
 MATMUL = Family("matmul", _matmul_build, _gemm_macs, _matmul_cudnn, _const("matmul"))
 SOFTMAX = Family("softmax", _softmax_build, _zero, _const("cudnnSoftmaxForward"), _const("softmax"))
