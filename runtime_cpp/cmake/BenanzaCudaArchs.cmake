@@ -5,7 +5,8 @@
 # ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda, PATH), then the toolkit that PyPI's nvidia-cuda-nvcc,
 # -crt and -runtime wheels unpack into BENANZA_PYTHON's site-packages (nvidia/cu13), so a
 # machine without CUDA still compiles the benchmarks. Those wheels ship versioned sonames only
-# (libcudart.so.13), which FindCUDAToolkit does not search for, so the runtime is named for it.
+# (libcudart.so.13), which FindCUDAToolkit does not search for, so the runtime is named for it,
+# and nvcc 13.0 looks for its static libraries in lib64/, so that is linked to their lib/.
 #
 # Architectures: an explicit -DCMAKE_CUDA_ARCHITECTURES or $CUDAARCHS wins. Otherwise: "native"
 # when a GPU is visible (nvidia-smi -L succeeds), else every architecture the installed nvcc
@@ -26,6 +27,11 @@ if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
       endforeach()
     endforeach()
     if(_benanza_wheel_cuda)
+      # nvcc 13.0's nvcc.profile links from lib64/, the wheels unpack into lib/ (13.5's profile
+      # says lib/): a link lets either find libcudadevrt and libcudart_static.
+      if(NOT EXISTS "${_benanza_wheel_cuda}/lib64")
+        file(CREATE_LINK lib "${_benanza_wheel_cuda}/lib64" SYMBOLIC)
+      endif()
       set(BENANZA_NVCC "${_benanza_wheel_cuda}/bin/nvcc" CACHE FILEPATH "nvcc (PyPI wheel)" FORCE)
       set(CUDAToolkit_ROOT "${_benanza_wheel_cuda}" CACHE PATH "CUDA toolkit (PyPI wheels)")
       file(GLOB _benanza_cudart "${_benanza_wheel_cuda}/lib/libcudart.so.*")
