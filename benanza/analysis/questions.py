@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 from ..layers import Model
 from ..parsers import ExecutionProfile, FrameworkTrace
-from ..records import Result
-from .bounds import LayerRow, LayerStatus, best, retype_key
+from .bounds import LayerRow, LayerStatus, ResultIndex, best, layer_results
 from .matching import CallAlignment, TraceMatch
 
 # --- Q3: algorithm selection -----------------------------------------------------------------
@@ -38,7 +37,7 @@ class AlgoChoice:
         return self.used_ms is not None and self.gain_ms is not None and self.gain_ms <= 1e-9
 
 
-def algorithm_choices(model: Model, alignment: CallAlignment, by_key: Mapping[str, list[Result]],
+def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: ResultIndex,
                       dtype: str) -> list[AlgoChoice]:
     """Per conv layer: the algorithm used most across passes vs the fastest benchmarked one."""
     used: dict[int, Counter[str]] = {}
@@ -49,9 +48,9 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_key: Mapping[st
     out = []
     for index, counts in sorted(used.items()):
         node = model.nodes[index]
-        results = [r for r in by_key.get(retype_key(node.layer.key, dtype), [])
-                   if r.ok and r.variant.dtype == dtype and r.variant.fusion == "none"]
-        fastest = best(results, dtype)
+        dt = node.layer.in_dtype(dtype)
+        results = [r for r in layer_results(by_problem, node.layer, dtype) if r.ok and r.variant.fusion == "none"]
+        fastest = best(results, dt)
         if fastest is None:
             continue
         algo = counts.most_common(1)[0][0]
