@@ -124,6 +124,10 @@ class Analysis:
         return [r for r in self.rows if r.status == LayerStatus.NOT_COVERED]
 
     @property
+    def identity(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == LayerStatus.IDENTITY]
+
+    @property
     def br_sequential(self) -> float | None:
         return self.bounds.ratio(self.measured_ms)[0]
 
@@ -276,5 +280,9 @@ def _warn(a: Analysis) -> None:
         ops = sorted({r.op for r in a.not_covered})
         a.warnings.append(f"{len(a.not_covered)} layers have no {a.backend} call and count as 0 in the bound "
                           f"(not covered: {', '.join(ops)})")
+    if a.identity:
+        ops = sorted({r.op for r in a.identity})
+        a.notes.append(f"{len(a.identity)} layers are the identity at inference and cost 0 ({', '.join(ops)}: "
+                       f"no training mode, nothing to compute)")
     for w in a.warnings:
         log.info(w)  # the caller presents warnings; this keeps them in -v logs too

@@ -54,14 +54,16 @@ class Variant:
 
     @classmethod
     def from_json(cls, d: dict) -> "Variant":
-        return cls.of_key(d["layer_key"], **{f: d[f] for f in _VARIANT_FIELDS if f != "dtype"})
+        return cls.of_key(d["layer_key"], **{f: d[f] for f in _VARIANT_FIELDS})
 
     @classmethod
-    def of_key(cls, key: str, backend: str, api: str, algo: str = "default", layout: str = "nchw",
-               math: str = "default", fusion: str = "none") -> "Variant":
-        """The variant of a stored layer key; its dtype is the key's."""
-        problem, dtype = parse_layer_key(key)
-        return cls(problem, backend, api, algo, dtype, layout, math, fusion)
+    def of_key(cls, key: str, backend: str, api: str, algo: str = "default", dtype: str | None = None,
+               layout: str = "nchw", math: str = "default", fusion: str = "none") -> "Variant":
+        """The variant of a layer key; its dtype is the key's (a different ``dtype`` is an error)."""
+        problem, key_dtype = parse_layer_key(key)
+        if dtype not in (None, key_dtype):
+            raise BenanzaError(f"variant of {key!r} cannot compute in {dtype}: the key is {key_dtype}")
+        return cls(problem, backend, api, algo, key_dtype, layout, math, fusion)
 
     @classmethod
     def from_name(cls, name: str) -> "Variant":

@@ -46,6 +46,7 @@ def analysis_json(a: Analysis) -> dict:
         "edges": [list(e) for e in a.edges],
         "coverage": {
             "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
+            "identity": [r.index for r in a.identity],
             "missing": [r.index for r in a.missing],
             "not_covered_ops": sorted({r.op for r in a.not_covered}),
         },
