@@ -57,7 +57,8 @@ def batch_options(f):
     f = click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
                      help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")(f)
     f = click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Batch size: overrides dim 0 of every graph input.")(f)
+                     help="Batch size: sets each graph input's batch axis (dim 0 of an image, dim 1 of a "
+                          "sequence-first RNN input; a symbolic dim 0 otherwise).")(f)
     return f
 
 

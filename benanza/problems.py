@@ -194,8 +194,11 @@ class Problem:
                 continue
             same = [f for f in spec if f.same]
             hide_same = all(getattr(self, f.attr) == getattr(self, f.same) for f in same)
-            text = "".join(_print(f, v) for f, v in zip(spec, values)
-                           if not (f.solo and v == f.default) and not (f.same and hide_same))
+            parts = [_print(f, v) for f, v in zip(spec, values)
+                     if not (f.solo and v == f.default) and not (f.same and hide_same)]
+            text = ""
+            for part in parts:  # a part without a value (``mindyn``) would run into the next name
+                text += ("_" if text and text[-1].isalpha() else "") + part
             if text:
                 tokens.append(text)
         return self.family + ":" + "_".join(tokens)

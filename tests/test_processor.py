@@ -286,3 +286,30 @@ def test_in_memory_model_is_processed_and_left_unchanged():
     m = load_model(proto, batch_size=2, name="net")
     assert m.name == "net" and m.nodes[0].layer.key.startswith("conv:mb2_")
     assert proto.SerializeToString() == before
+
+
+# --- batch override: only the batch axis --------------------------------------------------
+
+def test_batch_size_sets_the_documented_batch_axis_only(save, caplog):
+    lstm = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=4)]
+    path = save(model(lstm, [io("x", [5, 1, 8])], [io("y", None)],
+                      [tensor("W", (1, 16, 8)), tensor("R", (1, 16, 4))]))
+    for batch in (1, 4):  # sequence-first: dim 0 is the sequence length, dim 1 the batch
+        (node,) = load_model(path, batch_size=batch).nodes
+        assert (node.layer.problem.seq, node.layer.problem.mb) == (5, batch)
+    batch_first = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=4, layout=1)]
+    path = save(model(batch_first, [io("x", [2, 5, 8])], [io("y", None)],
+                      [tensor("W", (1, 16, 8)), tensor("R", (1, 16, 4))]), "bf.onnx")
+    (node,) = load_model(path, batch_size=3).nodes
+    assert (node.layer.problem.seq, node.layer.problem.mb) == (5, 3)
+    conv = [helper.make_node("Conv", ["x", "W"], ["y"])]
+    path = save(model(conv, [io("x", [1, 3, 8, 8])], [io("y", None)], [tensor("W", (4, 3, 3, 3))]), "c.onnx")
+    assert load_model(path, batch_size=4).nodes[0].layer.problem.mb == 4  # N of NCHW, even when fixed
+    flat = [helper.make_node("Reshape", ["x", "s"], ["y"])]
+    path = save(model(flat, [io("x", [6, 4])], [io("y", None)], [tensor("s", (1,), 24, dtype=np.int64)]), "r.onnx")
+    with caplog.at_level("WARNING"):
+        assert load_model(path, batch_size=2).input_shapes["x"] == (6, 4)  # not a batch: unchanged, and said
+    assert "fixed dim 0 (6)" in caplog.text
+    symbolic = save(model(flat, [io("x", ["N", 4])], [io("y", None)],
+                          [tensor("s", (1,), -1, dtype=np.int64)]), "n.onnx")
+    assert load_model(symbolic, batch_size=2).input_shapes["x"] == (2, 4)
