@@ -416,7 +416,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     for v in absent:
         err_console.print(f"missing: {v.name}", highlight=False, soft_wrap=True)
     cmd = missing_command(models, system_name, backend, bench_dir=bench_dir, batch_size=batch_size,
-                          db=db_path)
+                          db=db_path, input_shapes=sorted(shapes.items()))
     err_console.print(f"{len(absent)} of {len(wanted)} benchmarks missing on {system_name}; to measure them:\n"
                       f"  {cmd}", highlight=False, soft_wrap=True)
     if not generate_missing:
