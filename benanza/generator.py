@@ -54,6 +54,7 @@ class GenOptions:
 
 class Backend(Protocol):
     name: str
+    dtypes: tuple[str, ...]  # what its benchmarks can compute in
 
     def covers(self, layer: Layer) -> bool:
         """Whether this backend benchmarks the layer; a layer it does not is "not covered"."""

@@ -178,3 +178,18 @@ def test_fill_command_asks_for_the_dtype_and_the_input_shapes(tmp_path, save):
     (fill,) = [w for w in a["warnings"] if w.startswith("to fill")]
     assert "--input-shape x=1x3x8x8" in fill and "--dtype f16" in fill and "--backend cudnn" in fill
     assert a["layers"][0]["key"].endswith("_f16") and a["coverage"]["missing"] == [0]
+
+
+def test_a_dtype_the_backend_cannot_run_is_said_not_suggested(tmp_path, save):
+    from helpers import conv_net
+
+    cpu = System("cpu", "onednn", "test CPU", (("onednn", "3.2"),))
+    with PerfDB(tmp_path / "p.db") as db:
+        line = {"name": "x", "status": "ok", "median_ms": 1.0}
+        other = Variant.of_key("eltwise:relu_in1x8_f32", "onednn", "eltwise")
+        db.insert_measurements(cpu, [(runner.parse_result(other, cpu.name, line), line)])
+    r = CliRunner().invoke(main, ["analyze", str(save(conv_net())), "--system", "cpu", "--db", str(tmp_path / "p.db"),
+                                  "--dtype", "f16", "--json"])
+    (a,) = json.loads(r.output)["analyses"]
+    assert any("benchmarks f32, bf16, not f16" in w for w in a["warnings"])
+    assert not any(w.startswith("to fill") for w in a["warnings"])

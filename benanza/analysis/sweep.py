@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..analyzer import Analysis, analyze
 from ..errors import BenanzaError
+from ..generator import get_backend
 from ..parsers import ExecutionProfile
 from ..processor import load_model
 from ..problems import layer_key
@@ -59,7 +60,11 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
             results = db.results(name, keys)
             a = analyze(model, results, name, system.backend, req.dtype,
                         _profile_for(profile, batch, single), req.measured_ms if single else None)
-            if a.missing:
+            dtypes = get_backend(system.backend).dtypes
+            if a.missing and req.dtype not in dtypes:
+                a.warnings.append(f"the {system.backend} backend benchmarks {', '.join(dtypes)}, not {req.dtype}: "
+                                  f"no command can fill this bound on system {name!r}")
+            elif a.missing:
                 cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path),
                                       dtype=req.dtype, input_shapes=req.input_shapes)
                 if req.generate_missing:

@@ -375,6 +375,7 @@ class _Part:
 
 class CudnnBackend:
     name = NAME
+    dtypes = DTYPES
 
     def covers(self, layer: Layer) -> bool:
         return covers(layer)

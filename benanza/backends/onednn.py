@@ -82,6 +82,7 @@ def fused_config(conv: ConvProblem, fusion: str) -> tuple[bool, bool]:
 
 class OneDNNBackend:
     name = NAME
+    dtypes = DTYPES
 
     def covers(self, layer: Layer) -> bool:
         return covers(layer)
