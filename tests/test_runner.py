@@ -129,7 +129,7 @@ def test_cupti_kernel_records_are_stored_with_their_result(tmp_path):
     from benanza.records import System, Variant
     from benanza.runner import RunSummary, _execute
 
-    variants = [Variant(f"eltwise:relu_in1x{n}_f32", "cudnn", "cudnnActivationForward") for n in (8, 16)]
+    variants = [Variant.of_key(f"eltwise:relu_in1x{n}_f32", "cudnn", "cudnnActivationForward") for n in (8, 16)]
     fake = tmp_path / "benanza_bench"
     fake.write_text(f"""#!{sys.executable}
 import json, sys
