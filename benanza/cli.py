@@ -389,6 +389,10 @@ def db_merge(target: str, sources: tuple[str, ...]) -> None:
         for src in sources:
             added = pdb.merge_from(src)
             console.print(f"{src}: " + ", ".join(f"{k} +{v}" for k, v in added.items()), highlight=False)
+            if added["conflicts"]:
+                err_console.print(f"warning: {added['conflicts']} rows of {src} differ from rows with the same key "
+                                  f"in {target}; {target}'s rows stay in place, {src}'s are kept in its "
+                                  f"merge_conflicts table", highlight=False)
 
 
 @db.command("serve")
@@ -502,6 +506,12 @@ def profile(model: str, framework: str, batch_size: int, warmup: int, iterations
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
               help="Performance database [default: $BENANZA_DB, else perfdb/benanza.db].")
 @click.option("--dtype", default="f32", show_default=True, help="Data type of the bound.")
+@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
+              help="Library whose results the bound uses [default: that of the system's newest stack].")
+@click.option("--stack", metavar="ID", default=None,
+              help="Stack id (or prefix, see `benanza db info`) [default: the backend's newest stack].")
+@click.option("--math", type=click.Choice(["exact", "tf32"]), default="exact", show_default=True,
+              help="exact: f32 layers use f32 FMA math only; tf32: f32 layers may use TF32 Tensor Core math.")
 @click.option("--batch-size", "-b", "batch_sizes", multiple=True, type=click.IntRange(min=1),
               help="Batch size (repeatable: a sweep) [default: 1].")
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
@@ -513,14 +523,16 @@ def profile(model: str, framework: str, batch_size: int, warmup: int, iterations
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
               help="Write a self-contained HTML report here.")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
-            batch_sizes: tuple[int, ...], input_shape: tuple[str, ...], measured_ms: float | None,
-            generate_missing: bool, as_json: bool, report_path: str | None) -> None:
+            backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
+            input_shape: tuple[str, ...], measured_ms: float | None, generate_missing: bool, as_json: bool,
+            report_path: str | None) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
-    layer; with a profile, the ratio to the measured latency (also against a bound with the
-    framework's own fusions), the algorithms the framework used vs the best, its calls vs the
-    expected ones, and its time per layer.
+    layer, all from one backend and one software stack of the system (printed); with a
+    profile, the ratio to the measured latency (also against a bound with the framework's own
+    fusions), the algorithms the framework used vs the best, its calls vs the expected ones,
+    and its time per layer.
     """
     from .analysis.sweep import SweepRequest, run_sweep, write_report
     from .parsers import load_profile
@@ -530,7 +542,8 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
-                       measured_ms=measured_ms, generate_missing=generate_missing)
+                       measured_ms=measured_ms, generate_missing=generate_missing, backend=backend,
+                       stack=stack, math=math)
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")
     prof = load_profile(list(profiles))

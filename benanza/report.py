@@ -36,13 +36,18 @@ def analysis_json(a: Analysis) -> dict:
     out: dict = {
         "model": a.model, "model_path": a.model_path, "system": a.system, "backend": a.backend,
         "dtype": a.dtype, "batch_size": a.batch_size,
+        "stack": None if a.stack is None else {"id": a.stack.stack_id, "device": a.stack.device,
+                                                "components": dict(a.stack.stack)},
+        "math": a.math,
+        "unstable_layers": [r.index for r in a.unstable_rows],
         "measured_ms": _r(m), "measured_source": a.measured_source or None,
         "bounds": _bounds_json(a.bounds, m),
         "speedup": {"sequential": _speedup(a.br_sequential), "parallel": _speedup(a.br_parallel)},
         "layers": [{"index": r.index, "name": r.name, "op": r.op, "key": r.key, "status": r.status,
                     "latency_ms": _r(r.latency_ms), "variant": r.variant or None, "algo": r.algo or None,
                     "implementation": r.implementation or None, "critical": r.critical,
-                    "failed_variants": r.failed_variants} for r in a.rows],
+                    "failed_variants": r.failed_variants,
+                    "unstable": r.status == "ok" and r.variant in a.unstable} for r in a.rows],
         "edges": [list(e) for e in a.edges],
         "coverage": {
             "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
@@ -56,7 +61,8 @@ def analysis_json(a: Analysis) -> dict:
                    "bounds": _bounds_json(a.fusion.bounds, m),
                    "speedup_sequential": _r(a.bounds.sequential_ms / a.fusion.bounds.sequential_ms, 4)
                    if a.fusion.bounds.sequential_ms else None,
-                   "applied": [_fusion_use(u) for u in a.fusion.applied]},
+                   "applied": [_fusion_use(u) for u in a.fusion.applied],
+                   "unprofitable": [_fusion_use(u) for u in a.fusion.unprofitable]},
         "tensor_cores": {"tc_kernels": a.tensor_cores.tc_kernels, "kernels": a.tensor_cores.kernels,
                          "examples": a.tensor_cores.examples,
                          "bounds": {k: _bounds_json(b, m) for k, b in a.tensor_cores.bounds.items()}},
@@ -127,9 +133,15 @@ def _ms(x: float | None) -> str:
 
 def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
     title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size})"
+    if a.stack is not None:
+        console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
+                      + ", ".join(f"{k} {v}" for k, v in a.stack.stack if k not in ("cpu",)) + f"); math {a.math}",
+                      highlight=False, soft_wrap=True)
     t = Table("", "sequential", "parallel", title=title)
     t.add_row("lower bound (ms)" + (" [PARTIAL]" if a.bounds.partial else ""),
               _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms))
+    measured = sum(1 for r in a.rows if r.status == "ok")
+    t.add_row("unstable layers in the bound", f"{len(a.unstable_rows)} of {measured}", "")
     t.add_row("with fusion (ms)", _ms(a.fusion.bounds.sequential_ms), _ms(a.fusion.bounds.parallel_ms))
     if a.framework is not None:
         t.add_row(f"with {a.framework.framework}'s fusions (ms)", _ms(a.framework.bounds_same_fusions.sequential_ms),
@@ -165,9 +177,13 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
                        _ms(p.sequential_ms), _ms(p.parallel_ms))
         console.print(mt)
     if a.fusion.matches:
-        console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} with fused "
-                      f"benchmarks, {a.fusion.layers_fused} layers fused; sequential bound "
+        console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} profitable fused "
+                      f"benchmarks, {a.fusion.layers_fused} layers fused, {len(a.fusion.unprofitable)} unprofitable "
+                      f"(fused no faster than unfused, not applied); sequential bound "
                       f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms", highlight=False)
+        for u in a.fusion.unprofitable:
+            console.print(f"  unprofitable: {u.pattern} at {a.rows[u.nodes[0]].name}: fused {_ms(u.fused_ms)} ms vs "
+                          f"unfused {_ms(u.unfused_ms)} ms", highlight=False)
     for v in a.libraries:
         al = v.alignment
         console.print(f"Q4 {v.library}: {v.calls} calls logged over {len(al.passes)} passes; "

@@ -1,0 +1,131 @@
+"""An analysis reads one backend and one stack of a system, under one math mode, and says how
+much of its bound rests on unstable measurements and which fusions do not pay off. Variants
+come from the generator, results go through the database, bounds are recomputed with an
+independent SQL query."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import helpers
+from benanza.analysis.sweep import SweepRequest, run_sweep
+from benanza.cli import main
+from benanza.errors import BenanzaError
+from benanza.generator import GenOptions, expand_variants, get_backend
+from benanza.manifest import build_manifest
+from benanza.perfdb import PerfDB
+from benanza.processor import load_model, unique_layers
+from benanza.records import Result, Status, System
+
+CPU = (("compiler", "c++ 12"), ("cpu", "Test CPU"), ("threads", "2"))
+OLD = System("box", "onednn", "Test CPU", tuple(sorted(CPU + (("onednn", "2.6.3"),))))
+NEW = System("box", "onednn", "Test CPU", tuple(sorted(CPU + (("onednn", "3.2.0"),))))
+GPU = System("box", "cudnn", "Test GPU", (("cudnn", "9.1.0"), ("driver", "550.1")))
+
+
+def spread(name: str) -> float:
+    """A latency between 1 and 2 ms that differs per variant and is the same on every run."""
+    return 1.0 + int(hashlib.sha256(name.encode()).hexdigest()[:6], 16) / 0xFFFFFF
+
+
+@pytest.fixture
+def setup(save, tmp_path):
+    path = save(helpers.conv_net(), "convnet.onnx")
+    model = load_model(path, 1)
+    manifest = build_manifest([model], unique_layers([model]))
+    cpu = expand_variants(manifest, get_backend("onednn"), GenOptions(dtypes=("f32",)))
+    gpu = expand_variants(manifest, get_backend("cudnn"), GenOptions(dtypes=("f32",), math=("default", "tf32")))
+    db = PerfDB(tmp_path / "p.db")
+    db.insert_results(OLD, [Result(v, "box", Status.OK, median_ms=50.0) for v in cpu])
+    db.insert_results(NEW, [Result(v, "box", Status.OK, median_ms=spread(v.name)) for v in cpu
+                            if v.fusion == "none"])
+    db.insert_results(GPU, [Result(v, "box", Status.OK, median_ms=0.001 if v.math == "tf32" else 0.01)
+                            for v in gpu])
+    yield path, model, db
+    db.close()
+
+
+def oracle_sequential(db: PerfDB, model, system: System, tf32: bool = False) -> float:
+    """Sum over the model's covered nodes of the fastest unfused f32 result on that stack."""
+    rows = db.db.execute(
+        "SELECT r.layer_key, min(r.median_ms) FROM results r JOIN variants v ON v.name = r.variant "
+        "WHERE r.stack_id = ? AND v.backend = ? AND r.status = 'ok' AND v.fusion = 'none' AND v.dtype = 'f32' "
+        "AND (? OR v.math != 'tf32') GROUP BY r.layer_key", (system.stack_id, system.backend, tf32)).fetchall()
+    best = dict(rows)
+    return sum(best.get(n.layer.key, 0.0) for n in model.nodes)
+
+
+def sweep(path, db, **kw):
+    (a,) = run_sweep(SweepRequest(model=str(path), systems=("box",), **kw), db)
+    return a
+
+
+def test_default_is_the_newest_stack_of_the_newest_backend_and_nothing_mixes(setup):
+    path, model, db = setup
+    a = sweep(path, db)  # the cuDNN stack was used last
+    assert a.backend == "cudnn" and a.stack == GPU
+    assert a.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, GPU))
+    assert {r.variant.split("/backend=")[1].split("/")[0] for r in a.rows if r.variant} == {"cudnn"}
+    cpu = sweep(path, db, backend="onednn")
+    assert cpu.stack == NEW  # not the old oneDNN, whose 50 ms results would otherwise mix in
+    assert cpu.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, NEW))
+    old = sweep(path, db, backend="onednn", stack=OLD.stack_id[:8])
+    assert old.stack == OLD and old.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, OLD))
+    with pytest.raises(BenanzaError, match="no stack 0000"):
+        sweep(path, db, stack="0000")
+
+
+def test_tf32_counts_only_when_the_bound_says_it_assumes_it(setup):
+    path, model, db = setup
+    exact = sweep(path, db, backend="cudnn")
+    tf32 = sweep(path, db, backend="cudnn", math="tf32")
+    assert exact.math == "exact" and all("math=tf32" not in r.variant for r in exact.rows)
+    assert exact.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, GPU))
+    assert tf32.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, GPU, tf32=True))
+    assert tf32.bounds.sequential_ms < exact.bounds.sequential_ms
+
+
+def test_unstable_layers_are_counted_in_every_output(setup, tmp_path):
+    path, model, db = setup
+    a = sweep(path, db, backend="onednn")
+    chosen = next(r for r in a.rows if r.status == "ok")
+    (res,) = [r for r in db.results(NEW) if r.variant.name == chosen.variant]
+    db.insert_results(NEW, [Result(res.variant, "box", Status.OK, median_ms=res.median_ms, mean_ms=8.5,
+                                   stddev_ms=12.3, unstable=True)])
+    a = sweep(path, db, backend="onednn")
+    same_key = [r.index for r in a.rows if r.key == chosen.key]
+    assert [r.index for r in a.unstable_rows] == same_key
+    assert any(w.startswith(f"{len(same_key)} of the bound's") and "unstable" in w for w in a.warnings)
+    db.close()
+    out = CliRunner().invoke(main, ["analyze", str(path), "--system", "box", "--backend", "onednn", "--db",
+                                    str(db.path), "--json", "--report", str(tmp_path / "r.html")])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output[out.output.index("{"):])["analyses"][0]
+    assert doc["unstable_layers"] == same_key and doc["stack"]["id"] == NEW.stack_id
+    assert doc["stack"]["components"]["onednn"] == "3.2.0" and doc["math"] == "exact"
+    html = (tmp_path / "r.html").read_text()
+    assert f"unstable layers in the bound: {len(same_key)} of" in html and NEW.stack_id in html
+    text = CliRunner().invoke(main, ["analyze", str(path), "--system", "box", "--backend", "onednn", "--db",
+                                     str(db.path)])
+    assert NEW.stack_id in text.output and f"{len(same_key)} of" in text.output
+
+
+def test_fusions_slower_than_their_layers_are_unprofitable_and_not_applied(setup):
+    path, model, db = setup
+    fused = [v for v in expand_variants(build_manifest([model], unique_layers([model])), get_backend("onednn"),
+                                        GenOptions(dtypes=("f32",))) if v.fusion != "none"]
+    # the demo's case: a fused conv measured 4× slower than conv + bn + relu
+    db.insert_results(NEW, [Result(v, "box", Status.OK, median_ms=1e-4 if v.fusion == "bias_relu" else 8.0)
+                            for v in fused])
+    a = sweep(path, db, backend="onednn")
+    assert [u.pattern for u in a.fusion.applied] == ["bias_relu"]
+    assert a.fusion.unprofitable and all(u.fused_ms == 8.0 and u.fused_ms > u.unfused_ms
+                                         for u in a.fusion.unprofitable)
+    (use,) = a.fusion.applied
+    assert a.fusion.bounds.sequential_ms == pytest.approx(a.bounds.sequential_ms - use.unfused_ms + 1e-4)
+    assert a.fusion.bounds.sequential_ms <= a.bounds.sequential_ms
+    assert any("unprofitable" in w for w in a.warnings)
