@@ -14,6 +14,7 @@ from pathlib import Path
 from ..analyzer import MATH_EXACT, Analysis, analyze
 from ..errors import BenanzaError
 from ..parsers import ExecutionProfile
+from ..parsers.bundle import check_model
 from ..processor import load_model
 from ..records import System
 from .bounds import retype_key
@@ -48,6 +49,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
     """``db`` is a ``benanza.perfdb.PerfDB``."""
     from ..perfdb import missing_command
 
+    if profile is not None:
+        check_model(profile, req.model)
     single = len(req.systems) * len(req.batch_sizes) == 1
     out = []
     for batch in req.batch_sizes:
