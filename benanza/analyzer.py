@@ -88,10 +88,21 @@ class LibraryView:
     calls: int
     alignment: CallAlignment
     algorithms: list[AlgoChoice]
+    framework_version: str = ""  # the library version the log names ("" when it names none)
+    benchmark_version: str = ""  # the version in the analysed stack
+
+    @property
+    def versions_differ(self) -> bool:
+        return bool(self.framework_version and self.benchmark_version
+                    and self.framework_version != self.benchmark_version)
+
+    @property
+    def suboptimal(self) -> list[AlgoChoice]:
+        return [a for a in self.algorithms if a.suboptimal]
 
     @property
     def algorithm_gain_ms(self) -> float:
-        return sum(a.gain_ms or 0.0 for a in self.algorithms)
+        return sum(a.gain_ms or 0.0 for a in self.suboptimal)
 
 
 @dataclass
@@ -247,8 +258,17 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         if not calls:
             continue  # an empty log: the profile's notes say why
         alignment = align_calls(model, calls, a.backend, library)
-        algos = algorithm_choices(model, alignment, by_key, a.dtype) if library in ("cudnn", "onednn") else []
-        a.libraries.append(LibraryView(library, len(calls), alignment, algos))
+        view = LibraryView(library, len(calls), alignment, [], profile.library_versions.get(library, ""),
+                           dict(a.stack.stack).get(library, "") if a.stack is not None else "")
+        if view.versions_differ:
+            a.notes.append(f"the framework's {library} is {view.framework_version}, the benchmarks' "
+                           f"{view.benchmark_version}: implementation names do not compare across versions, so Q3 "
+                           f"judges no algorithm choice and shows the framework's own per-call time from its log "
+                           f"next to the best benchmark. Benchmark with {library} {view.framework_version} (where a "
+                           f"registry has it) to compare them")
+        if library in ("cudnn", "onednn"):
+            view.algorithms = algorithm_choices(model, alignment, by_key, a.dtype, not view.versions_differ)
+        a.libraries.append(view)
     if profile.nsys is not None:
         a.between_calls = between_library_calls(profile.nsys)
     kernels_from = profile.nsys if profile.nsys is not None and profile.nsys.kernels else profile.trace

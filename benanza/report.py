@@ -113,8 +113,11 @@ def _library_json(v) -> dict:
         "extra": [{"api": c.api, "index": c.index, "algo": c.algo} for c in al.extra],
         "deviations": deviations,
         "api_counts": {k: {"expected": e, "logged": g} for k, (e, g) in al.api_counts.items()},
-        "algorithms": [{"node": c.node, "name": c.name, "used": c.used, "used_ms": _r(c.used_ms),
-                        "best": c.best, "best_ms": _r(c.best_ms), "gain_ms": _r(c.gain_ms)} for c in v.algorithms],
+        "framework_version": v.framework_version or None, "benchmark_version": v.benchmark_version or None,
+        "algorithms": [{"node": c.node, "name": c.name, "used": c.used, "layout": c.layout or None,
+                        "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best,
+                        "best_ms": _r(c.best_ms), "gain_ms": _r(c.gain_ms), "suboptimal": c.suboptimal}
+                       for c in v.algorithms],
         "algorithm_gain_ms": _r(v.algorithm_gain_ms),
     }
 
@@ -190,12 +193,22 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
                       f"{len(al.missing)} expected layers missing, {len(al.extra)} extra calls, "
                       f"{len(al.out_of_order)} out of order", highlight=False)
         if v.algorithms:
-            at = Table("layer", "used", "used ms", "best", "best ms", "gain ms", title=f"Q3 {v.library} algorithms")
+            at = Table("layer", "layout", "used", "used ms", "framework ms", "best", "best ms", "gain ms",
+                       title=f"Q3 {v.library} algorithms")
             for c in v.algorithms:
-                at.add_row(c.name, c.used, _ms(c.used_ms), c.best, _ms(c.best_ms), _ms(c.gain_ms))
+                at.add_row(c.name, c.layout or "?", c.used, _ms(c.used_ms), _ms(c.framework_ms), c.best,
+                           _ms(c.best_ms), _ms(c.gain_ms))
             console.print(at)
-            console.print(f"Q3: {sum(1 for c in v.algorithms if not c.optimal)} sub-optimal layers, "
-                          f"{v.algorithm_gain_ms:.4g} ms to gain", highlight=False)
+            if v.versions_differ:
+                console.print(f"Q3: not judged: the framework's {v.library} {v.framework_version} is not the "
+                              f"benchmarks' {v.benchmark_version} (framework ms: its own per-call time)",
+                              highlight=False)
+            else:
+                unknown = sum(1 for c in v.algorithms if c.used_ms is None)
+                console.print(f"Q3: {len(v.suboptimal)} sub-optimal layers (a measured gain beyond the noise), "
+                              f"{v.algorithm_gain_ms:.4g} ms to gain"
+                              + (f"; {unknown} used an implementation never benchmarked here" if unknown else ""),
+                              highlight=False)
     if a.framework is not None:
         f = a.framework
         console.print(f"Q4 {f.framework}: {f.match.run_ms:.4g} ms per run, {f.match.op_ms:.4g} ms in ops "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -197,7 +198,7 @@ def test_db_serve_shows_the_results_in_a_web_page(tmp_path):
         proc.wait(timeout=10)
 
 
-FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent / "fixtures"
 CUDNN = System("box", "cudnn", "Test GPU", (("cudnn", "9.1.0"), ("driver", "550")))
 
 

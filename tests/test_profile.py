@@ -138,8 +138,7 @@ def test_latency_is_timed_without_loggers_and_logs_come_from_a_second_run(tmp_pa
     assert index["runs"]["traced"]["loggers"]["ONEDNN_VERBOSE"] == "1"
     # oneDNN itself agrees: the timing child printed no verbose line, the tracing child did
     assert "onednn_verbose" not in (out / "child-timed.stdout").read_text()
-    assert "onednn_verbose,v1,primitive,exec" in (out / "child.stdout").read_text() or \
-        "onednn_verbose,primitive,exec" in (out / "child.stdout").read_text()
+    assert ",primitive,exec," in (out / "child.stdout").read_text()
     prof = load_profile([out])
     assert prof.library_calls["onednn"] and prof.library_versions["onednn"].startswith("3.")
     assert len(index["latency_ms"]["samples"]) == 3  # the timed run's samples, not the traced run's 2
@@ -154,9 +153,15 @@ def test_a_bundle_of_another_model_is_refused(tmp_path, convnet_file, save):
     r = CliRunner().invoke(main, ["analyze", str(other), "--system", "nobody", "--profile", str(out),
                                   "--db", str(tmp_path / "p.db")])
     assert r.exit_code == 1
-    assert r.output.strip().splitlines() == [
-        f"error: {out}: a profile of model 'convnet' (graph {index['model_identity']['graph_sha256'][:12]}), "
-        f"not of {other} (graph {r.output.split('(graph ')[-1][:12]})"]
+    import hashlib
+
+    import onnx
+
+    theirs, ours = (hashlib.sha256(onnx.load(str(p)).graph.SerializeToString(deterministic=True)).hexdigest()[:12]
+                    for p in (convnet_file, other))
+    assert index["model_identity"]["graph_sha256"][:12] == theirs
+    line = f"error: {out}: a profile of model 'convnet' (graph {theirs}), not of {other} (graph {ours})"
+    assert r.output.strip().splitlines() == [line]
     # the same model gets past the check (to the next problem: an empty database)
     same = CliRunner().invoke(main, ["analyze", str(convnet_file), "--system", "nobody", "--profile", str(out),
                                      "--db", str(tmp_path / "p.db")])

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
+import helpers
 import pytest
 from click.testing import CliRunner
 
-import helpers
 from benanza.analysis.sweep import SweepRequest, run_sweep
 from benanza.cli import main
 from benanza.errors import BenanzaError
@@ -19,7 +20,7 @@ from benanza.generator import GenOptions, expand_variants, get_backend
 from benanza.manifest import build_manifest
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model, unique_layers
-from benanza.records import Result, Status, System
+from benanza.records import Result, Status, System, Variant
 
 CPU = (("compiler", "c++ 12"), ("cpu", "Test CPU"), ("threads", "2"))
 OLD = System("box", "onednn", "Test CPU", tuple(sorted(CPU + (("onednn", "2.6.3"),))))
@@ -90,7 +91,7 @@ def test_tf32_counts_only_when_the_bound_says_it_assumes_it(setup):
 
 
 def test_unstable_layers_are_counted_in_every_output(setup, tmp_path):
-    path, model, db = setup
+    path, _, db = setup
     a = sweep(path, db, backend="onednn")
     chosen = next(r for r in a.rows if r.status == "ok")
     (res,) = [r for r in db.results(NEW) if r.variant.name == chosen.variant]
@@ -129,3 +130,68 @@ def test_fusions_slower_than_their_layers_are_unprofitable_and_not_applied(setup
     assert a.fusion.bounds.sequential_ms == pytest.approx(a.bounds.sequential_ms - use.unfused_ms + 1e-4)
     assert a.fusion.bounds.sequential_ms <= a.bounds.sequential_ms
     assert any("unprofitable" in w for w in a.warnings)
+
+
+# --- Q3 across library versions and layouts -------------------------------------------------------
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _log_time(problem: str) -> float:
+    """The exec time oneDNN logged for a problem, read from the fixture with plain splitting."""
+    lines = [ln.split(",") for ln in (FIX / "onednn_v3.log").read_text().splitlines() if ",exec," in ln]
+    return next(float(f[-1]) for f in lines if f[-2] == problem)
+
+
+def _conv1_results(model, stddev: float = 0.001) -> list[Result]:
+    key = model.nodes[0].layer.key
+
+    def r(algo, layout, impl, ms):
+        return Result(Variant(key, "onednn", "convolution", algo, "f32", layout, "default", "none"), "box",
+                      Status.OK, median_ms=ms, stddev_ms=stddev, implementation=impl)
+
+    # the log's conv1 ran brg:avx512_core on nhwc (acdb); the fastest result of all is nchw
+    return [r("direct", "nchw", "gemm:jit", 0.001), r("direct", "nhwc", "brg:avx512_core", 0.05),
+            r("auto", "nhwc", "jit:avx512_core", 0.02)]
+
+
+def _q3(save, onednn_version: str, stddev: float = 0.001):
+    from benanza.analyzer import analyze
+    from benanza.parsers import load_file
+
+    model = load_model(save(helpers.conv_net(), "convnet.onnx"), 1)
+    stack = System("box", "onednn", "Test CPU", (("onednn", onednn_version),))
+    a = analyze(model, _conv1_results(model, stddev), "box", "onednn", profile=load_file(FIX / "onednn_v3.log"),
+                stack=stack)
+    (lib,) = a.libraries
+    return a, lib, {c.name: c for c in lib.algorithms}["conv1"]
+
+
+def test_q3_compares_within_the_calls_layout_on_the_same_version(save):
+    _, lib, c = _q3(save, "3.2.0")
+    assert lib.framework_version == "3.2.0" and not lib.versions_differ
+    assert c.layout == "nhwc" and c.used == "brg:avx512_core" and c.used_ms == 0.05
+    assert c.best == "jit:avx512_core" and c.best_ms == 0.02  # not the nchw 0.001 ms
+    assert c.suboptimal and c.gain_ms == pytest.approx(0.03) and lib.algorithm_gain_ms == pytest.approx(0.03)
+    assert c.framework_ms == pytest.approx(_log_time("mb1_ic3oc8_ih8oh8kh3sh1dh0ph1_iw8ow8kw3sw1dw0pw1"))
+
+
+def test_q3_calls_nothing_suboptimal_within_the_noise(save):
+    _, lib, c = _q3(save, "3.2.0", stddev=0.05)
+    assert c.gain_ms == pytest.approx(0.03) and not c.suboptimal and lib.algorithm_gain_ms == 0
+
+
+def test_q3_across_versions_judges_nothing_and_shows_the_framework_time(save):
+    a, lib, c = _q3(save, "2.6.3")
+    assert lib.versions_differ and lib.benchmark_version == "2.6.3"
+    assert c.used_ms is None and not c.suboptimal and lib.suboptimal == []
+    assert c.framework_ms == pytest.approx(_log_time("mb1_ic3oc8_ih8oh8kh3sh1dh0ph1_iw8ow8kw3sw1dw0pw1"))
+    assert any("3.2.0" in n and "2.6.3" in n and "do not compare" in n for n in a.notes)
+    from rich.console import Console
+
+    from benanza.report import print_analysis
+
+    console = Console(record=True, width=200)
+    print_analysis(a, console)
+    text = console.export_text()
+    assert "Q3: not judged" in text and "sub-optimal layers" not in text

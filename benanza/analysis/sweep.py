@@ -59,12 +59,9 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
         for name in req.systems:
             system = resolve_system(db, name, req.backend, req.stack)
             prof = _profile_for(profile, batch, single)
-
-            def run_analysis() -> Analysis:
-                return analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof,
-                               req.measured_ms if single else None, stack=system, math=req.math)
-
-            a = run_analysis()
+            measured = req.measured_ms if single else None
+            a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
+                        stack=system, math=req.math)
             if a.missing:
                 cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path))
                 if req.generate_missing:
@@ -72,7 +69,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                     _run(cmd)
                     # the run stores under the stack this machine has now
                     system = resolve_system(db, name, system.backend, req.stack)
-                    a = run_analysis()
+                    a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
+                                stack=system, math=req.math)
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
             out.append(a)
