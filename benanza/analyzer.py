@@ -258,17 +258,17 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         if not calls:
             continue  # an empty log: the profile's notes say why
         alignment = align_calls(model, calls, a.backend, library)
-        view = LibraryView(library, len(calls), alignment, [], profile.library_versions.get(library, ""),
+        lib = LibraryView(library, len(calls), alignment, [], profile.library_versions.get(library, ""),
                            dict(a.stack.stack).get(library, "") if a.stack is not None else "")
-        if view.versions_differ:
-            a.notes.append(f"the framework's {library} is {view.framework_version}, the benchmarks' "
-                           f"{view.benchmark_version}: implementation names do not compare across versions, so Q3 "
+        if lib.versions_differ:
+            a.notes.append(f"the framework's {library} is {lib.framework_version}, the benchmarks' "
+                           f"{lib.benchmark_version}: implementation names do not compare across versions, so Q3 "
                            f"judges no algorithm choice and shows the framework's own per-call time from its log "
-                           f"next to the best benchmark. Benchmark with {library} {view.framework_version} (where a "
+                           f"next to the best benchmark. Benchmark with {library} {lib.framework_version} (where a "
                            f"registry has it) to compare them")
         if library in ("cudnn", "onednn"):
-            view.algorithms = algorithm_choices(model, alignment, by_key, a.dtype, not view.versions_differ)
-        a.libraries.append(view)
+            lib.algorithms = algorithm_choices(model, alignment, by_key, a.dtype, not lib.versions_differ)
+        a.libraries.append(lib)
     if profile.nsys is not None:
         a.between_calls = between_library_calls(profile.nsys)
     kernels_from = profile.nsys if profile.nsys is not None and profile.nsys.kernels else profile.trace

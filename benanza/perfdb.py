@@ -413,16 +413,14 @@ class PerfDB:
                 on = " AND ".join(f"t.{c} = s.{c}" for c in pk)
                 differs = " OR ".join(f"t.{c} IS NOT s.{c}" for c in compare) or "0"
                 cur = conn.execute(f"SELECT s.* FROM src.{table} s JOIN {table} t ON {on} WHERE {differs}")
-                cols = [d[0] for d in cur.description]
+                names = [d[0] for d in cur.description]
                 for row in cur.fetchall():
-                    d = dict(zip(cols, row))
+                    d = dict(zip(names, row))
                     key = json.dumps([d[c] for c in pk])
                     blob = json.dumps(d, sort_keys=True)
                     if conn.execute("INSERT OR IGNORE INTO merge_conflicts(table_name, pk, source, row, merged_at) "
                                     "VALUES (?,?,?,?,?)", (table, key, label, blob, stamp)).rowcount:
                         conflicts.append((table, key, blob))
-                if table == "models":
-                    continue  # after results (below), like v1 did: order does not matter to rows
                 before = self.db[table].count
                 conn.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM src.{table}")
                 added[table] = self.db[table].count - before
@@ -437,9 +435,6 @@ class PerfDB:
                 "AND r.timestamp = s.timestamp AND r.status = s.status "
                 "AND r.median_ms IS s.median_ms) ORDER BY s.id")
             added["results"] = self.db["results"].count - before
-            before = self.db["models"].count
-            conn.execute("INSERT OR IGNORE INTO models SELECT * FROM src.models")
-            added["models"] = self.db["models"].count - before
 
         self.db.conn.execute("ATTACH DATABASE ? AS src", (str(src_path),))
         try:
