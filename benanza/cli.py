@@ -333,23 +333,31 @@ def db_info(db_path: str | None) -> None:
 @db.command("list")
 @db_option
 @click.option("--system", "system_name", required=True, metavar="NAME")
+@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
+              help="Backend [default: that of the system's newest stack].")
+@click.option("--stack", metavar="ID", default=None, help="Stack id or prefix [default: the newest].")
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only variants whose name matches.")
 @click.option("--status", type=click.Choice(["ok", "unsupported", "failed"]), help="Only this status.")
-def db_list(db_path: str | None, system_name: str, name_filter: str | None, status: str | None) -> None:
-    """The latest result of every variant measured on a system."""
+def db_list(db_path: str | None, system_name: str, backend: str | None, stack: str | None,
+            name_filter: str | None, status: str | None) -> None:
+    """The latest result of every variant measured on one stack of a system."""
     import re
 
+    from .analysis.sweep import resolve_system
     from .perfdb import PerfDB, resolve_db_path
 
     with PerfDB(resolve_db_path(db_path)) as pdb:
-        results = pdb.results(system_name)
+        system = resolve_system(pdb, system_name, backend, stack)
+        results = pdb.results(system)
+    console.print(f"{system_name}: stack {system.stack_id} ({system.backend} on {system.device})", highlight=False)
     rx = re.compile(name_filter) if name_filter else None
-    table = Table("variant", "status", "median ms", "stddev ms", "implementation / message")
+    table = Table("variant", "status", "median ms", "rel. stddev", "implementation / message")
     for r in results:
         if (rx and not rx.search(r.variant.name)) or (status and r.status.value != status):
             continue
-        table.add_row(r.variant.name, r.status.value, f"{r.median_ms:.4f}" if r.ok else "",
-                      f"{r.stddev_ms:.4f}" if r.ok else "", r.implementation if r.ok else r.message)
+        rsd = f"{r.rsd:.1%}" + (" unstable" if r.unstable else "") if r.rsd is not None else ""
+        table.add_row(r.variant.name, r.status.value, f"{r.median_ms:.4f}" if r.ok else "", rsd,
+                      r.implementation if r.ok else r.message)
     console.print(table)
 
 
@@ -436,7 +444,8 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     wanted = expand_variants(manifest, get_backend(backend), GenOptions())
     path = resolve_db_path(db_path)
     with PerfDB(path) as pdb:
-        absent = pdb.missing(system_name, wanted)
+        system = pdb.system(system_name, backend)
+        absent = list(wanted) if system is None else pdb.missing(system, wanted)
     if not absent:
         console.print(f"all {len(wanted)} benchmarks of {len(models)} model(s) are in {path}", highlight=False)
         return

@@ -252,3 +252,20 @@ def test_failed_variants_are_retried_by_later_runs_until_they_failed_too_often(t
     assert plans[0] == ([good.name, bad.name], [], 0)
     assert plans[1] == ([bad.name], [], 1)  # the failure is retried without --force
     assert plans[2] == ([], [bad.name], 1)  # failed twice in a row: skipped, and said so
+
+
+@pytest.mark.slow
+@needs_toolchain
+def test_real_onednn_results_carry_their_dispersion_and_are_remeasured(bench, tmp_path):
+    """Real oneDNN runs with a threshold no measurement meets: each is measured 1 + 1 times and flagged."""
+    db = tmp_path / "r.db"
+    summary = run(bench, "ci", "onednn", db, RunOptions(filter="^pool:", min_time=0.01, repetitions=3,
+                                                         max_rsd=1e-12, remeasure=1))
+    assert summary.ok >= 1 and summary.unstable == summary.ok and summary.remeasured == summary.ok
+    with PerfDB(db) as pdb:
+        latest = [r for r in pdb.results("ci") if r.ok]
+        counts = dict(pdb.db.execute("SELECT variant, count(*) FROM results GROUP BY variant").fetchall())
+    for r in latest:
+        times = r.metrics["times_ms"]  # Google Benchmark's per-repetition times, as the runtime reported them
+        assert len(times) == 3 and counts[r.variant.name] == 2 and r.unstable
+        assert r.rsd == pytest.approx(statistics.stdev(times) / statistics.median(times), rel=1e-3)
