@@ -130,6 +130,11 @@ def test_fusions_slower_than_their_layers_are_unprofitable_and_not_applied(setup
     assert a.fusion.bounds.sequential_ms == pytest.approx(a.bounds.sequential_ms - use.unfused_ms + 1e-4)
     assert a.fusion.bounds.sequential_ms <= a.bounds.sequential_ms
     assert any("unprofitable" in w for w in a.warnings)
+    from benanza.report import analysis_json, render_html
+
+    doc = analysis_json(a)["fusion"]
+    assert [u["fused_ms"] for u in doc["unprofitable"]] == [8.0] * len(a.fusion.unprofitable)
+    assert "Q5 unprofitable fusions" in render_html([a])
 
 
 # --- Q3 across library versions and layouts -------------------------------------------------------
@@ -195,3 +200,6 @@ def test_q3_across_versions_judges_nothing_and_shows_the_framework_time(save):
     print_analysis(a, console)
     text = console.export_text()
     assert "Q3: not judged" in text and "sub-optimal layers" not in text
+    from benanza.report import render_html
+
+    assert "not judged: the framework's onednn 3.2.0 is not the benchmarks' 2.6.3" in render_html([a])
