@@ -76,6 +76,7 @@ def test_default_is_the_newest_stack_of_the_newest_backend_and_nothing_mixes(set
     assert cpu.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, NEW))
     old = sweep(path, db, backend="onednn", stack=OLD.stack_id[:8])
     assert old.stack == OLD and old.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, OLD))
+    assert any(f"1 other onednn stack(s) ({NEW.stack_id})" in n for n in old.notes)
     with pytest.raises(BenanzaError, match="no stack 0000"):
         sweep(path, db, stack="0000")
 

@@ -73,6 +73,11 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                                 stack=system, math=req.math)
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
+            others = [s for s, _, _ in db.stacks(name) if s.backend == system.backend and s != system]
+            if others:
+                a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "
+                               f"({', '.join(s.stack_id for s in others)}); this analysis uses only stack "
+                               f"{system.stack_id} (choose another with --stack)")
             out.append(a)
     return out
 
