@@ -203,7 +203,7 @@ CUDNN = System("box", "cudnn", "Test GPU", (("cudnn", "9.1.0"), ("driver", "550"
 
 
 def cudnn_variant(i: int) -> Variant:
-    return Variant(variant(i).layer_key, "cudnn", "cudnnConvolutionForward", "IMPLICIT_GEMM", "f32", "nchw",
+    return Variant(variant(i).problem, "cudnn", "cudnnConvolutionForward", "IMPLICIT_GEMM", "f32", "nchw",
                    "default", "none")
 
 

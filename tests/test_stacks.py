@@ -150,10 +150,10 @@ def _log_time(problem: str) -> float:
 
 
 def _conv1_results(model, stddev: float = 0.001) -> list[Result]:
-    key = model.nodes[0].layer.key
+    problem = model.nodes[0].layer.problem
 
     def r(algo, layout, impl, ms):
-        return Result(Variant(key, "onednn", "convolution", algo, "f32", layout, "default", "none"), "box",
+        return Result(Variant(problem, "onednn", "convolution", algo, "f32", layout, "default", "none"), "box",
                       Status.OK, median_ms=ms, stddev_ms=stddev, implementation=impl)
 
     # the log's conv1 ran brg:avx512_core on nhwc (acdb); the fastest result of all is nchw
