@@ -106,7 +106,8 @@ def test_interrupted_run_keeps_results_and_resumes(bench, tmp_path):
     assert len(names(db)) == total
 
 
-@pytest.mark.skipif(probe_gpu().present, reason="checks the no-GPU guard")
+@pytest.mark.gpu
+@pytest.mark.skipif(probe_gpu().present, reason="checks the no-GPU guard: a GPU device is present")
 def test_cudnn_without_gpu_stops_before_building(tmp_path):
     db = tmp_path / "never.db"
     with pytest.raises(NoDeviceError, match="no CUDA device found.*onednn"):
