@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import BenanzaError
+from .records import UNSTABLE_RSD
 
 # Piped or logged output has no terminal width; Rich would fall back to 80 columns and cut
 # model names and keys. COLUMNS still wins when set.
@@ -226,14 +227,22 @@ def db_option(f):
 @click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
+@click.option("--max-rsd", type=click.FloatRange(min=0.0, min_open=True), default=UNSTABLE_RSD, show_default=True,
+              help="Relative stddev (stddev / median of the repetitions) above which a result is unstable.")
+@click.option("--remeasure", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Times an unstable result is measured again; what stays unstable is flagged.")
+@click.option("--max-failures", type=click.IntRange(min=1), default=3, show_default=True,
+              help="A variant that failed this many runs in a row is skipped (--force retries it).")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
-        timeout: float, jobs: int | None) -> None:
+        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
-    Incremental: variants already measured on this system and software stack are skipped
-    (unless --force). Results are stored as they arrive: Ctrl-C keeps them and a re-run
-    continues where it stopped. A benchmark that crashes or hangs is stored as failed.
+    Incremental: variants with an ok or unsupported result on this system and software stack
+    are skipped (unless --force); failed ones are retried. Results are stored as they
+    arrive: Ctrl-C keeps them and a re-run continues where it stopped. A benchmark that
+    crashes or hangs is stored as failed. A result whose repetitions disagree by more than
+    --max-rsd is measured again, and flagged unstable if it stays so.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -242,7 +251,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
 
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
-                                command=" ".join(["benanza", *sys.argv[1:]]))
+                                command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
+                                remeasure=remeasure, max_failures=max_failures)
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)
@@ -251,6 +261,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
         console.print(f"{summary.backend} on {summary.system.device}: {len(summary.to_run)} of "
                       f"{summary.total} benchmarks would run ({summary.already} already in {path})",
                       highlight=False)
+        _print_gave_up(summary, max_failures)
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("ok {task.fields[ok]} unsup {task.fields[unsupported]} failed {task.fields[failed]}"),
@@ -270,6 +281,11 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
                   f"{summary.failed} failed), {summary.already} already measured, "
                   f"{summary.seconds:.1f}s → {path}", highlight=False)
+    if summary.remeasured or summary.unstable:
+        err_console.print(
+            f"{summary.remeasured} unstable results re-measured; {summary.unstable} still vary by more than "
+            f"{max_rsd:.0%} (relative stddev) and are flagged unstable in the database", highlight=False)
+    _print_gave_up(summary, max_failures)
     if summary.contended > 0.1:
         err_console.print(
             f"[yellow]warning:[/] other processes competed for the CPU during "
@@ -279,6 +295,14 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)
+
+
+def _print_gave_up(summary, max_failures: int) -> None:
+    if summary.gave_up:
+        err_console.print(
+            f"note: {len(summary.gave_up)} variants failed {max_failures} runs in a row and were skipped "
+            f"(--force retries them): {', '.join(summary.gave_up[:3])}{', …' if len(summary.gave_up) > 3 else ''}",
+            highlight=False, soft_wrap=True)
 
 
 # --- db ----------------------------------------------------------------------------------
