@@ -45,6 +45,7 @@ from .manifest import Manifest, build_manifest, write_manifest
 from .perfdb import PerfDB
 from .processor import load_model, unique_layers
 from .records import Variant
+from .runner import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -220,11 +221,11 @@ class SystemJob(submitit.helpers.Checkpointable):
         write_manifest(manifest, bench)
         generate(manifest, backend, bench, self.spec.gen)
         report.write("building")
-        job_id = os.environ.get("SLURM_JOB_ID", "?")
+        job = f"slurm job {os.environ.get('SLURM_JOB_ID', '?')}, run {os.environ.get('SLURM_RESTART_COUNT', '0')}"
         options = runner.RunOptions(
             min_time=self.spec.min_time, repetitions=self.spec.repetitions, threads=self.system.threads,
             timeout=self.spec.timeout, build_jobs=_allowed_cpus(),
-            command=f"benanza campaign {self.root} system {name} (slurm job {job_id})")
+            command=f"benanza campaign {self.root} system {name} ({job})")
         summary = runner.run(bench, name, backend, folder.shard(name), options, progress=report.step)
         report.write("done", summary.ok + summary.unsupported + summary.failed, len(summary.to_run))
         return JobSummary(name, summary.backend, summary.system.device, summary.system.stack_id,
@@ -237,11 +238,10 @@ def _allowed_cpus() -> int:
 
 
 class _ProgressFile:
-    """The job's progress, rewritten atomically at most once a second (the head reads it)."""
+    """The job's progress, rewritten atomically after each result (the head reads it)."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.last = 0.0
         self.counts = {"ok": 0, "unsupported": 0, "failed": 0}
 
     def write(self, phase: str, done: int = 0, total: int = 0) -> None:
@@ -250,13 +250,11 @@ class _ProgressFile:
         tmp.write_text(json.dumps({"phase": phase, "done": done, "total": total, **self.counts,
                                    "job": os.environ.get("SLURM_JOB_ID", ""), "updated": _now()}))
         tmp.replace(self.path)
-        self.last = time.monotonic()
 
     def step(self, p: Any) -> None:  # runner.Progress
         if p.status is not None:
             self.counts[p.status.value] += 1
-        if time.monotonic() - self.last > 1.0 or p.done == p.total:
-            self.write("running", p.done, p.total)
+            self.write("running", p.done, p.total)  # one small file per benchmark, which takes far longer
 
 
 # --- the campaign folder -----------------------------------------------------------------
@@ -434,12 +432,13 @@ def plan(camp: Campaign) -> list[SystemPlan]:
             if rec is not None and not rec.outcome:
                 out.append(SystemPlan(s.name, PlanState.ACTIVE, None, None, rec.job_id))
                 continue
-            known = db.system(s.name)
-            if known is None or (s.backend != "auto" and known.backend != s.backend):
+            known = db.system(s.name, backend=None if s.backend == "auto" else s.backend)
+            if known is None:
                 out.append(SystemPlan(s.name, PlanState.SUBMIT, None, None))
                 continue
             variants = wanted.variants(known.backend)
-            missing = len(db.missing(known, variants))
+            # as the runner counts it: a variant that failed too often in a row is given up on
+            missing = len(db.missing(known, variants, max_failures=RunOptions().max_failures))
             out.append(SystemPlan(s.name, PlanState.COMPLETE if missing == 0 else PlanState.SUBMIT,
                                   len(variants), missing))
     return out

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing_extensions import Self
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "srun", "scontrol")
 
 
@@ -59,7 +61,7 @@ class SlurmCluster:
 
     # --- start ---------------------------------------------------------------------------
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> Self:
         try:
             self._start_munge()
             self._write_conf()
@@ -134,7 +136,8 @@ class SlurmCluster:
         out.close()
 
     def _ok(self, cmd: list[str], needle: str) -> bool:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=self._client_env())
+        done = subprocess.run(cmd, capture_output=True, text=True, env=self._client_env(),
+                              check=False)
         return done.returncode == 0 and needle in done.stdout
 
     def _wait(self, ready, what: str, seconds: float = 60.0) -> None:
@@ -159,7 +162,7 @@ class SlurmCluster:
 
     def job_ids(self) -> list[str]:
         done = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
-                              env=self._client_env())
+                              env=self._client_env(), check=False)
         return done.stdout.split() if done.returncode == 0 else []
 
     def stop(self) -> None:
@@ -167,7 +170,7 @@ class SlurmCluster:
         if "slurmd" in self.procs and self.procs["slurmd"].poll() is None:
             ids = self.job_ids()
             if ids:
-                subprocess.run(["scancel", *ids], env=self._client_env(), capture_output=True)
+                subprocess.run(["scancel", *ids], env=self._client_env(), capture_output=True, check=False)
                 deadline = time.monotonic() + 30
                 while self.job_ids() and time.monotonic() < deadline:
                     time.sleep(0.2)
@@ -182,7 +185,25 @@ class SlurmCluster:
                 proc.kill()
                 proc.wait()
 
-    def __enter__(self) -> "SlurmCluster":
+    def strays(self) -> list[str]:
+        """Live processes started for this cluster (daemons, job steps, jobs): its slurm.conf
+        is in their environment or command line. Empty once stop() has done its work."""
+        mark = str(self.conf).encode()
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # already dead, waiting for its parent (init) to reap it
+                if mark in (proc / "environ").read_bytes() or mark in (proc / "cmdline").read_bytes():
+                    cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    found.append(f"{proc.name}: {cmdline}")
+            except OSError:
+                continue
+        return found
+
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
