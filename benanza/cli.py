@@ -395,10 +395,11 @@ def db_merge(target: str, sources: tuple[str, ...]) -> None:
 @db.command("serve")
 @db_option
 @click.option("--port", type=int, default=8001, show_default=True)
-def db_serve(db_path: str | None, port: int) -> None:
-    """Browse the database in a web page (Datasette, on 127.0.0.1)."""
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 publishes the database to the network (read-only).")
+def db_serve(db_path: str | None, port: int, host: str) -> None:
+    """Browse the database in a web page (Datasette; read-only: it only runs SELECT queries)."""
     import importlib.util
-    import subprocess
 
     from .errors import UsageError
     from .perfdb import PerfDB, resolve_db_path
@@ -407,7 +408,9 @@ def db_serve(db_path: str | None, port: int) -> None:
         raise UsageError("`benanza db serve` needs Datasette: pip install 'benanza[serve]'")
     path = resolve_db_path(db_path)
     PerfDB(path).close()  # validate before handing it over
-    sys.exit(subprocess.call([sys.executable, "-m", "datasette", "serve", str(path), "--port", str(port)]))
+    # exec, not a child process: a signal to `benanza db serve` must stop the server itself
+    os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", str(path), "--host", host,
+                              "--port", str(port)])
 
 
 @db.command("lookup")

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 import pytest
@@ -65,6 +69,17 @@ def _stored(shard: Path) -> int:
         return _rows(shard, "SELECT count(*) FROM results")[0][0]
     except sqlite3.OperationalError:  # not there yet, or its tables not yet created
         return 0
+
+
+def _get(url: str, server: subprocess.Popen):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError:
+        raise
+    except OSError:
+        assert server.poll() is None, server.stdout.read().decode() if server.stdout else ""
+        return None
 
 
 def _scontrol(job_id: str) -> dict[str, str]:
@@ -188,6 +203,25 @@ def test_campaign_two_systems_merge_resume_and_nothing_twice(slurm, zoo_model, t
         assert ok and all(layer["latency_ms"] == pytest.approx(measured[layer["variant"]], abs=1e-6)
                           for layer in ok)
         assert x["bounds"]["sequential_ms"] == pytest.approx(sum(layer["latency_ms"] for layer in ok), abs=1e-5)
+
+    # The team's database published with Datasette: both systems' rows, and no way to change them.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cli = Path(sys.executable).parent / "benanza"
+    server = subprocess.Popen([str(cli), "db", "serve", "--db", str(db), "--host", "127.0.0.1", "--port",
+                               str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}/team.json?_shape=array&sql="
+    try:
+        rows = _wait_for("datasette to answer", lambda: _get(
+            base_url + quote("SELECT system, count(*) AS n FROM results GROUP BY system"), server))
+        assert {r["system"]: r["n"] for r in rows} == {"sys-a": len(wanted), "sys-b": len(wanted)}
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(base_url + quote("DELETE FROM results"), timeout=10)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert _rows(db, "SELECT count(*) FROM results")[0][0] == 2 * len(wanted)
 
     # The team's dashboard export holds both systems.
     csv = tmp_path / "team.csv"
