@@ -159,6 +159,9 @@ def test_campaign_two_systems_merge_resume_and_nothing_twice(slurm, zoo_model, t
     assert second.submitted == [] and second.reports == []
     assert [(p.system, p.state, p.total, p.missing) for p in second.plans] == [
         (s, cmp.PlanState.COMPLETE, len(wanted), 0) for s in PARTITIONS]
+    resumed = CliRunner().invoke(main, ["campaign", "resume", "--dir", str(root), "--no-wait"])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"sys-a: complete ({len(wanted)} variants" in resumed.output and "submitted" not in resumed.output
     jobs = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True, text=True,
                           check=True).stdout.split()
     assert sorted(jobs) == sorted([job_a, job_b, job_gpu])
