@@ -39,13 +39,14 @@ from typing import Any
 
 import submitit
 
+from . import runner
 from .errors import BenanzaError, UsageError
 from .generator import GenOptions, expand_variants, generate, get_backend
 from .manifest import Manifest, build_manifest, write_manifest
 from .perfdb import PerfDB
 from .processor import load_model, unique_layers
 from .records import Variant
-from .runner import RunOptions
+from .system import default_threads
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +208,6 @@ class SystemJob(submitit.helpers.Checkpointable):
         self.root, self.spec, self.system = root, spec, system
 
     def __call__(self) -> JobSummary:
-        from . import runner
-
         folder = Folder(self.root)
         name = self.system.name
         report = _ProgressFile(folder.progress(name))
@@ -224,17 +223,15 @@ class SystemJob(submitit.helpers.Checkpointable):
         job = f"slurm job {os.environ.get('SLURM_JOB_ID', '?')}, run {os.environ.get('SLURM_RESTART_COUNT', '0')}"
         options = runner.RunOptions(
             min_time=self.spec.min_time, repetitions=self.spec.repetitions, threads=self.system.threads,
-            timeout=self.spec.timeout, build_jobs=_allowed_cpus(),
+            timeout=self.spec.timeout, build_jobs=default_threads(),
             command=f"benanza campaign {self.root} system {name} ({job})")
         summary = runner.run(bench, name, backend, folder.shard(name), options, progress=report.step)
+        if summary.interrupted:
+            raise CampaignError(f"system {name}: interrupted after {summary.stored} results (stored)")
         report.write("done", summary.ok + summary.unsupported + summary.failed, len(summary.to_run))
         return JobSummary(name, summary.backend, summary.system.device, summary.system.stack_id,
                           summary.total, summary.already, summary.ok, summary.unsupported, summary.failed,
                           round(summary.seconds, 3), summary.contended)
-
-
-def _allowed_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class _ProgressFile:
@@ -251,7 +248,7 @@ class _ProgressFile:
                                    "job": os.environ.get("SLURM_JOB_ID", ""), "updated": _now()}))
         tmp.replace(self.path)
 
-    def step(self, p: Any) -> None:  # runner.Progress
+    def step(self, p: runner.Progress) -> None:
         if p.status is not None:
             self.counts[p.status.value] += 1
             self.write("running", p.done, p.total)  # one small file per benchmark, which takes far longer
@@ -438,7 +435,7 @@ def plan(camp: Campaign) -> list[SystemPlan]:
                 continue
             variants = wanted.variants(known.backend)
             # as the runner counts it: a variant that failed too often in a row is given up on
-            missing = len(db.missing(known, variants, max_failures=RunOptions().max_failures))
+            missing = len(db.missing(known, variants, max_failures=runner.RunOptions().max_failures))
             out.append(SystemPlan(s.name, PlanState.COMPLETE if missing == 0 else PlanState.SUBMIT,
                                   len(variants), missing))
     return out
