@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -339,22 +340,30 @@ class Campaign:
 
 # --- scheduler state ---------------------------------------------------------------------
 
-def _query(cmd: list[str]) -> str:
+def _query(cmd: list[str]) -> subprocess.CompletedProcess | None:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         log.debug("%s: %s", cmd[0], exc)
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
+        return None
 
 
 def slurm_state(job_id: str) -> str | None:
     """Slurm's state of a job: the controller's (squeue) while it remembers the job, else the
-    accounting database's (sacct); None when neither knows it."""
-    out = _query(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"])
-    if not out:
-        out = _query(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id])
-    return out.split()[0].upper() if out else None
+    accounting database's (sacct); None when neither knows it. A controller that cannot be
+    asked is an error, never taken for a job that is gone."""
+    if shutil.which("squeue") is None:
+        raise CampaignError("no Slurm client here (squeue is not on PATH): run campaigns where sbatch runs")
+    live = _query(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"])
+    if live is not None and live.returncode == 0 and live.stdout.strip():
+        return live.stdout.split()[0].upper()
+    if live is None or (live.returncode != 0 and "invalid job id" not in live.stderr.lower()):
+        why = live.stderr.strip() if live is not None else "did not answer"
+        raise CampaignError(f"cannot ask Slurm about job {job_id}: squeue: {why}")
+    acct = _query(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id])
+    if acct is not None and acct.returncode == 0 and acct.stdout.strip():
+        return acct.stdout.split()[0].upper()  # e.g. "CANCELLED by 0": the state is the first word
+    return None
 
 
 # --- what the head does ------------------------------------------------------------------

@@ -128,6 +128,9 @@ class SlurmCluster:
             lines.append(f"PartitionName={p} Nodes=localhost MaxTime=INFINITE State=UP"
                          + (" Default=YES" if i == 0 else ""))
         self.conf.write_text("\n".join(lines) + "\n")
+        # slurmd 22.05 loads a cgroup plugin even when nothing uses cgroups, and autodetecting its
+        # version fails where /sys/fs/cgroup is not mounted (a chroot): name one, it stays idle.
+        (self.root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         out = (self.root / f"{name}.out").open("wb")
