@@ -134,7 +134,7 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
                    "where the CPU has it).")
 @click.option("--layout", "layouts", multiple=True, metavar="L", help="Layouts (nchw, nhwc, any).")
 @click.option("--math", "maths", multiple=True, metavar="M",
-              help="cuDNN math modes (default, tensor_op, tf32); default: per dtype.")
+              help="cuDNN/cuBLAS math modes (fma, tf32_allowed, tensor_op); default: per dtype.")
 @click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")
 @click.option("--cupti", is_flag=True, help="cuDNN: CUPTI kernel-metrics mode instead of timing.")
 @click.option("--cupti-metric", "cupti_metrics", multiple=True, metavar="NAME",

@@ -165,7 +165,7 @@ def test_convolution_expansion(family_manifest):
     plain = [v for v in variants if v.layer_key == asym and v.fusion == "none"]
     assert {v.algo for v in plain} == set(cudnn.CONV_ALGOS)
     assert {(v.dtype, v.layout, v.math) for v in plain} == {
-        ("f32", "nchw", "default"), ("f32", "nhwc", "default"),
+        ("f32", "nchw", "fma"), ("f32", "nhwc", "fma"),
         ("f16", "nchw", "tensor_op"), ("f16", "nhwc", "tensor_op")}
     fused = [v for v in variants if v.layer_key == asym and v.fusion != "none"]
     assert {v.fusion for v in fused} == {"bias_relu"}
@@ -187,15 +187,16 @@ def test_identity_fusion_uses_the_one_algorithm_cudnn_allows(save):
 
 
 def test_options_dtype_math_layout(family_manifest):
-    opts = GenOptions(dtypes=("f32", "bf16"), layouts=("nhwc",), math=("tf32", "default"))
+    opts = GenOptions(dtypes=("f32", "bf16"), layouts=("nhwc",), math=("tf32_allowed", "fma"))
     variants = _expand(family_manifest, opts)
     conv = {(v.dtype, v.layout, v.math) for v in variants if v.api == "cudnnConvolutionForward"}
     # f32 gets both requested modes; bf16 has neither, so its default (tensor_op)
-    assert conv == {("f32", "nhwc", "default"), ("f32", "nhwc", "tf32"), ("bf16", "nhwc", "tensor_op")}
+    assert conv == {("f32", "nhwc", "fma"), ("f32", "nhwc", "tf32_allowed"), ("bf16", "nhwc", "tensor_op")}
     act = {(v.dtype, v.layout, v.math) for v in variants if v.api == "cudnnActivationForward"}
     assert act == {("f32", "nchw", "default"), ("bf16", "nchw", "default")}
-    gemv = {(v.api, v.dtype) for v in variants if "m1n16k8" in v.layer_key}
-    assert gemv == {("cublasSgemv", "f32"), ("cublasGemmEx", "bf16")}
+    gemv = [(v.api, v.dtype, v.math) for v in variants if "m1n16k8" in v.layer_key]
+    # cublasSgemv has no math setting: one fp32 variant, not one per requested mode
+    assert sorted(gemv) == [("cublasGemmEx", "bf16", "tensor_op"), ("cublasSgemv", "f32", "fma")]
 
 
 def test_unusable_options_are_errors(family_manifest, caplog):
