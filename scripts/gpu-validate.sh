@@ -33,7 +33,8 @@ START=$(date +%s)
 say() { printf 'gpu-validate: [%4ds] %s\n' "$(( $(date +%s) - START ))" "$*" >&2; }
 die() { local code=$1; shift; printf 'gpu-validate: %s\n' "$*" >&2; exit "$code"; }
 # GPU steps: run, or (dry run) print.
-gpu() { if [ "$DRY" = 1 ]; then printf 'gpu-validate: would run:' >&2; printf ' %q' "$@" >&2; echo >&2; else "$@"; fi; }
+exec 3>&2  # the log, also while a step's own output is redirected
+gpu() { if [ "$DRY" = 1 ]; then { printf 'gpu-validate: would run:'; printf ' %q' "$@"; echo; } >&3; else "$@"; fi; }
 find_tool() {  # PATH first, then the CUDA toolkit
   command -v "$1" 2>/dev/null || { [ -x "/usr/local/cuda/bin/$1" ] && echo "/usr/local/cuda/bin/$1"; } || true
 }
@@ -74,14 +75,15 @@ if [ ${#need_debs[@]} -gt 0 ]; then
   say "installing ${#need_debs[@]} missing tools from $BUNDLE/debs"
   gpu $SUDO dpkg -i --skip-same-version "$BUNDLE"/debs/*.deb
 fi
-if [ ! -x .venv/bin/benanza ]; then
+PY=${BENANZA_PYTHON:-$PWD/.venv/bin/python}  # an interpreter with Benanza installed
+if [ ! -x "$PY" ]; then
   [ -d "$BUNDLE/wheels" ] || die 4 "no .venv and no $BUNDLE/wheels to install it from (run scripts/gpu-prepare.sh on a connected machine)"
   say "installing Benanza and its wheels offline from $BUNDLE/wheels"
   python3 -m venv .venv
   .venv/bin/pip install -q --no-index --find-links "$BUNDLE/wheels" -e ".[test,cuda,serve]" "torch==2.13.0"
+  PY=$PWD/.venv/bin/python
 fi
-PY=$PWD/.venv/bin/python
-BZ=$PWD/.venv/bin/benanza
+BZ=$(dirname "$PY")/benanza
 if [ "$DRY" = 0 ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   die 3 "PyTorch does not see the GPU (torch.cuda.is_available() is False): driver too old for CUDA 13?"
 fi
