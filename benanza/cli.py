@@ -219,15 +219,19 @@ def db_option(f):
 @click.option("--dry-run", is_flag=True, help="Show what would run, build and run nothing.")
 @click.option("--force", is_flag=True, help="Re-run benchmarks already measured on this system and stack.")
 @click.option("--min-time", type=click.FloatRange(min=0.0, min_open=True), default=0.2, show_default=True,
-              help="Seconds per repetition (Google Benchmark min time).")
+              help="Seconds per repetition (Google Benchmark min time; oneDNN only: cuDNN sizes each "
+                   "repetition to about 1 ms of GPU time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (oneDNN); default all cores.")
 @click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
+@click.option("--l2", type=click.Choice(["flush", "hot"]), default="flush", show_default=True,
+              help="cuDNN: flush the GPU's L2 cache before every timed call, or time with a hot cache "
+                   "(stored in each result's l2_flushed counter; re-measure with --force).")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
-        timeout: float, jobs: int | None) -> None:
+        timeout: float, jobs: int | None, l2: str) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants already measured on this system and software stack are skipped
@@ -241,7 +245,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
 
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
-                                command=" ".join(["benanza", *sys.argv[1:]]))
+                                command=" ".join(["benanza", *sys.argv[1:]]), env=(("BENANZA_L2", l2),))
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)

@@ -50,9 +50,9 @@ def campaign(results: list[Result], seconds: float) -> list[str]:
     lines = ["## Campaign", "",
              f"`benanza run` wall time (build included): **{seconds:.0f} s** for {len(results)} variants.", ""]
     lines += _table(["api", "variants", "ok", "unsupported", "failed"], rows)
-    lines += [f"L2 cache flushed before every timed call in {flushed[1]} ok results, hot in {flushed[0]}; "
-              f"{host_bound} ok results had a repetition where the host fell behind the GPU "
-              f"(`host_bound_reps` > 0).", ""]
+    lines += [(f"L2 cache flushed before every timed call in {flushed[1]} ok results, hot in {flushed[0]}; "
+               f"{host_bound} ok results had a repetition where the host fell behind the GPU "
+               f"(`host_bound_reps` > 0)."), ""]
     failures = Counter(r.message.split(" (")[0][:120] for r in results if r.status is Status.FAILED)
     if failures:
         lines += ["Most frequent failure messages:", ""]
@@ -110,8 +110,8 @@ def models(analyses: list[dict]) -> list[str]:
                        str(a.get("tensor_cores", {}).get("tc_kernels", "—")) + "/" +
                        str(a.get("tensor_cores", {}).get("kernels", "—"))])
     lines = ["## Bounds vs PyTorch (CUDA)", "",
-             "Measured: `benanza profile --framework torch --device cuda` (Benanza's eager executor of the "
-             "ONNX graph), trimmed mean. BR = bound ÷ measured.", ""]
+             ("Measured: `benanza profile --framework torch --device cuda` (Benanza's eager executor of the "
+              "ONNX graph), trimmed mean. BR = bound ÷ measured."), ""]
     lines += _table(["model", "dtype", "measured ms", "sequential bound", "parallel bound", "BR seq", "BR par",
                      "partial", "missing layers", "not covered"], rows)
     lines += ["## What-ifs: fp16 / Tensor Cores, fusion, all together", "",
