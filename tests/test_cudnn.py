@@ -649,3 +649,58 @@ def test_gpu_bundle_lists_the_wheels_and_the_deb_closure():
     assert {"cmake", "ninja-build", "g++", "libbenchmark-dev"} <= debs
     assert "libbenchmark1debian" in debs or any(d.startswith("libbenchmark1") for d in debs)
     assert "cmake-data" in debs
+
+
+@pytest.mark.slow
+@NEED_TOOLCHAIN
+def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save):
+    """generate → real cuDNN binary (no GPU here: every variant fails) → runner → database →
+    `benanza analyze --json` → gpu-results.py: the page's counts are the database's."""
+    import os
+    import sys
+
+    from click.testing import CliRunner
+
+    from benanza.cli import main
+    from benanza.perfdb import PerfDB
+    from benanza.records import System
+    from benanza.runner import RunOptions, RunSummary, _execute
+
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    path = save(model(nodes, [io("x", [1, 4, 8, 8])], [io("y", None)], [tensor("W", (4, 4, 3, 3))]), "cr.onnx")
+    loaded = load_model(path)
+    manifest = build_manifest([loaded], unique_layers([loaded]))
+    g = generate(manifest, "cudnn", tmp_path / "bench", GenOptions(dtypes=("f32",), layouts=("nchw",)))
+    binary = _build(g.out_dir)
+    db_path = tmp_path / "gpu.db"
+    system = System("ci-gpu", "cudnn", "no device", (("cuda", "13"),))
+    summary = RunSummary(system, "cudnn", db_path, total=len(g.variants), already=0)
+    with PerfDB(db_path) as db:
+        db.record_models(manifest)
+        db.upsert_system(system)
+        _execute(binary, g.variants, dict(os.environ), RunOptions(timeout=120, repetitions=1), db, system,
+                 summary, None)
+    assert summary.failed == len(g.variants)
+
+    analysis = CliRunner().invoke(main, ["analyze", str(path), "--system", "ci-gpu", "--db", str(db_path), "--json",
+                                         "--measured-ms", "0.5"])
+    assert analysis.exit_code == 0, analysis.output
+    (tmp_path / "a.json").write_text(analysis.stdout)
+    doc = json.loads(analysis.stdout)["analyses"][0]
+    page = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-results.py"), "--db", str(db_path),
+                           "--system", "ci-gpu", "--out", str(page), "--campaign-seconds", "12",
+                           "--note", "a note", str(tmp_path / "a.json")], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    apis = Counter(v.api for v in g.variants)
+    for api, n in apis.items():
+        assert f"| {api} | {n} | 0 | 0 | {n} |" in text
+    assert f"| **all** | {len(g.variants)} | 0 | 0 | {len(g.variants)} |" in text
+    assert "**12 s**" in text and "- a note" in text
+    missing = len(doc["coverage"]["missing"])
+    assert missing == 2  # conv and relu: every variant failed, so no layer has a result
+    assert f"| cr | f32 | 0.500 | 0.000 | 0.000 | 0.00 | 0.00 | yes | {missing} | 0 |" in text
+    assert "cudaErrorInsufficientDriver" in text or "cudaErrorNoDevice" in text
+    assert "No convolution results." in text

@@ -118,7 +118,9 @@ BatchPlan calibrate(Problem& p, const TimingSettings& t) {
   const double host_us = us_since(t0);
   BZ_CUDA(cudaEventSynchronize(events().stop(0)));
   const double call_ms = elapsed_ms(0) + (flush ? l2_flush().ms : 0.0);
-  return plan_batch(t.target_ms, call_ms, host_us, t.max_calls);
+  const BatchPlan plan = plan_batch(t.target_ms, call_ms, host_us, t.max_calls);
+  events().stop(plan.calls - 1);  // create the batch's events now, not while enqueuing it
+  return plan;
 }
 
 void prepare(Current& c, const Variant& v, const Factory& make) {
