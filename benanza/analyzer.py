@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 from .analysis.bounds import (Bounds, LayerRow, LayerStatus, ParallelModule, bounds_from_weights, fused_weights,
                               index_results, layer_rows, parallel_modules)
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
-from .analysis.questions import (AlgoChoice, BetweenCalls, IdleGap, LayerOverhead, algorithm_choices,
-                                 between_library_calls, kernel_gaps, layer_overheads, tensor_core_kernels)
+from .analysis.questions import (AlgoChoice, BetweenCalls, HeuristicChoice, IdleGap, LayerOverhead,
+                                 algorithm_choices, between_library_calls, heuristic_choices, kernel_gaps,
+                                 layer_overheads, tensor_core_kernels)
 from .fusion import FusionMatch, match_fusions
 from .layers import Model
 from .parsers import ExecutionProfile
@@ -91,6 +92,21 @@ class TensorCoreView:
 
 
 @dataclass
+class HeuristicAnalysis:
+    """Q3 from the database alone (paper Figs 10, 14): cuDNN's heuristic vs the ideal algorithm."""
+
+    choices: list[HeuristicChoice]
+    bounds: Bounds  # the bound with every conv at its heuristic's algorithm
+    heuristic_ms: float  # conv layers' total at the heuristic's algorithms
+    ideal_ms: float  # conv layers' total at the fastest algorithms
+    unknown: int  # layers whose heuristic algorithm was never measured OK (counted at the best)
+
+    @property
+    def suboptimal(self) -> int:
+        return sum(1 for c in self.choices if not c.heuristic_optimal)
+
+
+@dataclass
 class Analysis:
     model: str
     model_path: str
@@ -114,6 +130,7 @@ class Analysis:
     kernel_gaps: list[IdleGap] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the profile says it could not capture
+    heuristic: HeuristicAnalysis | None = None
 
     @property
     def missing(self) -> list[LayerRow]:
@@ -122,6 +139,10 @@ class Analysis:
     @property
     def not_covered(self) -> list[LayerRow]:
         return [r for r in self.rows if r.status == LayerStatus.NOT_COVERED]
+
+    @property
+    def identity(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == LayerStatus.IDENTITY]
 
     @property
     def br_sequential(self) -> float | None:
@@ -167,6 +188,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
                         list(model.edges), bounds,
                         parallel_modules(graph, weight), fusion, TensorCoreView(tc, total, names, tc_bounds),
                         joint, joint_label)
+    analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
     if measured_ms is not None:
         analysis.measured_ms, analysis.measured_source = measured_ms, "--measured-ms"
     elif profile is not None and profile.measured_ms is not None:
@@ -176,6 +198,17 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
         _profile_views(analysis, model, profile, by_key, weight, matches, graph)
     _warn(analysis)
     return analysis
+
+
+def _heuristic(model: Model, graph, by_key, dtype: str, weight: dict[int, float],
+               partial: bool) -> HeuristicAnalysis | None:
+    from .backends.cudnn import CONV_ALGOS  # the counters index cuDNN's algorithm enum
+
+    view = heuristic_choices(model, by_key, dtype, weight, CONV_ALGOS)
+    if view is None:
+        return None
+    return HeuristicAnalysis(view.choices, bounds_from_weights(graph, view.weights, partial),
+                             view.heuristic_ms, view.ideal_ms, view.unknown)
 
 
 def _joint(model, graph, by_key, backend, dtype, matches, tc_bounds) -> tuple[Bounds | None, str]:
@@ -276,5 +309,9 @@ def _warn(a: Analysis) -> None:
         ops = sorted({r.op for r in a.not_covered})
         a.warnings.append(f"{len(a.not_covered)} layers have no {a.backend} call and count as 0 in the bound "
                           f"(not covered: {', '.join(ops)})")
+    if a.identity:
+        ops = sorted({r.op for r in a.identity})
+        a.notes.append(f"{len(a.identity)} layers are the identity at inference and cost 0 ({', '.join(ops)}: "
+                       f"no training mode, nothing to compute)")
     for w in a.warnings:
         log.info(w)  # the caller presents warnings; this keeps them in -v logs too

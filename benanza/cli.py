@@ -57,7 +57,8 @@ def batch_options(f):
     f = click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
                      help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")(f)
     f = click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Batch size: overrides dim 0 of every graph input.")(f)
+                     help="Batch size: sets each graph input's batch axis (dim 0 of an image, dim 1 of a "
+                          "sequence-first RNN input; a symbolic dim 0 otherwise).")(f)
     return f
 
 
@@ -419,7 +420,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     for v in absent:
         err_console.print(f"missing: {v.name}", highlight=False, soft_wrap=True)
     cmd = missing_command(models, system_name, backend, bench_dir=bench_dir, batch_size=batch_size,
-                          db=db_path)
+                          db=db_path, input_shapes=sorted(shapes.items()))
     err_console.print(f"{len(absent)} of {len(wanted)} benchmarks missing on {system_name}; to measure them:\n"
                       f"  {cmd}", highlight=False, soft_wrap=True)
     if not generate_missing:

@@ -16,7 +16,7 @@ import os
 import shlex
 import sqlite3
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
@@ -26,6 +26,7 @@ import sqlite_utils
 from .errors import FileProblem
 from .layers import Layer
 from .manifest import Manifest
+from .problems import parse_layer_key
 from .records import Result, Status, System, Variant
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ class PerfDB:
         self._retry(lambda: self.db.table("layers").upsert_all(rows, pk="key") if rows else None)
 
     def upsert_variants(self, variants: Iterable[Variant]) -> None:
-        rows = [asdict(v) | {"name": v.name} for v in variants]
+        rows = [v.to_json() for v in variants]
         self._retry(lambda: self.db.table("variants").upsert_all(rows, pk="name") if rows else None)
 
     def record_models(self, manifest: Manifest) -> None:
@@ -252,7 +253,7 @@ class PerfDB:
         if not measured:
             return 0
         self.upsert_system(system)
-        variants = [asdict(v) | {"name": v.name} for v in {r.variant.name: r.variant for r, _ in measured}.values()]
+        variants = [v.to_json() for v in {r.variant.name: r.variant for r, _ in measured}.values()]
         rows = [[_result_row(system, r, command, raw)[c] for c in _RESULT_COLUMNS] for r, raw in measured]
         sql = (f"INSERT INTO results({', '.join(_RESULT_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(_RESULT_COLUMNS))})")
@@ -366,12 +367,18 @@ class PerfDB:
 
 
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
-                    batch_size: int = 1, db: str | None = None) -> str:
-    """The exact shell command that generates and runs the benchmarks a lookup missed."""
+                    batch_size: int = 1, db: str | None = None, dtype: str | None = None,
+                    input_shapes: Iterable[tuple[str, tuple[int, ...]]] = ()) -> str:
+    """The exact shell command that generates and runs the benchmarks a lookup missed: the same
+    input shapes the models were processed with, and the dtype the analysis asked for."""
     models = [str(m) for m in models]
     gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend]
     if batch_size != 1:
         gen += ["--batch-size", str(batch_size)]
+    for name, shape in input_shapes:
+        gen += ["--input-shape", f"{name}={'x'.join(str(d) for d in shape)}"]
+    if dtype is not None:
+        gen += ["--dtype", dtype]
     run = ["benanza", "run", "--system", system, "--backend", backend, "--bench-dir", bench_dir]
     if db:
         run += ["--db", db]
@@ -388,7 +395,7 @@ def _system(row) -> System:
 def _layer_row(layer: Layer) -> dict:
     d = layer.to_json()
     return {"key": layer.key, "hash": layer.hash, "op": layer.op, "family": layer.family,
-            "params": json.dumps(d["params"], sort_keys=True), "inputs": json.dumps(d["inputs"]),
+            "params": json.dumps(d["problem"], sort_keys=True), "inputs": json.dumps(d["inputs"]),
             "outputs": json.dumps(d["outputs"]), "macs": layer.macs, "flops": layer.flops,
             "bytes": layer.bytes, "cudnn_api": layer.cudnn_api, "onednn_primitive": layer.onednn_primitive}
 
@@ -405,8 +412,10 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
 
 
 def _result(d: dict) -> Result:
-    variant = Variant(d["layer_key"], d["backend"], d["api"], d["algo"], d["dtype"], d["layout"],
-                      d["math"], d["fusion"])
+    # The row's dtype column is the variant's; rows written before variants were keyed by their
+    # own dtype hold an f16 variant under the layer's ``…_f32`` key, which this reads correctly.
+    problem, _ = parse_layer_key(d["layer_key"])
+    variant = Variant(problem, d["backend"], d["api"], d["algo"], d["dtype"], d["layout"], d["math"], d["fusion"])
     return Result(variant=variant, system=d["system"], status=Status(d["status"]), message=d["message"],
                   median_ms=d["median_ms"], mean_ms=d["mean_ms"], stddev_ms=d["stddev_ms"],
                   min_ms=d["min_ms"], iterations=d["iterations"], repetitions=d["repetitions"],

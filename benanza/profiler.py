@@ -25,6 +25,7 @@ from typing import Iterator
 
 from .errors import BenanzaError, ModelError, UsageError
 from .parsers.bundle import latency_stats, write_index
+from .toolchain import nsys_importer
 
 log = logging.getLogger(__name__)
 
@@ -211,22 +212,13 @@ def _collect_nsys(out: Path, files: dict, notes: list[str]) -> None:
     qdstrm = out / "nsys.qdstrm"
     if not rep.exists() and qdstrm.exists():
         # Without a GPU, nsys may leave the raw stream; its importer turns it into a report.
-        importer = _qdstrm_importer()
+        importer = nsys_importer()
         if importer is not None:
             subprocess.run([str(importer), "-i", str(qdstrm)], capture_output=True, text=True)
     if rep.exists():
         files["nsys"] = rep.name
     else:
         notes.append("nsys ran but produced no .nsys-rep (see child.stderr); the Nsight view is absent")
-
-
-def _qdstrm_importer() -> Path | None:
-    nsys = shutil.which("nsys")
-    if nsys is None:
-        return None
-    root = Path(os.path.realpath(nsys)).parents[3]  # host-linux-x64 is a sibling of the target dir
-    found = sorted(root.rglob("QdstrmImporter"))
-    return found[0] if found else None
 
 
 # --- child process -------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ def analysis_json(a: Analysis) -> dict:
         "edges": [list(e) for e in a.edges],
         "coverage": {
             "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
+            "identity": [r.index for r in a.identity],
             "missing": [r.index for r in a.missing],
             "not_covered_ops": sorted({r.op for r in a.not_covered}),
         },
@@ -66,9 +67,23 @@ def analysis_json(a: Analysis) -> dict:
         "between_calls": [{"name": b.name, "kind": b.kind, "count": b.count, "total_ms": _r(b.total_ms),
                            "backtrace": list(b.backtrace)} for b in a.between_calls],
         "kernel_gaps": [{"after": g.after, "before": g.before, "gap_us": _r(g.mean_us, 3)} for g in a.kernel_gaps],
+        "heuristic": _heuristic_json(a),
         "warnings": a.warnings, "notes": a.notes,
     }
     return out
+
+
+def _heuristic_json(a: Analysis) -> dict | None:
+    h = a.heuristic
+    if h is None:
+        return None
+    return {"heuristic_ms": _r(h.heuristic_ms), "ideal_ms": _r(h.ideal_ms),
+            "speedup": _r(h.heuristic_ms / h.ideal_ms, 4) if h.ideal_ms else None,
+            "suboptimal": h.suboptimal, "unknown": h.unknown, "bounds": _bounds_json(h.bounds, a.measured_ms),
+            "layers": [{"index": c.node, "name": c.name, "layout": c.layout, "math": c.math,
+                        "heuristic": c.heuristic or None, "heuristic_ms": _r(c.heuristic_ms),
+                        "find": c.find or None, "find_ms": _r(c.find_ms), "best": c.best,
+                        "best_ms": _r(c.best_ms)} for c in h.choices]}
 
 
 def _fusion_use(u) -> dict:
@@ -168,6 +183,13 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
         console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} with fused "
                       f"benchmarks, {a.fusion.layers_fused} layers fused; sequential bound "
                       f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms", highlight=False)
+    if a.heuristic is not None:
+        h = a.heuristic
+        console.print(f"Q3 cuDNN heuristic vs ideal (database only): {len(h.choices)} convolutions, "
+                      f"{h.suboptimal} where the heuristic's algorithm is not the fastest; "
+                      f"{_ms(h.heuristic_ms)} vs {_ms(h.ideal_ms)} ms"
+                      + (f" ({h.unknown} heuristic choices never measured OK, counted at the best)"
+                         if h.unknown else ""), highlight=False)
     for v in a.libraries:
         al = v.alignment
         console.print(f"Q4 {v.library}: {v.calls} calls logged over {len(al.passes)} passes; "

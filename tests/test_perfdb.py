@@ -17,7 +17,7 @@ OTHER_STACK = System("box", "onednn", "Test CPU", (("onednn", "3.2.0"), ("thread
 
 
 def variant(i: int, dtype: str = "f32") -> Variant:
-    return Variant(f"conv:mb1_ic{i}ih8iw8_oc8oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias0_f32", "onednn",
+    return Variant.of_key(f"conv:mb1_ic{i}ih8iw8_oc8oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias0_f32", "onednn",
                    "convolution", "direct", dtype, "nchw", "default", "none")
 
 

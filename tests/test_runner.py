@@ -106,7 +106,8 @@ def test_interrupted_run_keeps_results_and_resumes(bench, tmp_path):
     assert len(names(db)) == total
 
 
-@pytest.mark.skipif(probe_gpu().present, reason="checks the no-GPU guard")
+@pytest.mark.gpu
+@pytest.mark.skipif(probe_gpu().present, reason="checks the no-GPU guard: a GPU device is present")
 def test_cudnn_without_gpu_stops_before_building(tmp_path):
     db = tmp_path / "never.db"
     with pytest.raises(NoDeviceError, match="no CUDA device found.*onednn"):
@@ -128,7 +129,7 @@ def test_cupti_kernel_records_are_stored_with_their_result(tmp_path):
     from benanza.records import System, Variant
     from benanza.runner import RunSummary, _execute
 
-    variants = [Variant(f"eltwise:relu_in1x{n}_f32", "cudnn", "cudnnActivationForward") for n in (8, 16)]
+    variants = [Variant.of_key(f"eltwise:relu_in1x{n}_f32", "cudnn", "cudnnActivationForward") for n in (8, 16)]
     fake = tmp_path / "benanza_bench"
     fake.write_text(f"""#!{sys.executable}
 import json, sys

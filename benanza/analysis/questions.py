@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 from ..layers import Model
 from ..parsers import ExecutionProfile, FrameworkTrace
-from ..records import Result
-from .bounds import LayerRow, LayerStatus, best, retype_key
+from .bounds import LayerRow, LayerStatus, ResultIndex, best, layer_results
 from .matching import CallAlignment, TraceMatch
 
 # --- Q3: algorithm selection -----------------------------------------------------------------
@@ -38,7 +37,7 @@ class AlgoChoice:
         return self.used_ms is not None and self.gain_ms is not None and self.gain_ms <= 1e-9
 
 
-def algorithm_choices(model: Model, alignment: CallAlignment, by_key: Mapping[str, list[Result]],
+def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: ResultIndex,
                       dtype: str) -> list[AlgoChoice]:
     """Per conv layer: the algorithm used most across passes vs the fastest benchmarked one."""
     used: dict[int, Counter[str]] = {}
@@ -49,9 +48,9 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_key: Mapping[st
     out = []
     for index, counts in sorted(used.items()):
         node = model.nodes[index]
-        results = [r for r in by_key.get(retype_key(node.layer.key, dtype), [])
-                   if r.ok and r.variant.dtype == dtype and r.variant.fusion == "none"]
-        fastest = best(results, dtype)
+        dt = node.layer.in_dtype(dtype)
+        results = [r for r in layer_results(by_problem, node.layer, dtype) if r.ok and r.variant.fusion == "none"]
+        fastest = best(results, dt)
         if fastest is None:
             continue
         algo = counts.most_common(1)[0][0]
@@ -60,6 +59,81 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_key: Mapping[st
         out.append(AlgoChoice(index, node.name, algo, used_ms,
                               fastest.implementation or fastest.variant.algo, float(fastest.median_ms)))  # type: ignore[arg-type]
     return out
+
+
+# --- Q3 without a framework: the library's heuristic vs the ideal algorithm (Figs 10, 14) ----------
+
+
+@dataclass(frozen=True)
+class HeuristicChoice:
+    """One conv layer: what cuDNN's heuristic (cudnnGetConvolutionForwardAlgorithm_v7) and
+    cudnnFind pick, against the fastest algorithm measured, all in one layout and math mode
+    (the one of the fastest result: the ideal)."""
+
+    node: int
+    name: str
+    layout: str
+    math: str
+    heuristic: str  # "" when the heuristic offered no algorithm
+    heuristic_ms: float | None  # its measured latency; None when that variant has no OK result
+    find: str
+    find_ms: float | None
+    best: str
+    best_ms: float
+
+    @property
+    def heuristic_optimal(self) -> bool:
+        return self.heuristic == self.best
+
+
+@dataclass(frozen=True)
+class HeuristicView:
+    choices: list[HeuristicChoice]
+    weights: dict[int, float]  # node weights with each conv at its heuristic's latency (else the best)
+    unknown: int  # conv layers whose heuristic algorithm has no OK measurement (they keep the best)
+
+    @property
+    def heuristic_ms(self) -> float:
+        return sum(c.heuristic_ms if c.heuristic_ms is not None else c.best_ms for c in self.choices)
+
+    @property
+    def ideal_ms(self) -> float:
+        return sum(c.best_ms for c in self.choices)
+
+
+def _algo_name(metrics: dict, counter: str, algos: tuple[str, ...]) -> str:
+    index = metrics.get(counter)
+    if index is None or not 0 <= int(index) < len(algos):
+        return ""
+    return algos[int(index)]
+
+
+def heuristic_choices(model: Model, by_problem: ResultIndex, dtype: str, weight: Mapping[int, float],
+                      algos: tuple[str, ...]) -> HeuristicView | None:
+    """Per conv layer, from the database alone: the heuristic's and Find's algorithm (recorded by
+    each cuDNN conv benchmark as ``heuristic_algo`` / ``find_algo``, indexes into ``algos``) and
+    their measured latency vs the fastest. None when no result records the heuristic's choice."""
+    out = []
+    for node in model.nodes:
+        results = [r for r in layer_results(by_problem, node.layer, dtype)
+                   if r.ok and r.variant.fusion == "none" and "heuristic_algo" in r.metrics]
+        fastest = best(results, node.layer.in_dtype(dtype))
+        if fastest is None:
+            continue
+        group = [r for r in results if (r.variant.layout, r.variant.math) == (fastest.variant.layout, fastest.variant.math)]
+        by_algo = {r.variant.algo: float(r.median_ms) for r in group}  # type: ignore[arg-type]
+        heuristic = _algo_name(fastest.metrics, "heuristic_algo", algos)
+        find = _algo_name(fastest.metrics, "find_algo", algos)
+        out.append(HeuristicChoice(node.index, node.name, fastest.variant.layout, fastest.variant.math,
+                                   heuristic, by_algo.get(heuristic), find, by_algo.get(find),
+                                   fastest.variant.algo, float(fastest.median_ms)))  # type: ignore[arg-type]
+    if not out:
+        return None
+    weights = dict(weight)
+    for c in out:
+        if c.heuristic_ms is not None:
+            weights[c.node] = c.heuristic_ms
+    return HeuristicView(out, weights, sum(1 for c in out if c.heuristic_ms is None))
 
 
 # --- Q4: framework inefficiencies ---------------------------------------------------------------

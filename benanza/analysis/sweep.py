@@ -13,9 +13,10 @@ from pathlib import Path
 
 from ..analyzer import Analysis, analyze
 from ..errors import BenanzaError
+from ..generator import get_backend
 from ..parsers import ExecutionProfile
 from ..processor import load_model
-from .bounds import retype_key
+from ..problems import layer_key
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
     out = []
     for batch in req.batch_sizes:
         model = load_model(req.model, batch_size=batch, input_shapes=dict(req.input_shapes))
-        keys = sorted({retype_key(n.layer.key, d) for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
+        keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype(d))
+                       for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
         for name in req.systems:
             system = db.system(name)
             if system is None:
@@ -58,8 +60,13 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
             results = db.results(name, keys)
             a = analyze(model, results, name, system.backend, req.dtype,
                         _profile_for(profile, batch, single), req.measured_ms if single else None)
-            if a.missing:
-                cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path))
+            dtypes = get_backend(system.backend).dtypes
+            if a.missing and req.dtype not in dtypes:
+                a.warnings.append(f"the {system.backend} backend benchmarks {', '.join(dtypes)}, not {req.dtype}: "
+                                  f"no command can fill this bound on system {name!r}")
+            elif a.missing:
+                cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path),
+                                      dtype=req.dtype, input_shapes=req.input_shapes)
                 if req.generate_missing:
                     log.info("filling %d missing benchmarks: %s", len(a.missing), cmd)
                     _run(cmd)
