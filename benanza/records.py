@@ -13,6 +13,10 @@ from .problems import Problem, layer_key, parse_layer_key
 # Order of the variant fields in a benchmark name; the layer key comes first.
 _VARIANT_FIELDS = ("backend", "api", "algo", "dtype", "layout", "math", "fusion")
 
+# Default relative standard deviation (stddev / median of the repetitions) above which a
+# result is unstable: re-measured by `benanza run`, flagged when it stays so.
+UNSTABLE_RSD = 0.1
+
 
 class Status(str, Enum):
     OK = "ok"
@@ -90,7 +94,8 @@ class System:
 
     @property
     def stack_id(self) -> str:
-        blob = json.dumps([self.backend, self.device, list(self.stack)], sort_keys=True)
+        """Identifies the name together with the stack: two names on one machine are two systems."""
+        blob = json.dumps([self.name, self.backend, self.device, list(self.stack)], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -112,7 +117,17 @@ class Result:
     implementation: str = ""  # oneDNN impl name, or the cuDNN algorithm actually run
     metrics: dict = field(default_factory=dict, hash=False, compare=False)
     timestamp: str = ""
+    # Dispersion stayed above the run's threshold after the bounded re-measurements: the
+    # median is stored, and every analysis that uses it says so.
+    unstable: bool = False
 
     @property
     def ok(self) -> bool:
         return self.status is Status.OK and self.median_ms is not None
+
+    @property
+    def rsd(self) -> float | None:
+        """Relative standard deviation of the repetitions (stddev / median); None without timings."""
+        if not self.ok or self.stddev_ms is None or not self.median_ms:
+            return None
+        return self.stddev_ms / self.median_ms

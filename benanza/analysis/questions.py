@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import statistics
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..layers import Model
-from ..parsers import ExecutionProfile, FrameworkTrace
+from ..parsers import ExecutionProfile, FrameworkTrace, LibraryCall
 from .bounds import LayerRow, LayerStatus, ResultIndex, best, layer_results
 from .matching import CallAlignment, TraceMatch
 
@@ -24,40 +25,79 @@ class AlgoChoice:
     node: int
     name: str
     used: str  # algorithm / implementation the framework's library call used
-    used_ms: float | None  # its latency in the database (None: never benchmarked)
+    # the database latency of that implementation in the call's layout, on the same library
+    # version (None: never benchmarked, or the versions differ so names do not compare)
+    used_ms: float | None
     best: str
     best_ms: float
+    framework_ms: float | None = None  # the call's own time in the library log (oneDNN verbose), median
+    layout: str = ""  # the layout the call used ("" when the log does not say); both sides use it
+    noise_ms: float = 0.0  # the larger stddev of the two compared results
 
     @property
     def gain_ms(self) -> float | None:
         return None if self.used_ms is None else max(0.0, self.used_ms - self.best_ms)
 
     @property
+    def suboptimal(self) -> bool:
+        """A measured gain beyond the measurements' own spread; never without a measurement."""
+        return self.gain_ms is not None and self.gain_ms > max(self.noise_ms, 1e-9)
+
+    @property
     def optimal(self) -> bool:
-        return self.used_ms is not None and self.gain_ms is not None and self.gain_ms <= 1e-9
+        return self.used_ms is not None and not self.suboptimal
+
+
+_PLAIN_TAGS = {"abc": "nchw", "abcd": "nchw", "abcde": "nchw", "acb": "nhwc", "acdb": "nhwc", "acdeb": "nhwc"}
+
+
+def call_layout(call: LibraryCall) -> str:
+    """The activation layout a logged call used, in the database's terms ("" if unknown)."""
+    detail = dict(call.detail)
+    if call.library == "onednn":
+        m = re.search(r"src[_:][a-z0-9]+:[a-z]*:blocked:([A-Za-z0-9]+)", detail.get("mds", ""))
+        if m is None:
+            return ""
+        return _PLAIN_TAGS.get(m.group(1), "any")  # blocked tags (aBcd8b, ...) come from format any
+    values = " ".join(v for _, v in call.detail)
+    for fmt, layout in (("CUDNN_TENSOR_NHWC", "nhwc"), ("CUDNN_TENSOR_NCHW", "nchw")):
+        if fmt in values:
+            return layout
+    return ""
 
 
 def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: ResultIndex,
-                      dtype: str) -> list[AlgoChoice]:
-    """Per conv layer: the algorithm used most across passes vs the fastest benchmarked one."""
+                      dtype: str, same_version: bool = True) -> list[AlgoChoice]:
+    """Per conv layer: the algorithm used most across passes vs the fastest benchmarked one in
+    the same layout. ``same_version``: the log's library version is the benchmarks' (else
+    implementation names are not compared and only the log's own call time is shown)."""
     used: dict[int, Counter[str]] = {}
+    layouts: dict[int, Counter[str]] = {}
+    times: dict[int, list[float]] = {}
     for p in alignment.passes:
         for m in p:
             if m.call.conv is not None and m.call.algo:
                 used.setdefault(m.node, Counter())[m.call.algo] += 1
+                layouts.setdefault(m.node, Counter())[call_layout(m.call)] += 1
+                if m.call.time_ms is not None:
+                    times.setdefault(m.node, []).append(m.call.time_ms)
     out = []
     for index, counts in sorted(used.items()):
         node = model.nodes[index]
         dt = node.layer.in_dtype(dtype)
-        results = [r for r in layer_results(by_problem, node.layer, dtype) if r.ok and r.variant.fusion == "none"]
+        layout = layouts[index].most_common(1)[0][0]
+        results = [r for r in layer_results(by_problem, node.layer, dtype)
+                   if r.ok and r.variant.fusion == "none" and (not layout or r.variant.layout == layout)]
         fastest = best(results, dt)
         if fastest is None:
             continue
         algo = counts.most_common(1)[0][0]
         same = [r for r in results if _norm(algo) in (_norm(r.variant.algo), _norm(r.implementation))]
-        used_ms = min(float(r.median_ms) for r in same) if same else None  # type: ignore[arg-type]
-        out.append(AlgoChoice(index, node.name, algo, used_ms,
-                              fastest.implementation or fastest.variant.algo, float(fastest.median_ms)))  # type: ignore[arg-type]
+        match = min(same, key=lambda r: float(r.median_ms)) if same and same_version else None  # type: ignore[arg-type]
+        noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
+        out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.median_ms),  # type: ignore[arg-type]
+                              fastest.implementation or fastest.variant.algo, float(fastest.median_ms),  # type: ignore[arg-type]
+                              statistics.median(times[index]) if index in times else None, layout, noise))
     return out
 
 
