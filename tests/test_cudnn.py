@@ -428,7 +428,8 @@ def test_top_level_cmake_rejects_an_empty_folder(tmp_path):
 # --- host-only checks of the runtime (status tables, sticky errors, measurement arithmetic) ---
 
 HOST_SOURCES = Path(__file__).parent / "cudnn_host"
-RUNTIME = Path(__file__).resolve().parents[1] / "runtime_cpp"
+REPO = Path(__file__).resolve().parents[1]
+RUNTIME = REPO / "runtime_cpp"
 
 
 def _wheel_dir(package: str) -> Path:
@@ -489,6 +490,12 @@ def test_status_tables_cover_every_code_of_the_installed_headers(host_checks):
     assert len(table) == sum(1 for c in (*cudnn_codes.values(), *cublas_codes.values()) if c)
 
     verdict = {name: v for (_, name), (_, v) in table.items()}
+    # docs/gpu.md shows the same table
+    import re
+
+    documented = dict(re.findall(r"^\| `(\w+)[^`]*` \| (unsupported|failed) \|", (REPO / "docs" / "gpu.md").read_text(),
+                                 re.MULTILINE))
+    assert documented == verdict
     # The library refusing the configuration ...
     for name in ("CUDNN_STATUS_NOT_SUPPORTED", "CUDNN_STATUS_NOT_SUPPORTED_SHAPE", "CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE",
                  "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT", "CUDNN_STATUS_NOT_SUPPORTED_PADDING", "CUDNN_STATUS_BAD_PARAM",
@@ -597,9 +604,6 @@ def test_sticky_error_aborts_and_the_runner_restarts_after_it(tmp_path):
 
 
 # --- the GPU validation kit, as far as it runs without a GPU -----------------------------------
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.mark.slow
 def test_gpu_kit_dry_run_runs_every_step_that_needs_no_gpu(tmp_path):
