@@ -82,7 +82,8 @@ DEFAULT_DTYPES = ("f32", "f16")
 LAYOUTS = ("nchw", "nhwc")
 # Math modes, named for what they allow (runtime_cpp/cudnn/benanza_cudnn/tables.hpp maps each to
 # a cudnnMathType_t and a cublasComputeType_t).
-MATHS = ("fma", "tf32_allowed", "tensor_op")
+TF32_MATH = "tf32_allowed"  # the only mode that lets f32 data lose precision (analyzer.admits_math)
+MATHS = ("fma", TF32_MATH, "tensor_op")
 NO_MATH = "default"  # the name of families whose call has no math setting
 DEFAULT_MATH = {"f32": "fma", "f16": "tensor_op", "bf16": "tensor_op"}
 # Math modes per dtype where the call has a math setting (conv, GEMM, RNN).
