@@ -33,7 +33,9 @@ MATHS = (MATH_EXACT, MATH_TF32)
 def admits_math(variant: Variant, math: str) -> bool:
     """Whether a bound under ``math`` may use the variant: TF32 rounds f32 inputs to 10 bits of
     mantissa, so an f32 bound that used it would not be an f32 bound."""
-    return not (variant.dtype == "f32" and variant.math == "tf32" and math != MATH_TF32)
+    from .backends.cudnn import TF32_MATH  # the backend names its math modes
+
+    return not (variant.dtype == "f32" and variant.math == TF32_MATH and math != MATH_TF32)
 
 
 @dataclass(frozen=True)

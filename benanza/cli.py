@@ -137,7 +137,7 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
                    "where the CPU has it).")
 @click.option("--layout", "layouts", multiple=True, metavar="L", help="Layouts (nchw, nhwc, any).")
 @click.option("--math", "maths", multiple=True, metavar="M",
-              help="cuDNN math modes (default, tensor_op, tf32); default: per dtype.")
+              help="cuDNN/cuBLAS math modes (fma, tf32_allowed, tensor_op); default: per dtype.")
 @click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")
 @click.option("--cupti", is_flag=True, help="cuDNN: CUPTI kernel-metrics mode instead of timing.")
 @click.option("--cupti-metric", "cupti_metrics", multiple=True, metavar="NAME",
@@ -222,7 +222,8 @@ def db_option(f):
 @click.option("--dry-run", is_flag=True, help="Show what would run, build and run nothing.")
 @click.option("--force", is_flag=True, help="Re-run benchmarks already measured on this system and stack.")
 @click.option("--min-time", type=click.FloatRange(min=0.0, min_open=True), default=0.2, show_default=True,
-              help="Seconds per repetition (Google Benchmark min time).")
+              help="Seconds per repetition (Google Benchmark min time; oneDNN only: cuDNN sizes each "
+                   "repetition to about 1 ms of GPU time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (oneDNN); default all cores.")
 @click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
@@ -234,9 +235,12 @@ def db_option(f):
               help="Times an unstable result is measured again; what stays unstable is flagged.")
 @click.option("--max-failures", type=click.IntRange(min=1), default=3, show_default=True,
               help="A variant that failed this many runs in a row is skipped (--force retries it).")
+@click.option("--l2", type=click.Choice(["flush", "hot"]), default="flush", show_default=True,
+              help="cuDNN: flush the GPU's L2 cache before every timed call, or time with a hot cache "
+                   "(stored in each result's l2_flushed counter; re-measure with --force).")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
-        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int) -> None:
+        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int, l2: str) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -253,7 +257,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
                                 command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
-                                remeasure=remeasure, max_failures=max_failures)
+                                remeasure=remeasure, max_failures=max_failures, env=(("BENANZA_L2", l2),))
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)

@@ -41,7 +41,7 @@ class Variant:
     algo: str = "default"  # cuDNN algorithm, oneDNN algorithm ("direct", "winograd", "auto")
     dtype: str = "f32"  # f32 | f16 | bf16
     layout: str = "nchw"  # nchw | nhwc | any (oneDNN picks, blocked)
-    math: str = "default"  # default | tensor_op | tf32
+    math: str = "default"  # cuDNN/cuBLAS: fma | tf32_allowed | tensor_op; "default": no math setting
     fusion: str = "none"  # a FusionPattern name, or "none"
     layer_key: str = field(init=False, compare=False)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -169,7 +170,7 @@ def test_convolution_expansion(family_manifest):
     plain = [v for v in variants if v.problem == asym and v.fusion == "none"]
     assert {v.algo for v in plain} == set(cudnn.CONV_ALGOS)
     assert {(v.dtype, v.layout, v.math) for v in plain} == {
-        ("f32", "nchw", "default"), ("f32", "nhwc", "default"),
+        ("f32", "nchw", "fma"), ("f32", "nhwc", "fma"),
         ("f16", "nchw", "tensor_op"), ("f16", "nhwc", "tensor_op")}
     fused = [v for v in variants if v.problem == asym and v.fusion != "none"]
     assert {v.fusion for v in fused} == {"bias_relu"}
@@ -191,15 +192,16 @@ def test_identity_fusion_uses_the_one_algorithm_cudnn_allows(save):
 
 
 def test_options_dtype_math_layout(family_manifest):
-    opts = GenOptions(dtypes=("f32", "bf16"), layouts=("nhwc",), math=("tf32", "default"))
+    opts = GenOptions(dtypes=("f32", "bf16"), layouts=("nhwc",), math=("tf32_allowed", "fma"))
     variants = _expand(family_manifest, opts)
     conv = {(v.dtype, v.layout, v.math) for v in variants if v.api == "cudnnConvolutionForward"}
     # f32 gets both requested modes; bf16 has neither, so its default (tensor_op)
-    assert conv == {("f32", "nhwc", "default"), ("f32", "nhwc", "tf32"), ("bf16", "nhwc", "tensor_op")}
+    assert conv == {("f32", "nhwc", "fma"), ("f32", "nhwc", "tf32_allowed"), ("bf16", "nhwc", "tensor_op")}
     act = {(v.dtype, v.layout, v.math) for v in variants if v.api == "cudnnActivationForward"}
     assert act == {("f32", "nchw", "default"), ("bf16", "nchw", "default")}
-    gemv = {(v.api, v.dtype) for v in variants if "m1n16k8" in v.layer_key}
-    assert gemv == {("cublasSgemv", "f32"), ("cublasGemmEx", "bf16")}
+    gemv = [(v.api, v.dtype, v.math) for v in variants if "m1n16k8" in v.layer_key]
+    # cublasSgemv has no math setting: one fp32 variant, not one per requested mode
+    assert sorted(gemv) == [("cublasGemmEx", "bf16", "tensor_op"), ("cublasSgemv", "f32", "fma")]
 
 
 def test_unusable_options_are_errors(family_manifest, caplog):
@@ -421,3 +423,295 @@ def test_top_level_cmake_rejects_an_empty_folder(tmp_path):
                            f"-DBENANZA_BENCH_DIR={tmp_path}"], capture_output=True, text=True)
     assert done.returncode != 0
     assert "holds no generated backend folder" in " ".join(done.stderr.split())  # CMake wraps lines
+
+
+# --- host-only checks of the runtime (status tables, sticky errors, measurement arithmetic) ---
+
+HOST_SOURCES = Path(__file__).parent / "cudnn_host"
+REPO = Path(__file__).resolve().parents[1]
+RUNTIME = REPO / "runtime_cpp"
+
+
+def _wheel_dir(package: str) -> Path:
+    import importlib
+
+    return Path(next(iter(importlib.import_module(package).__path__)))
+
+
+def _host_compile(out: Path, *sources: Path) -> Path:
+    """g++ against the CUDA toolkit headers and the cuDNN/cuBLAS wheels; links, runs without a GPU."""
+    cudnn_dir, cublas_dir = _wheel_dir("nvidia.cudnn"), _wheel_dir("nvidia.cu13")
+    libs = [cudnn_dir / "lib" / "libcudnn.so.9", cublas_dir / "lib" / "libcublas.so.13",
+            Path("/usr/local/cuda/lib64/libcudart.so")]
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", "-o", str(out),
+           f"-I{RUNTIME / 'cudnn'}", f"-I{RUNTIME / 'common'}", "-I/usr/local/cuda/include",
+           f"-I{cudnn_dir / 'include'}", f"-I{cublas_dir / 'include'}", *map(str, sources),
+           *map(str, libs), f"-Wl,-rpath,{cudnn_dir / 'lib'}:{cublas_dir / 'lib'}:/usr/local/cuda/lib64",
+           "-lbenchmark", "-lpthread"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def host_checks(tmp_path_factory) -> Path:
+    cudnn_src = RUNTIME / "cudnn"
+    return _host_compile(tmp_path_factory.mktemp("host") / "host_checks", HOST_SOURCES / "host_checks.cpp",
+                         cudnn_src / "core.cpp", cudnn_src / "status.cpp", cudnn_src / "measure.cpp")
+
+
+def _run_host(tool: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def _header_enum(path: Path, enum: str) -> dict[str, int]:
+    """name → value of a C enum as the installed header declares it (aliases to names skipped)."""
+    import re
+
+    text = path.read_text()
+    end = re.search(r"}\s*" + enum + r"\s*;", text).start()  # typedef enum { ... } name;
+    body = text[text.rindex("{", 0, end):end]
+    body = re.sub(r"/\*.*?\*/|//[^\n]*", "", body, flags=re.DOTALL)
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+)(?:\s+CUDNN_DEPRECATED_ENUM)?\s*=\s*(\d+)", body)}
+
+
+@NEED_TOOLCHAIN
+def test_status_tables_cover_every_code_of_the_installed_headers(host_checks):
+    rows = [json.loads(line) for line in _run_host(host_checks, "tables").stdout.splitlines()]
+    table = {(r["library"], r["name"]): (r["code"], r["verdict"]) for r in rows if "name" in r}
+    cudnn_codes = _header_enum(_wheel_dir("nvidia.cudnn") / "include" / "cudnn_graph.h", "cudnnStatus_t")
+    cublas_codes = _header_enum(_wheel_dir("nvidia.cu13") / "include" / "cublas_api.h", "cublasStatus_t")
+    assert len(cudnn_codes) > 40 and "CUDNN_STATUS_NOT_SUPPORTED_SHAPE" in cudnn_codes
+    for library, codes in (("cudnn", cudnn_codes), ("cublas", cublas_codes)):
+        for name, code in codes.items():
+            if code == 0:
+                continue
+            assert table.get((library, name), (None,))[0] == code, f"{name} = {code} missing from the table"
+    assert len(table) == sum(1 for c in (*cudnn_codes.values(), *cublas_codes.values()) if c)
+
+    verdict = {name: v for (_, name), (_, v) in table.items()}
+    # docs/gpu.md shows the same table
+    import re
+
+    documented = dict(re.findall(r"^\| `(\w+)[^`]*` \| (unsupported|failed) \|", (REPO / "docs" / "gpu.md").read_text(),
+                                 re.MULTILINE))
+    assert documented == verdict
+    # The library refusing the configuration ...
+    for name in ("CUDNN_STATUS_NOT_SUPPORTED", "CUDNN_STATUS_NOT_SUPPORTED_SHAPE", "CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE",
+                 "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT", "CUDNN_STATUS_NOT_SUPPORTED_PADDING", "CUDNN_STATUS_BAD_PARAM",
+                 "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH", "CUBLAS_STATUS_NOT_SUPPORTED"):
+        assert verdict[name] == "unsupported", name
+    # ... versus harness bugs and the environment.
+    for name in ("CUDNN_STATUS_BAD_PARAM_NULL_POINTER", "CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER",
+                 "CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH", "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED",
+                 "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER",
+                 "CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING",
+                 "CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE", "CUDNN_STATUS_INTERNAL_ERROR",
+                 "CUDNN_STATUS_EXECUTION_FAILED_CUDART", "CUBLAS_STATUS_INVALID_VALUE", "CUBLAS_STATUS_EXECUTION_FAILED"):
+        assert verdict[name] == "failed", name
+
+
+@NEED_TOOLCHAIN
+def test_checks_store_status_names_and_refusals_only_as_unsupported(host_checks):
+    codes = _header_enum(_wheel_dir("nvidia.cudnn") / "include" / "cudnn_graph.h", "cudnnStatus_t")
+    shape = _run_host(host_checks, "cudnn", str(codes["CUDNN_STATUS_NOT_SUPPORTED_SHAPE"])).stdout
+    assert shape.startswith("unsupported: ")
+    assert "CUDNN_STATUS_NOT_SUPPORTED_SHAPE" in shape
+    null = _run_host(host_checks, "cudnn", str(codes["CUDNN_STATUS_BAD_PARAM_NULL_POINTER"])).stdout
+    assert null.startswith("failed: ") and "CUDNN_STATUS_BAD_PARAM_NULL_POINTER" in null
+    driver = _run_host(host_checks, "cudnn", str(codes["CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER"])).stdout
+    assert driver.startswith("failed: ") and "INCOMPATIBLE_CUDA_DRIVER" in driver
+    unknown = _run_host(host_checks, "cudnn", "3999").stdout  # a sub-code a newer cuDNN might add
+    assert unknown.startswith("failed: ")
+    invalid = _run_host(host_checks, "cublas", "7").stdout
+    assert invalid.startswith("failed: ") and "CUBLAS_STATUS_INVALID_VALUE" in invalid
+
+
+def _cuda_errors_header() -> dict[str, tuple[int, str]]:
+    """cudaError_t from driver_types.h: name → (value, its documentation comment)."""
+    import re
+
+    text = Path("/usr/local/cuda/include/driver_types.h").read_text()
+    body = text[text.index("enum __device_builtin__ cudaError"):]
+    body = body[:body.index("};")]
+    return {m.group(2): (int(m.group(3)), " ".join(m.group(1).replace("*", " ").split()))
+            for m in re.finditer(r"/\*\*(.*?)\*/\s*(cudaError\w+)\s*=\s*(\d+)", body, re.DOTALL)}
+
+
+@NEED_TOOLCHAIN
+def test_every_error_the_cuda_header_calls_fatal_aborts(host_checks):
+    rows = [json.loads(line) for line in _run_host(host_checks, "tables").stdout.splitlines()]
+    sticky = {r["code"] for r in rows if r.get("sticky")}
+    errors = _cuda_errors_header()
+    documented = {code for code, doc in errors.values() if "terminated and relaunched" in doc}
+    assert errors["cudaErrorIllegalAddress"][0] in documented and len(documented) >= 10
+    assert documented <= sticky
+
+    illegal = _run_host(host_checks, "cuda", str(errors["cudaErrorIllegalAddress"][0]))
+    assert illegal.returncode == -signal.SIGABRT
+    assert illegal.stdout == ""  # not stored as an ordinary failure: the process ends
+    assert "cudaErrorIllegalAddress" in illegal.stderr and "sticky CUDA error" in illegal.stderr
+    oom = _run_host(host_checks, "cuda", str(errors["cudaErrorMemoryAllocation"][0]))
+    assert oom.returncode == 0 and oom.stdout.startswith("failed: ") and "cudaErrorMemoryAllocation" in oom.stdout
+
+
+@NEED_TOOLCHAIN
+def test_cupti_records_without_an_end_are_not_durations(host_checks):
+    assert _run_host(host_checks, "duration", "1000", "1750").stdout.split() == ["750"]
+    for start, end in (("1000", "0"), ("0", "500"), ("2000", "1000")):
+        # unsigned end - start would be ~1.8e19 ns here
+        assert _run_host(host_checks, "duration", start, end).stdout.split() == ["incomplete"]
+
+
+@NEED_TOOLCHAIN
+def test_repetitions_are_sized_by_gpu_time(host_checks):
+    def plan(*args: float) -> tuple[int, float]:
+        calls, delay = _run_host(host_checks, "plan", *map(str, args)).stdout.split()
+        return int(calls), float(delay)
+
+    # 10 us calls fill 1 ms with 100 of them; the hold covers twice their 5 us of host time + 20 us
+    assert plan(1.0, 0.010, 5.0, 1000) == (100, 2 * 100 * 5.0 + 20)
+    assert plan(1.0, 3.0, 5.0, 1000) == (1, 30.0)  # a call longer than the target: one
+    assert plan(1.0, 0.0001, 1.0, 1000)[0] == 1000  # capped
+    assert plan(1.0, 0.001, 100.0, 1000) == (1000, 20000.0)  # the hold is capped too
+    assert plan(0.0, 0.01, 5.0, 1000) == (1, 30.0)  # CUPTI mode: one call per iteration
+
+
+@NEED_TOOLCHAIN
+def test_sticky_error_aborts_and_the_runner_restarts_after_it(tmp_path):
+    """The real runtime and check_cuda in a stand-in binary: the faulting benchmark is stored as
+    failed with the abort line, and the runner restarts the binary for the benchmarks after it."""
+    import os
+
+    from benanza.perfdb import PerfDB
+    from benanza.records import Status, System
+    from benanza.runner import RunOptions, RunSummary, _execute
+
+    cudnn_src = RUNTIME / "cudnn"
+    binary = _host_compile(tmp_path / "benanza_bench", HOST_SOURCES / "sticky_standin.cpp",
+                           RUNTIME / "common" / "benanza" / "runtime.cpp", cudnn_src / "core.cpp",
+                           cudnn_src / "status.cpp")
+    variants = [Variant.of_key(f"eltwise:relu_in1x{n}_f32", "cudnn", "cudnnActivationForward") for n in (8, 16, 32)]
+    env = dict(os.environ, STANDIN_NAMES=",".join(v.name for v in variants), STANDIN_STICKY=variants[1].name)
+    system = System("gpu-box", "cudnn", "stand-in", (("cuda", "13.0"),))
+    summary = RunSummary(system, "cudnn", tmp_path / "r.db", total=3, already=0)
+    with PerfDB(tmp_path / "r.db") as db:
+        _execute(binary, variants, env, RunOptions(timeout=30, repetitions=1), db, system, summary, None)
+        results = {r.variant.name: r for r in db.results("gpu-box")}
+    assert [results[v.name].status for v in variants] == [Status.OK, Status.FAILED, Status.OK]
+    message = results[variants[1].name].message
+    assert "SIGABRT" in message and "cudaErrorIllegalAddress" in message and "sticky CUDA error" in message
+
+
+# --- the GPU validation kit, as far as it runs without a GPU -----------------------------------
+
+@pytest.mark.slow
+def test_gpu_kit_dry_run_runs_every_step_that_needs_no_gpu(tmp_path):
+    import os
+    import sys
+
+    out = tmp_path / "kit"
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-validate.sh"), "--dry-run", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
+                          env=dict(os.environ, BENANZA_PYTHON=sys.executable))
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = done.stderr
+    # the CPU steps ran: the models, the smoke sources, the campaign sources
+    for m in ("resnet50-v1", "inception-v1", "mobilenet-v2"):
+        assert (out / "models" / f"{m}.onnx").is_file()
+    smoke = read_variants(out / "smoke" / "cudnn")
+    assert {v.api for v in smoke} >= {"cudnnConvolutionForward", "cudnnRNNForward", "cublasSgemv",
+                                      "cudnnConvolutionBiasActivationForward", "cudnnSoftmaxForward"}
+    campaign = read_variants(out / "bench" / "cudnn")
+    assert f"campaign: {len(campaign)} variants generated" in log
+    # the transformer encoder is either in the campaign or said to be out of it, with the reason
+    assert ("transformer encoder is processable" in log
+            or "transformer encoder (PyTorch nn.TransformerEncoder export): not processable by Benanza yet" in log)
+    # the GPU steps are listed in order, none run
+    gpu_steps = [line for line in log.splitlines() if "would run:" in line]
+    order = ["cmake --build", "compute-sanitizer", "--tool memcheck", "benanza run", "--backend cudnn",
+             "--device cuda", "benanza analyze", "gpu-results.py"]
+    joined = "\n".join(gpu_steps)
+    assert all(step in joined for step in order), joined
+    assert joined.index("compute-sanitizer") < joined.index("benanza run") < joined.index("--device cuda")
+    assert not (out / "smoke" / "cudnn" / "build").exists()
+
+
+def test_gpu_kit_without_a_driver_stops_with_one_line(tmp_path):
+    if shutil.which("nvidia-smi") or Path("/usr/local/cuda/bin/nvidia-smi").exists():
+        pytest.skip("this machine has an NVIDIA driver: the kit would run")
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-validate.sh"), "--out", str(tmp_path / "kit")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines() == [
+        ("gpu-validate: no NVIDIA driver: nvidia-smi not found; this kit needs a machine with an NVIDIA GPU "
+         "(docs/gpu.md)")]
+    assert not (tmp_path / "kit").exists()
+
+
+def test_gpu_bundle_lists_the_wheels_and_the_deb_closure():
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-prepare.sh"), "--dry-run"], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert {"wheel: .[test,cuda,serve]", "wheel: torch==2.13.0", "wheel: hatchling"} <= set(lines)
+    debs = {line[len("deb: "):] for line in lines if line.startswith("deb: ")}
+    # the tools and what they need to install on a bare system (the closure, not just the names)
+    assert {"cmake", "ninja-build", "g++", "libbenchmark-dev"} <= debs
+    assert "libbenchmark1debian" in debs or any(d.startswith("libbenchmark1") for d in debs)
+    assert "cmake-data" in debs
+
+
+@pytest.mark.slow
+@NEED_TOOLCHAIN
+def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save):
+    """generate → real cuDNN binary (no GPU here: every variant fails) → runner → database →
+    `benanza analyze --json` → gpu-results.py: the page's counts are the database's."""
+    import os
+    import sys
+
+    from click.testing import CliRunner
+
+    from benanza.cli import main
+    from benanza.perfdb import PerfDB
+    from benanza.records import System
+    from benanza.runner import RunOptions, RunSummary, _execute
+
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    path = save(model(nodes, [io("x", [1, 4, 8, 8])], [io("y", None)], [tensor("W", (4, 4, 3, 3))]), "cr.onnx")
+    loaded = load_model(path)
+    manifest = build_manifest([loaded], unique_layers([loaded]))
+    g = generate(manifest, "cudnn", tmp_path / "bench", GenOptions(dtypes=("f32",), layouts=("nchw",)))
+    binary = _build(g.out_dir)
+    db_path = tmp_path / "gpu.db"
+    system = System("ci-gpu", "cudnn", "no device", (("cuda", "13"),))
+    summary = RunSummary(system, "cudnn", db_path, total=len(g.variants), already=0)
+    with PerfDB(db_path) as db:
+        db.record_models(manifest)
+        db.upsert_system(system)
+        _execute(binary, g.variants, dict(os.environ), RunOptions(timeout=120, repetitions=1), db, system,
+                 summary, None)
+    assert summary.failed == len(g.variants)
+
+    analysis = CliRunner().invoke(main, ["analyze", str(path), "--system", "ci-gpu", "--db", str(db_path), "--json",
+                                         "--measured-ms", "0.5"])
+    assert analysis.exit_code == 0, analysis.output
+    (tmp_path / "a.json").write_text(analysis.stdout)
+    doc = json.loads(analysis.stdout)["analyses"][0]
+    page = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-results.py"), "--db", str(db_path),
+                           "--system", "ci-gpu", "--out", str(page), "--campaign-seconds", "12",
+                           "--note", "a note", str(tmp_path / "a.json")], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    apis = Counter(v.api for v in g.variants)
+    for api, n in apis.items():
+        assert f"| {api} | {n} | 0 | 0 | {n} |" in text
+    assert f"| **all** | {len(g.variants)} | 0 | 0 | {len(g.variants)} |" in text
+    assert "**12 s**" in text and "- a note" in text
+    missing = len(doc["coverage"]["missing"])
+    assert missing == 2  # conv and relu: every variant failed, so no layer has a result
+    assert f"| cr | f32 | 0.500 | 0.000 | 0.000 | 0.00 | 0.00 | yes | {missing} | 0 |" in text
+    assert "cudaErrorInsufficientDriver" in text or "cudaErrorNoDevice" in text
+    assert "No convolution results." in text

@@ -39,12 +39,12 @@ def setup(save, tmp_path):
     model = load_model(path, 1)
     manifest = build_manifest([model], unique_layers([model]))
     cpu = expand_variants(manifest, get_backend("onednn"), GenOptions(dtypes=("f32",)))
-    gpu = expand_variants(manifest, get_backend("cudnn"), GenOptions(dtypes=("f32",), math=("default", "tf32")))
+    gpu = expand_variants(manifest, get_backend("cudnn"), GenOptions(dtypes=("f32",), math=("fma", "tf32_allowed")))
     db = PerfDB(tmp_path / "p.db")
     db.insert_results(OLD, [Result(v, "box", Status.OK, median_ms=50.0) for v in cpu])
     db.insert_results(NEW, [Result(v, "box", Status.OK, median_ms=spread(v.name)) for v in cpu
                             if v.fusion == "none"])
-    db.insert_results(GPU, [Result(v, "box", Status.OK, median_ms=0.001 if v.math == "tf32" else 0.01)
+    db.insert_results(GPU, [Result(v, "box", Status.OK, median_ms=0.001 if v.math == "tf32_allowed" else 0.01)
                             for v in gpu])
     yield path, model, db
     db.close()
@@ -55,7 +55,7 @@ def oracle_sequential(db: PerfDB, model, system: System, tf32: bool = False) -> 
     rows = db.db.execute(
         "SELECT r.layer_key, min(r.median_ms) FROM results r JOIN variants v ON v.name = r.variant "
         "WHERE r.stack_id = ? AND v.backend = ? AND r.status = 'ok' AND v.fusion = 'none' AND v.dtype = 'f32' "
-        "AND (? OR v.math != 'tf32') GROUP BY r.layer_key", (system.stack_id, system.backend, tf32)).fetchall()
+        "AND (? OR v.math != 'tf32_allowed') GROUP BY r.layer_key", (system.stack_id, system.backend, tf32)).fetchall()
     best = dict(rows)
     return sum(best.get(n.layer.key, 0.0) for n in model.nodes)
 
@@ -85,7 +85,7 @@ def test_tf32_counts_only_when_the_bound_says_it_assumes_it(setup):
     path, model, db = setup
     exact = sweep(path, db, backend="cudnn")
     tf32 = sweep(path, db, backend="cudnn", math="tf32")
-    assert exact.math == "exact" and all("math=tf32" not in r.variant for r in exact.rows)
+    assert exact.math == "exact" and all("math=tf32_allowed" not in r.variant for r in exact.rows)
     assert exact.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, GPU))
     assert tf32.bounds.sequential_ms == pytest.approx(oracle_sequential(db, model, GPU, tf32=True))
     assert tf32.bounds.sequential_ms < exact.bounds.sequential_ms

@@ -20,9 +20,14 @@ time, recorded as "unsupported" with its status string):
 - Pooling, batch norm and LRN get both layouts; element-wise families, softmax, dropout and RNNs
   one (``nchw``, meaning plain row-major). Dropout is benchmarked only when it drops (training
   mode); at inference it is the identity and no call runs it.
-- Math: ``default`` = FMA only (true fp32/fp16), ``tensor_op`` = Tensor Cores, ``tf32`` = TF32
-  Tensor Cores for fp32 data. Defaults: f32→default, f16→tensor_op, bf16→tensor_op. Math
-  applies to convolutions, GEMMs and RNNs; the other families run with ``default``.
+- Math (``MATHS``; one vocabulary for cuDNN and cuBLAS, so a bound names what it
+  assumed): ``fma`` = no Tensor Cores, no TF32 (true fp32/fp16 arithmetic); ``tf32_allowed`` =
+  fp32 data, the library may use TF32 Tensor Cores (PyTorch's default for cuDNN convolutions,
+  not for its matmuls); ``tensor_op`` = 16-bit data on Tensor Cores. Defaults: f32→fma,
+  f16→tensor_op, bf16→tensor_op; ask for ``--math fma --math tf32_allowed`` to get both f32
+  bounds. Math applies to convolutions, GEMMs and RNNs; the other families have no math
+  setting and are named ``default``. ``cublasSgemv`` has none either: it is ``fma`` whatever
+  was asked, generated once.
 - RNNs run one layer of cudnnRNNForward (v8 API, inference) in cuDNN's packed sequence-major
   layout (ONNX layout 0; a batch-major layout=1 layer is timed sequence-major too). cuDNN's GRU
   is ONNX's linear_before_reset=1 form, which its ``implementation`` string says.
@@ -32,7 +37,11 @@ time, recorded as "unsupported" with its status string):
 Run-time counters of every benchmark: ``flops``, ``bytes``, ``workspace_bytes``; convolutions
 add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``: what
 cudnnGetConvolutionForwardAlgorithm_v7 and cudnnFindConvolutionForwardAlgorithm pick) and
-``find_ms``. In CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernels.
+``find_ms``, and the math type and workspace each of them chose: ``heuristic_math``,
+``find_math`` (indexes into ``CUDNN_MATH_TYPES``), ``heuristic_workspace_bytes``,
+``find_workspace_bytes``. Timing counters (runtime_cpp/cudnn/harness.cpp): ``calls`` per
+repetition, ``l2_flushed`` (1: the L2 cache was flushed before every call, 0: hot-cache timing,
+``BENANZA_L2=hot``), ``host_bound_reps``. In CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernels.
 """
 
 from __future__ import annotations
@@ -71,10 +80,17 @@ IDENTITY_ALGOS = ("IMPLICIT_PRECOMP_GEMM",)
 DTYPES = ("f32", "f16", "bf16")
 DEFAULT_DTYPES = ("f32", "f16")
 LAYOUTS = ("nchw", "nhwc")
-MATHS = ("default", "tensor_op", "tf32")
-DEFAULT_MATH = {"f32": "default", "f16": "tensor_op", "bf16": "tensor_op"}
+# Math modes, named for what they allow (runtime_cpp/cudnn/benanza_cudnn/tables.hpp maps each to
+# a cudnnMathType_t and a cublasComputeType_t).
+TF32_MATH = "tf32_allowed"  # the only mode that lets f32 data lose precision (analyzer.admits_math)
+MATHS = ("fma", TF32_MATH, "tensor_op")
+NO_MATH = "default"  # the name of families whose call has no math setting
+DEFAULT_MATH = {"f32": "fma", "f16": "tensor_op", "bf16": "tensor_op"}
 # Math modes per dtype where the call has a math setting (conv, GEMM, RNN).
-TENSOR_MATH = {"f32": ("default", "tf32"), "f16": ("tensor_op", "default"), "bf16": ("tensor_op",)}
+TENSOR_MATH = {"f32": ("fma", "tf32_allowed"), "f16": ("tensor_op", "fma"), "bf16": ("tensor_op",)}
+# cudnnMathType_t, in enum order: the heuristic_math and find_math counters index this tuple.
+CUDNN_MATH_TYPES = ("CUDNN_DEFAULT_MATH", "CUDNN_TENSOR_OP_MATH", "CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION",
+                    "CUDNN_FMA_MATH")
 
 # Variants per C++ table file: keeps each generated translation unit small enough that the
 # parts compile in parallel and a rebuild after regeneration recompiles only what changed.
@@ -82,7 +98,8 @@ PART_SIZE = 2500
 
 _CPP = {"dtype": {"f32": "DType::F32", "f16": "DType::F16", "bf16": "DType::BF16"},
         "layout": {"nchw": "Layout::NCHW", "nhwc": "Layout::NHWC"},
-        "math": {"default": "Math::Default", "tensor_op": "Math::TensorOp", "tf32": "Math::TF32"}}
+        "math": {NO_MATH: "Math::Default", "fma": "Math::Fma", "tf32_allowed": "Math::Tf32Allowed",
+                 "tensor_op": "Math::TensorOp"}}
 
 Fields = list[tuple[str, str]]
 
@@ -336,7 +353,7 @@ class Expansion:
     def math_for(self, dtype: str, family: Family) -> tuple[str, ...]:
         """Requested math modes valid for the dtype, else the dtype's default."""
         if not family.math:
-            return ("default",)
+            return (NO_MATH,)
         valid = TENSOR_MATH[dtype]
         chosen = tuple(m for m in self.maths if m in valid) if self.maths else ()
         return chosen or (DEFAULT_MATH[dtype],)
@@ -401,7 +418,9 @@ class CudnnBackend:
         for d, lay, m in exp.combos(family):
             # cuBLAS has no 16-bit GEMV: those run as a GEMM with one row or column.
             call = "cublasGemmEx" if api == "cublasSgemv" and d != "f32" else api
-            out.append(Variant(problem, NAME, call, "default", d, lay, m))
+            variant = Variant(problem, NAME, call, "default", d, lay, "fma" if call == "cublasSgemv" else m)
+            if variant not in out:  # Sgemv has no math setting: one variant, whatever was asked
+                out.append(variant)
         return out
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,

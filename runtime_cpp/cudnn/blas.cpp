@@ -10,11 +10,16 @@
 namespace benanza::cudnn {
 namespace {
 
+// The math mode's cuBLAS compute type (tables.hpp): all accumulate in fp32.
 cublasComputeType_t compute_type(const Variant& v) {
-  if (v.math == Math::TF32) return CUBLAS_COMPUTE_32F_FAST_TF32;
-  // fp32 accumulation; Default math on 16-bit data forbids Tensor Cores (PEDANTIC).
-  if (v.dtype != DType::F32 && v.math == Math::Default) return CUBLAS_COMPUTE_32F_PEDANTIC;
-  return CUBLAS_COMPUTE_32F;
+  switch (v.math) {
+    case Math::Tf32Allowed: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    // fp32 data never meets Tensor Cores under COMPUTE_32F; 16-bit data needs PEDANTIC for that
+    case Math::Fma: return v.dtype == DType::F32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
+    case Math::TensorOp: return CUBLAS_COMPUTE_32F;
+    case Math::Default: break;
+  }
+  throw Failure("a cuBLAS variant without a math mode: regenerate the tables");
 }
 
 const char* compute_name(cublasComputeType_t t) {

@@ -24,6 +24,9 @@ void put(const std::string& key, const std::string& value) {
 void add_cuda_context(bool cupti) {
   put("backend", "cudnn");
   put("mode", cupti ? "cupti" : "timing");
+  const TimingSettings& t = timing_settings();
+  put("l2_cache", t.flush_l2 ? "flushed before every timed call" : "hot (not flushed)");
+  put("target_ms_per_repetition", std::to_string(t.target_ms));
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);  // 0 when no driver is installed

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "benanza_cudnn/harness.hpp"
+#include "benanza_cudnn/status.hpp"
 
 namespace benanza::cudnn {
 namespace {
@@ -15,14 +16,29 @@ constexpr const char* kAlgoNames[] = {"IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", 
                                       "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
 
 // What cuDNN would choose for a problem: the heuristic's first and cudnnFind's fastest
-// supported algorithm (-1 where it found none), computed once per layer/dtype/layout/math.
+// supported algorithm (-1 where it found none) with the math type and workspace each chose,
+// and every algorithm's status as Find reported it. Computed once per layer/dtype/layout/math
+// and shared by all that problem's variants.
+struct Pick {
+  int algo = -1;
+  int math = -1;  // cudnnMathType_t
+  double workspace_bytes = -1;
+};
+
 struct Choice {
-  int heuristic = -1;
-  int found = -1;
+  Pick heuristic, found;
   float found_ms = -1;
+  std::map<int, cudnnStatus_t> find_status;  // algo → status; absent: Find did not report it
 };
 
 using ChoiceKey = std::tuple<const ConvLayer*, DType, Layout, Math>;
+
+Pick first_supported(const cudnnConvolutionFwdAlgoPerf_t* perf, int returned) {
+  for (int i = 0; i < returned; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS)
+      return {perf[i].algo, perf[i].mathType, static_cast<double>(perf[i].memory)};
+  return {};
+}
 
 Choice choose(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t conv,
               cudnnTensorDescriptor_t y) {
@@ -30,24 +46,29 @@ Choice choose(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w, cudnnConvolu
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int returned = 0;
   if (cudnnGetConvolutionForwardAlgorithm_v7(cudnn_handle(), x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                             &returned, perf) == CUDNN_STATUS_SUCCESS) {
-    for (int i = 0; i < returned; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS) {
-        c.heuristic = perf[i].algo;
-        break;
-      }
-  }
+                                             &returned, perf) == CUDNN_STATUS_SUCCESS)
+    c.heuristic = first_supported(perf, returned);
   if (cudnnFindConvolutionForwardAlgorithm(cudnn_handle(), x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                            &returned, perf) == CUDNN_STATUS_SUCCESS) {
-    for (int i = 0; i < returned; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS) {
-        c.found = perf[i].algo;
+    c.found = first_supported(perf, returned);
+    for (int i = 0; i < returned; ++i) {
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].algo == c.found.algo && c.found_ms < 0)
         c.found_ms = perf[i].time;
-        break;
-      }
+      c.find_status.emplace(perf[i].algo, perf[i].status);  // first entry per algo: its best math
+    }
   }
   cudaGetLastError();  // Find may leave an allocation failure behind; it is not this benchmark's
   return c;
+}
+
+const Choice& choice_for(const ConvLayer& L, const Variant& v, cudnnTensorDescriptor_t x,
+                         cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t conv,
+                         cudnnTensorDescriptor_t y) {
+  static std::map<ChoiceKey, Choice> choices;
+  const ChoiceKey key{&L, v.dtype, v.layout, v.math};
+  auto it = choices.find(key);
+  if (it == choices.end()) it = choices.emplace(key, choose(x, w, conv, y)).first;
+  return it->second;
 }
 
 class ConvProblem : public Problem {
@@ -75,18 +96,28 @@ class ConvProblem : public Problem {
       counters["output_extra_cols"] = w - L.out_w;
     }
 
+    const Choice& choice = choice_for(L, v, x_, w_, conv_, y_);
+    if (call_ == kConvForward) {
+      // Find ran this algorithm on this very problem: a refusal there is final, so the
+      // variant is stored without allocating or timing anything (the fused call is checked
+      // by its own first call, Find does not cover it).
+      auto status = choice.find_status.find(v.algo);
+      if (status != choice.find_status.end() && cudnn_rule(status->second).verdict == Verdict::Unsupported)
+        unsupported(std::string("cudnnFindConvolutionForwardAlgorithm: ") + cudnn_rule(status->second).name +
+                    " for " + kAlgoNames[v.algo]);
+    }
     size_t ws = 0;
     BZ_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cudnn_handle(), x_, w_, conv_, y_, algo_, &ws));
     workspace_bytes = ws;
 
-    static std::map<ChoiceKey, Choice> choices;
-    const ChoiceKey key{&L, v.dtype, v.layout, v.math};
-    auto it = choices.find(key);
-    if (it == choices.end()) it = choices.emplace(key, choose(x_, w_, conv_, y_)).first;
     counters["algo"] = v.algo;
-    counters["heuristic_algo"] = it->second.heuristic;
-    counters["find_algo"] = it->second.found;
-    counters["find_ms"] = it->second.found_ms;
+    counters["heuristic_algo"] = choice.heuristic.algo;
+    counters["heuristic_math"] = choice.heuristic.math;
+    counters["heuristic_workspace_bytes"] = choice.heuristic.workspace_bytes;
+    counters["find_algo"] = choice.found.algo;
+    counters["find_math"] = choice.found.math;
+    counters["find_workspace_bytes"] = choice.found.workspace_bytes;
+    counters["find_ms"] = choice.found_ms;
     counters["flops"] = L.work.flops;
     counters["bytes"] = bytes_of(L.work, v);
 

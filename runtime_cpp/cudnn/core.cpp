@@ -1,8 +1,10 @@
 // Status checks, handles, buffers and type mappings of the cuDNN/cuBLAS runtime.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "benanza_cudnn/cuda_runtime.hpp"
+#include "benanza_cudnn/status.hpp"
 
 namespace benanza::cudnn {
 namespace {
@@ -20,39 +22,60 @@ std::string where(const char* file, int line) {
   return " (" + (slash == std::string::npos ? f : f.substr(slash + 1)) + ":" + std::to_string(line) + ")";
 }
 
+// A sticky error leaves the context unusable: every later call of this process fails with
+// it, so every later benchmark would be stored as failed. End the process instead; `benanza
+// run` stores the running benchmark as failed with this line and restarts the binary after it.
+[[noreturn]] void abort_sticky(cudaError_t status, const std::string& context) {
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "benanza: fatal: %s: %s: %s: a sticky CUDA error (the context is unusable); aborting so "
+               "the runner records this benchmark as failed and restarts for the rest\n",
+               context.c_str(), cudaGetErrorName(status), cudaGetErrorString(status));
+  std::fflush(stderr);
+  std::abort();
+}
+
+// After a library call failed: if a kernel fault poisoned the context, stop here, where the
+// fault belongs, instead of at the next benchmark's first CUDA call.
+void probe_context(const std::string& context) {
+  const cudaError_t status = cudaDeviceSynchronize();
+  if (is_sticky(status)) abort_sticky(status, context);
+  cudaGetLastError();
+}
+
 }  // namespace
 
 void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
   if (status == cudaSuccess) return;
-  cudaGetLastError();  // clear the sticky non-fatal error so the next benchmark starts clean
+  if (is_sticky(status)) abort_sticky(status, call_name(call) + where(file, line));
+  cudaGetLastError();  // clear the non-sticky error so the next benchmark starts clean
   throw Failure(call_name(call) + ": " + cudaGetErrorName(status) + ": " + cudaGetErrorString(status) +
                 where(file, line));
 }
 
 void check_cudnn(cudnnStatus_t status, const char* call, const char* file, int line) {
   if (status == CUDNN_STATUS_SUCCESS) return;
-  std::string msg = call_name(call) + ": " + cudnnGetErrorString(status);
+  const StatusRule rule = cudnn_rule(status);
+  std::string msg = call_name(call) + ": " + rule.name;
+  const std::string text = cudnnGetErrorString(status);
+  if (text != rule.name) msg += ": " + text;
 #if CUDNN_MAJOR >= 9
   char detail[512] = {0};
   cudnnGetLastErrorString(detail, sizeof detail);
   if (detail[0]) msg += std::string(" (") + detail + ")";
-  const int category = CUDNN_STATUS_CATEGORY(status);
-  const bool refused = category == CUDNN_STATUS_BAD_PARAM || category == CUDNN_STATUS_NOT_SUPPORTED;
-#else
-  const bool refused = status == CUDNN_STATUS_BAD_PARAM || status == CUDNN_STATUS_NOT_SUPPORTED;
 #endif
   msg += where(file, line);
-  if (refused) throw Unsupported(msg);
+  if (rule.verdict == Verdict::Unsupported) throw Unsupported(msg);
+  probe_context(call_name(call) + where(file, line));
   throw Failure(msg);
 }
 
 void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  std::string msg = call_name(call) + ": " + cublasGetStatusName(status) + ": " +
-                    cublasGetStatusString(status) + where(file, line);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE ||
-      status == CUBLAS_STATUS_ARCH_MISMATCH)
-    throw Unsupported(msg);
+  const StatusRule rule = cublas_rule(status);
+  std::string msg = call_name(call) + ": " + rule.name + ": " + cublasGetStatusString(status) + where(file, line);
+  if (rule.verdict == Verdict::Unsupported) throw Unsupported(msg);
+  probe_context(call_name(call) + where(file, line));
   throw Failure(msg);
 }
 
@@ -141,13 +164,12 @@ cudnnTensorFormat_t cudnn_format(Layout l) { return l == Layout::NHWC ? CUDNN_TE
 
 cudnnMathType_t cudnn_math(Math m) {
   switch (m) {
-    // FMA: no Tensor Cores and no TF32, so "f32" numbers are true fp32 on Ampere and newer,
-    // where CUDNN_DEFAULT_MATH would silently allow TF32.
-    case Math::Default: return CUDNN_FMA_MATH;
+    case Math::Fma: return CUDNN_FMA_MATH;
+    case Math::Tf32Allowed: return CUDNN_DEFAULT_MATH;  // on fp32 data: TF32 Tensor Cores allowed
     case Math::TensorOp: return CUDNN_TENSOR_OP_MATH;
-    case Math::TF32: return CUDNN_DEFAULT_MATH;
+    case Math::Default: break;
   }
-  return CUDNN_DEFAULT_MATH;
+  throw Failure("a variant without a math mode reached a call that takes one: regenerate the tables");
 }
 
 void set_tensor4d(cudnnTensorDescriptor_t d, Layout layout, DType type, int n, int c, int h, int w) {

@@ -34,7 +34,22 @@ void launch(void* out, size_t count, float lo, float hi) {
   BZ_CUDA(cudaGetLastError());
 }
 
+// Spins one thread until `ns` of the GPU's global timer have passed.
+__global__ void delay_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 }  // namespace
+
+void delay_stream(double microseconds) {
+  if (microseconds <= 0) return;
+  delay_kernel<<<1, 1, 0, stream()>>>(static_cast<uint64_t>(microseconds * 1e3));
+  BZ_CUDA(cudaGetLastError());
+}
 
 DeviceBuffer filled(size_t count, DType type, float lo, float hi) {
   DeviceBuffer buf(count * dtype_size(type));

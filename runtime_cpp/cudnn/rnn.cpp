@@ -52,7 +52,11 @@ class RnnProblem : public Problem {
     const int strides[3] = {L.batch * L.hidden, L.hidden, 1};
     BZ_CUDNN(cudnnSetTensorNdDescriptor(h_, cudnn_dtype(v.dtype), 3, dims, strides));
     dev_lengths_ = DeviceBuffer(lengths.size() * sizeof(int));
-    BZ_CUDA(cudaMemcpy(dev_lengths_.get(), lengths.data(), dev_lengths_.bytes(), cudaMemcpyHostToDevice));
+    // On the work stream: a plain cudaMemcpy goes to the legacy stream, which does not order
+    // against a non-blocking stream. The sync keeps `lengths` alive until the copy is done.
+    BZ_CUDA(cudaMemcpyAsync(dev_lengths_.get(), lengths.data(), dev_lengths_.bytes(), cudaMemcpyHostToDevice,
+                            stream()));
+    BZ_CUDA(cudaStreamSynchronize(stream()));
 
     size_t weights = 0, work = 0, reserve = 0;
     BZ_CUDNN(cudnnGetRNNWeightSpaceSize(h, rnn_, &weights));

@@ -7,7 +7,7 @@ option(BENANZA_CUPTI "Profile kernels with CUPTI (fixed iterations) instead of t
 set(BENANZA_CUDNN_RUNTIME_DIR "${CMAKE_CURRENT_LIST_DIR}")
 set(_dir "${BENANZA_CUDNN_RUNTIME_DIR}")
 add_library(benanza_cudnn_runtime STATIC
-  ${_dir}/core.cpp ${_dir}/fill.cu ${_dir}/harness.cpp ${_dir}/context.cpp ${_dir}/conv.cpp
+  ${_dir}/core.cpp ${_dir}/status.cpp ${_dir}/measure.cpp ${_dir}/fill.cu ${_dir}/harness.cpp ${_dir}/context.cpp ${_dir}/conv.cpp
   ${_dir}/ops.cpp ${_dir}/rnn.cpp ${_dir}/blas.cpp)
 target_include_directories(benanza_cudnn_runtime PUBLIC ${_dir})
 target_compile_features(benanza_cudnn_runtime PUBLIC cxx_std_17)

@@ -149,8 +149,9 @@ class LineReporter : public benchmark::BenchmarkReporter {
       for (size_t i = 0; i < times.size(); ++i) arr += (i ? "," : "") + json_number(times[i]);
       o.raw("times_ms", arr + "]");
     }
+    // The last repetition's counters: one a backend accumulates over repetitions is complete there.
     JsonObject counters;
-    for (const auto& kv : first.counters) counters.add(kv.first, static_cast<double>(kv.second.value));
+    for (const auto& kv : reps.back()->counters) counters.add(kv.first, static_cast<double>(kv.second.value));
     o.raw("counters", counters.str());
     emit("BENANZA_RESULT", o.str());
   }

@@ -17,12 +17,13 @@
 
 namespace benanza::cudnn {
 
-// The library refused the configuration (cuDNN NOT_SUPPORTED/BAD_PARAM, cuBLAS NOT_SUPPORTED/
-// INVALID_VALUE/ARCH_MISMATCH): recorded as "unsupported" with the library's status string.
+// The library refused the configuration (status.hpp says which status codes mean that):
+// recorded as "unsupported" with the library's status name.
 struct Unsupported : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-// Anything else (no GPU, out of memory, execution failure): recorded as "failed".
+// Anything else (no GPU, out of memory, a harness bug, the environment, an execution failure):
+// recorded as "failed". A sticky CUDA error does not throw: it ends the process (core.cpp).
 struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -103,6 +104,10 @@ const char* dtype_name(DType t);
 // A buffer of `count` elements of `type`, filled on the device with values in [lo, hi)
 // (a hash of the index, so no host copy and no cuRAND).
 DeviceBuffer filled(size_t count, DType type, float lo = -1.0f, float hi = 1.0f);
+
+// Holds stream() busy on the device for `microseconds` (a spinning one-thread kernel), so the
+// host can enqueue what follows before the GPU reaches it.
+void delay_stream(double microseconds);
 
 // 4-d tensor descriptor in the given layout.
 void set_tensor4d(cudnnTensorDescriptor_t d, Layout layout, DType type, int n, int c, int h, int w);

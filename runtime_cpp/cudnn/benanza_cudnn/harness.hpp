@@ -15,11 +15,22 @@ namespace benanza::cudnn {
 
 using Factory = std::function<std::unique_ptr<Problem>()>;
 
-// Google Benchmark calls a benchmark's body several times (iteration estimate, repetitions);
-// the Problem is built once per benchmark and kept until the next benchmark starts, so setup,
-// heuristics and cudnnFind never repeat and never land in the timed region. Every kernel
-// launched by Problem::enqueue is timed with CUDA events around it (manual time).
+// Google Benchmark calls a benchmark's body once per repetition (the binary fixes one
+// iteration per repetition); the Problem is built once per benchmark and kept until the next
+// benchmark starts, so setup, heuristics and cudnnFind never repeat and never land in the timed
+// region. After warm-up, one call sizes the repetitions (measure.hpp plan_batch): each times a
+// batch of back-to-back calls, every call between its own CUDA events, after a device-side delay
+// that lets the host enqueue the batch first, and by default on a freshly flushed L2 cache. The
+// repetition's time is the mean GPU time per call (manual time).
 void run_variant(benchmark::State& state, const Variant& v, const Factory& make);
+
+// How calls are timed: set from the environment by main.cpp (BENANZA_L2, BENANZA_TARGET_MS).
+struct TimingSettings {
+  bool flush_l2 = true;    // false: hot-cache timing, labelled by the l2_flushed counter
+  double target_ms = 1.0;  // GPU time one repetition fills; 0: one call per repetition
+  int max_calls = 1000;
+};
+TimingSettings& timing_settings();
 
 // Registers `count` variants of one family, each calling `bench(state, layer, variant)`.
 template <class Layer>

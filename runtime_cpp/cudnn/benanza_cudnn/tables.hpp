@@ -18,9 +18,15 @@ namespace benanza::cudnn {
 
 enum class DType : uint8_t { F32, F16, BF16 };
 enum class Layout : uint8_t { NCHW, NHWC };
-// Default: FMA kernels only (true fp32/fp16 arithmetic, no Tensor Cores, no TF32);
-// TensorOp: Tensor Cores allowed; TF32: fp32 data through TF32 Tensor Cores.
-enum class Math : uint8_t { Default, TensorOp, TF32 };
+// One vocabulary for cuDNN and cuBLAS (benanza/backends/cudnn.py MATHS):
+//   Default      the call has no math setting (pooling, activations, ...)
+//   Fma          no Tensor Cores, no TF32: CUDNN_FMA_MATH; cuBLAS CUBLAS_COMPUTE_32F for fp32
+//                data, CUBLAS_COMPUTE_32F_PEDANTIC for 16-bit data
+//   Tf32Allowed  fp32 data, the library may use TF32 Tensor Cores (PyTorch's default for cuDNN
+//                convolutions): CUDNN_DEFAULT_MATH; cuBLAS CUBLAS_COMPUTE_32F_FAST_TF32
+//   TensorOp     16-bit data on Tensor Cores, fp32 accumulation: CUDNN_TENSOR_OP_MATH;
+//                cuBLAS CUBLAS_COMPUTE_32F
+enum class Math : uint8_t { Default, Fma, Tf32Allowed, TensorOp };
 
 // Which library call a variant times, per family (the `call` field of Variant).
 constexpr uint8_t kCall = 0;  // the family's only call

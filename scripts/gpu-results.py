@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Renders docs/results-<gpu>.md from what scripts/gpu-validate.sh measured.
+
+Inputs are only files the pipeline wrote: the performance database, `benanza analyze --json`
+documents, the campaign's timing, and the smoke run's BENANZA_RESULT lines. Nothing here
+invents a number: a missing input becomes a line saying it is missing.
+
+usage: gpu-results.py --db DB --system NAME --out FILE.md --campaign-seconds S
+                      [--smoke smoke.log] [--note TEXT ...] ANALYSIS.json ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from benanza.backends.cudnn import CONV_ALGOS, CUDNN_MATH_TYPES
+from benanza.perfdb import PerfDB
+from benanza.records import Result, Status
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out + [""]
+
+
+def campaign(results: list[Result], seconds: float) -> list[str]:
+    by_api: dict[str, Counter] = defaultdict(Counter)
+    for r in results:
+        by_api[r.variant.api][r.status.value] += 1
+    rows = [[api, str(sum(c.values())), str(c["ok"]), str(c["unsupported"]), str(c["failed"])]
+            for api, c in sorted(by_api.items())]
+    total = Counter(r.status.value for r in results)
+    rows.append(["**all**", str(len(results)), str(total["ok"]), str(total["unsupported"]), str(total["failed"])])
+    flushed = Counter(int(r.metrics.get("l2_flushed", -1)) for r in results if r.ok)
+    host_bound = sum(1 for r in results if r.ok and r.metrics.get("host_bound_reps", 0) > 0)
+    lines = ["## Campaign", "",
+             f"`benanza run` wall time (build included): **{seconds:.0f} s** for {len(results)} variants.", ""]
+    lines += _table(["api", "variants", "ok", "unsupported", "failed"], rows)
+    lines += [(f"L2 cache flushed before every timed call in {flushed[1]} ok results, hot in {flushed[0]}; "
+               f"{host_bound} ok results had a repetition where the host fell behind the GPU "
+               f"(`host_bound_reps` > 0)."), ""]
+    failures = Counter(r.message.split(" (")[0][:120] for r in results if r.status is Status.FAILED)
+    if failures:
+        lines += ["Most frequent failure messages:", ""]
+        lines += _table(["count", "message"], [[str(n), m.replace("|", "\\|")] for m, n in failures.most_common(10)])
+    return lines
+
+
+def algorithms(results: list[Result]) -> list[str]:
+    """Per convolution problem: the heuristic's and Find's algorithm against the fastest timed."""
+    groups: dict[tuple, list[Result]] = defaultdict(list)
+    for r in results:
+        v = r.variant
+        if v.api == "cudnnConvolutionForward" and r.ok:
+            groups[(v.layer_key, v.dtype, v.layout, v.math)].append(r)
+    rows, same_h, same_f, loss_h = [], 0, 0, []
+    for (key, dtype, layout, math), rs in sorted(groups.items()):
+        best = min(rs, key=lambda r: r.median_ms or 0.0)
+        m = best.metrics
+        h, f = int(m.get("heuristic_algo", -1)), int(m.get("find_algo", -1))
+        by_algo = {r.variant.algo: r.median_ms for r in rs}
+        h_name = CONV_ALGOS[h] if 0 <= h < len(CONV_ALGOS) else "none"
+        f_name = CONV_ALGOS[f] if 0 <= f < len(CONV_ALGOS) else "none"
+        same_h += h_name == best.variant.algo
+        same_f += f_name == best.variant.algo
+        if h_name in by_algo and best.median_ms:
+            loss_h.append(by_algo[h_name] / best.median_ms)
+        hm = int(m.get("heuristic_math", -1))
+        rows.append([key[:60], dtype, layout, math, best.variant.algo, _ms(best.median_ms), h_name,
+                     _ms(by_algo.get(h_name)), CUDNN_MATH_TYPES[hm] if 0 <= hm < 4 else "—", f_name])
+    lines = ["## Heuristic vs best algorithm", ""]
+    if not groups:
+        return lines + ["No convolution results.", ""]
+    lines += [f"{len(groups)} convolution problems: the heuristic's first choice was the fastest timed "
+              f"algorithm in {same_h}, cudnnFind's in {same_f}. "
+              + (f"Heuristic choice ÷ best: median {statistics.median(loss_h):.2f}, max {max(loss_h):.2f}."
+                 if loss_h else ""), ""]
+    return lines + _table(["layer", "dtype", "layout", "math", "best", "best ms", "heuristic", "heuristic ms",
+                           "heuristic math", "Find"], rows[:60])
+
+
+def models(analyses: list[dict]) -> list[str]:
+    rows, whatif = [], []
+    for a in analyses:
+        b = a["bounds"]
+        rows.append([a["model"], a["dtype"], _ms(a.get("measured_ms")), _ms(b["sequential_ms"]), _ms(b["parallel_ms"]),
+                     _ratio(b.get("br_sequential")), _ratio(b.get("br_parallel")), "yes" if b["partial"] else "no",
+                     str(len(a["coverage"].get("missing", []))), str(len(a["coverage"].get("not_covered", [])))])
+        tc = a.get("tensor_cores", {}).get("bounds", {})
+        fused = a.get("fusion", {}).get("bounds")
+        joint = a.get("joint")
+        whatif.append([a["model"], _ms(tc.get("f32", {}).get("sequential_ms")),
+                       _ms(tc.get("f16", {}).get("sequential_ms")), _ms(tc.get("f16/nhwc", {}).get("sequential_ms")),
+                       _ms(fused["sequential_ms"] if fused else None),
+                       _ms(joint.get("sequential_ms") if joint else None),
+                       str(a.get("tensor_cores", {}).get("tc_kernels", "—")) + "/" +
+                       str(a.get("tensor_cores", {}).get("kernels", "—"))])
+    lines = ["## Bounds vs PyTorch (CUDA)", "",
+             ("Measured: `benanza profile --framework torch --device cuda` (Benanza's eager executor of the "
+              "ONNX graph), trimmed mean. BR = bound ÷ measured."), ""]
+    lines += _table(["model", "dtype", "measured ms", "sequential bound", "parallel bound", "BR seq", "BR par",
+                     "partial", "missing layers", "not covered"], rows)
+    lines += ["## What-ifs: fp16 / Tensor Cores, fusion, all together", "",
+              "Sequential bounds in ms; TC kernels = Tensor Core kernels / kernels seen in the profile.", ""]
+    lines += _table(["model", "f32", "f16", "f16 nhwc", "fused (f32)", "joint", "TC kernels"], whatif)
+    return lines
+
+
+def smoke(path: Path | None) -> list[str]:
+    lines = ["## Smoke run under compute-sanitizer (every family)", ""]
+    if path is None or not path.is_file():
+        return lines + ["Not run.", ""]
+    results = [json.loads(line.split(" ", 1)[1]) for line in path.read_text(errors="replace").splitlines()
+               if line.startswith("BENANZA_RESULT ")]
+    errors = [line for line in path.read_text(errors="replace").splitlines() if line.startswith("========= ")]
+    by_family: dict[str, Counter] = defaultdict(Counter)
+    for r in results:
+        api = r["name"].split("/api=", 1)[1].split("/", 1)[0] if "/api=" in r["name"] else "?"
+        by_family[api][r["status"]] += 1
+    lines += _table(["api", "ok", "unsupported", "failed"],
+                    [[a, str(c["ok"]), str(c["unsupported"]), str(c["failed"])] for a, c in sorted(by_family.items())])
+    summary = [e for e in errors if "ERROR SUMMARY" in e]
+    lines += [f"compute-sanitizer: {summary[-1][10:] if summary else 'no summary line (see the log)'}", ""]
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--db", required=True, type=Path)
+    p.add_argument("--system", required=True)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--campaign-seconds", type=float, required=True)
+    p.add_argument("--smoke", type=Path)
+    p.add_argument("--note", action="append", default=[])
+    p.add_argument("analyses", nargs="*", type=Path)
+    args = p.parse_args()
+    with PerfDB(args.db) as db:
+        system = db.system(args.system)
+        if system is None:
+            print(f"gpu-results: {args.db}: no system {args.system!r}", file=sys.stderr)
+            return 1
+        results = db.results(args.system)
+    analyses = [a for path in args.analyses for a in json.loads(path.read_text())["analyses"]]
+    lines = [f"# Benanza on {system.device}", "",
+             "Written by `scripts/gpu-validate.sh` (docs/gpu.md) from the measurements of that run.", ""]
+    lines += _table(["component", "version"], [[k, v] for k, v in system.stack])
+    lines += [f"- {n}" for n in args.note] + ([""] if args.note else [])
+    lines += campaign(results, args.campaign_seconds) + models(analyses) + algorithms(results) + smoke(args.smoke)
+    args.out.write_text("\n".join(lines))
+    print(f"gpu-results: wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
