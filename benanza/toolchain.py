@@ -94,6 +94,8 @@ def inventory() -> dict[str, str | None]:
         "torch": "torch" if _module("torch") else None,
         "nvtx": "nvtx" if _module("nvtx") else None,
         "datasette": "datasette" if _module("datasette") else None,
+        "submitit": "submitit" if _module("submitit") else None,
+        **{tool: shutil.which(tool) for tool in ("slurmctld", "slurmd", "sbatch", "munged")},
     }
 
 

@@ -126,7 +126,7 @@ def test_torch_profile_maps_layers_and_names_onednn_algorithms(workdir, model):
 @pytest.mark.parametrize("model", MODELS)
 def test_bounds_equal_the_database(workdir, model):
     """Real oneDNN measurements: the bounds equal an independent SQL query and a DP over the ONNX edges."""
-    from test_bounds_e2e import best_by_key, longest_path, node_keys
+    from test_bounds_e2e import JSON_MS, best_by_key, longest_path, node_keys
 
     (a,) = json.loads(benanza("analyze", f"models/{model}.onnx", "--system", "ci-cpu", "--db", "perf.db",
                               "--json", cwd=workdir))["analyses"]
@@ -134,6 +134,6 @@ def test_bounds_equal_the_database(workdir, model):
     best = best_by_key(workdir / "perf.db", "ci-cpu", "f32")
     weight = {name: best.get(key, 0.0) for name, key in keys.items()}
     assert not a["bounds"]["partial"]
-    assert a["bounds"]["sequential_ms"] == pytest.approx(sum(weight.values()), rel=1e-6)
+    assert a["bounds"]["sequential_ms"] == pytest.approx(sum(weight.values()), **JSON_MS)
     assert a["bounds"]["parallel_ms"] == pytest.approx(longest_path(workdir / "models" / f"{model}.onnx", weight),
-                                                       rel=1e-6)
+                                                       **JSON_MS)

@@ -135,7 +135,7 @@ def test_build_and_run_every_variant_reports_a_status(manifest, tmp_path):
         assert all(r.status.value == "unsupported" and "bf16" in r.message for r in bf16)
     # the analyzer's bounds from these real measurements, per dtype this CPU runs, against SQL + a DP
     from click.testing import CliRunner
-    from test_bounds_e2e import best_by_key, longest_path, node_keys
+    from test_bounds_e2e import JSON_MS, best_by_key, longest_path, node_keys
 
     from benanza.cli import main
 
@@ -149,8 +149,8 @@ def test_build_and_run_every_variant_reports_a_status(manifest, tmp_path):
         best = best_by_key(db, "ci", dtype)
         weight = {name: best.get(key, 0.0) for name, key in keys.items()}
         assert not a["bounds"]["partial"] and a["bounds"]["sequential_ms"] > 0
-        assert a["bounds"]["sequential_ms"] == pytest.approx(sum(weight.values()), rel=1e-6)
-        assert a["bounds"]["parallel_ms"] == pytest.approx(longest_path(model, weight), rel=1e-6)
+        assert a["bounds"]["sequential_ms"] == pytest.approx(sum(weight.values()), **JSON_MS)
+        assert a["bounds"]["parallel_ms"] == pytest.approx(longest_path(model, weight), **JSON_MS)
 
 
 @pytest.mark.slow
