@@ -294,7 +294,7 @@ def db_info(db_path: str | None) -> None:
     from .perfdb import PerfDB, resolve_db_path
 
     path = resolve_db_path(db_path)
-    with PerfDB(path) as pdb:
+    with PerfDB(path, readonly=True) as pdb:
         console.print(f"{path}: schema {pdb.schema_version}", highlight=False)
         table = Table("table", "rows")
         for c in pdb.counts():
@@ -317,7 +317,7 @@ def db_list(db_path: str | None, system_name: str, name_filter: str | None, stat
 
     from .perfdb import PerfDB, resolve_db_path
 
-    with PerfDB(resolve_db_path(db_path)) as pdb:
+    with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         results = pdb.results(system_name)
     rx = re.compile(name_filter) if name_filter else None
     table = Table("variant", "status", "median ms", "stddev ms", "implementation / message")
@@ -340,7 +340,7 @@ def db_export(db_path: str | None, out_path: str, system_name: str | None, all_r
     from .errors import UsageError
     from .perfdb import PerfDB, resolve_db_path
 
-    with PerfDB(resolve_db_path(db_path)) as pdb:
+    with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         frame = pdb.results_frame(system_name, latest=not all_rows)
     if out_path.endswith(".parquet"):
         try:
@@ -381,7 +381,7 @@ def db_serve(db_path: str | None, port: int) -> None:
     if importlib.util.find_spec("datasette") is None:
         raise UsageError("`benanza db serve` needs Datasette: pip install 'benanza[serve]'")
     path = resolve_db_path(db_path)
-    PerfDB(path).close()  # validate before handing it over
+    PerfDB(path, readonly=True).close()  # validate before handing it over
     sys.exit(subprocess.call([sys.executable, "-m", "datasette", "serve", str(path), "--port", str(port)]))
 
 
@@ -407,8 +407,11 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     manifest = build_manifest(loaded, unique_layers(loaded))
     wanted = expand_variants(manifest, get_backend(backend), GenOptions())
     path = resolve_db_path(db_path)
-    with PerfDB(path) as pdb:
-        absent = pdb.missing(system_name, wanted)
+    if generate_missing and not path.exists():
+        absent = wanted  # a database yet to be created lacks everything
+    else:
+        with PerfDB(path, readonly=True) as pdb:
+            absent = pdb.missing(system_name, wanted)
     if not absent:
         console.print(f"all {len(wanted)} benchmarks of {len(models)} model(s) are in {path}", highlight=False)
         return
@@ -510,7 +513,8 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")
     prof = load_profile(list(profiles))
-    analyses = run_sweep(req, PerfDB(resolve_db_path(db_path)), prof)
+    with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
+        analyses = run_sweep(req, pdb, prof)
     if report_path:
         path = write_report(report_path, render_html(analyses))
         err_console.print(f"report: {path}", highlight=False)

@@ -16,6 +16,7 @@ import os
 import shlex
 import sqlite3
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -89,6 +90,8 @@ CREATE TABLE IF NOT EXISTS occurrences (
 CREATE INDEX IF NOT EXISTS occurrences_layer ON occurrences(layer_key);
 """
 
+_TABLES = frozenset({"meta", "systems", "layers", "variants", "results", "models", "occurrences"})
+
 _RESULT_COLUMNS = ("system", "stack_id", "variant", "layer_key", "dtype", "status", "message",
                    "median_ms", "mean_ms", "stddev_ms", "min_ms", "iterations", "repetitions",
                    "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp")
@@ -101,19 +104,31 @@ class TableCount:
 
 
 class PerfDB:
-    """One performance database file. Opening creates it (and its folder) if missing."""
+    """One performance database file.
 
-    def __init__(self, path: str | Path):
+    Opening for writing creates it (and its folder) if missing. ``readonly=True`` is for
+    commands that only read: the file must exist, nothing is created or stamped, and a file
+    in a read-only folder or on read-only media still opens.
+    """
+
+    def __init__(self, path: str | Path, *, readonly: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.readonly = readonly
         try:
+            if readonly:
+                self.db = sqlite_utils.Database(_connect_readonly(self.path))
+                _check_schema(self.db.conn, self.path, readonly=True)
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=_BUSY_MS / 1000, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
             self.db = sqlite_utils.Database(conn)
             self._retry(self._init_schema)
             self._enable_wal()
+        except OSError as exc:
+            raise DatabaseError(self.path, f"cannot create the database ({exc.strerror or exc})") from None
         except sqlite3.DatabaseError as exc:
-            raise DatabaseError(self.path, f"not a usable SQLite database ({exc})") from None
+            raise DatabaseError(self.path, _sqlite_problem(exc)) from None
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -128,6 +143,8 @@ class PerfDB:
 
     def _retry(self, fn: Callable[[], T]) -> T:
         """Runs ``fn`` in one IMMEDIATE transaction, retrying while another writer holds the lock."""
+        if self.readonly:
+            raise DatabaseError(self.path, "opened read-only; this command does not write")
         deadline = time.monotonic() + _RETRY_SECONDS
         delay = 0.05
         while True:
@@ -142,28 +159,20 @@ class PerfDB:
                 return out
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
+                    raise DatabaseError(self.path, _sqlite_problem(exc)) from None
                 if time.monotonic() > deadline:
                     raise DatabaseError(self.path, f"still locked by another writer after "
                                                    f"{_RETRY_SECONDS:.0f}s ({exc})") from None
                 log.debug("database busy, retrying in %.2fs", delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except sqlite3.DatabaseError as exc:
+                raise DatabaseError(self.path, _sqlite_problem(exc)) from None
 
     def _init_schema(self) -> None:
+        if _check_schema(self.db.conn, self.path, readonly=False) == SCHEMA_VERSION:
+            return
         conn = self.db.conn
-        has_meta = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-        if has_meta:
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            version = int(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise DatabaseError(self.path, f"schema version {version} is newer than this Benanza "
-                                               f"understands ({SCHEMA_VERSION}); upgrade benanza")
-            if version == SCHEMA_VERSION:
-                return
-        elif conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]:
-            raise DatabaseError(self.path, "not a Benanza performance database (no meta table)")
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
@@ -180,8 +189,7 @@ class PerfDB:
 
     @property
     def schema_version(self) -> int:
-        row = self.db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        return int(row[0])
+        return _check_schema(self.db.conn, self.path, readonly=True)
 
     # --- systems -------------------------------------------------------------------------
 
@@ -331,7 +339,7 @@ class PerfDB:
             raise DatabaseError(other, "cannot merge a database into itself")
         if not Path(other).is_file():
             raise DatabaseError(other, "no such database file")
-        src = PerfDB(other)  # validates its schema version
+        src = PerfDB(other, readonly=True)  # validates its schema version, writes nothing
         src.close()
         added: dict[str, int] = {}
 
@@ -363,6 +371,70 @@ class PerfDB:
         finally:
             self.db.conn.execute("DETACH DATABASE src")
         return added
+
+
+# --- opening ---------------------------------------------------------------------------
+
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection that creates nothing (no folder, no file, no journal)."""
+    if not path.is_file():
+        what = "is a folder, not a database file" if path.is_dir() else "no such database file"
+        raise DatabaseError(path, what + " (reading commands never create one; `benanza run` does)")
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_MS / 1000, isolation_level=None)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "unable to open" not in str(exc):
+            raise
+    # A WAL database needs its -shm file; in a read-only folder without one, SQLite can only
+    # read the file as immutable (correct as long as nobody writes it meanwhile, which in
+    # such a folder nobody can).
+    log.info("%s: read-only folder without WAL index; reading the file as immutable", path)
+    conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    return conn
+
+
+def _check_schema(conn: sqlite3.Connection, path: Path, readonly: bool) -> int:
+    """The file's schema version, validated; 0 for an empty file that may still get a schema.
+
+    Every way a file can fail to be a usable Benanza database is one DatabaseError line.
+    """
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        if readonly:
+            raise DatabaseError(path, "empty file, not a Benanza performance database")
+        return 0
+    if "meta" not in tables:
+        raise DatabaseError(path, "not a Benanza performance database (no meta table)")
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if row is None:
+        raise DatabaseError(path, "not a Benanza performance database (meta has no schema_version)")
+    try:
+        version = int(row[0])
+    except (TypeError, ValueError):
+        raise DatabaseError(path, f"schema_version {row[0]!r} is not an integer") from None
+    if version > SCHEMA_VERSION:
+        raise DatabaseError(path, f"schema version {version} is newer than this Benanza understands "
+                                  f"({SCHEMA_VERSION}); upgrade benanza")
+    if version < 1:
+        raise DatabaseError(path, f"schema version {version} predates every version Benanza can read")
+    absent = sorted(_TABLES - tables) if version == SCHEMA_VERSION else []
+    if absent:
+        raise DatabaseError(path, f"schema version {version} but tables missing: {', '.join(absent)}")
+    return version
+
+
+def _sqlite_problem(exc: sqlite3.Error) -> str:
+    text = str(exc)
+    if "readonly" in text or "read-only" in text:
+        return f"cannot write: the file or its folder is read-only ({text})"
+    if "unable to open" in text:
+        return f"cannot open ({text}): check that the folder exists and is accessible"
+    return f"not a usable SQLite database ({text})"
 
 
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
