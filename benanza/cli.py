@@ -380,9 +380,22 @@ def db_serve(db_path: str | None, port: int) -> None:
 
     if importlib.util.find_spec("datasette") is None:
         raise UsageError("`benanza db serve` needs Datasette: pip install 'benanza[serve]'")
+    from .children import popen, sigterm_interrupts
+
     path = resolve_db_path(db_path)
     PerfDB(path, readonly=True).close()  # validate before handing it over
-    sys.exit(subprocess.call([sys.executable, "-m", "datasette", "serve", str(path), "--port", str(port)]))
+    server = popen([sys.executable, "-m", "datasette", "serve", str(path), "--port", str(port)])
+    try:
+        with sigterm_interrupts():
+            sys.exit(server.wait())
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: Datasette goes with us
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        sys.exit(130)
 
 
 @db.command("lookup")

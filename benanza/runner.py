@@ -233,8 +233,7 @@ def binary_context(binary: Path, env: dict[str, str]) -> dict:
             children.kill_group(proc)
             raise BenanzaError(f"{binary}: --benanza_context did not finish in {_CONTEXT_SECONDS:g}s") from None
         finally:
-            if proc.poll() is None:
-                children.kill_group(proc)
+            children.kill_group(proc)
         out_f.seek(0)
         err_f.seek(0)
         stdout = out_f.read().decode("utf-8", errors="replace")
@@ -450,8 +449,7 @@ def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: Run
         try:
             outcome = _read_results(proc, _Lines(proc.stdout.fileno()), names, batch)
         finally:
-            if proc.poll() is None:
-                children.kill_group(proc)
+            children.kill_group(proc)  # also what the binary left running in its group
             proc.stdout.close()
         rc = proc.wait()
         err.seek(0)
@@ -537,17 +535,16 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
     """Stores one result line; a malformed one fails its benchmark (or the running one) and
     keeps the line, so one bad line never costs the run."""
     try:
-        data = json.loads(payload)
+        parsed = json.loads(payload)
     except ValueError:
-        data = None
-    name = data.get("name") if isinstance(data, dict) else None
-    if not isinstance(name, str) or name not in batch.by_name:
-        name = current
+        parsed = None
+    data = parsed if isinstance(parsed, dict) else None
+    named = data.get("name") if data is not None else None
+    name = named if isinstance(named, str) and named in batch.by_name else current
     if name is None or name in batch.finished:
-        if not isinstance(data, dict) or data.get("name") not in batch.by_name:
+        if name is None:
             log.warning("ignoring a result line for no benchmark of this run: %.200s", line)
         return
-    assert data is None or isinstance(data, dict)
     problem = "not a JSON object" if data is None else ""
     if data is not None:
         if data.get("name") != name:
