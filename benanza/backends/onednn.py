@@ -19,6 +19,7 @@ from pathlib import Path
 import jinja2
 
 from ..fusion import BY_NAME as FUSION_PATTERNS
+from ..escape import c_string
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import Layer, UniqueLayer
 from ..manifest import Manifest
@@ -137,14 +138,10 @@ def _row(v: Variant, index: int, bias: bool, relu: bool) -> str:
     layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any") else "plain"
     cfg = (f"{{bo::DType::{v.dtype}, bo::Layout::{layout}, bo::ConvAlgo::{_CPP_ALGO[v.algo]}, "
            f"{_cbool(bias)}, {_cbool(relu)}}}")
-    return f'{{{_cstr(v.name)}, {index}, {cfg}}}'
+    return f'{{{c_string(v.name)}, {index}, {cfg}}}'
 
 
 # --- C++ literals ------------------------------------------------------------------------
-
-def _cstr(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
 
 def _cbool(b: object) -> str:
     return "true" if b else "false"
@@ -176,7 +173,7 @@ def _conv(layer: Layer) -> str:
 
 
 def _pool(layer: Layer) -> str:
-    return "{" + f"{_cstr(layer.param('alg'))}, " + _ints(layer, "mb ic ih iw oh ow kh kw sh sw pt pl dh dw") + "}"
+    return "{" + f"{c_string(layer.param('alg'))}, " + _ints(layer, "mb ic ih iw oh ow kh kw sh sw pt pl dh dw") + "}"
 
 
 def _bnorm(layer: Layer) -> str:
@@ -191,7 +188,7 @@ def _lrn(layer: Layer) -> str:
 def _eltwise(layer: Layer) -> str:
     alg = layer.param("alg")
     alpha, beta = ("min", "max") if alg == "clip" else ("alpha", "beta")
-    return (f"{{{_cstr(alg)}, {_cdims(layer.param('shape'))}, {_cfloat(layer.param(alpha, 0.0))}, "
+    return (f"{{{c_string(alg)}, {_cdims(layer.param('shape'))}, {_cfloat(layer.param(alpha, 0.0))}, "
             f"{_cfloat(layer.param(beta, 0.0))}}}")
 
 
@@ -200,7 +197,7 @@ def _prelu(layer: Layer) -> str:
 
 
 def _binary(layer: Layer) -> str:
-    return (f"{{{_cstr(layer.param('alg'))}, {_cdims_list(layer.param('shapes'))}, "
+    return (f"{{{c_string(layer.param('alg'))}, {_cdims_list(layer.param('shapes'))}, "
             f"{_cdims(layer.param('out'))}}}")
 
 
@@ -216,7 +213,7 @@ def _matmul(layer: Layer) -> str:
 
 
 def _softmax(layer: Layer) -> str:
-    return (f"{{{_cstr(layer.param('alg'))}, {_cdims(layer.param('shape'))}, {int(layer.param('axis'))}, "
+    return (f"{{{c_string(layer.param('alg'))}, {_cdims(layer.param('shape'))}, {int(layer.param('axis'))}, "
             f"{_cbool(layer.param('flat'))}}}")
 
 
