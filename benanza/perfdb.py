@@ -438,10 +438,10 @@ def _sqlite_problem(exc: sqlite3.Error) -> str:
 
 
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
-                    batch_size: int = 1, db: str | None = None) -> str:
+                    batch_size: int = 1, db: str | None = None, generate_flags: Iterable[str] = ()) -> str:
     """The exact shell command that generates and runs the benchmarks a lookup missed."""
     models = [str(m) for m in models]
-    gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend]
+    gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend, *generate_flags]
     if batch_size != 1:
         gen += ["--batch-size", str(batch_size)]
     run = ["benanza", "run", "--system", system, "--backend", backend, "--bench-dir", bench_dir]
