@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import ModelError, ShapeError, UsageError
+from .errors import BenanzaError, ModelError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, UniqueLayer
 from .ops import NodeView, build_layer
 
@@ -460,6 +460,18 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
     if not 1 <= batch_size <= MAX_DIM:
         raise UsageError(f"--batch-size must be between 1 and {MAX_DIM}, got {batch_size}")
     opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
+    try:
+        return _process(model, p, opts, name)
+    except BenanzaError:
+        raise
+    except UnicodeDecodeError:
+        raise ModelError(p, "a name or string in the model is not valid UTF-8 (corrupt file?)") from None
+    except Exception as exc:  # a malformed proto reaches code written for valid ones: still one line
+        raise ModelError(p, f"cannot be processed ({type(exc).__name__}: {_first_line(exc)})") from None
+
+
+def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | None) -> Model:
+    batch_size = opts.batch_size
     opset = default_opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
@@ -498,7 +510,7 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
                     producer[t] = index
             nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
                               tuple(i for i in proto.input if i and i in consts)))
-    except (ModelError, ShapeError):
+    except BenanzaError:
         raise
     except Exception as exc:
         raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None

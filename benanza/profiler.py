@@ -156,9 +156,8 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
         proc = subprocess.run(cmd, env=env, stdout=so, stderr=se)
     child_path = out / "child.json"
     if proc.returncode != 0 or not child_path.exists():
-        tail = (out / "child.stderr").read_text(errors="replace").strip().splitlines()[-5:]
         raise BenanzaError(f"{spec.model}: the {spec.framework} run failed (exit {proc.returncode}): "
-                           + " | ".join(tail))
+                           f"{_last_error(out / 'child.stderr')} (full output: {out / 'child.stderr'})")
     child = json.loads(child_path.read_text())
     files = {"trace": child["trace"]}
     notes.extend(child.get("notes", []))
@@ -174,6 +173,19 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
         "latency_ms": latency_stats(child["samples_ms"]).to_json(), "files": files, "notes": notes,
     })
     return out
+
+
+def _last_error(stderr: Path) -> str:
+    """The line that says what went wrong: a traceback's final exception line, else the last
+    non-empty line. The whole traceback stays in the file, not in the one-line error."""
+    lines = [ln.strip() for ln in stderr.read_text(errors="replace").splitlines() if ln.strip()]
+    if not lines:
+        return "no error output"
+    if any(ln.startswith("Traceback (most recent call last)") for ln in lines):
+        for ln in reversed(lines):
+            if not ln.startswith(("File ", "^", "~")) and (":" in ln or ln.isidentifier()):
+                return ln
+    return lines[-1]
 
 
 def _collect_onednn(out: Path, files: dict, notes: list[str], spec: ProfileSpec) -> None:
