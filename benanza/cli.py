@@ -230,7 +230,8 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .processor import load_model, model_stats, parse_input_shapes, total_stats, unique_layers
 
     names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
-    check_known(dtypes, layouts, maths, names or list(BACKEND_MODULES))
+    if len(names) != 1:
+        check_known(dtypes, layouts, maths, names or list(BACKEND_MODULES))
     options = {name: gen_options_for(name, dtypes, layouts, maths, not no_fusion, strict=len(names) == 1,
                                      cupti=cupti, cupti_metrics=cupti_metrics) for name in names}
     shapes = parse_input_shapes(input_shape)
@@ -252,7 +253,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     if as_json:
         click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
                               indent=1))
-    else:
+    elif loaded:
         _print_stats(stats, total)
         if loaded:
             console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
@@ -419,9 +420,18 @@ def db_list(db_path: str | None, system_name: str, name_filter: str | None, stat
     for r in results:
         if (rx and not rx.search(r.variant.name)) or (status and r.status.value != status):
             continue
-        table.add_row(r.variant.name, r.status.value, f"{r.median_ms:.4f}" if r.ok else "",
-                      f"{r.stddev_ms:.4f}" if r.ok else "", r.implementation if r.ok else r.message)
+        table.add_row(r.variant.name, r.status.value, _ms4(r.median_ms), _ms4(r.stddev_ms),
+                      r.implementation if r.ok else r.message + _reproduce(r.metrics))
     console.print(table)
+
+
+def _ms4(x: float | None) -> str:
+    return "" if x is None else f"{x:.4f}"
+
+
+def _reproduce(metrics: dict) -> str:
+    line = metrics.get("reproduce")
+    return f"\nreproduce: {line}" if isinstance(line, str) else ""
 
 
 @db.command("export")

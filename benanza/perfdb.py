@@ -387,12 +387,10 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
         return conn
     except sqlite3.OperationalError as exc:
         conn.close()
-        if "unable to open" not in str(exc):
-            raise
-    # A WAL database needs its -shm file; in a read-only folder without one, SQLite can only
-    # read the file as immutable (correct as long as nobody writes it meanwhile, which in
-    # such a folder nobody can).
-    log.info("%s: read-only folder without WAL index; reading the file as immutable", path)
+        # A WAL database needs its -shm file; in a read-only folder without one, SQLite can
+        # only read the file as immutable (correct as long as nobody writes it meanwhile,
+        # which in such a folder nobody can).
+        log.info("%s: %s; reading the file as immutable", path, exc)
     conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     return conn
