@@ -197,6 +197,10 @@ def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = 
     """Configures (Release) and builds the generated CMake project; returns the binary."""
     if not (project / "CMakeLists.txt").is_file():
         raise BuildError(f"{project}: no generated CMake project here; run `benanza generate` first")
+    if ";" in str(project.absolute()) or ";" in str(project.resolve()):
+        # CMake splits paths on ';' (its list separator), in its own modules too.
+        raise BuildError(f"{project}: CMake cannot build in a folder whose path contains ';'; "
+                         f"generate into another folder (--out)")
     build_dir = project / "build"
     build_dir.mkdir(exist_ok=True)
     logfile = build_dir / "benanza-build.log"
@@ -399,7 +403,8 @@ class _Batch:
         """A shell line that runs this one benchmark the way the runner did (benchdnn-style)."""
         changed = sorted((k, v) for k, v in self.env.items() if os.environ.get(k) != v)
         return shlex.join([*(f"{k}={v}" for k, v in changed), str(self.binary.resolve()),
-                           f"--benchmark_filter=^{_regex_literal(name)}$",
+                           # Google Benchmark appends /real_time or /manual_time to the name
+                           f"--benchmark_filter=^{_regex_literal(name)}(/|$)",
                            f"--benchmark_min_time={self.options.min_time:g}",
                            f"--benchmark_repetitions={self.options.repetitions}"])
 

@@ -206,8 +206,8 @@ def test_crash_fails_only_its_benchmark_with_a_reproduce_line(tmp_path, variants
     assert failure.name == target and results[target].metrics["reproduce"] == failure.reproduce
     words = shlex.split(failure.reproduce)
     assert "STANDIN_MODE=abort" in words and words[-1] == "--benchmark_repetitions=1"
-    assert f"--benchmark_filter=^{_regex_literal(target)}$" in words
-    assert re.fullmatch(f"^{_regex_literal(target)}$", target)
+    assert f"--benchmark_filter=^{_regex_literal(target)}(/|$)" in words
+    assert re.match(f"^{_regex_literal(target)}(/|$)", target + "/real_time")
 
 
 # --- killing `benanza run` itself -------------------------------------------------------
