@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def popen(cmd: list[str], **kwargs) -> subprocess.Popen:
     also waits for the child, so it never fires early.
     """
     parent = os.getpid()
-    return subprocess.Popen(cmd, preexec_fn=lambda: die_with_parent(parent), **kwargs)
+    return subprocess.Popen(cmd, preexec_fn=lambda: die_with_parent(parent), **kwargs)  # noqa: PLW1509
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -16,9 +16,9 @@ import signal
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import onnx
@@ -466,7 +466,7 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         raise
     except UnicodeDecodeError:
         raise ModelError(p, "a name or string in the model is not valid UTF-8 (corrupt file?)") from None
-    except Exception as exc:  # a malformed proto reaches code written for valid ones: still one line
+    except Exception as exc:  # noqa: BLE001 - a malformed proto reaches code written for valid ones
         raise ModelError(p, f"cannot be processed ({type(exc).__name__}: {_first_line(exc)})") from None
 
 

@@ -22,10 +22,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from . import children
 from .errors import BenanzaError, UsageError
@@ -364,7 +364,7 @@ class _Lines:
         self.buf = b""
         self.eof = False
 
-    def read(self, timeout: float) -> "str | None | object":
+    def read(self, timeout: float) -> str | None | object:
         """The next line; ``IDLE`` when none arrived within ``timeout``; None at the end."""
         deadline = time.monotonic() + timeout
         while True:
@@ -394,7 +394,7 @@ class _Batch:
     env: dict[str, str]
     options: RunOptions
     system: System
-    store: "_Store"
+    store: _Store
     by_name: dict[str, Variant]
     finished: set[str]
     notify: Callable[[str, Status | None], None]
@@ -493,7 +493,7 @@ class _TimedOut:
 
 
 def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
-                  batch: _Batch) -> "str | None | _TimedOut":
+                  batch: _Batch) -> str | None | _TimedOut:
     """Reads the protocol until the binary is done; the benchmark running when its output
     ended (None between benchmarks), or ``_TimedOut`` when it fell silent and was killed."""
     current: str | None = None

@@ -13,7 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import onnx
 import pytest
 from click.testing import CliRunner
 from helpers import conv_net, io, model

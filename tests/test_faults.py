@@ -134,7 +134,7 @@ def execute(tmp_path: Path, variants, mode: str, target: str = "", timeout: floa
 
 
 def test_stall_at_start_up_is_bounded_by_timeout(tmp_path, variants):
-    summary, results, elapsed, leaked, _ = execute(tmp_path, variants, "hang_startup")
+    _, results, elapsed, leaked, _ = execute(tmp_path, variants, "hang_startup")
     assert elapsed < 8 and not leaked
     assert set(results) == {v.name for v in variants}
     assert all(r.status is Status.FAILED and "printed nothing for 2s at start-up" in r.message
@@ -143,7 +143,7 @@ def test_stall_at_start_up_is_bounded_by_timeout(tmp_path, variants):
 
 def test_stall_between_benchmarks_blames_the_next_and_runs_the_rest(tmp_path, variants):
     target = variants[2].name
-    summary, results, elapsed, leaked, _ = execute(tmp_path, variants, "stall_before", target)
+    _, results, elapsed, leaked, _ = execute(tmp_path, variants, "stall_before", target)
     assert elapsed < 10 and not leaked
     assert results[target].status is Status.FAILED and "stalled 2s" in results[target].message
     assert all(r.status is Status.OK for n, r in results.items() if n != target)
@@ -153,18 +153,18 @@ def test_stall_between_benchmarks_blames_the_next_and_runs_the_rest(tmp_path, va
 def test_hang_inside_a_benchmark_and_after_the_last_result(tmp_path, variants):
     target = variants[1].name
     (tmp_path / "a").mkdir()
-    summary, results, elapsed, leaked, _ = execute(tmp_path / "a", variants, "hang", target)
+    _, results, _, leaked, _ = execute(tmp_path / "a", variants, "hang", target)
     assert results[target].status is Status.FAILED and results[target].message == "timed out after 2s"
     assert sum(r.status is Status.OK for r in results.values()) == len(variants) - 1 and not leaked
     (tmp_path / "b").mkdir()
-    summary, results, elapsed, leaked, _ = execute(tmp_path / "b", variants, "hang_after")
+    _, results, elapsed, leaked, _ = execute(tmp_path / "b", variants, "hang_after")
     # everything reported: the binary gets a short grace to exit, not the whole timeout
     assert all(r.status is Status.OK for r in results.values()) and len(results) == len(variants)
     assert elapsed < 8 and not leaked
 
 
 def test_grandchild_holding_stdout_does_not_hang_the_run(tmp_path, variants):
-    summary, results, elapsed, _, pid_file = execute(tmp_path, variants, "grandchild", timeout=60)
+    _, results, elapsed, _, pid_file = execute(tmp_path, variants, "grandchild", timeout=60)
     try:
         assert elapsed < 15  # far below the timeout: the runner stops listening after the exit
         assert all(r.status is Status.OK for r in results.values()) and len(results) == len(variants)
@@ -175,7 +175,7 @@ def test_grandchild_holding_stdout_does_not_hang_the_run(tmp_path, variants):
 
 
 def test_output_that_is_not_utf8_is_replaced_not_fatal(tmp_path, variants):
-    summary, results, elapsed, leaked, _ = execute(tmp_path, variants, "noise")
+    _, results, _, leaked, _ = execute(tmp_path, variants, "noise")
     assert all(r.status is Status.OK for r in results.values()) and len(results) == len(variants)
     assert all(r.implementation == "jit:\ufffd\ufffd" for r in results.values())
     assert not leaked
@@ -183,8 +183,8 @@ def test_output_that_is_not_utf8_is_replaced_not_fatal(tmp_path, variants):
 
 def test_malformed_result_lines_fail_their_variant_and_keep_the_line(tmp_path, variants):
     bad = [v.name for v in variants[:6]]
-    summary, results, elapsed, leaked, _ = execute(tmp_path, variants, "malformed", ",".join(bad))
-    assert len(results) == len(variants) and summary.failed == 6
+    summary, results, _, leaked, _ = execute(tmp_path, variants, "malformed", ",".join(bad))
+    assert len(results) == len(variants) and summary.failed == 6 and not leaked
     expected = ["not a JSON object", "unknown status 'excellent'", "no status", "median_ms is 'fast'",
                 "iterations is -3", "not a JSON object"]
     for name, why in zip(bad, expected):
@@ -199,7 +199,7 @@ def test_malformed_result_lines_fail_their_variant_and_keep_the_line(tmp_path, v
 
 def test_crash_fails_only_its_benchmark_with_a_reproduce_line(tmp_path, variants):
     target = variants[4].name
-    summary, results, elapsed, leaked, _ = execute(tmp_path, variants, "abort", target)
+    summary, results, _, leaked, _ = execute(tmp_path, variants, "abort", target)
     assert "SIGABRT" in results[target].message and not leaked
     assert sum(r.status is Status.OK for r in results.values()) == len(variants) - 1
     (failure,) = summary.failures

@@ -55,7 +55,7 @@ def test_hostile_names_survive_the_whole_pipeline(tmp_path):
     assert failure.name == crash and "SIGABRT" in failure.message
     pasted = subprocess.run(["bash", "-c", failure.reproduce], capture_output=True, text=True, timeout=120)
     assert pasted.returncode in (-6, 128 + 6)  # the abort reproduces (bash may exec it directly)
-    assert re.findall(r"^BENANZA_START (.*)$", pasted.stdout, re.M) == [crash]
+    assert re.findall(r"^BENANZA_START (.*)$", pasted.stdout, re.MULTILINE) == [crash]
 
     ana = CliRunner().invoke(main, ["analyze", str(model), "--system", "box", "--db", str(db), "--limit", "0",
                                     "--report", str(folder / "r [i].html"), "--csv", str(folder / "layers.csv")],

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import jinja2
 
-from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..escape import c_string
+from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import Layer, UniqueLayer
 from ..manifest import Manifest
