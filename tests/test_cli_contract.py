@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import onnx
 import pytest
 from click.testing import CliRunner
 from helpers import conv_net, io, model
@@ -212,6 +213,8 @@ def readonly_db():
                                            median_ms=0.5, iterations=10, repetitions=1)])
     assert pdb.db.conn  # closed: WAL checkpointed, no -wal/-shm left
     assert sorted(p.name for p in folder.iterdir()) == ["b.db"]
+    onnx.save(conv_net(), str(base / "net.onnx"))
+    (base / "net.onnx").chmod(0o644)
     db.chmod(0o444)
     folder.chmod(0o555)
     base.chmod(0o755)
@@ -232,6 +235,11 @@ def test_read_only_folder_reads_work_and_writes_fail_in_one_line(readonly_db):
     listing = subprocess.run(_as_unprivileged([BENANZA, "db", "list", "--system", "box", "--db", str(readonly_db)]),
                              capture_output=True, text=True, env=dict(os.environ, COLUMNS="400"))
     assert listing.returncode == 0 and "eltwise:relu_in1x8_f32" in listing.stdout, listing.stderr
+    ana = subprocess.run(_as_unprivileged([BENANZA, "analyze", str(folder.parent / "net.onnx"), "--system", "box",
+                                           "--db", str(readonly_db), "--json"]), capture_output=True, text=True)
+    assert ana.returncode == 0, ana.stderr
+    (a,) = json.loads(ana.stdout)["analyses"]
+    assert a["system"] == "box" and a["bounds"]["partial"]  # nothing of this model measured: all missing
     assert sorted(p.name for p in folder.iterdir()) == ["b.db"]  # no journal, no -shm left behind
     src = Path(tempfile.mkdtemp(prefix="benanza-src-", dir="/tmp")) / "s.db"
     PerfDB(src).close()
