@@ -116,6 +116,23 @@ def test_reshape_claiming_a_million_dims_is_refused_at_once(save):
     assert out.exit_code == 1 and "its shape input 'shape' has 1048576 elements" in out.output
 
 
+def test_symbolic_inference_runs_under_a_time_limit(save, monkeypatch):
+    """ONNX Runtime's symbolic inference (pure Python) is stopped at its budget, in one line."""
+    from benanza import processor
+    from benanza.errors import ShapeError
+
+    n = 2000  # ONNX does not know the contrib op, so symbolic inference walks every node (~0.1 s)
+    nodes = [helper.make_node("Gelu", [f"t{i}"], [f"t{i + 1}"], domain="com.microsoft", name=f"g{i}")
+             for i in range(n)]
+    m = model(nodes, [io("t0", [1, 64])], [io(f"t{n}", None)])
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    path = save(m, "contrib.onnx")
+    assert len(processor.load_model(path).nodes) == n  # within the default budget it resolves all
+    monkeypatch.setattr(processor, "SYMBOLIC_SECONDS", 0.002)
+    with pytest.raises(ShapeError, match="contrib.onnx: symbolic shape inference took longer than 0.002s"):
+        processor.load_model(path)
+
+
 def bundle(folder: Path, index: dict) -> Path:
     folder.mkdir()
     (folder / "profile.json").write_text(json.dumps({"schema_version": 1, **index}))
