@@ -230,6 +230,23 @@ def standin_bench(bench, tmp_path) -> Path:
     return root
 
 
+def test_cli_run_prints_each_failure_with_its_reproduce_line(standin_bench, tmp_path, variants):
+    crash = variants[2].name
+    env = dict(os.environ, STANDIN_MODE="abort", STANDIN_TARGET=crash, STANDIN_PIDS=str(tmp_path / "pids"),
+               COLUMNS="2000")
+    done = subprocess.run([str(Path(sys.executable).parent / "benanza"), "run", "--system", "box", "--backend",
+                           "onednn", "--bench-dir", str(standin_bench), "--db", str(tmp_path / "r.db"),
+                           "--timeout", "30"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    at = lines.index(next(ln for ln in lines if ln.startswith(f"failed: {crash}: crashed (SIGABRT)")))
+    words = shlex.split(lines[at + 1].strip().removeprefix("reproduce: "))
+    # what Benanza set for the binary is on the line; what the user's shell has (STANDIN_*) is not
+    assert words[0].startswith("OMP_NUM_THREADS=") and not any(w.startswith("STANDIN_") for w in words)
+    assert words[-3] == f"--benchmark_filter=^{_regex_literal(crash)}(/|$)"
+    assert Path(words[-4]).name == "benanza_bench" and Path(words[-4]).is_absolute()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_run_leaves_no_process_and_no_temp_folder(standin_bench, tmp_path, variants, sig):
     tmp = tmp_path / "tmp"
