@@ -1,10 +1,11 @@
 """``benanza run``: build the generated benchmarks, run what the database lacks, store results.
 
 The binary speaks the line protocol of ``runtime_cpp/common`` (BENANZA_START / BENANZA_RESULT).
-Results are stored as they arrive (small transactions), so Ctrl-C or a crash keeps
+Results are stored as they arrive (small transactions), so Ctrl-C, SIGTERM or a crash keeps
 everything measured so far and a re-run continues where it stopped. A benchmark that kills
-its process (segfault, abort) or exceeds ``timeout`` is stored as failed with the reason, and
-the binary is restarted after it.
+its process (segfault, abort), exceeds ``timeout`` or prints a malformed result is stored as
+failed with the reason and a line that reproduces it, and the binary is restarted after it.
+The binary never outlives Benanza (``children``).
 """
 
 from __future__ import annotations
