@@ -388,8 +388,10 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
     except sqlite3.OperationalError as exc:
         conn.close()
         # A WAL database needs its -shm file; in a read-only folder without one, SQLite can
-        # only read the file as immutable (correct as long as nobody writes it meanwhile,
-        # which in such a folder nobody can).
+        # only read the file as immutable. That is only correct while nobody writes it, so
+        # only where nobody can: never for a folder a `benanza run` could be writing into.
+        if os.access(path.parent, os.W_OK):
+            raise
         log.info("%s: %s; reading the file as immutable", path, exc)
     conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
