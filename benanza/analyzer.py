@@ -13,14 +13,27 @@ from dataclasses import dataclass, field, replace
 from .analysis.bounds import (Bounds, LayerRow, LayerStatus, ParallelModule, bounds_from_weights, fused_weights,
                               index_results, layer_rows, parallel_modules)
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
-from .analysis.questions import (AlgoChoice, BetweenCalls, IdleGap, LayerOverhead, algorithm_choices,
-                                 between_library_calls, kernel_gaps, layer_overheads, tensor_core_kernels)
+from .analysis.questions import (AlgoChoice, BetweenCalls, HeuristicChoice, IdleGap, LayerOverhead,
+                                 algorithm_choices, between_library_calls, heuristic_choices, kernel_gaps,
+                                 layer_overheads, tensor_core_kernels)
 from .fusion import FusionMatch, match_fusions
 from .layers import Model
 from .parsers import ExecutionProfile
-from .records import Result
+from .records import Result, System, Variant
 
 log = logging.getLogger(__name__)
+
+
+# Math modes a bound may assume. Exact: f32 layers use f32 FMA math (no TF32); reduced
+# precisions use their own math, Tensor Cores included. tf32: f32 layers may also use TF32.
+MATH_EXACT, MATH_TF32 = "exact", "tf32"
+MATHS = (MATH_EXACT, MATH_TF32)
+
+
+def admits_math(variant: Variant, math: str) -> bool:
+    """Whether a bound under ``math`` may use the variant: TF32 rounds f32 inputs to 10 bits of
+    mantissa, so an f32 bound that used it would not be an f32 bound."""
+    return not (variant.dtype == "f32" and variant.math == "tf32" and math != MATH_TF32)
 
 
 @dataclass(frozen=True)
@@ -34,11 +47,13 @@ class FusionUse:
 
 @dataclass
 class FusionAnalysis:
-    """Q5: the bound with every matched pattern run as one fused call."""
+    """Q5: the bound with every matched pattern that pays off run as one fused call."""
 
     matches: int  # patterns found in the model
-    applied: list[FusionUse]  # those with a fused benchmark result
+    applied: list[FusionUse]  # those with a fused benchmark result faster than the unfused layers
     bounds: Bounds
+    # fused benchmarks no faster than their unfused layers: not applied in ``bounds``
+    unprofitable: list[FusionUse] = field(default_factory=list)
 
     @property
     def layers_fused(self) -> int:
@@ -74,10 +89,21 @@ class LibraryView:
     calls: int
     alignment: CallAlignment
     algorithms: list[AlgoChoice]
+    framework_version: str = ""  # the library version the log names ("" when it names none)
+    benchmark_version: str = ""  # the version in the analysed stack
+
+    @property
+    def versions_differ(self) -> bool:
+        return bool(self.framework_version and self.benchmark_version
+                    and self.framework_version != self.benchmark_version)
+
+    @property
+    def suboptimal(self) -> list[AlgoChoice]:
+        return [a for a in self.algorithms if a.suboptimal]
 
     @property
     def algorithm_gain_ms(self) -> float:
-        return sum(a.gain_ms or 0.0 for a in self.algorithms)
+        return sum(a.gain_ms or 0.0 for a in self.suboptimal)
 
 
 @dataclass
@@ -88,6 +114,21 @@ class TensorCoreView:
     kernels: int
     examples: list[str]
     bounds: dict[str, Bounds]  # "f32", "f16", "f16/nhwc", ... → bounds (only those with results)
+
+
+@dataclass
+class HeuristicAnalysis:
+    """Q3 from the database alone (paper Figs 10, 14): cuDNN's heuristic vs the ideal algorithm."""
+
+    choices: list[HeuristicChoice]
+    bounds: Bounds  # the bound with every conv at its heuristic's algorithm
+    heuristic_ms: float  # conv layers' total at the heuristic's algorithms
+    ideal_ms: float  # conv layers' total at the fastest algorithms
+    unknown: int  # layers whose heuristic algorithm was never measured OK (counted at the best)
+
+    @property
+    def suboptimal(self) -> int:
+        return sum(1 for c in self.choices if not c.heuristic_optimal)
 
 
 @dataclass
@@ -114,6 +155,15 @@ class Analysis:
     kernel_gaps: list[IdleGap] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the profile says it could not capture
+    heuristic: HeuristicAnalysis | None = None
+    stack: System | None = None  # the one system+stack every result comes from
+    math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
+    unstable: frozenset[str] = frozenset()  # variant names whose result stayed unstable
+
+    @property
+    def unstable_rows(self) -> list[LayerRow]:
+        """Layers of the bound whose chosen result stayed unstable when measured."""
+        return [r for r in self.rows if r.status == LayerStatus.OK and r.variant in self.unstable]
 
     @property
     def missing(self) -> list[LayerRow]:
@@ -122,6 +172,10 @@ class Analysis:
     @property
     def not_covered(self) -> list[LayerRow]:
         return [r for r in self.rows if r.status == LayerStatus.NOT_COVERED]
+
+    @property
+    def identity(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == LayerStatus.IDENTITY]
 
     @property
     def br_sequential(self) -> float | None:
@@ -138,7 +192,9 @@ def _fusion_uses(applied: list[tuple[FusionMatch, Result]], weight: dict[int, fl
 
 
 def analyze(model: Model, results: Iterable[Result], system: str, backend: str, dtype: str = "f32",
-            profile: ExecutionProfile | None = None, measured_ms: float | None = None) -> Analysis:
+            profile: ExecutionProfile | None = None, measured_ms: float | None = None,
+            stack: System | None = None, math: str = MATH_EXACT) -> Analysis:
+    results = [r for r in results if r.variant.backend == backend and admits_math(r.variant, math)]
     by_key = index_results(results)
     graph = model.dag()
     rows = layer_rows(model, by_key, backend, dtype)
@@ -149,9 +205,9 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     rows = [replace(r, critical=r.index in on_path) for r in rows]
 
     matches = match_fusions(model)
-    fweight, applied = fused_weights(rows, matches, by_key, dtype)
+    fweight, applied, slower = profitable_fusions(rows, matches, by_key, dtype)
     fusion = FusionAnalysis(len(matches), _fusion_uses(applied, weight),
-                            bounds_from_weights(graph, fweight, partial))
+                            bounds_from_weights(graph, fweight, partial), _fusion_uses(slower, weight))
 
     tc_bounds: dict[str, Bounds] = {}
     for dt, layouts, label in (("f32", (), "f32"), ("f16", (), "f16"), ("f16", ("nchw",), "f16/nchw"),
@@ -166,7 +222,9 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     analysis = Analysis(model.name, model.path, system, backend, dtype, model.batch_size, rows,
                         list(model.edges), bounds,
                         parallel_modules(graph, weight), fusion, TensorCoreView(tc, total, names, tc_bounds),
-                        joint, joint_label)
+                        joint, joint_label, stack=stack, math=math,
+                        unstable=frozenset(r.variant.name for r in results if r.unstable))
+    analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
     if measured_ms is not None:
         analysis.measured_ms, analysis.measured_source = measured_ms, "--measured-ms"
     elif profile is not None and profile.measured_ms is not None:
@@ -178,6 +236,17 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     return analysis
 
 
+def _heuristic(model: Model, graph, by_key, dtype: str, weight: dict[int, float],
+               partial: bool) -> HeuristicAnalysis | None:
+    from .backends.cudnn import CONV_ALGOS  # the counters index cuDNN's algorithm enum
+
+    view = heuristic_choices(model, by_key, dtype, weight, CONV_ALGOS)
+    if view is None:
+        return None
+    return HeuristicAnalysis(view.choices, bounds_from_weights(graph, view.weights, partial),
+                             view.heuristic_ms, view.ideal_ms, view.unknown)
+
+
 def _joint(model, graph, by_key, backend, dtype, matches, tc_bounds) -> tuple[Bounds | None, str]:
     """Fig 20: parallel execution + best algorithms + fusion + the fastest reduced-precision setup."""
     candidates = [(lbl, b) for lbl, b in tc_bounds.items() if lbl.split("/")[0] != dtype]
@@ -186,9 +255,24 @@ def _joint(model, graph, by_key, backend, dtype, matches, tc_bounds) -> tuple[Bo
     label, _ = min(candidates, key=lambda kv: kv[1].parallel_ms)
     dt, _, layout = label.partition("/")
     rows = layer_rows(model, by_key, backend, dt, (layout,) if layout else ())
-    weight, _ = fused_weights(rows, matches, by_key, dt, (layout,) if layout else ())
+    weight, _, _ = profitable_fusions(rows, matches, by_key, dt, (layout,) if layout else ())
     partial = any(r.status == LayerStatus.MISSING for r in rows)
     return bounds_from_weights(graph, weight, partial), f"parallel + best algorithm + fusion + {label}"
+
+
+def profitable_fusions(rows: list[LayerRow], matches: list[FusionMatch], by_key, dtype: str,
+                       layouts: tuple[str, ...] = ()):
+    """``fused_weights`` without the fusions whose fused benchmark is no faster than the unfused
+    layers it replaces (Q5 lists those as unprofitable); (weights, applied, unprofitable)."""
+    ok = {r.index for r in rows if r.status == LayerStatus.OK}
+    unfused = {r.index: r.latency_ms for r in rows}
+    _, candidates = fused_weights(rows, matches, by_key, dtype, layouts)
+    # only comparable when every layer of the pattern has its own measured latency
+    slower = [(m, r) for m, r in candidates if set(m.nodes) <= ok
+              and float(r.median_ms) >= sum(unfused[i] for i in m.nodes)]  # type: ignore[arg-type]
+    dropped = {id(m) for m, _ in slower}
+    weight, applied = fused_weights(rows, [m for m in matches if id(m) not in dropped], by_key, dtype, layouts)
+    return weight, applied, slower
 
 
 def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches, graph) -> None:
@@ -207,8 +291,17 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         if not calls:
             continue  # an empty log: the profile's notes say why
         alignment = align_calls(model, calls, a.backend, library)
-        algos = algorithm_choices(model, alignment, by_key, a.dtype) if library in ("cudnn", "onednn") else []
-        a.libraries.append(LibraryView(library, len(calls), alignment, algos))
+        lib = LibraryView(library, len(calls), alignment, [], profile.library_versions.get(library, ""),
+                           dict(a.stack.stack).get(library, "") if a.stack is not None else "")
+        if lib.versions_differ:
+            a.notes.append(f"the framework's {library} is {lib.framework_version}, the benchmarks' "
+                           f"{lib.benchmark_version}: implementation names do not compare across versions, so Q3 "
+                           f"judges no algorithm choice and shows the framework's own per-call time from its log "
+                           f"next to the best benchmark. Benchmark with {library} {lib.framework_version} (where a "
+                           f"registry has it) to compare them")
+        if library in ("cudnn", "onednn"):
+            lib.algorithms = algorithm_choices(model, alignment, by_key, a.dtype, not lib.versions_differ)
+        a.libraries.append(lib)
     if profile.nsys is not None:
         a.between_calls = between_library_calls(profile.nsys)
     kernels_from = profile.nsys if profile.nsys is not None and profile.nsys.kernels else profile.trace
@@ -267,6 +360,19 @@ def model_ops(a: Analysis, nodes: tuple[int, ...]) -> list[str]:
 
 
 def _warn(a: Analysis) -> None:
+    unstable = a.unstable_rows
+    if unstable:
+        measured = sum(1 for r in a.rows if r.status == LayerStatus.OK)
+        a.warnings.append(f"{len(unstable)} of the bound's {measured} measured layers rest on unstable results "
+                          f"(their repetitions stayed too far apart after re-measurement; `benanza run "
+                          f"--force --filter` on an idle machine replaces them): "
+                          + ", ".join(r.name for r in unstable[:5]) + (", …" if len(unstable) > 5 else ""))
+    slower = a.fusion.unprofitable
+    if slower:
+        a.warnings.append(f"Q5: {len(slower)} fusions measured no faster than their unfused layers and are not "
+                          f"applied to the fused bound (unprofitable): " + ", ".join(
+                              f"{u.pattern} at {a.rows[u.nodes[0]].name} {u.fused_ms:.4g} vs {u.unfused_ms:.4g} ms"
+                              for u in slower[:4]) + (", …" if len(slower) > 4 else ""))
     if a.missing:
         keys = sorted({r.key for r in a.missing})
         a.warnings.append(f"the database has no OK result on system {a.system!r} for {len(keys)} layer(s) "
@@ -276,5 +382,9 @@ def _warn(a: Analysis) -> None:
         ops = sorted({r.op for r in a.not_covered})
         a.warnings.append(f"{len(a.not_covered)} layers have no {a.backend} call and count as 0 in the bound "
                           f"(not covered: {', '.join(ops)})")
+    if a.identity:
+        ops = sorted({r.op for r in a.identity})
+        a.notes.append(f"{len(a.identity)} layers are the identity at inference and cost 0 ({', '.join(ops)}: "
+                       f"no training mode, nothing to compute)")
     for w in a.warnings:
         log.info(w)  # the caller presents warnings; this keeps them in -v logs too

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import BenanzaError
+from .records import UNSTABLE_RSD
 
 if TYPE_CHECKING:
     from .generator import GenOptions
@@ -78,7 +79,8 @@ def batch_options(f):
     f = click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
                      help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")(f)
     f = click.option("--batch-size", "-b", type=click.IntRange(min=1, max=MAX_DIM), default=1, show_default=True,
-                     help="Batch size: overrides dim 0 of every graph input.")(f)
+                     help="Batch size: sets each graph input's batch axis (dim 0 of an image, dim 1 of a "
+                          "sequence-first RNN input; a symbolic dim 0 otherwise).")(f)
     return f
 
 
@@ -306,14 +308,22 @@ def db_option(f):
 @click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
+@click.option("--max-rsd", type=click.FloatRange(min=0.0, min_open=True), default=UNSTABLE_RSD, show_default=True,
+              help="Relative stddev (stddev / median of the repetitions) above which a result is unstable.")
+@click.option("--remeasure", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Times an unstable result is measured again; what stays unstable is flagged.")
+@click.option("--max-failures", type=click.IntRange(min=1), default=3, show_default=True,
+              help="A variant that failed this many runs in a row is skipped (--force retries it).")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
-        timeout: float, jobs: int | None) -> None:
+        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
-    Incremental: variants already measured on this system and software stack are skipped
-    (unless --force). Results are stored as they arrive: Ctrl-C keeps them and a re-run
-    continues where it stopped. A benchmark that crashes or hangs is stored as failed.
+    Incremental: variants with an ok or unsupported result on this system and software stack
+    are skipped (unless --force); failed ones are retried. Results are stored as they
+    arrive: Ctrl-C keeps them and a re-run continues where it stopped. A benchmark that
+    crashes or hangs is stored as failed. A result whose repetitions disagree by more than
+    --max-rsd is measured again, and flagged unstable if it stays so.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -323,7 +333,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
 
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
-                                command=" ".join(["benanza", *sys.argv[1:]]))
+                                command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
+                                remeasure=remeasure, max_failures=max_failures)
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)
@@ -332,6 +343,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
         console.print(f"{summary.backend} on {summary.system.device}: {len(summary.to_run)} of "
                       f"{summary.total} benchmarks would run ({summary.already} already in {path})",
                       highlight=False)
+        _print_gave_up(summary, max_failures)
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("ok {task.fields[ok]} unsup {task.fields[unsupported]} failed {task.fields[failed]}"),
@@ -353,6 +365,11 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
                   f"{summary.failed} failed), {summary.already} already measured, "
                   f"{summary.seconds:.1f}s → {path}", highlight=False)
+    if summary.remeasured or summary.unstable:
+        err_console.print(
+            f"{summary.remeasured} unstable results re-measured; {summary.unstable} still vary by more than "
+            f"{max_rsd:.0%} (relative stddev) and are flagged unstable in the database", highlight=False)
+    _print_gave_up(summary, max_failures)
     if summary.contended > 0.1:
         print_warning(
             f"other processes competed for the CPU during "
@@ -374,6 +391,14 @@ def _print_failures(failures) -> None:
     if len(failures) > _FAILURES_SHOWN:
         err_console.print(f"… and {len(failures) - _FAILURES_SHOWN} more failures: `benanza db list --status "
                           f"failed` shows them, their results' metrics hold the reproduce lines", highlight=False)
+
+
+def _print_gave_up(summary, max_failures: int) -> None:
+    if summary.gave_up:
+        err_console.print(
+            f"note: {len(summary.gave_up)} variants failed {max_failures} runs in a row and were skipped "
+            f"(--force retries them): {', '.join(summary.gave_up[:3])}{', …' if len(summary.gave_up) > 3 else ''}",
+            highlight=False, soft_wrap=True)
 
 
 # --- db ----------------------------------------------------------------------------------
@@ -405,22 +430,30 @@ def db_info(db_path: str | None) -> None:
 @db.command("list")
 @db_option
 @click.option("--system", "system_name", required=True, metavar="NAME")
+@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
+              help="Backend [default: that of the system's newest stack].")
+@click.option("--stack", metavar="ID", default=None, help="Stack id or prefix [default: the newest].")
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only variants whose name matches.")
 @click.option("--status", type=click.Choice(["ok", "unsupported", "failed"]), help="Only this status.")
-def db_list(db_path: str | None, system_name: str, name_filter: str | None, status: str | None) -> None:
-    """The latest result of every variant measured on a system."""
+def db_list(db_path: str | None, system_name: str, backend: str | None, stack: str | None,
+            name_filter: str | None, status: str | None) -> None:
+    """The latest result of every variant measured on one stack of a system."""
     import re
 
+    from .analysis.sweep import resolve_system
     from .perfdb import PerfDB, resolve_db_path
 
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
-        results = pdb.results(system_name)
+        system = resolve_system(pdb, system_name, backend, stack)
+        results = pdb.results(system)
+    console.print(f"{system_name}: stack {system.stack_id} ({system.backend} on {system.device})", highlight=False)
     rx = re.compile(name_filter) if name_filter else None
-    table = Table("variant", "status", "median ms", "stddev ms", "implementation / message")
+    table = Table("variant", "status", "median ms", "rel. stddev", "implementation / message")
     for r in results:
         if (rx and not rx.search(r.variant.name)) or (status and r.status.value != status):
             continue
-        table.add_row(r.variant.name, r.status.value, _ms4(r.median_ms), _ms4(r.stddev_ms),
+        rsd = f"{r.rsd:.1%}" + (" unstable" if r.unstable else "") if r.rsd is not None else ""
+        table.add_row(r.variant.name, r.status.value, _ms4(r.median_ms), rsd,
                       r.implementation if r.ok else r.message + _reproduce(r.metrics))
     console.print(table)
 
@@ -470,37 +503,31 @@ def db_merge(target: str, sources: tuple[str, ...]) -> None:
         for src in sources:
             added = pdb.merge_from(src)
             console.print(f"{src}: " + ", ".join(f"{k} +{v}" for k, v in added.items()), highlight=False)
+            if added["conflicts"]:
+                err_console.print(f"warning: {added['conflicts']} rows of {src} differ from rows with the same key "
+                                  f"in {target}; {target}'s rows stay in place, {src}'s are kept in its "
+                                  f"merge_conflicts table", highlight=False)
 
 
 @db.command("serve")
 @db_option
 @click.option("--port", type=int, default=8001, show_default=True)
-def db_serve(db_path: str | None, port: int) -> None:
-    """Browse the database in a web page (Datasette, on 127.0.0.1)."""
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 publishes the database to the network (read-only).")
+def db_serve(db_path: str | None, port: int, host: str) -> None:
+    """Browse the database in a web page (Datasette; read-only: it only runs SELECT queries)."""
     import importlib.util
-    import subprocess
 
     from .errors import UsageError
     from .perfdb import PerfDB, resolve_db_path
 
     if importlib.util.find_spec("datasette") is None:
         raise UsageError("`benanza db serve` needs Datasette: pip install 'benanza[serve]'")
-    from .children import popen, sigterm_interrupts
-
     path = resolve_db_path(db_path)
     PerfDB(path, readonly=True).close()  # validate before handing it over
-    server = popen([sys.executable, "-m", "datasette", "serve", str(path), "--port", str(port)])
-    try:
-        with sigterm_interrupts():
-            sys.exit(server.wait())
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: Datasette goes with us
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        sys.exit(130)
+    # exec, not a child process: a signal to `benanza db serve` must stop the server itself
+    os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", str(path), "--host", host,
+                              "--port", str(port)])
 
 
 @db.command("lookup")
@@ -548,10 +575,11 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     manifest = build_manifest(loaded, unique_layers(loaded))
     wanted = expand_variants(manifest, get_backend(backend), options)
     if stored is None:
-        absent = wanted  # nothing measured on this system yet
+        absent = list(wanted)  # nothing measured on this system yet
     else:
         with PerfDB(path, readonly=True) as pdb:
-            absent = pdb.missing(stored, wanted)
+            system = pdb.system(system_name, backend)
+            absent = list(wanted) if system is None else pdb.missing(system, wanted)
     if not absent:
         console.print(f"all {len(wanted)} benchmarks of {len(models)} model(s) are in {path}", highlight=False)
         return
@@ -560,7 +588,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     flags = [*(f"--dtype={d}" for d in dtypes), *(f"--layout={x}" for x in layouts),
              *(f"--math={m}" for m in maths), *(["--no-fusion"] if no_fusion else [])]
     cmd = missing_command(models, system_name, backend, bench_dir=bench_dir, batch_size=batch_size,
-                          db=db_path, generate_flags=flags)
+                          db=db_path, input_shapes=sorted(shapes.items()), generate_flags=flags)
     err_console.print(f"{len(absent)} of {len(wanted)} benchmarks missing on {system_name}; to measure them:\n"
                       f"  {cmd}", highlight=False, soft_wrap=True)
     if not generate_missing:
@@ -622,8 +650,13 @@ def profile(model: str, framework: str, batch_size: int, warmup: int, iterations
                    "oneDNN log, Nsight Systems report); repeatable, merged.")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
               help="Performance database [default: $BENANZA_DB, else perfdb/benanza.db].")
-@click.option("--dtype", type=click.Choice(["f32", "f16", "bf16"]), default="f32", show_default=True,
-              help="Data type of the bound.")
+@click.option("--dtype", default="f32", show_default=True, help="Data type of the bound.")
+@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
+              help="Library whose results the bound uses [default: that of the system's newest stack].")
+@click.option("--stack", metavar="ID", default=None,
+              help="Stack id (or prefix, see `benanza db info`) [default: the backend's newest stack].")
+@click.option("--math", type=click.Choice(["exact", "tf32"]), default="exact", show_default=True,
+              help="exact: f32 layers use f32 FMA math only; tf32: f32 layers may use TF32 Tensor Core math.")
 @click.option("--batch-size", "-b", "batch_sizes", multiple=True, type=click.IntRange(min=1),
               help="Batch size (repeatable: a sweep) [default: 1].")
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
@@ -639,15 +672,16 @@ def profile(model: str, framework: str, batch_size: int, warmup: int, iterations
 @click.option("--limit", type=click.IntRange(min=0), default=60, show_default=True,
               help="Layers shown in the terminal table (the slowest first when cut); 0: all.")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
-            batch_sizes: tuple[int, ...], input_shape: tuple[str, ...], measured_ms: float | None,
-            generate_missing: bool, as_json: bool, report_path: str | None, csv_path: str | None,
-            limit: int) -> None:
+            backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
+            input_shape: tuple[str, ...], measured_ms: float | None, generate_missing: bool, as_json: bool,
+            report_path: str | None, csv_path: str | None, limit: int) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
-    layer; with a profile, the ratio to the measured latency (also against a bound with the
-    framework's own fusions), the algorithms the framework used vs the best, its calls vs the
-    expected ones, and its time per layer.
+    layer, all from one backend and one software stack of the system (printed); with a
+    profile, the ratio to the measured latency (also against a bound with the framework's own
+    fusions), the algorithms the framework used vs the best, its calls vs the expected ones,
+    and its time per layer.
     """
     from .analysis.sweep import SweepRequest, run_sweep, write_report
     from .parsers import load_profile
@@ -657,7 +691,8 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
-                       measured_ms=measured_ms, generate_missing=generate_missing)
+                       measured_ms=measured_ms, generate_missing=generate_missing, backend=backend,
+                       stack=stack, math=math)
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")
     prof = load_profile(list(profiles))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layers import Model
+from .layers import Layer, Model
+from .problems import ConvProblem
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,11 @@ BY_NAME = {p.name: p for p in PATTERNS}
 class FusionMatch:
     pattern: FusionPattern
     nodes: tuple[int, ...]  # model node indices, the Conv first
-    conv_key: str  # the layer key the fused variant is benchmarked under
+    conv: Layer  # the layer whose problem the fused variant is benchmarked on
+
+    @property
+    def conv_key(self) -> str:
+        return self.conv.key
 
 
 def match_fusions(model: Model) -> list[FusionMatch]:
@@ -53,9 +58,10 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     used: set[int] = set()
     matches: list[FusionMatch] = []
     for node in model.nodes:
-        if node.layer.family != "conv" or node.index in used:
+        conv = node.layer.problem
+        if not isinstance(conv, ConvProblem) or node.index in used:
             continue
-        has_bias = bool(node.layer.param("bias"))
+        has_bias = conv.bias
         for pattern in PATTERNS:
             if pattern.conv_bias != has_bias:
                 continue
@@ -69,6 +75,6 @@ def match_fusions(model: Model) -> list[FusionMatch]:
                 chain.append(nxt[0])
             if ok:
                 used.update(chain)
-                matches.append(FusionMatch(pattern, tuple(chain), node.layer.key))
+                matches.append(FusionMatch(pattern, tuple(chain), node.layer))
                 break
     return matches

@@ -26,7 +26,7 @@ import jinja2
 
 from .errors import BenanzaError
 from .escape import c_string, cmake_quoted
-from .layers import UniqueLayer
+from .layers import Layer, UniqueLayer
 from .manifest import Manifest
 from .records import Variant
 from .resources import runtime_dir, templates_dir
@@ -55,6 +55,10 @@ class GenOptions:
 
 class Backend(Protocol):
     name: str
+    dtypes: tuple[str, ...]  # what its benchmarks can compute in
+
+    def covers(self, layer: Layer) -> bool:
+        """Whether this backend benchmarks the layer; a layer it does not is "not covered"."""
 
     def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
         """Every variant of one layer; ``fusions`` are the pattern names the models use on it."""
@@ -99,14 +103,14 @@ def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -
     fusions: dict[str, list[str]] = {}
     for f in manifest.fusions:
         fusions.setdefault(f["layer"], []).append(f["pattern"])
-    out: list[Variant] = []
+    out: dict[str, Variant] = {}
     for u in manifest.layers:
         used = tuple(sorted(fusions.get(u.layer.key, []))) if options.fusion else ()
-        out.extend(backend.variants(u, used, options))
-    names = [v.name for v in out]
-    if len(set(names)) != len(names):
-        raise BenanzaError(f"backend {backend.name} generated duplicate benchmark names")
-    return out
+        for v in backend.variants(u, used, options):
+            # one benchmark per problem and configuration: an f16 model's conv and the f16
+            # variant of an f32 model's identical conv are the same benchmark
+            out.setdefault(v.name, v)
+    return list(out.values())
 
 
 def generate(manifest: Manifest, backend_name: str, out_root: str | Path,
@@ -147,7 +151,7 @@ def copy_runtime(dest: Path, parts: tuple[str, ...]) -> list[Path]:
 def write_variants(out_dir: Path, backend: str, variants: list[Variant], options: GenOptions) -> Path:
     path = out_dir / VARIANTS_NAME
     data = {"backend": backend, "options": asdict(options),
-            "variants": [asdict(v) | {"name": v.name} for v in variants]}
+            "variants": [v.to_json() for v in variants]}
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 
@@ -160,4 +164,8 @@ def read_variants(out_dir: str | Path) -> list[Variant]:
         raise BenanzaError(f"{path}: no generated benchmarks here; run `benanza generate` first") from None
     except ValueError as exc:
         raise BenanzaError(f"{path}: unreadable variants file ({exc})") from None
-    return [Variant(**{k: v for k, v in d.items() if k != "name"}) for d in data["variants"]]
+    try:
+        return [Variant.from_json(d) for d in data["variants"]]
+    except (KeyError, TypeError, BenanzaError) as exc:
+        raise BenanzaError(f"{path}: variants of an older or foreign generator ({exc}); run `benanza generate` "
+                           f"again") from None

@@ -12,7 +12,7 @@ from .fusion import match_fusions
 from .layers import Model, UniqueLayer
 from .processor import model_stats
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: layers carry typed problems (keys parse back), no params
 MANIFEST_NAME = "layers.json"
 
 

@@ -15,9 +15,10 @@ import logging
 import os
 import shlex
 import sqlite3
+import tempfile
 import time
 import urllib.parse
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
@@ -27,11 +28,12 @@ import sqlite_utils
 from .errors import FileProblem
 from .layers import Layer
 from .manifest import Manifest
-from .records import Result, Status, System, Variant
+from .problems import parse_layer_key
+from .records import UNSTABLE_RSD, Result, Status, System, Variant
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_PATH = Path("perfdb") / "benanza.db"
 ENV_VAR = "BENANZA_DB"
 _BUSY_MS = 60_000
@@ -78,7 +80,7 @@ CREATE TABLE IF NOT EXISTS results (
   message TEXT NOT NULL, median_ms REAL, mean_ms REAL, stddev_ms REAL, min_ms REAL,
   iterations INTEGER NOT NULL, repetitions INTEGER NOT NULL, workspace_bytes INTEGER NOT NULL,
   implementation TEXT NOT NULL, metrics TEXT NOT NULL, raw TEXT NOT NULL, command TEXT NOT NULL,
-  timestamp TEXT NOT NULL);
+  timestamp TEXT NOT NULL, rsd REAL, unstable INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS results_lookup ON results(system, dtype, layer_key);
 CREATE INDEX IF NOT EXISTS results_stack ON results(stack_id, variant);
 CREATE TABLE IF NOT EXISTS models (
@@ -88,13 +90,30 @@ CREATE TABLE IF NOT EXISTS occurrences (
   model TEXT NOT NULL, batch_size INTEGER NOT NULL, node TEXT NOT NULL, idx INTEGER NOT NULL,
   layer_key TEXT NOT NULL, PRIMARY KEY (model, batch_size, idx));
 CREATE INDEX IF NOT EXISTS occurrences_layer ON occurrences(layer_key);
+CREATE TABLE IF NOT EXISTS merge_conflicts (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, table_name TEXT NOT NULL, pk TEXT NOT NULL, source TEXT NOT NULL,
+  row TEXT NOT NULL, merged_at TEXT NOT NULL, UNIQUE (table_name, pk, row));
 """
 
 _TABLES = frozenset({"meta", "systems", "layers", "variants", "results", "models", "occurrences"})
 
 _RESULT_COLUMNS = ("system", "stack_id", "variant", "layer_key", "dtype", "status", "message",
                    "median_ms", "mean_ms", "stddev_ms", "min_ms", "iterations", "repetitions",
-                   "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp")
+                   "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp", "rsd",
+                   "unstable")
+
+# Per table: primary-key columns, and the columns whose difference under one key is a merge
+# conflict (bookkeeping stamps such as last_used are not).
+_MERGE_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "systems": (("stack_id",), ("name", "backend", "device", "stack")),
+    "layers": (("key",), ("hash", "op", "family", "params", "inputs", "outputs", "macs", "flops", "bytes",
+                          "cudnn_api", "onednn_primitive")),
+    "variants": (("name",), ("layer_key", "backend", "api", "algo", "dtype", "layout", "math", "fusion")),
+    # the path and stats name where a file was, which differs between machines; a different
+    # model under the same name shows in its occurrences
+    "models": (("name", "batch_size"), ()),
+    "occurrences": (("model", "batch_size", "idx"), ("node", "layer_key")),
+}
 
 
 @dataclass(frozen=True)
@@ -170,9 +189,13 @@ class PerfDB:
                 raise DatabaseError(self.path, _sqlite_problem(exc)) from None
 
     def _init_schema(self) -> None:
-        if _check_schema(self.db.conn, self.path, readonly=False) == SCHEMA_VERSION:
+        version = _check_schema(self.db.conn, self.path, readonly=False)
+        if version == SCHEMA_VERSION:
             return
         conn = self.db.conn
+        if version == 1:
+            _migrate_v1(conn)
+            return
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
@@ -211,12 +234,28 @@ class PerfDB:
             "SELECT name, backend, device, stack FROM systems ORDER BY name, last_used DESC").fetchall()
         return [_system(r) for r in rows]
 
-    def system(self, name: str) -> System | None:
-        """The stack most recently used under ``name``."""
-        row = self.db.conn.execute(
-            "SELECT name, backend, device, stack FROM systems WHERE name=? "
-            "ORDER BY last_used DESC, rowid DESC LIMIT 1", (name,)).fetchone()
-        return _system(row) if row else None
+    def system(self, name: str, backend: str | None = None, stack: str | None = None) -> System | None:
+        """The stack most recently used under ``name`` (and ``backend``); ``stack`` picks one by its
+        id or an unambiguous prefix of it instead."""
+        sql = "SELECT name, backend, device, stack, stack_id FROM systems WHERE name = ?"
+        args: list = [name]
+        if backend:
+            sql += " AND backend = ?"
+            args.append(backend)
+        rows = self.db.conn.execute(sql + " ORDER BY last_used DESC, rowid DESC", args).fetchall()
+        if stack:
+            rows = [r for r in rows if r[4].startswith(stack)]
+            if len(rows) > 1:
+                raise DatabaseError(self.path, f"stack {stack!r} of system {name!r} is ambiguous: "
+                                               f"{', '.join(r[4] for r in rows)}")
+        return _system(rows[0][:4]) if rows else None
+
+    def stacks(self, name: str) -> list[tuple[System, str, str]]:
+        """Every stack stored under ``name``, newest first, with its first and last use."""
+        rows = self.db.conn.execute(
+            "SELECT name, backend, device, stack, first_seen, last_used FROM systems WHERE name = ? "
+            "ORDER BY last_used DESC, rowid DESC", (name,)).fetchall()
+        return [(_system(r[:4]), r[4], r[5]) for r in rows]
 
     # --- layers, variants, models --------------------------------------------------------
 
@@ -225,7 +264,7 @@ class PerfDB:
         self._retry(lambda: self.db.table("layers").upsert_all(rows, pk="key") if rows else None)
 
     def upsert_variants(self, variants: Iterable[Variant]) -> None:
-        rows = [asdict(v) | {"name": v.name} for v in variants]
+        rows = [v.to_json() for v in variants]
         self._retry(lambda: self.db.table("variants").upsert_all(rows, pk="name") if rows else None)
 
     def record_models(self, manifest: Manifest) -> None:
@@ -260,7 +299,7 @@ class PerfDB:
         if not measured:
             return 0
         self.upsert_system(system)
-        variants = [asdict(v) | {"name": v.name} for v in {r.variant.name: r.variant for r, _ in measured}.values()]
+        variants = [v.to_json() for v in {r.variant.name: r.variant for r, _ in measured}.values()]
         rows = [[_result_row(system, r, command, raw)[c] for c in _RESULT_COLUMNS] for r, raw in measured]
         sql = (f"INSERT INTO results({', '.join(_RESULT_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(_RESULT_COLUMNS))})")
@@ -272,12 +311,20 @@ class PerfDB:
         self._retry(write)
         return len(rows)
 
-    def results(self, system: str, layer_keys: Iterable[str] | None = None) -> list[Result]:
-        """The latest result per variant stored under the system name (any status)."""
+    def results(self, system: str | System, layer_keys: Iterable[str] | None = None) -> list[Result]:
+        """The latest result per variant on one system+stack (any status), of its backend only.
+
+        A name resolves to its most recently used stack; results of other stacks or backends
+        stored under the same name are never mixed in.
+        """
+        sys_ = system if isinstance(system, System) else self.system(system)
+        if sys_ is None:
+            return []
         sql = ("SELECT r.*, v.backend, v.api, v.algo, v.layout, v.math, v.fusion FROM results r "
                "JOIN variants v ON v.name = r.variant "
-               "WHERE r.id IN (SELECT max(id) FROM results WHERE system = ? GROUP BY variant)")
-        args: list = [system]
+               "WHERE r.id IN (SELECT max(id) FROM results WHERE stack_id = ? GROUP BY variant) "
+               "AND v.backend = ?")
+        args: list = [sys_.stack_id, sys_.backend]
         keys = list(layer_keys) if layer_keys is not None else None
         if keys is not None:
             if not keys:
@@ -289,19 +336,38 @@ class PerfDB:
         return [_result(dict(zip(names, row))) for row in cur.fetchall()]
 
     def measured(self, system: System) -> set[str]:
-        """Variant names with any stored result on exactly this system+stack."""
-        rows = self.db.conn.execute("SELECT DISTINCT variant FROM results WHERE stack_id = ?",
-                                    (system.stack_id,)).fetchall()
+        """Variant names whose latest result on exactly this system+stack is ok or unsupported.
+
+        A failure is not a measurement: a re-run retries it (see ``failure_streaks``).
+        """
+        rows = self.db.conn.execute(
+            "SELECT variant FROM results WHERE id IN (SELECT max(id) FROM results WHERE stack_id = ? "
+            "GROUP BY variant) AND status != 'failed'", (system.stack_id,)).fetchall()
         return {r[0] for r in rows}
 
-    def missing(self, system: str | System, variants: Iterable[Variant]) -> list[Variant]:
-        """Variants with no stored result on the system's (current) stack."""
+    def failure_streaks(self, system: System) -> dict[str, int]:
+        """Per variant that failed last on this system+stack: how many times in a row it failed."""
+        rows = self.db.conn.execute(
+            "SELECT f.variant, count(*) FROM results f WHERE f.stack_id = ? AND f.status = 'failed' "
+            "AND f.id > coalesce((SELECT max(o.id) FROM results o WHERE o.stack_id = f.stack_id "
+            "AND o.variant = f.variant AND o.status != 'failed'), 0) GROUP BY f.variant",
+            (system.stack_id,)).fetchall()
+        return {name: n for name, n in rows}
+
+    def missing(self, system: str | System, variants: Iterable[Variant],
+                max_failures: int | None = None) -> list[Variant]:
+        """Variants with no ok/unsupported result on the system's (current) stack.
+
+        With ``max_failures``, variants that failed that many times in a row are left out.
+        """
         sys_ = system if isinstance(system, System) else self.system(system)
         variants = list(variants)
         if sys_ is None:
             return variants
         done = self.measured(sys_)
-        return [v for v in variants if v.name not in done]
+        streaks = self.failure_streaks(sys_) if max_failures is not None else {}
+        return [v for v in variants if v.name not in done
+                and (max_failures is None or streaks.get(v.name, 0) < max_failures)]
 
     # --- maintenance ---------------------------------------------------------------------
 
@@ -316,11 +382,11 @@ class PerfDB:
         where = "WHERE r.system = ?" if system else ""
         if latest:
             inner = "SELECT max(id) FROM results " + ("WHERE system = ? " if system else "") + \
-                    "GROUP BY system, variant"
+                    "GROUP BY stack_id, variant"
             where = (where + " AND " if where else "WHERE ") + f"r.id IN ({inner})"
         sql = ("SELECT r.id, r.system, r.stack_id, s.device, r.layer_key, l.family, l.op, r.variant, "
                "v.backend, v.api, v.algo, r.dtype, v.layout, v.math, v.fusion, r.status, r.message, "
-               "r.median_ms, r.mean_ms, r.stddev_ms, r.min_ms, r.iterations, r.repetitions, "
+               "r.median_ms, r.mean_ms, r.stddev_ms, r.min_ms, r.rsd, r.unstable, r.iterations, r.repetitions, "
                "r.workspace_bytes, r.implementation, l.flops, l.bytes, r.metrics, r.command, r.timestamp "
                "FROM results r JOIN variants v ON v.name = r.variant "
                "LEFT JOIN layers l ON l.key = r.layer_key LEFT JOIN systems s ON s.stack_id = r.stack_id "
@@ -329,23 +395,42 @@ class PerfDB:
         return pd.read_sql_query(sql, self.db.conn, params=args)
 
     def merge_from(self, other: str | Path) -> dict[str, int]:
-        """Copies every row of ``other`` that this database lacks; returns rows added per table.
+        """Copies every row of ``other`` that this database lacks; returns rows added per table,
+        plus ``conflicts``: source rows whose key is here with different content.
 
         Results are append-only, so a result row is only skipped when an identical one
-        (same stack, variant, timestamp and latency) is already here: nothing of either side
-        is lost and merging twice adds nothing.
+        (same stack, variant, timestamp and latency) is already here. A conflicting row of
+        another table keeps this database's row under its key and is itself kept, whole, in
+        ``merge_conflicts`` (and logged): nothing of either side is lost, and merging twice
+        adds nothing. A source of an older schema is migrated in a temporary copy; the source
+        file is never modified.
         """
         if Path(other).resolve() == self.path.resolve():
             raise DatabaseError(other, "cannot merge a database into itself")
         if not Path(other).is_file():
             raise DatabaseError(other, "no such database file")
-        src = PerfDB(other, readonly=True)  # validates its schema version, writes nothing
-        src.close()
+        with tempfile.TemporaryDirectory(prefix="benanza-merge-") as tmp:
+            return self._merge_attached(_current_schema_copy(Path(other), Path(tmp)), str(other))
+
+    def _merge_attached(self, src_path: Path, label: str) -> dict[str, int]:
         added: dict[str, int] = {}
+        conflicts: list[tuple[str, str, str]] = []
 
         def write() -> None:
             conn = self.db.conn
-            for table in ("systems", "layers", "variants"):
+            stamp = now()
+            for table, (pk, compare) in _MERGE_TABLES.items():
+                on = " AND ".join(f"t.{c} = s.{c}" for c in pk)
+                differs = " OR ".join(f"t.{c} IS NOT s.{c}" for c in compare) or "0"
+                cur = conn.execute(f"SELECT s.* FROM src.{table} s JOIN {table} t ON {on} WHERE {differs}")
+                names = [d[0] for d in cur.description]
+                for row in cur.fetchall():
+                    d = dict(zip(names, row))
+                    key = json.dumps([d[c] for c in pk])
+                    blob = json.dumps(d, sort_keys=True)
+                    if conn.execute("INSERT OR IGNORE INTO merge_conflicts(table_name, pk, source, row, merged_at) "
+                                    "VALUES (?,?,?,?,?)", (table, key, label, blob, stamp)).rowcount:
+                        conflicts.append((table, key, blob))
                 before = self.db[table].count
                 conn.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM src.{table}")
                 added[table] = self.db[table].count - before
@@ -360,17 +445,40 @@ class PerfDB:
                 "AND r.timestamp = s.timestamp AND r.status = s.status "
                 "AND r.median_ms IS s.median_ms) ORDER BY s.id")
             added["results"] = self.db["results"].count - before
-            for table in ("models", "occurrences"):
-                before = self.db[table].count
-                conn.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM src.{table}")
-                added[table] = self.db[table].count - before
 
-        self.db.conn.execute("ATTACH DATABASE ? AS src", (str(other),))
+        self.db.conn.execute("ATTACH DATABASE ? AS src", (str(src_path),))
         try:
             self._retry(write)
         finally:
             self.db.conn.execute("DETACH DATABASE src")
+        for table, key, blob in conflicts:
+            log.warning("%s: %s row %s differs from the one here; kept in merge_conflicts: %s",
+                        label, table, key, blob)
+        added["conflicts"] = len(conflicts)
         return added
+
+    def conflicts(self) -> list[tuple[str, str, str, str]]:
+        """Rows merges kept aside: (table, key as JSON, source file, row as JSON)."""
+        return [tuple(r) for r in self.db.conn.execute(  # type: ignore[misc]
+            "SELECT table_name, pk, source, row FROM merge_conflicts ORDER BY id").fetchall()]
+
+
+def _current_schema_copy(path: Path, tmp: Path) -> Path:
+    """``path`` itself when its schema is current, else a migrated copy under ``tmp``; the
+    source is validated read-only and never written."""
+    with PerfDB(path, readonly=True) as src:
+        version = src.schema_version
+    if version == SCHEMA_VERSION:
+        return path
+    copy = tmp / path.name
+    src_conn, dst = _connect_readonly(path), sqlite3.connect(copy)
+    try:
+        src_conn.backup(dst)
+    finally:
+        src_conn.close()
+        dst.close()
+    PerfDB(copy).close()  # migrates the copy
+    return copy
 
 
 # --- opening ---------------------------------------------------------------------------
@@ -438,16 +546,63 @@ def _sqlite_problem(exc: sqlite3.Error) -> str:
 
 
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
-                    batch_size: int = 1, db: str | None = None, generate_flags: Iterable[str] = ()) -> str:
-    """The exact shell command that generates and runs the benchmarks a lookup missed."""
+                    batch_size: int = 1, db: str | None = None, dtype: str | None = None,
+                    input_shapes: Iterable[tuple[str, tuple[int, ...]]] = (),
+                    generate_flags: Iterable[str] = ()) -> str:
+    """The exact shell command that generates and runs the benchmarks a lookup missed: the same
+    input shapes the models were processed with, the dtype the analysis asked for, and the
+    variant options (``generate_flags``) the lookup expected."""
     models = [str(m) for m in models]
     gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend, *generate_flags]
     if batch_size != 1:
         gen += ["--batch-size", str(batch_size)]
+    for name, shape in input_shapes:
+        gen += ["--input-shape", f"{name}={'x'.join(str(d) for d in shape)}"]
+    if dtype is not None:
+        gen += ["--dtype", dtype]
     run = ["benanza", "run", "--system", system, "--backend", backend, "--bench-dir", bench_dir]
     if db:
         run += ["--db", db]
     return shlex.join(gen) + " && " + shlex.join(run)
+
+
+# --- schema migration --------------------------------------------------------------------
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    """v1 → v2 in the caller's transaction; every row is kept.
+
+    v2 stores each result's dispersion (``rsd``, ``unstable``) and a stack id that includes the
+    system name. A v1 stack row was shared by every name that stored results on it, so each
+    (name, stack) pair found in the results becomes its own system row and its results move to
+    that row's id.
+    """
+    conn.execute("ALTER TABLE results ADD COLUMN rsd REAL")
+    conn.execute("ALTER TABLE results ADD COLUMN unstable INTEGER NOT NULL DEFAULT 0")
+    conn.execute("UPDATE results SET rsd = stddev_ms / median_ms WHERE status = 'ok' AND median_ms > 0 "
+                 "AND stddev_ms IS NOT NULL")
+    conn.execute("UPDATE results SET unstable = 1 WHERE rsd > ?", (UNSTABLE_RSD,))
+    old = {r[0]: r for r in conn.execute(
+        "SELECT stack_id, name, backend, device, stack, first_seen, last_used FROM systems").fetchall()}
+    pairs = {(sid, name): (first, last) for name, sid, first, last in conn.execute(
+        "SELECT system, stack_id, min(timestamp), max(timestamp) FROM results GROUP BY system, stack_id")}
+    for sid, (_, name, _, _, _, first, last) in old.items():
+        prev = pairs.get((sid, name))
+        pairs[(sid, name)] = (min(first, prev[0]), max(last, prev[1])) if prev else (first, last)
+    conn.execute("DELETE FROM systems")
+    for (sid, name), (first, last) in sorted(pairs.items()):
+        if sid not in old:
+            log.warning("migration: results of %r name stack %s, which has no systems row; kept as is",
+                        name, sid)
+            continue
+        _, _, backend, device, stack, _, _ = old[sid]
+        new = _system((name, backend, device, stack)).stack_id
+        conn.execute("INSERT INTO systems(stack_id, name, backend, device, stack, first_seen, last_used) "
+                     "VALUES (?,?,?,?,?,?,?)", (new, name, backend, device, stack, first, last))
+        conn.execute("UPDATE results SET stack_id = ? WHERE system = ? AND stack_id = ?", (new, name, sid))
+    for stmt in _SCHEMA.split(";"):  # the tables v1 lacked
+        if stmt.strip():
+            conn.execute(stmt)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
 # --- row conversion ----------------------------------------------------------------------
@@ -460,7 +615,7 @@ def _system(row) -> System:
 def _layer_row(layer: Layer) -> dict:
     d = layer.to_json()
     return {"key": layer.key, "hash": layer.hash, "op": layer.op, "family": layer.family,
-            "params": json.dumps(d["params"], sort_keys=True), "inputs": json.dumps(d["inputs"]),
+            "params": json.dumps(d["problem"], sort_keys=True), "inputs": json.dumps(d["inputs"]),
             "outputs": json.dumps(d["outputs"]), "macs": layer.macs, "flops": layer.flops,
             "bytes": layer.bytes, "cudnn_api": layer.cudnn_api, "onednn_primitive": layer.onednn_primitive}
 
@@ -473,15 +628,17 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
             "repetitions": r.repetitions, "workspace_bytes": r.workspace_bytes,
             "implementation": r.implementation, "metrics": json.dumps(r.metrics, sort_keys=True),
             "raw": json.dumps(raw or {}, sort_keys=True), "command": command,
-            "timestamp": r.timestamp or now()}
+            "timestamp": r.timestamp or now(), "rsd": r.rsd, "unstable": int(r.unstable)}
 
 
 def _result(d: dict) -> Result:
-    variant = Variant(d["layer_key"], d["backend"], d["api"], d["algo"], d["dtype"], d["layout"],
-                      d["math"], d["fusion"])
+    # The row's dtype column is the variant's; rows written before variants were keyed by their
+    # own dtype hold an f16 variant under the layer's ``…_f32`` key, which this reads correctly.
+    problem, _ = parse_layer_key(d["layer_key"])
+    variant = Variant(problem, d["backend"], d["api"], d["algo"], d["dtype"], d["layout"], d["math"], d["fusion"])
     return Result(variant=variant, system=d["system"], status=Status(d["status"]), message=d["message"],
                   median_ms=d["median_ms"], mean_ms=d["mean_ms"], stddev_ms=d["stddev_ms"],
                   min_ms=d["min_ms"], iterations=d["iterations"], repetitions=d["repetitions"],
                   workspace_bytes=d["workspace_bytes"], implementation=d["implementation"],
-                  metrics=json.loads(d["metrics"]), timestamp=d["timestamp"])
+                  metrics=json.loads(d["metrics"]), timestamp=d["timestamp"], unstable=bool(d["unstable"]))
 

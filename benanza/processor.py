@@ -94,7 +94,7 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 def _fix_input_shapes(model: onnx.ModelProto, inits: set[str], path: Path,
                       opts: ProcessOptions) -> dict:
-    """Make every real graph input concrete: batch override on dim 0, user shapes elsewhere.
+    """Make every real graph input concrete: the batch size on its batch axis, user shapes elsewhere.
 
     ``inits`` are the original model's initializer names: IR < 4 lists weights as inputs too.
     """
@@ -124,8 +124,9 @@ def _fix_input_shapes(model: onnx.ModelProto, inits: set[str], path: Path,
                                        f"{inp.name}=D1xD2x...")
             shape_list = []
             unknown = []
+            axis = batch_axis(graph, inp.name, dims, path, opts.batch_size)
             for i, d in enumerate(dims):
-                if i == 0:
+                if i == axis:
                     shape_list.append(opts.batch_size)
                 elif d.HasField("dim_value") and d.dim_value > 0:
                     shape_list.append(d.dim_value)
@@ -150,6 +151,42 @@ def _fix_input_shapes(model: onnx.ModelProto, inits: set[str], path: Path,
     for out in graph.output:
         out.type.tensor_type.ClearField("shape")
     return shapes
+
+
+# Ops whose documented layout names the batch axis of their first input: N of NCHW, or the
+# batch of an RNN's sequence-first (layout 0) / batch-first (layout 1) input.
+_BATCH_FIRST = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool",
+                "GlobalMaxPool", "BatchNormalization", "InstanceNormalization", "LRN", "MaxRoiPool"}
+_RNNS = {"LSTM", "GRU", "RNN"}
+
+
+def batch_axis(graph: onnx.GraphProto, name: str, dims, path: Path, batch_size: int) -> int | None:
+    """The axis ``--batch-size`` sets on a graph input: the one its consumers document as the
+    batch (dim 0 of a Conv input, dim 1 of a sequence-first LSTM input), else dim 0 when that is
+    symbolic. A concrete dim 0 nothing documents as a batch is the model's own and stays."""
+    documented = set()
+    for node in graph.node:
+        if node.input and node.input[0] == name:
+            if node.op_type in _BATCH_FIRST:
+                documented.add(0)
+            elif node.op_type in _RNNS:
+                layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+                documented.add(0 if layout else 1)
+    if len(documented) == 1:
+        return documented.pop()
+    if documented:
+        log.warning("%s: input '%s' is a batch on different axes for its consumers; --batch-size sets dim 0",
+                    path, name)
+        return 0
+    if not dims:
+        return None
+    first = dims[0]
+    if not first.HasField("dim_value") or first.dim_value <= 0:
+        return 0
+    if first.dim_value != batch_size:
+        log.warning("%s: input '%s' has a fixed dim 0 (%d) no op documents as its batch; --batch-size %d "
+                    "leaves it (give --input-shape to change it)", path, name, first.dim_value, batch_size)
+    return None
 
 
 # Initializers up to this many elements keep their values for shape inference: shape

@@ -1,10 +1,12 @@
 """``benanza profile``: run a model in a framework and capture its execution profile (§III-D ④).
 
-The model runs in a child process (``python -m benanza.profiler SPEC``) so that the library
-loggers, which read their environment variables once at load time, are switched on for it
-alone: cuDNN (``CUDNN_LOGINFO_DBG``/``CUDNN_LOGLEVEL_DBG``), cuBLAS (``CUBLAS_LOGINFO_DBG``),
-cuBLASLt (``CUBLASLT_LOG_LEVEL``) and oneDNN (``ONEDNN_VERBOSE``/``DNNL_VERBOSE``). With
-``--nsys`` the child runs under Nsight Systems. The bundle format is in ``parsers/bundle.py``.
+The model runs twice, each time in a child process (``python -m benanza.profiler SPEC PHASE``):
+``timed`` measures the latency with every library logger off, ``traced`` records the
+framework trace with the loggers on — cuDNN (``CUDNN_LOGINFO_DBG``/``CUDNN_LOGLEVEL_DBG``),
+cuBLAS (``CUBLAS_LOGINFO_DBG``), cuBLASLt (``CUBLASLT_LOG_LEVEL``) and oneDNN
+(``ONEDNN_VERBOSE``/``DNNL_VERBOSE``), which read their environment once at load time — and,
+with ``--nsys``, under Nsight Systems. Loggers cost time on every call, so they never run in
+the timed child. The bundle format is in ``parsers/bundle.py``.
 
 ``measure`` is the timing API for users' own code: ``with benanza.measure("preprocess"):``.
 """
@@ -24,7 +26,8 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import BenanzaError, ModelError, UsageError
-from .parsers.bundle import latency_stats, write_index
+from .parsers.bundle import latency_stats, model_identity, write_index
+from .toolchain import nsys_importer
 
 log = logging.getLogger(__name__)
 
@@ -134,43 +137,41 @@ def check_framework(framework: str, device: str) -> str:
     raise UsageError(f"unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
 
 
+# The phases of a profile, each its own child process: loggers slow every library call they
+# log (cuDNN and oneDNN format and write a line per call), so the latency that is the
+# Benanza ratio's denominator is timed in a child that has them off.
+TIMED, TRACED = "timed", "traced"
+
+
 def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
-    """Run the child under the logging environment (and nsys) and write the bundle; its folder."""
+    """Time the model in a child without loggers, then record its trace and library logs (and
+    nsys) in a second child with them on; write the bundle and return its folder."""
     version = check_framework(spec.framework, spec.device)
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec.__dict__, indent=1))
-    cmd = [sys.executable, "-m", "benanza.profiler", str(spec_path)]
-    notes: list[str] = []
+    identity = model_identity(spec.model, spec.batch_size)
     nsys_bin = shutil.which("nsys") if nsys else None
     if nsys and nsys_bin is None:
         raise UsageError("--nsys: Nsight Systems' `nsys` is not on PATH (scripts/install-nsys.sh installs it)")
-    if nsys_bin:
-        trace = "osrt,nvtx" if spec.device == "cpu" else "cuda,nvtx,osrt,cudnn,cublas"
-        cmd = [nsys_bin, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
-               "--force-overwrite=true", "-o", str(out / "nsys")] + cmd
-    env = {**os.environ, **_log_env(out)}
-    log.info("running %s", " ".join(cmd))
-    with open(out / "child.stdout", "w") as so, open(out / "child.stderr", "w") as se:
-        proc = subprocess.run(cmd, env=env, stdout=so, stderr=se)
-    child_path = out / "child.json"
-    if proc.returncode != 0 or not child_path.exists():
-        raise BenanzaError(f"{spec.model}: the {spec.framework} run failed (exit {proc.returncode}): "
-                           f"{_last_error(out / 'child.stderr')} (full output: {out / 'child.stderr'})")
-    child = json.loads(child_path.read_text())
-    files = {"trace": child["trace"]}
-    notes.extend(child.get("notes", []))
+    quiet = {k: v for k, v in os.environ.items() if k not in _log_env(out)}
+    timed, timed_cmd = _child_run(spec, spec_path, TIMED, quiet, None)
+    traced, traced_cmd = _child_run(spec, spec_path, TRACED, {**quiet, **_log_env(out)}, nsys_bin)
+    files = {"trace": traced["trace"]}
+    notes = timed.get("notes", []) + [n for n in traced.get("notes", []) if n not in timed.get("notes", [])]
     _collect_onednn(out, files, notes, spec)
     _collect_gpu_logs(out, files, notes, spec)
     if nsys_bin:
         _collect_nsys(out, files, notes)
     write_index(out, {
-        "model": spec.model, "framework": spec.framework, "framework_version": version,
-        "device": spec.device, "batch_size": spec.batch_size, "warmup": spec.warmup,
-        "iterations": spec.iterations, "trace_iterations": spec.trace_iterations,
-        "providers": child.get("providers", []), "command": " ".join(cmd),
-        "latency_ms": latency_stats(child["samples_ms"]).to_json(), "files": files, "notes": notes,
+        "model": spec.model, "model_identity": identity, "framework": spec.framework,
+        "framework_version": version, "device": spec.device, "batch_size": spec.batch_size,
+        "warmup": spec.warmup, "iterations": spec.iterations, "trace_iterations": spec.trace_iterations,
+        "providers": timed.get("providers", []), "command": timed_cmd,
+        "runs": {TIMED: {"command": timed_cmd, "loggers": timed["loggers"]},
+                 TRACED: {"command": traced_cmd, "loggers": traced["loggers"]}},
+        "latency_ms": latency_stats(timed["samples_ms"]).to_json(), "files": files, "notes": notes,
     })
     return out
 
@@ -186,6 +187,28 @@ def _last_error(stderr: Path) -> str:
             if not ln.startswith(("File ", "^", "~")) and (":" in ln or ln.isidentifier()):
                 return ln
     return lines[-1]
+
+
+def _child_run(spec: ProfileSpec, spec_path: Path, phase: str, env: dict[str, str],
+               nsys_bin: str | None) -> tuple[dict, str]:
+    """One phase in a child process; its result record and command line."""
+    out = Path(spec.out_dir)
+    cmd = [sys.executable, "-m", "benanza.profiler", str(spec_path), phase]
+    if nsys_bin:
+        trace = "osrt,nvtx" if spec.device == "cpu" else "cuda,nvtx,osrt,cudnn,cublas"
+        cmd = [nsys_bin, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
+               "--force-overwrite=true", "-o", str(out / "nsys")] + cmd
+    # the traced child's stdout carries oneDNN's verbose lines (collected as child.stdout)
+    stem = "child" if phase == TRACED else f"child-{phase}"
+    log.info("running %s", " ".join(cmd))
+    result = out / f"{stem}.json"
+    result.unlink(missing_ok=True)
+    with open(out / f"{stem}.stdout", "w") as so, open(out / f"{stem}.stderr", "w") as se:
+        proc = subprocess.run(cmd, env=env, stdout=so, stderr=se)
+    if proc.returncode != 0 or not result.exists():
+        raise BenanzaError(f"{spec.model}: the {phase} {spec.framework} run failed (exit {proc.returncode}): "
+                           f"{_last_error(out / f'{stem}.stderr')} (full output: {out / f'{stem}.stderr'})")
+    return json.loads(result.read_text()), " ".join(cmd)
 
 
 def _collect_onednn(out: Path, files: dict, notes: list[str], spec: ProfileSpec) -> None:
@@ -223,22 +246,13 @@ def _collect_nsys(out: Path, files: dict, notes: list[str]) -> None:
     qdstrm = out / "nsys.qdstrm"
     if not rep.exists() and qdstrm.exists():
         # Without a GPU, nsys may leave the raw stream; its importer turns it into a report.
-        importer = _qdstrm_importer()
+        importer = nsys_importer()
         if importer is not None:
             subprocess.run([str(importer), "-i", str(qdstrm)], capture_output=True, text=True)
     if rep.exists():
         files["nsys"] = rep.name
     else:
         notes.append("nsys ran but produced no .nsys-rep (see child.stderr); the Nsight view is absent")
-
-
-def _qdstrm_importer() -> Path | None:
-    nsys = shutil.which("nsys")
-    if nsys is None:
-        return None
-    root = Path(os.path.realpath(nsys)).parents[3]  # host-linux-x64 is a sibling of the target dir
-    found = sorted(root.rglob("QdstrmImporter"))
-    return found[0] if found else None
 
 
 # --- child process -------------------------------------------------------------------------------
@@ -291,28 +305,30 @@ def _ort_model_bytes(path: str, notes: list[str]) -> bytes:
     return model.SerializeToString()
 
 
-def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str]) -> dict:
+def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> dict:
     import onnxruntime as ort
 
     data = _ort_model_bytes(spec.model, notes)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if spec.device == "cuda" else ["CPUExecutionProvider"]
-    sess = ort.InferenceSession(data, providers=providers)
-    feed = _random_feed(sess.get_inputs(), spec.batch_size, spec.model)
-    samples = _time_runs(lambda: sess.run(None, feed), spec)
-    # A second session records the per-node trace, so profiling never inflates the latency numbers.
+    if phase == TIMED:
+        sess = ort.InferenceSession(data, providers=providers)
+        feed = _random_feed(sess.get_inputs(), spec.batch_size, spec.model)
+        return {"samples_ms": _time_runs(lambda: sess.run(None, feed), spec), "providers": sess.get_providers()}
     so = ort.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(out / "ort_profile")
     traced = ort.InferenceSession(data, so, providers=providers)
+    feed = _random_feed(traced.get_inputs(), spec.batch_size, spec.model)
     for _ in range(spec.trace_iterations):
-        traced.run(None, feed)
+        with measure("benanza_run"):  # an NVTX range per run for nsys
+            traced.run(None, feed)
     trace = Path(traced.end_profiling())
     final = out / "ort_profile.json"
     trace.replace(final)
-    return {"samples_ms": samples, "trace": final.name, "providers": sess.get_providers()}
+    return {"trace": final.name, "providers": traced.get_providers()}
 
 
-def _run_torch(spec: ProfileSpec, out: Path, notes: list[str]) -> dict:
+def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> dict:
     """Run the graph with Benanza's own executor: one profiler range per layer, named as the
     processor names it, so the trace maps to layers; on CPU its convs go through oneDNN."""
     import torch
@@ -321,23 +337,22 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str]) -> dict:
 
     graph = load_torch_graph(spec.model, batch_size=spec.batch_size, device=spec.device)
     feed = graph.random_inputs()
+    notes.append(f"torch {torch.__version__} ran the ONNX graph with Benanza's eager executor (one torch call "
+                 f"per ONNX node, no graph optimisation or fusion), {torch.get_num_threads()} threads")
     with torch.inference_mode():
-        # the per-layer ranges cost a little: latency samples run without them, as ORT's
-        # latency comes from a session that is not profiling
-        samples = _time_runs(lambda: graph.run(feed, annotate=False), spec)
+        if phase == TIMED:
+            # the per-layer ranges cost a little: latency samples run without them
+            return {"samples_ms": _time_runs(lambda: graph.run(feed, annotate=False), spec),
+                    "providers": [spec.device]}
         activities = [torch.profiler.ProfilerActivity.CPU]
         if spec.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
             for _ in range(spec.trace_iterations):
-                with torch.profiler.record_function("benanza_run"):
+                with measure("benanza_run"), torch.profiler.record_function("benanza_run"):
                     graph.run(feed)
-                if spec.device == "cuda":
-                    torch.cuda.synchronize()
     prof.export_chrome_trace(str(out / "torch_trace.json"))
-    notes.append(f"torch {torch.__version__} ran the ONNX graph with Benanza's eager executor (one torch call "
-                 f"per ONNX node, no graph optimisation or fusion), {torch.get_num_threads()} threads")
-    return {"samples_ms": samples, "trace": "torch_trace.json", "providers": [spec.device]}
+    return {"trace": "torch_trace.json", "providers": [spec.device]}
 
 
 def _time_runs(run, spec: ProfileSpec) -> list[float]:
@@ -352,16 +367,19 @@ def _time_runs(run, spec: ProfileSpec) -> list[float]:
     return samples
 
 
-def _child(spec_path: str) -> int:
+def _child(spec_path: str, phase: str) -> int:
     spec = ProfileSpec(**json.loads(Path(spec_path).read_text()))
     out = Path(spec.out_dir)
     notes: list[str] = []
     runner = _run_onnxruntime if spec.framework == "onnxruntime" else _run_torch
-    result = runner(spec, out, notes)
+    result = runner(spec, out, notes, phase)
     result["notes"] = notes
-    (out / "child.json").write_text(json.dumps(result))
+    # what this process saw, so the bundle shows which run had loggers on
+    result["loggers"] = {k: os.environ[k] for k in sorted(LOG_ENV) if k in os.environ}
+    stem = "child" if phase == TRACED else f"child-{phase}"
+    (out / f"{stem}.json").write_text(json.dumps(result))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))
+    sys.exit(_child(sys.argv[1], sys.argv[2]))

@@ -8,9 +8,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .errors import BenanzaError
+from .problems import Problem, layer_key, parse_layer_key
 
 # Order of the variant fields in a benchmark name; the layer key comes first.
 _VARIANT_FIELDS = ("backend", "api", "algo", "dtype", "layout", "math", "fusion")
+
+# Default relative standard deviation (stddev / median of the repetitions) above which a
+# result is unstable: re-measured by `benanza run`, flagged when it stays so.
+UNSTABLE_RSD = 0.1
 
 
 class Status(str, Enum):
@@ -21,14 +26,16 @@ class Status(str, Enum):
 
 @dataclass(frozen=True)
 class Variant:
-    """One benchmark: a layer key run through one library call in one configuration.
+    """One benchmark: a problem run through one library call in one configuration.
 
-    Its ``name`` is the Google Benchmark name, so results map back without guessing:
-    ``conv:mb1_..._f32/backend=cudnn/api=cudnnConvolutionForward/algo=WINOGRAD/dtype=f16/``
+    The problem is computed in the variant's ``dtype``, so ``layer_key`` is the problem's key in
+    that dtype: the fp16 variant of an fp32 layer is keyed ``…_f16``. Its ``name`` is the Google
+    Benchmark name, so results map back without guessing:
+    ``conv:mb1_..._f16/backend=cudnn/api=cudnnConvolutionForward/algo=WINOGRAD/dtype=f16/``
     ``layout=nhwc/math=tensor_op/fusion=none``.
     """
 
-    layer_key: str
+    problem: Problem
     backend: str  # "cudnn" | "onednn"
     api: str  # library call or primitive, e.g. cudnnConvolutionBiasActivationForward, convolution
     algo: str = "default"  # cuDNN algorithm, oneDNN algorithm ("direct", "winograd", "auto")
@@ -36,20 +43,44 @@ class Variant:
     layout: str = "nchw"  # nchw | nhwc | any (oneDNN picks, blocked)
     math: str = "default"  # default | tensor_op | tf32
     fusion: str = "none"  # a FusionPattern name, or "none"
+    layer_key: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_key", layer_key(self.problem, self.dtype))
 
     @property
     def name(self) -> str:
         return self.layer_key + "".join(f"/{f}={getattr(self, f)}" for f in _VARIANT_FIELDS)
 
+    def to_json(self) -> dict:
+        """The ``variants`` table row (and variants.json entry): name, layer_key and the fields."""
+        return {"name": self.name, "layer_key": self.layer_key} | {f: getattr(self, f) for f in _VARIANT_FIELDS}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Variant":
+        return cls.of_key(d["layer_key"], **{f: d[f] for f in _VARIANT_FIELDS})
+
+    @classmethod
+    def of_key(cls, key: str, backend: str, api: str, algo: str = "default", dtype: str | None = None,
+               layout: str = "nchw", math: str = "default", fusion: str = "none") -> "Variant":
+        """The variant of a layer key; its dtype is the key's (a different ``dtype`` is an error)."""
+        problem, key_dtype = parse_layer_key(key)
+        if dtype not in (None, key_dtype):
+            raise BenanzaError(f"variant of {key!r} cannot compute in {dtype}: the key is {key_dtype}")
+        return cls(problem, backend, api, algo, key_dtype, layout, math, fusion)
+
     @classmethod
     def from_name(cls, name: str) -> "Variant":
         """Inverse of ``name``; ignores segments Google Benchmark appends (manual_time, repeats)."""
         parts = name.split("/")
-        fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-        missing = [f for f in _VARIANT_FIELDS if f not in fields]
+        fields_ = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        missing = [f for f in _VARIANT_FIELDS if f not in fields_]
         if missing:
             raise BenanzaError(f"benchmark name {name!r} lacks variant fields {missing}")
-        return cls(parts[0], **{f: fields[f] for f in _VARIANT_FIELDS})
+        problem, dtype = parse_layer_key(parts[0])
+        if dtype != fields_["dtype"]:
+            raise BenanzaError(f"benchmark name {name!r}: its key is {dtype}, its dtype field {fields_['dtype']}")
+        return cls(problem, **{f: fields_[f] for f in _VARIANT_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -63,7 +94,8 @@ class System:
 
     @property
     def stack_id(self) -> str:
-        blob = json.dumps([self.backend, self.device, list(self.stack)], sort_keys=True)
+        """Identifies the name together with the stack: two names on one machine are two systems."""
+        blob = json.dumps([self.name, self.backend, self.device, list(self.stack)], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -85,7 +117,17 @@ class Result:
     implementation: str = ""  # oneDNN impl name, or the cuDNN algorithm actually run
     metrics: dict = field(default_factory=dict, hash=False, compare=False)
     timestamp: str = ""
+    # Dispersion stayed above the run's threshold after the bounded re-measurements: the
+    # median is stored, and every analysis that uses it says so.
+    unstable: bool = False
 
     @property
     def ok(self) -> bool:
         return self.status is Status.OK and self.median_ms is not None
+
+    @property
+    def rsd(self) -> float | None:
+        """Relative standard deviation of the repetitions (stddev / median); None without timings."""
+        if not self.ok or self.stddev_ms is None or not self.median_ms:
+            return None
+        return self.stddev_ms / self.median_ms

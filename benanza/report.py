@@ -39,16 +39,22 @@ def analysis_json(a: Analysis) -> dict:
     out: dict = {
         "model": a.model, "model_path": a.model_path, "system": a.system, "backend": a.backend,
         "dtype": a.dtype, "batch_size": a.batch_size,
+        "stack": None if a.stack is None else {"id": a.stack.stack_id, "device": a.stack.device,
+                                                "components": dict(a.stack.stack)},
+        "math": a.math,
+        "unstable_layers": [r.index for r in a.unstable_rows],
         "measured_ms": _r(m), "measured_source": a.measured_source or None,
         "bounds": _bounds_json(a.bounds, m),
         "speedup": {"sequential": _speedup(a.br_sequential), "parallel": _speedup(a.br_parallel)},
         "layers": [{"index": r.index, "name": r.name, "op": r.op, "key": r.key, "status": r.status,
                     "latency_ms": _r(r.latency_ms), "variant": r.variant or None, "algo": r.algo or None,
                     "implementation": r.implementation or None, "critical": r.critical,
-                    "failed_variants": r.failed_variants} for r in a.rows],
+                    "failed_variants": r.failed_variants,
+                    "unstable": r.status == "ok" and r.variant in a.unstable} for r in a.rows],
         "edges": [list(e) for e in a.edges],
         "coverage": {
             "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
+            "identity": [r.index for r in a.identity],
             "missing": [r.index for r in a.missing],
             "not_covered_ops": sorted({r.op for r in a.not_covered}),
         },
@@ -59,7 +65,8 @@ def analysis_json(a: Analysis) -> dict:
                    "bounds": _bounds_json(a.fusion.bounds, m),
                    "speedup_sequential": _r(a.bounds.sequential_ms / a.fusion.bounds.sequential_ms, 4)
                    if a.fusion.bounds.sequential_ms else None,
-                   "applied": [_fusion_use(u) for u in a.fusion.applied]},
+                   "applied": [_fusion_use(u) for u in a.fusion.applied],
+                   "unprofitable": [_fusion_use(u) for u in a.fusion.unprofitable]},
         "tensor_cores": {"tc_kernels": a.tensor_cores.tc_kernels, "kernels": a.tensor_cores.kernels,
                          "examples": a.tensor_cores.examples,
                          "bounds": {k: _bounds_json(b, m) for k, b in a.tensor_cores.bounds.items()}},
@@ -69,9 +76,23 @@ def analysis_json(a: Analysis) -> dict:
         "between_calls": [{"name": b.name, "kind": b.kind, "count": b.count, "total_ms": _r(b.total_ms),
                            "backtrace": list(b.backtrace)} for b in a.between_calls],
         "kernel_gaps": [{"after": g.after, "before": g.before, "gap_us": _r(g.mean_us, 3)} for g in a.kernel_gaps],
+        "heuristic": _heuristic_json(a),
         "warnings": a.warnings, "notes": a.notes,
     }
     return out
+
+
+def _heuristic_json(a: Analysis) -> dict | None:
+    h = a.heuristic
+    if h is None:
+        return None
+    return {"heuristic_ms": _r(h.heuristic_ms), "ideal_ms": _r(h.ideal_ms),
+            "speedup": _r(h.heuristic_ms / h.ideal_ms, 4) if h.ideal_ms else None,
+            "suboptimal": h.suboptimal, "unknown": h.unknown, "bounds": _bounds_json(h.bounds, a.measured_ms),
+            "layers": [{"index": c.node, "name": c.name, "layout": c.layout, "math": c.math,
+                        "heuristic": c.heuristic or None, "heuristic_ms": _r(c.heuristic_ms),
+                        "find": c.find or None, "find_ms": _r(c.find_ms), "best": c.best,
+                        "best_ms": _r(c.best_ms)} for c in h.choices]}
 
 
 def _fusion_use(u) -> dict:
@@ -110,8 +131,11 @@ def _library_json(v) -> dict:
         "extra": [{"api": c.api, "index": c.index, "algo": c.algo} for c in al.extra],
         "deviations": deviations,
         "api_counts": {k: {"expected": e, "logged": g} for k, (e, g) in al.api_counts.items()},
-        "algorithms": [{"node": c.node, "name": c.name, "used": c.used, "used_ms": _r(c.used_ms),
-                        "best": c.best, "best_ms": _r(c.best_ms), "gain_ms": _r(c.gain_ms)} for c in v.algorithms],
+        "framework_version": v.framework_version or None, "benchmark_version": v.benchmark_version or None,
+        "algorithms": [{"node": c.node, "name": c.name, "used": c.used, "layout": c.layout or None,
+                        "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best,
+                        "best_ms": _r(c.best_ms), "gain_ms": _r(c.gain_ms), "suboptimal": c.suboptimal}
+                       for c in v.algorithms],
         "algorithm_gain_ms": _r(v.algorithm_gain_ms),
     }
 
@@ -153,9 +177,15 @@ def layers_csv(analyses: Sequence[Analysis]) -> str:
 def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
     """``max_layers``: rows of the layer table (the slowest when cut); 0 shows every layer."""
     title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size})"
+    if a.stack is not None:
+        console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
+                      + ", ".join(f"{k} {v}" for k, v in a.stack.stack if k not in ("cpu",)) + f"); math {a.math}",
+                      highlight=False, markup=False, soft_wrap=True)
     t = Table("", "sequential", "parallel", title=Text(title))
     _row(t, "lower bound (ms)" + (" [PARTIAL]" if a.bounds.partial else ""),
               _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms))
+    measured = sum(1 for r in a.rows if r.status == "ok")
+    _row(t, "unstable layers in the bound", f"{len(a.unstable_rows)} of {measured}", "")
     _row(t, "with fusion (ms)", _ms(a.fusion.bounds.sequential_ms), _ms(a.fusion.bounds.parallel_ms))
     if a.framework is not None:
         _row(t, f"with {a.framework.framework}'s fusions (ms)", _ms(a.framework.bounds_same_fusions.sequential_ms),
@@ -191,21 +221,42 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
                        _ms(p.sequential_ms), _ms(p.parallel_ms))
         console.print(mt)
     if a.fusion.matches:
-        console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} with fused "
-                      f"benchmarks, {a.fusion.layers_fused} layers fused; sequential bound "
+        console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} profitable fused "
+                      f"benchmarks, {a.fusion.layers_fused} layers fused, {len(a.fusion.unprofitable)} unprofitable "
+                      f"(fused no faster than unfused, not applied); sequential bound "
                       f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms", highlight=False, markup=False)
+        for u in a.fusion.unprofitable:
+            console.print(f"  unprofitable: {u.pattern} at {a.rows[u.nodes[0]].name}: fused {_ms(u.fused_ms)} ms vs "
+                          f"unfused {_ms(u.unfused_ms)} ms", highlight=False, markup=False)
+    if a.heuristic is not None:
+        h = a.heuristic
+        console.print(f"Q3 cuDNN heuristic vs ideal (database only): {len(h.choices)} convolutions, "
+                      f"{h.suboptimal} where the heuristic's algorithm is not the fastest; "
+                      f"{_ms(h.heuristic_ms)} vs {_ms(h.ideal_ms)} ms"
+                      + (f" ({h.unknown} heuristic choices never measured OK, counted at the best)"
+                         if h.unknown else ""), highlight=False, markup=False)
     for v in a.libraries:
         al = v.alignment
         console.print(f"Q4 {v.library}: {v.calls} calls logged over {len(al.passes)} passes; "
                       f"{len(al.missing)} expected layers missing, {len(al.extra)} extra calls, "
                       f"{len(al.out_of_order)} out of order", highlight=False, markup=False)
         if v.algorithms:
-            at = Table("layer", "used", "used ms", "best", "best ms", "gain ms", title=Text(f"Q3 {v.library} algorithms"))
+            at = Table("layer", "layout", "used", "used ms", "framework ms", "best", "best ms", "gain ms",
+                       title=Text(f"Q3 {v.library} algorithms"))
             for c in v.algorithms:
-                _row(at, c.name, c.used, _ms(c.used_ms), c.best, _ms(c.best_ms), _ms(c.gain_ms))
+                _row(at, c.name, c.layout or "?", c.used, _ms(c.used_ms), _ms(c.framework_ms), c.best,
+                           _ms(c.best_ms), _ms(c.gain_ms))
             console.print(at)
-            console.print(f"Q3: {sum(1 for c in v.algorithms if not c.optimal)} sub-optimal layers, "
-                          f"{v.algorithm_gain_ms:.4g} ms to gain", highlight=False, markup=False)
+            if v.versions_differ:
+                console.print(f"Q3: not judged: the framework's {v.library} {v.framework_version} is not the "
+                              f"benchmarks' {v.benchmark_version} (framework ms: its own per-call time)",
+                              highlight=False, markup=False)
+            else:
+                unknown = sum(1 for c in v.algorithms if c.used_ms is None)
+                console.print(f"Q3: {len(v.suboptimal)} sub-optimal layers (a measured gain beyond the noise), "
+                              f"{v.algorithm_gain_ms:.4g} ms to gain"
+                              + (f"; {unknown} used an implementation never benchmarked here" if unknown else ""),
+                              highlight=False, markup=False)
     if a.framework is not None:
         f = a.framework
         console.print(f"Q4 {f.framework}: {f.match.run_ms:.4g} ms per run, {f.match.op_ms:.4g} ms in ops "

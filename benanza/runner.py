@@ -33,7 +33,7 @@ from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
 from .perfdb import PerfDB, resolve_db_path
-from .records import Result, Status, System, Variant
+from .records import UNSTABLE_RSD, Result, Status, System, Variant
 from .system import default_threads, detect_system, probe_gpu, runnable_tasks
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,9 @@ class RunOptions:
     cmake_args: tuple[str, ...] = ()
     command: str = ""  # the command line, stored beside each result
     env: tuple[tuple[str, str], ...] = ()  # extra environment for the benchmark binary
+    max_rsd: float = UNSTABLE_RSD  # relative stddev above which a result is unstable
+    remeasure: int = 2  # extra measurements of a result while it is unstable
+    max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,14 @@ class RunSummary:
     backend: str
     db_path: Path
     total: int  # variants generated (after --filter)
-    already: int  # skipped: already measured on this system+stack
+    already: int  # skipped: already measured (ok or unsupported) on this system+stack
     to_run: list[str] = field(default_factory=list)
-    ok: int = 0
+    ok: int = 0  # final outcome per variant run
     unsupported: int = 0
     failed: int = 0
+    unstable: int = 0  # ok, but still above max_rsd after every re-measurement (flagged in the DB)
+    remeasured: int = 0  # extra measurements of unstable results
+    gave_up: list[str] = field(default_factory=list)  # failed max_failures times in a row: skipped
     interrupted: bool = False
     seconds: float = 0.0
     # Share of samples, while benchmarks ran, in which more tasks were runnable than the
@@ -142,9 +148,10 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     if options.dry_run:
         # Nothing is built, so the stack is what the machine reports, not the binary's context.
         system = detect_system(system_name, backend, threads=threads)
-        todo = variants if options.force or not path.exists() else _missing_in(path, system, variants)
-        return RunSummary(system, backend, path, len(variants), len(variants) - len(todo),
-                          [v.name for v in todo])
+        if options.force or not path.exists():
+            return RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
+        with PerfDB(path, readonly=True) as db:
+            return _plan(db, system, variants, options, path)
 
     binary = build(project, options.build_jobs, options.cmake_args)
     env = _bench_env(backend, threads, options)
@@ -153,9 +160,13 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     with PerfDB(path) as db:
         db.record_models(manifest)
         db.upsert_system(system)
-        todo = variants if options.force else db.missing(system, variants)
-        summary = RunSummary(system, backend, path, len(variants), len(variants) - len(todo),
-                             [v.name for v in todo], context=context)
+        if options.force:
+            summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
+        else:
+            summary = _plan(db, system, variants, options, path)
+        summary.context = context
+        by_name = {v.name: v for v in variants}
+        todo = [by_name[n] for n in summary.to_run]
         if todo:
             _execute(binary, todo, env, options, db, system, summary, progress)
     summary.seconds = time.monotonic() - started
@@ -172,9 +183,14 @@ def _select(variants: list[Variant], pattern: str | None) -> list[Variant]:
     return [v for v in variants if rx.search(v.name)]
 
 
-def _missing_in(path: Path, system: System, variants: list[Variant]) -> list[Variant]:
-    with PerfDB(path, readonly=True) as db:
-        return db.missing(system, variants)
+def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptions, path: Path) -> RunSummary:
+    """What a run without --force measures: what has no ok/unsupported result yet, retrying
+    failures unless one failed ``max_failures`` times in a row."""
+    todo = db.missing(system, variants, max_failures=options.max_failures)
+    retry = {v.name for v in db.missing(system, variants)}
+    gave_up = sorted(retry - {v.name for v in todo})
+    return RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
+                      [v.name for v in todo], gave_up=gave_up)
 
 
 def _stack_overrides(backend: str, context: dict) -> dict[str, str]:
@@ -261,15 +277,18 @@ def binary_context(binary: Path, env: dict[str, str]) -> dict:
 class _Store:
     """Buffers results and writes them in small transactions as they arrive."""
 
-    def __init__(self, db: PerfDB, system: System, command: str, summary: RunSummary):
-        self.db, self.system, self.command, self.summary = db, system, command, summary
+    def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float):
+        self.db, self.system, self.command, self.max_rsd = db, system, command, max_rsd
         self.pending: list[tuple[Result, dict]] = []
         self.last = time.monotonic()
+        self.final: dict[str, Result] = {}  # the latest outcome per variant name
 
     def add(self, result: Result, raw: dict) -> None:
+        rsd = result.rsd
+        if rsd is not None and rsd > self.max_rsd:
+            result = replace(result, unstable=True)
         self.pending.append((result, raw))
-        field_name = result.status.value  # ok | unsupported | failed
-        setattr(self.summary, field_name, getattr(self.summary, field_name) + 1)
+        self.final[result.variant.name] = result
         if len(self.pending) >= _FLUSH_EVERY:
             self.flush()
         else:
@@ -289,27 +308,48 @@ class _Store:
 
 def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: RunOptions, db: PerfDB,
              system: System, summary: RunSummary, progress: Callable[[Progress], None] | None) -> None:
+    """Runs ``todo``, then re-measures the unstable results (at most ``options.remeasure`` times
+    each); every measurement is stored, the last one of a variant is what analyses use."""
     by_name = {v.name: v for v in todo}
-    remaining = [v.name for v in todo]
-    store = _Store(db, system, options.command, summary)
-    finished: set[str] = set()
-
-    def notify(name: str, status: Status | None) -> None:
-        if progress:
-            progress(Progress(len(finished), len(todo), name, status))
-
+    store = _Store(db, system, options.command, options.max_rsd)
     monitor = ContentionMonitor(int(dict(system.stack).get("threads", "1")))
     monitor.start()
     try:
         with children.sigterm_interrupts():
-            while remaining:
-                _run_batch(binary, remaining, env, options, system, store, by_name, finished, notify)
-                remaining = [n for n in remaining if n not in finished]
+            batch = [v.name for v in todo]
+            for attempt in range(options.remeasure + 1):
+                if attempt:
+                    log.info("re-measuring %d unstable results (attempt %d of %d)", len(batch), attempt,
+                             options.remeasure)
+                    summary.remeasured += len(batch)
+                _run_all(binary, batch, env, options, system, store, by_name, progress)
+                batch = [n for n in batch if store.final[n].unstable]
+                if not batch:
+                    break
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the child is gone, what was measured is kept
         summary.interrupted = True
     finally:
         summary.contended = monitor.stop()
         store.flush()
+        for status in Status:
+            setattr(summary, status.value, sum(r.status is status for r in store.final.values()))
+        summary.unstable = sum(r.unstable for r in store.final.values())
+        summary.failures = [Failure(n, r.message, r.metrics["reproduce"]) for n, r in store.final.items()
+                            if r.status is Status.FAILED and "reproduce" in r.metrics]
+
+
+def _run_all(binary: Path, names: list[str], env: dict[str, str], options: RunOptions, system: System,
+             store: _Store, by_name: dict[str, Variant], progress: Callable[[Progress], None] | None) -> None:
+    finished: set[str] = set()
+
+    def notify(name: str, status: Status | None) -> None:
+        if progress:
+            progress(Progress(len(finished), len(names), name, status))
+
+    remaining = list(names)
+    while remaining:
+        _run_batch(binary, remaining, env, options, system, store, by_name, finished, notify)
+        remaining = [n for n in remaining if n not in finished]
 
 
 class ContentionMonitor:
@@ -413,7 +453,6 @@ class _Batch:
         if result.status is Status.FAILED:
             line = self.reproduce(result.variant.name)
             result = replace(result, metrics={**result.metrics, "reproduce": line})
-            self.store.summary.failures.append(Failure(result.variant.name, result.message, line))
         self.store.add(result, raw)
         self.finished.add(result.variant.name)
         self.notify(result.variant.name, result.status)
@@ -616,8 +655,8 @@ def parse_result(variant: Variant, system: str, data: dict) -> Result:
     for key in ("message", "implementation"):
         if not isinstance(data.get(key, ""), str):
             raise MalformedResult(f"{key} is {data[key]!r}, not a string")
-    latency = {k: _number(data, k) for k in ("median_ms", "mean_ms", "stddev_ms", "min_ms")}
-    if status is Status.OK and latency["median_ms"] is None:
+    median, mean, stddev, fastest = (_number(data, k) for k in ("median_ms", "mean_ms", "stddev_ms", "min_ms"))
+    if status is Status.OK and median is None:
         raise MalformedResult("status ok without median_ms")
     metrics = {k: v for k, v in counters.items() if k != "workspace_bytes"}
     if "times_ms" in data:
@@ -628,4 +667,4 @@ def parse_result(variant: Variant, system: str, data: dict) -> Result:
                   iterations=_count(data, "iterations"), repetitions=_count(data, "repetitions"),
                   workspace_bytes=_count(counters, "workspace_bytes"),
                   implementation=data.get("implementation", ""), metrics=metrics, timestamp=_now(),
-                  **latency)
+                  median_ms=median, mean_ms=mean, stddev_ms=stddev, min_ms=fastest)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .records import System
+from .toolchain import cuda_toolkit
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,8 @@ def _cuda_stack() -> dict[str, str]:
             parts.append(str(v.value))
         if len(parts) == 3:
             out["cublas"] = ".".join(parts)
-    nvcc = _run([str(_CUDA_HOME / "bin" / "nvcc"), "--version"]) or _run(["nvcc", "--version"])
+    toolkit = cuda_toolkit()
+    nvcc = _run([str(toolkit.nvcc), "--version"]) if toolkit else None
     if nvcc:
         m = re.search(r"release ([\d.]+)", nvcc)
         if m:

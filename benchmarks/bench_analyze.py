@@ -39,11 +39,11 @@ SYSTEM = System("bench-synthetic", "onednn", "synthetic (bench_analyze.py)", (("
 def synthetic_results(model_path: Path) -> list[Result]:
     model = load_model(model_path, 1)
     manifest = build_manifest([model], unique_layers([model]))
-    layers = {u.layer.key: u.layer for u in manifest.layers}
+    layers = {u.layer.problem: u.layer for u in manifest.layers}
     variants = expand_variants(manifest, get_backend("onednn"), GenOptions())
     out = []
     for i, v in enumerate(variants):
-        layer = layers.get(v.layer_key)
+        layer = layers.get(v.problem)
         if i % 7 == 3:
             out.append(Result(v, SYSTEM.name, Status.UNSUPPORTED, "synthetic: unsupported"))
             continue

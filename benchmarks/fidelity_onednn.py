@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benanza.generator import GenOptions, generate
 from benanza.manifest import build_manifest, write_manifest
+from benanza.problems import ConvProblem
 from benanza.processor import load_model, unique_layers
 from benanza.records import Variant
 from benanza.runner import build, parse_result
@@ -66,21 +67,20 @@ def run_binary(binary: Path, names: list[str], env: dict, min_time: float, reps:
     return per
 
 
-def torch_conv_ms(params: dict, threads: int, min_time: float) -> float | None:
+def torch_conv_ms(p: ConvProblem, threads: int, min_time: float) -> float | None:
     try:
         import torch
     except ImportError:
         return None
     torch.set_num_threads(threads)
-    p = params
-    x = torch.rand(p["mb"], p["ic"], p["ih"], p["iw"])
-    w = torch.rand(p["oc"], p["ic"] // p["g"], p["kh"], p["kw"])
-    b = torch.rand(p["oc"]) if p["bias"] else None
-    if (p["pt"], p["pl"]) != (p["pb"], p["pr"]):
+    x = torch.rand(p.mb, p.ic, p.ih, p.iw)
+    w = torch.rand(p.oc, p.ic // p.g, p.kh, p.kw)
+    b = torch.rand(p.oc) if p.bias else None
+    if (p.pt, p.pl) != (p.pb, p.pr):
         return None
 
     def once():
-        torch.nn.functional.conv2d(x, w, b, (p["sh"], p["sw"]), (p["pt"], p["pl"]), (p["dh"], p["dw"]), p["g"])
+        torch.nn.functional.conv2d(x, w, b, (p.sh, p.sw), (p.pt, p.pl), (p.dh, p.dw), p.g)
 
     with torch.inference_mode():
         for _ in range(3):
@@ -109,13 +109,12 @@ def main() -> None:
     manifest = build_manifest(models, unique_layers(models))
     write_manifest(manifest, work / "bench")
     gen = generate(manifest, "onednn", work / "bench", GenOptions(dtypes=("f32",), layouts=("any",), fusion=False))
-    conv: list[Variant] = [v for v in gen.variants if v.layer_key.startswith("conv:") and v.algo == "auto"]
+    conv: list[Variant] = [v for v in gen.variants if isinstance(v.problem, ConvProblem) and v.algo == "auto"]
     binary = build(work / "bench" / "onednn")
     base_env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     ours = run_binary(binary, [v.name for v in conv], base_env, args.min_time, args.repetitions)
     verbose = run_binary(binary, [v.name for v in conv], dict(base_env, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1"),
                          args.min_time, 1)
-    params = {u.layer.key: dict(u.layer.params) for u in manifest.layers}
     rows = []
     for v in conv:
         result = parse_result(v, "fidelity", ours[v.name]["result"])
@@ -125,7 +124,7 @@ def main() -> None:
         lib = statistics.median(execs)
         rows.append({"layer": v.layer_key, "ours_ms": round(result.median_ms, 4), "onednn_verbose_ms": round(lib, 4),
                      "ratio": round(result.median_ms / lib, 3), "impl": result.implementation,
-                     "torch_ms": torch_conv_ms(params[v.layer_key], threads, args.min_time)})
+                     "torch_ms": torch_conv_ms(v.problem, threads, args.min_time)})
     ratios = [r["ratio"] for r in rows]
     torch_ratios = [r["ours_ms"] / r["torch_ms"] for r in rows if r["torch_ms"]]
     print(json.dumps({"threads": threads, "layers": len(rows), "median_ratio": statistics.median(ratios),

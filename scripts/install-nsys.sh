@@ -2,7 +2,8 @@
 # Install NVIDIA Nsight Systems 2022.4.2 (Debian bookworm non-free) without touching the
 # machine's apt sources: fetch the .debs through a private sources list that names non-free,
 # unpack them with dpkg -x under PREFIX, and link `nsys` onto PATH. QdstrmImporter (which
-# turns a CPU-only .qdstrm into .nsys-rep) needs libssh, so libssh-4 is installed too.
+# turns a CPU-only .qdstrm into .nsys-rep) needs libssh and libpfm, so libssh-4 and libpfm4 are
+# installed too; without them nsys leaves only the .qdstrm (seen on a minimal Debian).
 #
 # usage: scripts/install-nsys.sh [PREFIX]   (default /opt/nsight-systems; needs root)
 set -euo pipefail
@@ -38,7 +39,7 @@ for deb in "$work"/*.deb; do
 done
 
 # wait for another apt/dpkg run (CI setup may run several) instead of failing on its lock
-apt-get -o DPkg::Lock::Timeout=600 install -y -qq libssh-4 >/dev/null
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libssh-4 libpfm4 >/dev/null
 nsys_bin=$(find "$PREFIX" -type f -name nsys -path '*target-linux-x64*' | head -n1)
 if [ -z "$nsys_bin" ]; then
     echo "install-nsys: no nsys binary inside the unpacked packages under $PREFIX" >&2
@@ -53,5 +54,9 @@ if [ -n "$importer" ]; then
     fi
 fi
 ln -sf "$nsys_bin" "$BIN_DIR/nsys"
+if [ -n "$importer" ] && ldd "$importer" | grep -q "not found"; then
+    echo "install-nsys: QdstrmImporter lacks libraries:" $(ldd "$importer" | awk '/not found/ {print $1}' | sort -u) >&2
+    exit 1
+fi
 echo "nsys: $("$BIN_DIR/nsys" --version 2>&1 | head -n1)"
 echo "QdstrmImporter: ${importer:-not found}"

@@ -33,3 +33,35 @@ def zoo_model(tmp_path_factory):
         return path
 
     return _get
+
+
+# --- skips ---------------------------------------------------------------------------------
+# A test may skip only because of a GPU device (marked `gpu`). Any other skip means scripts/setup.sh
+# left a tool out, and a skipped capability would read as a pass: it fails instead, with its reason.
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: its skip depends on whether a CUDA GPU device is present")
+
+
+def _fail_skip(report) -> None:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    report.outcome = "failed"
+    report.longrepr = (f"skipped for a reason other than a GPU device ({reason}); "
+                       "scripts/setup.sh installs every tool the tests use")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and item.get_closest_marker("gpu") is None:
+        _fail_skip(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped:  # a module-level importorskip
+        _fail_skip(report)

@@ -25,12 +25,11 @@ from benanza.records import Result, Status, Variant
 FIX = Path(__file__).parent / "fixtures"
 
 
-def ok(key: str, ms: float, backend: str = "onednn", algo: str = "direct", dtype: str | None = None,
+def ok(layer, ms: float, backend: str = "onednn", algo: str = "direct", dtype: str | None = None,
        fusion: str = "none", layout: str = "nchw", impl: str = "") -> Result:
-    dt = dtype or key.rsplit("_", 1)[1]
-    k = key if dtype is None else key.rsplit("_", 1)[0] + "_" + dtype
-    return Result(Variant(k, backend, "api", algo, dt, layout, "default", fusion), "sys", Status.OK,
-                  median_ms=ms, implementation=impl)
+    """An OK result of the layer's problem, in its own dtype unless another is given."""
+    return Result(Variant(layer.problem, backend, "api", algo, dtype or layer.dtype, layout, "default", fusion),
+                  "sys", Status.OK, median_ms=ms, implementation=impl)
 
 
 def results_for(model, ms_of=lambda node: 0.1 * (node.index + 1), backend="onednn"):
@@ -38,7 +37,7 @@ def results_for(model, ms_of=lambda node: 0.1 * (node.index + 1), backend="onedn
     for n in model.nodes:
         api = n.layer.onednn_primitive if backend == "onednn" else n.layer.cudnn_api
         if api:
-            out.append(ok(n.layer.key, ms_of(n), backend))
+            out.append(ok(n.layer, ms_of(n), backend))
     return out
 
 
@@ -135,10 +134,10 @@ def test_missing_results_make_the_bound_partial_and_named(branchy):
 
 
 def test_best_variant_is_the_fastest_ok_one(branchy):
-    stem = branchy.nodes[0].layer.key
+    stem = branchy.nodes[0].layer
     res = results_for(branchy) + [
         ok(stem, 0.01, algo="winograd"),
-        Result(Variant(stem, "onednn", "api", "gemm"), "sys", Status.FAILED, "crashed"),
+        Result(Variant(stem.problem, "onednn", "api", "gemm"), "sys", Status.FAILED, "crashed"),
         ok(stem, 0.001, dtype="bf16"),  # another dtype never counts for an f32 bound
     ]
     a = analyze(branchy, res, "sys", "onednn")
@@ -164,9 +163,9 @@ def convnet(save):
 
 def test_fusion_substitutes_fused_latency_and_falls_back(convnet):
     res = results_for(convnet, lambda n: 1.0)
-    conv1, conv2 = convnet.nodes[0].layer.key, convnet.nodes[2].layer.key
+    conv1, conv2 = convnet.nodes[0].layer, convnet.nodes[2].layer
     res += [ok(conv1, 1.2, fusion="bias_relu"),
-            Result(Variant(conv2, "onednn", "api", "direct", fusion="bn_relu"), "sys", Status.FAILED, "boom")]
+            Result(Variant(conv2.problem, "onednn", "api", "direct", fusion="bn_relu"), "sys", Status.FAILED, "boom")]
     a = analyze(convnet, res, "sys", "onednn")
     assert a.fusion.matches == 2
     (use,) = a.fusion.applied
@@ -181,7 +180,7 @@ def test_fusion_substitutes_fused_latency_and_falls_back(convnet):
 def test_ort_trace_fusions_insertions_and_ratio_explained(convnet):
     prof = load_file(FIX / "ort_convnet.json")
     res = results_for(convnet, lambda n: 1.0)
-    res.append(ok(convnet.nodes[2].layer.key, 1.5, fusion="bn_relu"))
+    res.append(ok(convnet.nodes[2].layer, 1.5, fusion="bn_relu"))
     a = analyze(convnet, res, "sys", "onednn", profile=prof)
     f = a.framework
     assert f is not None and f.framework == "onnxruntime"
@@ -213,7 +212,7 @@ def test_measured_ms_overrides_the_profile(convnet):
 
 def test_cudnn_log_algorithms_and_gain(convnet):
     calls = parse_cudnn_log(FIX / "cudnn_v7.log")
-    conv1, conv2 = convnet.nodes[0].layer.key, convnet.nodes[2].layer.key
+    conv1, conv2 = convnet.nodes[0].layer, convnet.nodes[2].layer
     res = results_for(convnet, lambda n: 1.0, backend="cudnn") + [
         ok(conv1, 0.50, "cudnn", "IMPLICIT_PRECOMP_GEMM"), ok(conv1, 0.30, "cudnn", "IMPLICIT_GEMM"),
         ok(conv2, 0.20, "cudnn", "WINOGRAD"), ok(conv2, 0.40, "cudnn", "FFT")]
@@ -247,7 +246,7 @@ def test_alignment_reports_parameter_deviation_and_missing(convnet):
 
 def test_onednn_log_against_model(convnet):
     prof = load_file(FIX / "onednn_v2.log")
-    conv1 = convnet.nodes[0].layer.key
+    conv1 = convnet.nodes[0].layer
     res = results_for(convnet, lambda n: 1.0) + [ok(conv1, 0.02, impl="brg:avx512_core"),
                                                  ok(conv1, 0.05, impl="jit:avx512_core", algo="winograd")]
     a = analyze(convnet, res, "sys", "onednn", profile=prof)
@@ -280,7 +279,7 @@ def test_tensor_core_kernel_names(name, tc):
 def test_tensor_cores_from_kineto_and_fp16_bounds(convnet):
     prof = load_file(FIX / "kineto_cuda.json")
     res = results_for(convnet, lambda n: 1.0, backend="cudnn")
-    res += [ok(n.layer.key, 0.5, "cudnn", dtype="f16", layout="nhwc") for n in convnet.nodes if n.layer.cudnn_api]
+    res += [ok(n.layer, 0.5, "cudnn", dtype="f16", layout="nhwc") for n in convnet.nodes if n.layer.cudnn_api]
     a = analyze(convnet, res, "sys", "cudnn", profile=prof)
     assert a.tensor_cores.kernels == 8 and a.tensor_cores.tc_kernels == 2
     assert a.tensor_cores.bounds["f16"].sequential_ms == pytest.approx(a.bounds.sequential_ms / 2)

@@ -22,7 +22,7 @@ from onnx import helper
 from benanza.cli import main
 from benanza.generator import GenOptions, expand_variants, get_backend
 from benanza.manifest import build_manifest
-from benanza.perfdb import PerfDB
+from benanza.perfdb import SCHEMA_VERSION, PerfDB
 from benanza.processor import load_model, unique_layers
 from benanza.records import Result, Status, System
 
@@ -68,8 +68,6 @@ def test_numbers_past_int64_are_usage_errors(net, tmp_path):
     out = invoke("generate", str(net), "--backend", "none", "--out", str(tmp_path),
                  "--input-shape", "x=1x3x99999999999999999999x8")
     assert out.exit_code == 1 and "at most 32 dims of at most 2147483647 each" in out.output
-    out = invoke("analyze", str(net), "--system", "x", "--dtype", "f64")
-    assert out.exit_code == 2 and "f64" in out.output
 
 
 def test_db_lookup_expects_what_generate_makes_for_the_systems_backend(net, tmp_path):
@@ -223,11 +221,12 @@ def readonly_db():
     folder.mkdir()
     db = folder / "b.db"
     system = System("box", "onednn", "cpu", (("onednn", "2.6"),))
-    from benanza.records import Variant
-
+    models = [load_model(conv_net())]
+    manifest = build_manifest(models, unique_layers(models))
+    relu = next(v for v in expand_variants(manifest, get_backend("onednn"), GenOptions(dtypes=("f32",)))
+                if v.name.startswith("eltwise:relu"))
     with PerfDB(db) as pdb:
-        pdb.insert_results(system, [Result(Variant("eltwise:relu_in1x8_f32", "onednn", "eltwise"), "box", Status.OK,
-                                           median_ms=0.5, iterations=10, repetitions=1)])
+        pdb.insert_results(system, [Result(relu, "box", Status.OK, median_ms=0.5, iterations=10, repetitions=1)])
     assert pdb.db.conn  # closed: WAL checkpointed, no -wal/-shm left
     assert sorted(p.name for p in folder.iterdir()) == ["b.db"]
     onnx.save(conv_net(), str(base / "net.onnx"))
@@ -248,10 +247,10 @@ def test_read_only_folder_reads_work_and_writes_fail_in_one_line(readonly_db):
     info = subprocess.run(_as_unprivileged([BENANZA, "db", "info", "--db", str(readonly_db)]),
                           capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
-    assert "schema 1" in info.stdout and "box" in info.stdout
+    assert f"schema {SCHEMA_VERSION}" in info.stdout and "box" in info.stdout
     listing = subprocess.run(_as_unprivileged([BENANZA, "db", "list", "--system", "box", "--db", str(readonly_db)]),
                              capture_output=True, text=True, env=dict(os.environ, COLUMNS="400"))
-    assert listing.returncode == 0 and "eltwise:relu_in1x8_f32" in listing.stdout, listing.stderr
+    assert listing.returncode == 0 and "eltwise:relu" in listing.stdout, listing.stderr
     ana = subprocess.run(_as_unprivileged([BENANZA, "analyze", str(folder.parent / "net.onnx"), "--system", "box",
                                            "--db", str(readonly_db), "--json"]), capture_output=True, text=True)
     assert ana.returncode == 0, ana.stderr

@@ -11,6 +11,7 @@ import json
 import logging
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from benanza.generator import GenOptions, generate, read_variants
 from benanza.manifest import Manifest, build_manifest
 from benanza.processor import load_model, unique_layers
 from benanza.records import Variant
+from benanza.toolchain import cuda_toolkit
 
 
 def _wheels_present() -> bool:
@@ -35,9 +37,9 @@ def _wheels_present() -> bool:
 
 
 NEED_TOOLCHAIN = pytest.mark.skipif(
-    not (_wheels_present() and shutil.which("cmake") and Path("/usr/local/cuda/bin/nvcc").exists()),
-    reason="needs the nvidia-cudnn-cu13 and nvidia-cublas wheels (pip install nvidia-cudnn-cu13 "
-           "nvidia-cublas), cmake and nvcc at /usr/local/cuda",
+    not (_wheels_present() and shutil.which("cmake") and cuda_toolkit() is not None),
+    reason="needs the nvidia-cudnn-cu13 and nvidia-cublas wheels, cmake, and nvcc (the machine's CUDA "
+           "or the nvidia-cuda-nvcc wheel): scripts/setup.sh installs them",
 )
 
 
@@ -58,6 +60,7 @@ def every_family_model():
         tensor("Wm", (8, 12)), tensor("Wn", (8, 6)),
         numpy_helper.from_array(np.array([5, 2, 8], np.int64), "seq_shape"),
         numpy_helper.from_array(np.array([4, 8], np.int64), "mat_shape"),
+        numpy_helper.from_array(np.array(True), "train"),
     ]
     n = helper.make_node
     nodes = [
@@ -83,8 +86,9 @@ def every_family_model():
         n("Max", ["mul5", "s4"], ["max5"]),
         n("Max", ["max5", "t4"], ["max6"]),
         n("GlobalAveragePool", ["max6"], ["g"]),
-        n("Dropout", ["g", "ratio"], ["d"]),
-        n("Flatten", ["d"], ["flat"]),
+        n("Dropout", ["g", "ratio", "train"], ["d"]),  # training mode: cudnnDropoutForward
+        n("Dropout", ["d", "ratio"], ["d2"]),  # inference: the identity, no call
+        n("Flatten", ["d2"], ["flat"]),
         n("Gemm", ["flat", "Wfc", "Bfc"], ["fc"]),
         n("Softmax", ["fc"], ["y"], axis=1),
         n("LSTM", ["seq", "Wl", "Rl", "Bl"], ["ly"], hidden_size=16),
@@ -161,13 +165,13 @@ def _expand(manifest, options=GenOptions()):
 
 def test_convolution_expansion(family_manifest):
     variants = _expand(family_manifest)
-    asym = next(u.layer.key for u in family_manifest.layers if "pb1pr1" in u.layer.key)
-    plain = [v for v in variants if v.layer_key == asym and v.fusion == "none"]
+    asym = next(u.layer.problem for u in family_manifest.layers if "pb1pr1" in u.layer.key)
+    plain = [v for v in variants if v.problem == asym and v.fusion == "none"]
     assert {v.algo for v in plain} == set(cudnn.CONV_ALGOS)
     assert {(v.dtype, v.layout, v.math) for v in plain} == {
         ("f32", "nchw", "default"), ("f32", "nhwc", "default"),
         ("f16", "nchw", "tensor_op"), ("f16", "nhwc", "tensor_op")}
-    fused = [v for v in variants if v.layer_key == asym and v.fusion != "none"]
+    fused = [v for v in variants if v.problem == asym and v.fusion != "none"]
     assert {v.fusion for v in fused} == {"bias_relu"}
     assert all(v.api == cudnn.FUSED_API for v in fused)
     assert len(fused) == 8 * 4
@@ -217,9 +221,10 @@ def test_asymmetric_pads_are_reported(family_manifest, caplog):
 
 def test_uncovered_layers_get_no_variants(family_manifest):
     variants = _expand(family_manifest)
-    keys = {v.layer_key for v in variants}
+    problems = {v.problem for v in variants}
     uncovered = [u.layer for u in family_manifest.layers if u.layer.cudnn_api is None]
-    assert uncovered and all(layer.key not in keys for layer in uncovered)  # Flatten
+    assert uncovered and all(layer.problem not in problems for layer in uncovered)  # Flatten, inference Dropout
+    assert {layer.op for layer in uncovered if layer.identity} == {"Dropout"}
 
 
 # --- generated sources ---------------------------------------------------------------------
@@ -399,7 +404,9 @@ def test_top_level_cmake_builds_a_bench_folder(tmp_path, save):
     generate(manifest, "cudnn", bench)
     root = Path(__file__).resolve().parents[1]
     build = tmp_path / "build"
-    cmd = ["cmake", "-S", str(root), "-B", str(build), f"-DBENANZA_BENCH_DIR={bench}"]
+    # the wheels (and, without a CUDA install, their nvcc) are this interpreter's
+    cmd = ["cmake", "-S", str(root), "-B", str(build), f"-DBENANZA_BENCH_DIR={bench}",
+           f"-DBENANZA_PYTHON={sys.executable}"]
     for step in (cmd, ["cmake", "--build", str(build), "-j", "2"]):
         done = subprocess.run(step, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

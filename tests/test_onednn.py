@@ -49,6 +49,8 @@ def small_cnn(path: Path, c: int = 8, hw: int = 16) -> Path:
     inits = [_init("w1", (c, 3, 3, 3)), _init("b1", (c,)), _init("w2", (c, c, 3, 3)), _init("s", (c,)),
              _init("bb", (c,)), _init("m", (c,)), _init("v", (c,)), _init("wf", (10, 2 * c)),
              _init("bf", (10,)), _init("wm", (10, 6))]
+    for i, node in enumerate(nodes):
+        node.name = f"{node.op_type.lower()}{i}"
     graph = helper.make_graph(nodes, "small_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
@@ -131,6 +133,24 @@ def test_build_and_run_every_variant_reports_a_status(manifest, tmp_path):
     bf16 = [r for r in results if r.variant.dtype == "bf16" and r.variant.layer_key.startswith("conv:")]
     if not cpu_has_bf16():
         assert all(r.status.value == "unsupported" and "bf16" in r.message for r in bf16)
+    # the analyzer's bounds from these real measurements, per dtype this CPU runs, against SQL + a DP
+    from click.testing import CliRunner
+    from test_bounds_e2e import best_by_key, longest_path, node_keys
+
+    from benanza.cli import main
+
+    model = Path(manifest.models[0]["path"])
+    for dtype in ("f32", "bf16") if cpu_has_bf16() else ("f32",):
+        r = CliRunner().invoke(main, ["analyze", str(model), "--system", "ci", "--db", str(db), "--dtype", dtype,
+                                      "--json"])
+        assert r.exit_code == 0, r.output
+        (a,) = json.loads(r.output)["analyses"]
+        keys = node_keys(tmp_path, model.stem, dtype)
+        best = best_by_key(db, "ci", dtype)
+        weight = {name: best.get(key, 0.0) for name, key in keys.items()}
+        assert not a["bounds"]["partial"] and a["bounds"]["sequential_ms"] > 0
+        assert a["bounds"]["sequential_ms"] == pytest.approx(sum(weight.values()), rel=1e-6)
+        assert a["bounds"]["parallel_ms"] == pytest.approx(longest_path(model, weight), rel=1e-6)
 
 
 @pytest.mark.slow

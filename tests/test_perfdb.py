@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -17,7 +18,7 @@ OTHER_STACK = System("box", "onednn", "Test CPU", (("onednn", "3.2.0"), ("thread
 
 
 def variant(i: int, dtype: str = "f32") -> Variant:
-    return Variant(f"conv:mb1_ic{i}ih8iw8_oc8oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias0_f32", "onednn",
+    return Variant.of_key(f"conv:mb1_ic{i}ih8iw8_oc8oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias0_f32", "onednn",
                    "convolution", "direct", dtype, "nchw", "default", "none")
 
 
@@ -195,3 +196,125 @@ def test_db_serve_shows_the_results_in_a_web_page(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CUDNN = System("box", "cudnn", "Test GPU", (("cudnn", "9.1.0"), ("driver", "550")))
+
+
+def cudnn_variant(i: int) -> Variant:
+    return Variant(variant(i).problem, "cudnn", "cudnnConvolutionForward", "IMPLICIT_GEMM", "f32", "nchw",
+                   "default", "none")
+
+
+def test_a_second_name_on_the_same_machine_is_its_own_system(tmp_path):
+    a = SYSTEM
+    b = System("other", a.backend, a.device, a.stack)
+    with PerfDB(tmp_path / "a.db") as db:
+        vs = [variant(i) for i in range(3)]
+        db.insert_results(a, [result(v) for v in vs])
+        assert db.missing(b, vs) == vs  # nothing of b is measured yet, whatever a stored
+        db.insert_results(b, [result(vs[0], 7.0)])
+        assert [r.median_ms for r in db.results("other")] == [7.0]
+        assert {s.name for s in db.systems()} == {"box", "other"}
+        assert len(db.results("box")) == 3
+
+
+def test_a_lookup_never_mixes_backends_or_stacks(tmp_path):
+    with PerfDB(tmp_path / "a.db") as db:
+        db.insert_results(SYSTEM, [result(variant(1), 1.0)])
+        db.insert_results(CUDNN, [result(cudnn_variant(1), 0.1)])  # newest stack of the name: cuDNN
+        assert [r.variant.backend for r in db.results("box")] == ["cudnn"]
+        onednn = db.system("box", backend="onednn")
+        assert onednn == SYSTEM and [r.median_ms for r in db.results(onednn)] == [1.0]
+        db.insert_results(OTHER_STACK, [result(variant(2), 2.0)])  # a oneDNN upgrade
+        assert db.system("box", backend="onednn") == OTHER_STACK
+        assert [r.median_ms for r in db.results(OTHER_STACK)] == [2.0]  # not the old stack's 1.0
+        assert db.system("box", stack=SYSTEM.stack_id[:6]) == SYSTEM
+        assert db.stacks("box")[0][0] == OTHER_STACK
+
+
+def test_failed_results_are_retried_until_they_failed_too_often(tmp_path):
+    with PerfDB(tmp_path / "a.db") as db:
+        ok, unsup, flaky = variant(1), variant(2), variant(3)
+        db.insert_results(SYSTEM, [result(ok), result(unsup, None, Status.UNSUPPORTED), result(flaky, None, Status.FAILED)])
+        assert db.missing(SYSTEM, [ok, unsup, flaky]) == [flaky]  # unsupported stays measured
+        db.insert_results(SYSTEM, [result(flaky, None, Status.FAILED)] * 2)
+        assert db.failure_streaks(SYSTEM) == {flaky.name: 3}
+        assert db.missing(SYSTEM, [flaky], max_failures=3) == []
+        assert db.missing(SYSTEM, [flaky], max_failures=4) == [flaky]
+        db.insert_results(SYSTEM, [result(flaky, 1.0)])
+        db.insert_results(SYSTEM, [result(flaky, None, Status.FAILED)])
+        assert db.failure_streaks(SYSTEM) == {flaky.name: 1}  # an ok run in between resets the streak
+
+
+def test_dispersion_and_the_unstable_flag_are_stored(tmp_path):
+    with PerfDB(tmp_path / "a.db") as db:
+        v = variant(1)
+        noisy = Result(v, "box", Status.OK, "", 2.03, 8.5, 12.3, 0.5, 100, 3, 0, "jit:avx2",
+                       {"times_ms": [0.5, 2.03, 23.0]}, "", unstable=True)
+        db.insert_results(SYSTEM, [noisy])
+        (got,) = db.results("box")
+        assert got.unstable and got.rsd == pytest.approx(12.3 / 2.03)
+        assert db.db.execute("SELECT rsd FROM results").fetchone()[0] == pytest.approx(12.3 / 2.03)
+
+
+def _copy(src, dst):
+    dst.write_bytes(src.read_bytes())
+    return dst
+
+
+def test_v1_database_migrates_without_losing_rows(tmp_path):
+    """tests/fixtures/perfdb_v1.db was written by the schema-1 code (make_perfdb_v1.py)."""
+    path = _copy(FIXTURES / "perfdb_v1.db", tmp_path / "v1.db")
+    raw = sqlite3.connect(path)
+    before = raw.execute("SELECT system, variant, status, median_ms, timestamp FROM results ORDER BY id").fetchall()
+    shared = raw.execute("SELECT DISTINCT stack_id FROM results").fetchall()
+    raw.close()
+    assert len(shared) == 1  # v1: A and B under one stack id
+    with PerfDB(path) as db:
+        assert db.schema_version == 2
+        after = db.db.execute("SELECT system, variant, status, median_ms, timestamp FROM results ORDER BY id").fetchall()
+        assert after == before
+        assert {s.name for s in db.systems()} == {"A", "B"}
+        a, b = db.system("A"), db.system("B")
+        assert a is not None and b is not None and a.stack_id != b.stack_id and a.stack == b.stack
+        assert [r.median_ms for r in db.results("B")] == [0.61]
+        by_fusion = {r.variant.fusion: r for r in db.results("A") if r.ok}
+        assert by_fusion["bias_relu"].unstable and not by_fusion["none"].unstable
+        assert len(db.missing(a, [r.variant for r in db.results("A")])) == 1  # the failed one is retried
+
+
+def test_merge_reports_and_keeps_conflicting_rows(tmp_path):
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    with PerfDB(a) as db:
+        db.insert_results(SYSTEM, [result(variant(1))])
+    with PerfDB(b) as db:
+        db.insert_results(SYSTEM, [result(variant(2))])
+        # same key, different content: the layer row another Benanza version wrote
+        db.db.execute("INSERT INTO layers VALUES ('k', 'h', 'Conv', 'conv', '{}', '[]', '[]', 1, 2, 3, NULL, NULL)")
+        db.db.execute("INSERT INTO models VALUES ('m', 1, 'm.onnx', '{}', 'now')")
+        db.db.execute("INSERT INTO occurrences VALUES ('m', 1, 'n0', 0, 'k')")
+    with PerfDB(a) as db:
+        db.db.execute("INSERT INTO layers VALUES ('k', 'h', 'Conv', 'conv', '{}', '[]', '[]', 1, 99, 3, NULL, NULL)")
+        db.db.execute("INSERT INTO models VALUES ('m', 1, 'elsewhere/m.onnx', '{}', 'now')")
+        db.db.execute("INSERT INTO occurrences VALUES ('m', 1, 'n0', 0, 'other')")
+    out = CliRunner().invoke(main, ["db", "merge", str(a), str(b)])
+    assert out.exit_code == 0 and "conflicts +2" in out.output, out.output
+    with PerfDB(a) as db:
+        kept = db.conflicts()
+        assert sorted(t for t, *_ in kept) == ["layers", "occurrences"]
+        assert any('"flops": 2' in row for *_, row in kept)  # the source's row, whole
+        assert db.db.execute("SELECT flops FROM layers WHERE key='k'").fetchone()[0] == 99  # target's kept
+        assert db.db["results"].count == 2
+        assert db.merge_from(b)["conflicts"] == 0 and len(db.conflicts()) == 2  # idempotent
+
+
+def test_merging_a_v1_source_migrates_a_copy_and_leaves_the_file_alone(tmp_path):
+    src = _copy(FIXTURES / "perfdb_v1.db", tmp_path / "v1.db")
+    blob = src.read_bytes()
+    with PerfDB(tmp_path / "t.db") as db:
+        added = db.merge_from(src)
+        assert added["results"] == 4 and added["systems"] == 2
+        assert [r.median_ms for r in db.results("B")] == [0.61]
+    assert src.read_bytes() == blob

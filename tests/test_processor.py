@@ -97,7 +97,7 @@ def test_auto_pad_resolves_to_explicit_asymmetric_pads(save):
                               [tensor("W", (4, 3, 3, 3))])))
     key = m.nodes[0].layer.key
     assert "_ph0pw0pb1pr1_" in key  # SAME_UPPER puts the odd pad at the end
-    assert m.nodes[0].layer.param("pb") == 1 and m.nodes[0].layer.param("pt") == 0
+    assert m.nodes[0].layer.problem.pb == 1 and m.nodes[0].layer.problem.pt == 0
 
 
 def test_batch_override(save):
@@ -192,7 +192,8 @@ def test_opset7_model(save):
               [tensor("W", (2, 3, 3, 3)), tensor("s", (2,), 1.0)], opset=7, ir_version=3)
     processed = load_model(save(m))
     assert processed.opset == 7
-    assert processed.nodes[2].layer.key == "dropout:in1x2x4x4_ratio0.3_f32"
+    dropout = processed.nodes[2].layer  # opsets 7-11 have no training mode: inference, the identity
+    assert dropout.key == "dropout:in1x2x4x4_f32" and dropout.identity and dropout.cudnn_api is None
 
 
 # --- keys: grammar round trip ------------------------------------------------------------
@@ -210,8 +211,8 @@ def test_key_grammar_round_trip(mb, ic, ih, oc, k, pads, eps):
            f"_eps{format_number(eps)}_in1x-1x3_f32")
     parsed = parse_key(key)
     assert str(parsed) == key
-    assert parsed.int("ic") == ic and parsed.int("pb") == pb
-    assert parsed.dtype == "f32"
+    pairs = dict(parsed.pairs())
+    assert pairs["ic"] == str(ic) and pairs["pb"] == str(pb) and ("f", "32") in parsed.tokens[-1]
     assert "e" not in format_number(eps)
 
 
@@ -285,3 +286,30 @@ def test_in_memory_model_is_processed_and_left_unchanged():
     m = load_model(proto, batch_size=2, name="net")
     assert m.name == "net" and m.nodes[0].layer.key.startswith("conv:mb2_")
     assert proto.SerializeToString() == before
+
+
+# --- batch override: only the batch axis --------------------------------------------------
+
+def test_batch_size_sets_the_documented_batch_axis_only(save, caplog):
+    lstm = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=4)]
+    path = save(model(lstm, [io("x", [5, 1, 8])], [io("y", None)],
+                      [tensor("W", (1, 16, 8)), tensor("R", (1, 16, 4))]))
+    for batch in (1, 4):  # sequence-first: dim 0 is the sequence length, dim 1 the batch
+        (node,) = load_model(path, batch_size=batch).nodes
+        assert (node.layer.problem.seq, node.layer.problem.mb) == (5, batch)
+    batch_first = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=4, layout=1)]
+    path = save(model(batch_first, [io("x", [2, 5, 8])], [io("y", None)],
+                      [tensor("W", (1, 16, 8)), tensor("R", (1, 16, 4))]), "bf.onnx")
+    (node,) = load_model(path, batch_size=3).nodes
+    assert (node.layer.problem.seq, node.layer.problem.mb) == (5, 3)
+    conv = [helper.make_node("Conv", ["x", "W"], ["y"])]
+    path = save(model(conv, [io("x", [1, 3, 8, 8])], [io("y", None)], [tensor("W", (4, 3, 3, 3))]), "c.onnx")
+    assert load_model(path, batch_size=4).nodes[0].layer.problem.mb == 4  # N of NCHW, even when fixed
+    flat = [helper.make_node("Reshape", ["x", "s"], ["y"])]
+    path = save(model(flat, [io("x", [6, 4])], [io("y", None)], [tensor("s", (1,), 24, dtype=np.int64)]), "r.onnx")
+    with caplog.at_level("WARNING"):
+        assert load_model(path, batch_size=2).input_shapes["x"] == (6, 4)  # not a batch: unchanged, and said
+    assert "fixed dim 0 (6)" in caplog.text
+    symbolic = save(model(flat, [io("x", ["N", 4])], [io("y", None)],
+                          [tensor("s", (1,), -1, dtype=np.int64)]), "n.onnx")
+    assert load_model(symbolic, batch_size=2).input_shapes["x"] == (2, 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 
 import pytest
@@ -41,7 +42,7 @@ def test_profile_onnxruntime_bundle(tmp_path, convnet_file):
     out = profile_model(ProfileSpec(str(convnet_file), "onnxruntime", str(tmp_path / "b"), batch_size=2,
                                     warmup=1, iterations=7, trace_iterations=3))
     index = json.loads((out / "profile.json").read_text())
-    assert index["schema_version"] == 1 and index["framework"] == "onnxruntime"
+    assert index["schema_version"] == 2 and index["framework"] == "onnxruntime"
     assert len(index["latency_ms"]["samples"]) == 7
     assert index["latency_ms"]["min"] <= index["latency_ms"]["p50"] <= index["latency_ms"]["p90"]
     assert index["providers"] == ["CPUExecutionProvider"]
@@ -62,11 +63,11 @@ def test_profile_cli(tmp_path, convnet_file):
     assert "trimmed mean" in r.output and "MLAS" in r.output
 
 
-def test_cuda_device_without_cuda_provider_is_said_plainly():
+def test_cuda_device_without_cuda_provider_is_said_plainly(monkeypatch):
     import onnxruntime as ort
 
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        pytest.skip("this onnxruntime has a CUDA execution provider")
+    # whatever this machine's build has: the CPU-only build's provider list
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     with pytest.raises(UsageError, match="no CUDA execution provider"):
         check_framework("onnxruntime", "cuda")
 
@@ -79,9 +80,8 @@ def _torch_ok() -> bool:
         return False
 
 
-def test_torch_framework_without_torch_is_said_plainly():
-    if _torch_ok():
-        pytest.skip("torch is importable here; the torch path runs in test_profile_torch")
+def test_torch_framework_without_torch_is_said_plainly(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
     with pytest.raises(UsageError, match=r"torch is not installed: pip install torch"):
         check_framework("torch", "cpu")
 
@@ -113,5 +113,56 @@ def test_profile_with_nsys_on_cpu(tmp_path, convnet_file):
     prof = load_profile([out])
     assert prof.nsys is not None
     assert any(a.kind == "osrt" for a in prof.nsys.api_calls)
-    # benanza.measure's NVTX ranges: one per timed iteration
-    assert len(prof.nsys.runs) == 4
+    # benanza.measure's NVTX ranges: one per traced iteration (nsys records the traced run only)
+    assert len(prof.nsys.runs) == 2
+
+
+def _big_conv(save):
+    """A conv large enough that torch on CPU sends it to oneDNN (tiny ones run natively)."""
+    t, io = helpers.tensor, helpers.io
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1], name="conv")]
+    return save(helpers.model(nodes, [io("x", [1, 64, 56, 56])], [io("y", None)], [t("W", (64, 64, 3, 3))]),
+                "bigconv.onnx")
+
+
+@pytest.mark.skipif(not _torch_ok(), reason="torch is not installed (pip install torch)")
+def test_latency_is_timed_without_loggers_and_logs_come_from_a_second_run(tmp_path, save, monkeypatch):
+    monkeypatch.setenv("ONEDNN_VERBOSE", "1")  # even a user's own setting stays out of the timed run
+    model = _big_conv(save)
+    out = profile_model(ProfileSpec(str(model), "torch", str(tmp_path / "t"), iterations=3, warmup=1,
+                                    trace_iterations=2))
+    index = json.loads((out / "profile.json").read_text())
+    assert index["runs"]["timed"]["loggers"] == {}  # what the timing child's os.environ held
+    assert index["runs"]["traced"]["loggers"]["ONEDNN_VERBOSE"] == "1"
+    # oneDNN itself agrees: the timing child printed no verbose line, the tracing child did
+    assert "onednn_verbose" not in (out / "child-timed.stdout").read_text()
+    assert ",primitive,exec," in (out / "child.stdout").read_text()
+    prof = load_profile([out])
+    assert prof.library_calls["onednn"] and prof.library_versions["onednn"].startswith("3.")
+    assert len(index["latency_ms"]["samples"]) == 3  # the timed run's samples, not the traced run's 2
+
+
+def test_a_bundle_of_another_model_is_refused(tmp_path, convnet_file, save):
+    out = profile_model(ProfileSpec(str(convnet_file), "onnxruntime", str(tmp_path / "b"), warmup=0,
+                                    iterations=2, trace_iterations=1))
+    index = json.loads((out / "profile.json").read_text())
+    assert index["model_identity"]["name"] == "convnet" and index["model_identity"]["inputs"] == {"x": ["N", 3, 8, 8]}
+    other = _big_conv(save)
+    r = CliRunner().invoke(main, ["analyze", str(other), "--system", "nobody", "--profile", str(out),
+                                  "--db", str(tmp_path / "p.db")])
+    assert r.exit_code == 1
+    import hashlib
+
+    import onnx
+
+    theirs, ours = (hashlib.sha256(onnx.load(str(p)).graph.SerializeToString(deterministic=True)).hexdigest()[:12]
+                    for p in (convnet_file, other))
+    assert index["model_identity"]["graph_sha256"][:12] == theirs
+    line = f"error: {out}: a profile of model 'convnet' (graph {theirs}), not of {other} (graph {ours})"
+    assert r.output.strip().splitlines() == [line]
+    # the same model gets past the check (to the next problem: an empty database)
+    same = CliRunner().invoke(main, ["analyze", str(convnet_file), "--system", "nobody", "--profile", str(out),
+                                     "--db", str(tmp_path / "p.db")])
+    assert same.exit_code == 1 and "not in the performance database" in same.output

@@ -25,7 +25,7 @@ DOC = Path(__file__).parent.parent / "docs" / "analyze-json.md"
 def analysis(save):
     model = load_model(save(inception_like(), "inception_like.onnx"), 1)
     res = results_for(model, lambda n: 0.1 * (n.index + 1))
-    res.append(ok(model.nodes[0].layer.key, 0.05, fusion="relu"))
+    res.append(ok(model.nodes[0].layer, 0.05, fusion="relu"))
     return analyze(model, res, "sys", "onednn", measured_ms=2.0)
 
 

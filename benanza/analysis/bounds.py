@@ -14,8 +14,13 @@ from typing import cast
 import networkx as nx
 
 from ..fusion import FusionMatch
+from ..generator import get_backend
 from ..layers import Layer, Model
+from ..problems import Problem, layer_key
 from ..records import Result, Status
+
+# Results of one problem in one dtype: what a layer analysed in that dtype can use.
+ResultIndex = Mapping[tuple[Problem, str], list[Result]]
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class LayerStatus:
     OK = "ok"
     MISSING = "missing"  # the library covers it, the database has no OK result
     NOT_COVERED = "not_covered"  # no library call runs this layer type
+    IDENTITY = "identity"  # inference computes nothing here (Dropout): 0 ms by definition
 
 
 @dataclass(frozen=True)
@@ -51,14 +57,20 @@ class LayerRow:
 
 
 def covered(layer: Layer, backend: str) -> bool:
-    return (layer.onednn_primitive if backend == "onednn" else layer.cudnn_api) is not None
+    """Whether the backend's benchmarks run this layer (else it is not covered, never missing)."""
+    return get_backend(backend).covers(layer)
 
 
-def index_results(results: Iterable[Result]) -> dict[str, list[Result]]:
-    by_key: dict[str, list[Result]] = {}
+def index_results(results: Iterable[Result]) -> dict[tuple[Problem, str], list[Result]]:
+    by_problem: dict[tuple[Problem, str], list[Result]] = {}
     for r in results:
-        by_key.setdefault(r.variant.layer_key, []).append(r)
-    return by_key
+        by_problem.setdefault((r.variant.problem, r.variant.dtype), []).append(r)
+    return by_problem
+
+
+def layer_results(by_problem: ResultIndex, layer: Layer, dtype: str) -> list[Result]:
+    """The results of a layer's problem in the dtype the model is analysed in."""
+    return list(by_problem.get((layer.problem, layer.in_dtype(dtype)), []))
 
 
 def best(results: Iterable[Result], dtype: str, fusion: str = "none",
@@ -69,18 +81,22 @@ def best(results: Iterable[Result], dtype: str, fusion: str = "none",
     return min(ok, key=lambda r: (r.median_ms, r.variant.name)) if ok else None
 
 
-def layer_rows(model: Model, by_key: Mapping[str, list[Result]], backend: str, dtype: str,
+def layer_rows(model: Model, by_problem: ResultIndex, backend: str, dtype: str,
                layouts: tuple[str, ...] = ()) -> list[LayerRow]:
-    """One row per model node. Keys are looked up with the analysed dtype in place of the model's."""
+    """One row per model node: each layer's problem looked up in the analysed dtype."""
     rows = []
     for node in model.nodes:
         layer = node.layer
-        key = retype_key(layer.key, dtype)
+        dt = layer.in_dtype(dtype)
+        key = layer_key(layer.problem, dt)
+        if layer.identity:
+            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.IDENTITY, 0.0))
+            continue
         if not covered(layer, backend):
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.NOT_COVERED, 0.0))
             continue
-        results = by_key.get(key, [])
-        chosen = best(results, dtype, layouts=layouts)
+        results = layer_results(by_problem, layer, dtype)
+        chosen = best(results, dt, layouts=layouts)
         failed = sum(1 for r in results if r.status is not Status.OK)
         if chosen is None:
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.MISSING, 0.0,
@@ -91,12 +107,6 @@ def layer_rows(model: Model, by_key: Mapping[str, list[Result]], backend: str, d
                                  float(median), chosen.variant.name, chosen.variant.algo,
                                  chosen.implementation, failed_variants=failed))
     return rows
-
-
-def retype_key(key: str, dtype: str) -> str:
-    """The same layer's key in another dtype (keys end in ``_<dtype>``)."""
-    head, _, tail = key.rpartition("_")
-    return f"{head}_{dtype}" if head and tail != dtype else key
 
 
 def critical_path(graph: nx.DiGraph, weight: Mapping[int, float]) -> tuple[float, list[int]]:
@@ -137,7 +147,7 @@ def bounds_from_weights(graph: nx.DiGraph, weight: Mapping[int, float], partial:
     return Bounds(sum(weight.values()), length, tuple(path), partial)
 
 
-def fused_weights(rows: list[LayerRow], matches: Iterable[FusionMatch], by_key: Mapping[str, list[Result]],
+def fused_weights(rows: list[LayerRow], matches: Iterable[FusionMatch], by_problem: ResultIndex,
                   dtype: str, layouts: tuple[str, ...] = ()) -> tuple[dict[int, float], list[tuple[FusionMatch, Result]]]:
     """Node weights with each matched pattern's fused latency on its conv, 0 on the fused tail.
 
@@ -146,7 +156,7 @@ def fused_weights(rows: list[LayerRow], matches: Iterable[FusionMatch], by_key: 
     weight = {r.index: r.latency_ms for r in rows}
     applied = []
     for m in matches:
-        fused = best(by_key.get(retype_key(m.conv_key, dtype), []), dtype, fusion=m.pattern.name,
+        fused = best(layer_results(by_problem, m.conv, dtype), m.conv.in_dtype(dtype), fusion=m.pattern.name,
                      layouts=layouts)
         if fused is None:
             continue

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..layers import Layer, Model, Node
+from ..problems import ConvProblem, GemmProblem, MatMulProblem
 from ..parsers import ConvSignature, FrameworkTrace, GemmSignature, LibraryCall, OpEvent
 
 # ORT's names for a node after its graph transformers rewrote it
@@ -135,18 +135,19 @@ def _gaps(ops: list[OpEvent], nruns: int, top: int = 5) -> list[tuple[str, str, 
 
 
 def conv_signature(layer: Layer) -> ConvSignature | None:
-    if layer.family != "conv":
+    p = layer.problem
+    if not isinstance(p, ConvProblem):
         return None
-    p: dict[str, Any] = dict(layer.params)  # ints for conv, as ops.py builds them
-    return ConvSignature(p["mb"], p["ic"], p["ih"], p["iw"], p["oc"], p["kh"], p["kw"], p["sh"], p["sw"],
-                         p["pt"], p["pl"], p["dh"], p["dw"], p["g"])
+    return ConvSignature(p.mb, p.ic, p.ih, p.iw, p.oc, p.kh, p.kw, p.sh, p.sw, p.pt, p.pl, p.dh, p.dw, p.g)
 
 
 def gemm_signature(layer: Layer) -> GemmSignature | None:
-    if layer.family not in ("gemm", "matmul"):
-        return None
-    p: dict[str, Any] = dict(layer.params)  # m, n, k, batch are ints, as ops.py builds them
-    return GemmSignature(p["m"], p["n"], p["k"], p.get("batch", 1))
+    p = layer.problem
+    if isinstance(p, GemmProblem):
+        return GemmSignature(p.m, p.n, p.k, 1)
+    if isinstance(p, MatMulProblem):
+        return GemmSignature(p.m, p.n, p.k, p.batch)
+    return None
 
 
 def _same_gemm(a: GemmSignature, b: GemmSignature) -> bool:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
+import statistics
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..layers import Model
-from ..parsers import ExecutionProfile, FrameworkTrace
-from ..records import Result
-from .bounds import LayerRow, LayerStatus, best, retype_key
+from ..parsers import ExecutionProfile, FrameworkTrace, LibraryCall
+from .bounds import LayerRow, LayerStatus, ResultIndex, best, layer_results
 from .matching import CallAlignment, TraceMatch
 
 # --- Q3: algorithm selection -----------------------------------------------------------------
@@ -25,41 +25,155 @@ class AlgoChoice:
     node: int
     name: str
     used: str  # algorithm / implementation the framework's library call used
-    used_ms: float | None  # its latency in the database (None: never benchmarked)
+    # the database latency of that implementation in the call's layout, on the same library
+    # version (None: never benchmarked, or the versions differ so names do not compare)
+    used_ms: float | None
     best: str
     best_ms: float
+    framework_ms: float | None = None  # the call's own time in the library log (oneDNN verbose), median
+    layout: str = ""  # the layout the call used ("" when the log does not say); both sides use it
+    noise_ms: float = 0.0  # the larger stddev of the two compared results
 
     @property
     def gain_ms(self) -> float | None:
         return None if self.used_ms is None else max(0.0, self.used_ms - self.best_ms)
 
     @property
+    def suboptimal(self) -> bool:
+        """A measured gain beyond the measurements' own spread; never without a measurement."""
+        return self.gain_ms is not None and self.gain_ms > max(self.noise_ms, 1e-9)
+
+    @property
     def optimal(self) -> bool:
-        return self.used_ms is not None and self.gain_ms is not None and self.gain_ms <= 1e-9
+        return self.used_ms is not None and not self.suboptimal
 
 
-def algorithm_choices(model: Model, alignment: CallAlignment, by_key: Mapping[str, list[Result]],
-                      dtype: str) -> list[AlgoChoice]:
-    """Per conv layer: the algorithm used most across passes vs the fastest benchmarked one."""
+_PLAIN_TAGS = {"abc": "nchw", "abcd": "nchw", "abcde": "nchw", "acb": "nhwc", "acdb": "nhwc", "acdeb": "nhwc"}
+
+
+def call_layout(call: LibraryCall) -> str:
+    """The activation layout a logged call used, in the database's terms ("" if unknown)."""
+    detail = dict(call.detail)
+    if call.library == "onednn":
+        m = re.search(r"src[_:][a-z0-9]+:[a-z]*:blocked:([A-Za-z0-9]+)", detail.get("mds", ""))
+        if m is None:
+            return ""
+        return _PLAIN_TAGS.get(m.group(1), "any")  # blocked tags (aBcd8b, ...) come from format any
+    values = " ".join(v for _, v in call.detail)
+    for fmt, layout in (("CUDNN_TENSOR_NHWC", "nhwc"), ("CUDNN_TENSOR_NCHW", "nchw")):
+        if fmt in values:
+            return layout
+    return ""
+
+
+def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: ResultIndex,
+                      dtype: str, same_version: bool = True) -> list[AlgoChoice]:
+    """Per conv layer: the algorithm used most across passes vs the fastest benchmarked one in
+    the same layout. ``same_version``: the log's library version is the benchmarks' (else
+    implementation names are not compared and only the log's own call time is shown)."""
     used: dict[int, Counter[str]] = {}
+    layouts: dict[int, Counter[str]] = {}
+    times: dict[int, list[float]] = {}
     for p in alignment.passes:
         for m in p:
             if m.call.conv is not None and m.call.algo:
                 used.setdefault(m.node, Counter())[m.call.algo] += 1
+                layouts.setdefault(m.node, Counter())[call_layout(m.call)] += 1
+                if m.call.time_ms is not None:
+                    times.setdefault(m.node, []).append(m.call.time_ms)
     out = []
     for index, counts in sorted(used.items()):
         node = model.nodes[index]
-        results = [r for r in by_key.get(retype_key(node.layer.key, dtype), [])
-                   if r.ok and r.variant.dtype == dtype and r.variant.fusion == "none"]
-        fastest = best(results, dtype)
+        dt = node.layer.in_dtype(dtype)
+        layout = layouts[index].most_common(1)[0][0]
+        results = [r for r in layer_results(by_problem, node.layer, dtype)
+                   if r.ok and r.variant.fusion == "none" and (not layout or r.variant.layout == layout)]
+        fastest = best(results, dt)
         if fastest is None:
             continue
         algo = counts.most_common(1)[0][0]
         same = [r for r in results if _norm(algo) in (_norm(r.variant.algo), _norm(r.implementation))]
-        used_ms = min(float(r.median_ms) for r in same) if same else None  # type: ignore[arg-type]
-        out.append(AlgoChoice(index, node.name, algo, used_ms,
-                              fastest.implementation or fastest.variant.algo, float(fastest.median_ms)))  # type: ignore[arg-type]
+        match = min(same, key=lambda r: float(r.median_ms)) if same and same_version else None  # type: ignore[arg-type]
+        noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
+        out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.median_ms),  # type: ignore[arg-type]
+                              fastest.implementation or fastest.variant.algo, float(fastest.median_ms),  # type: ignore[arg-type]
+                              statistics.median(times[index]) if index in times else None, layout, noise))
     return out
+
+
+# --- Q3 without a framework: the library's heuristic vs the ideal algorithm (Figs 10, 14) ----------
+
+
+@dataclass(frozen=True)
+class HeuristicChoice:
+    """One conv layer: what cuDNN's heuristic (cudnnGetConvolutionForwardAlgorithm_v7) and
+    cudnnFind pick, against the fastest algorithm measured, all in one layout and math mode
+    (the one of the fastest result: the ideal)."""
+
+    node: int
+    name: str
+    layout: str
+    math: str
+    heuristic: str  # "" when the heuristic offered no algorithm
+    heuristic_ms: float | None  # its measured latency; None when that variant has no OK result
+    find: str
+    find_ms: float | None
+    best: str
+    best_ms: float
+
+    @property
+    def heuristic_optimal(self) -> bool:
+        return self.heuristic == self.best
+
+
+@dataclass(frozen=True)
+class HeuristicView:
+    choices: list[HeuristicChoice]
+    weights: dict[int, float]  # node weights with each conv at its heuristic's latency (else the best)
+    unknown: int  # conv layers whose heuristic algorithm has no OK measurement (they keep the best)
+
+    @property
+    def heuristic_ms(self) -> float:
+        return sum(c.heuristic_ms if c.heuristic_ms is not None else c.best_ms for c in self.choices)
+
+    @property
+    def ideal_ms(self) -> float:
+        return sum(c.best_ms for c in self.choices)
+
+
+def _algo_name(metrics: dict, counter: str, algos: tuple[str, ...]) -> str:
+    index = metrics.get(counter)
+    if index is None or not 0 <= int(index) < len(algos):
+        return ""
+    return algos[int(index)]
+
+
+def heuristic_choices(model: Model, by_problem: ResultIndex, dtype: str, weight: Mapping[int, float],
+                      algos: tuple[str, ...]) -> HeuristicView | None:
+    """Per conv layer, from the database alone: the heuristic's and Find's algorithm (recorded by
+    each cuDNN conv benchmark as ``heuristic_algo`` / ``find_algo``, indexes into ``algos``) and
+    their measured latency vs the fastest. None when no result records the heuristic's choice."""
+    out = []
+    for node in model.nodes:
+        results = [r for r in layer_results(by_problem, node.layer, dtype)
+                   if r.ok and r.variant.fusion == "none" and "heuristic_algo" in r.metrics]
+        fastest = best(results, node.layer.in_dtype(dtype))
+        if fastest is None:
+            continue
+        group = [r for r in results if (r.variant.layout, r.variant.math) == (fastest.variant.layout, fastest.variant.math)]
+        by_algo = {r.variant.algo: float(r.median_ms) for r in group}  # type: ignore[arg-type]
+        heuristic = _algo_name(fastest.metrics, "heuristic_algo", algos)
+        find = _algo_name(fastest.metrics, "find_algo", algos)
+        out.append(HeuristicChoice(node.index, node.name, fastest.variant.layout, fastest.variant.math,
+                                   heuristic, by_algo.get(heuristic), find, by_algo.get(find),
+                                   fastest.variant.algo, float(fastest.median_ms)))  # type: ignore[arg-type]
+    if not out:
+        return None
+    weights = dict(weight)
+    for c in out:
+        if c.heuristic_ms is not None:
+            weights[c.node] = c.heuristic_ms
+    return HeuristicView(out, weights, sum(1 for c in out if c.heuristic_ms is None))
 
 
 # --- Q4: framework inefficiencies ---------------------------------------------------------------

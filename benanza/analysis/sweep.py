@@ -11,11 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..analyzer import Analysis, analyze
+from ..analyzer import MATH_EXACT, Analysis, analyze
 from ..errors import BenanzaError
+from ..generator import get_backend
 from ..parsers import ExecutionProfile
+from ..parsers.bundle import check_model
 from ..processor import load_model
-from .bounds import retype_key
+from ..problems import layer_key
+from ..records import System
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,9 @@ class SweepRequest:
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     measured_ms: float | None = None
     generate_missing: bool = False
+    backend: str | None = None  # default: the backend of the system's most recently used stack
+    stack: str | None = None  # a stack id (or prefix); default: the newest of the backend
+    math: str = MATH_EXACT
 
 
 def _profile_for(profile: ExecutionProfile | None, batch: int, single: bool) -> ExecutionProfile | None:
@@ -44,31 +50,59 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
     """``db`` is a ``benanza.perfdb.PerfDB``."""
     from ..perfdb import missing_command
 
+    if profile is not None:
+        check_model(profile, req.model)
     single = len(req.systems) * len(req.batch_sizes) == 1
     out = []
     for batch in req.batch_sizes:
         model = load_model(req.model, batch_size=batch, input_shapes=dict(req.input_shapes))
-        keys = sorted({retype_key(n.layer.key, d) for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
+        keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype(d))
+                       for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
         for name in req.systems:
-            system = db.system(name)
-            if system is None:
-                known = ", ".join(s.name for s in db.systems()) or "none"
-                raise BenanzaError(f"system {name!r} is not in the performance database (known: {known}); "
-                                   f"run `benanza run --system {name}` first")
-            results = db.results(name, keys)
-            a = analyze(model, results, name, system.backend, req.dtype,
-                        _profile_for(profile, batch, single), req.measured_ms if single else None)
-            if a.missing:
-                cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path))
+            system = resolve_system(db, name, req.backend, req.stack)
+            prof = _profile_for(profile, batch, single)
+            measured = req.measured_ms if single else None
+            a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
+                        stack=system, math=req.math)
+            dtypes = get_backend(system.backend).dtypes
+            if a.missing and req.dtype not in dtypes:
+                a.warnings.append(f"the {system.backend} backend benchmarks {', '.join(dtypes)}, not {req.dtype}: "
+                                  f"no command can fill this bound on system {name!r}")
+            elif a.missing:
+                cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path),
+                                      dtype=req.dtype, input_shapes=req.input_shapes)
                 if req.generate_missing:
                     log.info("filling %d missing benchmarks: %s", len(a.missing), cmd)
                     _run(cmd)
-                    a = analyze(model, db.results(name, keys), name, system.backend, req.dtype,
-                                _profile_for(profile, batch, single), req.measured_ms if single else None)
+                    # the run stores under the stack this machine has now
+                    system = resolve_system(db, name, system.backend, req.stack)
+                    a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
+                                stack=system, math=req.math)
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
+            others = [s for s, _, _ in db.stacks(name) if s.backend == system.backend and s != system]
+            if others:
+                a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "
+                               f"({', '.join(s.stack_id for s in others)}); this analysis uses only stack "
+                               f"{system.stack_id} (choose another with --stack)")
             out.append(a)
     return out
+
+
+def resolve_system(db, name: str, backend: str | None, stack: str | None) -> System:
+    """The one system+stack an analysis reads: ``stack`` when given, else the newest stack of
+    ``backend`` (else of the name's most recently used backend) stored under ``name``."""
+    system = db.system(name, backend, stack)
+    if system is not None:
+        return system
+    stored = db.stacks(name)
+    if not stored:
+        known = ", ".join(sorted({s.name for s in db.systems()})) or "none"
+        raise BenanzaError(f"system {name!r} is not in the performance database (known: {known}); "
+                           f"run `benanza run --system {name}` first")
+    have = ", ".join(f"{s.stack_id} ({s.backend}, last used {last})" for s, _, last in stored)
+    want = " and ".join(x for x in (f"backend {backend}" if backend else "", f"stack {stack}" if stack else "") if x)
+    raise BenanzaError(f"system {name!r} has no {want} in the performance database; its stacks: {have}")
 
 
 def _run(cmd: str) -> None:
@@ -87,4 +121,4 @@ def write_report(path: str | Path, html: str) -> Path:
     return p
 
 
-__all__: Sequence[str] = ("SweepRequest", "run_sweep", "write_report")
+__all__: Sequence[str] = ("SweepRequest", "resolve_system", "run_sweep", "write_report")

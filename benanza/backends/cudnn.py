@@ -18,7 +18,8 @@ time, recorded as "unsupported" with its status string):
   on both sides; the result reports the added padding in its ``pad_added`` counter and a warning
   is logged here. The measured work is then a slight superset of the layer's.
 - Pooling, batch norm and LRN get both layouts; element-wise families, softmax, dropout and RNNs
-  one (``nchw``, meaning plain row-major).
+  one (``nchw``, meaning plain row-major). Dropout is benchmarked only when it drops (training
+  mode); at inference it is the identity and no call runs it.
 - Math: ``default`` = FMA only (true fp32/fp16), ``tensor_op`` = Tensor Cores, ``tf32`` = TF32
   Tensor Cores for fp32 data. Defaults: f32→default, f16→tensor_op, bf16→tensor_op. Math
   applies to convolutions, GEMMs and RNNs; the other families run with ``default``.
@@ -42,7 +43,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import jinja2
 
@@ -50,9 +51,11 @@ from ..errors import BenanzaError
 from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
-from ..layers import Layer, UniqueLayer
+from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
 from ..ops import ELEMENT_SIZE
+from ..problems import (BinaryProblem, BnormProblem, ConvProblem, DropoutProblem, EltwiseProblem, GemmProblem,
+                        LrnProblem, MatMulProblem, PoolProblem, Problem, RnnProblem, SoftmaxProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -122,8 +125,17 @@ def _work(layer: Layer) -> str:
     return f"{{.flops = {float(layer.flops)!r}, .elements = {float(elements)!r}}}"
 
 
-def _p(layer: Layer, *names: str) -> list[Any]:
-    return [layer.param(n) for n in names]
+def _p(problem: Problem, *names: str) -> list[Any]:
+    return [getattr(problem, n) for n in names]
+
+
+P = TypeVar("P", bound=Problem)
+
+
+def _problem(layer: Layer, cls: type[P]) -> P:
+    if not isinstance(layer.problem, cls):
+        raise BenanzaError(f"layer {layer.key}: expected a {cls.__name__}")
+    return layer.problem
 
 
 def _fold4(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -144,8 +156,9 @@ def _conv_fields(layer: Layer) -> Fields:
              "stride_w", "dil_h", "dil_w", "groups", "out_h", "out_w")
     params = ("mb", "ic", "ih", "iw", "oc", "kh", "kw", "pt", "pl", "pb", "pr", "sh", "sw", "dh",
               "dw", "g", "oh", "ow")
-    return ([(n, _int(v)) for n, v in zip(names, _p(layer, *params))]
-            + [("bias", _bool(layer.param("bias"))), ("work", _work(layer))])
+    p = _problem(layer, ConvProblem)
+    return ([(n, _int(v)) for n, v in zip(names, _p(p, *params))]
+            + [("bias", _bool(p.bias)), ("work", _work(layer))])
 
 
 _POOL_MODE = {"max": "Max", "gmax": "Max", "avgi": "AvgIncludePad", "avgx": "AvgExcludePad",
@@ -157,21 +170,23 @@ def _pool_fields(layer: Layer) -> Fields:
              "pad_l", "pad_b", "pad_r", "dil_h", "dil_w")
     params = ("mb", "ic", "ih", "iw", "oh", "ow", "kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr",
               "dh", "dw")
-    return ([("mode", "PoolMode::" + _POOL_MODE[str(layer.param("alg"))])]
-            + [(n, _int(v)) for n, v in zip(names, _p(layer, *params))]
+    p = _problem(layer, PoolProblem)
+    return ([("mode", "PoolMode::" + _POOL_MODE[p.alg])]
+            + [(n, _int(v)) for n, v in zip(names, _p(p, *params))]
             + [("work", _work(layer))])
 
 
 def _bnorm_fields(layer: Layer) -> Fields:
-    dims = [(n, _int(v)) for n, v in zip("nchw", _p(layer, "mb", "ic", "ih", "iw"))]
-    return dims + [("eps", _float(layer.param("eps"))), ("work", _work(layer))]
+    p = _problem(layer, BnormProblem)
+    dims = [(n, _int(v)) for n, v in zip("nchw", _p(p, "mb", "ic", "ih", "iw"))]
+    return dims + [("eps", _float(p.eps)), ("work", _work(layer))]
 
 
 def _lrn_fields(layer: Layer) -> Fields:
-    dims = [(n, _int(v)) for n, v in zip("nchw", _p(layer, "mb", "ic", "ih", "iw"))]
-    return dims + [("size", _int(layer.param("size"))), ("alpha", _float(layer.param("alpha"))),
-                   ("beta", _float(layer.param("beta"))), ("k", _float(layer.param("k"))),
-                   ("work", _work(layer))]
+    p = _problem(layer, LrnProblem)
+    dims = [(n, _int(v)) for n, v in zip("nchw", _p(p, "mb", "ic", "ih", "iw"))]
+    return dims + [("size", _int(p.size)), ("alpha", _float(p.alpha)), ("beta", _float(p.beta)),
+                   ("k", _float(p.k)), ("work", _work(layer))]
 
 
 # eltwise alg → (runtime mode, the parameter cuDNN's coefficient takes)
@@ -180,37 +195,39 @@ _ACTIVATIONS = {"relu": ("Relu", None), "sigmoid": ("Sigmoid", None), "tanh": ("
 
 
 def _activation_fields(layer: Layer) -> Fields:
-    mode, coef = _ACTIVATIONS[str(layer.param("alg"))]
-    n, c, h, w = _fold4(tuple(layer.param("shape")))
+    p = _problem(layer, EltwiseProblem)
+    mode, coef = _ACTIVATIONS[p.alg]
+    n, c, h, w = _fold4(p.shape)
     return [("mode", "ActMode::" + mode), ("n", _int(n)), ("c", _int(c)), ("h", _int(h)),
-            ("w", _int(w)), ("coef", _float(layer.param(coef) if coef else 0.0)),
+            ("w", _int(w)), ("coef", _float(getattr(p, coef) if coef else 0.0)),
             ("work", _work(layer))]
 
 
 def _softmax_fields(layer: Layer) -> Fields:
-    shape = tuple(layer.param("shape"))
-    axis = int(layer.param("axis"))
+    p = _problem(layer, SoftmaxProblem)
+    shape, axis = p.shape, p.axis
     n = math.prod(shape[:axis])
-    if layer.param("flat"):  # opset < 13: one softmax over the flattened trailing dims
+    if p.flat:  # opset < 13: one softmax over the flattened trailing dims
         c, h = math.prod(shape[axis:]), 1
     else:
         c, h = shape[axis], math.prod(shape[axis + 1:])
-    return [("log", _bool(layer.param("alg") == "logsoftmax")), ("n", _int(n)), ("c", _int(c)),
+    return [("log", _bool(p.alg == "logsoftmax")), ("n", _int(n)), ("c", _int(c)),
             ("h", _int(h)), ("work", _work(layer))]
 
 
 def _dropout_fields(layer: Layer) -> Fields:
-    n, c, h, w = _fold4(tuple(layer.param("shape")))
+    p = _problem(layer, DropoutProblem)  # training dropout only: at inference it is the identity
+    n, c, h, w = _fold4(p.shape)
     return [("n", _int(n)), ("c", _int(c)), ("h", _int(h)), ("w", _int(w)),
-            ("ratio", _float(layer.param("ratio"))), ("work", _work(layer))]
+            ("ratio", _float(p.ratio)), ("work", _work(layer))]
 
 
 _BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "Min", "max": "Max"}
 
 
 def _binary_fields(layer: Layer) -> Fields:
-    shapes = [tuple(s) for s in layer.param("shapes")]
-    out = tuple(layer.param("out"))
+    p = _problem(layer, BinaryProblem)
+    shapes, out = p.shapes, p.out
     rank = max(4, len(out))
     a, b, o = _align(shapes[0], rank), _align(shapes[1], rank), _align(out, rank)
     if layer.cudnn_api == "cudnnAddTensor":
@@ -218,7 +235,7 @@ def _binary_fields(layer: Layer) -> Fields:
     elif layer.cudnn_api == "cudnnScaleTensor":
         op = "Scale"
     else:
-        op = _BINARY_OPS[str(layer.param("alg"))]
+        op = _BINARY_OPS[p.alg]
     # cuDNN scales / adds into the operand that has the output's shape: put it first.
     swapped = a != o and b == o if op != "Scale" else math.prod(a) == 1
     if swapped:
@@ -233,23 +250,22 @@ _CELLS = {"lstm": "Lstm", "gru": "Gru", "rnn": "RnnTanh"}
 
 
 def _rnn_fields(layer: Layer) -> Fields:
-    seq, mb, ic, hidden, dirs = _p(layer, "seq", "mb", "ic", "hidden", "dirs")
-    return [("cell", "Cell::" + _CELLS[str(layer.param("cell"))]), ("seq", _int(seq)),
-            ("batch", _int(mb)), ("input", _int(ic)), ("hidden", _int(hidden)),
-            ("dirs", _int(dirs)), ("bias", _bool(layer.param("bias"))), ("work", _work(layer))]
+    p = _problem(layer, RnnProblem)
+    return [("cell", "Cell::" + _CELLS[p.cell]), ("seq", _int(p.seq)),
+            ("batch", _int(p.mb)), ("input", _int(p.ic)), ("hidden", _int(p.hidden)),
+            ("dirs", _int(p.dirs)), ("bias", _bool(p.bias)), ("work", _work(layer))]
 
 
 def _blas_fields(layer: Layer) -> Fields:
-    if layer.family == "gemm":
-        m, n, k, ta, tb, alpha, beta = _p(layer, "m", "n", "k", "ta", "tb", "alpha", "beta")
-        if layer.param("c") is None:
-            beta = 0.0  # no C input: nothing to accumulate
+    p = layer.problem
+    if isinstance(p, GemmProblem):  # without C its beta is 0: nothing to accumulate
+        m, n, k, ta, tb, alpha, beta = _p(p, "m", "n", "k", "ta", "tb", "alpha", "beta")
         batch = a_count = b_count = 1
     else:  # MatMul: batched over the leading dims, either operand possibly broadcast
-        m, n, k, batch = _p(layer, "m", "n", "k", "batch")
+        mm = _problem(layer, MatMulProblem)
+        m, n, k, batch = mm.m, mm.n, mm.k, mm.batch
         ta, tb, alpha, beta = 0, 0, 1.0, 0.0
-        a_shape, b_shape = tuple(layer.param("a")), tuple(layer.param("b"))
-        a_count, b_count = math.prod(a_shape[:-2]), math.prod(b_shape[:-2])
+        a_count, b_count = math.prod(mm.a[:-2]), math.prod(mm.b[:-2])
     return [("m", _int(m)), ("n", _int(n)), ("k", _int(k)), ("trans_a", _bool(ta)),
             ("trans_b", _bool(tb)), ("batch", _int(batch)), ("a_count", _int(a_count)),
             ("b_count", _int(b_count)), ("alpha", _float(alpha)), ("beta", _float(beta)),
@@ -285,7 +301,7 @@ _CALLS = {"cudnnConvolutionForward": "kConvForward", "cublasGemmEx": "kGemmEx",
 
 def family_of(layer: Layer) -> Family | None:
     """The runtime family that benchmarks a layer; None when no cuDNN/cuBLAS call covers it."""
-    if layer.cudnn_api is None:
+    if not covers(layer) or layer.cudnn_api is None:
         return None
     family = FAMILIES.get(layer.cudnn_api)
     if family is None:
@@ -359,6 +375,10 @@ class _Part:
 
 class CudnnBackend:
     name = NAME
+    dtypes = DTYPES
+
+    def covers(self, layer: Layer) -> bool:
+        return covers(layer)
 
     def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
         layer = unique.layer
@@ -366,27 +386,29 @@ class CudnnBackend:
         if family is None or layer.cudnn_api is None:  # the second test repeats family_of's, for api below
             return []
         exp = expansion(options)
-        key, api = layer.key, layer.cudnn_api
+        problem, api = layer.problem, layer.cudnn_api
         out: list[Variant] = []
         if family is CONV:
             _warn_asymmetric(layer)
             combos = exp.combos(family)
-            out += [Variant(key, NAME, api, algo, d, lay, m) for algo in CONV_ALGOS for d, lay, m in combos]
+            out += [Variant(problem, NAME, api, algo, d, lay, m) for algo in CONV_ALGOS for d, lay, m in combos]
             for fusion in fusions:
                 pattern = FUSION_PATTERNS[fusion]
                 algos = CONV_ALGOS if pattern.activation == "relu" else IDENTITY_ALGOS
-                out += [Variant(key, NAME, FUSED_API, algo, d, lay, m, fusion)
+                out += [Variant(problem, NAME, FUSED_API, algo, d, lay, m, fusion)
                         for algo in algos for d, lay, m in combos]
             return out
         for d, lay, m in exp.combos(family):
             # cuBLAS has no 16-bit GEMV: those run as a GEMM with one row or column.
             call = "cublasGemmEx" if api == "cublasSgemv" and d != "f32" else api
-            out.append(Variant(key, NAME, call, "default", d, lay, m))
+            out.append(Variant(problem, NAME, call, "default", d, lay, m))
         return out
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
                out_dir: Path, options: GenOptions) -> list[Path]:
-        layers = {u.layer.key: u.layer for u in manifest.layers}
+        layers: dict[Problem, Layer] = {}
+        for u in manifest.layers:  # one table row per problem, whatever dtypes its layers have
+            layers.setdefault(u.layer.problem, u.layer)
         parts = _partition(variants, layers)
         table = env.get_template("table.cpp.j2")
         files = []
@@ -394,10 +416,11 @@ class CudnnBackend:
             text = table.render(
                 family=part.family.name, part=part.index, struct=part.family.struct, add=part.family.add,
                 function=part.function,
-                layers=[{"key": layer.key, "fields": part.family.fields(layer)} for layer in part.layers],
+                layers=[{"key": layer.problem.text(), "fields": part.family.fields(layer)}
+                        for layer in part.layers],
                 variants=[_variant_fields(v, i) for v, i in part.variants])
             files.append(write_if_changed(out_dir / part.filename, text))
-        common = dict(variant_count=len(variants), layer_count=len({v.layer_key for v in variants}))
+        common = dict(variant_count=len(variants), layer_count=len({v.problem for v in variants}))
         files.append(write_if_changed(out_dir / "registry.cpp", env.get_template("registry.cpp.j2").render(
             functions=[p.function for p in parts], cupti_metrics=list(options.cupti_metrics), **common)))
         files.append(write_if_changed(out_dir / "CMakeLists.txt", env.get_template("CMakeLists.txt.j2").render(
@@ -407,7 +430,7 @@ class CudnnBackend:
 
 
 def _warn_asymmetric(layer: Layer) -> None:
-    pt, pl, pb, pr = _p(layer, "pt", "pl", "pb", "pr")
+    pt, pl, pb, pr = _p(layer.problem, "pt", "pl", "pb", "pr")
     if (pt, pl) != (pb, pr):
         log.warning("%s: asymmetric pads (top %s, left %s, bottom %s, right %s); cuDNN's API pads "
                     "symmetrically, so it is benchmarked with %sx%s (counter pad_added)",
@@ -425,16 +448,16 @@ def _variant_fields(v: Variant, layer_index: int) -> Fields:
             ("math", _CPP["math"][v.math])]
 
 
-def _partition(variants: list[Variant], layers: dict[str, Layer]) -> list[_Part]:
+def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_Part]:
     """Group variants by family (first-seen order), then cut each family into parts of about
     PART_SIZE variants without splitting a layer's variants across parts."""
     by_family: dict[str, list[tuple[Layer, list[Variant]]]] = {}
     families: dict[str, Family] = {}
-    per_layer: dict[str, list[Variant]] = {}
+    per_layer: dict[Problem, list[Variant]] = {}
     for v in variants:
-        per_layer.setdefault(v.layer_key, []).append(v)
-    for key, vs in per_layer.items():
-        layer = layers.get(key)
+        per_layer.setdefault(v.problem, []).append(v)
+    for problem, vs in per_layer.items():
+        layer = layers.get(problem)
         if layer is None:
             raise BenanzaError(f"variant {vs[0].name} names a layer missing from the manifest")
         family = family_of(layer)
@@ -461,6 +484,11 @@ def _remove_stale_tables(out_dir: Path, keep: set[str]) -> None:
     for path in out_dir.glob("tables_*.cpp"):
         if path.name not in keep:
             path.unlink()
+
+
+def covers(layer: Layer) -> bool:
+    """Whether this backend benchmarks the layer: a cuDNN/cuBLAS call on float data."""
+    return layer.cudnn_api is not None and layer.dtype in FLOAT_DTYPES
 
 
 BACKEND = CudnnBackend()

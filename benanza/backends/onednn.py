@@ -21,8 +21,10 @@ import jinja2
 from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
-from ..layers import Layer, UniqueLayer
+from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
+from ..problems import (BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, EltwiseProblem, GemmProblem,
+                        LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, SoftmaxProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,6 @@ NAME = "onednn"
 DTYPES = ("f32", "bf16")
 SPATIAL_LAYOUTS = ("nchw", "nhwc", "any")
 CONV_ALGOS = ("direct", "winograd", "auto")
-FLOAT_DTYPES = ("f32", "f16", "bf16")  # layers computing on anything else are not benchmarked
 
 _CPP_ALGO = {"direct": "direct", "winograd": "winograd", "auto": "automatic", "default": "none"}
 
@@ -65,50 +66,54 @@ def _dtypes(options: GenOptions) -> list[str]:
     return [d for d in asked if d in DTYPES]
 
 
-def _layouts(layer: Layer, family: Family, options: GenOptions) -> list[str]:
-    spatial = family.spatial or (layer.family == "concat" and all(len(t.shape) == 4 for t in layer.inputs))
+def _layouts(problem: Problem, family: Family, options: GenOptions) -> list[str]:
+    spatial = family.spatial or (isinstance(problem, ConcatProblem) and all(len(s) == 4 for s in problem.shapes))
     if not spatial:
         return ["plain"]
     return [lay for lay in (options.layouts or SPATIAL_LAYOUTS) if lay in SPATIAL_LAYOUTS]
 
 
-def fused_config(layer: Layer, fusion: str) -> tuple[bool, bool]:
+def fused_config(conv: ConvProblem, fusion: str) -> tuple[bool, bool]:
     """(bias, relu) of a conv variant: its own bias unfused; a pattern's bias/BN fold and ReLU."""
     if fusion == "none":
-        return bool(layer.param("bias")), False
+        return conv.bias, False
     p = FUSION_PATTERNS[fusion]
     return p.conv_bias or "BatchNormalization" in p.tail, p.activation == "relu"
 
 
 class OneDNNBackend:
     name = NAME
+    dtypes = DTYPES
+
+    def covers(self, layer: Layer) -> bool:
+        return covers(layer)
 
     def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
         layer = unique.layer
         family = FAMILIES.get(layer.family)
-        if family is None or layer.onednn_primitive is None or layer.dtype not in FLOAT_DTYPES:
+        if not covers(layer) or family is None or layer.onednn_primitive is None:
             return []
-        algos = CONV_ALGOS if layer.family == "conv" else ("default",)
-        fusion_names = ("none",) + tuple(fusions) if layer.family == "conv" else ("none",)
+        problem = layer.problem
+        conv = isinstance(problem, ConvProblem)
+        algos = CONV_ALGOS if conv else ("default",)
+        fusion_names = ("none",) + tuple(fusions) if conv else ("none",)
         out = []
         for fusion in fusion_names:
             for algo in algos:
                 for dtype in _dtypes(options):
-                    for layout in _layouts(layer, family, options):
-                        out.append(Variant(layer.key, NAME, layer.onednn_primitive, algo, dtype, layout,
+                    for layout in _layouts(problem, family, options):
+                        out.append(Variant(problem, NAME, layer.onednn_primitive, algo, dtype, layout,
                                            "default", fusion))
         return out
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
                out_dir: Path, options: GenOptions) -> list[Path]:
-        layers = {u.layer.key: u.layer for u in manifest.layers}
         tables: dict[str, _Table] = {}
         for v in variants:
-            layer = layers[v.layer_key]
-            family = FAMILIES[layer.family]
-            table = tables.setdefault(layer.family, _Table(layer.family, family))
-            index = table.index_of(layer)
-            bias, relu = fused_config(layer, v.fusion) if layer.family == "conv" else (False, False)
+            p = v.problem
+            table = tables.setdefault(p.family, _Table(p.family, FAMILIES[p.family]))
+            index = table.index_of(v)
+            bias, relu = fused_config(p, v.fusion) if isinstance(p, ConvProblem) else (False, False)
             table.rows.append(_row(v, index, bias, relu))
         source = env.get_template("benchmarks.cpp.j2").render(tables=list(tables.values()),
                                                                count=len(variants))
@@ -123,15 +128,16 @@ class OneDNNBackend:
 class _Table:
     family: str
     spec: Family
-    params: list[tuple[str, str]] = field(default_factory=list)  # (C++ initializer, layer key)
+    params: list[tuple[str, str]] = field(default_factory=list)  # (C++ initializer, problem key)
     rows: list[str] = field(default_factory=list)  # C++ initializers, one per variant
-    _index: dict[str, int] = field(default_factory=dict)
+    _index: dict[Problem, int] = field(default_factory=dict)
 
-    def index_of(self, layer: Layer) -> int:
-        if layer.key not in self._index:
-            self._index[layer.key] = len(self.params)
-            self.params.append((PARAMS[layer.family](layer), layer.key))
-        return self._index[layer.key]
+    def index_of(self, v: Variant) -> int:
+        """The params row of the variant's problem (one per problem, whatever the dtype)."""
+        if v.problem not in self._index:
+            self._index[v.problem] = len(self.params)
+            self.params.append((PARAMS[self.family](v), v.problem.text()))
+        return self._index[v.problem]
 
 
 def _row(v: Variant, index: int, bias: bool, relu: bool) -> str:
@@ -164,66 +170,88 @@ def _cdims_list(shapes) -> str:
     return "{" + ", ".join(_cdims(s) for s in shapes) + "}"
 
 
-def _ints(layer: Layer, names: str) -> str:
-    return ", ".join(str(int(layer.param(n))) for n in names.split())
+def _ints(p: Problem, names: str) -> str:
+    return ", ".join(str(int(getattr(p, n))) for n in names.split())
 
 
-def _conv(layer: Layer) -> str:
-    return "{" + _ints(layer, "mb ic ih iw oc oh ow kh kw sh sw pt pl dh dw g") + "}"
+def _conv(v: Variant) -> str:
+    return "{" + _ints(v.problem, "mb ic ih iw oc oh ow kh kw sh sw pt pl dh dw g") + "}"
 
 
-def _pool(layer: Layer) -> str:
-    return "{" + f"{c_string(layer.param('alg'))}, " + _ints(layer, "mb ic ih iw oh ow kh kw sh sw pt pl dh dw") + "}"
+def _pool(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, PoolProblem)
+    return "{" + f"{c_string(p.alg)}, " + _ints(p, "mb ic ih iw oh ow kh kw sh sw pt pl dh dw") + "}"
 
 
-def _bnorm(layer: Layer) -> str:
-    return "{" + _ints(layer, "mb ic ih iw") + f", {_cfloat(layer.param('eps'))}}}"
+def _bnorm(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, BnormProblem)
+    return "{" + _ints(p, "mb ic ih iw") + f", {_cfloat(p.eps)}}}"
 
 
-def _lrn(layer: Layer) -> str:
-    floats = ", ".join(_cfloat(layer.param(n)) for n in ("alpha", "beta", "k"))
-    return "{" + _ints(layer, "mb ic ih iw size") + f", {floats}}}"
+def _lrn(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, LrnProblem)
+    return "{" + _ints(p, "mb ic ih iw size") + f", {_cfloat(p.alpha)}, {_cfloat(p.beta)}, {_cfloat(p.k)}}}"
 
 
-def _eltwise(layer: Layer) -> str:
-    alg = layer.param("alg")
-    alpha, beta = ("min", "max") if alg == "clip" else ("alpha", "beta")
-    return (f"{{{c_string(alg)}, {_cdims(layer.param('shape'))}, {_cfloat(layer.param(alpha, 0.0))}, "
-            f"{_cfloat(layer.param(beta, 0.0))}}}")
+def _eltwise(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, EltwiseProblem)
+    if p.alg == "clip":  # a run-time bound (None) is NaN in the runtime's tables
+        alpha, beta = (float("nan") if b is None else b for b in (p.min, p.max))
+    else:
+        alpha, beta = p.alpha or 0.0, p.beta or 0.0
+    return f"{{{c_string(p.alg)}, {_cdims(p.shape)}, {_cfloat(alpha)}, {_cfloat(beta)}}}"
 
 
-def _prelu(layer: Layer) -> str:
-    return f"{{{_cdims(layer.param('shape'))}, {_cdims(layer.param('slope'))}}}"
+def _prelu(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, PreluProblem)
+    return f"{{{_cdims(p.shape)}, {_cdims(p.slope)}}}"
 
 
-def _binary(layer: Layer) -> str:
-    return (f"{{{c_string(layer.param('alg'))}, {_cdims_list(layer.param('shapes'))}, "
-            f"{_cdims(layer.param('out'))}}}")
+def _binary(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, BinaryProblem)
+    return f"{{{c_string(p.alg)}, {_cdims_list(p.shapes)}, {_cdims(p.out)}}}"
 
 
-def _gemm(layer: Layer) -> str:
-    c = layer.param("c")
-    return ("{" + _ints(layer, "m n k ta tb") + f", {_cfloat(layer.param('alpha'))}, "
-            f"{_cfloat(layer.param('beta'))}, {_cbool(c is not None)}, {_cdims(c or ())}, "
-            f"{_cbool(layer.onednn_primitive == 'inner_product')}}}")
+def _gemm(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, GemmProblem)
+    return ("{" + _ints(p, "m n k ta tb") + f", {_cfloat(p.alpha)}, {_cfloat(p.beta)}, "
+            f"{_cbool(p.c is not None)}, {_cdims(p.c or ())}, {_cbool(v.api == 'inner_product')}}}")
 
 
-def _matmul(layer: Layer) -> str:
-    return f"{{{_cdims(layer.param('a'))}, {_cdims(layer.param('b'))}}}"
+def _matmul(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, MatMulProblem)
+    return f"{{{_cdims(p.a)}, {_cdims(p.b)}}}"
 
 
-def _softmax(layer: Layer) -> str:
-    return (f"{{{c_string(layer.param('alg'))}, {_cdims(layer.param('shape'))}, {int(layer.param('axis'))}, "
-            f"{_cbool(layer.param('flat'))}}}")
+def _softmax(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, SoftmaxProblem)
+    return f"{{{c_string(p.alg)}, {_cdims(p.shape)}, {p.axis}, {_cbool(p.flat)}}}"
 
 
-def _concat(layer: Layer) -> str:
-    return f"{{{int(layer.param('axis'))}, {_cdims_list(layer.param('shapes'))}}}"
+def _concat(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, ConcatProblem)
+    return f"{{{p.axis}, {_cdims_list(p.shapes)}}}"
 
 
 PARAMS = {"conv": _conv, "pool": _pool, "bnorm": _bnorm, "lrn": _lrn, "eltwise": _eltwise,
           "prelu": _prelu, "binary": _binary, "gemm": _gemm, "matmul": _matmul,
           "softmax": _softmax, "concat": _concat}
+
+
+def covers(layer: Layer) -> bool:
+    """Whether this backend benchmarks the layer: a oneDNN primitive on float data that the
+    runtime has a family for. Everything else is "not covered" by oneDNN, never "missing"."""
+    return layer.onednn_primitive is not None and layer.family in FAMILIES and layer.dtype in FLOAT_DTYPES
 
 
 BACKEND = OneDNNBackend()

@@ -6,13 +6,22 @@ bundle or any single file of a known format, so users can also bring their own l
 
 ``profile.json``::
 
-    {"schema_version": 1, "model": "...", "framework": "onnxruntime", "framework_version": "...",
+    {"schema_version": 2, "model": "...", "framework": "onnxruntime", "framework_version": "...",
+     "model_identity": {"name": "resnet50", "graph_sha256": "...", "batch_size": 1,
+                        "inputs": {"data": [1, 3, 224, 224]}},
      "device": "cpu", "batch_size": 1, "warmup": 5, "iterations": 50,
+     "runs": {"timed": {"command": "...", "loggers": {}},
+              "traced": {"command": "...", "loggers": {"ONEDNN_VERBOSE": "1", ...}}},
      "latency_ms": {"trimmed_mean": .., "p50": .., "p90": .., "mean": .., "min": .., "max": ..,
                     "samples": [..]},
      "files": {"trace": "ort_profile.json", "cudnn_log": "cudnn.log", "cublas_log": "cublas.log",
                "onednn_log": "onednn.log", "nsys": "nsys.nsys-rep"},
      "notes": ["..."]}
+
+``latency_ms`` comes from the ``timed`` run (no library loggers); the trace and the logs from
+the ``traced`` run. ``graph_sha256`` identifies the model: an analysis of another model refuses
+the bundle. Version 1 bundles (no identity, latency timed with the loggers on) still load,
+with a note saying so.
 """
 
 from __future__ import annotations
@@ -27,11 +36,12 @@ from .cublas_log import parse_cublas_log
 from .cudnn_log import parse_cudnn_log
 from .kineto import parse_kineto_trace
 from .nsys import parse_nsys
+from .onednn_verbose import log_version as onednn_log_version
 from .onednn_verbose import parse_onednn_verbose
 from .ort import parse_ort_profile
 
 INDEX_NAME = "profile.json"
-BUNDLE_SCHEMA_VERSION = 1
+BUNDLE_SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,8 @@ class ExecutionProfile:
     nsys: FrameworkTrace | None = None
     library_calls: dict[str, list[LibraryCall]] = field(default_factory=dict)  # by library
     notes: list[str] = field(default_factory=list)
+    identity: dict | None = None  # model_identity() of the profiled model, when the bundle has it
+    library_versions: dict[str, str] = field(default_factory=dict)  # e.g. {"onednn": "3.12.0"} from its log
 
     @property
     def measured_ms(self) -> float | None:
@@ -103,6 +115,9 @@ class ExecutionProfile:
             if not getattr(self, name):
                 setattr(self, name, getattr(other, name))
         self.batch_size = self.batch_size or other.batch_size
+        self.identity = self.identity or other.identity
+        for lib, version in other.library_versions.items():
+            self.library_versions.setdefault(lib, version)
         self.latency = self.latency or other.latency
         self.trace = self.trace or other.trace
         self.nsys = self.nsys or other.nsys
@@ -152,6 +167,9 @@ def load_file(path: str | Path, kind: str | None = None) -> ExecutionProfile:
             prof.library_calls.setdefault(c.library, []).append(c)
     elif kind == "onednn":
         prof.library_calls["onednn"] = parse_onednn_verbose(p)
+        version = onednn_log_version(p)
+        if version:
+            prof.library_versions["onednn"] = version
     else:
         raise ProfileFormatError(p, f"unknown profile kind {kind!r}")
     return prof
@@ -165,10 +183,14 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     root = Path(folder)
     index = root / INDEX_NAME
     data = load_json(index, "profile bundle index")
-    if not isinstance(data, dict) or data.get("schema_version") != BUNDLE_SCHEMA_VERSION:
+    if not isinstance(data, dict) or data.get("schema_version") not in (1, BUNDLE_SCHEMA_VERSION):
         raise ProfileFormatError(index, f"not a Benanza profile index (schema_version "
                                         f"{data.get('schema_version') if isinstance(data, dict) else None!r}, "
-                                        f"expected {BUNDLE_SCHEMA_VERSION})")
+                                        f"expected 1 or {BUNDLE_SCHEMA_VERSION})")
+    notes = list(data.get("notes", []))
+    if data["schema_version"] == 1:
+        notes.append("a version 1 bundle: its latency was timed with the library loggers on (an overestimate) "
+                     "and it names no model identity, so it cannot be checked against the analysed model")
     try:
         latency = LatencyStats.from_json(data["latency_ms"]) if data.get("latency_ms") else None
     except KeyError as exc:
@@ -181,7 +203,7 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     prof = ExecutionProfile(
         path=str(root), framework=data.get("framework", ""), framework_version=data.get("framework_version", ""),
         device=data.get("device", ""), batch_size=data.get("batch_size"), model=data.get("model", ""),
-        latency=latency, notes=list(data.get("notes", [])))
+        latency=latency, notes=notes, identity=data.get("model_identity"))
     for name, rel in sorted(files.items()):
         if name not in _FILE_KINDS:
             continue
@@ -207,6 +229,43 @@ def load_profile(paths: list[str | Path] | tuple[str | Path, ...]) -> ExecutionP
         else:
             merged.merge(prof)
     return merged
+
+
+def graph_sha256(model_path: str | Path) -> str:
+    """Content hash of an ONNX file's graph (nodes, weights, inputs): names its computation,
+    not where the file lies or what its producer metadata says."""
+    import hashlib
+
+    import onnx
+
+    try:
+        graph = onnx.load(str(model_path), load_external_data=False).graph
+    except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError
+        raise ProfileFormatError(model_path, f"cannot read the ONNX model ({exc})") from None
+    return hashlib.sha256(graph.SerializeToString(deterministic=True)).hexdigest()
+
+
+def model_identity(model_path: str | Path, batch_size: int) -> dict:
+    """What a bundle records about the model it profiled."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    inputs = {i.name: [d.dim_value if d.HasField("dim_value") else d.dim_param
+                       for d in i.type.tensor_type.shape.dim] for i in graph.input if i.name not in weights}
+    return {"name": Path(model_path).stem, "graph_sha256": graph_sha256(model_path), "batch_size": batch_size,
+            "inputs": inputs}
+
+
+def check_model(profile: ExecutionProfile, model_path: str | Path) -> None:
+    """Refuses a profile recorded for another model than ``model_path``."""
+    if not profile.identity:
+        return
+    digest = graph_sha256(model_path)
+    if profile.identity.get("graph_sha256") != digest:
+        raise ProfileFormatError(profile.path, f"a profile of model {profile.identity.get('name')!r} "
+                                               f"(graph {str(profile.identity.get('graph_sha256'))[:12]}), not of "
+                                               f"{model_path} (graph {digest[:12]})")
 
 
 def write_index(folder: Path, data: dict) -> Path:

@@ -57,6 +57,15 @@ def parse_onednn_verbose(path: str | Path) -> list[LibraryCall]:
     return calls
 
 
+_VERSION = re.compile(r"_verbose,(?:[^,]*,)*?info,oneDNN v(\d+\.\d+(?:\.\d+)?)")
+
+
+def log_version(path: str | Path) -> str | None:
+    """The oneDNN version the log's ``info`` header names (``oneDNN v3.12.0``), if any."""
+    m = _VERSION.search(read_text(path, "oneDNN verbose log"))
+    return m.group(1) if m else None
+
+
 def _src_dtype(mds: str) -> str:
     # v2: "src_f32::blocked:..."; v3: "src:f32::blocked:..."
     m = re.search(r"src[_:]([a-z0-9]+)", mds)

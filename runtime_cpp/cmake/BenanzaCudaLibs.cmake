@@ -9,21 +9,8 @@ include_guard(GLOBAL)
 
 find_package(CUDAToolkit REQUIRED)
 
-set(BENANZA_PYTHON "" CACHE FILEPATH "Python whose site-packages hold the nvidia-* wheels")
-if(NOT BENANZA_PYTHON OR NOT EXISTS "${BENANZA_PYTHON}")
-  find_package(Python3 COMPONENTS Interpreter QUIET)
-  if(Python3_FOUND)
-    set(BENANZA_PYTHON "${Python3_EXECUTABLE}" CACHE FILEPATH "" FORCE)
-  endif()
-endif()
-
-set(_benanza_site_dirs "")
-if(BENANZA_PYTHON)
-  execute_process(
-    COMMAND "${BENANZA_PYTHON}" -c
-            "import site, sysconfig; p = sysconfig.get_paths(); print(';'.join(dict.fromkeys([p['purelib'], p['platlib'], *site.getsitepackages(), site.getusersitepackages()])))"
-    OUTPUT_VARIABLE _benanza_site_dirs OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-endif()
+include("${CMAKE_CURRENT_LIST_DIR}/BenanzaPython.cmake")
+benanza_python_site_dirs(_benanza_site_dirs)
 
 set(_cudnn_roots ${CUDNN_ROOT} $ENV{CUDNN_ROOT})
 set(_wheel_cudnn "")

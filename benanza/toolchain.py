@@ -1,0 +1,115 @@
+"""Where the build and profiling tools Benanza drives are, and whether setup installed them.
+
+The CUDA compiler comes from the machine (``$CUDA_HOME``, ``/usr/local/cuda``, ``nvcc`` on
+PATH) or, on a machine without CUDA, from the PyPI wheels ``scripts/setup.sh`` installs into
+the virtualenv (``nvidia-cuda-nvcc`` and friends unpack a toolkit tree under
+``site-packages/nvidia/cu13``). ``python -m benanza.toolchain --check`` lists every tool and
+fails when one is missing, so a setup that silently left something out stops there instead of
+turning into skipped tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Wheel folders that hold a CUDA toolkit tree (bin/nvcc, include, lib): CUDA 13, then 12.
+_WHEEL_TOOLKITS = ("nvidia/cu13", "nvidia/cuda_nvcc")
+
+
+@dataclass(frozen=True)
+class CudaToolkit:
+    nvcc: Path
+    from_wheel: bool  # PyPI's nvidia-cuda-nvcc; runtime_cpp/cmake/BenanzaCudaArchs.cmake finds it too
+
+
+def _site_dirs() -> list[Path]:
+    return [Path(p) for p in dict.fromkeys(sys.path) if p and Path(p).is_dir()]
+
+
+def cuda_toolkit() -> CudaToolkit | None:
+    """The CUDA toolkit builds use: the machine's own first, else the PyPI wheels'."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    for home in filter(None, homes):
+        nvcc = Path(home) / "bin" / "nvcc"
+        if nvcc.is_file():
+            return CudaToolkit(nvcc, False)
+    on_path = shutil.which("nvcc")
+    if on_path:
+        return CudaToolkit(Path(on_path).resolve(), False)
+    for site in _site_dirs():
+        for sub in _WHEEL_TOOLKITS:
+            nvcc = site / sub / "bin" / "nvcc"
+            if nvcc.is_file():
+                return CudaToolkit(nvcc, True)
+    return None
+
+
+def onednn_cmake_config() -> Path | None:
+    """Debian's libdnnl-dev CMake package config (the oneDNN 2.x the CPU backend builds with)."""
+    found = sorted(Path("/usr/lib").glob("*/cmake/dnnl/dnnl-config.cmake"))
+    return found[0] if found else None
+
+
+def nsys_importer() -> Path | None:
+    """QdstrmImporter beside ``nsys``: without a GPU it turns nsys' raw stream into a report."""
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        return None
+    root = Path(os.path.realpath(nsys)).parents[3]  # host-linux-x64 is a sibling of the target dir
+    found = sorted(root.rglob("QdstrmImporter"))
+    return found[0] if found else None
+
+
+def _module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def inventory() -> dict[str, str | None]:
+    """Every tool the demo and the test suite use → where it is (None: missing)."""
+    cuda = cuda_toolkit()
+    benchmark = sorted(Path("/usr/lib").glob("*/cmake/benchmark/benchmarkConfig.cmake"))
+    opencl = sorted(Path("/usr/lib").glob("*/libOpenCL.so"))
+    return {
+        "cmake": shutil.which("cmake"),
+        "ninja": shutil.which("ninja"),
+        "c++": shutil.which("c++"),
+        "google-benchmark": str(benchmark[0]) if benchmark else None,
+        "onednn": str(onednn_cmake_config() or "") or None,
+        "opencl (oneDNN's config needs it)": str(opencl[0]) if opencl else None,
+        "nvcc": f"{cuda.nvcc}{' (PyPI wheel)' if cuda.from_wheel else ''}" if cuda else None,
+        "cudnn wheel": "nvidia.cudnn" if _module("nvidia.cudnn") else None,
+        "cublas wheel": "nvidia.cu13" if _module("nvidia.cu13") else None,
+        "chromium": shutil.which("chromium"),
+        "nsys": shutil.which("nsys"),
+        "QdstrmImporter": str(nsys_importer() or "") or None,
+        "torch": "torch" if _module("torch") else None,
+        "nvtx": "nvtx" if _module("nvtx") else None,
+        "datasette": "datasette" if _module("datasette") else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benanza.toolchain", description=__doc__)
+    parser.add_argument("--check", action="store_true", help="exit 1 when a tool is missing")
+    args = parser.parse_args(argv)
+    tools = inventory()
+    for name, where in tools.items():
+        print(f"{name:34} {where or 'MISSING'}")
+    missing = [n for n, w in tools.items() if w is None]
+    if missing and args.check:
+        print(f"toolchain: missing {', '.join(missing)}: run scripts/setup.sh", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
