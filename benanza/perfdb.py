@@ -136,7 +136,8 @@ class PerfDB:
         try:
             if readonly:
                 self.db = sqlite_utils.Database(_connect_readonly(self.path))
-                _check_schema(self.db.conn, self.path, readonly=True)
+                if _check_schema(self.db.conn, self.path, readonly=True) < SCHEMA_VERSION:
+                    self._migrate_for_reading()
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=_BUSY_MS / 1000, isolation_level=None)
@@ -148,6 +149,17 @@ class PerfDB:
             raise DatabaseError(self.path, f"cannot create the database ({exc.strerror or exc})") from None
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(self.path, _sqlite_problem(exc)) from None
+
+    def _migrate_for_reading(self) -> None:
+        """An older schema is migrated in place (as any opening for writing does), then read;
+        a file that cannot be written is refused rather than misread."""
+        self.db.conn.close()
+        if not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK)):
+            raise DatabaseError(self.path, f"schema version {_stored_version(self.path)} must be migrated to "
+                                           f"{SCHEMA_VERSION}, and this file is read-only: copy it somewhere "
+                                           f"writable and open the copy")
+        PerfDB(self.path).close()
+        self.db = sqlite_utils.Database(_connect_readonly(self.path))
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -534,6 +546,14 @@ def _check_schema(conn: sqlite3.Connection, path: Path, readonly: bool) -> int:
     if absent:
         raise DatabaseError(path, f"schema version {version} but tables missing: {', '.join(absent)}")
     return version
+
+
+def _stored_version(path: Path) -> int:
+    conn = _connect_readonly(path)
+    try:
+        return _check_schema(conn, path, readonly=True)
+    finally:
+        conn.close()
 
 
 def _sqlite_problem(exc: sqlite3.Error) -> str:

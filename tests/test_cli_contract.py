@@ -266,3 +266,29 @@ def test_read_only_folder_reads_work_and_writes_fail_in_one_line(readonly_db):
     assert merge.returncode == 1 and "Traceback" not in merge.stderr
     assert "read-only" in merge.stderr and str(readonly_db) in merge.stderr, merge.stderr
     assert stat.S_IMODE(readonly_db.stat().st_mode) == 0o444
+
+
+def test_reading_an_older_schema_migrates_it_or_says_why_not(tmp_path):
+    """A schema-1 file (written by the schema-1 code) read by a reading command: migrated in
+    place like any opening, then read; in a read-only folder refused in one line, untouched."""
+    fixture = Path(__file__).parent / "fixtures" / "perfdb_v1.db"
+    db = tmp_path / "v1.db"
+    db.write_bytes(fixture.read_bytes())
+    out = invoke("db", "info", "--db", str(db))
+    assert out.exit_code == 0 and f"schema {SCHEMA_VERSION}" in out.output and "A" in out.output
+    base = Path(tempfile.mkdtemp(prefix="benanza-ro1-", dir="/tmp"))
+    ro = base / "v1.db"
+    ro.write_bytes(fixture.read_bytes())
+    ro.chmod(0o444)
+    base.chmod(0o555)
+    try:
+        done = subprocess.run(_as_unprivileged([BENANZA, "db", "info", "--db", str(ro)]), capture_output=True,
+                              text=True, check=False)
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        assert "schema version 1 must be migrated to" in done.stderr and "read-only" in done.stderr, done.stderr
+        assert ro.read_bytes() == fixture.read_bytes()
+    finally:
+        base.chmod(0o755)
+        import shutil
+
+        shutil.rmtree(base)
