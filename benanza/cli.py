@@ -685,6 +685,7 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     """
     from .analysis.sweep import SweepRequest, run_sweep, write_report
     from .parsers import load_profile
+    from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
     from .processor import parse_input_shapes
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
@@ -696,6 +697,8 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")
     prof = load_profile(list(profiles))
+    if prof is not None:
+        check_model(prof, model)  # a profile of another model is the first thing to hear about
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         analyses = run_sweep(req, pdb, prof)
     if report_path:

@@ -255,6 +255,11 @@ def _check_ranks(model: onnx.ModelProto, path: Path) -> None:
             raise ShapeError(path, f"tensor '{vi.name}' has a dim of {big[0]} (Benanza takes at most {MAX_DIM})")
 
 
+class _Expired(BaseException):
+    """Raised by the alarm: a BaseException, so no ``except Exception`` inside the timed
+    library code can swallow it."""
+
+
 @contextlib.contextmanager
 def _time_limit(seconds: float, path: Path, what: str) -> Iterator[None]:
     """Raises ShapeError when the block runs past ``seconds`` (main thread only: elsewhere
@@ -264,15 +269,19 @@ def _time_limit(seconds: float, path: Path, what: str) -> Iterator[None]:
         return
 
     def expire(signum: int, frame: object) -> None:
-        raise ShapeError(path, f"{what} took longer than {seconds:g}s; the model's shapes are too "
-                               f"irregular to resolve (give concrete shapes with --input-shape)")
+        raise _Expired()
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Expired:  # also an alarm landing between the block's end and the timer's reset
+        raise ShapeError(path, f"{what} took longer than {seconds:g}s; the model's shapes are too "
+                               f"irregular to resolve (give concrete shapes with --input-shape)") from None
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
 
