@@ -478,9 +478,7 @@ class PerfDB:
 def _current_schema_copy(path: Path, tmp: Path) -> Path:
     """``path`` itself when its schema is current, else a migrated copy under ``tmp``; the
     source is validated read-only and never written."""
-    with PerfDB(path, readonly=True) as src:
-        version = src.schema_version
-    if version == SCHEMA_VERSION:
+    if _stored_version(path) == SCHEMA_VERSION:
         return path
     copy = tmp / path.name
     src_conn, dst = _connect_readonly(path), sqlite3.connect(copy)
@@ -549,11 +547,15 @@ def _check_schema(conn: sqlite3.Connection, path: Path, readonly: bool) -> int:
 
 
 def _stored_version(path: Path) -> int:
-    conn = _connect_readonly(path)
+    """The validated schema version of the file, read without changing it."""
     try:
-        return _check_schema(conn, path, readonly=True)
-    finally:
-        conn.close()
+        conn = _connect_readonly(path)
+        try:
+            return _check_schema(conn, path, readonly=True)
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseError(path, _sqlite_problem(exc)) from None
 
 
 def _sqlite_problem(exc: sqlite3.Error) -> str:
