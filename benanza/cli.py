@@ -66,6 +66,7 @@ def main(verbose: int) -> None:
       benanza profile MODEL            run a framework on the model and record what it did
       benanza analyze MODEL            lower bounds, Benanza ratio and optimization advice
       benanza db ...                   inspect, export and merge performance databases
+      benanza campaign ...             the same on many Slurm systems, into one database
     """
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
@@ -597,6 +598,152 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     generate_backend(manifest, backend, bench_dir, options)
     summary = runner.run(bench_dir, system_name, backend, path, runner.RunOptions(command=cmd))
     console.print(f"stored {summary.stored} results ({summary.ok} ok)", highlight=False)
+
+
+# --- campaign ----------------------------------------------------------------------------
+
+@main.group()
+def campaign() -> None:
+    """Benchmark models on many systems through Slurm, into one database.
+
+    \b
+    One job per system (a Slurm partition or constraint), submitted with submitit; each job
+    generates, builds and runs the benchmarks on its node into its own shard, and the shards
+    merge into the campaign's database as jobs finish. The campaign folder must be on a
+    filesystem the nodes share. Submitting again submits only what is missing.
+    """
+
+
+def _campaign_module():
+    try:
+        from . import campaign as campaign_mod
+    except ImportError as exc:
+        from .errors import UsageError
+
+        raise UsageError(f"`benanza campaign` needs submitit: pip install 'benanza[campaign]' ({exc})") from None
+    return campaign_mod
+
+
+def campaign_dir_option(f):
+    return click.option("--dir", "root", type=click.Path(file_okay=False), required=True,
+                        help="Campaign folder, on a filesystem the Slurm nodes share.")(f)
+
+
+def wait_options(f):
+    f = click.option("--poll", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+                     help="Seconds between looks at the queue while waiting.")(f)
+    f = click.option("--wait/--no-wait", default=True, show_default=True,
+                     help="Wait for the jobs, merging each system's results as its job ends.")(f)
+    return f
+
+
+@campaign.command("submit")
+@click.argument("models", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@campaign_dir_option
+@click.option("--system", "systems", multiple=True, required=True, metavar="NAME:KEY=VALUE,...",
+              help="A system and how Slurm finds it, e.g. a100:partition=gpu-a100,gres=gpu:1 or "
+                   "v100:constraint=v100 (repeatable). Keys: backend (auto, onednn, cudnn), threads, "
+                   "and any submitit Slurm parameter.")
+@click.option("--slurm", "slurm_params", multiple=True, metavar="KEY=VALUE",
+              help="A submitit Slurm parameter for every system's job, e.g. time=600 (minutes), "
+                   "account=perf, cpus_per_task=16, exclusive=true (repeatable).")
+@db_option
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--dtype", "dtypes", multiple=True, metavar="DT", help="Data types (default: the backend's).")
+@click.option("--layout", "layouts", multiple=True, metavar="L", help="Layouts (nchw, nhwc, any).")
+@click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")
+@click.option("--min-time", type=click.FloatRange(min=0.0, min_open=True), default=0.2, show_default=True,
+              help="Seconds per repetition (Google Benchmark min time).")
+@click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
+              help="Seconds one benchmark may take before it is killed and stored as failed.")
+@wait_options
+def campaign_submit(models: tuple[str, ...], root: str, systems: tuple[str, ...], slurm_params: tuple[str, ...],
+                    db_path: str | None, batch_size: int, dtypes: tuple[str, ...], layouts: tuple[str, ...],
+                    no_fusion: bool, min_time: float, repetitions: int, timeout: float, wait: bool,
+                    poll: float) -> None:
+    """Plan and submit the jobs that MODELS still need on each system.
+
+    A system whose variants are all in the database gets no job; one whose job is still in
+    the queue gets no second one. Run it again (or `campaign resume`) after a failure: only
+    what is missing is submitted, and a job continues where the previous one stopped.
+    """
+    from .generator import GenOptions
+    from .perfdb import resolve_db_path
+
+    mod = _campaign_module()
+    slurm = dict(mod.DEFAULT_SLURM) | dict(mod.parse_slurm_params(slurm_params))
+    spec = mod.CampaignSpec(
+        models=tuple(str(Path(m).resolve()) for m in models),
+        systems=tuple(mod.SystemSpec.parse(s) for s in systems),
+        db=str(resolve_db_path(db_path).resolve()), batch_size=batch_size,
+        gen=GenOptions(dtypes=dtypes, layouts=layouts, fusion=not no_fusion),
+        min_time=min_time, repetitions=repetitions, timeout=timeout, slurm=tuple(slurm.items()))
+    _campaign_run(mod, mod.Campaign.create(root, spec), wait, poll)
+
+
+@campaign.command("resume")
+@campaign_dir_option
+@wait_options
+def campaign_resume(root: str, wait: bool, poll: float) -> None:
+    """Submit what the campaign in --dir still lacks, with the spec it was submitted with."""
+    mod = _campaign_module()
+    _campaign_run(mod, mod.Campaign.open(root), wait, poll)
+
+
+@campaign.command("status")
+@campaign_dir_option
+def campaign_status(root: str) -> None:
+    """Merge the results of jobs that ended, and show each system's job and progress. Submits nothing."""
+    mod = _campaign_module()
+    camp = mod.Campaign.open(root)
+    reports = mod.collect(camp)
+    _print_job_reports(reports)
+    _print_campaign_progress(mod.progress(camp), camp)
+
+
+def _campaign_run(mod, camp, wait: bool, poll: float) -> None:
+    def show(progress, reports) -> None:
+        _print_job_reports(reports)
+        if wait:
+            line = "  ".join(f"{p.system}: {p.state.lower()} {p.phase} {p.done}/{p.total}".rstrip()
+                             for p in progress)
+            err_console.print(line, highlight=False, soft_wrap=True)
+
+    outcome = mod.run(camp, wait=wait, poll=poll, on_poll=show)
+    for p in outcome.plans:
+        if p.state is mod.PlanState.COMPLETE:
+            console.print(f"{p.system}: complete ({p.total} variants in {camp.spec.db})", highlight=False)
+    for p in outcome.submitted:
+        what = f"{p.missing} of {p.total} variants missing" if p.total is not None else "not measured yet"
+        console.print(f"{p.system}: submitted Slurm job {p.job_id} ({what})", highlight=False)
+    _print_campaign_progress(mod.progress(camp), camp)
+    if any(r.outcome == "failed" for r in outcome.reports):
+        sys.exit(1)
+
+
+def _print_job_reports(reports) -> None:
+    for r in reports:
+        if r.outcome == "completed":
+            s = r.summary
+            console.print(f"{r.system}: job {r.job_id} completed on {s.device} ({s.backend}): {s.ok} ok, "
+                          f"{s.unsupported} unsupported, {s.failed} failed, {s.already} already measured; "
+                          f"{r.added_results} results merged", highlight=False)
+        else:
+            err_console.print(f"[bold red]{r.system}: job {r.job_id} failed[/] ({r.state or 'unknown state'}): "
+                              f"{r.message}; {r.added_results} partial results merged; log: {r.log_path}",
+                              highlight=False, soft_wrap=True)
+            if r.log_tail:
+                err_console.print(r.log_tail, highlight=False, soft_wrap=True, markup=False)
+
+
+def _print_campaign_progress(progress, camp) -> None:
+    table = Table("system", "job", "state", "phase", "done", "ok", "unsup", "failed",
+                  title=f"campaign {camp.folder.root} → {camp.spec.db}")
+    for p in progress:
+        table.add_row(p.system, p.job_id, p.state.lower(), p.phase, f"{p.done}/{p.total}" if p.total else "",
+                      str(p.ok), str(p.unsupported), str(p.failed))
+    console.print(table)
 
 
 # --- profile -----------------------------------------------------------------------------
