@@ -205,7 +205,7 @@ def test_unstable_results_are_remeasured_and_what_stays_noisy_is_flagged(tmp_pat
     from benanza.records import Variant
     from benanza.runner import RunSummary, _execute
 
-    noisy, settles, calm = (Variant(f"eltwise:relu_in1x{n}_f32", "onednn", "eltwise") for n in (8, 16, 32))
+    noisy, settles, calm = (Variant.from_name(f"eltwise:relu_in1x{n}_f32/backend=onednn/api=eltwise/algo=default/dtype=f32/layout=plain/math=default/fusion=none") for n in (8, 16, 32))
     # the demo's fused conv: median 2.03, mean 8.5, stddev 12.3 ms; "settles" is noisy only at first
     fake = _stand_in(tmp_path / "benanza_bench", f"""
     seen = Path({str(tmp_path / "seen")!r}) / n.replace("/", "_")
@@ -234,7 +234,7 @@ def test_failed_variants_are_retried_by_later_runs_until_they_failed_too_often(t
     from benanza.records import Variant
     from benanza.runner import _execute, _plan
 
-    good, bad = (Variant(f"eltwise:relu_in1x{n}_f32", "onednn", "eltwise") for n in (8, 16))
+    good, bad = (Variant.from_name(f"eltwise:relu_in1x{n}_f32/backend=onednn/api=eltwise/algo=default/dtype=f32/layout=plain/math=default/fusion=none") for n in (8, 16))
     fake = _stand_in(tmp_path / "benanza_bench", f"""
     if n == {bad.name!r}:
         sys.exit(3)  # dies while running it
