@@ -5,21 +5,37 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .errors import BenanzaError
 from .records import UNSTABLE_RSD
 
+if TYPE_CHECKING:
+    from .generator import GenOptions
+
 # Piped or logged output has no terminal width; Rich would fall back to 80 columns and cut
 # model names and keys. COLUMNS still wins when set.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
-console = Console(width=_WIDTH)
-err_console = Console(stderr=True, width=_WIDTH)
+# markup=False: names and paths come from files and users; `[/]` or `[link=...]` in a node
+# name must print as itself. What is styled on purpose is built as Text.
+console = Console(width=_WIDTH, markup=False)
+err_console = Console(stderr=True, width=_WIDTH, markup=False)
+
+
+def print_error(message: object) -> None:
+    err_console.print(Text.assemble(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
+
+
+def print_warning(message: object) -> None:
+    err_console.print(Text.assemble(("warning:", "yellow"), f" {message}"), highlight=False, soft_wrap=True)
 
 
 class _Group(click.Group):
@@ -29,7 +45,10 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except BenanzaError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            print_error(exc)
+            sys.exit(1)
+        except sqlite3.Error as exc:  # a database the library did not expect; still one line
+            print_error(f"performance database: {exc}")
             sys.exit(1)
 
 
@@ -56,12 +75,73 @@ def main(verbose: int) -> None:
 # --- shared options ----------------------------------------------------------------------
 
 def batch_options(f):
+    from .processor import MAX_DIM
+
     f = click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
                      help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")(f)
-    f = click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True,
+    f = click.option("--batch-size", "-b", type=click.IntRange(min=1, max=MAX_DIM), default=1, show_default=True,
                      help="Batch size: sets each graph input's batch axis (dim 0 of an image, dim 1 of a "
                           "sequence-first RNN input; a symbolic dim 0 otherwise).")(f)
     return f
+
+
+def variant_options(f):
+    """What each layer expands into; shared by generate and db lookup so both mean the same."""
+    f = click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")(f)
+    f = click.option("--math", "maths", multiple=True, metavar="M",
+                     help="cuDNN/cuBLAS math modes (fma, tf32_allowed, tensor_op); default: per dtype.")(f)
+    f = click.option("--layout", "layouts", multiple=True, metavar="L",
+                     help="Layouts (cudnn: nchw, nhwc; onednn: nchw, nhwc, any).")(f)
+    f = click.option("--dtype", "dtypes", multiple=True, metavar="DT",
+                     help="Data types (f32, f16, bf16); default: the backend's (cudnn f32+f16, onednn "
+                          "f32+bf16 where the CPU has it).")(f)
+    return f
+
+
+def offered(backend: str) -> dict[str, tuple[str, ...]]:
+    """The values each variant option takes on a backend."""
+    if backend == "cudnn":
+        from .backends import cudnn
+
+        return {"--dtype": cudnn.DTYPES, "--layout": cudnn.LAYOUTS, "--math": cudnn.MATHS}
+    from .backends import onednn
+
+    return {"--dtype": onednn.DTYPES, "--layout": onednn.SPATIAL_LAYOUTS, "--math": ()}
+
+
+def gen_options_for(backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
+                    fusion: bool, strict: bool, **extra) -> GenOptions | None:
+    """GenOptions holding only what ``backend`` offers. ``strict`` (one backend named): any value
+    it does not offer is an error saying what it offers; otherwise (several backends) such a
+    backend is skipped (None) when none of a list's values apply to it."""
+    from .errors import UsageError
+    from .generator import GenOptions
+
+    picked: dict[str, tuple[str, ...]] = {}
+    for flag, asked in (("--dtype", dtypes), ("--layout", layouts), ("--math", maths)):
+        choices = offered(backend)[flag]
+        bad = [v for v in asked if v not in choices]
+        if bad and strict:
+            what = f"offers {', '.join(choices)}" if choices else "has no such option"
+            raise UsageError(f"{flag} {', '.join(bad)}: the {backend} backend {what}")
+        picked[flag] = tuple(v for v in asked if v in choices)
+        if asked and choices and not picked[flag]:
+            return None
+    return GenOptions(dtypes=picked["--dtype"], layouts=picked["--layout"], math=picked["--math"],
+                      fusion=fusion, **extra)
+
+
+def check_known(dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
+                backends: list[str]) -> None:
+    """Every value must be offered by at least one of ``backends``."""
+    from .errors import UsageError
+
+    for flag, asked in (("--dtype", dtypes), ("--layout", layouts), ("--math", maths)):
+        known = {v for b in backends for v in offered(b)[flag]}
+        bad = [v for v in asked if v not in known]
+        if bad:
+            listing = "; ".join(f"{b}: {', '.join(offered(b)[flag]) or 'none'}" for b in backends)
+            raise UsageError(f"{flag} {', '.join(bad)}: no backend offers it ({listing})")
 
 
 # --- zoo ---------------------------------------------------------------------------------
@@ -132,13 +212,7 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
 @batch_options
 @click.option("--backend", type=click.Choice(["all", "cudnn", "onednn", "none"]), default="all",
               show_default=True, help="Which library's benchmarks to generate ('none': manifest only).")
-@click.option("--dtype", "dtypes", multiple=True, metavar="DT",
-              help="Data types (f32, f16, bf16); default: the backend's (cudnn f32+f16, onednn f32+bf16 "
-                   "where the CPU has it).")
-@click.option("--layout", "layouts", multiple=True, metavar="L", help="Layouts (nchw, nhwc, any).")
-@click.option("--math", "maths", multiple=True, metavar="M",
-              help="cuDNN/cuBLAS math modes (fma, tf32_allowed, tensor_op); default: per dtype.")
-@click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")
+@variant_options
 @click.option("--cupti", is_flag=True, help="cuDNN: CUPTI kernel-metrics mode instead of timing.")
 @click.option("--cupti-metric", "cupti_metrics", multiple=True, metavar="NAME",
               help="CUPTI metric to record per kernel in --cupti mode (repeatable).")
@@ -153,11 +227,16 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     A file that cannot be processed gets one error line; the others are still processed and
     the exit status is non-zero.
     """
-    from .generator import BACKEND_MODULES, GenOptions
+    from .generator import BACKEND_MODULES
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import load_model, model_stats, parse_input_shapes, total_stats, unique_layers
 
+    names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
+    if len(names) != 1:
+        check_known(dtypes, layouts, maths, names or list(BACKEND_MODULES))
+    options = {name: gen_options_for(name, dtypes, layouts, maths, not no_fusion, strict=len(names) == 1,
+                                     cupti=cupti, cupti_metrics=cupti_metrics) for name in names}
     shapes = parse_input_shapes(input_shape)
     loaded, failed = [], 0
     for path in models:
@@ -165,7 +244,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
             loaded.append(load_model(path, batch_size=batch_size, input_shapes=shapes))
         except BenanzaError as exc:
             failed += 1
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            print_error(exc)
     uniques = unique_layers(loaded)
     stats = [model_stats(m) for m in loaded]
     total = total_stats(loaded)
@@ -173,14 +252,11 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     if loaded:
         manifest = build_manifest(loaded, uniques)
         write_manifest(manifest, out_dir)
-        options = GenOptions(dtypes=dtypes, layouts=layouts, math=maths, fusion=not no_fusion,
-                             cupti=cupti, cupti_metrics=cupti_metrics)
-        names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
-        generated = [generate_backend(manifest, name, out_dir, options) for name in names]
+        generated = [generate_backend(manifest, name, out_dir, opts) for name, opts in options.items() if opts]
     if as_json:
         click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
                               indent=1))
-    else:
+    elif loaded:
         _print_stats(stats, total)
         if loaded:
             console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
@@ -188,6 +264,11 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         for g in generated:
             console.print(f"{g.backend}: {len(g.variants)} benchmark variants in {g.out_dir}",
                           highlight=False)
+        for name, opts in options.items():
+            if opts is None:
+                console.print(f"{name}: nothing generated (it offers dtypes {', '.join(offered(name)['--dtype'])}; "
+                              f"layouts {', '.join(offered(name)['--layout'])}; math modes "
+                              f"{', '.join(offered(name)['--math']) or 'none'})", highlight=False)
     if failed:
         sys.exit(1)
 
@@ -252,6 +333,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from . import runner
+    from .children import sigterm_interrupts
     from .perfdb import resolve_db_path
 
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
@@ -281,7 +363,9 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
             bar.update(task, total=p.total, completed=p.done, description="running",
                        ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"])
 
-        summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
+        with sigterm_interrupts():
+            summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
+    _print_failures(summary.failures)
     console.print(f"{summary.backend} on {summary.system.device} (stack {summary.system.stack_id}): "
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
                   f"{summary.failed} failed), {summary.already} already measured, "
@@ -292,14 +376,26 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
             f"{max_rsd:.0%} (relative stddev) and are flagged unstable in the database", highlight=False)
     _print_gave_up(summary, max_failures)
     if summary.contended > 0.1:
-        err_console.print(
-            f"[yellow]warning:[/] other processes competed for the CPU during "
+        print_warning(
+            f"other processes competed for the CPU during "
             f"{summary.contended:.0%} of the run: latencies may be inflated (on a small machine by "
-            f"whole scheduler quanta). Re-run on an idle machine with --force to replace them.",
-            highlight=False)
+            f"whole scheduler quanta). Re-run on an idle machine with --force to replace them.")
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)
+
+
+_FAILURES_SHOWN = 20
+
+
+def _print_failures(failures) -> None:
+    """Each failed benchmark with the line that reproduces it (also stored with the result)."""
+    for f in failures[:_FAILURES_SHOWN]:
+        err_console.print(f"failed: {f.name}: {f.message}\n  reproduce: {f.reproduce}", highlight=False,
+                          soft_wrap=True)
+    if len(failures) > _FAILURES_SHOWN:
+        err_console.print(f"… and {len(failures) - _FAILURES_SHOWN} more failures: `benanza db list --status "
+                          f"failed` shows them, their results' metrics hold the reproduce lines", highlight=False)
 
 
 def _print_gave_up(summary, max_failures: int) -> None:
@@ -324,7 +420,7 @@ def db_info(db_path: str | None) -> None:
     from .perfdb import PerfDB, resolve_db_path
 
     path = resolve_db_path(db_path)
-    with PerfDB(path) as pdb:
+    with PerfDB(path, readonly=True) as pdb:
         console.print(f"{path}: schema {pdb.schema_version}", highlight=False)
         table = Table("table", "rows")
         for c in pdb.counts():
@@ -352,7 +448,7 @@ def db_list(db_path: str | None, system_name: str, backend: str | None, stack: s
     from .analysis.sweep import resolve_system
     from .perfdb import PerfDB, resolve_db_path
 
-    with PerfDB(resolve_db_path(db_path)) as pdb:
+    with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         system = resolve_system(pdb, system_name, backend, stack)
         results = pdb.results(system)
     console.print(f"{system_name}: stack {system.stack_id} ({system.backend} on {system.device})", highlight=False)
@@ -362,9 +458,18 @@ def db_list(db_path: str | None, system_name: str, backend: str | None, stack: s
         if (rx and not rx.search(r.variant.name)) or (status and r.status.value != status):
             continue
         rsd = f"{r.rsd:.1%}" + (" unstable" if r.unstable else "") if r.rsd is not None else ""
-        table.add_row(r.variant.name, r.status.value, f"{r.median_ms:.4f}" if r.ok else "", rsd,
-                      r.implementation if r.ok else r.message)
+        table.add_row(r.variant.name, r.status.value, _ms4(r.median_ms), rsd,
+                      r.implementation if r.ok else r.message + _reproduce(r.metrics))
     console.print(table)
+
+
+def _ms4(x: float | None) -> str:
+    return "" if x is None else f"{x:.4f}"
+
+
+def _reproduce(metrics: dict) -> str:
+    line = metrics.get("reproduce")
+    return f"\nreproduce: {line}" if isinstance(line, str) else ""
 
 
 @db.command("export")
@@ -378,7 +483,7 @@ def db_export(db_path: str | None, out_path: str, system_name: str | None, all_r
     from .errors import UsageError
     from .perfdb import PerfDB, resolve_db_path
 
-    with PerfDB(resolve_db_path(db_path)) as pdb:
+    with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         frame = pdb.results_frame(system_name, latest=not all_rows)
     if out_path.endswith(".parquet"):
         try:
@@ -424,7 +529,7 @@ def db_serve(db_path: str | None, port: int, host: str) -> None:
     if importlib.util.find_spec("datasette") is None:
         raise UsageError("`benanza db serve` needs Datasette: pip install 'benanza[serve]'")
     path = resolve_db_path(db_path)
-    PerfDB(path).close()  # validate before handing it over
+    PerfDB(path, readonly=True).close()  # validate before handing it over
     # exec, not a child process: a signal to `benanza db serve` must stop the server itself
     os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", str(path), "--host", host,
                               "--port", str(port)])
@@ -434,40 +539,67 @@ def db_serve(db_path: str | None, port: int, host: str) -> None:
 @click.argument("models", nargs=-1, required=True, type=click.Path())
 @db_option
 @click.option("--system", "system_name", required=True, metavar="NAME")
-@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default="onednn", show_default=True)
+@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
+              help="Library [default: the system's, as stored in the database].")
 @batch_options
+@variant_options
 @click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True)
 @click.option("--generate-missing", is_flag=True, help="Generate and run the missing benchmarks now.")
-def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, backend: str, batch_size: int,
-              input_shape: tuple[str, ...], bench_dir: str, generate_missing: bool) -> None:
-    """Check the database holds every benchmark the models need on a system (paper §III-C)."""
+def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, backend: str | None,
+              batch_size: int, input_shape: tuple[str, ...], dtypes: tuple[str, ...], layouts: tuple[str, ...],
+              maths: tuple[str, ...], no_fusion: bool, bench_dir: str, generate_missing: bool) -> None:
+    """Check the database holds every benchmark the models need on a system (paper §III-C).
+
+    The benchmarks expected are those `benanza generate` makes with the same options, for
+    the system's backend: nothing is reported missing that a run was never asked to make.
+    """
     from . import runner
-    from .generator import GenOptions, expand_variants, generate as generate_backend, get_backend
+    from .errors import UsageError
+    from .generator import expand_variants, get_backend
+    from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
     from .processor import load_model, parse_input_shapes, unique_layers
 
+    path = resolve_db_path(db_path)
+    stored = None
+    known: list[str] = []
+    if path.exists() or not generate_missing:
+        with PerfDB(path, readonly=True) as pdb:
+            stored = pdb.system(system_name)
+            known = [s.name for s in pdb.systems()]
+    if backend is None:
+        if stored is None:
+            raise UsageError(f"system {system_name!r} is not in {path} (known: {', '.join(known) or 'none'}); "
+                             f"name its library with --backend")
+        backend = stored.backend
+    options = gen_options_for(backend, dtypes, layouts, maths, not no_fusion, strict=True)
+    assert options is not None  # strict: a value the backend lacks was an error
     shapes = parse_input_shapes(input_shape)
     loaded = [load_model(p, batch_size=batch_size, input_shapes=shapes) for p in models]
     manifest = build_manifest(loaded, unique_layers(loaded))
-    wanted = expand_variants(manifest, get_backend(backend), GenOptions())
-    path = resolve_db_path(db_path)
-    with PerfDB(path) as pdb:
-        system = pdb.system(system_name, backend)
-        absent = list(wanted) if system is None else pdb.missing(system, wanted)
+    wanted = expand_variants(manifest, get_backend(backend), options)
+    if stored is None:
+        absent = list(wanted)  # nothing measured on this system yet
+    else:
+        with PerfDB(path, readonly=True) as pdb:
+            system = pdb.system(system_name, backend)
+            absent = list(wanted) if system is None else pdb.missing(system, wanted)
     if not absent:
         console.print(f"all {len(wanted)} benchmarks of {len(models)} model(s) are in {path}", highlight=False)
         return
     for v in absent:
         err_console.print(f"missing: {v.name}", highlight=False, soft_wrap=True)
+    flags = [*(f"--dtype={d}" for d in dtypes), *(f"--layout={x}" for x in layouts),
+             *(f"--math={m}" for m in maths), *(["--no-fusion"] if no_fusion else [])]
     cmd = missing_command(models, system_name, backend, bench_dir=bench_dir, batch_size=batch_size,
-                          db=db_path, input_shapes=sorted(shapes.items()))
+                          db=db_path, input_shapes=sorted(shapes.items()), generate_flags=flags)
     err_console.print(f"{len(absent)} of {len(wanted)} benchmarks missing on {system_name}; to measure them:\n"
                       f"  {cmd}", highlight=False, soft_wrap=True)
     if not generate_missing:
         sys.exit(1)
     write_manifest(manifest, bench_dir)
-    generate_backend(manifest, backend, bench_dir, GenOptions())
+    generate_backend(manifest, backend, bench_dir, options)
     summary = runner.run(bench_dir, system_name, backend, path, runner.RunOptions(command=cmd))
     console.print(f"stored {summary.stored} results ({summary.ok} ok)", highlight=False)
 
@@ -686,10 +818,14 @@ def profile(model: str, framework: str, batch_size: int, warmup: int, iterations
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON (docs/analyze-json.md).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
               help="Write a self-contained HTML report here.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the per-layer table (every layer) as CSV here.")
+@click.option("--limit", type=click.IntRange(min=0), default=60, show_default=True,
+              help="Layers shown in the terminal table (the slowest first when cut); 0: all.")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
             backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
             input_shape: tuple[str, ...], measured_ms: float | None, generate_missing: bool, as_json: bool,
-            report_path: str | None) -> None:
+            report_path: str | None, csv_path: str | None, limit: int) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
@@ -700,9 +836,10 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     """
     from .analysis.sweep import SweepRequest, run_sweep, write_report
     from .parsers import load_profile
+    from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
     from .processor import parse_input_shapes
-    from .report import document, print_analysis, print_sweep, render_html
+    from .report import document, layers_csv, print_analysis, print_sweep, render_html
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
@@ -711,14 +848,20 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")
     prof = load_profile(list(profiles))
-    analyses = run_sweep(req, PerfDB(resolve_db_path(db_path)), prof)
+    if prof is not None:
+        check_model(prof, model)  # a profile of another model is the first thing to hear about
+    with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
+        analyses = run_sweep(req, pdb, prof)
     if report_path:
         path = write_report(report_path, render_html(analyses))
         err_console.print(f"report: {path}", highlight=False)
+    if csv_path:
+        path = write_report(csv_path, layers_csv(analyses))
+        err_console.print(f"layers: {path}", highlight=False)
     if as_json:
         click.echo(json.dumps(document(analyses), indent=1))
         return
     for a in analyses:
-        print_analysis(a, console)
+        print_analysis(a, console, max_layers=limit)
     if len(analyses) > 1:
         print_sweep(analyses, console)

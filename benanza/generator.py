@@ -25,6 +25,7 @@ from typing import Protocol
 import jinja2
 
 from .errors import BenanzaError
+from .escape import c_string, cmake_quoted
 from .layers import Layer, UniqueLayer
 from .manifest import Manifest
 from .records import Variant
@@ -85,7 +86,8 @@ def template_env(backend: str) -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-    env.filters["cstr"] = lambda s: json.dumps(str(s))  # a C string literal, escaped
+    env.filters["cstr"] = lambda s: c_string(str(s))
+    env.filters["cmake"] = lambda s: cmake_quoted(str(s))
     return env
 
 

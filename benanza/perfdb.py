@@ -17,6 +17,7 @@ import shlex
 import sqlite3
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -94,6 +95,8 @@ CREATE TABLE IF NOT EXISTS merge_conflicts (
   row TEXT NOT NULL, merged_at TEXT NOT NULL, UNIQUE (table_name, pk, row));
 """
 
+_TABLES = frozenset({"meta", "systems", "layers", "variants", "results", "models", "occurrences"})
+
 _RESULT_COLUMNS = ("system", "stack_id", "variant", "layer_key", "dtype", "status", "message",
                    "median_ms", "mean_ms", "stddev_ms", "min_ms", "iterations", "repetitions",
                    "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp", "rsd",
@@ -120,19 +123,43 @@ class TableCount:
 
 
 class PerfDB:
-    """One performance database file. Opening creates it (and its folder) if missing."""
+    """One performance database file.
 
-    def __init__(self, path: str | Path):
+    Opening for writing creates it (and its folder) if missing. ``readonly=True`` is for
+    commands that only read: the file must exist, nothing is created or stamped, and a file
+    in a read-only folder or on read-only media still opens.
+    """
+
+    def __init__(self, path: str | Path, *, readonly: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.readonly = readonly
         try:
+            if readonly:
+                self.db = sqlite_utils.Database(_connect_readonly(self.path))
+                if _check_schema(self.db.conn, self.path, readonly=True) < SCHEMA_VERSION:
+                    self._migrate_for_reading()
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=_BUSY_MS / 1000, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
             self.db = sqlite_utils.Database(conn)
             self._retry(self._init_schema)
             self._enable_wal()
+        except OSError as exc:
+            raise DatabaseError(self.path, f"cannot create the database ({exc.strerror or exc})") from None
         except sqlite3.DatabaseError as exc:
-            raise DatabaseError(self.path, f"not a usable SQLite database ({exc})") from None
+            raise DatabaseError(self.path, _sqlite_problem(exc)) from None
+
+    def _migrate_for_reading(self) -> None:
+        """An older schema is migrated in place (as any opening for writing does), then read;
+        a file that cannot be written is refused rather than misread."""
+        self.db.conn.close()
+        if not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK)):
+            raise DatabaseError(self.path, f"schema version {_stored_version(self.path)} must be migrated to "
+                                           f"{SCHEMA_VERSION}, and this file is read-only: copy it somewhere "
+                                           f"writable and open the copy")
+        PerfDB(self.path).close()
+        self.db = sqlite_utils.Database(_connect_readonly(self.path))
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -147,6 +174,8 @@ class PerfDB:
 
     def _retry(self, fn: Callable[[], T]) -> T:
         """Runs ``fn`` in one IMMEDIATE transaction, retrying while another writer holds the lock."""
+        if self.readonly:
+            raise DatabaseError(self.path, "opened read-only; this command does not write")
         deadline = time.monotonic() + _RETRY_SECONDS
         delay = 0.05
         while True:
@@ -161,31 +190,24 @@ class PerfDB:
                 return out
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
+                    raise DatabaseError(self.path, _sqlite_problem(exc)) from None
                 if time.monotonic() > deadline:
                     raise DatabaseError(self.path, f"still locked by another writer after "
                                                    f"{_RETRY_SECONDS:.0f}s ({exc})") from None
                 log.debug("database busy, retrying in %.2fs", delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except sqlite3.DatabaseError as exc:
+                raise DatabaseError(self.path, _sqlite_problem(exc)) from None
 
     def _init_schema(self) -> None:
+        version = _check_schema(self.db.conn, self.path, readonly=False)
+        if version == SCHEMA_VERSION:
+            return
         conn = self.db.conn
-        has_meta = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-        if has_meta:
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            version = int(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise DatabaseError(self.path, f"schema version {version} is newer than this Benanza "
-                                               f"understands ({SCHEMA_VERSION}); upgrade benanza")
-            if version == SCHEMA_VERSION:
-                return
-            if version == 1:
-                _migrate_v1(conn)
-                return
-        elif conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]:
-            raise DatabaseError(self.path, "not a Benanza performance database (no meta table)")
+        if version == 1:
+            _migrate_v1(conn)
+            return
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
@@ -202,8 +224,7 @@ class PerfDB:
 
     @property
     def schema_version(self) -> int:
-        row = self.db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        return int(row[0])
+        return _check_schema(self.db.conn, self.path, readonly=True)
 
     # --- systems -------------------------------------------------------------------------
 
@@ -455,35 +476,106 @@ class PerfDB:
 
 
 def _current_schema_copy(path: Path, tmp: Path) -> Path:
-    """``path`` itself when its schema is current (validated), else a migrated copy under ``tmp``."""
+    """``path`` itself when its schema is current, else a migrated copy under ``tmp``; the
+    source is validated read-only and never written."""
+    if _stored_version(path) == SCHEMA_VERSION:
+        return path
+    copy = tmp / path.name
+    src_conn, dst = _connect_readonly(path), sqlite3.connect(copy)
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        src_conn.backup(dst)
+    finally:
+        src_conn.close()
+        dst.close()
+    PerfDB(copy).close()  # migrates the copy
+    return copy
+
+
+# --- opening ---------------------------------------------------------------------------
+
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection that creates nothing (no folder, no file, no journal)."""
+    if not path.is_file():
+        what = "is a folder, not a database file" if path.is_dir() else "no such database file"
+        raise DatabaseError(path, what + " (reading commands never create one; `benanza run` does)")
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_MS / 1000, isolation_level=None)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        # A WAL database needs its -shm file; in a read-only folder without one, SQLite can
+        # only read the file as immutable. That is only correct while nobody writes it, so
+        # only where nobody can: never for a folder a `benanza run` could be writing into.
+        if os.access(path.parent, os.W_OK):
+            raise
+        log.info("%s: %s; reading the file as immutable", path, exc)
+    conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    return conn
+
+
+def _check_schema(conn: sqlite3.Connection, path: Path, readonly: bool) -> int:
+    """The file's schema version, validated; 0 for an empty file that may still get a schema.
+
+    Every way a file can fail to be a usable Benanza database is one DatabaseError line.
+    """
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        if readonly:
+            raise DatabaseError(path, "empty file, not a Benanza performance database")
+        return 0
+    if "meta" not in tables:
+        raise DatabaseError(path, "not a Benanza performance database (no meta table)")
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if row is None:
+        raise DatabaseError(path, "not a Benanza performance database (meta has no schema_version)")
+    try:
+        version = int(row[0])
+    except (TypeError, ValueError):
+        raise DatabaseError(path, f"schema_version {row[0]!r} is not an integer") from None
+    if version > SCHEMA_VERSION:
+        raise DatabaseError(path, f"schema version {version} is newer than this Benanza understands "
+                                  f"({SCHEMA_VERSION}); upgrade benanza")
+    if version < 1:
+        raise DatabaseError(path, f"schema version {version} predates every version Benanza can read")
+    absent = sorted(_TABLES - tables) if version == SCHEMA_VERSION else []
+    if absent:
+        raise DatabaseError(path, f"schema version {version} but tables missing: {', '.join(absent)}")
+    return version
+
+
+def _stored_version(path: Path) -> int:
+    """The validated schema version of the file, read without changing it."""
+    try:
+        conn = _connect_readonly(path)
         try:
-            row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            return _check_schema(conn, path, readonly=True)
         finally:
-            con.close()
+            conn.close()
     except sqlite3.DatabaseError as exc:
-        raise DatabaseError(path, f"not a usable Benanza database ({exc})") from None
-    if row is not None and int(row[0]) < SCHEMA_VERSION:
-        copy = tmp / path.name
-        src, dst = sqlite3.connect(f"file:{path}?mode=ro", uri=True), sqlite3.connect(copy)
-        try:
-            src.backup(dst)
-        finally:
-            src.close()
-            dst.close()
-        path = copy
-    PerfDB(path).close()  # validates (and migrates the copy)
-    return path
+        raise DatabaseError(path, _sqlite_problem(exc)) from None
+
+
+def _sqlite_problem(exc: sqlite3.Error) -> str:
+    text = str(exc)
+    if "readonly" in text or "read-only" in text:
+        return f"cannot write: the file or its folder is read-only ({text})"
+    if "unable to open" in text:
+        return f"cannot open ({text}): check that the folder exists and is accessible"
+    return f"not a usable SQLite database ({text})"
 
 
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
                     batch_size: int = 1, db: str | None = None, dtype: str | None = None,
-                    input_shapes: Iterable[tuple[str, tuple[int, ...]]] = ()) -> str:
+                    input_shapes: Iterable[tuple[str, tuple[int, ...]]] = (),
+                    generate_flags: Iterable[str] = ()) -> str:
     """The exact shell command that generates and runs the benchmarks a lookup missed: the same
-    input shapes the models were processed with, and the dtype the analysis asked for."""
+    input shapes the models were processed with, the dtype the analysis asked for, and the
+    variant options (``generate_flags``) the lookup expected."""
     models = [str(m) for m in models]
-    gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend]
+    gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend, *generate_flags]
     if batch_size != 1:
         gen += ["--batch-size", str(batch_size)]
     for name, shape in input_shapes:

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import signal
 import tempfile
+import threading
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import ModelError, ShapeError, UsageError
+from .errors import BenanzaError, ModelError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, UniqueLayer
 from .ops import NodeView, build_layer
 
@@ -29,6 +32,18 @@ log = logging.getLogger(__name__)
 
 # Nodes that only materialise a constant: what another exporter stores as an initializer.
 _CONSTANT_MAKERS = {"ConstantOfShape", "Identity", "Cast"}
+
+
+# Bounds on what a model may ask for. No library Benanza benchmarks takes more than 12 dims
+# (oneDNN; cuDNN 8) or a dim past int32, and a hostile file claiming more (a Reshape target of
+# a million dims) would otherwise keep shape inference building symbols for minutes.
+MAX_RANK = 32
+MAX_DIM = 2**31 - 1
+# Wall-clock budget of ONNX Runtime's symbolic shape inference (the fallback; it is pure
+# Python and its cost grows with what a file claims, not with the work it describes).
+SYMBOLIC_SECONDS = 60.0
+# Ops whose input at this index is a shape (one element per output dim).
+_SHAPE_INPUTS = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Tile": 1}
 
 
 def parse_input_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
@@ -42,6 +57,8 @@ def parse_input_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
             shape = ()
         if not sep or not name or not shape or any(d <= 0 for d in shape):
             raise UsageError(f"--input-shape {spec!r}: want NAME=D1xD2x... with positive dims")
+        if len(shape) > MAX_RANK or max(shape) > MAX_DIM:
+            raise UsageError(f"--input-shape {spec!r}: at most {MAX_RANK} dims of at most {MAX_DIM} each")
         out[name] = shape
     return out
 
@@ -209,6 +226,65 @@ def _shape_proxy(model: onnx.ModelProto) -> onnx.ModelProto:
     return proxy
 
 
+def _check_claimed_sizes(model: onnx.ModelProto, path: Path) -> None:
+    """Refuses shape inputs and tensors whose rank no library takes, before inference
+    spends minutes and gigabytes on them."""
+    sizes = {t.name: math.prod(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    sizes[node.output[0]] = math.prod(a.t.dims)
+    for node in model.graph.node:
+        at = _SHAPE_INPUTS.get(node.op_type)
+        if at is not None and at < len(node.input) and sizes.get(node.input[at], 0) > MAX_RANK:
+            raise ShapeError(path, f"node {node.name or node.op_type!r} ({node.op_type}): its shape input "
+                                   f"'{node.input[at]}' has {sizes[node.input[at]]} elements, a tensor of that "
+                                   f"many dims (Benanza takes at most {MAX_RANK})")
+    _check_ranks(model, path)
+
+
+def _check_ranks(model: onnx.ModelProto, path: Path) -> None:
+    graph = model.graph
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) > MAX_RANK:
+            raise ShapeError(path, f"tensor '{vi.name}' has {len(dims)} dims (Benanza takes at most {MAX_RANK})")
+        big = [d.dim_value for d in dims if d.dim_value > MAX_DIM]
+        if big:
+            raise ShapeError(path, f"tensor '{vi.name}' has a dim of {big[0]} (Benanza takes at most {MAX_DIM})")
+
+
+class _Expired(BaseException):
+    """Raised by the alarm: a BaseException, so no ``except Exception`` inside the timed
+    library code can swallow it."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, path: Path, what: str) -> Iterator[None]:
+    """Raises ShapeError when the block runs past ``seconds`` (main thread only: elsewhere
+    Python offers no way to interrupt it, and the block runs unbounded)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise _Expired()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Expired:  # also an alarm landing between the block's end and the timer's reset
+        raise ShapeError(path, f"{what} took longer than {seconds:g}s; the model's shapes are too "
+                               f"irregular to resolve (give concrete shapes with --input-shape)") from None
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _unknown_outputs(model: onnx.ModelProto) -> int:
     graph = model.graph
     known = {vi.name for vi in list(graph.input) + list(graph.value_info) + list(graph.output)
@@ -223,8 +299,11 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     try:
         inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=True,
                                                      data_prop=True)
+        _check_ranks(inferred, path)
         if _unknown_outputs(inferred) == 0:
             return inferred
+    except ShapeError:
+        raise
     except Exception as exc:
         inferred = None
         problem = _first_line(exc)
@@ -234,8 +313,12 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
 
         # On incomplete inference it dumps a model into the working directory: give it a
         # scratch one so the user's folder is never littered.
-        with tempfile.TemporaryDirectory() as scratch, _working_dir(scratch):
+        with tempfile.TemporaryDirectory() as scratch, _working_dir(scratch), \
+                _time_limit(SYMBOLIC_SECONDS, path, "symbolic shape inference"):
             symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        _check_ranks(symbolic, path)
+    except ShapeError:
+        raise
     except Exception as exc:
         if inferred is None:
             raise ShapeError(path, f"shape inference failed: {problem}; symbolic inference also "
@@ -276,8 +359,9 @@ def _tensor_spec(vi: onnx.ValueInfoProto) -> TensorSpec | None:
 class _Constants:
     """Constant tensors of a graph: their specs, and their values on demand."""
 
-    def __init__(self, graph: onnx.GraphProto, base_dir: str):
+    def __init__(self, graph: onnx.GraphProto, base_dir: str, path: Path):
         self.base_dir = base_dir
+        self.path = path
         self.specs: dict[str, TensorSpec] = {}
         self._thunks: dict[str, Callable[[], np.ndarray]] = {}
         self._cache: dict[str, np.ndarray] = {}
@@ -342,7 +426,13 @@ class _Constants:
             value = next((a.t for a in node.attribute if a.name == "value"), None)
             fill = numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
             shape = tuple(int(d) for d in self.value(src).reshape(-1))
-            self._set(out, np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype))
+            if len(shape) > MAX_RANK or any(d < 0 or d > MAX_DIM for d in shape):
+                raise ModelError(self.path, f"node {node.name or node.op_type!r} (ConstantOfShape): shape {shape[:8]} "
+                                     f"is not a tensor Benanza takes (at most {MAX_RANK} dims of at most {MAX_DIM})")
+            # Only the spec is needed unless an op reads the values: a huge fill is never built.
+            dtype = onnx.helper.np_dtype_to_tensor_dtype(fill.dtype)
+            self.specs[out] = TensorSpec(shape, DTYPE_NAMES.get(dtype, str(dtype)))
+            self._thunks[out] = lambda: np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype)
         return True
 
     def _set(self, name: str, arr: np.ndarray) -> None:
@@ -375,7 +465,7 @@ def attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict:
     return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
 
 
-def _topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
+def _topological(nodes: list[onnx.NodeProto], available: set[str], path: Path) -> list[onnx.NodeProto]:
     """ONNX requires topological order, but not every exporter delivers it."""
     produced = set(available)
     ordered_ok = True
@@ -394,7 +484,7 @@ def _topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.
         ready = [n for n in pending if n not in rest]
         if not ready:
             missing = sorted({i for n in rest for i in n.input if i and i not in produced})
-            raise ModelError("<graph>", f"graph has a cycle or undefined tensors: {missing[:5]}")
+            raise ModelError(path, f"graph has a cycle or undefined tensors: {', '.join(missing[:5])}")
         for n in ready:
             produced.update(n.output)
         out.extend(ready)
@@ -413,12 +503,25 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
     else:
         p = Path(source)
         model = read_onnx(p)
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be ≥ 1, got {batch_size}")
+    if not 1 <= batch_size <= MAX_DIM:
+        raise UsageError(f"--batch-size must be between 1 and {MAX_DIM}, got {batch_size}")
     opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
+    try:
+        return _process(model, p, opts, name)
+    except BenanzaError:
+        raise
+    except UnicodeDecodeError:
+        raise ModelError(p, "a name or string in the model is not valid UTF-8 (corrupt file?)") from None
+    except Exception as exc:  # noqa: BLE001 - a malformed proto reaches code written for valid ones
+        raise ModelError(p, f"cannot be processed ({type(exc).__name__}: {_first_line(exc)})") from None
+
+
+def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | None) -> Model:
+    batch_size = opts.batch_size
     opset = default_opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
+    _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
     inferred = _infer_shapes(proxy, p).graph
@@ -428,8 +531,8 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         if s is not None:
             specs[vi.name] = s
 
-    consts = _Constants(model.graph, os.path.dirname(os.path.abspath(p)))
-    order = _topological(list(model.graph.node), set(in_shapes) | set(consts.specs))
+    consts = _Constants(model.graph, os.path.dirname(os.path.abspath(p)), p)
+    order = _topological(list(model.graph.node), set(in_shapes) | set(consts.specs), p)
     nodes: list[Node] = []
     edges: list[tuple[int, int]] = []
     producer: dict[str, int] = {}
@@ -453,7 +556,7 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
                     producer[t] = index
             nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
                               tuple(i for i in proto.input if i and i in consts)))
-    except (ModelError, ShapeError):
+    except BenanzaError:
         raise
     except Exception as exc:
         raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None

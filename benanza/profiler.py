@@ -176,6 +176,19 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
     return out
 
 
+def _last_error(stderr: Path) -> str:
+    """The line that says what went wrong: a traceback's final exception line, else the last
+    non-empty line. The whole traceback stays in the file, not in the one-line error."""
+    lines = [ln.strip() for ln in stderr.read_text(errors="replace").splitlines() if ln.strip()]
+    if not lines:
+        return "no error output"
+    if any(ln.startswith("Traceback (most recent call last)") for ln in lines):
+        for ln in reversed(lines):
+            if not ln.startswith(("File ", "^", "~")) and (":" in ln or ln.isidentifier()):
+                return ln
+    return lines[-1]
+
+
 def _child_run(spec: ProfileSpec, spec_path: Path, phase: str, env: dict[str, str],
                nsys_bin: str | None) -> tuple[dict, str]:
     """One phase in a child process; its result record and command line."""
@@ -193,9 +206,8 @@ def _child_run(spec: ProfileSpec, spec_path: Path, phase: str, env: dict[str, st
     with open(out / f"{stem}.stdout", "w") as so, open(out / f"{stem}.stderr", "w") as se:
         proc = subprocess.run(cmd, env=env, stdout=so, stderr=se)
     if proc.returncode != 0 or not result.exists():
-        tail = (out / f"{stem}.stderr").read_text(errors="replace").strip().splitlines()[-5:]
         raise BenanzaError(f"{spec.model}: the {phase} {spec.framework} run failed (exit {proc.returncode}): "
-                           + " | ".join(tail))
+                           f"{_last_error(out / f'{stem}.stderr')} (full output: {out / f'{stem}.stderr'})")
     return json.loads(result.read_text()), " ".join(cmd)
 
 

@@ -3,11 +3,14 @@ single self-contained HTML page (inline CSS and SVG; no network)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .analysis.bounds import Bounds
 from .analyzer import Analysis
@@ -149,112 +152,135 @@ def _ms(x: float | None) -> str:
     return "—" if x is None else f"{x:.4g}"
 
 
+def _row(table: Table, *cells: str) -> None:
+    """Cells hold names from model files and logs: plain text, never rich markup."""
+    table.add_row(*(Text(c) for c in cells))
+
+
+LAYER_COLUMNS = ("model", "system", "backend", "dtype", "batch_size", "index", "name", "op", "key", "status",
+                 "latency_ms", "variant", "algo", "implementation", "critical", "failed_variants")
+
+
+def layers_csv(analyses: Sequence[Analysis]) -> str:
+    """Every layer of every analysis, one CSV row each (the terminal table, uncut)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(LAYER_COLUMNS)
+    for a in analyses:
+        for r in a.rows:
+            writer.writerow([a.model, a.system, a.backend, a.dtype, a.batch_size, r.index, r.name, r.op, r.key,
+                             r.status, repr(r.latency_ms) if r.status == "ok" else "", r.variant, r.algo,
+                             r.implementation, int(r.critical), r.failed_variants])
+    return buf.getvalue()
+
+
 def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
+    """``max_layers``: rows of the layer table (the slowest when cut); 0 shows every layer."""
     title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size})"
     if a.stack is not None:
         console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
                       + ", ".join(f"{k} {v}" for k, v in a.stack.stack if k not in ("cpu",)) + f"); math {a.math}",
-                      highlight=False, soft_wrap=True)
-    t = Table("", "sequential", "parallel", title=title)
-    t.add_row("lower bound (ms)" + (" [PARTIAL]" if a.bounds.partial else ""),
+                      highlight=False, markup=False, soft_wrap=True)
+    t = Table("", "sequential", "parallel", title=Text(title))
+    _row(t, "lower bound (ms)" + (" [PARTIAL]" if a.bounds.partial else ""),
               _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms))
     measured = sum(1 for r in a.rows if r.status == "ok")
-    t.add_row("unstable layers in the bound", f"{len(a.unstable_rows)} of {measured}", "")
-    t.add_row("with fusion (ms)", _ms(a.fusion.bounds.sequential_ms), _ms(a.fusion.bounds.parallel_ms))
+    _row(t, "unstable layers in the bound", f"{len(a.unstable_rows)} of {measured}", "")
+    _row(t, "with fusion (ms)", _ms(a.fusion.bounds.sequential_ms), _ms(a.fusion.bounds.parallel_ms))
     if a.framework is not None:
-        t.add_row(f"with {a.framework.framework}'s fusions (ms)", _ms(a.framework.bounds_same_fusions.sequential_ms),
+        _row(t, f"with {a.framework.framework}'s fusions (ms)", _ms(a.framework.bounds_same_fusions.sequential_ms),
                   _ms(a.framework.bounds_same_fusions.parallel_ms))
     for label, b in a.tensor_cores.bounds.items():
         if label != a.dtype:
-            t.add_row(f"{label} (ms)", _ms(b.sequential_ms), _ms(b.parallel_ms))
+            _row(t, f"{label} (ms)", _ms(b.sequential_ms), _ms(b.parallel_ms))
     if a.joint is not None:
-        t.add_row(a.joint_label + " (ms)", "", _ms(a.joint.parallel_ms))
+        _row(t, a.joint_label + " (ms)", "", _ms(a.joint.parallel_ms))
     if a.measured_ms is not None:
-        t.add_row(f"measured ({a.measured_source}) ms", _ms(a.measured_ms), "")
-        t.add_row("Benanza ratio", _ms(a.br_sequential), _ms(a.br_parallel))
-        t.add_row("potential speedup", f"{1 / a.br_sequential:.3g}×" if a.br_sequential else "—",
+        _row(t, f"measured ({a.measured_source}) ms", _ms(a.measured_ms), "")
+        _row(t, "Benanza ratio", _ms(a.br_sequential), _ms(a.br_parallel))
+        _row(t, "potential speedup", f"{1 / a.br_sequential:.3g}×" if a.br_sequential else "—",
                   f"{1 / a.br_parallel:.3g}×" if a.br_parallel else "—")
         if a.framework is not None:
             seq, par = a.framework.bounds_same_fusions.ratio(a.measured_ms)
-            t.add_row(f"ratio vs bound with {a.framework.framework}'s fusions", _ms(seq), _ms(par))
+            _row(t, f"ratio vs bound with {a.framework.framework}'s fusions", _ms(seq), _ms(par))
     console.print(t)
 
-    rows = a.rows if len(a.rows) <= max_layers else sorted(a.rows, key=lambda r: -r.latency_ms)[:max_layers]
+    rows = a.rows if not max_layers or len(a.rows) <= max_layers else sorted(a.rows, key=lambda r: -r.latency_ms)[:max_layers]
     lt = Table("#", "layer", "type", "latency ms", "variant", "path", title=(
         "layers" if rows is a.rows else f"the {max_layers} slowest of {len(a.rows)} layers"))
     for r in rows:
         lat = _ms(r.latency_ms) if r.status == "ok" else r.status.replace("_", " ")
         variant = f"{r.algo}" + (f" [{r.implementation}]" if r.implementation else "")
-        lt.add_row(str(r.index), r.name, r.op, lat, variant, "●" if r.critical else "")
+        _row(lt, str(r.index), r.name, r.op, lat, variant, "●" if r.critical else "")
     console.print(lt)
 
     if a.modules:
         mt = Table("fork", "join", "branches", "layers", "sequential ms", "parallel ms", title="parallel modules")
         for p in a.modules:
-            mt.add_row(a.rows[p.fork].name, a.rows[p.join].name, str(p.branches), str(len(p.nodes)),
+            _row(mt, a.rows[p.fork].name, a.rows[p.join].name, str(p.branches), str(len(p.nodes)),
                        _ms(p.sequential_ms), _ms(p.parallel_ms))
         console.print(mt)
     if a.fusion.matches:
         console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} profitable fused "
                       f"benchmarks, {a.fusion.layers_fused} layers fused, {len(a.fusion.unprofitable)} unprofitable "
                       f"(fused no faster than unfused, not applied); sequential bound "
-                      f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms", highlight=False)
+                      f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms", highlight=False, markup=False)
         for u in a.fusion.unprofitable:
             console.print(f"  unprofitable: {u.pattern} at {a.rows[u.nodes[0]].name}: fused {_ms(u.fused_ms)} ms vs "
-                          f"unfused {_ms(u.unfused_ms)} ms", highlight=False)
+                          f"unfused {_ms(u.unfused_ms)} ms", highlight=False, markup=False)
     if a.heuristic is not None:
         h = a.heuristic
         console.print(f"Q3 cuDNN heuristic vs ideal (database only): {len(h.choices)} convolutions, "
                       f"{h.suboptimal} where the heuristic's algorithm is not the fastest; "
                       f"{_ms(h.heuristic_ms)} vs {_ms(h.ideal_ms)} ms"
                       + (f" ({h.unknown} heuristic choices never measured OK, counted at the best)"
-                         if h.unknown else ""), highlight=False)
+                         if h.unknown else ""), highlight=False, markup=False)
     for v in a.libraries:
         al = v.alignment
         console.print(f"Q4 {v.library}: {v.calls} calls logged over {len(al.passes)} passes; "
                       f"{len(al.missing)} expected layers missing, {len(al.extra)} extra calls, "
-                      f"{len(al.out_of_order)} out of order", highlight=False)
+                      f"{len(al.out_of_order)} out of order", highlight=False, markup=False)
         if v.algorithms:
             at = Table("layer", "layout", "used", "used ms", "framework ms", "best", "best ms", "gain ms",
-                       title=f"Q3 {v.library} algorithms")
+                       title=Text(f"Q3 {v.library} algorithms"))
             for c in v.algorithms:
-                at.add_row(c.name, c.layout or "?", c.used, _ms(c.used_ms), _ms(c.framework_ms), c.best,
+                _row(at, c.name, c.layout or "?", c.used, _ms(c.used_ms), _ms(c.framework_ms), c.best,
                            _ms(c.best_ms), _ms(c.gain_ms))
             console.print(at)
             if v.versions_differ:
                 console.print(f"Q3: not judged: the framework's {v.library} {v.framework_version} is not the "
                               f"benchmarks' {v.benchmark_version} (framework ms: its own per-call time)",
-                              highlight=False)
+                              highlight=False, markup=False)
             else:
                 unknown = sum(1 for c in v.algorithms if c.used_ms is None)
                 console.print(f"Q3: {len(v.suboptimal)} sub-optimal layers (a measured gain beyond the noise), "
                               f"{v.algorithm_gain_ms:.4g} ms to gain"
                               + (f"; {unknown} used an implementation never benchmarked here" if unknown else ""),
-                              highlight=False)
+                              highlight=False, markup=False)
     if a.framework is not None:
         f = a.framework
         console.print(f"Q4 {f.framework}: {f.match.run_ms:.4g} ms per run, {f.match.op_ms:.4g} ms in ops "
                       f"(kernel share {f.kernel_share or 0:.0%}), {f.inserted_ms:.4g} ms in inserted ops",
-                      highlight=False)
+                      highlight=False, markup=False)
         for e in f.explanations:
-            console.print(f"  • {e}", highlight=False)
+            console.print(f"  • {e}", highlight=False, markup=False)
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
-                      highlight=False)
+                      highlight=False, markup=False)
     for bc in a.between_calls:
         console.print(f"between library calls: {bc.name} ({bc.kind}) ×{bc.count}, {bc.total_ms:.4g} ms"
-                      + (f" at {bc.backtrace[0]}" if bc.backtrace else ""), highlight=False)
+                      + (f" at {bc.backtrace[0]}" if bc.backtrace else ""), highlight=False, markup=False)
     for w in a.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+        console.print(Text.assemble(("warning:", "yellow"), f" {w}"), soft_wrap=True)
     for n in a.notes:
-        console.print(f"note: {n}", highlight=False, soft_wrap=True)
+        console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
 
 
 def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
     t = Table("model", "system", "batch", "seq ms", "par ms", "fused seq ms", "joint ms", "measured ms",
               "BR seq", "BR par", title="sweep")
     for a in analyses:
-        t.add_row(a.model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
+        _row(t, a.model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
                   _ms(a.fusion.bounds.sequential_ms), _ms(a.joint.parallel_ms if a.joint else None),
                   _ms(a.measured_ms), _ms(a.br_sequential), _ms(a.br_parallel))
     console.print(t)

@@ -1,30 +1,34 @@
 """``benanza run``: build the generated benchmarks, run what the database lacks, store results.
 
 The binary speaks the line protocol of ``runtime_cpp/common`` (BENANZA_START / BENANZA_RESULT).
-Results are stored as they arrive (small transactions), so Ctrl-C or a crash keeps
+Results are stored as they arrive (small transactions), so Ctrl-C, SIGTERM or a crash keeps
 everything measured so far and a re-run continues where it stopped. A benchmark that kills
-its process (segfault, abort) or exceeds ``timeout`` is stored as failed with the reason, and
-the binary is restarted after it.
+its process (segfault, abort), exceeds ``timeout`` or prints a malformed result is stored as
+failed with the reason and a line that reproduces it, and the binary is restarted after it.
+The binary never outlives Benanza (``children``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import queue
 import re
+import select
+import shlex
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
+from . import children
 from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
@@ -66,6 +70,15 @@ class RunOptions:
     max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A benchmark stored as failed in this run, with the line that reproduces it."""
+
+    name: str
+    message: str
+    reproduce: str
+
+
 @dataclass
 class RunSummary:
     system: System
@@ -86,6 +99,7 @@ class RunSummary:
     # benchmark's threads plus the sampler: other work competed for the CPU.
     contended: float = 0.0
     context: dict = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
 
     @property
     def stored(self) -> int:
@@ -136,7 +150,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         system = detect_system(system_name, backend, threads=threads)
         if options.force or not path.exists():
             return RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
-        with PerfDB(path) as db:
+        with PerfDB(path, readonly=True) as db:
             return _plan(db, system, variants, options, path)
 
     binary = build(project, options.build_jobs, options.cmake_args)
@@ -200,6 +214,10 @@ def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = 
     """Configures (Release) and builds the generated CMake project; returns the binary."""
     if not (project / "CMakeLists.txt").is_file():
         raise BuildError(f"{project}: no generated CMake project here; run `benanza generate` first")
+    if ";" in str(project.absolute()) or ";" in str(project.resolve()):
+        # CMake splits paths on ';' (its list separator), in its own modules too.
+        raise BuildError(f"{project}: CMake cannot build in a folder whose path contains ';'; "
+                         f"generate into another folder (--out)")
     build_dir = project / "build"
     build_dir.mkdir(exist_ok=True)
     logfile = build_dir / "benanza-build.log"
@@ -221,14 +239,37 @@ def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = 
     return binary
 
 
+_CONTEXT_SECONDS = 60.0
+
+
 def binary_context(binary: Path, env: dict[str, str]) -> dict:
-    out = subprocess.run([str(binary), "--benanza_context"], capture_output=True, text=True, env=env,
-                         timeout=60)
-    for line in out.stdout.splitlines():
+    """The binary's context line. Its output goes to files, not pipes: a child that never
+    exits or hands its stdout to a grandchild cannot hang this call past its limit."""
+    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+        proc = children.popen([str(binary), "--benanza_context"], stdout=out_f, stderr=err_f, env=env,
+                              start_new_session=True)
+        try:
+            rc = proc.wait(timeout=_CONTEXT_SECONDS)
+        except subprocess.TimeoutExpired:
+            children.kill_group(proc)
+            raise BenanzaError(f"{binary}: --benanza_context did not finish in {_CONTEXT_SECONDS:g}s") from None
+        finally:
+            children.kill_group(proc)
+        out_f.seek(0)
+        err_f.seek(0)
+        stdout = out_f.read().decode("utf-8", errors="replace")
+        stderr = err_f.read().decode("utf-8", errors="replace")
+    for line in stdout.splitlines():
         tag, _, payload = line.partition(" ")
         if tag == "BENANZA_CONTEXT":
-            return json.loads(payload)
-    raise BenanzaError(f"{binary}: printed no context line (exit {out.returncode}): {out.stderr[-500:]}")
+            try:
+                context = json.loads(payload)
+            except ValueError as exc:
+                raise BenanzaError(f"{binary}: malformed context line ({exc}): {line[:300]}") from None
+            if isinstance(context, dict):
+                return context
+            raise BenanzaError(f"{binary}: malformed context line (not a JSON object): {line[:300]}")
+    raise BenanzaError(f"{binary}: printed no context line (exit {rc}): {stderr[-500:]}")
 
 
 # --- execution ---------------------------------------------------------------------------
@@ -274,17 +315,18 @@ def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: Ru
     monitor = ContentionMonitor(int(dict(system.stack).get("threads", "1")))
     monitor.start()
     try:
-        batch = [v.name for v in todo]
-        for attempt in range(options.remeasure + 1):
-            if attempt:
-                log.info("re-measuring %d unstable results (attempt %d of %d)", len(batch), attempt,
-                         options.remeasure)
-                summary.remeasured += len(batch)
-            _run_all(binary, batch, env, options, system, store, by_name, progress)
-            batch = [n for n in batch if store.final[n].unstable]
-            if not batch:
-                break
-    except KeyboardInterrupt:
+        with children.sigterm_interrupts():
+            batch = [v.name for v in todo]
+            for attempt in range(options.remeasure + 1):
+                if attempt:
+                    log.info("re-measuring %d unstable results (attempt %d of %d)", len(batch), attempt,
+                             options.remeasure)
+                    summary.remeasured += len(batch)
+                _run_all(binary, batch, env, options, system, store, by_name, progress)
+                batch = [n for n in batch if store.final[n].unstable]
+                if not batch:
+                    break
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the child is gone, what was measured is kept
         summary.interrupted = True
     finally:
         summary.contended = monitor.stop()
@@ -292,6 +334,8 @@ def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: Ru
         for status in Status:
             setattr(summary, status.value, sum(r.status is status for r in store.final.values()))
         summary.unstable = sum(r.unstable for r in store.final.values())
+        summary.failures = [Failure(n, r.message, r.metrics["reproduce"]) for n, r in store.final.items()
+                            if r.status is Status.FAILED and "reproduce" in r.metrics]
 
 
 def _run_all(binary: Path, names: list[str], env: dict[str, str], options: RunOptions, system: System,
@@ -343,67 +387,134 @@ class ContentionMonitor:
         return self.busy / self.samples if self.samples else 0.0
 
 
+# While the binary is silent this long after exiting, a grandchild holds its stdout open;
+# once every benchmark has reported, this long is all a binary gets to exit by itself.
+_DRAIN_SECONDS = 2.0
+# A line longer than this without a newline is not the protocol: it is cut and passed on.
+_MAX_LINE = 1 << 20
+
+
+class _Lines:
+    """Lines of the child's stdout, read without a thread: a read never blocks past its
+    timeout, whoever holds the pipe open, and bytes that are not UTF-8 are replaced."""
+
+    IDLE = object()
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+
+    def read(self, timeout: float) -> str | None | object:
+        """The next line; ``IDLE`` when none arrived within ``timeout``; None at the end."""
+        deadline = time.monotonic() + timeout
+        while True:
+            cut = self.buf.find(b"\n")
+            if cut < 0 and (len(self.buf) >= _MAX_LINE or (self.eof and self.buf)):
+                cut = min(len(self.buf), _MAX_LINE) - 1
+            if cut >= 0:
+                line, self.buf = self.buf[:cut + 1], self.buf[cut + 1:]
+                return line.decode("utf-8", errors="replace")
+            if self.eof:
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return self.IDLE
+            chunk = os.read(self.fd, 65536)
+            if chunk:
+                self.buf += chunk
+            else:
+                self.eof = True
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What one run of the binary needs beside the names: where results go and how it ran."""
+
+    binary: Path
+    env: dict[str, str]
+    options: RunOptions
+    system: System
+    store: _Store
+    by_name: dict[str, Variant]
+    finished: set[str]
+    notify: Callable[[str, Status | None], None]
+
+    def reproduce(self, name: str) -> str:
+        """A shell line that runs this one benchmark the way the runner did (benchdnn-style)."""
+        changed = sorted((k, v) for k, v in self.env.items() if os.environ.get(k) != v)
+        return shlex.join([*(f"{k}={v}" for k, v in changed), str(self.binary.resolve()),
+                           # Google Benchmark appends /real_time or /manual_time to the name
+                           f"--benchmark_filter=^{_regex_literal(name)}(/|$)",
+                           f"--benchmark_min_time={self.options.min_time:g}",
+                           f"--benchmark_repetitions={self.options.repetitions}"])
+
+    def store_result(self, result: Result, raw: dict) -> None:
+        if result.status is Status.FAILED:
+            line = self.reproduce(result.variant.name)
+            result = replace(result, metrics={**result.metrics, "reproduce": line})
+        self.store.add(result, raw)
+        self.finished.add(result.variant.name)
+        self.notify(result.variant.name, result.status)
+
+    def fail(self, name: str, message: str, line: str | None = None) -> None:
+        raw = {"name": name, "status": "failed", "message": message}
+        if line is not None:
+            raw["line"] = line
+        self.store_result(Result(self.by_name[name], self.system.name, Status.FAILED, message=message,
+                                 timestamp=_now()), raw)
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` as a regex matching itself in both ECMAScript and POSIX ERE (Google Benchmark
+    uses either): only the metacharacters the two share are escaped."""
+    return "".join("\\" + c if c in ".[]{}()*+?^$|\\" else c for c in text)
+
+
 def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: RunOptions, system: System,
                store: _Store, by_name: dict[str, Variant], finished: set[str],
                notify: Callable[[str, Status | None], None]) -> None:
-    """Runs ``names`` in one process until it ends, crashes or hangs; records each outcome.
+    """Runs ``names`` in one process until it ends, crashes, hangs or stalls; records each outcome.
 
-    Always finishes at least one name, so the caller's restart loop terminates.
+    Always finishes at least one name, so the caller's restart loop terminates. ``--timeout``
+    bounds every silence of the binary, not only a running benchmark: at start-up, between
+    benchmarks and after the last one. Nothing is written to disk for the child (its names
+    and stderr are unlinked files), so a killed Benanza leaves no temp folder behind.
     """
-    with tempfile.TemporaryDirectory(prefix="benanza-run-") as tmp:
-        names_file = Path(tmp) / "names.txt"
-        names_file.write_text("\n".join(names) + "\n")
-        err_path = Path(tmp) / "stderr.txt"
-        cmd = [str(binary), f"--benanza_names={names_file}", f"--benchmark_min_time={options.min_time:g}",
+    batch = _Batch(binary, env, options, system, store, by_name, finished, notify)
+    with tempfile.TemporaryFile("w+") as names_file, tempfile.TemporaryFile("w+b") as err:
+        names_file.write("\n".join(names) + "\n")
+        names_file.flush()
+        fd = names_file.fileno()
+        cmd = [str(binary), f"--benanza_names=/dev/fd/{fd}", f"--benchmark_min_time={options.min_time:g}",
                f"--benchmark_repetitions={options.repetitions}"]
-        with err_path.open("w") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                    start_new_session=True)  # Ctrl-C reaches us, not the child
-            lines: queue.Queue[str | None] = queue.Queue()
-            threading.Thread(target=_pump, args=(proc, lines), daemon=True).start()
-            current: str | None = None
-            since = 0.0
-            kernels: dict[str, object] = {}  # CUPTI mode: kernel records, ahead of the result
-            try:
-                while True:
-                    try:
-                        line = lines.get(timeout=0.5)
-                    except queue.Empty:
-                        store.tick()
-                        if current is not None and time.monotonic() - since > options.timeout:
-                            _kill(proc)
-                            _record_failure(store, by_name, system, current, finished, notify,
-                                            f"timed out after {options.timeout:g}s")
-                            return
-                        continue
-                    if line is None:
-                        break
-                    tag, _, payload = line.rstrip("\n").partition(" ")
-                    if tag == "BENANZA_START":
-                        current, since = payload, time.monotonic()
-                        notify(current, None)
-                    elif tag == "BENANZA_METRICS":
-                        data = json.loads(payload)
-                        kernels[data.get("name", "")] = data.get("profile")
-                    elif tag == "BENANZA_RESULT":
-                        data = json.loads(payload)
-                        name = data.get("name", "")
-                        if name in kernels:
-                            data["cupti"] = kernels.pop(name)
-                        if name in by_name and name not in finished:
-                            result = parse_result(by_name[name], system.name, data)
-                            store.add(result, data)
-                            finished.add(name)
-                            notify(name, result.status)
-                        current = None
-            finally:
-                if proc.poll() is None:
-                    _kill(proc)
-            rc = proc.wait()
-        stderr_tail = err_path.read_text(errors="replace").strip()[-400:]
+        proc = children.popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, pass_fds=(fd,),
+                              start_new_session=True)  # Ctrl-C reaches us, not the child
+        assert proc.stdout is not None
+        try:
+            outcome = _read_results(proc, _Lines(proc.stdout.fileno()), names, batch)
+        finally:
+            children.kill_group(proc)  # also what the binary left running in its group
+            proc.stdout.close()
+        rc = proc.wait()
+        err.seek(0)
+        stderr_tail = err.read().decode("utf-8", errors="replace").strip()[-400:]
+    if isinstance(outcome, _TimedOut):
+        if outcome.current is not None:
+            batch.fail(outcome.current, f"timed out after {options.timeout:g}s")
+        elif outcome.started:
+            # Silent between two benchmarks: the next one's setup is the suspect; the rest
+            # get a fresh process.
+            nxt = next(n for n in names if n not in finished)
+            batch.fail(nxt, f"benchmark binary stalled {options.timeout:g}s before starting it (killed)")
+        else:
+            reason = f"benchmark binary printed nothing for {options.timeout:g}s at start-up (killed)"
+            for name in [n for n in names if n not in finished]:
+                batch.fail(name, reason + (f": {stderr_tail}" if stderr_tail else ""))
+        return
+    current = outcome
     if current is not None and current not in finished:
-        _record_failure(store, by_name, system, current, finished, notify,
-                        f"{_exit_reason(rc)} while running" + (f": {stderr_tail}" if stderr_tail else ""))
+        batch.fail(current, f"{_exit_reason(rc)} while running" + (f": {stderr_tail}" if stderr_tail else ""))
         return
     unreported = [n for n in names if n not in finished]
     if unreported:
@@ -412,22 +523,86 @@ def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: Run
         reason = f"benchmark binary {_exit_reason(rc)} before running it" + (
             f": {stderr_tail}" if stderr_tail else "")
         for name in unreported:
-            _record_failure(store, by_name, system, name, finished, notify, reason)
+            batch.fail(name, reason)
 
 
-def _pump(proc: subprocess.Popen, lines: "queue.Queue[str | None]") -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.put(line)
-    lines.put(None)
+@dataclass(frozen=True)
+class _TimedOut:
+    current: str | None  # the benchmark running when the binary fell silent
+    started: bool  # whether any benchmark had started in this process
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
+                  batch: _Batch) -> str | None | _TimedOut:
+    """Reads the protocol until the binary is done; the benchmark running when its output
+    ended (None between benchmarks), or ``_TimedOut`` when it fell silent and was killed."""
+    current: str | None = None
+    started = False
+    last = time.monotonic()  # the last sign of life
+    exited: float | None = None
+    kernels: dict[str, object] = {}  # CUPTI mode: kernel records, ahead of the result
+    while True:
+        line = lines.read(0.5)
+        now = time.monotonic()
+        if line is _Lines.IDLE:
+            batch.store.tick()
+            if proc.poll() is not None:
+                exited = exited or now
+                if now - exited > _DRAIN_SECONDS:
+                    return current  # the pipe is held open by a grandchild: stop listening
+            elif all(n in batch.finished for n in names) and now - last > min(_DRAIN_SECONDS, batch.options.timeout):
+                return None  # everything reported; the binary just does not exit
+            elif now - last > batch.options.timeout:
+                children.kill_group(proc)
+                return _TimedOut(current, started)
+            continue
+        if line is None:
+            return current
+        assert isinstance(line, str)
+        last = now
+        tag, _, payload = line.rstrip("\n").partition(" ")
+        if tag == "BENANZA_START":
+            current, started = payload, True
+            batch.notify(current, None)
+        elif tag == "BENANZA_METRICS":
+            try:
+                data = json.loads(payload)
+                kernels[data["name"]] = data.get("profile")
+            except (ValueError, TypeError, KeyError, AttributeError):
+                log.warning("ignoring a malformed metrics line: %.200s", line)
+        elif tag == "BENANZA_RESULT":
+            _take_result(line, payload, current, kernels, batch)
+            current = None
+
+
+def _take_result(line: str, payload: str, current: str | None, kernels: dict[str, object],
+                 batch: _Batch) -> None:
+    """Stores one result line; a malformed one fails its benchmark (or the running one) and
+    keeps the line, so one bad line never costs the run."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        parsed = json.loads(payload)
+    except ValueError:
+        parsed = None
+    data = parsed if isinstance(parsed, dict) else None
+    named = data.get("name") if data is not None else None
+    name = named if isinstance(named, str) and named in batch.by_name else current
+    if name is None or name in batch.finished:
+        if name is None:
+            log.warning("ignoring a result line for no benchmark of this run: %.200s", line)
+        return
+    problem = "not a JSON object" if data is None else ""
+    if data is not None:
+        if data.get("name") != name:
+            problem = f"names {data.get('name')!r}, not the running benchmark"
+        else:
+            if name in kernels:
+                data["cupti"] = kernels.pop(name)
+            try:
+                batch.store_result(parse_result(batch.by_name[name], batch.system.name, data), data)
+                return
+            except MalformedResult as exc:
+                problem = str(exc)
+    batch.fail(name, f"malformed result line ({problem}): {line.strip()[:500]}", line=line.strip()[:4000])
 
 
 def _exit_reason(rc: int) -> str:
@@ -439,30 +614,57 @@ def _exit_reason(rc: int) -> str:
     return f"exited with status {rc}"
 
 
-def _record_failure(store: _Store, by_name: dict[str, Variant], system: System, name: str,
-                    finished: set[str], notify: Callable[[str, Status | None], None], message: str) -> None:
-    store.add(Result(by_name[name], system.name, Status.FAILED, message=message, timestamp=_now()),
-              {"name": name, "status": "failed", "message": message})
-    finished.add(name)
-    notify(name, Status.FAILED)
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+class MalformedResult(ValueError):
+    """A BENANZA_RESULT line that does not follow the protocol."""
+
+
+def _number(data: dict, key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise MalformedResult(f"{key} is {value!r}, not a finite number")
+    return float(value)
+
+
+def _count(data: dict, key: str) -> int:
+    """A non-negative whole number (Google Benchmark counters arrive as doubles)."""
+    value = _number(data, key)
+    if value is None:
+        return 0
+    if value < 0 or value != int(value):
+        raise MalformedResult(f"{key} is {data[key]!r}, not a count")
+    return int(value)
+
+
 def parse_result(variant: Variant, system: str, data: dict) -> Result:
-    """A Result from one BENANZA_RESULT line of the runtime."""
-    status = Status(data["status"])
+    """A Result from one BENANZA_RESULT line of the runtime; MalformedResult if it is not one."""
+    try:
+        status = Status(data["status"])
+    except KeyError:
+        raise MalformedResult("no status") from None
+    except ValueError:
+        raise MalformedResult(f"unknown status {data['status']!r}") from None
     counters = data.get("counters", {})
+    if not isinstance(counters, dict):
+        raise MalformedResult(f"counters is {counters!r}, not an object")
+    for key in ("message", "implementation"):
+        if not isinstance(data.get(key, ""), str):
+            raise MalformedResult(f"{key} is {data[key]!r}, not a string")
+    median, mean, stddev, fastest = (_number(data, k) for k in ("median_ms", "mean_ms", "stddev_ms", "min_ms"))
+    if status is Status.OK and median is None:
+        raise MalformedResult("status ok without median_ms")
     metrics = {k: v for k, v in counters.items() if k != "workspace_bytes"}
     if "times_ms" in data:
         metrics["times_ms"] = data["times_ms"]
     if "cupti" in data:
         metrics["cupti"] = data["cupti"]
     return Result(variant=variant, system=system, status=status, message=data.get("message", ""),
-                  median_ms=data.get("median_ms"), mean_ms=data.get("mean_ms"),
-                  stddev_ms=data.get("stddev_ms"), min_ms=data.get("min_ms"),
-                  iterations=int(data.get("iterations", 0)), repetitions=int(data.get("repetitions", 0)),
-                  workspace_bytes=int(counters.get("workspace_bytes", 0)),
-                  implementation=data.get("implementation", ""), metrics=metrics, timestamp=_now())
+                  iterations=_count(data, "iterations"), repetitions=_count(data, "repetitions"),
+                  workspace_bytes=_count(counters, "workspace_bytes"),
+                  implementation=data.get("implementation", ""), metrics=metrics, timestamp=_now(),
+                  median_ms=median, mean_ms=mean, stddev_ms=stddev, min_ms=fastest)

@@ -95,3 +95,36 @@ def test_html_renders_in_headless_chromium(tmp_path, save):
     assert "class=\"layers\"" in dom and ">conv1<" in dom
     assert dom.count("class=\"node critical") == len(a.bounds.critical_path)
     assert "Benanza ratio" in dom and "<svg" in dom
+
+
+def test_markup_in_node_names_prints_as_itself(save):
+    """A node named `[/]` used to crash the terminal table; `[link=…]` rendered as a link."""
+    m = inception_like()
+    hostile = ["[/]", "[link=https://example.com]x[/link]", "[bold red]", "é 🚀"]
+    for node, name in zip(m.graph.node, hostile):
+        node.name = name
+    model = load_model(save(m, "[b] é.onnx"), 1)
+    a = analyze(model, results_for(model), "sys", "onednn", measured_ms=2.0)
+    a.warnings.append("warning text with [/] in it")
+    console = Console(record=True, width=400)  # markup on, as any caller's console may have it
+    print_analysis(a, console, max_layers=0)
+    text = console.export_text()
+    for name in hostile:
+        assert name in text, name
+    assert "[b] é on sys" in text and "warning text with [/] in it" in text
+    assert "\x1b]8;" not in console.export_text(styles=True)  # no OSC 8 hyperlink anywhere
+    assert len([ln for ln in text.splitlines() if ln.startswith("│")]) >= len(a.rows)  # --limit 0: every layer
+
+
+def test_layers_csv_has_every_layer(analysis):
+    import csv
+    import io
+
+    from benanza.report import LAYER_COLUMNS, layers_csv
+
+    rows = list(csv.DictReader(io.StringIO(layers_csv([analysis]))))
+    assert tuple(rows[0]) == LAYER_COLUMNS
+    assert [int(r["index"]) for r in rows] == [r.index for r in analysis.rows]
+    for r, row in zip(analysis.rows, rows):
+        assert row["name"] == r.name and row["key"] == r.key
+        assert (float(row["latency_ms"]) == r.latency_ms) if r.status == "ok" else row["latency_ms"] == ""

@@ -47,7 +47,6 @@ repetition, ``l2_flushed`` (1: the L2 cache was flushed before every call, 0: ho
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import sys
@@ -58,6 +57,7 @@ from typing import Any, Callable, TypeVar
 import jinja2
 
 from ..errors import BenanzaError
+from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
@@ -462,13 +462,9 @@ def _variant_fields(v: Variant, layer_index: int) -> Fields:
     else:
         call = _CALLS.get(v.api, "kCall")
     algo = CONV_ALGOS.index(v.algo) if v.algo in CONV_ALGOS else 0
-    return [("name", _cstring(v.name)), ("layer", str(layer_index)), ("call", call), ("algo", str(algo)),
+    return [("name", c_string(v.name)), ("layer", str(layer_index)), ("call", call), ("algo", str(algo)),
             ("dtype", _CPP["dtype"][v.dtype]), ("layout", _CPP["layout"][v.layout]),
             ("math", _CPP["math"][v.math])]
-
-
-def _cstring(s: str) -> str:
-    return json.dumps(s)  # a valid C string literal for the ASCII names Benanza prints
 
 
 def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_Part]:

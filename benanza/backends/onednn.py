@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jinja2
 
+from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
@@ -143,14 +144,10 @@ def _row(v: Variant, index: int, bias: bool, relu: bool) -> str:
     layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any") else "plain"
     cfg = (f"{{bo::DType::{v.dtype}, bo::Layout::{layout}, bo::ConvAlgo::{_CPP_ALGO[v.algo]}, "
            f"{_cbool(bias)}, {_cbool(relu)}}}")
-    return f'{{{_cstr(v.name)}, {index}, {cfg}}}'
+    return f'{{{c_string(v.name)}, {index}, {cfg}}}'
 
 
 # --- C++ literals ------------------------------------------------------------------------
-
-def _cstr(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
 
 def _cbool(b: object) -> str:
     return "true" if b else "false"
@@ -184,7 +181,7 @@ def _conv(v: Variant) -> str:
 def _pool(v: Variant) -> str:
     p = v.problem
     assert isinstance(p, PoolProblem)
-    return "{" + f"{_cstr(p.alg)}, " + _ints(p, "mb ic ih iw oh ow kh kw sh sw pt pl dh dw") + "}"
+    return "{" + f"{c_string(p.alg)}, " + _ints(p, "mb ic ih iw oh ow kh kw sh sw pt pl dh dw") + "}"
 
 
 def _bnorm(v: Variant) -> str:
@@ -206,7 +203,7 @@ def _eltwise(v: Variant) -> str:
         alpha, beta = (float("nan") if b is None else b for b in (p.min, p.max))
     else:
         alpha, beta = p.alpha or 0.0, p.beta or 0.0
-    return f"{{{_cstr(p.alg)}, {_cdims(p.shape)}, {_cfloat(alpha)}, {_cfloat(beta)}}}"
+    return f"{{{c_string(p.alg)}, {_cdims(p.shape)}, {_cfloat(alpha)}, {_cfloat(beta)}}}"
 
 
 def _prelu(v: Variant) -> str:
@@ -218,7 +215,7 @@ def _prelu(v: Variant) -> str:
 def _binary(v: Variant) -> str:
     p = v.problem
     assert isinstance(p, BinaryProblem)
-    return f"{{{_cstr(p.alg)}, {_cdims_list(p.shapes)}, {_cdims(p.out)}}}"
+    return f"{{{c_string(p.alg)}, {_cdims_list(p.shapes)}, {_cdims(p.out)}}}"
 
 
 def _gemm(v: Variant) -> str:
@@ -237,7 +234,7 @@ def _matmul(v: Variant) -> str:
 def _softmax(v: Variant) -> str:
     p = v.problem
     assert isinstance(p, SoftmaxProblem)
-    return f"{{{_cstr(p.alg)}, {_cdims(p.shape)}, {p.axis}, {_cbool(p.flat)}}}"
+    return f"{{{c_string(p.alg)}, {_cdims(p.shape)}, {p.axis}, {_cbool(p.flat)}}}"
 
 
 def _concat(v: Variant) -> str:

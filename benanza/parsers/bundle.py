@@ -61,8 +61,9 @@ class LatencyStats:
 
     @classmethod
     def from_json(cls, d: dict) -> "LatencyStats":
-        return cls(d["trimmed_mean"], d["p50"], d["p90"], d["mean"], d["min"], d["max"],
-                   tuple(d.get("samples", ())))
+        """KeyError names a missing field; ValueError/TypeError a value that is not a number."""
+        tm, p50, p90, mean, lo, hi = (float(d[k]) for k in ("trimmed_mean", "p50", "p90", "mean", "min", "max"))
+        return cls(tm, p50, p90, mean, lo, hi, tuple(float(x) for x in d.get("samples", ())))
 
 
 def _percentile(ordered: list[float], q: float) -> float:
@@ -190,15 +191,25 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     if data["schema_version"] == 1:
         notes.append("a version 1 bundle: its latency was timed with the library loggers on (an overestimate) "
                      "and it names no model identity, so it cannot be checked against the analysed model")
+    try:
+        latency = LatencyStats.from_json(data["latency_ms"]) if data.get("latency_ms") else None
+    except KeyError as exc:
+        raise ProfileFormatError(index, f"latency_ms lacks the {exc.args[0]!r} field") from None
+    except (TypeError, ValueError, AttributeError):
+        raise ProfileFormatError(index, f"latency_ms is not a latency record: {str(data['latency_ms'])[:200]}") from None
+    files = data.get("files") or {}
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise ProfileFormatError(index, "files is not a map of kinds to file names")
     prof = ExecutionProfile(
         path=str(root), framework=data.get("framework", ""), framework_version=data.get("framework_version", ""),
         device=data.get("device", ""), batch_size=data.get("batch_size"), model=data.get("model", ""),
-        latency=LatencyStats.from_json(data["latency_ms"]) if data.get("latency_ms") else None,
-        notes=notes, identity=data.get("model_identity"))
-    for name, rel in sorted((data.get("files") or {}).items()):
+        latency=latency, notes=notes, identity=data.get("model_identity"))
+    for name, rel in sorted(files.items()):
         if name not in _FILE_KINDS:
             continue
         file = root / rel
+        if not file.is_file():
+            raise ProfileFormatError(index, f"names {name} file '{rel}', which is missing from the bundle")
         kind = _FILE_KINDS[name] or _sniff(file)
         if file.exists() and file.stat().st_size == 0 and kind in ("cudnn", "cublas", "onednn"):
             prof.library_calls.setdefault(kind, [])  # captured, and the library logged nothing
