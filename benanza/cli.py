@@ -178,11 +178,10 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     if as_json:
         click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
                               indent=1))
-    else:
+    elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
         _print_stats(stats, total)
-        if loaded:
-            console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
-                          highlight=False)
+        console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
+                      highlight=False)
         for g in generated:
             console.print(f"{g.backend}: {len(g.variants)} benchmark variants in {g.out_dir}",
                           highlight=False)
