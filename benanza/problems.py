@@ -178,6 +178,12 @@ class Problem:
         """True when inference computes nothing (the output is the input): it costs no time."""
         return False
 
+    @property
+    def view(self) -> bool:
+        """True when the op only relabels its input's shape (Reshape, Flatten, ...): the output
+        is the input's bytes, so no kernel runs and it costs no time."""
+        return False
+
     def macs(self) -> int:
         return 0
 
@@ -562,6 +568,10 @@ class ConcatProblem(Problem):
     shapes: tuple[tuple[int, ...], ...]
 
 
+# Ops whose output is their input's data under another shape: views in every framework.
+VIEW_OPS = ("reshape", "squeeze", "unsqueeze", "flatten", "identity")
+
+
 @dataclass(frozen=True)
 class GenericProblem(Problem):
     """An op no family models: its key is the op word and descriptive tokens (input shapes,
@@ -573,6 +583,10 @@ class GenericProblem(Problem):
     @property
     def family(self) -> str:
         return self.op
+
+    @property
+    def view(self) -> bool:
+        return self.op in VIEW_OPS
 
     def text(self) -> str:
         return self.op + ":" + "_".join(self.tokens)

@@ -634,6 +634,7 @@ class ModelStats:
     layers: int
     unique_layers: int
     covered_layers: int
+    free_layers: int  # views and inference identities: nothing to run, so never "not covered"
     macs: int
     ops: tuple[tuple[str, int], ...]
     not_covered: tuple[tuple[str, int], ...]
@@ -650,7 +651,7 @@ class ModelStats:
         return {
             "model": self.model, "layers": self.layers, "unique_layers": self.unique_layers,
             "unique_pct": round(self.unique_pct, 2), "covered_layers": self.covered_layers,
-            "covered_pct": round(self.covered_pct, 2), "macs": self.macs,
+            "covered_pct": round(self.covered_pct, 2), "free_layers": self.free_layers, "macs": self.macs,
             "ops": dict(self.ops), "not_covered": dict(self.not_covered),
         }
 
@@ -658,10 +659,11 @@ class ModelStats:
 def layer_stats(name: str, layers: list[Layer]) -> ModelStats:
     """Counts, coverage and MACs of a list of layer occurrences (one model, or several)."""
     ops = Counter(la.op for la in layers)
-    uncovered = Counter(la.op for la in layers if not la.covered)
+    uncovered = Counter(la.op for la in layers if not la.covered and not la.free)
     return ModelStats(
         model=name, layers=len(layers), unique_layers=len({la.key for la in layers}),
-        covered_layers=sum(1 for la in layers if la.covered), macs=sum(la.macs for la in layers),
+        covered_layers=sum(1 for la in layers if la.covered), free_layers=sum(1 for la in layers if la.free),
+        macs=sum(la.macs for la in layers),
         ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())))
 
 

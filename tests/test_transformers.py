@@ -138,3 +138,31 @@ def test_torchscript_exports_process(exported, name, opset):
         for spec, out in zip(n.layer.outputs, n.outputs):
             if out in real:
                 assert spec.shape == real[out].shape, (n.name, out)
+
+
+# --- free views ----------------------------------------------------------------------------
+
+VIEWS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+@pytest.mark.parametrize("backend", ["onednn", "cudnn"])
+def test_pure_views_are_free_not_uncovered(exported, backend):
+    from benanza.analyzer import analyze
+    from benanza.processor import model_stats
+    from benanza.report import document
+
+    m = load_model(exported("encoder", 17))
+    ops = [n.layer.op for n in m.nodes]
+    n_views = sum(op in VIEWS for op in ops)
+    assert n_views >= 12  # 11 Reshapes, a Squeeze and an Unsqueeze in torch's MultiheadAttention
+    a = analyze(m, [], "sys", backend)
+    status = {r.index: r.status for r in a.rows}
+    for n in m.nodes:
+        assert (status[n.index] == "free_view") == (n.layer.op in VIEWS), n.name
+    assert "Reshape" not in {r.op for r in a.not_covered} and len(a.views) == n_views
+    assert any("free views" in note for note in a.notes)
+    assert document([a])["analyses"][0]["coverage"]["views"] == sorted(r.index for r in a.views)
+    stats = model_stats(m)
+    assert stats.free_layers == n_views
+    assert not VIEWS & {op for op, _ in stats.not_covered}
+    assert stats.layers == stats.covered_layers + stats.free_layers + sum(n for _, n in stats.not_covered)
