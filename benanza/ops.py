@@ -326,7 +326,14 @@ def _gemm_onednn(p: Problem) -> str:
 
 
 def _matmul_build(view: NodeView) -> Problem:
-    return MatMulProblem(tuple(_input(view, 0).shape), tuple(_input(view, 1).shape))
+    a, b = tuple(_input(view, 0).shape), tuple(_input(view, 1).shape)
+    # A weight without a batch of its own ([K, N], or [1, K, N]) broadcast over A's leading dims
+    # is one GEMM with M = their product: A's rows lie contiguous, and that is what frameworks
+    # run ([128, 1, 256]×[256, 768] is 128×256×768, not 128 GEMMs with m=1). Only a B with its
+    # own batch makes a batched GEMM.
+    if len(a) >= 2 and len(b) >= 2 and math.prod(b[:-2]) == 1 and (len(a) > 2 or len(b) > 2):
+        a, b = (math.prod(a[:-1]), a[-1]), b[-2:]
+    return MatMulProblem(a, b)
 
 
 def _matmul_cudnn(p: Problem) -> str:

@@ -166,3 +166,31 @@ def test_pure_views_are_free_not_uncovered(exported, backend):
     assert stats.free_layers == n_views
     assert not VIEWS & {op for op, _ in stats.not_covered}
     assert stats.layers == stats.covered_layers + stats.free_layers + sum(n for _, n in stats.not_covered)
+
+
+# --- MatMul with a broadcast weight ---------------------------------------------------------
+
+@pytest.mark.parametrize(("a", "b", "key", "macs"), [
+    ((128, 1, 256), (256, 768), "matmul:a128x256_b256x768", 128 * 256 * 768),
+    ((197, 1, 768), (768, 2304), "matmul:a197x768_b768x2304", 197 * 768 * 2304),  # ViT-B/16's qkv
+    ((1, 16, 32), (1, 32, 96), "matmul:a16x32_b32x96", 16 * 32 * 96),  # a weight with a unit batch
+    ((12, 197, 64), (12, 64, 197), "matmul:a12x197x64_b12x64x197", 12 * 197 * 64 * 197),  # truly batched
+    ((2, 12, 16, 8), (2, 12, 8, 16), "matmul:a2x12x16x8_b2x12x8x16", 24 * 16 * 8 * 16),
+])
+def test_matmul_with_a_broadcast_weight_is_one_gemm(save, a, b, key, macs):
+    from benanza.backends.onednn import BACKEND, PARAMS
+    from benanza.generator import GenOptions
+    from benanza.layers import UniqueLayer
+
+    out = np.matmul(np.zeros(a, np.float32), np.zeros(b, np.float32)).shape
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [io("x", list(a))], [io("y", list(out))],
+              [tensor("w", b)])
+    layer = load_model(save(m)).nodes[0].layer
+    assert layer.key == f"{key}_f32" and layer.macs == macs == np.prod(out) * a[-1]  # numpy's work
+    assert layer.outputs[0].shape == out  # the node keeps its real output; only the problem folds
+    batched = len(key.split("_")[0].split("x")) > 2
+    assert layer.cudnn_api == ("cublasGemmStridedBatchedEx" if batched else "cublasGemmEx")
+    variants = BACKEND.variants(UniqueLayer(layer), (), GenOptions(dtypes=("f32",)))
+    dims = [tuple(int(d) for d in t[1:].split("x")) for t in key.split(":")[1].split("_")]
+    assert [PARAMS["matmul"](v) for v in variants] == [
+        "{{" + ", ".join(map(str, dims[0])) + "}, {" + ", ".join(map(str, dims[1])) + "}}"]
