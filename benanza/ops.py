@@ -16,9 +16,10 @@ import numpy as np
 
 from .layers import FLOAT_DTYPES, Layer, TensorSpec
 from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, BinaryProblem, BnormProblem, ConcatProblem,
-                       ConvProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LrnProblem,
-                       MatMulProblem, PoolProblem, PreluProblem, Problem, RnnProblem, SoftmaxProblem,
-                       canonical_operands, f32, format_dims, format_number, key_hash)
+                       ConvProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LnormProblem,
+                       LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem, RnnProblem,
+                       SoftmaxProblem, TransposeProblem, canonical_operands, f32, format_dims, format_number,
+                       key_hash)
 
 ELEMENT_SIZE = {
     "f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2,
@@ -206,6 +207,8 @@ _ELTWISE = {
     "Sqrt": ("sqrt", (), None, "eltwise_sqrt"),
     "Neg": ("neg", (), None, "eltwise_linear"),
     "Swish": ("swish", ("alpha",), "CUDNN_ACTIVATION_SWISH", "eltwise_swish"),
+    "HardSwish": ("hardswish", (), None, "eltwise_hardswish"),
+    "Gelu": ("gelu", (), None, "eltwise_gelu_erf"),  # approximate="tanh" is alg gelutanh
 }
 _CUDNN_ACTIVATION = {alg: mode for alg, _, mode, _ in _ELTWISE.values()}
 
@@ -238,6 +241,8 @@ def _eltwise_build(view: NodeView) -> Problem:
     if view.op == "Clip":
         lo, hi = _clip_bounds(view)
         return EltwiseProblem(alg, shape, min=lo, max=hi)
+    if view.op == "Gelu" and view.attrs.get("approximate", "none") == "tanh":
+        alg = "gelutanh"
     defaults = _ELTWISE_DEFAULTS.get(view.op, {})
     coef = {n: f32(view.attrs.get(n, defaults[n])) for n in names}
     return EltwiseProblem(alg, shape, alpha=coef.get("alpha"), beta=coef.get("beta"))
@@ -247,7 +252,7 @@ def _eltwise_cudnn(p: Problem) -> str | None:
     assert isinstance(p, EltwiseProblem)
     if p.alg == "clip" and not (p.min == 0.0 and p.max is not None and p.max < FLT_MAX):
         return None  # cuDNN's CLIPPED_RELU is clip(x, 0, ceiling) only
-    return "cudnnActivationForward" if _CUDNN_ACTIVATION[p.alg] else None
+    return "cudnnActivationForward" if _CUDNN_ACTIVATION.get(p.alg) else None
 
 
 def _prelu_build(view: NodeView) -> Problem:
@@ -415,6 +420,58 @@ def _concat_build(view: NodeView) -> Problem:
     return ConcatProblem(axis, tuple(tuple(t.shape) for t in view.inputs if t is not None))
 
 
+# --- layer normalization, reductions, transpose -----------------------------------------
+
+
+def _lnorm_build(view: NodeView) -> Problem:
+    shape = tuple(_input(view, 0).shape)
+    axis = int(view.attrs.get("axis", -1))
+    return LnormProblem(shape, axis + len(shape) if axis < 0 else axis, f32(view.attrs.get("epsilon", 1e-5)),
+                        _present(view, 2))
+
+
+_REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min",
+           "ReduceProd": "prod"}
+# ReduceSum takes its axes as an input from opset 13 on, the others from opset 18 on.
+_AXES_INPUT_FROM = {"ReduceSum": 13}
+
+
+def _reduce_axes(view: NodeView) -> tuple[int, ...] | None:
+    """Sorted non-negative axes; all of them when none are given. None: the axes are a run-time
+    tensor, or an empty list with noop_with_empty_axes (the identity)."""
+    rank = len(_input(view, 0).shape)
+    if view.opset >= _AXES_INPUT_FROM.get(view.op, 18):
+        if _present(view, 1):
+            v = view.value(1)
+            if v is None:
+                return None
+            axes = [int(a) for a in v.reshape(-1)]
+        else:
+            axes = []
+        if not axes and int(view.attrs.get("noop_with_empty_axes", 0)):
+            return None
+    else:
+        axes = [int(a) for a in view.attrs.get("axes") or []]
+    return tuple(sorted({a + rank if a < 0 else a for a in axes} or range(rank)))
+
+
+def _reduce_build(view: NodeView) -> Problem:
+    axes = _reduce_axes(view)
+    assert axes is not None  # registered only where the axes are known
+    return ReduceProblem(_REDUCE[view.op], tuple(_input(view, 0).shape), axes)
+
+
+def _reduce_onednn(p: Problem) -> str | None:
+    assert isinstance(p, ReduceProblem)
+    return "reduction" if 1 <= len(p.shape) <= 5 else None  # oneDNN reductions take ranks 1-5
+
+
+def _transpose_build(view: NodeView) -> Problem:
+    shape = tuple(_input(view, 0).shape)
+    perm = tuple(int(a) for a in view.attrs.get("perm") or reversed(range(len(shape))))
+    return TransposeProblem(shape, perm)
+
+
 # --- generic fallback --------------------------------------------------------------------
 
 _VALUE_INPUT_MAX = 64
@@ -490,6 +547,9 @@ DROPOUT = Family("dropout", _dropout_build, _dropout_cudnn, _const(None))
 # such layers are not covered there rather than missing forever.
 RNN = Family("rnn", _rnn_build, _rnn_cudnn, _const(None))
 CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
+LNORM = Family("lnorm", _lnorm_build, _const(None), _const("layer_normalization"))
+REDUCE = Family("reduce", _reduce_build, _const(None), _reduce_onednn)
+TRANSPOSE = Family("transpose", _transpose_build, _const(None), _const("reorder"))
 GENERIC = Family("generic", _generic_build, _const(None), _const(None))
 
 _BY_OP: dict[str, tuple[Family, Callable[[NodeView], bool]]] = {}
@@ -515,6 +575,10 @@ _register(SOFTMAX, ["Softmax", "LogSoftmax"])
 _register(DROPOUT, ["Dropout"])
 _register(RNN, ["LSTM", "GRU", "RNN"])
 _register(CONCAT, ["Concat"])
+# The optional Mean/InvStdDev outputs are training statistics: only the inference form is a layer.
+_register(LNORM, ["LayerNormalization"], lambda v: len(v.outputs) == 1)
+_register(REDUCE, list(_REDUCE), lambda v: _reduce_axes(v) is not None)
+_register(TRANSPOSE, ["Transpose"])
 
 
 def family_of(view: NodeView) -> Family:

@@ -194,3 +194,113 @@ def test_matmul_with_a_broadcast_weight_is_one_gemm(save, a, b, key, macs):
     dims = [tuple(int(d) for d in t[1:].split("x")) for t in key.split(":")[1].split("_")]
     assert [PARAMS["matmul"](v) for v in variants] == [
         "{{" + ", ".join(map(str, dims[0])) + "}, {" + ", ".join(map(str, dims[1])) + "}}"]
+
+
+# --- oneDNN: the transformer-era families -----------------------------------------------------
+
+def transformer_ops_model() -> onnx.ModelProto:
+    """One node per new oneDNN family (opset 20: Gelu is an op from there on)."""
+    n = helper.make_node
+    nodes = [
+        n("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1, epsilon=1e-5),
+        n("LayerNormalization", ["x", "g2"], ["ln2"], axis=1),  # two normalised dims, no bias
+        n("Gelu", ["ln"], ["ge"]),
+        n("Gelu", ["ln"], ["gt"], approximate="tanh"),
+        n("HardSwish", ["ge"], ["hs"]),
+        n("HardSigmoid", ["gt"], ["hg"], alpha=0.25, beta=0.4),
+        n("ReduceMean", ["hs", "last"], ["rm"], keepdims=1),
+        n("ReduceSum", ["hg", "last"], ["rs"], keepdims=0),
+        n("ReduceMax", ["ln2", "mid"], ["rx"], keepdims=0),
+        n("Transpose", ["hs"], ["tr"], perm=[0, 2, 1]),
+        n("Softmax", ["tr"], ["sm"], axis=1),  # softmax over a non-last axis
+        n("ReduceMean", ["img", "hw"], ["gap"], keepdims=1),  # global average pooling, as a reduction
+    ]
+    for i, node in enumerate(nodes):
+        node.name = f"{node.op_type.lower()}{i}"
+    inits = [tensor("g", (32,)), tensor("b", (32,)), tensor("g2", (16, 32)), _i64("last", [-1]), _i64("mid", [1]),
+             _i64("hw", [2, 3])]
+    outs = [io(t, None) for t in ("rm", "rs", "rx", "sm", "gap")]
+    return model(nodes, [io("x", [2, 16, 32]), io("img", [2, 8, 7, 7])], outs, inits, opset=20)
+
+
+EXPECTED = {
+    "layernormalization0": ("lnorm:in2x16x32_axis2_eps0.00001_bias1", "layer_normalization"),
+    "layernormalization1": ("lnorm:in2x16x32_axis1_eps0.00001_bias0", "layer_normalization"),
+    "gelu2": ("eltwise:gelu_in2x16x32", "eltwise"),
+    "gelu3": ("eltwise:gelutanh_in2x16x32", "eltwise"),
+    "hardswish4": ("eltwise:hardswish_in2x16x32", "eltwise"),
+    "hardsigmoid5": ("eltwise:hardsigmoid_in2x16x32_alpha0.25beta0.4", "eltwise"),
+    "reducemean6": ("reduce:mean_in2x16x32_axes2", "reduction"),
+    "reducesum7": ("reduce:sum_in2x16x32_axes2", "reduction"),
+    "reducemax8": ("reduce:max_in2x16x32_axes1", "reduction"),
+    "transpose9": ("transpose:in2x16x32_perm0x2x1", "reorder"),
+    "softmax10": ("softmax:softmax_in2x32x16_axis1", "softmax"),
+    "reducemean11": ("reduce:mean_in2x8x7x7_axes2x3", "reduction"),
+}
+
+
+def test_transformer_families_keys_and_primitives(save):
+    from benanza.problems import parse_layer_key
+
+    m = load_model(save(transformer_ops_model()))
+    got = {n.name: (n.layer.key, n.layer.onednn_primitive) for n in m.nodes}
+    assert got == {k: (key + "_f32", prim) for k, (key, prim) in EXPECTED.items()}
+    for n in m.nodes:
+        assert parse_layer_key(n.layer.key) == (n.layer.problem, "f32")
+
+
+# What oneDNN's verbose log must show for each layer, worked out by hand from ONNX's semantics:
+# the primitive kind, its algorithm or attributes, and the problem's dims (the dims from
+# LayerNormalization's axis on are one normalised axis; a reduction's output keeps unit dims;
+# Transpose perm 0,2,1 writes the layout "acb").
+VERBOSE = {
+    "layernormalization0": ("layer_normalization", "flags:CH", ",32x32,"),
+    "layernormalization1": ("layer_normalization", "flags:C,", ",2x512,"),
+    "gelu2": ("eltwise", "alg:eltwise_gelu_erf", ",2x16x32,"),
+    "gelu3": ("eltwise", "alg:eltwise_gelu_tanh", ",2x16x32,"),
+    "hardswish4": ("eltwise", "alg:eltwise_hardswish", ",2x16x32,"),
+    "hardsigmoid5": ("eltwise", "alpha:0.25 beta:0.4", ",2x16x32,"),
+    "reducemean6": ("reduction", "alg:reduction_mean", ",2x16x32:2x16x1,"),
+    "reducesum7": ("reduction", "alg:reduction_sum", ",2x16x32:2x16x1,"),
+    "reducemax8": ("reduction", "alg:reduction_max", ",2x16x32:2x1x32,"),
+    "transpose9": ("reorder", "dst_f32::blocked:acb:", ",2x16x32,"),
+    "softmax10": ("softmax", "axis:1", ",2x32x16,"),
+    "reducemean11": ("reduction", "alg:reduction_mean", ",2x8x7x7:2x8x1x1,"),
+}
+
+
+@pytest.mark.slow
+def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
+    import os
+    import subprocess
+
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(save(transformer_ops_model()))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",), fusion=False))
+    assert {v.problem.family for v in gen.variants} == {"lnorm", "eltwise", "reduce", "transpose", "softmax"}
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0 and summary.stored == len(gen.variants) == len(EXPECTED)
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    bad = [(r.variant.name, r.message) for r in results if not r.ok]
+    assert not bad and all(r.median_ms > 0 for r in results)
+    # the independent oracle: oneDNN's own verbose log of the timed primitive
+    binary = build(gen.out_dir)
+    node_of = {n.layer.key: n.name for n in m.nodes}
+    for v in gen.variants:
+        kind, attrs, dims = VERBOSE[node_of[v.layer_key]]
+        names = tmp_path / "one.txt"
+        names.write_text(v.name + "\n")
+        env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+        out = subprocess.run([str(binary), f"--benanza_names={names}", "--benchmark_min_time=0.001",
+                              "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
+        execs = [line for line in out.stdout.splitlines() if ",exec," in line]
+        ran = [e for e in execs if e.split(",")[3].startswith(kind) and attrs in e and dims in e]
+        assert ran, (v.name, execs[-3:])

@@ -23,7 +23,8 @@ from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
 from ..problems import (BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, EltwiseProblem, GemmProblem,
-                        LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, SoftmaxProblem)
+                        LnormProblem, LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem,
+                        SoftmaxProblem, TransposeProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ FAMILIES = {
     "matmul": Family("MatmulParams", "matmul", False),
     "softmax": Family("SoftmaxParams", "softmax", False),
     "concat": Family("ConcatParams", "concat", False),
+    "lnorm": Family("LnormParams", "lnorm", False),
+    "reduce": Family("ReduceParams", "reduce", False),
+    "transpose": Family("TransposeParams", "transpose", False),
 }
 
 
@@ -246,9 +250,28 @@ def _concat(v: Variant) -> str:
     return f"{{{p.axis}, {_cdims_list(p.shapes)}}}"
 
 
+def _lnorm(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, LnormProblem)
+    return f"{{{_cdims(p.shape)}, {p.axis}, {_cfloat(p.eps)}, {_cbool(p.bias)}}}"
+
+
+def _reduce(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, ReduceProblem)
+    return f"{{{_cstr(p.alg)}, {_cdims(p.shape)}, {_cdims(p.axes)}}}"
+
+
+def _transpose(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, TransposeProblem)
+    return f"{{{_cdims(p.shape)}, {_cdims(p.perm)}}}"
+
+
 PARAMS = {"conv": _conv, "pool": _pool, "bnorm": _bnorm, "lrn": _lrn, "eltwise": _eltwise,
           "prelu": _prelu, "binary": _binary, "gemm": _gemm, "matmul": _matmul,
-          "softmax": _softmax, "concat": _concat}
+          "softmax": _softmax, "concat": _concat, "lnorm": _lnorm, "reduce": _reduce,
+          "transpose": _transpose}
 
 
 def covers(layer: Layer) -> bool:

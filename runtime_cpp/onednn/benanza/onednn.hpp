@@ -50,6 +50,9 @@ struct GemmParams { int64_t m, n, k; bool ta, tb; float alpha, beta; bool has_c;
 struct MatmulParams { Dims a, b; };
 struct SoftmaxParams { const char* alg; Dims shape; int axis; bool flat; };
 struct ConcatParams { int axis; std::vector<Dims> inputs; };
+struct LnormParams { Dims shape; int axis; float eps; bool bias; };
+struct ReduceParams { const char* alg; Dims shape; Dims axes; };
+struct TransposeParams { Dims shape; Dims perm; };
 
 void bench_conv(benchmark::State&, const ConvParams&, const Config&);
 void bench_pool(benchmark::State&, const PoolParams&, const Config&);
@@ -62,6 +65,9 @@ void bench_gemm(benchmark::State&, const GemmParams&, const Config&);
 void bench_matmul(benchmark::State&, const MatmulParams&, const Config&);
 void bench_softmax(benchmark::State&, const SoftmaxParams&, const Config&);
 void bench_concat(benchmark::State&, const ConcatParams&, const Config&);
+void bench_lnorm(benchmark::State&, const LnormParams&, const Config&);
+void bench_reduce(benchmark::State&, const ReduceParams&, const Config&);
+void bench_transpose(benchmark::State&, const TransposeParams&, const Config&);
 
 // Registers every row of one family's table.
 template <class P, size_t NP, size_t NR>
