@@ -301,7 +301,11 @@ def _binary_onednn(p: Problem) -> str | None:
     assert isinstance(p, BinaryProblem)
     if p.alg == "sum":
         return "sum" if all(s == p.out for s in p.shapes) else "binary"
-    return None if p.alg == "pow" else "binary"
+    if p.alg == "pow":
+        # x^c with a constant uniform exponent is oneDNN's eltwise pow; a tensor of exponents
+        # has no oneDNN call
+        return "eltwise" if p.exponent is not None and tuple(p.shapes[0]) == p.out else None
+    return "binary"
 
 
 # --- GEMM / MatMul -----------------------------------------------------------------------

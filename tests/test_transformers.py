@@ -214,12 +214,13 @@ def transformer_ops_model() -> onnx.ModelProto:
         n("Transpose", ["hs"], ["tr"], perm=[0, 2, 1]),
         n("Softmax", ["tr"], ["sm"], axis=1),  # softmax over a non-last axis
         n("ReduceMean", ["img", "hw"], ["gap"], keepdims=1),  # global average pooling, as a reduction
+        n("Pow", ["x", "two"], ["sq"]),  # the opset < 17 LayerNorm decomposition squares with Pow
     ]
     for i, node in enumerate(nodes):
         node.name = f"{node.op_type.lower()}{i}"
     inits = [tensor("g", (32,)), tensor("b", (32,)), tensor("g2", (16, 32)), _i64("last", [-1]), _i64("mid", [1]),
-             _i64("hw", [2, 3])]
-    outs = [io(t, None) for t in ("rm", "rs", "rx", "sm", "gap")]
+             _i64("hw", [2, 3]), numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    outs = [io(t, None) for t in ("rm", "rs", "rx", "sm", "gap", "sq")]
     return model(nodes, [io("x", [2, 16, 32]), io("img", [2, 8, 7, 7])], outs, inits, opset=20)
 
 
@@ -236,6 +237,7 @@ EXPECTED = {
     "transpose9": ("transpose:in2x16x32_perm0x2x1", "reorder"),
     "softmax10": ("softmax:softmax_in2x32x16_axis1", "softmax"),
     "reducemean11": ("reduce:mean_in2x8x7x7_axes2x3", "reduction"),
+    "pow12": ("binary:pow_in2x16x32_in_exp2", "eltwise"),
 }
 
 
@@ -266,6 +268,7 @@ VERBOSE = {
     "transpose9": ("reorder", "dst_f32::blocked:acb:", ",2x16x32,"),
     "softmax10": ("softmax", "axis:1", ",2x32x16,"),
     "reducemean11": ("reduction", "alg:reduction_mean", ",2x8x7x7:2x8x1x1,"),
+    "pow12": ("eltwise", "alg:eltwise_pow alpha:1 beta:2", ",2x16x32,"),
 }
 
 
@@ -284,7 +287,8 @@ def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
     manifest = build_manifest([m], unique_layers([m]))
     write_manifest(manifest, tmp_path)
     gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",), fusion=False))
-    assert {v.problem.family for v in gen.variants} == {"lnorm", "eltwise", "reduce", "transpose", "softmax"}
+    assert {v.problem.family for v in gen.variants} == {"lnorm", "eltwise", "reduce", "transpose", "softmax",
+                                                        "binary"}
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
     assert summary.failed == 0 and summary.stored == len(gen.variants) == len(EXPECTED)
     with PerfDB(tmp_path / "r.db") as pdb:

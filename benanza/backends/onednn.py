@@ -222,7 +222,8 @@ def _prelu(v: Variant) -> str:
 def _binary(v: Variant) -> str:
     p = v.problem
     assert isinstance(p, BinaryProblem)
-    return f"{{{_cstr(p.alg)}, {_cdims_list(p.shapes)}, {_cdims(p.out)}}}"
+    exponent = float("nan") if p.exponent is None else p.exponent
+    return f"{{{_cstr(p.alg)}, {_cdims_list(p.shapes)}, {_cdims(p.out)}, {_cfloat(exponent)}}}"
 
 
 def _gemm(v: Variant) -> str:

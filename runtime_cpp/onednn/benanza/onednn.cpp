@@ -417,8 +417,25 @@ Prepared make_sum(const BinaryParams& b, const Config& cfg) {
   return prepare<dnnl::sum>(pd, in);
 }
 
+// x^c, c a constant: oneDNN's eltwise pow (alpha·x^beta with alpha 1).
+Prepared make_pow(const BinaryParams& b, const Config& cfg) {
+  if (b.exponent != b.exponent) throw Unsupported("Pow with a tensor of exponents");
+  if (b.inputs.at(0) != b.out) throw Unsupported("Pow broadcasts its base");
+  auto data = plain_md(b.out, cfg.dtype);
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::eltwise_forward::primitive_desc pd(engine(), pk, algorithm::eltwise_pow, data, data, 1.f, b.exponent, attr);
+#else
+  dnnl::eltwise_forward::desc d(pk, algorithm::eltwise_pow, data, 1.f, b.exponent);
+  dnnl::eltwise_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::eltwise_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
 Prepared make_binary(const BinaryParams& b, const Config& cfg) {
   std::string alg = b.alg;
+  if (alg == "pow") return make_pow(b, cfg);
   bool equal_shapes = std::all_of(b.inputs.begin(), b.inputs.end(), [&](const Dims& d) { return d == b.out; });
   if (b.inputs.size() > 2) {
     if (alg == "sum" && equal_shapes) return make_sum(b, cfg);
