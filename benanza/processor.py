@@ -239,23 +239,27 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, 
     inferred: onnx.ModelProto | None
     try:
         inferred = _onnx_infer(model)
+    except Exception as exc:
+        inferred = None
+        problem = _first_line(exc)
+        log.info("%s: ONNX shape inference failed (%s); trying symbolic inference", path, problem)
+    if inferred is not None:
         unknown = _unknown_outputs(inferred)
         while unknown:
             values = _static_values(model, inferred, folded)
             if len(values) == len(folded):
                 break
             candidate = _with_values(model, values)
-            again = _onnx_infer(candidate)
+            try:
+                again = _onnx_infer(candidate)
+            except Exception as exc:  # keep what the previous round found
+                log.info("%s: shape inference after folding failed (%s)", path, _first_line(exc))
+                break
             if _unknown_outputs(again) >= unknown:
                 break
             model, inferred, folded, unknown = candidate, again, values, _unknown_outputs(again)
         if unknown == 0:
             return inferred, folded
-    except Exception as exc:
-        if not folded:
-            inferred = None
-            problem = _first_line(exc)
-            log.info("%s: ONNX shape inference failed (%s); trying symbolic inference", path, problem)
     symbolic = None
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference

@@ -308,3 +308,29 @@ def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
         execs = [line for line in out.stdout.splitlines() if ",exec," in line]
         ran = [e for e in execs if e.split(",")[3].startswith(kind) and attrs in e and dims in e]
         assert ran, (v.name, execs[-3:])
+
+
+# --- coverage of the exported models (the README's table) ----------------------------------------
+
+# (model, opset) → (layers, free, oneDNN-costed, cuDNN/cuBLAS-costed): README "Transformer exports"
+COVERAGE = {
+    ("encoder", 14): (71, 13, 45, 23),
+    ("encoder", 17): (55, 13, 29, 15),
+    ("gpt", 14): (66, 4, 47, 27),
+    ("gpt", 17): (50, 4, 31, 19),
+}
+
+
+@pytest.mark.parametrize(("name", "opset"), sorted(COVERAGE))
+def test_exported_model_coverage(exported, name, opset):
+    from benanza.backends.onednn import covers
+
+    layers = load_model(exported(name, opset)).layers
+    rest = [la for la in layers if not la.free]
+    got = (len(layers), len(layers) - len(rest), sum(covers(la) for la in rest), sum(la.covered for la in rest))
+    assert got == COVERAGE[name, opset]
+    # every float MatMul, LayerNorm, Softmax, Transpose and activation is costed on oneDNN
+    costly = {"MatMul", "Gemm", "LayerNormalization", "Softmax", "Transpose", "Relu", "ReduceMean", "Sqrt",
+              "Add", "Mul", "Div", "Sub", "Pow"}
+    assert all(covers(la) for la in rest if la.op in costly and la.dtype == "f32"), \
+        [la.key for la in rest if la.op in costly and la.dtype == "f32" and not covers(la)]
