@@ -1,25 +1,28 @@
 """Layer-fusion patterns: one registry used by every backend generator and the analyzer.
 
-A pattern is a Conv followed by a chain of single-consumer layers that a fused library call
-runs at once (cuDNN's ConvolutionBiasActivationForward, oneDNN post-ops). Adding a pattern
-is one entry in ``PATTERNS``.
+A pattern is an anchor layer (a Conv, or a MatMul that is one GEMM) followed by a chain of
+single-consumer layers that a fused library call runs at once (cuDNN's
+ConvolutionBiasActivationForward, oneDNN post-ops and matmul bias). Adding a pattern is one
+entry in ``PATTERNS``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .layers import Layer, Model
-from .problems import ConvProblem
+from .layers import Layer, Model, Node
+from .problems import BinaryProblem, ConvProblem, EltwiseProblem, MatMulProblem, Problem
 
 
 @dataclass(frozen=True)
 class FusionPattern:
     name: str  # the Variant.fusion tag
-    tail: tuple[str, ...]  # op types after the Conv, in order
-    conv_bias: bool  # whether the Conv itself has a bias input
-    activation: str  # "relu" | "identity": the fused call's activation
+    tail: tuple[str, ...]  # op types after the anchor, in order
+    conv_bias: bool  # whether the Conv itself has a bias input (False for a MatMul anchor)
+    activation: str  # "relu" | "gelu" (erf) | "identity": the fused call's activation
     note: str
+    anchor: str = "Conv"
 
     @property
     def length(self) -> int:
@@ -36,6 +39,11 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("relu", ("Relu",), False, "relu", "Conv→Relu through the fused call with zero bias"),
     FusionPattern("bias", (), True, "identity",
                   "Conv→Bias through the fused call with the identity activation (paper §III-B4)"),
+    FusionPattern("mm_bias_gelu", ("Add", "Gelu"), False, "gelu",
+                  "MatMul→Add(bias)→Gelu: one GEMM with a bias and a GELU epilogue (a transformer MLP)",
+                  anchor="MatMul"),
+    FusionPattern("mm_bias", ("Add",), False, "identity", "MatMul→Add(bias): one GEMM with a bias (a Linear)",
+                  anchor="MatMul"),
 )
 
 BY_NAME = {p.name: p for p in PATTERNS}
@@ -44,8 +52,8 @@ BY_NAME = {p.name: p for p in PATTERNS}
 @dataclass(frozen=True)
 class FusionMatch:
     pattern: FusionPattern
-    nodes: tuple[int, ...]  # model node indices, the Conv first
-    conv: Layer  # the layer whose problem the fused variant is benchmarked on
+    nodes: tuple[int, ...]  # model node indices, the anchor first
+    conv: Layer  # the anchor layer (Conv or MatMul) whose problem the fused variant is benchmarked on
 
     @property
     def conv_key(self) -> str:
@@ -58,12 +66,14 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     used: set[int] = set()
     matches: list[FusionMatch] = []
     for node in model.nodes:
-        conv = node.layer.problem
-        if not isinstance(conv, ConvProblem) or node.index in used:
+        anchor = node.layer.problem
+        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem)):
             continue
-        has_bias = conv.bias
+        if isinstance(anchor, MatMulProblem) and (len(anchor.a) != 2 or len(anchor.b) != 2):
+            continue  # the fused GEMM is a plain one; batched MatMuls stay unfused
+        has_bias = isinstance(anchor, ConvProblem) and anchor.bias
         for pattern in PATTERNS:
-            if pattern.conv_bias != has_bias:
+            if pattern.anchor != node.layer.op or pattern.conv_bias != has_bias:
                 continue
             chain = [node.index]
             ok = True
@@ -73,8 +83,26 @@ def match_fusions(model: Model) -> list[FusionMatch]:
                     ok = False
                     break
                 chain.append(nxt[0])
+            if ok and pattern.anchor == "MatMul":
+                ok = _gemm_epilogue(anchor, [model.nodes[i] for i in chain[1:]])
             if ok:
                 used.update(chain)
                 matches.append(FusionMatch(pattern, tuple(chain), node.layer))
                 break
     return matches
+
+
+def _gemm_epilogue(gemm: Problem, tail: list[Node]) -> bool:
+    """Whether a MatMul's tail is what a GEMM epilogue computes: an Add of a constant bias along
+    the output's last axis (shape [N] or [1, N]), then GELU in its erf form."""
+    assert isinstance(gemm, MatMulProblem)
+    add = tail[0].layer.problem
+    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[0].constant_inputs:
+        return False
+    # the GEMM's output is [M, N] or, for a broadcast weight, [..., N] with M rows in all
+    data, bias = add.shapes
+    if add.out != tuple(data) or math.prod(data) != gemm.m * gemm.n or not data or data[-1] != gemm.n:
+        return False
+    if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
+        return False
+    return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == "gelu" for n in tail[1:])

@@ -334,3 +334,78 @@ def test_exported_model_coverage(exported, name, opset):
               "Add", "Mul", "Div", "Sub", "Pow"}
     assert all(covers(la) for la in rest if la.op in costly and la.dtype == "f32"), \
         [la.key for la in rest if la.op in costly and la.dtype == "f32" and not covers(la)]
+
+
+# --- transformer fusion patterns: MatMul→Add(bias)(→Gelu) -----------------------------------------
+
+def mlp_model() -> onnx.ModelProto:
+    """A transformer MLP half: x[1,16,32] · W1[32,64] + b1 → Gelu, then · W2[64,32] + b2."""
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w1"], ["h"], name="fc"), n("Add", ["h", "b1"], ["hb"], name="fc_bias"),
+             n("Gelu", ["hb"], ["g"], name="gelu"), n("MatMul", ["g", "w2"], ["o"], name="out"),
+             n("Add", ["b2", "o"], ["y"], name="out_bias")]
+    inits = [tensor("w1", (32, 64)), tensor("b1", (64,)), tensor("w2", (64, 32)), tensor("b2", (32,))]
+    return model(nodes, [io("x", [1, 16, 32])], [io("y", [1, 16, 32])], inits, opset=20)
+
+
+def test_matmul_bias_gelu_patterns_match(save, exported):
+    from benanza.fusion import match_fusions
+
+    m = load_model(save(mlp_model()))
+    got = [(f.pattern.name, [m.nodes[i].name for i in f.nodes]) for f in match_fusions(m)]
+    assert got == [("mm_bias_gelu", ["fc", "fc_bias", "gelu"]), ("mm_bias", ["out", "out_bias"])]
+    # every Linear of the exported GPT block is a MatMul→Add(bias); attention's MatMuls are batched
+    gpt = load_model(exported("gpt", 17))
+    linear = [f for f in match_fusions(gpt) if f.pattern.anchor == "MatMul"]
+    assert [f.pattern.name for f in linear] == ["mm_bias"] * 4  # qkv, proj, fc, out
+    assert all(gpt.nodes[f.nodes[1]].layer.op == "Add" for f in linear)
+    # a MatMul whose Add is a residual (a tensor, not a constant bias) is not a bias epilogue
+    n = helper.make_node
+    res = model([n("MatMul", ["x", "w"], ["h"]), n("Add", ["h", "x"], ["y"])], [io("x", [16, 32])],
+                [io("y", [16, 32])], [tensor("w", (32, 32))])
+    assert match_fusions(load_model(save(res, "res.onnx"))) == []
+
+
+@pytest.mark.slow
+def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
+    import os
+    import subprocess
+
+    from benanza.analyzer import analyze
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(save(mlp_model()))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    fused = {v.fusion: v for v in gen.variants if v.fusion != "none"}
+    assert set(fused) == {"mm_bias_gelu", "mm_bias"}
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    # oneDNN's verbose log: the fused GEMM has the bias operand and (for the MLP's first half) the
+    # GELU post-op, on M = 16 rows (the broadcast weight's one GEMM)
+    binary = build(gen.out_dir)
+    want = {"mm_bias_gelu": ("attr-post-ops:eltwise_gelu_erf", "bia_f32", ",16x32:32x64:16x64,"),
+            "mm_bias": ("bia_f32", "bia_f32", ",16x64:64x32:16x32,")}
+    for name, v in fused.items():
+        (tmp_path / "one.txt").write_text(v.name + "\n")
+        env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+        out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
+                              "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
+        lines = [ln for ln in out.stdout.splitlines() if ",exec," in ln and ",matmul," in ln]
+        assert any(all(w in ln for w in want[name]) for ln in lines), (name, lines[-2:])
+    # Q5: each pattern's nodes cost the fused benchmark's median, from the database
+    a = analyze(m, results, "ci", "onednn")
+    applied = {u.pattern: u for u in a.fusion.applied}
+    assert set(applied) == {"mm_bias_gelu", "mm_bias"}
+    best_fused = {f: min(r.median_ms for r in results if r.variant.fusion == f) for f in applied}
+    for f, u in applied.items():
+        assert u.fused_ms == pytest.approx(best_fused[f])
+        assert u.unfused_ms == pytest.approx(sum(a.rows[i].latency_ms for i in u.nodes))

@@ -76,12 +76,14 @@ def _layouts(problem: Problem, family: Family, options: GenOptions) -> list[str]
     return [lay for lay in (options.layouts or SPATIAL_LAYOUTS) if lay in SPATIAL_LAYOUTS]
 
 
-def fused_config(conv: ConvProblem, fusion: str) -> tuple[bool, bool]:
-    """(bias, relu) of a conv variant: its own bias unfused; a pattern's bias/BN fold and ReLU."""
+def fused_config(problem: Problem, fusion: str) -> tuple[bool, bool, bool]:
+    """(bias, relu, gelu) of a variant: a conv's own bias unfused; a pattern's bias (a conv's
+    bias or BN fold, a MatMul's bias Add) and its activation."""
     if fusion == "none":
-        return conv.bias, False
+        return isinstance(problem, ConvProblem) and problem.bias, False, False
     p = FUSION_PATTERNS[fusion]
-    return p.conv_bias or "BatchNormalization" in p.tail, p.activation == "relu"
+    bias = p.conv_bias or "BatchNormalization" in p.tail or "Add" in p.tail
+    return bias, p.activation == "relu", p.activation == "gelu"
 
 
 class OneDNNBackend:
@@ -99,7 +101,10 @@ class OneDNNBackend:
         problem = layer.problem
         conv = isinstance(problem, ConvProblem)
         algos = CONV_ALGOS if conv else ("default",)
-        fusion_names = ("none",) + tuple(fusions) if conv else ("none",)
+        # conv post-ops, and a MatMul's bias/GELU epilogue (fusion.match_fusions only names
+        # 2-D MatMuls, which oneDNN runs as one GEMM)
+        fused = conv or isinstance(problem, MatMulProblem)
+        fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
         for fusion in fusion_names:
             for algo in algos:
@@ -116,8 +121,7 @@ class OneDNNBackend:
             p = v.problem
             table = tables.setdefault(p.family, _Table(p.family, FAMILIES[p.family]))
             index = table.index_of(v)
-            bias, relu = fused_config(p, v.fusion) if isinstance(p, ConvProblem) else (False, False)
-            table.rows.append(_row(v, index, bias, relu))
+            table.rows.append(_row(v, index, *fused_config(p, v.fusion)))
         source = env.get_template("benchmarks.cpp.j2").render(tables=list(tables.values()),
                                                                count=len(variants))
         files = [write_if_changed(out_dir / "benchmarks.cpp", source),
@@ -143,10 +147,10 @@ class _Table:
         return self._index[v.problem]
 
 
-def _row(v: Variant, index: int, bias: bool, relu: bool) -> str:
+def _row(v: Variant, index: int, bias: bool, relu: bool, gelu: bool) -> str:
     layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any") else "plain"
     cfg = (f"{{bo::DType::{v.dtype}, bo::Layout::{layout}, bo::ConvAlgo::{_CPP_ALGO[v.algo]}, "
-           f"{_cbool(bias)}, {_cbool(relu)}}}")
+           f"{_cbool(bias)}, {_cbool(relu)}, {_cbool(gelu)}}}")
     return f'{{{_cstr(v.name)}, {index}, {cfg}}}'
 
 

@@ -520,9 +520,22 @@ Prepared make_matmul(const MatmulParams& m, const Config& cfg) {
   c[rank - 2] = a[rank - 2];
   c[rank - 1] = b[rank - 1];
   auto attr = base_attr();
-  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(a, cfg.dtype), plain_md(b, cfg.dtype), nullptr,
-                                                     plain_md(c, cfg.dtype), attr);
-  return prepare<dnnl::matmul>(pd, {{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}});
+  if (cfg.gelu) {  // the fused MatMul→Add→Gelu epilogue
+    dnnl::post_ops po;
+#if BENANZA_DNNL3
+    po.append_eltwise(algorithm::eltwise_gelu_erf, 0.f, 0.f);
+#else
+    po.append_eltwise(1.f, algorithm::eltwise_gelu_erf, 0.f, 0.f);
+#endif
+    attr.set_post_ops(po);
+  }
+  // The fused bias Add: one value per output column, broadcast over the rows.
+  memory::desc bias_md = plain_md(pad_rank({c[rank - 1]}, rank), cfg.dtype);
+  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(a, cfg.dtype), plain_md(b, cfg.dtype),
+                                                     cfg.bias ? &bias_md : nullptr, plain_md(c, cfg.dtype), attr);
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
+  if (cfg.bias) in.push_back({DNNL_ARG_BIAS, bias_md});
+  return prepare<dnnl::matmul>(pd, in);
 }
 
 // --- softmax -----------------------------------------------------------------------------

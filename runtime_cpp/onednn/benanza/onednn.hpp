@@ -23,14 +23,15 @@ enum class DType { f32, bf16 };
 enum class Layout { plain, nchw, nhwc, any };
 enum class ConvAlgo { none, direct, winograd, automatic };
 
-// One variant's configuration. `bias` and `relu` describe the fused computation (post-ops);
-// for an unfused conv `bias` is the layer's own bias.
+// One variant's configuration. `bias`, `relu` and `gelu` describe the fused computation
+// (post-ops; a MatMul's bias Add); for an unfused conv `bias` is the layer's own bias.
 struct Config {
   DType dtype;
   Layout layout;
   ConvAlgo algo;
   bool bias;
   bool relu;
+  bool gelu;  // GELU (erf) post-op: a MatMul→Add→Gelu epilogue
 };
 
 struct Row {
