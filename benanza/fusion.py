@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from .layers import Layer, Model, Node
-from .problems import BinaryProblem, ConvProblem, EltwiseProblem, MatMulProblem, Problem
+from .problems import BinaryProblem, ConvProblem, EltwiseProblem, MatMulProblem, Problem, ReduceProblem
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,9 @@ class FusionPattern:
     activation: str  # "relu" | "gelu" (erf) | "identity": the fused call's activation
     note: str
     anchor: str = "Conv"
+    # The tail is not a chain of single consumers but the decomposition's DAG, matched by
+    # _layernorm_nodes (the only DAG pattern so far).
+    dag: bool = False
 
     @property
     def length(self) -> int:
@@ -44,6 +47,9 @@ PATTERNS: tuple[FusionPattern, ...] = (
                   anchor="MatMul"),
     FusionPattern("mm_bias", ("Add",), False, "identity", "MatMul→Add(bias): one GEMM with a bias (a Linear)",
                   anchor="MatMul"),
+    FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
+                  "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization", anchor="ReduceMean",
+                  dag=True),
 )
 
 BY_NAME = {p.name: p for p in PATTERNS}
@@ -67,13 +73,20 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     matches: list[FusionMatch] = []
     for node in model.nodes:
         anchor = node.layer.problem
-        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem)):
+        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem)):
             continue
         if isinstance(anchor, MatMulProblem) and (len(anchor.a) != 2 or len(anchor.b) != 2):
             continue  # the fused GEMM is a plain one; batched MatMuls stay unfused
         has_bias = isinstance(anchor, ConvProblem) and anchor.bias
         for pattern in PATTERNS:
             if pattern.anchor != node.layer.op or pattern.conv_bias != has_bias:
+                continue
+            if pattern.dag:
+                nodes = _layernorm_nodes(model, consumers, node.index)
+                if nodes is not None and not used & set(nodes):
+                    used.update(nodes)
+                    matches.append(FusionMatch(pattern, tuple(nodes), node.layer))
+                    break
                 continue
             chain = [node.index]
             ok = True
@@ -106,3 +119,46 @@ def _gemm_epilogue(gemm: Problem, tail: list[Node]) -> bool:
     if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
         return False
     return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == "gelu" for n in tail[1:])
+
+
+def _layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → ReduceMean → Sub(x, mean) → Pow(·, 2) → ReduceMean → Add(eps) → Sqrt →
+    Div(Sub, ·) → Mul(scale) → Add(bias) from its first ReduceMean (over x's trailing axes), or
+    None. Every intermediate is read only inside the pattern."""
+    nodes = model.nodes
+    first = nodes[start]
+    mean = first.layer.problem
+    if not isinstance(mean, ReduceProblem) or mean.alg != "mean" or len(first.inputs) != 1:
+        return None
+    rank = len(mean.shape)
+    if mean.axes != tuple(range(rank - len(mean.axes), rank)):
+        return None  # a library's layer norm normalises trailing axes
+    x = first.inputs[0]
+
+    def only(i: int, op: str) -> int | None:
+        nxt = consumers[i]
+        return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op == op else None
+
+    sub = only(start, "Sub")
+    if sub is None or nodes[sub].inputs != (x, first.outputs[0]):
+        return None
+    pair = sorted(consumers[sub], key=lambda i: nodes[i].layer.op)
+    if [nodes[i].layer.op for i in pair] != ["Div", "Pow"]:
+        return None
+    div, pow_ = pair
+    power = nodes[pow_].layer.problem
+    if not isinstance(power, BinaryProblem) or power.exponent != 2.0:
+        return None
+    second = only(pow_, "ReduceMean")
+    var = nodes[second].layer.problem if second is not None else None
+    if second is None or not isinstance(var, ReduceProblem) or var.axes != mean.axes:
+        return None
+    eps = only(second, "Add")
+    sqrt = only(eps, "Sqrt") if eps is not None and nodes[eps].constant_inputs else None
+    if sqrt is None or consumers[sqrt] != [div] or nodes[div].inputs != (nodes[sub].outputs[0], nodes[sqrt].outputs[0]):
+        return None
+    scale = only(div, "Mul")
+    shift = only(scale, "Add") if scale is not None and nodes[scale].constant_inputs else None
+    if eps is None or scale is None or shift is None or not nodes[shift].constant_inputs:
+        return None
+    return sorted([start, sub, pow_, second, eps, sqrt, div, scale, shift])

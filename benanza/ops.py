@@ -502,7 +502,8 @@ def _attr_token(name: str, value: object) -> str:
 
 def _values_token(arr: np.ndarray) -> str:
     flat = arr.reshape(-1)
-    if flat.size > _VALUE_INPUT_MAX:
+    # the key grammar has no inf/nan (a causal mask's -inf): such values are identified by digest
+    if flat.size > _VALUE_INPUT_MAX or (flat.dtype.kind == "f" and not np.all(np.isfinite(flat))):
         return "vh" + str(int(key_hash(flat.tobytes().hex()), 16) % 10**12)
     if flat.size == 0:
         return "v"

@@ -118,8 +118,12 @@ def test_generate_with_every_model_failing_exits_nonzero_without_crash(tmp_path,
 @pytest.mark.parametrize("name", ["encoder", "gpt"])
 @pytest.mark.parametrize("opset", [14, 17])
 def test_torchscript_exports_process(exported, name, opset):
+    from benanza.problems import parse_layer_key
+
     path = exported(name, opset)
     m = load_model(path)
+    for n in m.nodes:  # every key reads back, the causal mask's -inf included
+        assert parse_layer_key(n.layer.key) == (n.layer.problem, n.layer.dtype), n.layer.key
     ops = {n.layer.op for n in m.nodes}
     assert ("LayerNormalization" in ops) == (opset >= 17)  # torch writes the op from opset 17 on
     # every MatMul's shapes agree with what ONNX Runtime computes for the real tensors
@@ -409,3 +413,57 @@ def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     for f, u in applied.items():
         assert u.fused_ms == pytest.approx(best_fused[f])
         assert u.unfused_ms == pytest.approx(sum(a.rows[i].latency_ms for i in u.nodes))
+
+
+# --- the LayerNorm decomposition as one layer normalization ------------------------------------
+
+def test_layernorm_decomposition_matches_in_opset14_exports(exported):
+    from benanza.fusion import match_fusions
+
+    for name in ("encoder", "gpt"):
+        m = load_model(exported(name, 14))
+        ln = [f for f in match_fusions(m) if f.pattern.name == "layernorm"]
+        assert len(ln) == 2  # both of each block's LayerNorms
+        for f in ln:
+            assert [m.nodes[i].layer.op for i in f.nodes] == [
+                "ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"]
+        # opset 17 writes LayerNormalization itself: nothing to match
+        assert not [f for f in match_fusions(load_model(exported(name, 17))) if f.pattern.name == "layernorm"]
+
+
+@pytest.mark.slow
+def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, exported):
+    import os
+    import subprocess
+
+    from benanza.analyzer import analyze
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(exported("gpt", 14))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    (fused,) = [v for v in gen.variants if v.fusion == "layernorm"]  # both LayerNorms are one problem
+    assert fused.layer_key == f"reduce:mean_in1x{SEQ}x{D_MODEL}_axes2_f32"
+    (tmp_path / "one.txt").write_text(fused.name + "\n")
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db",
+                  RunOptions(min_time=0.01, repetitions=1, filter="reduce:|binary:|eltwise:"))
+    assert summary.failed == 0
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    binary = build(gen.out_dir)
+    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+    out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
+                          "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
+    # oneDNN ran one layer normalization over the 16 rows of 32, with scale and shift
+    assert any(",layer_normalization," in ln and "flags:CH" in ln and f",{SEQ}x{D_MODEL}," in ln
+               for ln in out.stdout.splitlines() if ",exec," in ln)
+    a = analyze(m, results, "ci", "onednn")
+    used = [u for u in a.fusion.applied if u.pattern == "layernorm"]
+    fused_ms = min(r.median_ms for r in results if r.variant.fusion == "layernorm")
+    assert len(used) == 2 and all(u.fused_ms == pytest.approx(fused_ms) and len(u.nodes) == 9 for u in used)

@@ -101,9 +101,10 @@ class OneDNNBackend:
         problem = layer.problem
         conv = isinstance(problem, ConvProblem)
         algos = CONV_ALGOS if conv else ("default",)
-        # conv post-ops, and a MatMul's bias/GELU epilogue (fusion.match_fusions only names
-        # 2-D MatMuls, which oneDNN runs as one GEMM)
-        fused = conv or isinstance(problem, MatMulProblem)
+        # conv post-ops, a MatMul's bias/GELU epilogue (fusion.match_fusions only names 2-D
+        # MatMuls, which oneDNN runs as one GEMM), and a LayerNorm decomposition from its first
+        # ReduceMean
+        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem))
         fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
         for fusion in fusion_names:
@@ -119,7 +120,10 @@ class OneDNNBackend:
         tables: dict[str, _Table] = {}
         for v in variants:
             p = v.problem
-            table = tables.setdefault(p.family, _Table(p.family, FAMILIES[p.family]))
+            # the decomposition's fused form is one layer_normalization: benchmarked in that
+            # family's table, keyed by its first ReduceMean's problem and the fusion tag
+            family = "lnorm" if v.fusion == "layernorm" else p.family
+            table = tables.setdefault(family, _Table(family, FAMILIES[family]))
             index = table.index_of(v)
             table.rows.append(_row(v, index, *fused_config(p, v.fusion)))
         source = env.get_template("benchmarks.cpp.j2").render(tables=list(tables.values()),
@@ -257,6 +261,9 @@ def _concat(v: Variant) -> str:
 
 def _lnorm(v: Variant) -> str:
     p = v.problem
+    if isinstance(p, ReduceProblem):  # the LayerNorm decomposition: scale and shift, over the mean's axes
+        # (its epsilon, an Add of a constant, changes no work: oneDNN's default stands in)
+        return f"{{{_cdims(p.shape)}, {p.axes[0]}, {_cfloat(1e-5)}, true}}"
     assert isinstance(p, LnormProblem)
     return f"{{{_cdims(p.shape)}, {p.axis}, {_cfloat(p.eps)}, {_cbool(p.bias)}}}"
 
