@@ -23,8 +23,8 @@ class FusionPattern:
     activation: str  # "relu" | "gelu" (erf) | "identity": the fused call's activation
     note: str
     anchor: str = "Conv"
-    # The tail is not a chain of single consumers but the decomposition's DAG, matched by
-    # _layernorm_nodes (the only DAG pattern so far).
+    # The tail is not a chain of single consumers but a decomposition's DAG, matched by the
+    # pattern's function in _DAG_MATCHERS.
     dag: bool = False
 
     @property
@@ -50,6 +50,9 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
                   "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization", anchor="ReduceMean",
                   dag=True),
+    FusionPattern("gelu_erf", ("Erf", "Add", "Mul", "Mul"), False, "gelu",
+                  "the erf GELU decomposition of opsets < 20 (x/√2 → Erf → +1 → ·x → ·½): one GELU", anchor="Div",
+                  dag=True),
 )
 
 BY_NAME = {p.name: p for p in PATTERNS}
@@ -73,7 +76,7 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     matches: list[FusionMatch] = []
     for node in model.nodes:
         anchor = node.layer.problem
-        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem)):
+        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem, BinaryProblem)):
             continue
         if isinstance(anchor, MatMulProblem) and (len(anchor.a) != 2 or len(anchor.b) != 2):
             continue  # the fused GEMM is a plain one; batched MatMuls stay unfused
@@ -82,7 +85,7 @@ def match_fusions(model: Model) -> list[FusionMatch]:
             if pattern.anchor != node.layer.op or pattern.conv_bias != has_bias:
                 continue
             if pattern.dag:
-                nodes = _layernorm_nodes(model, consumers, node.index)
+                nodes = _DAG_MATCHERS[pattern.name](model, consumers, node.index)
                 if nodes is not None and not used & set(nodes):
                     used.update(nodes)
                     matches.append(FusionMatch(pattern, tuple(nodes), node.layer))
@@ -162,3 +165,34 @@ def _layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) 
     if eps is None or scale is None or shift is None or not nodes[shift].constant_inputs:
         return None
     return sorted([start, sub, pow_, second, eps, sqrt, div, scale, shift])
+
+
+def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
+    constants are √2, 1 and ½ in every exporter that writes this form), or None."""
+    nodes = model.nodes
+    div = nodes[start]
+    if not isinstance(div.layer.problem, BinaryProblem) or div.layer.problem.alg != "div" \
+            or len(div.inputs) != 1 or not div.constant_inputs:
+        return None
+    x = div.inputs[0]
+
+    def only(i: int | None, op: str, constant: bool) -> int | None:
+        if i is None:
+            return None
+        nxt = consumers[i]
+        ok = len(nxt) == 1 and nodes[nxt[0]].layer.op == op and bool(nodes[nxt[0]].constant_inputs) == constant
+        return nxt[0] if ok else None
+
+    erf = only(start, "Erf", False)
+    plus = only(erf, "Add", True)
+    times_x = only(plus, "Mul", False)
+    half = only(times_x, "Mul", True)
+    if erf is None or plus is None or times_x is None or half is None:
+        return None
+    if set(nodes[times_x].inputs) != {x, nodes[plus].outputs[0]}:
+        return None
+    return [start, erf, plus, times_x, half]
+
+
+_DAG_MATCHERS = {"layernorm": _layernorm_nodes, "gelu_erf": _gelu_nodes}

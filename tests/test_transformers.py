@@ -429,6 +429,11 @@ def test_layernorm_decomposition_matches_in_opset14_exports(exported):
                 "ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"]
         # opset 17 writes LayerNormalization itself: nothing to match
         assert not [f for f in match_fusions(load_model(exported(name, 17))) if f.pattern.name == "layernorm"]
+    # the GPT block's MLP GELU is the erf decomposition at opsets 14 and 17
+    for opset in (14, 17):
+        m = load_model(exported("gpt", opset))
+        (gelu,) = [f for f in match_fusions(m) if f.pattern.name == "gelu_erf"]
+        assert [m.nodes[i].layer.op for i in gelu.nodes] == ["Div", "Erf", "Add", "Mul", "Mul"]
 
 
 @pytest.mark.slow
@@ -449,7 +454,9 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
     gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
     (fused,) = [v for v in gen.variants if v.fusion == "layernorm"]  # both LayerNorms are one problem
     assert fused.layer_key == f"reduce:mean_in1x{SEQ}x{D_MODEL}_axes2_f32"
-    (tmp_path / "one.txt").write_text(fused.name + "\n")
+    (gelu,) = [v for v in gen.variants if v.fusion == "gelu_erf"]
+    assert gelu.layer_key == f"binary:div_in1x{SEQ}x{4 * D_MODEL}_in_f32"
+    (tmp_path / "one.txt").write_text(fused.name + "\n" + gelu.name + "\n")
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db",
                   RunOptions(min_time=0.01, repetitions=1, filter="reduce:|binary:|eltwise:"))
     assert summary.failed == 0
@@ -461,9 +468,15 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
     out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
                           "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
     # oneDNN ran one layer normalization over the 16 rows of 32, with scale and shift
-    assert any(",layer_normalization," in ln and "flags:CH" in ln and f",{SEQ}x{D_MODEL}," in ln
-               for ln in out.stdout.splitlines() if ",exec," in ln)
+    execs = [ln for ln in out.stdout.splitlines() if ",exec," in ln]
+    assert any(",layer_normalization," in ln and "flags:CH" in ln and f",{SEQ}x{D_MODEL}," in ln for ln in execs)
+    # and the erf GELU decomposition as one eltwise gelu_erf over the MLP's 1×16×128
+    assert any(",eltwise," in ln and "alg:eltwise_gelu_erf" in ln and f",1x{SEQ}x{4 * D_MODEL}," in ln
+               for ln in execs)
     a = analyze(m, results, "ci", "onednn")
     used = [u for u in a.fusion.applied if u.pattern == "layernorm"]
     fused_ms = min(r.median_ms for r in results if r.variant.fusion == "layernorm")
     assert len(used) == 2 and all(u.fused_ms == pytest.approx(fused_ms) and len(u.nodes) == 9 for u in used)
+    (g,) = [u for u in a.fusion.applied if u.pattern == "gelu_erf"]
+    assert len(g.nodes) == 5 and g.fused_ms == pytest.approx(
+        min(r.median_ms for r in results if r.variant.fusion == "gelu_erf"))

@@ -104,7 +104,7 @@ class OneDNNBackend:
         # conv post-ops, a MatMul's bias/GELU epilogue (fusion.match_fusions only names 2-D
         # MatMuls, which oneDNN runs as one GEMM), and a LayerNorm decomposition from its first
         # ReduceMean
-        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem))
+        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem))
         fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
         for fusion in fusion_names:
@@ -122,7 +122,7 @@ class OneDNNBackend:
             p = v.problem
             # the decomposition's fused form is one layer_normalization: benchmarked in that
             # family's table, keyed by its first ReduceMean's problem and the fusion tag
-            family = "lnorm" if v.fusion == "layernorm" else p.family
+            family = {"layernorm": "lnorm", "gelu_erf": "eltwise"}.get(v.fusion, p.family)
             table = tables.setdefault(family, _Table(family, FAMILIES[family]))
             index = table.index_of(v)
             table.rows.append(_row(v, index, *fused_config(p, v.fusion)))
@@ -213,6 +213,8 @@ def _lrn(v: Variant) -> str:
 
 def _eltwise(v: Variant) -> str:
     p = v.problem
+    if isinstance(p, BinaryProblem):  # the erf GELU decomposition, from its Div: one GELU of its input
+        return f"{{{_cstr('gelu')}, {_cdims(p.out)}, 0.0f, 0.0f}}"
     assert isinstance(p, EltwiseProblem)
     if p.alg == "clip":  # a run-time bound (None) is NaN in the runtime's tables
         alpha, beta = (float("nan") if b is None else b for b in (p.min, p.max))
