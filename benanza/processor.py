@@ -266,9 +266,10 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, 
 
         # On incomplete inference it dumps a model into the working directory: give it a
         # scratch one so the user's folder is never littered.
-        # It prints (not raises) why it gives up, and returns None, for opsets before 7.
+        # It logs and prints (not raises) why it gives up, and returns None, for opsets before 7:
+        # the reason goes into Benanza's one error line instead.
         with tempfile.TemporaryDirectory() as scratch, _working_dir(scratch), \
-                contextlib.redirect_stdout(io.StringIO()):
+                contextlib.redirect_stdout(io.StringIO()), _quiet("onnxruntime.tools.symbolic_shape_infer"):
             symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
         problem_sym = "" if symbolic is not None else \
             f"it needs opset ≥ 7, the model has {default_opset(model)}"
@@ -361,6 +362,17 @@ def _with_values(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.
             out.graph.node.append(node)
     del out.graph.value_info[:]
     return out
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    logger = logging.getLogger(logger_name)
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 @contextlib.contextmanager
