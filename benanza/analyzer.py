@@ -180,6 +180,10 @@ class Analysis:
         return [r for r in self.rows if r.status == LayerStatus.IDENTITY]
 
     @property
+    def views(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == LayerStatus.VIEW]
+
+    @property
     def br_sequential(self) -> float | None:
         return self.bounds.ratio(self.measured_ms)[0]
 
@@ -388,5 +392,9 @@ def _warn(a: Analysis) -> None:
         ops = sorted({r.op for r in a.identity})
         a.notes.append(f"{len(a.identity)} layers are the identity at inference and cost 0 ({', '.join(ops)}: "
                        f"no training mode, nothing to compute)")
+    if a.views:
+        ops = sorted({r.op for r in a.views})
+        a.notes.append(f"{len(a.views)} layers are free views and cost 0 ({', '.join(ops)}: "
+                       f"the output is the input's data under another shape)")
     for w in a.warnings:
         log.info(w)  # the caller presents warnings; this keeps them in -v logs too

@@ -256,11 +256,10 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     if as_json:
         click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
                               indent=1))
-    elif loaded:
+    elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
         _print_stats(stats, total)
-        if loaded:
-            console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
-                          highlight=False)
+        console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
+                      highlight=False)
         for g in generated:
             console.print(f"{g.backend}: {len(g.variants)} benchmark variants in {g.out_dir}",
                           highlight=False)
@@ -274,12 +273,12 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
 
 
 def _print_stats(stats, total) -> None:
-    table = Table("model", "layers", "unique", "% unique", "covered", "% covered", "MACs",
+    table = Table("model", "layers", "unique", "% unique", "covered", "% covered", "free", "MACs",
                   "not covered (by op)", title="layers per model")
     for s in stats + [total]:
         uncovered = ", ".join(f"{op}×{n}" for op, n in s.not_covered)
         table.add_row(s.model, str(s.layers), str(s.unique_layers), f"{s.unique_pct:.1f}",
-                      str(s.covered_layers), f"{s.covered_pct:.1f}", f"{s.macs / 1e9:.3f}G",
+                      str(s.covered_layers), f"{s.covered_pct:.1f}", str(s.free_layers), f"{s.macs / 1e9:.3f}G",
                       uncovered, end_section=s is stats[-1])
     console.print(table)
 

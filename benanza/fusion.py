@@ -1,25 +1,31 @@
 """Layer-fusion patterns: one registry used by every backend generator and the analyzer.
 
-A pattern is a Conv followed by a chain of single-consumer layers that a fused library call
-runs at once (cuDNN's ConvolutionBiasActivationForward, oneDNN post-ops). Adding a pattern
-is one entry in ``PATTERNS``.
+A pattern is an anchor layer (a Conv, or a MatMul that is one GEMM) followed by a chain of
+single-consumer layers that a fused library call runs at once (cuDNN's
+ConvolutionBiasActivationForward, oneDNN post-ops and matmul bias). Adding a pattern is one
+entry in ``PATTERNS``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .layers import Layer, Model
-from .problems import ConvProblem
+from .layers import Layer, Model, Node
+from .problems import BinaryProblem, ConvProblem, EltwiseProblem, MatMulProblem, Problem, ReduceProblem
 
 
 @dataclass(frozen=True)
 class FusionPattern:
     name: str  # the Variant.fusion tag
-    tail: tuple[str, ...]  # op types after the Conv, in order
-    conv_bias: bool  # whether the Conv itself has a bias input
-    activation: str  # "relu" | "identity": the fused call's activation
+    tail: tuple[str, ...]  # op types after the anchor, in order
+    conv_bias: bool  # whether the Conv itself has a bias input (False for a MatMul anchor)
+    activation: str  # "relu" | "gelu" (erf) | "identity": the fused call's activation
     note: str
+    anchor: str = "Conv"
+    # The tail is not a chain of single consumers but a decomposition's DAG, matched by the
+    # pattern's function in _DAG_MATCHERS.
+    dag: bool = False
 
     @property
     def length(self) -> int:
@@ -36,6 +42,17 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("relu", ("Relu",), False, "relu", "Conv→Relu through the fused call with zero bias"),
     FusionPattern("bias", (), True, "identity",
                   "Conv→Bias through the fused call with the identity activation (paper §III-B4)"),
+    FusionPattern("mm_bias_gelu", ("Add", "Gelu"), False, "gelu",
+                  "MatMul→Add(bias)→Gelu: one GEMM with a bias and a GELU epilogue (a transformer MLP)",
+                  anchor="MatMul"),
+    FusionPattern("mm_bias", ("Add",), False, "identity", "MatMul→Add(bias): one GEMM with a bias (a Linear)",
+                  anchor="MatMul"),
+    FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
+                  "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization", anchor="ReduceMean",
+                  dag=True),
+    FusionPattern("gelu_erf", ("Erf", "Add", "Mul", "Mul"), False, "gelu",
+                  "the erf GELU decomposition of opsets < 20 (x/√2 → Erf → +1 → ·x → ·½): one GELU", anchor="Div",
+                  dag=True),
 )
 
 BY_NAME = {p.name: p for p in PATTERNS}
@@ -44,8 +61,8 @@ BY_NAME = {p.name: p for p in PATTERNS}
 @dataclass(frozen=True)
 class FusionMatch:
     pattern: FusionPattern
-    nodes: tuple[int, ...]  # model node indices, the Conv first
-    conv: Layer  # the layer whose problem the fused variant is benchmarked on
+    nodes: tuple[int, ...]  # model node indices, the anchor first
+    conv: Layer  # the anchor layer (Conv or MatMul) whose problem the fused variant is benchmarked on
 
     @property
     def conv_key(self) -> str:
@@ -58,12 +75,21 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     used: set[int] = set()
     matches: list[FusionMatch] = []
     for node in model.nodes:
-        conv = node.layer.problem
-        if not isinstance(conv, ConvProblem) or node.index in used:
+        anchor = node.layer.problem
+        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem, BinaryProblem)):
             continue
-        has_bias = conv.bias
+        if isinstance(anchor, MatMulProblem) and (len(anchor.a) != 2 or len(anchor.b) != 2):
+            continue  # the fused GEMM is a plain one; batched MatMuls stay unfused
+        has_bias = isinstance(anchor, ConvProblem) and anchor.bias
         for pattern in PATTERNS:
-            if pattern.conv_bias != has_bias:
+            if pattern.anchor != node.layer.op or pattern.conv_bias != has_bias:
+                continue
+            if pattern.dag:
+                nodes = _DAG_MATCHERS[pattern.name](model, consumers, node.index)
+                if nodes is not None and not used & set(nodes):
+                    used.update(nodes)
+                    matches.append(FusionMatch(pattern, tuple(nodes), node.layer))
+                    break
                 continue
             chain = [node.index]
             ok = True
@@ -73,8 +99,100 @@ def match_fusions(model: Model) -> list[FusionMatch]:
                     ok = False
                     break
                 chain.append(nxt[0])
+            if ok and pattern.anchor == "MatMul":
+                ok = _gemm_epilogue(anchor, [model.nodes[i] for i in chain[1:]])
             if ok:
                 used.update(chain)
                 matches.append(FusionMatch(pattern, tuple(chain), node.layer))
                 break
     return matches
+
+
+def _gemm_epilogue(gemm: Problem, tail: list[Node]) -> bool:
+    """Whether a MatMul's tail is what a GEMM epilogue computes: an Add of a constant bias along
+    the output's last axis (shape [N] or [1, N]), then GELU in its erf form."""
+    assert isinstance(gemm, MatMulProblem)
+    add = tail[0].layer.problem
+    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[0].constant_inputs:
+        return False
+    # the GEMM's output is [M, N] or, for a broadcast weight, [..., N] with M rows in all
+    data, bias = add.shapes
+    if add.out != tuple(data) or math.prod(data) != gemm.m * gemm.n or not data or data[-1] != gemm.n:
+        return False
+    if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
+        return False
+    return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == "gelu" for n in tail[1:])
+
+
+def _layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → ReduceMean → Sub(x, mean) → Pow(·, 2) → ReduceMean → Add(eps) → Sqrt →
+    Div(Sub, ·) → Mul(scale) → Add(bias) from its first ReduceMean (over x's trailing axes), or
+    None. Every intermediate is read only inside the pattern."""
+    nodes = model.nodes
+    first = nodes[start]
+    mean = first.layer.problem
+    if not isinstance(mean, ReduceProblem) or mean.alg != "mean" or len(first.inputs) != 1:
+        return None
+    rank = len(mean.shape)
+    if mean.axes != tuple(range(rank - len(mean.axes), rank)):
+        return None  # a library's layer norm normalises trailing axes
+    x = first.inputs[0]
+
+    def only(i: int, op: str) -> int | None:
+        nxt = consumers[i]
+        return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op == op else None
+
+    sub = only(start, "Sub")
+    if sub is None or nodes[sub].inputs != (x, first.outputs[0]):
+        return None
+    pair = sorted(consumers[sub], key=lambda i: nodes[i].layer.op)
+    if [nodes[i].layer.op for i in pair] != ["Div", "Pow"]:
+        return None
+    div, pow_ = pair
+    power = nodes[pow_].layer.problem
+    if not isinstance(power, BinaryProblem) or power.exponent != 2.0:
+        return None
+    second = only(pow_, "ReduceMean")
+    var = nodes[second].layer.problem if second is not None else None
+    if second is None or not isinstance(var, ReduceProblem) or var.axes != mean.axes:
+        return None
+    eps = only(second, "Add")
+    sqrt = only(eps, "Sqrt") if eps is not None and nodes[eps].constant_inputs else None
+    if sqrt is None or consumers[sqrt] != [div] or nodes[div].inputs != (nodes[sub].outputs[0], nodes[sqrt].outputs[0]):
+        return None
+    scale = only(div, "Mul")
+    shift = only(scale, "Add") if scale is not None and nodes[scale].constant_inputs else None
+    if eps is None or scale is None or shift is None or not nodes[shift].constant_inputs:
+        return None
+    return sorted([start, sub, pow_, second, eps, sqrt, div, scale, shift])
+
+
+def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
+    constants are √2, 1 and ½ in every exporter that writes this form), or None."""
+    nodes = model.nodes
+    div = nodes[start]
+    if not isinstance(div.layer.problem, BinaryProblem) or div.layer.problem.alg != "div" \
+            or len(div.inputs) != 1 or not div.constant_inputs:
+        return None
+    x = div.inputs[0]
+
+    def only(i: int | None, op: str, constant: bool) -> int | None:
+        if i is None:
+            return None
+        nxt = consumers[i]
+        ok = len(nxt) == 1 and nodes[nxt[0]].layer.op == op and bool(nodes[nxt[0]].constant_inputs) == constant
+        return nxt[0] if ok else None
+
+    erf = only(start, "Erf", False)
+    plus = only(erf, "Add", True)
+    times_x = only(plus, "Mul", False)
+    half = only(times_x, "Mul", True)
+    if erf is None or plus is None or times_x is None or half is None:
+        return None
+    if set(nodes[times_x].inputs) != {x, nodes[plus].outputs[0]}:
+        return None
+    return [start, erf, plus, times_x, half]
+
+
+_DAG_MATCHERS = {"layernorm": _layernorm_nodes, "gelu_erf": _gelu_nodes}

@@ -16,9 +16,10 @@ import numpy as np
 
 from .layers import FLOAT_DTYPES, Layer, TensorSpec
 from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, BinaryProblem, BnormProblem, ConcatProblem,
-                       ConvProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LrnProblem,
-                       MatMulProblem, PoolProblem, PreluProblem, Problem, RnnProblem, SoftmaxProblem,
-                       canonical_operands, f32, format_dims, format_number, key_hash)
+                       ConvProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LnormProblem,
+                       LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem, RnnProblem,
+                       SoftmaxProblem, TransposeProblem, canonical_operands, f32, format_dims, format_number,
+                       key_hash)
 
 ELEMENT_SIZE = {
     "f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2,
@@ -206,6 +207,8 @@ _ELTWISE = {
     "Sqrt": ("sqrt", (), None, "eltwise_sqrt"),
     "Neg": ("neg", (), None, "eltwise_linear"),
     "Swish": ("swish", ("alpha",), "CUDNN_ACTIVATION_SWISH", "eltwise_swish"),
+    "HardSwish": ("hardswish", (), None, "eltwise_hardswish"),
+    "Gelu": ("gelu", (), None, "eltwise_gelu_erf"),  # approximate="tanh" is alg gelutanh
 }
 _CUDNN_ACTIVATION = {alg: mode for alg, _, mode, _ in _ELTWISE.values()}
 
@@ -238,6 +241,8 @@ def _eltwise_build(view: NodeView) -> Problem:
     if view.op == "Clip":
         lo, hi = _clip_bounds(view)
         return EltwiseProblem(alg, shape, min=lo, max=hi)
+    if view.op == "Gelu" and view.attrs.get("approximate", "none") == "tanh":
+        alg = "gelutanh"
     defaults = _ELTWISE_DEFAULTS.get(view.op, {})
     coef = {n: f32(view.attrs.get(n, defaults[n])) for n in names}
     return EltwiseProblem(alg, shape, alpha=coef.get("alpha"), beta=coef.get("beta"))
@@ -247,7 +252,7 @@ def _eltwise_cudnn(p: Problem) -> str | None:
     assert isinstance(p, EltwiseProblem)
     if p.alg == "clip" and not (p.min == 0.0 and p.max is not None and p.max < FLT_MAX):
         return None  # cuDNN's CLIPPED_RELU is clip(x, 0, ceiling) only
-    return "cudnnActivationForward" if _CUDNN_ACTIVATION[p.alg] else None
+    return "cudnnActivationForward" if _CUDNN_ACTIVATION.get(p.alg) else None
 
 
 def _prelu_build(view: NodeView) -> Problem:
@@ -296,7 +301,11 @@ def _binary_onednn(p: Problem) -> str | None:
     assert isinstance(p, BinaryProblem)
     if p.alg == "sum":
         return "sum" if all(s == p.out for s in p.shapes) else "binary"
-    return None if p.alg == "pow" else "binary"
+    if p.alg == "pow":
+        # x^c with a constant uniform exponent is oneDNN's eltwise pow; a tensor of exponents
+        # has no oneDNN call
+        return "eltwise" if p.exponent is not None and tuple(p.shapes[0]) == p.out else None
+    return "binary"
 
 
 # --- GEMM / MatMul -----------------------------------------------------------------------
@@ -326,7 +335,14 @@ def _gemm_onednn(p: Problem) -> str:
 
 
 def _matmul_build(view: NodeView) -> Problem:
-    return MatMulProblem(tuple(_input(view, 0).shape), tuple(_input(view, 1).shape))
+    a, b = tuple(_input(view, 0).shape), tuple(_input(view, 1).shape)
+    # A weight without a batch of its own ([K, N], or [1, K, N]) broadcast over A's leading dims
+    # is one GEMM with M = their product: A's rows lie contiguous, and that is what frameworks
+    # run ([128, 1, 256]×[256, 768] is 128×256×768, not 128 GEMMs with m=1). Only a B with its
+    # own batch makes a batched GEMM.
+    if len(a) >= 2 and len(b) >= 2 and math.prod(b[:-2]) == 1 and (len(a) > 2 or len(b) > 2):
+        a, b = (math.prod(a[:-1]), a[-1]), b[-2:]
+    return MatMulProblem(a, b)
 
 
 def _matmul_cudnn(p: Problem) -> str:
@@ -408,6 +424,58 @@ def _concat_build(view: NodeView) -> Problem:
     return ConcatProblem(axis, tuple(tuple(t.shape) for t in view.inputs if t is not None))
 
 
+# --- layer normalization, reductions, transpose -----------------------------------------
+
+
+def _lnorm_build(view: NodeView) -> Problem:
+    shape = tuple(_input(view, 0).shape)
+    axis = int(view.attrs.get("axis", -1))
+    return LnormProblem(shape, axis + len(shape) if axis < 0 else axis, f32(view.attrs.get("epsilon", 1e-5)),
+                        _present(view, 2))
+
+
+_REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min",
+           "ReduceProd": "prod"}
+# ReduceSum takes its axes as an input from opset 13 on, the others from opset 18 on.
+_AXES_INPUT_FROM = {"ReduceSum": 13}
+
+
+def _reduce_axes(view: NodeView) -> tuple[int, ...] | None:
+    """Sorted non-negative axes; all of them when none are given. None: the axes are a run-time
+    tensor, or an empty list with noop_with_empty_axes (the identity)."""
+    rank = len(_input(view, 0).shape)
+    if view.opset >= _AXES_INPUT_FROM.get(view.op, 18):
+        if _present(view, 1):
+            v = view.value(1)
+            if v is None:
+                return None
+            axes = [int(a) for a in v.reshape(-1)]
+        else:
+            axes = []
+        if not axes and int(view.attrs.get("noop_with_empty_axes", 0)):
+            return None
+    else:
+        axes = [int(a) for a in view.attrs.get("axes") or []]
+    return tuple(sorted({a + rank if a < 0 else a for a in axes} or range(rank)))
+
+
+def _reduce_build(view: NodeView) -> Problem:
+    axes = _reduce_axes(view)
+    assert axes is not None  # registered only where the axes are known
+    return ReduceProblem(_REDUCE[view.op], tuple(_input(view, 0).shape), axes)
+
+
+def _reduce_onednn(p: Problem) -> str | None:
+    assert isinstance(p, ReduceProblem)
+    return "reduction" if 1 <= len(p.shape) <= 5 else None  # oneDNN reductions take ranks 1-5
+
+
+def _transpose_build(view: NodeView) -> Problem:
+    shape = tuple(_input(view, 0).shape)
+    perm = tuple(int(a) for a in view.attrs.get("perm") or reversed(range(len(shape))))
+    return TransposeProblem(shape, perm)
+
+
 # --- generic fallback --------------------------------------------------------------------
 
 _VALUE_INPUT_MAX = 64
@@ -434,7 +502,8 @@ def _attr_token(name: str, value: object) -> str:
 
 def _values_token(arr: np.ndarray) -> str:
     flat = arr.reshape(-1)
-    if flat.size > _VALUE_INPUT_MAX:
+    # the key grammar has no inf/nan (a causal mask's -inf): such values are identified by digest
+    if flat.size > _VALUE_INPUT_MAX or (flat.dtype.kind == "f" and not np.all(np.isfinite(flat))):
         return "vh" + str(int(key_hash(flat.tobytes().hex()), 16) % 10**12)
     if flat.size == 0:
         return "v"
@@ -483,6 +552,9 @@ DROPOUT = Family("dropout", _dropout_build, _dropout_cudnn, _const(None))
 # such layers are not covered there rather than missing forever.
 RNN = Family("rnn", _rnn_build, _rnn_cudnn, _const(None))
 CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
+LNORM = Family("lnorm", _lnorm_build, _const(None), _const("layer_normalization"))
+REDUCE = Family("reduce", _reduce_build, _const(None), _reduce_onednn)
+TRANSPOSE = Family("transpose", _transpose_build, _const(None), _const("reorder"))
 GENERIC = Family("generic", _generic_build, _const(None), _const(None))
 
 _BY_OP: dict[str, tuple[Family, Callable[[NodeView], bool]]] = {}
@@ -508,6 +580,10 @@ _register(SOFTMAX, ["Softmax", "LogSoftmax"])
 _register(DROPOUT, ["Dropout"])
 _register(RNN, ["LSTM", "GRU", "RNN"])
 _register(CONCAT, ["Concat"])
+# The optional Mean/InvStdDev outputs are training statistics: only the inference form is a layer.
+_register(LNORM, ["LayerNormalization"], lambda v: len(v.outputs) == 1)
+_register(REDUCE, list(_REDUCE), lambda v: _reduce_axes(v) is not None)
+_register(TRANSPOSE, ["Transpose"])
 
 
 def family_of(view: NodeView) -> Family:

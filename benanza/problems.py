@@ -178,6 +178,12 @@ class Problem:
         """True when inference computes nothing (the output is the input): it costs no time."""
         return False
 
+    @property
+    def view(self) -> bool:
+        """True when the op only relabels its input's shape (Reshape, Flatten, ...): the output
+        is the input's bytes, so no kernel runs and it costs no time."""
+        return False
+
     def macs(self) -> int:
         return 0
 
@@ -563,6 +569,51 @@ class ConcatProblem(Problem):
 
 
 @dataclass(frozen=True)
+class LnormProblem(Problem):
+    """ONNX LayerNormalization (opset 17): normalise over the dims from ``axis`` on, then scale
+    and (``bias``) shift. Those dims are contiguous, so a library sees one normalised axis."""
+
+    FAMILY: ClassVar[str] = "lnorm"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
+        (_F("in", "shape", "dims"),), (_F("axis", "axis"),), (_F("eps", "eps", "float"),),
+        (_F("bias", "bias", "bool"),))
+
+    shape: tuple[int, ...]
+    axis: int
+    eps: float
+    bias: bool
+
+
+@dataclass(frozen=True)
+class ReduceProblem(Problem):
+    """A reduction (``alg``: mean, sum, max, min, prod) over sorted non-negative ``axes``;
+    keepdims only relabels the output's shape and is not part of the problem."""
+
+    FAMILY: ClassVar[str] = "reduce"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
+        (_F("", "alg", "word"),), (_F("in", "shape", "dims"),), (_F("axes", "axes", "dims"),))
+
+    alg: str
+    shape: tuple[int, ...]
+    axes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TransposeProblem(Problem):
+    """ONNX Transpose: a real copy of the input into the permuted layout (``perm`` as ONNX's)."""
+
+    FAMILY: ClassVar[str] = "transpose"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = ((_F("in", "shape", "dims"),), (_F("perm", "perm", "dims"),))
+
+    shape: tuple[int, ...]
+    perm: tuple[int, ...]
+
+
+# Ops whose output is their input's data under another shape: views in every framework.
+VIEW_OPS = ("reshape", "squeeze", "unsqueeze", "flatten", "identity")
+
+
+@dataclass(frozen=True)
 class GenericProblem(Problem):
     """An op no family models: its key is the op word and descriptive tokens (input shapes,
     small constant values, outputs, attributes), built by ``ops``; no library call runs it."""
@@ -574,6 +625,10 @@ class GenericProblem(Problem):
     def family(self) -> str:
         return self.op
 
+    @property
+    def view(self) -> bool:
+        return self.op in VIEW_OPS
+
     def text(self) -> str:
         return self.op + ":" + "_".join(self.tokens)
 
@@ -583,7 +638,8 @@ class GenericProblem(Problem):
 
 TYPED: dict[str, type[Problem]] = {cls.FAMILY: cls for cls in (
     ConvProblem, PoolProblem, BnormProblem, LrnProblem, EltwiseProblem, PreluProblem, BinaryProblem,
-    GemmProblem, MatMulProblem, SoftmaxProblem, DropoutProblem, RnnProblem, ConcatProblem)}
+    GemmProblem, MatMulProblem, SoftmaxProblem, DropoutProblem, RnnProblem, ConcatProblem, LnormProblem,
+    ReduceProblem, TransposeProblem)}
 
 
 def format_problem(p: Problem) -> str:

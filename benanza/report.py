@@ -55,6 +55,7 @@ def analysis_json(a: Analysis) -> dict:
         "coverage": {
             "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
             "identity": [r.index for r in a.identity],
+            "views": [r.index for r in a.views],
             "missing": [r.index for r in a.missing],
             "not_covered_ops": sorted({r.op for r in a.not_covered}),
         },

@@ -58,7 +58,7 @@ def every_family_model():
         tensor("Wfc", (8, 16)), tensor("Bfc", (16,)),
         tensor("Wl", (1, 64, 8)), tensor("Rl", (1, 64, 16)), tensor("Bl", (1, 128)),
         tensor("Wg", (2, 48, 8)), tensor("Rg", (2, 48, 16)),
-        tensor("Wm", (8, 12)), tensor("Wn", (8, 6)),
+        tensor("Wm", (5, 8, 12)), tensor("Wn", (8, 6)),  # Wm has its own batch: a batched GEMM
         numpy_helper.from_array(np.array([5, 2, 8], np.int64), "seq_shape"),
         numpy_helper.from_array(np.array([4, 8], np.int64), "mat_shape"),
         numpy_helper.from_array(np.array(True), "train"),
@@ -278,7 +278,7 @@ def test_golden_other_rows(generated):
     blas = (out / "tables_blas_0.cpp").read_text()
     assert ("{.m = 1, .n = 16, .k = 8, .trans_a = false, .trans_b = false, .batch = 1, .a_count = 1, "
             ".b_count = 1, .alpha = 1.0, .beta = 1.0") in blas
-    assert ".m = 2, .n = 12, .k = 8, .trans_a = false, .trans_b = false, .batch = 5, .a_count = 5, .b_count = 1" in blas
+    assert ".m = 2, .n = 12, .k = 8, .trans_a = false, .trans_b = false, .batch = 5, .a_count = 5, .b_count = 5" in blas
     assert ".call = kSgemv" in blas and ".call = kGemmStridedBatchedEx" in blas
     rnn = (out / "tables_rnn_0.cpp").read_text()
     assert "{.cell = Cell::Lstm, .seq = 5, .batch = 2, .input = 8, .hidden = 16, .dirs = 1, .bias = true" in rnn

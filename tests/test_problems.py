@@ -24,7 +24,8 @@ pos = st.integers(1, 512)
 flt = st.floats(width=32, allow_nan=False, allow_infinity=False)
 dims = st.lists(pos, min_size=0, max_size=5).map(tuple)
 shapes = st.lists(dims, min_size=1, max_size=4).map(tuple)
-words = st.sampled_from(["relu", "tanh", "sigmoid", "leakyrelu", "hardsigmoid", "elu", "softsign"])
+words = st.sampled_from(["relu", "tanh", "sigmoid", "leakyrelu", "hardsigmoid", "elu", "softsign", "gelu",
+                         "gelutanh", "hardswish"])
 
 
 @st.composite
@@ -58,6 +59,9 @@ problems = st.one_of(
               st.none() | flt, st.booleans(), st.booleans(), st.lists(words, max_size=6).map(tuple),
               st.lists(flt, max_size=3).map(tuple), st.lists(flt, max_size=3).map(tuple)),
     st.builds(P.ConcatProblem, n, shapes),
+    st.builds(P.LnormProblem, dims, n, flt, st.booleans()),
+    st.builds(P.ReduceProblem, st.sampled_from(["mean", "sum", "max", "min", "prod"]), dims, dims),
+    st.builds(P.TransposeProblem, dims, dims),
 )
 
 

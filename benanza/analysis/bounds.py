@@ -39,6 +39,7 @@ class LayerStatus:
     MISSING = "missing"  # the library covers it, the database has no OK result
     NOT_COVERED = "not_covered"  # no library call runs this layer type
     IDENTITY = "identity"  # inference computes nothing here (Dropout): 0 ms by definition
+    VIEW = "free_view"  # only relabels the input's shape (Reshape, Flatten, ...): 0 ms by definition
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,9 @@ def layer_rows(model: Model, by_problem: ResultIndex, backend: str, dtype: str,
         key = layer_key(layer.problem, dt)
         if layer.identity:
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.IDENTITY, 0.0))
+            continue
+        if layer.view:
+            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.VIEW, 0.0))
             continue
         if not covered(layer, backend):
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.NOT_COVERED, 0.0))

@@ -24,7 +24,8 @@ from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
 from ..problems import (BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, EltwiseProblem, GemmProblem,
-                        LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, SoftmaxProblem)
+                        LnormProblem, LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem,
+                        SoftmaxProblem, TransposeProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ FAMILIES = {
     "matmul": Family("MatmulParams", "matmul", False),
     "softmax": Family("SoftmaxParams", "softmax", False),
     "concat": Family("ConcatParams", "concat", False),
+    "lnorm": Family("LnormParams", "lnorm", False),
+    "reduce": Family("ReduceParams", "reduce", False),
+    "transpose": Family("TransposeParams", "transpose", False),
 }
 
 
@@ -73,12 +77,14 @@ def _layouts(problem: Problem, family: Family, options: GenOptions) -> list[str]
     return [lay for lay in (options.layouts or SPATIAL_LAYOUTS) if lay in SPATIAL_LAYOUTS]
 
 
-def fused_config(conv: ConvProblem, fusion: str) -> tuple[bool, bool]:
-    """(bias, relu) of a conv variant: its own bias unfused; a pattern's bias/BN fold and ReLU."""
+def fused_config(problem: Problem, fusion: str) -> tuple[bool, bool, bool]:
+    """(bias, relu, gelu) of a variant: a conv's own bias unfused; a pattern's bias (a conv's
+    bias or BN fold, a MatMul's bias Add) and its activation."""
     if fusion == "none":
-        return conv.bias, False
+        return isinstance(problem, ConvProblem) and problem.bias, False, False
     p = FUSION_PATTERNS[fusion]
-    return p.conv_bias or "BatchNormalization" in p.tail, p.activation == "relu"
+    bias = p.conv_bias or "BatchNormalization" in p.tail or "Add" in p.tail
+    return bias, p.activation == "relu", p.activation == "gelu"
 
 
 class OneDNNBackend:
@@ -96,7 +102,11 @@ class OneDNNBackend:
         problem = layer.problem
         conv = isinstance(problem, ConvProblem)
         algos = CONV_ALGOS if conv else ("default",)
-        fusion_names = ("none",) + tuple(fusions) if conv else ("none",)
+        # conv post-ops, a MatMul's bias/GELU epilogue (fusion.match_fusions only names 2-D
+        # MatMuls, which oneDNN runs as one GEMM), and a LayerNorm decomposition from its first
+        # ReduceMean
+        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem))
+        fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
         for fusion in fusion_names:
             for algo in algos:
@@ -111,10 +121,12 @@ class OneDNNBackend:
         tables: dict[str, _Table] = {}
         for v in variants:
             p = v.problem
-            table = tables.setdefault(p.family, _Table(p.family, FAMILIES[p.family]))
+            # the decomposition's fused form is one layer_normalization: benchmarked in that
+            # family's table, keyed by its first ReduceMean's problem and the fusion tag
+            family = {"layernorm": "lnorm", "gelu_erf": "eltwise"}.get(v.fusion, p.family)
+            table = tables.setdefault(family, _Table(family, FAMILIES[family]))
             index = table.index_of(v)
-            bias, relu = fused_config(p, v.fusion) if isinstance(p, ConvProblem) else (False, False)
-            table.rows.append(_row(v, index, bias, relu))
+            table.rows.append(_row(v, index, *fused_config(p, v.fusion)))
         source = env.get_template("benchmarks.cpp.j2").render(tables=list(tables.values()),
                                                                count=len(variants))
         files = [write_if_changed(out_dir / "benchmarks.cpp", source),
@@ -140,10 +152,10 @@ class _Table:
         return self._index[v.problem]
 
 
-def _row(v: Variant, index: int, bias: bool, relu: bool) -> str:
+def _row(v: Variant, index: int, bias: bool, relu: bool, gelu: bool) -> str:
     layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any") else "plain"
     cfg = (f"{{bo::DType::{v.dtype}, bo::Layout::{layout}, bo::ConvAlgo::{_CPP_ALGO[v.algo]}, "
-           f"{_cbool(bias)}, {_cbool(relu)}}}")
+           f"{_cbool(bias)}, {_cbool(relu)}, {_cbool(gelu)}}}")
     return f'{{{c_string(v.name)}, {index}, {cfg}}}'
 
 
@@ -198,6 +210,8 @@ def _lrn(v: Variant) -> str:
 
 def _eltwise(v: Variant) -> str:
     p = v.problem
+    if isinstance(p, BinaryProblem):  # the erf GELU decomposition, from its Div: one GELU of its input
+        return f"{{{c_string('gelu')}, {_cdims(p.out)}, 0.0f, 0.0f}}"
     assert isinstance(p, EltwiseProblem)
     if p.alg == "clip":  # a run-time bound (None) is NaN in the runtime's tables
         alpha, beta = (float("nan") if b is None else b for b in (p.min, p.max))
@@ -215,7 +229,8 @@ def _prelu(v: Variant) -> str:
 def _binary(v: Variant) -> str:
     p = v.problem
     assert isinstance(p, BinaryProblem)
-    return f"{{{c_string(p.alg)}, {_cdims_list(p.shapes)}, {_cdims(p.out)}}}"
+    exponent = float("nan") if p.exponent is None else p.exponent
+    return f"{{{c_string(p.alg)}, {_cdims_list(p.shapes)}, {_cdims(p.out)}, {_cfloat(exponent)}}}"
 
 
 def _gemm(v: Variant) -> str:
@@ -243,9 +258,31 @@ def _concat(v: Variant) -> str:
     return f"{{{p.axis}, {_cdims_list(p.shapes)}}}"
 
 
+def _lnorm(v: Variant) -> str:
+    p = v.problem
+    if isinstance(p, ReduceProblem):  # the LayerNorm decomposition: scale and shift, over the mean's axes
+        # (its epsilon, an Add of a constant, changes no work: oneDNN's default stands in)
+        return f"{{{_cdims(p.shape)}, {p.axes[0]}, {_cfloat(1e-5)}, true}}"
+    assert isinstance(p, LnormProblem)
+    return f"{{{_cdims(p.shape)}, {p.axis}, {_cfloat(p.eps)}, {_cbool(p.bias)}}}"
+
+
+def _reduce(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, ReduceProblem)
+    return f"{{{c_string(p.alg)}, {_cdims(p.shape)}, {_cdims(p.axes)}}}"
+
+
+def _transpose(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, TransposeProblem)
+    return f"{{{_cdims(p.shape)}, {_cdims(p.perm)}}}"
+
+
 PARAMS = {"conv": _conv, "pool": _pool, "bnorm": _bnorm, "lrn": _lrn, "eltwise": _eltwise,
           "prelu": _prelu, "binary": _binary, "gemm": _gemm, "matmul": _matmul,
-          "softmax": _softmax, "concat": _concat}
+          "softmax": _softmax, "concat": _concat, "lnorm": _lnorm, "reduce": _reduce,
+          "transpose": _transpose}
 
 
 def covers(layer: Layer) -> bool:

@@ -335,8 +335,20 @@ EltAlg eltwise_alg(const EltwiseParams& e) {
   if (a == "sqrt") return {algorithm::eltwise_sqrt, 0.f, 0.f};
   if (a == "neg") return {algorithm::eltwise_linear, -1.f, 0.f};
   if (a == "swish") return {algorithm::eltwise_swish, e.alpha, 0.f};
+  if (a == "gelu") return {algorithm::eltwise_gelu_erf, 0.f, 0.f};
+  if (a == "gelutanh") return {algorithm::eltwise_gelu_tanh, 0.f, 0.f};
+  // ONNX HardSwish is x·max(0, min(1, x/6 + 1/2)): oneDNN's hardswish with alpha 1/6, beta 1/2
+  // (oneDNN 2.x has no parameters and computes exactly that).
+#if BENANZA_DNNL3
+  if (a == "hardswish") return {algorithm::eltwise_hardswish, 1.f / 6.f, 0.5f};
+#else
+  if (a == "hardswish") return {algorithm::eltwise_hardswish, 0.f, 0.f};
+#endif
 #if BENANZA_DNNL3
   if (a == "hardsigmoid") return {algorithm::eltwise_hardsigmoid, e.alpha, e.beta};
+#else
+  // oneDNN 2.x has no hardsigmoid: alpha·x + beta (linear) clipped to [0, 1] by a post-op.
+  if (a == "hardsigmoid") return {algorithm::eltwise_linear, e.alpha, e.beta};
 #endif
   throw Unsupported("element-wise " + a + " has no oneDNN " + std::to_string(DNNL_VERSION_MAJOR) +
                     ".x algorithm");
@@ -346,6 +358,13 @@ Prepared make_eltwise(const EltwiseParams& e, const Config& cfg) {
   auto data = plain_md(e.shape, cfg.dtype);
   EltAlg a = eltwise_alg(e);
   auto attr = base_attr();
+#if !BENANZA_DNNL3
+  if (std::string(e.alg) == "hardsigmoid") {
+    dnnl::post_ops po;
+    po.append_eltwise(1.f, algorithm::eltwise_clip, 0.f, 1.f);
+    attr.set_post_ops(po);
+  }
+#endif
   auto pk = prop_kind::forward_inference;
 #if BENANZA_DNNL3
   dnnl::eltwise_forward::primitive_desc pd(engine(), pk, a.alg, data, data, a.alpha, a.beta, attr);
@@ -398,8 +417,25 @@ Prepared make_sum(const BinaryParams& b, const Config& cfg) {
   return prepare<dnnl::sum>(pd, in);
 }
 
+// x^c, c a constant: oneDNN's eltwise pow (alpha·x^beta with alpha 1).
+Prepared make_pow(const BinaryParams& b, const Config& cfg) {
+  if (b.exponent != b.exponent) throw Unsupported("Pow with a tensor of exponents");
+  if (b.inputs.at(0) != b.out) throw Unsupported("Pow broadcasts its base");
+  auto data = plain_md(b.out, cfg.dtype);
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::eltwise_forward::primitive_desc pd(engine(), pk, algorithm::eltwise_pow, data, data, 1.f, b.exponent, attr);
+#else
+  dnnl::eltwise_forward::desc d(pk, algorithm::eltwise_pow, data, 1.f, b.exponent);
+  dnnl::eltwise_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::eltwise_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
 Prepared make_binary(const BinaryParams& b, const Config& cfg) {
   std::string alg = b.alg;
+  if (alg == "pow") return make_pow(b, cfg);
   bool equal_shapes = std::all_of(b.inputs.begin(), b.inputs.end(), [&](const Dims& d) { return d == b.out; });
   if (b.inputs.size() > 2) {
     if (alg == "sum" && equal_shapes) return make_sum(b, cfg);
@@ -484,9 +520,22 @@ Prepared make_matmul(const MatmulParams& m, const Config& cfg) {
   c[rank - 2] = a[rank - 2];
   c[rank - 1] = b[rank - 1];
   auto attr = base_attr();
-  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(a, cfg.dtype), plain_md(b, cfg.dtype), nullptr,
-                                                     plain_md(c, cfg.dtype), attr);
-  return prepare<dnnl::matmul>(pd, {{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}});
+  if (cfg.gelu) {  // the fused MatMul→Add→Gelu epilogue
+    dnnl::post_ops po;
+#if BENANZA_DNNL3
+    po.append_eltwise(algorithm::eltwise_gelu_erf, 0.f, 0.f);
+#else
+    po.append_eltwise(1.f, algorithm::eltwise_gelu_erf, 0.f, 0.f);
+#endif
+    attr.set_post_ops(po);
+  }
+  // The fused bias Add: one value per output column, broadcast over the rows.
+  memory::desc bias_md = plain_md(pad_rank({c[rank - 1]}, rank), cfg.dtype);
+  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(a, cfg.dtype), plain_md(b, cfg.dtype),
+                                                     cfg.bias ? &bias_md : nullptr, plain_md(c, cfg.dtype), attr);
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
+  if (cfg.bias) in.push_back({DNNL_ARG_BIAS, bias_md});
+  return prepare<dnnl::matmul>(pd, in);
 }
 
 // --- softmax -----------------------------------------------------------------------------
@@ -532,6 +581,73 @@ Prepared make_concat(const ConcatParams& c, const Config& cfg) {
   return prepare<dnnl::concat>(pd, in);
 }
 
+// --- layer normalization -----------------------------------------------------------------
+
+Prepared make_lnorm(const LnormParams& l, const Config& cfg) {
+  // The dims from `axis` on are contiguous: one normalised axis of their product.
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < static_cast<int>(l.shape.size()); ++i) (i < l.axis ? outer : inner) *= l.shape[i];
+  auto data = plain_md({outer, inner}, cfg.dtype);
+  auto flags = dnnl::normalization_flags::use_scale;
+  if (l.bias) flags = flags | dnnl::normalization_flags::use_shift;
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::layer_normalization_forward::primitive_desc pd(engine(), pk, data, data, l.eps, flags, attr);
+#else
+  dnnl::layer_normalization_forward::desc d(pk, data, l.eps, flags);
+  dnnl::layer_normalization_forward::primitive_desc pd(d, attr, engine());
+#endif
+  auto channel = memory::desc({inner}, dt::f32, tag::x);
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_SCALE, channel}};
+  if (l.bias) in.push_back({DNNL_ARG_SHIFT, channel});
+  return prepare<dnnl::layer_normalization_forward>(pd, in);
+}
+
+// --- reductions --------------------------------------------------------------------------
+
+algorithm reduce_alg(const std::string& a) {
+  if (a == "mean") return algorithm::reduction_mean;
+  if (a == "sum") return algorithm::reduction_sum;
+  if (a == "max") return algorithm::reduction_max;
+  if (a == "min") return algorithm::reduction_min;
+  if (a == "prod") return algorithm::reduction_mul;
+  throw Unsupported("reduction " + a);
+}
+
+Prepared make_reduce(const ReduceParams& r, const Config& cfg) {
+  Dims out = r.shape;
+  for (int64_t a : r.axes) out.at(static_cast<size_t>(a)) = 1;  // keepdims: the same bytes either way
+  auto src = plain_md(r.shape, cfg.dtype), dst = plain_md(out, cfg.dtype);
+  auto attr = base_attr();
+#if BENANZA_DNNL3
+  dnnl::reduction::primitive_desc pd(engine(), reduce_alg(r.alg), src, dst, 0.f, 0.f, attr);
+#else
+  dnnl::reduction::desc d(reduce_alg(r.alg), src, dst, 0.f, 0.f);
+  dnnl::reduction::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::reduction>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
+// --- transpose: a reorder into the permuted layout ---------------------------------------
+
+Prepared make_transpose(const TransposeParams& t, const Config& cfg) {
+  // The destination keeps the source's logical dims; its strides lay them out in the output's
+  // order (output dim i is input dim perm[i]), so the reorder writes the transposed tensor.
+  size_t rank = t.shape.size();
+  Dims strides(rank);
+  int64_t stride = 1;
+  for (size_t i = rank; i-- > 0;) {
+    strides.at(static_cast<size_t>(t.perm.at(i))) = stride;
+    stride *= t.shape.at(static_cast<size_t>(t.perm.at(i)));
+  }
+  auto src = plain_md(t.shape, cfg.dtype);
+  memory::desc dst(t.shape, data_type(cfg.dtype), strides);
+  auto attr = base_attr();
+  dnnl::reorder::primitive_desc pd(engine(), src, engine(), dst, attr);
+  return prepare<dnnl::reorder>(pd, {{DNNL_ARG_FROM, src}});
+}
+
 }  // namespace
 
 #define BENANZA_BENCH(family, Params)                                          \
@@ -550,6 +666,9 @@ BENANZA_BENCH(gemm, GemmParams)
 BENANZA_BENCH(matmul, MatmulParams)
 BENANZA_BENCH(softmax, SoftmaxParams)
 BENANZA_BENCH(concat, ConcatParams)
+BENANZA_BENCH(lnorm, LnormParams)
+BENANZA_BENCH(reduce, ReduceParams)
+BENANZA_BENCH(transpose, TransposeParams)
 
 void describe_context() {
   const auto* v = dnnl::version();

@@ -23,14 +23,15 @@ enum class DType { f32, bf16 };
 enum class Layout { plain, nchw, nhwc, any };
 enum class ConvAlgo { none, direct, winograd, automatic };
 
-// One variant's configuration. `bias` and `relu` describe the fused computation (post-ops);
-// for an unfused conv `bias` is the layer's own bias.
+// One variant's configuration. `bias`, `relu` and `gelu` describe the fused computation
+// (post-ops; a MatMul's bias Add); for an unfused conv `bias` is the layer's own bias.
 struct Config {
   DType dtype;
   Layout layout;
   ConvAlgo algo;
   bool bias;
   bool relu;
+  bool gelu;  // GELU (erf) post-op: a MatMul→Add→Gelu epilogue
 };
 
 struct Row {
@@ -45,11 +46,15 @@ struct BnormParams { int64_t mb, ic, ih, iw; float eps; };
 struct LrnParams { int64_t mb, ic, ih, iw, size; float alpha, beta, k; };
 struct EltwiseParams { const char* alg; Dims shape; float alpha, beta; };
 struct PreluParams { Dims shape, slope; };
-struct BinaryParams { const char* alg; std::vector<Dims> inputs; Dims out; };
+// exponent: Pow's constant uniform exponent (NaN for the other algorithms)
+struct BinaryParams { const char* alg; std::vector<Dims> inputs; Dims out; float exponent; };
 struct GemmParams { int64_t m, n, k; bool ta, tb; float alpha, beta; bool has_c; Dims c; bool inner_product; };
 struct MatmulParams { Dims a, b; };
 struct SoftmaxParams { const char* alg; Dims shape; int axis; bool flat; };
 struct ConcatParams { int axis; std::vector<Dims> inputs; };
+struct LnormParams { Dims shape; int axis; float eps; bool bias; };
+struct ReduceParams { const char* alg; Dims shape; Dims axes; };
+struct TransposeParams { Dims shape; Dims perm; };
 
 void bench_conv(benchmark::State&, const ConvParams&, const Config&);
 void bench_pool(benchmark::State&, const PoolParams&, const Config&);
@@ -62,6 +67,9 @@ void bench_gemm(benchmark::State&, const GemmParams&, const Config&);
 void bench_matmul(benchmark::State&, const MatmulParams&, const Config&);
 void bench_softmax(benchmark::State&, const SoftmaxParams&, const Config&);
 void bench_concat(benchmark::State&, const ConcatParams&, const Config&);
+void bench_lnorm(benchmark::State&, const LnormParams&, const Config&);
+void bench_reduce(benchmark::State&, const ReduceParams&, const Config&);
+void bench_transpose(benchmark::State&, const TransposeParams&, const Config&);
 
 // Registers every row of one family's table.
 template <class P, size_t NP, size_t NR>

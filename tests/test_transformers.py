@@ -1,0 +1,483 @@
+"""Transformer-era models: processing real exporter output, and what the backends cost of it."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from helpers import conv_net, io, model, tensor
+from onnx import TensorProto, helper, numpy_helper
+from torch_models import D_MODEL, SEQ, export
+
+from benanza.cli import main
+from benanza.errors import ShapeError
+from benanza.processor import load_model
+
+
+def _i64(name, values):
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("torch")
+    return lambda name, opset: export(name, opset, out)
+
+
+# --- processing ----------------------------------------------------------------------------
+
+def test_unread_optional_output_without_shape_is_no_error(save):
+    # opset 6 Dropout: ONNX shape inference leaves its mask unknown; nothing reads the mask
+    m = model([helper.make_node("Dropout", ["x"], ["y", "mask"], is_test=1),
+               helper.make_node("Relu", ["y"], ["z"])], [io("x", [1, 8])], [io("z", [1, 8])], opset=6)
+    nodes = load_model(save(m)).nodes
+    assert [n.layer.key for n in nodes] == ["dropout:in1x8_f32", "eltwise:relu_in1x8_f32"]
+    assert nodes[0].layer.identity and len(nodes[0].layer.outputs) == 1
+
+
+def test_read_output_without_shape_is_still_an_error(save):
+    m = model([helper.make_node("Mystery", ["x"], ["y"], domain="example.com"),
+               helper.make_node("Relu", ["y"], ["z"])], [io("x", [1, 8])], [io("z", [1, 8])],
+              opset=13)
+    m.opset_import.append(helper.make_opsetid("example.com", 1))
+    with pytest.raises(ShapeError, match="Mystery"):
+        load_model(save(m))
+
+
+def test_shape_cast_slice_cast_concat_feeding_reshape_resolves(save):
+    # a Paddle-exported classifier's flatten: the batch read back from the Conv output's shape
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"]),
+             helper.make_node("Shape", ["c"], ["s"]),
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+             helper.make_node("Slice", ["sf", "st", "en", "ax"], ["sl"]),
+             helper.make_node("Cast", ["sl"], ["si"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["si", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["c", "shape"], ["y"]),
+             helper.make_node("Gemm", ["y", "Wf"], ["z"], transB=1)]
+    m = model(nodes, [io("x", ["N", 3, 8, 8])], [io("z", None)],
+              [tensor("W", (4, 3, 3, 3)), tensor("Wf", (10, 144)), _i64("st", [0]), _i64("en", [1]),
+               _i64("ax", [0]), _i64("minus1", [-1])], opset=11)
+    keys = [n.layer.key for n in load_model(save(m), batch_size=2).nodes]
+    assert keys[-2:] == ["reshape:in2x4x6x6_in2_out2x144_f32", "gemm:m2n10k144_ta0tb1_alpha1beta0_f32"]
+
+
+def test_mod_of_constants_feeding_slice_is_folded(save):
+    # TorchScript's exporter slices q/k/v with an end computed as Reshape(Mod(Constant, Constant))
+    nodes = [helper.make_node("Constant", [], ["a"], value=_i64("a", [7])),
+             helper.make_node("Constant", [], ["b"], value=_i64("b", [4])),
+             helper.make_node("Mod", ["a", "b"], ["m"]),
+             helper.make_node("Reshape", ["m", "one"], ["end"]),
+             helper.make_node("Slice", ["x", "zero", "end", "axis"], ["y"]),
+             helper.make_node("Relu", ["y"], ["z"])]
+    m = model(nodes, [io("x", [1, 8])], [io("z", None)],
+              [_i64("one", [1]), _i64("zero", [0]), _i64("axis", [1])], opset=13)
+    layers = {n.layer.op: n.layer for n in load_model(save(m)).nodes}
+    assert layers["Slice"].outputs[0].shape == (1, 7 % 4)  # numpy's answer to the same arithmetic
+    assert layers["Relu"].key == "eltwise:relu_in1x3_f32"
+
+
+def _old_opset_model():
+    """Opset 6 with an op ONNX's shape inference does not know: ONNX Runtime's symbolic
+    inference, the fallback, refuses opsets before 7 (it returned None: AttributeError)."""
+    m = model([helper.make_node("Mystery", ["x"], ["y"], domain="example.com"),
+               helper.make_node("Relu", ["y"], ["z"])], [io("x", [1, 8])], [io("z", None)], opset=6)
+    m.opset_import.append(helper.make_opsetid("example.com", 1))
+    return m
+
+
+def test_opset_below_7_failing_inference_is_one_clear_error(save, capfd):
+    with pytest.raises(ShapeError) as e:
+        load_model(save(_old_opset_model(), "old.onnx"))
+    text = str(e.value)
+    assert "old.onnx" in text and "Mystery" in text and "no concrete shape" in text and "\n" not in text
+    assert capfd.readouterr().out == ""  # ORT's "Only support models of onnx opset 7" print is kept quiet
+
+
+def test_generate_reports_old_opset_and_goes_on(tmp_path, save):
+    old = _old_opset_model()
+    bad, good = save(old, "old.onnx"), save(conv_net(), "good.onnx")
+    r = CliRunner().invoke(main, ["generate", str(bad), str(good), "--out", str(tmp_path / "o"),
+                                  "--backend", "none", "--json"])
+    assert r.exit_code == 1 and r.exception is None or isinstance(r.exception, SystemExit)
+    assert [s["model"] for s in json.loads(r.stdout)["models"]] == ["good"]
+    assert "old.onnx" in r.stderr and "Traceback" not in r.stderr
+    assert "Only support models" not in r.stderr + r.stdout  # ORT's own warning: our error line says it
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_generate_with_every_model_failing_exits_nonzero_without_crash(tmp_path, save, as_json):
+    old = _old_opset_model()
+    args = ["generate", str(save(old, "old.onnx")), str(tmp_path / "none.onnx"), "--out", str(tmp_path / "o"),
+            "--backend", "none"] + (["--json"] if as_json else [])
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit)
+    assert "old.onnx" in r.stderr and "none.onnx: no such file" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["encoder", "gpt"])
+@pytest.mark.parametrize("opset", [14, 17])
+def test_torchscript_exports_process(exported, name, opset):
+    from benanza.problems import parse_layer_key
+
+    path = exported(name, opset)
+    m = load_model(path)
+    for n in m.nodes:  # every key reads back, the causal mask's -inf included
+        assert parse_layer_key(n.layer.key) == (n.layer.problem, n.layer.dtype), n.layer.key
+    ops = {n.layer.op for n in m.nodes}
+    assert ("LayerNormalization" in ops) == (opset >= 17)  # torch writes the op from opset 17 on
+    # every MatMul's shapes agree with what ONNX Runtime computes for the real tensors
+    import onnxruntime as ort
+
+    proto = onnx.load(str(path))
+    wanted = [o for n in m.nodes if n.layer.op in ("MatMul", "Softmax", "Slice") for o in n.outputs]
+    known = {vi.name for vi in proto.graph.output}
+    for name_ in wanted:
+        if name_ not in known:
+            proto.graph.output.append(helper.make_empty_tensor_value_info(name_))
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, SEQ, D_MODEL)).astype(np.float32)
+    real = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    for n in m.nodes:
+        for spec, out in zip(n.layer.outputs, n.outputs):
+            if out in real:
+                assert spec.shape == real[out].shape, (n.name, out)
+
+
+# --- free views ----------------------------------------------------------------------------
+
+VIEWS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+@pytest.mark.parametrize("backend", ["onednn", "cudnn"])
+def test_pure_views_are_free_not_uncovered(exported, backend):
+    from benanza.analyzer import analyze
+    from benanza.processor import model_stats
+    from benanza.report import document
+
+    m = load_model(exported("encoder", 17))
+    ops = [n.layer.op for n in m.nodes]
+    n_views = sum(op in VIEWS for op in ops)
+    assert n_views >= 12  # 11 Reshapes, a Squeeze and an Unsqueeze in torch's MultiheadAttention
+    a = analyze(m, [], "sys", backend)
+    status = {r.index: r.status for r in a.rows}
+    for n in m.nodes:
+        assert (status[n.index] == "free_view") == (n.layer.op in VIEWS), n.name
+    assert "Reshape" not in {r.op for r in a.not_covered} and len(a.views) == n_views
+    assert any("free views" in note for note in a.notes)
+    assert document([a])["analyses"][0]["coverage"]["views"] == sorted(r.index for r in a.views)
+    stats = model_stats(m)
+    assert stats.free_layers == n_views
+    assert not VIEWS & {op for op, _ in stats.not_covered}
+    assert stats.layers == stats.covered_layers + stats.free_layers + sum(n for _, n in stats.not_covered)
+
+
+# --- MatMul with a broadcast weight ---------------------------------------------------------
+
+@pytest.mark.parametrize(("a", "b", "key", "macs"), [
+    ((128, 1, 256), (256, 768), "matmul:a128x256_b256x768", 128 * 256 * 768),
+    ((197, 1, 768), (768, 2304), "matmul:a197x768_b768x2304", 197 * 768 * 2304),  # ViT-B/16's qkv
+    ((1, 16, 32), (1, 32, 96), "matmul:a16x32_b32x96", 16 * 32 * 96),  # a weight with a unit batch
+    ((12, 197, 64), (12, 64, 197), "matmul:a12x197x64_b12x64x197", 12 * 197 * 64 * 197),  # truly batched
+    ((2, 12, 16, 8), (2, 12, 8, 16), "matmul:a2x12x16x8_b2x12x8x16", 24 * 16 * 8 * 16),
+])
+def test_matmul_with_a_broadcast_weight_is_one_gemm(save, a, b, key, macs):
+    from benanza.backends.onednn import BACKEND, PARAMS
+    from benanza.generator import GenOptions
+    from benanza.layers import UniqueLayer
+
+    out = np.matmul(np.zeros(a, np.float32), np.zeros(b, np.float32)).shape
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [io("x", list(a))], [io("y", list(out))],
+              [tensor("w", b)])
+    layer = load_model(save(m)).nodes[0].layer
+    assert layer.key == f"{key}_f32" and layer.macs == macs == np.prod(out) * a[-1]  # numpy's work
+    assert layer.outputs[0].shape == out  # the node keeps its real output; only the problem folds
+    batched = len(key.split("_")[0].split("x")) > 2
+    assert layer.cudnn_api == ("cublasGemmStridedBatchedEx" if batched else "cublasGemmEx")
+    variants = BACKEND.variants(UniqueLayer(layer), (), GenOptions(dtypes=("f32",)))
+    dims = [tuple(int(d) for d in t[1:].split("x")) for t in key.split(":")[1].split("_")]
+    assert [PARAMS["matmul"](v) for v in variants] == [
+        "{{" + ", ".join(map(str, dims[0])) + "}, {" + ", ".join(map(str, dims[1])) + "}}"]
+
+
+# --- oneDNN: the transformer-era families -----------------------------------------------------
+
+def transformer_ops_model() -> onnx.ModelProto:
+    """One node per new oneDNN family (opset 20: Gelu is an op from there on)."""
+    n = helper.make_node
+    nodes = [
+        n("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1, epsilon=1e-5),
+        n("LayerNormalization", ["x", "g2"], ["ln2"], axis=1),  # two normalised dims, no bias
+        n("Gelu", ["ln"], ["ge"]),
+        n("Gelu", ["ln"], ["gt"], approximate="tanh"),
+        n("HardSwish", ["ge"], ["hs"]),
+        n("HardSigmoid", ["gt"], ["hg"], alpha=0.25, beta=0.4),
+        n("ReduceMean", ["hs", "last"], ["rm"], keepdims=1),
+        n("ReduceSum", ["hg", "last"], ["rs"], keepdims=0),
+        n("ReduceMax", ["ln2", "mid"], ["rx"], keepdims=0),
+        n("Transpose", ["hs"], ["tr"], perm=[0, 2, 1]),
+        n("Softmax", ["tr"], ["sm"], axis=1),  # softmax over a non-last axis
+        n("ReduceMean", ["img", "hw"], ["gap"], keepdims=1),  # global average pooling, as a reduction
+        n("Pow", ["x", "two"], ["sq"]),  # the opset < 17 LayerNorm decomposition squares with Pow
+    ]
+    for i, node in enumerate(nodes):
+        node.name = f"{node.op_type.lower()}{i}"
+    inits = [tensor("g", (32,)), tensor("b", (32,)), tensor("g2", (16, 32)), _i64("last", [-1]), _i64("mid", [1]),
+             _i64("hw", [2, 3]), numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    outs = [io(t, None) for t in ("rm", "rs", "rx", "sm", "gap", "sq")]
+    return model(nodes, [io("x", [2, 16, 32]), io("img", [2, 8, 7, 7])], outs, inits, opset=20)
+
+
+EXPECTED = {
+    "layernormalization0": ("lnorm:in2x16x32_axis2_eps0.00001_bias1", "layer_normalization"),
+    "layernormalization1": ("lnorm:in2x16x32_axis1_eps0.00001_bias0", "layer_normalization"),
+    "gelu2": ("eltwise:gelu_in2x16x32", "eltwise"),
+    "gelu3": ("eltwise:gelutanh_in2x16x32", "eltwise"),
+    "hardswish4": ("eltwise:hardswish_in2x16x32", "eltwise"),
+    "hardsigmoid5": ("eltwise:hardsigmoid_in2x16x32_alpha0.25beta0.4", "eltwise"),
+    "reducemean6": ("reduce:mean_in2x16x32_axes2", "reduction"),
+    "reducesum7": ("reduce:sum_in2x16x32_axes2", "reduction"),
+    "reducemax8": ("reduce:max_in2x16x32_axes1", "reduction"),
+    "transpose9": ("transpose:in2x16x32_perm0x2x1", "reorder"),
+    "softmax10": ("softmax:softmax_in2x32x16_axis1", "softmax"),
+    "reducemean11": ("reduce:mean_in2x8x7x7_axes2x3", "reduction"),
+    "pow12": ("binary:pow_in2x16x32_in_exp2", "eltwise"),
+}
+
+
+def test_transformer_families_keys_and_primitives(save):
+    from benanza.problems import parse_layer_key
+
+    m = load_model(save(transformer_ops_model()))
+    got = {n.name: (n.layer.key, n.layer.onednn_primitive) for n in m.nodes}
+    assert got == {k: (key + "_f32", prim) for k, (key, prim) in EXPECTED.items()}
+    for n in m.nodes:
+        assert parse_layer_key(n.layer.key) == (n.layer.problem, "f32")
+
+
+# What oneDNN's verbose log must show for each layer, worked out by hand from ONNX's semantics:
+# the primitive kind, its algorithm or attributes, and the problem's dims (the dims from
+# LayerNormalization's axis on are one normalised axis; a reduction's output keeps unit dims;
+# Transpose perm 0,2,1 writes the layout "acb").
+VERBOSE = {
+    "layernormalization0": ("layer_normalization", "flags:CH", ",32x32,"),
+    "layernormalization1": ("layer_normalization", "flags:C,", ",2x512,"),
+    "gelu2": ("eltwise", "alg:eltwise_gelu_erf", ",2x16x32,"),
+    "gelu3": ("eltwise", "alg:eltwise_gelu_tanh", ",2x16x32,"),
+    "hardswish4": ("eltwise", "alg:eltwise_hardswish", ",2x16x32,"),
+    "hardsigmoid5": ("eltwise", "alpha:0.25 beta:0.4", ",2x16x32,"),
+    "reducemean6": ("reduction", "alg:reduction_mean", ",2x16x32:2x16x1,"),
+    "reducesum7": ("reduction", "alg:reduction_sum", ",2x16x32:2x16x1,"),
+    "reducemax8": ("reduction", "alg:reduction_max", ",2x16x32:2x1x32,"),
+    "transpose9": ("reorder", "dst_f32::blocked:acb:", ",2x16x32,"),
+    "softmax10": ("softmax", "axis:1", ",2x32x16,"),
+    "reducemean11": ("reduction", "alg:reduction_mean", ",2x8x7x7:2x8x1x1,"),
+    "pow12": ("eltwise", "alg:eltwise_pow alpha:1 beta:2", ",2x16x32,"),
+}
+
+
+@pytest.mark.slow
+def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
+    import os
+    import subprocess
+
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(save(transformer_ops_model()))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",), fusion=False))
+    assert {v.problem.family for v in gen.variants} == {"lnorm", "eltwise", "reduce", "transpose", "softmax",
+                                                        "binary"}
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0 and summary.stored == len(gen.variants) == len(EXPECTED)
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    bad = [(r.variant.name, r.message) for r in results if not r.ok]
+    assert not bad and all(r.median_ms > 0 for r in results)
+    # the independent oracle: oneDNN's own verbose log of the timed primitive
+    binary = build(gen.out_dir)
+    node_of = {n.layer.key: n.name for n in m.nodes}
+    for v in gen.variants:
+        kind, attrs, dims = VERBOSE[node_of[v.layer_key]]
+        names = tmp_path / "one.txt"
+        names.write_text(v.name + "\n")
+        env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+        out = subprocess.run([str(binary), f"--benanza_names={names}", "--benchmark_min_time=0.001",
+                              "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
+        execs = [line for line in out.stdout.splitlines() if ",exec," in line]
+        ran = [e for e in execs if e.split(",")[3].startswith(kind) and attrs in e and dims in e]
+        assert ran, (v.name, execs[-3:])
+
+
+# --- coverage of the exported models (the README's table) ----------------------------------------
+
+# (model, opset) → (layers, free, oneDNN-costed, cuDNN/cuBLAS-costed): README "Transformer exports"
+COVERAGE = {
+    ("encoder", 14): (71, 13, 45, 23),
+    ("encoder", 17): (55, 13, 29, 15),
+    ("gpt", 14): (66, 4, 47, 27),
+    ("gpt", 17): (50, 4, 31, 19),
+}
+
+
+@pytest.mark.parametrize(("name", "opset"), sorted(COVERAGE))
+def test_exported_model_coverage(exported, name, opset):
+    from benanza.backends.onednn import covers
+
+    layers = load_model(exported(name, opset)).layers
+    rest = [la for la in layers if not la.free]
+    got = (len(layers), len(layers) - len(rest), sum(covers(la) for la in rest), sum(la.covered for la in rest))
+    assert got == COVERAGE[name, opset]
+    # every float MatMul, LayerNorm, Softmax, Transpose and activation is costed on oneDNN
+    costly = {"MatMul", "Gemm", "LayerNormalization", "Softmax", "Transpose", "Relu", "ReduceMean", "Sqrt",
+              "Add", "Mul", "Div", "Sub", "Pow"}
+    assert all(covers(la) for la in rest if la.op in costly and la.dtype == "f32"), \
+        [la.key for la in rest if la.op in costly and la.dtype == "f32" and not covers(la)]
+
+
+# --- transformer fusion patterns: MatMul→Add(bias)(→Gelu) -----------------------------------------
+
+def mlp_model() -> onnx.ModelProto:
+    """A transformer MLP half: x[1,16,32] · W1[32,64] + b1 → Gelu, then · W2[64,32] + b2."""
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w1"], ["h"], name="fc"), n("Add", ["h", "b1"], ["hb"], name="fc_bias"),
+             n("Gelu", ["hb"], ["g"], name="gelu"), n("MatMul", ["g", "w2"], ["o"], name="out"),
+             n("Add", ["b2", "o"], ["y"], name="out_bias")]
+    inits = [tensor("w1", (32, 64)), tensor("b1", (64,)), tensor("w2", (64, 32)), tensor("b2", (32,))]
+    return model(nodes, [io("x", [1, 16, 32])], [io("y", [1, 16, 32])], inits, opset=20)
+
+
+def test_matmul_bias_gelu_patterns_match(save, exported):
+    from benanza.fusion import match_fusions
+
+    m = load_model(save(mlp_model()))
+    got = [(f.pattern.name, [m.nodes[i].name for i in f.nodes]) for f in match_fusions(m)]
+    assert got == [("mm_bias_gelu", ["fc", "fc_bias", "gelu"]), ("mm_bias", ["out", "out_bias"])]
+    # every Linear of the exported GPT block is a MatMul→Add(bias); attention's MatMuls are batched
+    gpt = load_model(exported("gpt", 17))
+    linear = [f for f in match_fusions(gpt) if f.pattern.anchor == "MatMul"]
+    assert [f.pattern.name for f in linear] == ["mm_bias"] * 4  # qkv, proj, fc, out
+    assert all(gpt.nodes[f.nodes[1]].layer.op == "Add" for f in linear)
+    # a MatMul whose Add is a residual (a tensor, not a constant bias) is not a bias epilogue
+    n = helper.make_node
+    res = model([n("MatMul", ["x", "w"], ["h"]), n("Add", ["h", "x"], ["y"])], [io("x", [16, 32])],
+                [io("y", [16, 32])], [tensor("w", (32, 32))])
+    assert match_fusions(load_model(save(res, "res.onnx"))) == []
+
+
+@pytest.mark.slow
+def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
+    import os
+    import subprocess
+
+    from benanza.analyzer import analyze
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(save(mlp_model()))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    fused = {v.fusion: v for v in gen.variants if v.fusion != "none"}
+    assert set(fused) == {"mm_bias_gelu", "mm_bias"}
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    # oneDNN's verbose log: the fused GEMM has the bias operand and (for the MLP's first half) the
+    # GELU post-op, on M = 16 rows (the broadcast weight's one GEMM)
+    binary = build(gen.out_dir)
+    want = {"mm_bias_gelu": ("attr-post-ops:eltwise_gelu_erf", "bia_f32", ",16x32:32x64:16x64,"),
+            "mm_bias": ("bia_f32", "bia_f32", ",16x64:64x32:16x32,")}
+    for name, v in fused.items():
+        (tmp_path / "one.txt").write_text(v.name + "\n")
+        env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+        out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
+                              "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
+        lines = [ln for ln in out.stdout.splitlines() if ",exec," in ln and ",matmul," in ln]
+        assert any(all(w in ln for w in want[name]) for ln in lines), (name, lines[-2:])
+    # Q5: each pattern's nodes cost the fused benchmark's median, from the database
+    a = analyze(m, results, "ci", "onednn")
+    applied = {u.pattern: u for u in a.fusion.applied}
+    assert set(applied) == {"mm_bias_gelu", "mm_bias"}
+    best_fused = {f: min(r.median_ms for r in results if r.variant.fusion == f) for f in applied}
+    for f, u in applied.items():
+        assert u.fused_ms == pytest.approx(best_fused[f])
+        assert u.unfused_ms == pytest.approx(sum(a.rows[i].latency_ms for i in u.nodes))
+
+
+# --- the LayerNorm decomposition as one layer normalization ------------------------------------
+
+def test_layernorm_decomposition_matches_in_opset14_exports(exported):
+    from benanza.fusion import match_fusions
+
+    for name in ("encoder", "gpt"):
+        m = load_model(exported(name, 14))
+        ln = [f for f in match_fusions(m) if f.pattern.name == "layernorm"]
+        assert len(ln) == 2  # both of each block's LayerNorms
+        for f in ln:
+            assert [m.nodes[i].layer.op for i in f.nodes] == [
+                "ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"]
+        # opset 17 writes LayerNormalization itself: nothing to match
+        assert not [f for f in match_fusions(load_model(exported(name, 17))) if f.pattern.name == "layernorm"]
+    # the GPT block's MLP GELU is the erf decomposition at opsets 14 and 17
+    for opset in (14, 17):
+        m = load_model(exported("gpt", opset))
+        (gelu,) = [f for f in match_fusions(m) if f.pattern.name == "gelu_erf"]
+        assert [m.nodes[i].layer.op for i in gelu.nodes] == ["Div", "Erf", "Add", "Mul", "Mul"]
+
+
+@pytest.mark.slow
+def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, exported):
+    import os
+    import subprocess
+
+    from benanza.analyzer import analyze
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(exported("gpt", 14))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    (fused,) = [v for v in gen.variants if v.fusion == "layernorm"]  # both LayerNorms are one problem
+    assert fused.layer_key == f"reduce:mean_in1x{SEQ}x{D_MODEL}_axes2_f32"
+    (gelu,) = [v for v in gen.variants if v.fusion == "gelu_erf"]
+    assert gelu.layer_key == f"binary:div_in1x{SEQ}x{4 * D_MODEL}_in_f32"
+    (tmp_path / "one.txt").write_text(fused.name + "\n" + gelu.name + "\n")
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db",
+                  RunOptions(min_time=0.01, repetitions=1, filter="reduce:|binary:|eltwise:"))
+    assert summary.failed == 0
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    binary = build(gen.out_dir)
+    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+    out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
+                          "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
+    # oneDNN ran one layer normalization over the 16 rows of 32, with scale and shift
+    execs = [ln for ln in out.stdout.splitlines() if ",exec," in ln]
+    assert any(",layer_normalization," in ln and "flags:CH" in ln and f",{SEQ}x{D_MODEL}," in ln for ln in execs)
+    # and the erf GELU decomposition as one eltwise gelu_erf over the MLP's 1×16×128
+    assert any(",eltwise," in ln and "alg:eltwise_gelu_erf" in ln and f",1x{SEQ}x{4 * D_MODEL}," in ln
+               for ln in execs)
+    a = analyze(m, results, "ci", "onednn")
+    used = [u for u in a.fusion.applied if u.pattern == "layernorm"]
+    fused_ms = min(r.median_ms for r in results if r.variant.fusion == "layernorm")
+    assert len(used) == 2 and all(u.fused_ms == pytest.approx(fused_ms) and len(u.nodes) == 9 for u in used)
+    (g,) = [u for u in a.fusion.applied if u.pattern == "gelu_erf"]
+    assert len(g.nodes) == 5 and g.fused_ms == pytest.approx(
+        min(r.median_ms for r in results if r.variant.fusion == "gelu_erf"))
