@@ -25,7 +25,22 @@ _WHEEL_TOOLKITS = ("nvidia/cu13", "nvidia/cuda_nvcc")
 @dataclass(frozen=True)
 class CudaToolkit:
     nvcc: Path
+    root: Path  # holds include/ and lib64/ (a system install) or lib/ (the wheels)
     from_wheel: bool  # PyPI's nvidia-cuda-nvcc; runtime_cpp/cmake/BenanzaCudaArchs.cmake finds it too
+
+    @property
+    def include(self) -> Path:
+        return self.root / "include"
+
+    @property
+    def lib(self) -> Path:
+        return self.root / "lib64" if (self.root / "lib64").is_dir() else self.root / "lib"
+
+    @property
+    def cudart(self) -> Path:
+        """The CUDA runtime library (the wheels ship only the versioned soname)."""
+        found = sorted(self.lib.glob("libcudart.so*"))
+        return found[0] if found else self.lib / "libcudart.so"
 
 
 def _site_dirs() -> list[Path]:
@@ -38,15 +53,16 @@ def cuda_toolkit() -> CudaToolkit | None:
     for home in filter(None, homes):
         nvcc = Path(home) / "bin" / "nvcc"
         if nvcc.is_file():
-            return CudaToolkit(nvcc, False)
+            return CudaToolkit(nvcc, Path(home), False)
     on_path = shutil.which("nvcc")
     if on_path:
-        return CudaToolkit(Path(on_path).resolve(), False)
+        nvcc = Path(on_path).resolve()
+        return CudaToolkit(nvcc, nvcc.parent.parent, False)
     for site in _site_dirs():
         for sub in _WHEEL_TOOLKITS:
             nvcc = site / sub / "bin" / "nvcc"
             if nvcc.is_file():
-                return CudaToolkit(nvcc, True)
+                return CudaToolkit(nvcc, nvcc.parent.parent, True)
     return None
 
 

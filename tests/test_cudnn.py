@@ -438,15 +438,21 @@ def _wheel_dir(package: str) -> Path:
     return Path(next(iter(importlib.import_module(package).__path__)))
 
 
+def _toolkit():
+    cuda = cuda_toolkit()
+    assert cuda is not None, "no CUDA toolkit (the machine's or the nvidia-cuda-nvcc wheel): run scripts/setup.sh"
+    return cuda
+
+
 def _host_compile(out: Path, *sources: Path) -> Path:
     """g++ against the CUDA toolkit headers and the cuDNN/cuBLAS wheels; links, runs without a GPU."""
     cudnn_dir, cublas_dir = _wheel_dir("nvidia.cudnn"), _wheel_dir("nvidia.cu13")
-    libs = [cudnn_dir / "lib" / "libcudnn.so.9", cublas_dir / "lib" / "libcublas.so.13",
-            Path("/usr/local/cuda/lib64/libcudart.so")]
+    cuda = _toolkit()
+    libs = [cudnn_dir / "lib" / "libcudnn.so.9", cublas_dir / "lib" / "libcublas.so.13", cuda.cudart]
     cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", "-o", str(out),
-           f"-I{RUNTIME / 'cudnn'}", f"-I{RUNTIME / 'common'}", "-I/usr/local/cuda/include",
+           f"-I{RUNTIME / 'cudnn'}", f"-I{RUNTIME / 'common'}", f"-I{cuda.include}",
            f"-I{cudnn_dir / 'include'}", f"-I{cublas_dir / 'include'}", *map(str, sources),
-           *map(str, libs), f"-Wl,-rpath,{cudnn_dir / 'lib'}:{cublas_dir / 'lib'}:/usr/local/cuda/lib64",
+           *map(str, libs), f"-Wl,-rpath,{cudnn_dir / 'lib'}:{cublas_dir / 'lib'}:{cuda.lib}",
            "-lbenchmark", "-lpthread"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -531,7 +537,7 @@ def _cuda_errors_header() -> dict[str, tuple[int, str]]:
     """cudaError_t from driver_types.h: name → (value, its documentation comment)."""
     import re
 
-    text = Path("/usr/local/cuda/include/driver_types.h").read_text()
+    text = (_toolkit().include / "driver_types.h").read_text()
     body = text[text.index("enum __device_builtin__ cudaError"):]
     body = body[:body.index("};")]
     return {m.group(2): (int(m.group(3)), " ".join(m.group(1).replace("*", " ").split()))
@@ -637,6 +643,7 @@ def test_gpu_kit_dry_run_runs_every_step_that_needs_no_gpu(tmp_path):
     assert not (out / "smoke" / "cudnn" / "build").exists()
 
 
+@pytest.mark.gpu
 def test_gpu_kit_without_a_driver_stops_with_one_line(tmp_path):
     if shutil.which("nvidia-smi") or Path("/usr/local/cuda/bin/nvidia-smi").exists():
         pytest.skip("this machine has an NVIDIA driver: the kit would run")
