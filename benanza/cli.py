@@ -338,7 +338,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
                                 command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
-                                remeasure=remeasure, max_failures=max_failures, env=(("BENANZA_L2", l2),))
+                                remeasure=remeasure, max_failures=max_failures, l2=l2)
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)

@@ -65,6 +65,7 @@ class RunOptions:
     cmake_args: tuple[str, ...] = ()
     command: str = ""  # the command line, stored beside each result
     env: tuple[tuple[str, str], ...] = ()  # extra environment for the benchmark binary
+    l2: str = "flush"  # cuDNN: flush the L2 cache before each timed call, or time it "hot"
     max_rsd: float = UNSTABLE_RSD  # relative stddev above which a result is unstable
     remeasure: int = 2  # extra measurements of a result while it is unstable
     max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
@@ -204,6 +205,8 @@ def _bench_env(backend: str, threads: int, options: RunOptions) -> dict[str, str
     env = dict(os.environ)
     if backend == "onednn":
         env["OMP_NUM_THREADS"] = str(threads)
+    else:
+        env["BENANZA_L2"] = options.l2
     env.update(dict(options.env))
     return env
 
