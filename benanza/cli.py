@@ -751,28 +751,67 @@ def _print_campaign_progress(progress, camp) -> None:
 
 # --- profile -----------------------------------------------------------------------------
 
-@main.command()
-@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+class _ProfileCommand(click.Command):
+    """``benanza profile [OPTIONS] -- CMD ARGS…``: what follows ``--`` is the user's command,
+    kept whole (its own options included) instead of being parsed as Benanza's."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["benanza.command"] = tuple(args[cut + 1:])
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+@main.command(cls=_ProfileCommand)
+@click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option("--framework", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime",
               show_default=True, help="Framework to run the model in (torch: Benanza's eager executor of the ONNX graph).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Untimed runs first; with --command: the first N blocks of each measure name are dropped.")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True, help="Timed runs.")
 @click.option("--trace-iterations", type=click.IntRange(min=1), default=10, show_default=True,
               help="Runs recorded by the framework's profiler (a separate session, so tracing never "
                    "inflates the latency numbers).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Bundle folder [default: profiles/<model>-<framework>-b<batch>].")
+              help="Bundle folder [default: profiles/<model>-<framework>-b<batch>, profiles/command-<name>].")
 @click.option("--nsys", is_flag=True, help="Also record an Nsight Systems report (needs `nsys` on PATH).")
-def profile(model: str, framework: str, batch_size: int, warmup: int, iterations: int, trace_iterations: int,
-            device: str, out_dir: str | None, nsys: bool) -> None:
-    """Run MODEL in a framework and write its execution profile bundle.
+@click.option("--command", "command_line", metavar="'CMD ARGS…'", default=None,
+              help="Profile your own application instead of MODEL (split like a shell line; or give it "
+                   "after `--`). Its `benanza.measure(NAME)` blocks give the latency.")
+@click.option("--name", "measure_name", metavar="NAME", default=None,
+              help="With --command: the measure name that is the model's latency, when it measures several.")
+@click.option("--model", "command_model", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --command: the ONNX file of the network the command runs; the analyzer then "
+                   "checks a bundle is of the model it analyses.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --command: seconds each of its two runs may take before it is killed [default: none].")
+def profile(model: str | None, framework: str, batch_size: int, warmup: int, iterations: int, trace_iterations: int,
+            device: str, out_dir: str | None, nsys: bool, command_line: str | None, measure_name: str | None,
+            command_model: str | None, timeout: float | None) -> None:
+    """Run MODEL in a framework, or your own command, and write its execution profile bundle.
 
     The bundle holds latency statistics (trimmed mean, p50, p90), the framework's per-op
     trace, the cuDNN/cuBLAS/oneDNN logs of the run and, with --nsys, an Nsight Systems
     report. Pass the bundle folder to `benanza analyze --profile`.
+
+    `benanza profile --command 'python serve.py' --model m.onnx` (or `benanza profile -- python
+    serve.py`) runs the command twice: once with the library loggers off, timing its
+    `benanza.measure` blocks, and once with them on, logging its library calls.
     """
+    ctx = click.get_current_context()
+    after_dashes = ctx.meta.get("benanza.command")
+    if command_line is not None or after_dashes is not None:
+        _profile_command(ctx, model, command_line, after_dashes, warmup, device, out_dir, nsys, measure_name,
+                         command_model, batch_size, timeout)
+        return
+    for opt, value in (("--name", measure_name), ("--model", command_model), ("--timeout", timeout)):
+        if value is not None:
+            raise click.UsageError(f"{opt} applies to --command only")
+    if model is None:
+        raise click.UsageError("give MODEL, or --command 'CMD' (or `-- CMD…`) to profile your own application")
     from .profiler import ProfileSpec, profile_model
 
     out = out_dir or str(Path("profiles") / f"{Path(model).stem}-{framework}-b{batch_size}")
@@ -784,9 +823,50 @@ def profile(model: str, framework: str, batch_size: int, warmup: int, iterations
     console.print(f"{Path(model).stem} on {framework} ({device}, batch {batch_size}): trimmed mean "
                   f"{lat['trimmed_mean']:.4g} ms, p50 {lat['p50']:.4g} ms, p90 {lat['p90']:.4g} ms",
                   highlight=False)
+    _print_bundle(bundle, index)
+
+
+def _print_bundle(bundle: Path, index: dict) -> None:
     for note in index["notes"]:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     console.print(f"bundle: {bundle}", highlight=False)
+
+
+def _profile_command(ctx: click.Context, model: str | None, command_line: str | None,
+                     after_dashes: tuple[str, ...] | None, warmup: int, device: str, out_dir: str | None, nsys: bool,
+                     measure_name: str | None, command_model: str | None, batch_size: int,
+                     timeout: float | None) -> None:
+    import shlex
+
+    from .profiler import CommandSpec, profile_command
+
+    if command_line is not None and after_dashes is not None:
+        raise click.UsageError("give the command either as --command 'CMD' or after `--`, not both")
+    if model is not None:
+        raise click.UsageError(f"{model}: with --command, name the ONNX file with --model")
+    for opt in ("framework", "iterations", "trace_iterations"):
+        if ctx.get_parameter_source(opt) != click.core.ParameterSource.DEFAULT:
+            raise click.UsageError(f"--{opt.replace('_', '-')} does not apply to --command: the command decides "
+                                   f"what runs and how often (its benanza.measure blocks are the iterations)")
+    try:
+        command = tuple(shlex.split(command_line)) if command_line is not None else after_dashes or ()
+    except ValueError as exc:
+        raise click.UsageError(f"--command: {exc}") from None
+    if not command:
+        raise click.UsageError("--command: no command given")
+    explicit_batch = ctx.get_parameter_source("batch_size") != click.core.ParameterSource.DEFAULT
+    out = out_dir or str(Path("profiles") / f"command-{measure_name or Path(command[0]).name}")
+    spec = CommandSpec(command=command, out_dir=out, name=measure_name, warmup=warmup, model=command_model,
+                       batch_size=batch_size if explicit_batch else None, device=device, timeout=timeout)
+    bundle = profile_command(spec, nsys=nsys)
+    index = json.loads((bundle / "profile.json").read_text())
+    for name, m in sorted(index["measures"].items()):
+        lat = m["latency_ms"]
+        mark = " (the model's latency)" if name == index["measure_name"] else ""
+        console.print(f"{name}{mark}: {len(lat['samples'])} blocks after {m['warmup_dropped']} warmup, trimmed mean "
+                      f"{lat['trimmed_mean']:.4g} ms, p50 {lat['p50']:.4g} ms, p90 {lat['p90']:.4g} ms",
+                      highlight=False)
+    _print_bundle(bundle, index)
 
 
 # --- analyze -----------------------------------------------------------------------------

@@ -8,6 +8,11 @@ cuBLAS (``CUBLAS_LOGINFO_DBG``), cuBLASLt (``CUBLASLT_LOG_LEVEL``) and oneDNN
 with ``--nsys``, under Nsight Systems. Loggers cost time on every call, so they never run in
 the timed child. The bundle format is in ``parsers/bundle.py``.
 
+``benanza profile --command CMD`` (``profile_command``) profiles the user's own application the
+same way: CMD runs once with the loggers off and once with them on, and its latency comes from
+its ``benanza.measure("name")`` blocks, which append one JSON line per block to the file the
+``BENANZA_MEASURE_FILE`` environment variable names (the command inherits it).
+
 ``measure`` is the timing API for users' own code: ``with benanza.measure("preprocess"):``.
 """
 
@@ -16,15 +21,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .children import kill_group, popen
 from .errors import BenanzaError, ModelError, UsageError
 from .parsers.bundle import latency_stats, model_identity, write_index
 from .toolchain import nsys_importer
@@ -64,17 +72,56 @@ def _cuda_sync():
     return None
 
 
+# ``profile --command`` hands these to the command it runs: measure() appends each block to
+# the first; with the second set (the traced run only) it also writes begin/end marks into
+# stdout, where oneDNN prints its verbose lines, so each logged call maps to its block.
+MEASURE_FILE_ENV = "BENANZA_MEASURE_FILE"
+MEASURE_MARKS_ENV = "BENANZA_MEASURE_MARKS"
+MARK = "benanza_measure"
+
+
+def _flush_c_stdio() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)  # fflush(NULL): every C stdio stream, oneDNN's stdout included
+    except (OSError, AttributeError):
+        pass
+
+
+def _mark(event: str, name: str) -> None:
+    """A begin/end line in fd 1, after whatever the libraries (C stdio) and Python buffered, so
+    the marks sit between the right verbose lines."""
+    _flush_c_stdio()
+    sys.stdout.flush()
+    os.write(1, f"{MARK},{event},{json.dumps(name)}\n".encode())
+
+
+def _append_record(path: str, record: dict) -> None:
+    # one write() on an O_APPEND descriptor: lines from concurrent threads and processes never interleave
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def measure(name: str, sync: bool = True) -> Iterator[Measurement]:
     """Time a block of code; the range also appears in Nsight Systems as an NVTX range.
 
     With ``sync`` and torch's CUDA initialised, the device is synchronised before the clock
-    stops, so asynchronous kernels launched in the block are counted.
+    stops, so asynchronous kernels launched in the block are counted. Under ``benanza profile
+    --command`` every block is recorded in the profile bundle.
     """
     m = Measurement(name)
+    sink = os.environ.get(MEASURE_FILE_ENV)
+    marks = os.environ.get(MEASURE_MARKS_ENV) == "1"
     nvtx = _nvtx()
     if nvtx:
         nvtx[0](name)
+    if marks:
+        _mark("begin", name)
     start = time.perf_counter_ns()
     try:
         yield m
@@ -83,8 +130,13 @@ def measure(name: str, sync: bool = True) -> Iterator[Measurement]:
         if synchronize:
             synchronize()
         m.elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+        if marks:
+            _mark("end", name)
         if nvtx:
             nvtx[1]()
+        if sink:
+            _append_record(sink, {"name": name, "ms": m.elapsed_ms, "pid": os.getpid(),
+                                  "thread": threading.get_ident(), "start_ns": start})
         log.debug("%s: %.4f ms", name, m.elapsed_ms)
 
 
@@ -143,6 +195,26 @@ def check_framework(framework: str, device: str) -> str:
 TIMED, TRACED = "timed", "traced"
 
 
+def _quiet_env(out: Path) -> dict[str, str]:
+    """This process's environment without any logger variable (even a user's own setting)."""
+    return {k: v for k, v in os.environ.items() if k not in _log_env(out)}
+
+
+def _nsys_bin(nsys: bool) -> str | None:
+    nsys_bin = shutil.which("nsys") if nsys else None
+    if nsys and nsys_bin is None:
+        raise UsageError("--nsys: Nsight Systems' `nsys` is not on PATH (scripts/install-nsys.sh installs it)")
+    return nsys_bin
+
+
+def _under_nsys(cmd: list[str], nsys_bin: str | None, out: Path, device: str) -> list[str]:
+    if not nsys_bin:
+        return cmd
+    trace = "osrt,nvtx" if device == "cpu" else "cuda,nvtx,osrt,cudnn,cublas"
+    return [nsys_bin, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
+            "--force-overwrite=true", "-o", str(out / "nsys")] + cmd
+
+
 def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
     """Time the model in a child without loggers, then record its trace and library logs (and
     nsys) in a second child with them on; write the bundle and return its folder."""
@@ -152,16 +224,14 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec.__dict__, indent=1))
     identity = model_identity(spec.model, spec.batch_size)
-    nsys_bin = shutil.which("nsys") if nsys else None
-    if nsys and nsys_bin is None:
-        raise UsageError("--nsys: Nsight Systems' `nsys` is not on PATH (scripts/install-nsys.sh installs it)")
-    quiet = {k: v for k, v in os.environ.items() if k not in _log_env(out)}
+    nsys_bin = _nsys_bin(nsys)
+    quiet = _quiet_env(out)
     timed, timed_cmd = _child_run(spec, spec_path, TIMED, quiet, None)
     traced, traced_cmd = _child_run(spec, spec_path, TRACED, {**quiet, **_log_env(out)}, nsys_bin)
     files = {"trace": traced["trace"]}
     notes = timed.get("notes", []) + [n for n in traced.get("notes", []) if n not in timed.get("notes", [])]
-    _collect_onednn(out, files, notes, spec)
-    _collect_gpu_logs(out, files, notes, spec)
+    _collect_onednn(out, files, notes, spec.framework)
+    _collect_gpu_logs(out, files, notes, spec.device)
     if nsys_bin:
         _collect_nsys(out, files, notes)
     write_index(out, {
@@ -189,36 +259,54 @@ def _last_error(stderr: Path) -> str:
     return lines[-1]
 
 
+def _run_logged(cmd: list[str], env: dict[str, str], out: Path, stem: str, timeout: float | None = None) -> int:
+    """Run ``cmd`` with stdout and stderr in OUT/STEM.stdout/.stderr; its exit status.
+
+    The child leads its own process group, which is killed whole on a timeout, Ctrl-C or
+    SIGTERM (a serving command's workers too), and dies with Benanza (children.popen)."""
+    log.info("running %s", shlex.join(cmd))
+    with open(out / f"{stem}.stdout", "w") as so, open(out / f"{stem}.stderr", "w") as se:
+        try:
+            proc = popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:  # not found, not executable
+            raise BenanzaError(f"cannot run `{shlex.join(cmd)}`: {exc.strerror or exc}") from None
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            raise BenanzaError(f"`{shlex.join(cmd)}` ran past --timeout {timeout:g} s and was killed "
+                               f"(output so far: {out / f'{stem}.stderr'})") from None
+        except BaseException:  # Ctrl-C, SIGTERM: no orphaned command keeps running
+            kill_group(proc)
+            raise
+
+
 def _child_run(spec: ProfileSpec, spec_path: Path, phase: str, env: dict[str, str],
                nsys_bin: str | None) -> tuple[dict, str]:
     """One phase in a child process; its result record and command line."""
     out = Path(spec.out_dir)
-    cmd = [sys.executable, "-m", "benanza.profiler", str(spec_path), phase]
-    if nsys_bin:
-        trace = "osrt,nvtx" if spec.device == "cpu" else "cuda,nvtx,osrt,cudnn,cublas"
-        cmd = [nsys_bin, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
-               "--force-overwrite=true", "-o", str(out / "nsys")] + cmd
+    cmd = _under_nsys([sys.executable, "-m", "benanza.profiler", str(spec_path), phase], nsys_bin, out, spec.device)
     # the traced child's stdout carries oneDNN's verbose lines (collected as child.stdout)
     stem = "child" if phase == TRACED else f"child-{phase}"
-    log.info("running %s", " ".join(cmd))
     result = out / f"{stem}.json"
     result.unlink(missing_ok=True)
-    with open(out / f"{stem}.stdout", "w") as so, open(out / f"{stem}.stderr", "w") as se:
-        proc = subprocess.run(cmd, env=env, stdout=so, stderr=se)
-    if proc.returncode != 0 or not result.exists():
-        raise BenanzaError(f"{spec.model}: the {phase} {spec.framework} run failed (exit {proc.returncode}): "
+    returncode = _run_logged(cmd, env, out, stem)
+    if returncode != 0 or not result.exists():
+        raise BenanzaError(f"{spec.model}: the {phase} {spec.framework} run failed (exit {returncode}): "
                            f"{_last_error(out / f'{stem}.stderr')} (full output: {out / f'{stem}.stderr'})")
     return json.loads(result.read_text()), " ".join(cmd)
 
 
-def _collect_onednn(out: Path, files: dict, notes: list[str], spec: ProfileSpec) -> None:
+_VERBOSE = ("onednn_verbose,", "dnnl_verbose,")
+
+
+def _collect_onednn(out: Path, files: dict, notes: list[str], framework: str) -> None:
     """oneDNN prints verbose lines on stdout, interleaved with anything else the child prints."""
-    lines = [ln for ln in (out / "child.stdout").read_text(errors="replace").splitlines()
-             if ln.startswith(("onednn_verbose,", "dnnl_verbose,"))]
+    lines = [ln for ln in (out / "child.stdout").read_text(errors="replace").splitlines() if ln.startswith(_VERBOSE)]
     (out / "onednn.log").write_text("".join(ln + "\n" for ln in lines))
     files["onednn_log"] = "onednn.log"
     if not lines:
-        if spec.framework == "onnxruntime":
+        if framework == "onnxruntime":
             notes.append("oneDNN verbose log is empty: ONNX Runtime's CPU execution provider runs its own MLAS "
                          "kernels, not oneDNN, so there are no oneDNN calls to compare (Q3/Q4 library views "
                          "need a oneDNN-backed framework, e.g. PyTorch on CPU)")
@@ -226,7 +314,7 @@ def _collect_onednn(out: Path, files: dict, notes: list[str], spec: ProfileSpec)
             notes.append("oneDNN verbose log is empty: the framework made no oneDNN calls")
 
 
-def _collect_gpu_logs(out: Path, files: dict, notes: list[str], spec: ProfileSpec) -> None:
+def _collect_gpu_logs(out: Path, files: dict, notes: list[str], device: str) -> None:
     for name, key in (("cudnn.log", "cudnn_log"), ("cublas.log", "cublas_log"), ("cublaslt.log", "cublas_log")):
         p = out / name
         if p.exists() and p.stat().st_size > 0:
@@ -235,7 +323,7 @@ def _collect_gpu_logs(out: Path, files: dict, notes: list[str], spec: ProfileSpe
                     f.write(p.read_text(errors="replace"))
             else:
                 files[key] = name
-    if spec.device == "cpu":
+    if device == "cpu":
         notes.append("device cpu: no cuDNN/cuBLAS calls, so no cuDNN/cuBLAS logs were captured")
     elif "cudnn_log" not in files:
         notes.append("the cuDNN logger wrote nothing: the framework made no cuDNN calls on this run")
@@ -253,6 +341,174 @@ def _collect_nsys(out: Path, files: dict, notes: list[str]) -> None:
         files["nsys"] = rep.name
     else:
         notes.append("nsys ran but produced no .nsys-rep (see child.stderr); the Nsight view is absent")
+
+
+# --- profile --command: the user's own application ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """``benanza profile --command``: a user's command whose ``benanza.measure`` blocks time the model."""
+
+    command: tuple[str, ...]
+    out_dir: str
+    name: str | None = None  # which measure name is the model's latency (needed when there are several)
+    warmup: int = 5  # the first WARMUP blocks of each name are dropped, in both runs
+    model: str | None = None  # the ONNX file the command runs, for the analyzer's identity check
+    batch_size: int | None = None
+    device: str = "cpu"
+    timeout: float | None = None  # seconds per run
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    """The measure blocks of one run, by name, in the order they ended."""
+
+    samples: dict[str, list[float]]
+
+    @classmethod
+    def read(cls, path: Path) -> _Blocks:
+        samples: dict[str, list[float]] = {}
+        if path.exists():
+            for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                try:
+                    rec = json.loads(line)
+                    samples.setdefault(str(rec["name"]), []).append(float(rec["ms"]))
+                except (ValueError, KeyError, TypeError):
+                    raise BenanzaError(f"{path}: line {lineno} is not a benanza.measure record "
+                                       f"(did something else write to ${MEASURE_FILE_ENV}?)") from None
+        return cls(samples)
+
+
+def _split_by_measure(stdout: Path, warmup: int) -> tuple[list[str], dict[str, list[str]]]:
+    """Every oneDNN verbose line of a run, and per measure name the lines logged inside its
+    blocks after the first WARMUP of them (the marks measure() wrote say where blocks begin
+    and end; a line inside nested blocks belongs to each of them). Each name's lines start
+    with the log's ``info`` header, which names the oneDNN version."""
+    every: list[str] = []
+    header: list[str] = []
+    by_name: dict[str, list[str]] = {}
+    opened: dict[str, int] = {}  # blocks of each name begun so far
+    stack: list[tuple[str, int]] = []
+    for line in stdout.read_text(errors="replace").splitlines():
+        if line.startswith(_VERBOSE):
+            every.append(line)
+            if ",info," in line:
+                header.append(line)
+                continue
+            for name, k in {n: k for n, k in stack}.items():
+                if k >= warmup:
+                    by_name.setdefault(name, header.copy()).append(line)
+        elif line.startswith(MARK + ","):
+            _, event, quoted = line.split(",", 2)
+            name = json.loads(quoted)
+            if event == "begin":
+                stack.append((name, opened.get(name, 0)))
+                opened[name] = opened.get(name, 0) + 1
+            elif any(n == name for n, _ in stack):
+                while stack.pop()[0] != name:  # an inner block another thread left open
+                    pass
+    return every, by_name
+
+
+def _measured(blocks: _Blocks, spec: CommandSpec, shown: str, stdout: Path) -> tuple[str, dict[str, dict]]:
+    """The measure name that is the model's latency, and every name's statistics after warmup."""
+    if not blocks.samples:
+        raise BenanzaError(f"`{shown}` never called benanza.measure: time the model's inference in the command "
+                           f"with `with benanza.measure(\"NAME\"):` (the latency comes from those blocks; output: "
+                           f"{stdout})")
+    names = sorted(blocks.samples)
+    if spec.name is not None and spec.name not in blocks.samples:
+        raise UsageError(f"--name {spec.name}: `{shown}` measured no block of that name (it measured "
+                         f"{', '.join(names)})")
+    if spec.name is None and len(names) > 1:
+        raise UsageError(f"`{shown}` measured several names ({', '.join(names)}): say which is the model's "
+                         f"latency with --name")
+    chosen = spec.name or names[0]
+    stats = {}
+    for name in names:
+        kept = blocks.samples[name][spec.warmup:]
+        if kept:
+            stats[name] = {"latency_ms": latency_stats(kept).to_json(), "blocks": len(blocks.samples[name]),
+                           "warmup_dropped": len(blocks.samples[name]) - len(kept)}
+    if chosen not in stats:
+        raise UsageError(f"`{shown}` measured {chosen!r} {len(blocks.samples[chosen])} times, all of them dropped "
+                         f"as --warmup {spec.warmup}: run more iterations or lower --warmup")
+    return chosen, stats
+
+
+def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
+    """Profile a user's command: its ``benanza.measure`` blocks timed in a run without loggers,
+    its library calls logged in a second run (under nsys with ``nsys``); write the bundle."""
+    if not spec.command:
+        raise UsageError("--command: no command given")
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shown = shlex.join(spec.command)
+    identity = model_identity(spec.model, spec.batch_size or 1) if spec.model else None
+    nsys_bin = _nsys_bin(nsys)
+    quiet = _quiet_env(out)
+    quiet.pop(MEASURE_MARKS_ENV, None)
+    runs: dict[str, dict] = {}
+    blocks: dict[str, _Blocks] = {}
+    for phase, env, wrap in ((TIMED, quiet, None), (TRACED, {**quiet, **_log_env(out), MEASURE_MARKS_ENV: "1"},
+                                                             nsys_bin)):
+        stem = "command" if phase == TRACED else f"command-{phase}"
+        sink = out / f"measure-{phase}.jsonl"
+        sink.unlink(missing_ok=True)
+        cmd = _under_nsys(list(spec.command), wrap, out, spec.device)
+        returncode = _run_logged(cmd, {**env, MEASURE_FILE_ENV: str(sink.resolve())}, out, stem, spec.timeout)
+        stderr = out / f"{stem}.stderr"
+        if returncode != 0:
+            raise BenanzaError(f"`{shown}` failed in the {phase} run (exit {returncode}): {_last_error(stderr)} "
+                               f"(full output: {stderr})")
+        blocks[phase] = _Blocks.read(sink)
+        runs[phase] = {"command": shlex.join(cmd), "loggers": {k: env[k] for k in sorted(LOG_ENV) if k in env},
+                       "measure_blocks": {n: len(v) for n, v in blocks[phase].samples.items()}}
+        if phase == TIMED:
+            chosen, measures = _measured(blocks[phase], spec, shown, out / f"{stem}.stdout")
+
+    files: dict[str, str] = {}
+    notes: list[str] = []
+    every, by_name = _split_by_measure(out / "command.stdout", spec.warmup)
+    _collect_gpu_logs(out, files, notes, spec.device)
+    gpu_calls = any(k in files for k in ("cudnn_log", "cublas_log"))
+    if not every and not gpu_calls:
+        raise BenanzaError(f"`{shown}` made no library calls in the traced run: no oneDNN verbose line on its "
+                           f"stdout and no cuDNN/cuBLAS log, so there is nothing to map to the model's layers "
+                           f"(does the framework run on oneDNN/cuDNN/cuBLAS here? output: {out / 'command.stdout'})")
+    (out / "onednn-all.log").write_text("".join(ln + "\n" for ln in every))
+    for i, name in enumerate(sorted(measures), 1):
+        if by_name.get(name):
+            (out / f"onednn-{i}.log").write_text("".join(ln + "\n" for ln in by_name[name]))
+            measures[name]["onednn_log"] = f"onednn-{i}.log"
+    if chosen in by_name:
+        files["onednn_log"] = measures[chosen]["onednn_log"]
+        notes.append(f"the oneDNN calls are those logged inside the {chosen!r} blocks after the first "
+                     f"{spec.warmup} (onednn-all.log has every call of the run)")
+    elif every:
+        files["onednn_log"] = "onednn-all.log"
+        notes.append(f"no oneDNN call was logged inside a {chosen!r} block after warmup: the oneDNN view uses "
+                     f"every call of the run")
+    if gpu_calls:
+        notes.append("cuDNN/cuBLAS logs hold every call of the traced run, not only those inside measure blocks")
+    if nsys_bin:
+        _collect_nsys(out, files, notes)
+    others = [n for n in measures if n != chosen]
+    if others:
+        notes.append(f"latency from the {chosen!r} blocks; the bundle's \"measures\" also has "
+                     f"{', '.join(repr(n) for n in others)}")
+    if identity is None:
+        notes.append("profiled a command without --model: the bundle names no ONNX model, so the analyzer "
+                     "cannot verify that it ran the model analysed")
+    write_index(out, {
+        "model": str(Path(spec.model).resolve()) if spec.model else "", "model_identity": identity,
+        "framework": "command", "framework_version": "", "device": spec.device, "batch_size": spec.batch_size,
+        "warmup": spec.warmup, "command": shown, "measure_name": chosen, "measures": measures,
+        "runs": runs,
+        "latency_ms": measures[chosen]["latency_ms"], "files": files, "notes": notes,
+    })
+    return out
 
 
 # --- child process -------------------------------------------------------------------------------
