@@ -259,22 +259,27 @@ def _last_error(stderr: Path) -> str:
     return lines[-1]
 
 
+def _shown(cmd: list[str] | tuple[str, ...]) -> str:
+    """A command as one line for messages (a `python -c` program may span several)."""
+    return shlex.join(cmd).replace("\n", "\\n")
+
+
 def _run_logged(cmd: list[str], env: dict[str, str], out: Path, stem: str, timeout: float | None = None) -> int:
     """Run ``cmd`` with stdout and stderr in OUT/STEM.stdout/.stderr; its exit status.
 
     The child leads its own process group, which is killed whole on a timeout, Ctrl-C or
     SIGTERM (a serving command's workers too), and dies with Benanza (children.popen)."""
-    log.info("running %s", shlex.join(cmd))
+    log.info("running %s", _shown(cmd))
     with open(out / f"{stem}.stdout", "w") as so, open(out / f"{stem}.stderr", "w") as se:
         try:
             proc = popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:  # not found, not executable
-            raise BenanzaError(f"cannot run `{shlex.join(cmd)}`: {exc.strerror or exc}") from None
+            raise BenanzaError(f"cannot run `{_shown(cmd)}`: {exc.strerror or exc}") from None
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             kill_group(proc)
-            raise BenanzaError(f"`{shlex.join(cmd)}` ran past --timeout {timeout:g} s and was killed "
+            raise BenanzaError(f"`{_shown(cmd)}` ran past --timeout {timeout:g} s and was killed "
                                f"(output so far: {out / f'{stem}.stderr'})") from None
         except BaseException:  # Ctrl-C, SIGTERM: no orphaned command keeps running
             kill_group(proc)
@@ -444,7 +449,7 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
         raise UsageError("--command: no command given")
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    shown = shlex.join(spec.command)
+    shown = _shown(spec.command)
     identity = model_identity(spec.model, spec.batch_size or 1) if spec.model else None
     nsys_bin = _nsys_bin(nsys)
     quiet = _quiet_env(out)
