@@ -503,9 +503,6 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
     if others:
         notes.append(f"latency from the {chosen!r} blocks; the bundle's \"measures\" also has "
                      f"{', '.join(repr(n) for n in others)}")
-    if identity is None:
-        notes.append("profiled a command without --model: the bundle names no ONNX model, so the analyzer "
-                     "cannot verify that it ran the model analysed")
     write_index(out, {
         "model": str(Path(spec.model).resolve()) if spec.model else "", "model_identity": identity,
         "framework": "command", "framework_version": "", "device": spec.device, "batch_size": spec.batch_size,

@@ -9,6 +9,7 @@ Oracles: the ONNX file read with onnx, the script's own perf_counter times and e
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from onnx import numpy_helper, shape_inference
 from test_bounds_e2e import JSON_MS
 
 import benanza
+from benanza.parsers import load_profile
 from benanza.profiler import LOG_ENV, MEASURE_FILE_ENV
 
 pytestmark = pytest.mark.slow
@@ -157,10 +159,42 @@ def test_eager_and_torchscript_calls_map_in_model_order(work, mode):
     assert [len(b) for b in per_block] == [len(convs)] * (ITERATIONS - WARMUP)
 
 
+def test_inductor_freezing_calls_with_post_ops_map_too(work):
+    """torch.compile with inductor's freezing folds BN and fuses ReLU and the residual add into
+    the convs as oneDNN post-ops, with bias and blocked weights; the log is torch 2.13's own
+    output of this network (fixtures/resnet18_app.py, batch 2, 64x64, freezing on)."""
+    log = Path(__file__).parent / "fixtures" / "onednn_inductor_freezing.log"
+    lines = [ln for ln in log.read_text().splitlines() if ",exec," in ln and ",convolution," in ln]
+    assert sum("attr-post-ops:sum+eltwise_relu" in ln for ln in lines) > 0
+    a = analyze(work, str(log))
+    (lib,) = [lib for lib in a["libraries"] if lib["library"] == "onednn"]
+    problems = conv_problems(work / "r18.onnx")
+    algos = {x["name"]: x for x in lib["algorithms"]}
+    assert algos.keys() == problems.keys() and lib["out_of_order"] == [] and lib["passes"] == 3
+    for name, x in algos.items():
+        times = [float(ln.rsplit(",", 1)[1]) for ln in lines if f",{problems[name]}," in ln]
+        if sum(p == problems[name] for p in problems.values()) == 1:
+            assert x["framework_ms"] == pytest.approx(statistics.median(times), **JSON_MS)
+
+
 def test_without_model_the_analyzer_says_it_cannot_verify(work):
     benanza_cli("profile", "--out", "nomodel", "--warmup", "1", *app("--iterations", "2"), cwd=work)
     a = analyze(work, "nomodel")
     assert any("cannot verify" in n for n in a["notes"])
+
+
+@pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems not installed (scripts/install-nsys.sh)")
+def test_under_nsys_the_measure_blocks_are_nvtx_ranges(tmp_path):
+    code = ("import torch, benanza\nx, w = torch.randn(2, 64, 56, 56), torch.randn(64, 64, 3, 3)\n"
+            "for _ in range(3):\n    with benanza.measure('conv'):\n        torch.nn.functional.conv2d(x, w, padding=1)")
+    benanza_cli("profile", "--out", "n", "--nsys", "--warmup", "1", "--", sys.executable, "-c", code, cwd=tmp_path)
+    index = json.loads((tmp_path / "n" / "profile.json").read_text())
+    assert index["files"].get("nsys") == "nsys.nsys-rep", index["notes"]
+    assert "nsys" not in index["runs"]["timed"]["command"] and index["runs"]["traced"]["command"].startswith(
+        shutil.which("nsys"))
+    prof = load_profile([tmp_path / "n"])
+    assert [a.name for a in prof.nsys.api_calls if a.kind == "nvtx"] == ["conv"] * 3
+    assert len(prof.library_calls["onednn"]) >= 2  # the two blocks after warmup
 
 
 # --- errors: one line, exit status 1, no traceback ------------------------------------------------

@@ -22,6 +22,12 @@ bundle or any single file of a known format, so users can also bring their own l
 the ``traced`` run. ``graph_sha256`` identifies the model: an analysis of another model refuses
 the bundle. Version 1 bundles (no identity, latency timed with the loggers on) still load,
 with a note saying so.
+
+``benanza profile --command`` writes the same index with ``"framework": "command"``, the
+command line, ``"measure_name"`` (the ``benanza.measure`` name whose blocks are ``latency_ms``)
+and ``"measures"``: per name ``{"latency_ms": {..}, "blocks": n, "warmup_dropped": k,
+"onednn_log": "onednn-1.log"}``. ``model_identity`` is null unless ``--model`` named the ONNX
+file; such a bundle loads with a note that it cannot be checked against the analysed model.
 """
 
 from __future__ import annotations
@@ -191,6 +197,9 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     if data["schema_version"] == 1:
         notes.append("a version 1 bundle: its latency was timed with the library loggers on (an overestimate) "
                      "and it names no model identity, so it cannot be checked against the analysed model")
+    elif not data.get("model_identity"):  # `profile --command` without --model
+        notes.append("the profile names no ONNX model (`benanza profile --command` without --model), so Benanza "
+                     "cannot verify that it ran the model analysed")
     try:
         latency = LatencyStats.from_json(data["latency_ms"]) if data.get("latency_ms") else None
     except KeyError as exc:
