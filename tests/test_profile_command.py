@@ -239,6 +239,13 @@ def test_several_names_need_name(tmp_path):
     assert "measured several names (a, b)" in line and "--name" in line
 
 
+def test_model_mode_options_are_refused_with_a_command(tmp_path):
+    proc = benanza_cli("profile", "--iterations", "3", "--", sys.executable, "-c", "pass", cwd=tmp_path, ok=False)
+    assert proc.returncode == 2 and "--iterations does not apply to --command" in proc.stderr
+    proc = benanza_cli("profile", "--command", "true", "--", "true", cwd=tmp_path, ok=False)
+    assert proc.returncode == 2 and "not both" in proc.stderr
+
+
 def test_measure_records_concurrent_blocks_whole(tmp_path, monkeypatch):
     sink = tmp_path / "m.jsonl"
     monkeypatch.setenv(MEASURE_FILE_ENV, str(sink))
