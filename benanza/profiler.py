@@ -200,6 +200,14 @@ def _quiet_env(out: Path) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _log_env(out)}
 
 
+def _fresh(out: Path) -> None:
+    """Remove the logs and reports an earlier profile left in OUT: the collectors take what
+    exists, so a stale cuDNN log or Nsight report would pass for this run's."""
+    for pattern in ("cudnn.log", "cublas.log", "cublaslt.log", "onednn*.log", "nsys.*"):
+        for stale in out.glob(pattern):
+            stale.unlink()
+
+
 def _nsys_bin(nsys: bool) -> str | None:
     nsys_bin = shutil.which("nsys") if nsys else None
     if nsys and nsys_bin is None:
@@ -221,6 +229,7 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
     version = check_framework(spec.framework, spec.device)
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _fresh(out)
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec.__dict__, indent=1))
     identity = model_identity(spec.model, spec.batch_size)
@@ -449,6 +458,7 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
         raise UsageError("--command: no command given")
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _fresh(out)
     shown = _shown(spec.command)
     identity = model_identity(spec.model, spec.batch_size or 1) if spec.model else None
     nsys_bin = _nsys_bin(nsys)
@@ -478,7 +488,7 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
     every, by_name = _split_by_measure(out / "command.stdout", spec.warmup)
     _collect_gpu_logs(out, files, notes, spec.device)
     gpu_calls = any(k in files for k in ("cudnn_log", "cublas_log"))
-    if not every and not gpu_calls:
+    if not any(",exec," in ln for ln in every) and not gpu_calls:
         raise BenanzaError(f"`{shown}` made no library calls in the traced run: no oneDNN verbose line on its "
                            f"stdout and no cuDNN/cuBLAS log, so there is nothing to map to the model's layers "
                            f"(does the framework run on oneDNN/cuDNN/cuBLAS here? output: {out / 'command.stdout'})")
