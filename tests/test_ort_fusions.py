@@ -119,3 +119,59 @@ def test_ort_fused_ops_cost_the_layers_they_replace(profiled, name, opset):
         assert got == want, (fused, groups[fused].op)
     assert not [g for g in match.inserted if g.op in FUSED]
     assert {g.op for g in match.inserted} <= GLUE  # what stays inserted is ORT's own reshaping
+
+
+@pytest.mark.slow
+def test_encoder_end_to_end_costs_onnxruntimes_fused_ops(tmp_path, profiled):
+    """encoder → oneDNN benchmarks (generate + run) → ONNX Runtime profile → analyze. The bound
+    with ORT's fusions is recomputed here from the database's rows and the nodes ORT's optimized
+    graph runs: each layer's fastest unfused result, less what each Benanza fusion saves whose
+    layers one fused ORT op runs."""
+    import json
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from benanza.cli import main
+
+    path, bundle, optimized = profiled("encoder", 14)
+    db = tmp_path / "perf.db"
+
+    def cli(*args: str) -> str:
+        r = CliRunner().invoke(main, list(args))
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    cli("generate", str(path), "--out", str(tmp_path / "bench"), "--backend", "onednn", "--dtype", "f32")
+    cli("run", "--bench-dir", str(tmp_path / "bench"), "--system", "ci-cpu", "--db", str(db), "--backend", "onednn",
+        "--min-time", "0.01", "--repetitions", "1", "--threads", "1")
+    (a,) = json.loads(cli("analyze", str(path), "--system", "ci-cpu", "--db", str(db), "--profile", str(bundle),
+                          "--json"))["analyses"]
+    b, fw = a["bounds"], a["framework"]
+    assert not b["partial"] and a["measured_ms"] > 0
+    if b["sequential_ms"] > a["measured_ms"]:
+        assert any(e.startswith("BR > 1") for e in fw["explanations"]), fw["explanations"]
+    assert not [g for g in fw["inserted"] if g["op"] in FUSED]
+
+    original = onnx.load(str(path))
+    groups = replaced_nodes(original, onnx.load(str(optimized)))
+    ran = {n.name for n in onnx.load(str(optimized)).graph.node} | set().union(*groups.values())
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT r.layer_key, v.fusion, MIN(r.median_ms) FROM results r "
+                           "JOIN variants v ON v.name = r.variant WHERE r.status = 'ok' AND r.dtype = 'f32' "
+                           "GROUP BY r.layer_key, v.fusion").fetchall()
+    fastest = {(key, fusion): ms for key, fusion, ms in rows}
+    layers = a["layers"]
+    weight = {la["name"]: fastest.get((la["key"], "none"), 0.0) for la in layers}
+    expected = sum(w for name, w in weight.items() if name in ran)
+    for use in a["fusion"]["applied"] + a["fusion"]["unprofitable"]:
+        names = {layers[i]["name"] for i in use["nodes"]}
+        if any(names <= g for g in groups.values()):
+            fused = fastest[(layers[use["nodes"][0]]["key"], use["pattern"])]
+            expected -= sum(weight[n] for n in names) - fused
+    same = fw["bounds_same_fusions"]["sequential_ms"]
+    assert same == pytest.approx(expected, rel=1e-4)
+    # the fused ops' layers cost their time: what ORT fused is not counted 0
+    fused_cost = sum(weight[n] for g in groups.values() for n in g)
+    assert fused_cost > 0 and same >= fused_cost - sum(
+        u["unfused_ms"] - u["fused_ms"] for u in a["fusion"]["applied"] + a["fusion"]["unprofitable"])
