@@ -334,3 +334,61 @@ def test_transformer_exports_match_onnxruntime(tmp_path_factory, name, opset):
     from torch_models import export
 
     _compare(onnx.load(str(export(name, opset, tmp_path_factory.mktemp("tx")))))
+
+
+def _vit_like():
+    """Patch embedding, class token, position embedding, a pre-LN encoder layer with GELU, head."""
+    from torch import nn
+
+    class Vit(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.patch = nn.Conv2d(3, 32, 4, 4)
+            self.cls = nn.Parameter(torch.randn(1, 1, 32))
+            self.pos = nn.Parameter(torch.randn(1, 17, 32))
+            self.block = nn.TransformerEncoderLayer(32, 4, 64, activation="gelu", batch_first=True, norm_first=True)
+            self.norm, self.head = nn.LayerNorm(32), nn.Linear(32, 10)
+
+        def forward(self, x):
+            t = self.patch(x).flatten(2).transpose(1, 2)
+            t = torch.cat([self.cls.expand(x.shape[0], -1, -1), t], dim=1) + self.pos
+            return self.head(self.norm(self.block(t, is_causal=False))[:, 0])
+
+    return Vit(), (1, 3, 16, 16)
+
+
+def _mobilenet_v3_like():
+    """Inverted residual with squeeze-excitation: HardSwish, HardSigmoid, depthwise conv, pooling."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.Hardswish())
+            self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16), nn.BatchNorm2d(16), nn.Hardswish())
+            self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(16, 4, 1), nn.ReLU(), nn.Conv2d(4, 16, 1),
+                                    nn.Hardsigmoid())
+            self.up = nn.ConvTranspose2d(16, 8, 2, 2)
+
+        def forward(self, x):
+            y = self.stem(x)
+            z = self.dw(y)
+            z = z * self.se(z) + y
+            return torch.nn.functional.interpolate(self.up(z), scale_factor=0.5, mode="bilinear")
+
+    return Block(), (1, 3, 16, 16)
+
+
+@pytest.mark.parametrize("build", [_vit_like, _mobilenet_v3_like])
+@pytest.mark.parametrize("opset", [14, 17])
+def test_vit_and_mobilenet_v3_like_exports_match_onnxruntime(tmp_path, build, opset):
+    import warnings
+
+    torch.manual_seed(0)
+    module, shape = build()
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.randn(*shape),), str(path), opset_version=opset, dynamo=False,
+                          input_names=["x"], output_names=["y"])
+    _compare(onnx.load(str(path)))
