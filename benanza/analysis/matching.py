@@ -29,7 +29,8 @@ from ..problems import BinaryProblem, ConvProblem, GemmProblem, MatMulProblem, T
 # ORT's names for a node after its graph transformers rewrote it: the original node's (or
 # output's) name plus what the transformer appends; "_token_N" makes a generated name unique
 _ORT_SUFFIXES = re.compile(r"(_nchwc|_token_\d+|_fused|/fused|/\w+Fusion/?|_new_reshape)+$")
-_FUSED_OPS = {"FusedConv": "Conv", "FusedGemm": "Gemm", "NchwcConv": "Conv",
+# ops that are one of the model's ops plus what ORT fused into it: the chain back to that op
+_FUSED_OPS = {"FusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul", "NchwcConv": "Conv",
               "QLinearConv": "Conv", "ConvTranspose": "ConvTranspose"}
 
 
@@ -138,7 +139,8 @@ def _nodes_of(o: OpEvent, graph: _Graph) -> tuple[int, ...]:
         return ()
     if o.op in _COVERS and anchor.layer.op != o.op:
         nodes = _COVERS[o.op](graph, anchor)
-        return nodes if nodes else (anchor.index,)
+        if nodes:
+            return nodes
     want = _FUSED_OPS.get(o.op, o.op)
     # a namespaced op (aten::conv2d inside a torch layer range) is the framework's kernel, not an
     # ONNX op type: the range's name alone identifies the node
