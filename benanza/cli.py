@@ -77,8 +77,10 @@ def main(verbose: int) -> None:
 def batch_options(f):
     from .processor import MAX_DIM
 
-    f = click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
-                     help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")(f)
+    f = click.option("--input-shape", "input_shape", multiple=True, metavar="[MODEL:]NAME=D1xD2x..",
+                     help="Concrete shape of an input whose non-batch dims are symbolic (repeatable). It "
+                          "applies to each model that has input NAME; MODEL: (path, file name or stem) "
+                          "limits it to one model.")(f)
     f = click.option("--batch-size", "-b", type=click.IntRange(min=1, max=MAX_DIM), default=1, show_default=True,
                      help="Batch size: sets each graph input's batch axis (dim 0 of an image, dim 1 of a "
                           "sequence-first RNN input; a symbolic dim 0 otherwise).")(f)
@@ -230,18 +232,18 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import BACKEND_MODULES
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
-    from .processor import load_model, model_stats, parse_input_shapes, total_stats, unique_layers
+    from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
 
     names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
     if len(names) != 1:
         check_known(dtypes, layouts, maths, names or list(BACKEND_MODULES))
     options = {name: gen_options_for(name, dtypes, layouts, maths, not no_fusion, strict=len(names) == 1,
                                      cupti=cupti, cupti_metrics=cupti_metrics) for name in names}
-    shapes = parse_input_shapes(input_shape)
+    shapes = input_shapes_per_model(input_shape, models)
     loaded, failed = [], 0
     for path in models:
         try:
-            loaded.append(load_model(path, batch_size=batch_size, input_shapes=shapes))
+            loaded.append(load_model(path, batch_size=batch_size, input_shapes=shapes[path]))
         except BenanzaError as exc:
             failed += 1
             print_error(exc)
@@ -558,7 +560,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
-    from .processor import load_model, parse_input_shapes, unique_layers
+    from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
 
     path = resolve_db_path(db_path)
     stored = None
@@ -574,8 +576,9 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
         backend = stored.backend
     options = gen_options_for(backend, dtypes, layouts, maths, not no_fusion, strict=True)
     assert options is not None  # strict: a value the backend lacks was an error
-    shapes = parse_input_shapes(input_shape)
-    loaded = [load_model(p, batch_size=batch_size, input_shapes=shapes) for p in models]
+    per_model = input_shapes_per_model(input_shape, models)
+    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p]) for p in models]
+    shapes = parse_input_shapes(input_shape)  # as given: the generate command below takes them back
     manifest = build_manifest(loaded, unique_layers(loaded))
     wanted = expand_variants(manifest, get_backend(backend), options)
     if stored is None:
@@ -768,6 +771,9 @@ class _ProfileCommand(click.Command):
 @click.option("--framework", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime",
               show_default=True, help="Framework to run the model in (torch: Benanza's eager executor of the ONNX graph).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
+              help="Concrete shape of an input whose non-batch dims are symbolic (repeatable), as for "
+                   "generate and analyze.")
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
               help="Untimed runs first; with --command: the first N blocks of each measure name are dropped.")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True, help="Timed runs.")
@@ -788,9 +794,10 @@ class _ProfileCommand(click.Command):
                    "checks a bundle is of the model it analyses.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="With --command: seconds each of its two runs may take before it is killed [default: none].")
-def profile(model: str | None, framework: str, batch_size: int, warmup: int, iterations: int, trace_iterations: int,
-            device: str, out_dir: str | None, nsys: bool, command_line: str | None, measure_name: str | None,
-            command_model: str | None, timeout: float | None) -> None:
+def profile(model: str | None, framework: str, batch_size: int, input_shape: tuple[str, ...], warmup: int,
+            iterations: int, trace_iterations: int, device: str, out_dir: str | None, nsys: bool,
+            command_line: str | None, measure_name: str | None, command_model: str | None,
+            timeout: float | None) -> None:
     """Run MODEL in a framework, or your own command, and write its execution profile bundle.
 
     The bundle holds latency statistics (trimmed mean, p50, p90), the framework's per-op
@@ -812,11 +819,13 @@ def profile(model: str | None, framework: str, batch_size: int, warmup: int, ite
             raise click.UsageError(f"{opt} applies to --command only")
     if model is None:
         raise click.UsageError("give MODEL, or --command 'CMD' (or `-- CMD…`) to profile your own application")
+    from .processor import parse_input_shapes
     from .profiler import ProfileSpec, profile_model
 
     out = out_dir or str(Path("profiles") / f"{Path(model).stem}-{framework}-b{batch_size}")
     spec = ProfileSpec(model=str(Path(model).resolve()), framework=framework, out_dir=out, batch_size=batch_size,
-                       warmup=warmup, iterations=iterations, trace_iterations=trace_iterations, device=device)
+                       warmup=warmup, iterations=iterations, trace_iterations=trace_iterations, device=device,
+                       input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())))
     bundle = profile_model(spec, nsys=nsys)
     index = json.loads((bundle / "profile.json").read_text())
     lat = index["latency_ms"]
@@ -844,7 +853,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
         raise click.UsageError("give the command either as --command 'CMD' or after `--`, not both")
     if model is not None:
         raise click.UsageError(f"{model}: with --command, name the ONNX file with --model")
-    for opt in ("framework", "iterations", "trace_iterations"):
+    for opt in ("framework", "iterations", "trace_iterations", "input_shape"):
         if ctx.get_parameter_source(opt) != click.core.ParameterSource.DEFAULT:
             raise click.UsageError(f"--{opt.replace('_', '-')} does not apply to --command: the command decides "
                                    f"what runs and how often (its benanza.measure blocks are the iterations)")

@@ -17,7 +17,7 @@ import signal
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,21 +47,80 @@ SYMBOLIC_SECONDS = 60.0
 _SHAPE_INPUTS = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Tile": 1}
 
 
+def _parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = spec.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.split("x"))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or any(d <= 0 for d in shape):
+        raise UsageError(f"--input-shape {spec!r}: want NAME=D1xD2x... with positive dims")
+    if len(shape) > MAX_RANK or max(shape) > MAX_DIM:
+        raise UsageError(f"--input-shape {spec!r}: at most {MAX_RANK} dims of at most {MAX_DIM} each")
+    return name, shape
+
+
 def parse_input_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
     """``["data=1x3x224x224"]`` → ``{"data": (1, 3, 224, 224)}``."""
-    out: dict[str, tuple[int, ...]] = {}
+    return dict(_parse_input_shape(spec) for spec in specs)
+
+
+def input_shapes_per_model(specs: Iterable[str], models: Sequence[str]) -> dict[str, dict[str, tuple[int, ...]]]:
+    """The ``--input-shape`` values of each model of a multi-model command.
+
+    ``NAME=D1xD2x..`` applies to every model that has an input ``NAME``; ``MODEL:NAME=D1xD2x..``
+    (``MODEL``: the path as given, its file name or its stem) to that model alone, and wins
+    over the plain form. A plain ``NAME`` no model has is an error; a model whose file cannot
+    be read gets none, and its own error from ``load_model``.
+    """
+    aliases: dict[str, set[str]] = {}
+    for m in models:
+        for alias in (m, Path(m).name, Path(m).stem):
+            aliases.setdefault(alias, set()).add(m)
+    plain: dict[str, tuple[int, ...]] = {}
+    out: dict[str, dict[str, tuple[int, ...]]] = {m: {} for m in models}
     for spec in specs:
-        name, sep, dims = spec.rpartition("=")
-        try:
-            shape = tuple(int(d) for d in dims.split("x"))
-        except ValueError:
-            shape = ()
-        if not sep or not name or not shape or any(d <= 0 for d in shape):
-            raise UsageError(f"--input-shape {spec!r}: want NAME=D1xD2x... with positive dims")
-        if len(shape) > MAX_RANK or max(shape) > MAX_DIM:
-            raise UsageError(f"--input-shape {spec!r}: at most {MAX_RANK} dims of at most {MAX_DIM} each")
-        out[name] = shape
+        name, shape = _parse_input_shape(spec)
+        target = next(((name[:i], name[i + 1:]) for i, c in enumerate(name) if c == ":" and name[:i] in aliases),
+                      None)
+        if target is None:
+            plain[name] = shape
+            continue
+        owners = aliases[target[0]]
+        if len(owners) > 1:
+            raise UsageError(f"--input-shape {spec!r}: {target[0]!r} names {len(owners)} of the models "
+                             f"({', '.join(sorted(owners))}); use the path as given")
+        out[next(iter(owners))][target[1]] = shape
+    if plain:
+        inputs = {m: _real_inputs(m) for m in models}
+        stray = sorted(n for n in plain if not any(n in names for names in inputs.values()))
+        if stray:
+            listing = "; ".join(f"{m}: {', '.join(sorted(names)) or 'none'}" for m, names in inputs.items())
+            raise UsageError(f"--input-shape {', '.join(stray)}: no given model has such an input ({listing})")
+        for m, names in inputs.items():
+            out[m] = {**{n: v for n, v in plain.items() if n in names}, **out[m]}
     return out
+
+
+def _real_inputs(path: str) -> set[str]:
+    """A model's graph inputs that are not weights; none when the file cannot be read."""
+    try:
+        graph = read_onnx(path).graph
+    except BenanzaError:
+        return set()
+    weights = {t.name for t in graph.initializer}
+    return {i.name for i in graph.input if i.name not in weights}
+
+
+def input_shapes_of(source: str | Path, batch_size: int = 1,
+                    input_shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
+    """The concrete shape of each real graph input by the rule ``load_model`` applies (the batch
+    on its batch axis, ``input_shapes`` for the rest), without processing the graph: what a
+    framework run feeds."""
+    p = Path(source)
+    model = read_onnx(p)
+    opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
+    return _fix_input_shapes(_shape_proxy(model), {t.name for t in model.graph.initializer}, p, opts)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -153,6 +153,13 @@ class ProfileSpec:
     iterations: int = 50
     trace_iterations: int = 10
     device: str = "cpu"
+    # --input-shape as given; profile_model hands the children every input's concrete shape
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @classmethod
+    def from_json(cls, data: dict) -> ProfileSpec:
+        shapes = tuple((name, tuple(dims)) for name, dims in data.pop("input_shapes", ()))
+        return cls(**data, input_shapes=shapes)
 
 
 LOG_ENV = {
@@ -226,7 +233,12 @@ def _under_nsys(cmd: list[str], nsys_bin: str | None, out: Path, device: str) ->
 def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
     """Time the model in a child without loggers, then record its trace and library logs (and
     nsys) in a second child with them on; write the bundle and return its folder."""
+    from .processor import input_shapes_of  # not at import: benanza.measure needs none of it
+
     version = check_framework(spec.framework, spec.device)
+    # the processor's rule (batch axis, --input-shape), so the run has the shapes analyze keys
+    shapes = input_shapes_of(spec.model, spec.batch_size, dict(spec.input_shapes))
+    spec = replace(spec, input_shapes=tuple(shapes.items()))
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _fresh(out)
@@ -247,6 +259,7 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
         "model": spec.model, "model_identity": identity, "framework": spec.framework,
         "framework_version": version, "device": spec.device, "batch_size": spec.batch_size,
         "warmup": spec.warmup, "iterations": spec.iterations, "trace_iterations": spec.trace_iterations,
+        "input_shapes": {name: list(dims) for name, dims in spec.input_shapes},
         "providers": timed.get("providers", []), "command": timed_cmd,
         "runs": {TIMED: {"command": timed_cmd, "loggers": timed["loggers"]},
                  TRACED: {"command": traced_cmd, "loggers": traced["loggers"]}},
@@ -526,21 +539,16 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
 # --- child process -------------------------------------------------------------------------------
 
 
-def _random_feed(inputs, batch: int, path: str) -> dict:
+def _random_feed(inputs, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """Deterministic random values of the given shapes in each ORT input's type."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     feed = {}
     for i in inputs:
-        shape = []
-        for k, d in enumerate(i.shape):
-            if isinstance(d, int) and d > 0:
-                shape.append(batch if k == 0 else d)
-            elif k == 0:
-                shape.append(batch)
-            else:
-                raise ModelError(path, f"input {i.name!r} has a symbolic dimension {d!r} beyond the batch "
-                                       f"dimension; profile needs concrete shapes")
+        if i.name not in shapes:  # a weight an IR < 4 file lists as an input: its own value stays
+            continue
+        shape = shapes[i.name]
         dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
                  "tensor(int32)": np.int32, "tensor(double)": np.float64}.get(i.type, np.float32)
         feed[i.name] = (rng.random(shape) if np.issubdtype(dtype, np.floating)
@@ -580,13 +588,13 @@ def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str], phase: str)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if spec.device == "cuda" else ["CPUExecutionProvider"]
     if phase == TIMED:
         sess = ort.InferenceSession(data, providers=providers)
-        feed = _random_feed(sess.get_inputs(), spec.batch_size, spec.model)
+        feed = _random_feed(sess.get_inputs(), dict(spec.input_shapes))
         return {"samples_ms": _time_runs(lambda: sess.run(None, feed), spec), "providers": sess.get_providers()}
     so = ort.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(out / "ort_profile")
     traced = ort.InferenceSession(data, so, providers=providers)
-    feed = _random_feed(traced.get_inputs(), spec.batch_size, spec.model)
+    feed = _random_feed(traced.get_inputs(), dict(spec.input_shapes))
     for _ in range(spec.trace_iterations):
         with measure("benanza_run"):  # an NVTX range per run for nsys
             traced.run(None, feed)
@@ -603,7 +611,8 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
 
     from .torch_exec import load_torch_graph
 
-    graph = load_torch_graph(spec.model, batch_size=spec.batch_size, device=spec.device)
+    graph = load_torch_graph(spec.model, batch_size=spec.batch_size, input_shapes=dict(spec.input_shapes),
+                             device=spec.device)
     feed = graph.random_inputs()
     notes.append(f"torch {torch.__version__} ran the ONNX graph with Benanza's eager executor (one torch call "
                  f"per ONNX node, no graph optimisation or fusion), {torch.get_num_threads()} threads")
@@ -636,7 +645,7 @@ def _time_runs(run, spec: ProfileSpec) -> list[float]:
 
 
 def _child(spec_path: str, phase: str) -> int:
-    spec = ProfileSpec(**json.loads(Path(spec_path).read_text()))
+    spec = ProfileSpec.from_json(json.loads(Path(spec_path).read_text()))
     out = Path(spec.out_dir)
     notes: list[str] = []
     runner = _run_onnxruntime if spec.framework == "onnxruntime" else _run_torch

@@ -546,6 +546,255 @@ def _slice(ctx: Ctx, x: list[Value]) -> Tensor:
     return inp
 
 
+def _conv_transpose(ctx: Ctx, x: list[Value]) -> Tensor:
+    inp, w, b = x[0], x[1], x[2] if len(x) > 2 else None
+    n = w.dim() - 2
+    if n not in (1, 2, 3):
+        raise ctx.unsupported(f"{n}-d transposed convolution")
+    a = ctx.attrs
+    kernel = list(a.get("kernel_shape") or w.shape[2:])
+    strides = list(a.get("strides") or [1] * n)
+    dilations = list(a.get("dilations") or [1] * n)
+    extra = list(a.get("output_padding") or [0] * n)
+    if any(e >= max(s, d) for e, s, d in zip(extra, strides, dilations)):
+        raise ctx.unsupported("output_padding not below the stride or dilation")
+    full = [s * (i - 1) + e + (k - 1) * d + 1
+            for s, i, e, k, d in zip(strides, inp.shape[2:], extra, kernel, dilations)]
+    mode = a.get("auto_pad", "NOTSET") or "NOTSET"
+    if a.get("output_shape") or mode in ("SAME_UPPER", "SAME_LOWER"):
+        # the pads that give the requested size: the spec's total_padding, split by auto_pad
+        want = list(a["output_shape"])[-n:] if a.get("output_shape") else [i * s for i, s in zip(inp.shape[2:], strides)]
+        total = [f - o for f, o in zip(full, want)]
+        if any(t < 0 for t in total):
+            raise ctx.unsupported("an output_shape larger than the full transposed convolution")
+        upper = mode == "SAME_UPPER"
+        begin = [t // 2 if upper else t - t // 2 for t in total]
+        end = [t - bg for t, bg in zip(total, begin)]
+    elif mode in ("NOTSET", "VALID"):
+        pads = list(a.get("pads") or [0] * 2 * n) if mode == "NOTSET" else [0] * 2 * n
+        begin, end = pads[:n], pads[n:]
+    else:
+        raise ctx.unsupported(f"auto_pad {mode!r}")
+    conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
+    same = _symmetric(begin + end)
+    if same is not None:  # torch's own padding: what a torch model's ConvTranspose runs
+        return conv(inp, w, b, strides, same, extra, int(a.get("group", 1)), dilations)
+    out = conv(inp, w, b, strides, 0, extra, int(a.get("group", 1)), dilations)
+    index = [slice(None), slice(None)] + [slice(bg, f - e) for bg, f, e in zip(begin, full, end)]
+    return out[tuple(index)]
+
+
+def _layer_norm(ctx: Ctx, x: list[Value]) -> Any:
+    inp, scale = x[0], x[1]
+    bias = x[2] if len(x) > 2 else None
+    axis = _axis(int(ctx.attrs.get("axis", -1)), inp.dim())
+    eps = float(ctx.attrs.get("epsilon", 1e-5))
+    dims = tuple(range(axis, inp.dim()))
+    if ctx.n_outputs == 1 and tuple(scale.shape) == tuple(inp.shape[axis:]) \
+            and (bias is None or tuple(bias.shape) == tuple(inp.shape[axis:])):
+        return F.layer_norm(inp, inp.shape[axis:], scale, bias, eps)  # what nn.LayerNorm runs
+    mean = inp.mean(dim=dims, keepdim=True)
+    inv_std = torch.rsqrt(((inp - mean) ** 2).mean(dim=dims, keepdim=True) + eps)
+    y = (inp - mean) * inv_std * scale
+    y = y + bias if bias is not None else y
+    return (y, mean, inv_std)[:ctx.n_outputs]
+
+
+def _gelu(ctx: Ctx, x: list[Value]) -> Tensor:
+    approximate = ctx.attrs.get("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ctx.unsupported(f"approximate {approximate!r}")
+    return F.gelu(x[0], approximate=approximate)
+
+
+def _trilu(ctx: Ctx, x: list[Value]) -> Tensor:
+    k = int(x[1].item()) if len(x) > 1 and x[1] is not None else 0
+    return torch.triu(x[0], k) if ctx.attrs.get("upper", 1) else torch.tril(x[0], k)
+
+
+def _expand(ctx: Ctx, x: list[Value]) -> Tensor:
+    # ONNX broadcasts both ways (a 1 in the shape keeps the input's dim); torch's expand is a view
+    shape = torch.broadcast_shapes(tuple(x[0].shape), tuple(_ints(x[1])))
+    return x[0].expand(shape)
+
+
+def _range(ctx: Ctx, x: list[Value]) -> Tensor:
+    start, limit, delta = (v.item() for v in x[:3])
+    return torch.arange(start, limit, delta, dtype=x[0].dtype, device=x[0].device)
+
+
+def _mod(ctx: Ctx, x: list[Value]) -> Tensor:
+    # fmod=1: the sign of the dividend (C fmod); 0 (integers only): the sign of the divisor
+    return torch.fmod(x[0], x[1]) if ctx.attrs.get("fmod", 0) else torch.remainder(x[0], x[1])
+
+
+def _where(ctx: Ctx, x: list[Value]) -> Tensor:
+    return torch.where(x[0].bool(), x[1], x[2])
+
+
+def _resize(ctx: Ctx, x: list[Value]) -> Tensor:
+    """Resize (opset 10+) and Upsample as ``F.interpolate``, for the coordinate conventions
+    torch has; others are refused by name."""
+    inp = x[0]
+    a = ctx.attrs
+    n = inp.dim() - 2
+    if ctx.op == "Upsample" or ctx.opset < 11:
+        scales = _floats(x[1]) if len(x) > 1 and x[1] is not None else list(a.get("scales") or [])
+        sizes: list[int] | None = None
+        coords = "asymmetric"  # what opset < 11 computes
+    else:
+        scales = _floats(x[2]) if len(x) > 2 and x[2] is not None and x[2].numel() else []
+        sizes = _ints(x[3]) if len(x) > 3 and x[3] is not None and x[3].numel() else None
+        coords = a.get("coordinate_transformation_mode", "half_pixel")
+    for attr, default in (("antialias", 0), ("exclude_outside", 0), ("axes", None)):
+        if a.get(attr, default) not in (default, [], ()):
+            raise ctx.unsupported(f"attribute {attr}")
+    if sizes is not None and a.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise ctx.unsupported("keep_aspect_ratio_policy other than stretch")
+    if n not in (1, 2, 3) or (sizes[:2] != list(inp.shape[:2]) if sizes is not None else scales[:2] != [1.0, 1.0]):
+        raise ctx.unsupported("resizing the batch or channel axis, or a tensor not N×C×spatial")
+    mode = a.get("mode", "nearest")
+    kwargs: dict[str, Any] = {"size": sizes[2:]} if sizes is not None else \
+        {"scale_factor": scales[2:], "recompute_scale_factor": False}
+    if mode == "nearest":
+        nearest = a.get("nearest_mode", "round_prefer_floor")
+        if coords == "asymmetric" and (nearest == "floor" or ctx.op == "Upsample" or ctx.opset < 11):
+            return F.interpolate(inp, mode="nearest", **kwargs)
+        if coords == "half_pixel" and nearest == "round_prefer_ceil":
+            return F.interpolate(inp, mode="nearest-exact", **kwargs)
+        raise ctx.unsupported(f"nearest mode {nearest!r} with coordinate_transformation_mode {coords!r}")
+    if mode in ("linear", "cubic"):
+        torch_mode = ("linear", "bilinear", "trilinear")[n - 1] if mode == "linear" else "bicubic"
+        if mode == "cubic" and (n != 2 or float(a.get("cubic_coeff_a", -0.75)) != -0.75):
+            raise ctx.unsupported("cubic other than 2-d with coefficient -0.75")
+        if coords in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+            return F.interpolate(inp, mode=torch_mode, align_corners=coords == "align_corners", **kwargs)
+    raise ctx.unsupported(f"mode {mode!r} with coordinate_transformation_mode {coords!r}")
+
+
+def _floats(v: Value) -> list[float]:
+    return [float(f) for f in v.reshape(-1).tolist()]
+
+
+# ONNX gate order → torch's: LSTM i,o,f,c → i,f,c(g),o; GRU z,r,h → r,z,n
+_GATES = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2), "RNN": (0,)}
+_DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
+
+
+def _rnn(ctx: Ctx, x: list[Value]) -> tuple[Tensor, ...]:
+    """LSTM, GRU and RNN through torch's fused recurrent kernels (``torch.lstm`` and friends,
+    what ``nn.LSTM`` runs), with ONNX's weights re-ordered into torch's gate order."""
+    a = ctx.attrs
+    op = ctx.op
+    direction = a.get("direction", "forward")
+    dirs = 2 if direction == "bidirectional" else 1
+    acts = [v.decode() if isinstance(v, bytes) else v for v in a.get("activations") or []]
+    per = len(_DEFAULT_ACTS[op])
+    acts = acts * dirs if len(acts) == per else acts[:per * dirs]  # one list may serve both directions
+    kernel: Any
+    if op == "RNN" and acts == ["Relu"] * dirs:
+        kernel = torch.rnn_relu
+    elif acts and acts != _DEFAULT_ACTS[op] * dirs:
+        raise ctx.unsupported(f"activations {acts}")
+    else:
+        kernel = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN": torch.rnn_tanh}[op]
+    if a.get("clip") is not None or a.get("input_forget", 0):
+        raise ctx.unsupported("clip or input_forget")
+    if op == "GRU" and not a.get("linear_before_reset", 0):
+        raise ctx.unsupported("linear_before_reset=0 (torch's GRU applies the reset gate after the linear "
+                              "transformation)")
+    if op == "LSTM" and len(x) > 7 and x[7] is not None:
+        raise ctx.unsupported("peepholes")
+    inp, w, r = x[0], x[1], x[2]
+    b = x[3] if len(x) > 3 else None
+    if len(x) > 4 and x[4] is not None and bool((x[4] != inp.shape[1 - int(a.get("layout", 0))]).any()):
+        raise ctx.unsupported("sequence_lens shorter than the sequence")
+    batch_first = bool(a.get("layout", 0))
+    hidden = int(a["hidden_size"]) if a.get("hidden_size") else r.shape[-1]
+    batch = inp.shape[0] if batch_first else inp.shape[1]
+
+    def gates(t: Tensor) -> Tensor:
+        return torch.cat([t[g * hidden:(g + 1) * hidden] for g in _GATES[op]])
+
+    params = []
+    for d in range(dirs):
+        params += [gates(w[d]), gates(r[d])]
+        if b is not None:
+            half = b.shape[-1] // 2
+            params += [gates(b[d][:half]), gates(b[d][half:])]
+    zeros = torch.zeros(dirs, batch, hidden, dtype=inp.dtype, device=inp.device)
+    h0 = x[5] if len(x) > 5 and x[5] is not None else zeros
+    if batch_first:
+        h0 = h0.transpose(0, 1)
+    for state in x[5:7]:  # torch's kernels abort the process on a mismatch instead of raising
+        if state is not None and state.numel() != zeros.numel():
+            raise ctx.unsupported(f"an initial state of shape {list(state.shape)} for batch {batch}, "
+                                  f"{dirs} direction(s), hidden size {hidden}")
+    seq = inp.flip(1 if batch_first else 0) if direction == "reverse" else inp
+    if op == "LSTM":
+        c0 = x[6] if len(x) > 6 and x[6] is not None else zeros
+        y, h_n, c_n = kernel(seq, (h0, c0.transpose(0, 1) if batch_first else c0), params, b is not None, 1,
+                             0.0, False, dirs == 2, batch_first)
+        states = [h_n, c_n]
+    else:
+        y, h_n = kernel(seq, h0, params, b is not None, 1, 0.0, False, dirs == 2, batch_first)
+        states = [h_n]
+    if direction == "reverse":
+        y = y.flip(1 if batch_first else 0)
+    # torch: [seq, batch, dirs*hidden]; ONNX: [seq, dirs, batch, hidden] (layout 1: [batch, seq, dirs, hidden])
+    if batch_first:
+        out = y.reshape(batch, -1, dirs, hidden)
+        states = [s.transpose(0, 1) for s in states]
+    else:
+        out = y.reshape(y.shape[0], batch, dirs, hidden).permute(0, 2, 1, 3)
+    return tuple([out, *states][:ctx.n_outputs])
+
+
+def _attention(ctx: Ctx, x: list[Value]) -> Any:
+    """The opset-23 Attention op through ``F.scaled_dot_product_attention``: 4-D or 3-D
+    (heads from q_num_heads/kv_num_heads) inputs, grouped KV heads, a boolean or additive
+    mask, causal masking (bottom-right aligned after a past cache) and the KV cache."""
+    a = ctx.attrs
+    q, k, v = x[0], x[1], x[2]
+    mask = x[3] if len(x) > 3 else None
+    past_k, past_v = (x[4] if len(x) > 4 else None), (x[5] if len(x) > 5 else None)
+    if ctx.n_outputs > 3:
+        raise ctx.unsupported("the qk_matmul_output output")
+    if float(a.get("softcap", 0.0)) != 0.0:
+        raise ctx.unsupported("softcap")
+    three_d = q.dim() == 3
+    if three_d:
+        qh, kvh = int(a["q_num_heads"]), int(a["kv_num_heads"])
+        q = q.reshape(q.shape[0], q.shape[1], qh, -1).transpose(1, 2)
+        k = k.reshape(k.shape[0], k.shape[1], kvh, -1).transpose(1, 2)
+        v = v.reshape(v.shape[0], v.shape[1], kvh, -1).transpose(1, 2)
+    if past_k is not None and past_v is not None:
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+    present = (k, v)
+    if q.shape[1] != k.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scale = a.get("scale")
+    causal = bool(a.get("is_causal", 0))
+    bias = None
+    if mask is not None:
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, -math.inf) \
+            if mask.dtype == torch.bool else mask.to(q.dtype)
+        if bias.shape[-1] < k.shape[2]:  # a mask shorter than past + new keys masks the rest out
+            bias = F.pad(bias, [0, k.shape[2] - bias.shape[-1]], value=-math.inf)
+    if causal and (bias is not None or past_k is not None):
+        offset = k.shape[2] - q.shape[2] if past_k is not None else 0
+        allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(offset)
+        causal_bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, -math.inf)
+        bias = causal_bias if bias is None else bias + causal_bias
+        causal = False
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal,
+                                       scale=float(scale) if scale is not None else None)
+    if three_d:
+        y = y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+    return (y, *present)[:ctx.n_outputs]
+
+
 def _reduce(fn: Callable[..., Tensor], axes_input_since: int) -> OpFn:
     def op(ctx: Ctx, x: list[Value]) -> Tensor:
         inp = x[0]
@@ -596,6 +845,12 @@ def _register() -> dict[str, OpFn]:
         "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Shape": _shape, "Gather": _gather,
         "ReduceMean": _reduce(torch.mean, 18), "ReduceSum": _reduce(torch.sum, 13),
         "ReduceMax": _reduce(torch.amax, 18), "ReduceMin": _reduce(torch.amin, 18),
+        "ConvTranspose": _conv_transpose, "LayerNormalization": _layer_norm, "Gelu": _gelu,
+        "HardSwish": _unary(F.hardswish), "Where": _where, "Trilu": _trilu, "Expand": _expand, "Range": _range,
+        "Mod": _mod, "Not": _unary(torch.logical_not), "Equal": _binary(torch.eq), "Less": _binary(torch.lt),
+        "Greater": _binary(torch.gt), "LessOrEqual": _binary(torch.le), "GreaterOrEqual": _binary(torch.ge),
+        "And": _binary(torch.logical_and), "Or": _binary(torch.logical_or), "Xor": _binary(torch.logical_xor),
+        "Resize": _resize, "Upsample": _resize, "LSTM": _rnn, "GRU": _rnn, "RNN": _rnn, "Attention": _attention,
     }
 
 

@@ -177,3 +177,218 @@ def test_profiler_ranges_are_layer_names(tmp_path):
     assert [o.name for o in trace.ops if o.run == 1] == names
     ops = {o.name: o.op for o in trace.ops}
     assert ops["conv1"] == "aten::conv2d" and ops["fc"] == "aten::linear"
+
+
+# --- transformer-era and remaining ops -------------------------------------------------------------
+
+def _float(name, values):
+    return numpy_helper.from_array(np.array(values, np.float32), name)
+
+
+def _bool(name, values):
+    return numpy_helper.from_array(np.array(values, bool), name)
+
+
+def _rnn_case(op: str, gates: int, direction: str = "forward", layout: int = 0, **attrs):
+    # _compare sets the batch axis to dim 0's size: batch and sequence are both 4
+    dirs, hidden, inp, batch, seq = (2 if direction == "bidirectional" else 1), 5, 3, 4, 4
+    x = [batch, seq, inp] if layout else [seq, batch, inp]
+    state = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
+    names = ["x", "W", "R", "B", "", "h0"] + (["c0"] if op == "LSTM" else [])
+    inits = [tensor("W", (dirs, gates * hidden, inp)), tensor("R", (dirs, gates * hidden, hidden)),
+             tensor("B", (dirs, 2 * gates * hidden)), tensor("h0", state)]
+    if op == "LSTM":
+        inits.append(tensor("c0", state))
+    outs = ["y", "yh"] + (["yc"] if op == "LSTM" else [])
+    node = helper.make_node(op, names, outs, hidden_size=hidden, direction=direction, layout=layout, name="r",
+                            **attrs)
+    return helpers.model([node], [io("x", x)], [io(o, None) for o in outs], inits, opset=14)
+
+
+MORE_CASES = {
+    "layernorm axis 1 with mean and inv std dev": helpers.model(
+        [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "isd"], axis=1, epsilon=1e-3,
+                          name="ln")],
+        [io("x", [2, 3, 4])], [io("y", None), io("mean", None), io("isd", None)],
+        [tensor("s", (3, 4)), tensor("b", (4,))], opset=17),
+    "gelu tanh": _single(helper.make_node("Gelu", ["x"], ["y"], approximate="tanh", name="g"), [2, 8], opset=20),
+    "gelu erf": _single(helper.make_node("Gelu", ["x"], ["y"], name="g"), [2, 8], opset=20),
+    "hardswish": _single(helper.make_node("HardSwish", ["x"], ["y"], name="h"), [2, 8], opset=14),
+    "hardsigmoid": _single(helper.make_node("HardSigmoid", ["x"], ["y"], alpha=0.3, beta=0.4, name="h"), [2, 8]),
+    "where bool mask": _single(helper.make_node("Where", ["m", "x", "z"], ["y"], name="w"), [3, 4],
+                               [_bool("m", [[True, False, True, False]]), tensor("z", (3, 1))]),
+    "trilu lower k=-1 and not, equal": helpers.model(
+        [helper.make_node("Trilu", ["x", "k"], ["t"], upper=0, name="t"),
+         helper.make_node("Equal", ["t", "zero"], ["e"], name="e"),
+         helper.make_node("Not", ["e"], ["y"], name="n")],
+        [io("x", [4, 5])], [io("y", None, onnx.TensorProto.BOOL)], [_ints("k", -1), _float("zero", 0.0)], opset=14),
+    "expand both ways": _single(helper.make_node("Expand", ["x", "shape"], ["y"], name="e"), [3, 1],
+                                [_ints("shape", [2, 1, 4])]),
+    "range from a shape, mod": helpers.model(
+        [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+         helper.make_node("Gather", ["s", "one"], ["n"], axis=0, name="n"),
+         helper.make_node("Range", ["zero", "n", "step"], ["r"], name="range"),
+         helper.make_node("Mod", ["r", "three"], ["m"], name="mod"),
+         helper.make_node("Cast", ["m"], ["f"], to=onnx.TensorProto.FLOAT, name="cast"),
+         helper.make_node("Add", ["x", "f"], ["y"], name="add")],
+        [io("x", [2, 7])], [io("y", None)],
+        [_ints("one", 1), _ints("zero", 0), _ints("step", 1), _ints("three", 3)]),
+    "convtranspose asymmetric pads, groups, dilation, output_padding": _single(
+        helper.make_node("ConvTranspose", ["x", "W", "b"], ["y"], pads=[0, 1, 2, 1], group=2, dilations=[2, 1],
+                         strides=[3, 2], output_padding=[1, 1], name="ct"),
+        [1, 4, 5, 5], [tensor("W", (4, 3, 3, 3)), tensor("b", (6,))]),
+    "convtranspose output_shape": _single(
+        helper.make_node("ConvTranspose", ["x", "W"], ["y"], strides=[2, 2], output_shape=[10, 9], name="ct"),
+        [1, 2, 5, 5], [tensor("W", (2, 3, 3, 3))]),
+    "convtranspose SAME_LOWER": _single(
+        helper.make_node("ConvTranspose", ["x", "W"], ["y"], strides=[2, 2], auto_pad="SAME_LOWER", name="ct"),
+        [1, 2, 4, 4], [tensor("W", (2, 3, 4, 4))]),
+    "convtranspose 1-d symmetric": _single(
+        helper.make_node("ConvTranspose", ["x", "W"], ["y"], strides=[2], pads=[1, 1], name="ct"),
+        [1, 2, 6], [tensor("W", (2, 3, 3))]),
+    "resize nearest asymmetric floor": _single(
+        helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest", nearest_mode="floor",
+                         coordinate_transformation_mode="asymmetric", name="r"),
+        [1, 2, 3, 4], [_float("sc", [1, 1, 2.0, 1.5])]),
+    "resize nearest half_pixel round_prefer_ceil sizes": _single(
+        helper.make_node("Resize", ["x", "", "", "sz"], ["y"], mode="nearest", nearest_mode="round_prefer_ceil",
+                         name="r"), [1, 2, 5, 4], [_ints("sz", [1, 2, 7, 9])]),
+    "resize linear half_pixel": _single(
+        helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="linear", name="r"),
+        [1, 2, 3, 4], [_float("sc", [1, 1, 2.0, 2.0])]),
+    "resize linear align_corners downscale": _single(
+        helper.make_node("Resize", ["x", "", "", "sz"], ["y"], mode="linear",
+                         coordinate_transformation_mode="align_corners", name="r"),
+        [1, 2, 8, 6], [_ints("sz", [1, 2, 5, 4])]),
+    "resize cubic half_pixel": _single(
+        helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="cubic", name="r"),
+        [1, 1, 4, 4], [_float("sc", [1, 1, 2.0, 2.0])]),
+    "upsample opset 9 nearest": _single(
+        helper.make_node("Upsample", ["x", "sc"], ["y"], mode="nearest", name="u"),
+        [1, 2, 3, 3], [_float("sc", [1, 1, 2.0, 3.0])], opset=9),
+    "lstm bidirectional, bias, initial state": _rnn_case("LSTM", 4, "bidirectional"),
+    "gru linear_before_reset": _rnn_case("GRU", 3, "bidirectional", linear_before_reset=1),
+    "rnn relu": _rnn_case("RNN", 1, activations=["Relu"]),
+    "rnn tanh reverse": _rnn_case("RNN", 1, "reverse"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MORE_CASES))
+def test_more_op_semantics_match_onnxruntime(case):
+    _compare(MORE_CASES[case])
+
+
+def _attention(q, k, v, extra_inputs=(), inits=(), n_out=1, **attrs):
+    names = ["q", "k", "v", *extra_inputs]
+    outs = ["y", "pk", "pv"][:n_out]
+    node = helper.make_node("Attention", names, outs, name="att", **attrs)
+    m = helpers.model([node], [io("q", q), io("k", k), io("v", v)], [io(o, None) for o in outs], list(inits),
+                      opset=23)
+    return m
+
+
+REFERENCE = {
+    "4-d": _attention([1, 2, 5, 4], [1, 2, 6, 4], [1, 2, 6, 3]),
+    "4-d causal, scale": _attention([1, 2, 5, 4], [1, 2, 5, 4], [1, 2, 5, 4], is_causal=1, scale=0.3),
+    "3-d grouped heads": _attention([1, 5, 8], [1, 6, 4], [1, 6, 6], q_num_heads=4, kv_num_heads=2),
+    "bool mask": _attention([1, 2, 3, 4], [1, 2, 5, 4], [1, 2, 5, 4], ["m"],
+                            [_bool("m", np.random.default_rng(1).random((3, 5)) > 0.3)]),
+    "float mask": _attention([1, 2, 3, 4], [1, 2, 5, 4], [1, 2, 5, 4], ["m"], [tensor("m", (1, 1, 3, 5))]),
+    # ONNX Runtime refuses batch-first (layout 1) recurrences: the reference evaluator is the oracle
+    "lstm reverse, batch first": _rnn_case("LSTM", 4, "reverse", layout=1),
+    "causal with past cache": _attention([1, 2, 2, 4], [1, 2, 2, 4], [1, 2, 2, 4], ["", "pk0", "pv0"],
+                                         [tensor("pk0", (1, 2, 3, 4)), tensor("pv0", (1, 2, 3, 4))], n_out=3,
+                                         is_causal=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCE))
+def test_attention_and_batch_first_lstm_match_the_onnx_reference(case):
+    from onnx.reference import ReferenceEvaluator
+
+    proto = REFERENCE[case]
+    graph = load_torch_graph(proto, proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value)
+    feed = graph.random_inputs()
+    with torch.inference_mode():
+        got = graph.run(feed, annotate=False)
+    want = ReferenceEvaluator(proto).run(None, {k: v.numpy() for k, v in feed.items()})
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_refused_variants_name_what_they_lack():
+    gru = _rnn_case("GRU", 3)  # linear_before_reset=0: not what torch's GRU computes
+    with pytest.raises(BenanzaError, match=r"node 'r' \(GRU\): linear_before_reset=0"):
+        load_torch_graph(gru).run(load_torch_graph(gru).random_inputs())
+    resize = _single(helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="linear",
+                                      coordinate_transformation_mode="asymmetric", name="r"),
+                     [1, 2, 3, 4], [_float("sc", [1, 1, 2.0, 2.0])])
+    with pytest.raises(BenanzaError, match=r"node 'r' \(Resize\): mode 'linear' with coordinate_transformation"):
+        load_torch_graph(resize).run(load_torch_graph(resize).random_inputs())
+
+
+@pytest.mark.parametrize("name,opset", [("encoder", 14), ("encoder", 17), ("gpt", 14), ("gpt", 17),
+                                        ("gpt", 20), ("gpt", 23)])
+def test_transformer_exports_match_onnxruntime(tmp_path_factory, name, opset):
+    from torch_models import export
+
+    _compare(onnx.load(str(export(name, opset, tmp_path_factory.mktemp("tx")))))
+
+
+def _vit_like():
+    """Patch embedding, class token, position embedding, a pre-LN encoder layer with GELU, head."""
+    from torch import nn
+
+    class Vit(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.patch = nn.Conv2d(3, 32, 4, 4)
+            self.cls = nn.Parameter(torch.randn(1, 1, 32))
+            self.pos = nn.Parameter(torch.randn(1, 17, 32))
+            self.block = nn.TransformerEncoderLayer(32, 4, 64, activation="gelu", batch_first=True, norm_first=True)
+            self.norm, self.head = nn.LayerNorm(32), nn.Linear(32, 10)
+
+        def forward(self, x):
+            t = self.patch(x).flatten(2).transpose(1, 2)
+            t = torch.cat([self.cls.expand(x.shape[0], -1, -1), t], dim=1) + self.pos
+            return self.head(self.norm(self.block(t, is_causal=False))[:, 0])
+
+    return Vit(), (1, 3, 16, 16)
+
+
+def _mobilenet_v3_like():
+    """Inverted residual with squeeze-excitation: HardSwish, HardSigmoid, depthwise conv, pooling."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.Hardswish())
+            self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16), nn.BatchNorm2d(16), nn.Hardswish())
+            self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(16, 4, 1), nn.ReLU(), nn.Conv2d(4, 16, 1),
+                                    nn.Hardsigmoid())
+            self.up = nn.ConvTranspose2d(16, 8, 2, 2)
+
+        def forward(self, x):
+            y = self.stem(x)
+            z = self.dw(y)
+            z = z * self.se(z) + y
+            return torch.nn.functional.interpolate(self.up(z), scale_factor=0.5, mode="bilinear")
+
+    return Block(), (1, 3, 16, 16)
+
+
+@pytest.mark.parametrize("build", [_vit_like, _mobilenet_v3_like])
+@pytest.mark.parametrize("opset", [14, 17])
+def test_vit_and_mobilenet_v3_like_exports_match_onnxruntime(tmp_path, build, opset):
+    import warnings
+
+    torch.manual_seed(0)
+    module, shape = build()
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.randn(*shape),), str(path), opset_version=opset, dynamo=False,
+                          input_names=["x"], output_names=["y"])
+    _compare(onnx.load(str(path)))

@@ -46,15 +46,17 @@ class GptBlock(nn.Module):
 MODELS = {"encoder": Encoder, "gpt": GptBlock}
 
 
-def export(name: str, opset: int, out_dir: Path) -> Path:
+def export(name: str, opset: int, out_dir: Path, dynamic: bool = False) -> Path:
     """The model exported at ``opset`` with the TorchScript exporter (the dynamo exporter needs
-    onnxscript, which is not installed), input ``x`` of shape 1×SEQ×D_MODEL."""
-    path = out_dir / f"{name}{opset}.onnx"
+    onnxscript, which is not installed), input ``x`` of shape 1×SEQ×D_MODEL; with ``dynamic``,
+    batch and sequence length are symbolic (``batch``, ``seq``)."""
+    path = out_dir / f"{name}{opset}{'-dyn' if dynamic else ''}.onnx"
     if not path.exists():
         torch.manual_seed(0)
         module = MODELS[name]().eval()
+        axes = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}} if dynamic else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
             torch.onnx.export(module, (torch.randn(1, SEQ, D_MODEL),), str(path), opset_version=opset,
-                              dynamo=False, input_names=["x"], output_names=["y"])
+                              dynamo=False, input_names=["x"], output_names=["y"], dynamic_axes=axes)
     return path

@@ -1,25 +1,35 @@
 """Match what a profile recorded back to the model's layers, so analyses speak in layer names.
 
 * Framework ops (ORT nodes, torch ops) → groups of model nodes. A framework may rename a
-  fused node after the tensor it produces (ORT: ``r1_nchwc`` for Conv+Relu writing ``r1``);
-  the group is then the chain from that tensor's producer back to a node of the framework
-  op's type. Ops matching no node are insertions (ORT's ReorderInput/ReorderOutput).
+  fused node after the tensor it produces (ORT: ``r1_nchwc`` for Conv+Relu writing ``r1``)
+  or after a node it replaced plus the fusion's name (``/fc/MatMul/MatMulAddFusion``); the
+  group is then what that fused op computes, walked from the named node (``_COVERS``). ORT
+  names other fused ops only by their type (``Gelu``, ``SkipLayerNormalization_token_3``):
+  those take, in execution order, the model's next unclaimed occurrence of the pattern they
+  replace whose output shape is theirs. Ops matching no node are insertions (ORT's
+  ReorderInput/ReorderOutput, the Reshapes it puts around a Gemm).
 * Library calls → conv / GEMM nodes by shape signature, in model order, pass after pass
   (a log holds every iteration).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
+from ..fusion import _gelu_nodes, _layernorm_nodes
 from ..layers import Layer, Model, Node
-from ..problems import ConvProblem, GemmProblem, MatMulProblem
 from ..parsers import ConvSignature, FrameworkTrace, GemmSignature, LibraryCall, OpEvent
+from ..problems import BinaryProblem, ConvProblem, GemmProblem, MatMulProblem, TransposeProblem
 
-# ORT's names for a node after its graph transformers rewrote it
-_ORT_SUFFIXES = re.compile(r"(_nchwc|_token_\d+|_fused|/fused)+$")
+# ORT's names for a node after its graph transformers rewrote it: the original node's (or
+# output's) name plus what the transformer appends; "_token_N" makes a generated name unique
+_ORT_SUFFIXES = re.compile(r"(_nchwc|_token_\d+|_fused|/fused|/\w+Fusion/?|_new_reshape)+$")
+# ops that are one of the model's ops plus what ORT fused into it: the chain back to that op
 _FUSED_OPS = {"FusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul", "NchwcConv": "Conv",
               "QLinearConv": "Conv", "ConvTranspose": "ConvTranspose"}
 
@@ -63,8 +73,7 @@ def _steady_runs(trace: FrameworkTrace) -> list[int]:
 
 
 def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
-    by_name = {n.name: n for n in model.nodes}
-    producer = {t: n for n in model.nodes for t in n.outputs}
+    graph = _Graph(model)
     runs = _steady_runs(trace)
     ops = [o for o in trace.ops if o.run in runs]
     nruns = max(1, len(runs))
@@ -73,13 +82,19 @@ def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
         entry = acc.setdefault((o.name, o.op), [0.0, 0, o])
         entry[0] += o.span.dur_us
         entry[1] += 1
-    groups = []
     claimed: set[int] = set()
-    for (name, op), (total, count, first) in acc.items():
-        nodes = _nodes_of(first, by_name, producer, model)
-        nodes = tuple(i for i in nodes if i not in claimed)
+    found: dict[tuple[str, str], tuple[int, ...]] = {}
+    # named ops first: an op known only by its type must not take a named op's nodes
+    for key, (_, _, first) in acc.items():
+        nodes = tuple(i for i in _nodes_of(first, graph) if i not in claimed)
         claimed.update(nodes)
-        groups.append(OpGroup(name, op, nodes, total / nruns / 1000.0, count / nruns))
+        found[key] = nodes
+    for key, (_, _, first) in acc.items():
+        if not found[key] and first.op in _CANDIDATES:
+            found[key] = _unnamed(first, graph, claimed)
+            claimed.update(found[key])
+    groups = [OpGroup(name, op, found[(name, op)], total / nruns / 1000.0, count / nruns)
+              for (name, op), (total, count, _) in acc.items()]
     groups.sort(key=lambda g: min(g.nodes) if g.nodes else 10**9)
     eliminated = tuple(n.index for n in model.nodes if n.index not in claimed) if groups else ()
     run_spans = [trace.runs[r] for r in runs if 0 <= r < len(trace.runs)]
@@ -88,17 +103,51 @@ def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
     return TraceMatch(groups, eliminated, len(runs), run_ms, op_ms, _gaps(ops, nruns))
 
 
-def _nodes_of(o: OpEvent, by_name: dict[str, Node], producer: dict[str, Node], model: Model) -> tuple[int, ...]:
+class _Graph:
+    """The model's nodes by name and tensors, and the decompositions ORT fuses, found once."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.by_name = {n.name: n for n in model.nodes}
+        self.producer = {t: n for n in model.nodes for t in n.outputs}
+        self.readers: defaultdict[str, list[Node]] = defaultdict(list)
+        for n in model.nodes:
+            for t in n.inputs:
+                self.readers[t].append(n)
+
+    @cached_property
+    def decompositions(self) -> dict[str, list[tuple[int, ...]]]:
+        consumers = self.model.consumers()
+        out: dict[str, list[tuple[int, ...]]] = {"layernorm": [], "gelu": []}
+        for n in self.model.nodes:
+            for kind, op, find in (("layernorm", "ReduceMean", _layernorm_nodes), ("gelu", "Div", _gelu_nodes)):
+                nodes = find(self.model, consumers, n.index) if n.layer.op == op else None
+                if nodes:
+                    out[kind].append(tuple(sorted(nodes)))
+        return out
+
+    def only_read_by(self, node: Node, group: set[int]) -> bool:
+        """Whether every reader of ``node``'s outputs is in ``group`` (so fusing it loses nothing);
+        a Shape reads no data, and with static shapes ORT folds it away."""
+        return all(r.index in group or r.layer.op == "Shape" for t in node.outputs for r in self.readers[t])
+
+
+def _nodes_of(o: OpEvent, graph: _Graph) -> tuple[int, ...]:
     base = _ORT_SUFFIXES.sub("", o.name)
-    anchor = by_name.get(o.name) or by_name.get(base) or producer.get(base)
+    anchor = graph.by_name.get(o.name) or graph.by_name.get(base) or graph.producer.get(base)
     if anchor is None:
         return ()
+    if o.op in _COVERS and anchor.layer.op != o.op:
+        nodes = _COVERS[o.op](graph, anchor)
+        if nodes:
+            return nodes
     want = _FUSED_OPS.get(o.op, o.op)
     # a namespaced op (aten::conv2d inside a torch layer range) is the framework's kernel, not an
     # ONNX op type: the range's name alone identifies the node
     if not want or "::" in want or anchor.layer.op == want:
         return (anchor.index,)
     # walk producers back to the node of the framework op's type: the fused chain
+    producer = graph.producer
     chain = [anchor]
     while chain[-1].layer.op != want:
         preds = [producer[t] for t in chain[-1].inputs if t in producer]
@@ -107,6 +156,173 @@ def _nodes_of(o: OpEvent, by_name: dict[str, Node], producer: dict[str, Node], m
             return (anchor.index,)
         chain.append(nxt)
     return tuple(sorted(n.index for n in chain))
+
+
+def _unnamed(o: OpEvent, graph: _Graph, claimed: set[int]) -> tuple[int, ...]:
+    """A fused op ORT named only by its type: the first unclaimed occurrence (model order) of
+    the pattern it replaces whose output has the op's output shape. ORT's sequential executor
+    runs nodes in the model's topological order, so the k-th such op is the k-th occurrence.
+    A part of the pattern another op already runs (a bias Add in ORT's Gemm) stays with it."""
+    want = o.output_shapes[0] if o.output_shapes else None
+    seen: set[tuple[int, ...]] = set()
+    for seed in graph.model.nodes:
+        if seed.layer.op not in _CANDIDATES[o.op] or seed.index in claimed:
+            continue
+        nodes = tuple(i for i in _COVERS[o.op](graph, seed) or () if i not in claimed)
+        if seed.index not in nodes or nodes in seen:
+            continue
+        seen.add(nodes)
+        shapes = {s.shape for i in nodes for s in graph.model.nodes[i].layer.outputs}
+        if want is None or want in shapes:
+            return nodes
+    return ()
+
+
+# --- what each fused ORT op computes, walked from one node of it ---------------------------------
+
+
+def _scalar_operand(graph: _Graph, node: Node) -> bool:
+    """A Mul/Div by one value (a constant, or a scalar ORT folds from static shapes)."""
+    p = node.layer.problem
+    if not isinstance(p, BinaryProblem) or p.alg not in ("mul", "div") or len(node.layer.inputs) != 2:
+        return False
+    return any(math.prod(s.shape) == 1 for s in node.layer.inputs)
+
+
+def _matmul_transpose(node: Node) -> str | None:
+    """How FusedMatMul runs a Transpose through its attributes: "trans" for the last two axes
+    swapped (transA/transB), "batch" for the first axis moved before the last (transBatch),
+    "both"; None when it cannot."""
+    p = node.layer.problem
+    if not isinstance(p, TransposeProblem) or len(p.perm) < 2:
+        return None
+    n = len(p.perm)
+    if n == 2:
+        return "trans" if p.perm == (1, 0) else None
+    middle = tuple(range(1, n - 1))
+    kinds = {tuple(range(n - 2)) + (n - 1, n - 2): "trans", middle + (0, n - 1): "batch", middle + (n - 1, 0): "both"}
+    return kinds.get(p.perm)
+
+
+def _gemm_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """MatMulAddFusion: a MatMul and the Add of a constant bias that alone reads it."""
+    if anchor.layer.op != "MatMul":
+        return None
+    readers = [r for t in anchor.outputs for r in graph.readers[t]]
+    if len(readers) == 1 and readers[0].layer.op == "Add" and readers[0].constant_inputs:
+        return tuple(sorted((anchor.index, readers[0].index)))
+    return (anchor.index,)
+
+
+def _fused_matmul_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """MatMulScaleFusion / MatmulTransposeFusion: a MatMul with the scalar scaling of an input
+    or of its output and the Transposes of each input it runs through its attributes (views
+    between them are free), each read by the fused op alone."""
+    if anchor.layer.op != "MatMul":
+        return None
+    group = {anchor.index}
+    for t in anchor.inputs:
+        used: set[str] = set()  # each attribute absorbs one Transpose per input
+        p = graph.producer.get(t)
+        while p is not None and p.index not in group and graph.only_read_by(p, group):
+            kind = _matmul_transpose(p)
+            parts = {"trans", "batch"} if kind == "both" else {kind} if kind else set()
+            if parts and not parts & used:
+                used |= parts
+            elif not (p.layer.view or _scalar_operand(graph, p)):
+                break
+            group.add(p.index)
+            p = next((graph.producer[i] for i in p.inputs if i in graph.producer
+                      and math.prod(graph.producer[i].layer.outputs[0].shape) > 1), None)
+    readers = [r for t in anchor.outputs for r in graph.readers[t]]
+    if len(readers) == 1 and _scalar_operand(graph, readers[0]):
+        group.add(readers[0].index)
+    # views at the edge of the walk are not part of what ORT fused
+    while True:
+        edge = [i for i in group if graph.model.nodes[i].layer.view
+                and not any(graph.producer.get(t) and graph.producer[t].index in group
+                            for t in graph.model.nodes[i].inputs)]
+        if not edge:
+            return tuple(sorted(group))
+        group -= set(edge)
+
+
+def _containing(graph: _Graph, kind: str, anchor: Node, op: str) -> tuple[int, ...] | None:
+    if anchor.layer.op == op:
+        return (anchor.index,)
+    return next((d for d in graph.decompositions[kind] if anchor.index in d), None)
+
+
+def _layernorm_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """LayerNormFusion: the ReduceMean…Add decomposition (or an opset-17 LayerNormalization)."""
+    return _containing(graph, "layernorm", anchor, "LayerNormalization")
+
+
+def _gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """GeluFusion: the erf decomposition Div→Erf→Add→Mul→Mul (or an opset-20 Gelu)."""
+    return _containing(graph, "gelu", anchor, "Gelu")
+
+
+def _entry(graph: _Graph, nodes: tuple[int, ...]) -> list[Node]:
+    """Producers of the tensors a node group reads from outside itself."""
+    inside = set(nodes)
+    out = []
+    for i in nodes:
+        for t in graph.model.nodes[i].inputs:
+            p = graph.producer.get(t)
+            if p is not None and p.index not in inside and p not in out:
+                out.append(p)
+    return out
+
+
+def _bias_add(graph: _Graph, node: Node, group: set[int]) -> bool:
+    return node.layer.op == "Add" and bool(node.constant_inputs) and len(node.inputs) == 1 \
+        and graph.only_read_by(node, group)
+
+
+def _bias_gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """BiasGeluFusion: the Add of a constant bias and the GELU that alone reads it."""
+    gelu = _gelu_cover(graph, anchor)
+    if gelu is None:
+        return None
+    bias = [p for p in _entry(graph, gelu) if _bias_add(graph, p, set(gelu))]
+    return tuple(sorted(gelu + (bias[0].index,))) if len(bias) == 1 else None
+
+
+def _skip_layernorm_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """SkipLayerNormFusion: the residual Add of two activations feeding a layer norm, and the
+    constant-bias Add of one of them, each read by the fused op alone (the sum itself may be
+    read elsewhere: SkipLayerNormalization can output it)."""
+    norm = _layernorm_cover(graph, anchor)
+    if norm is None:
+        return None
+    residual = [p for p in _entry(graph, norm) if p.layer.op == "Add" and len(p.inputs) == 2]
+    if len(residual) != 1:
+        return None
+    group = set(norm) | {residual[0].index}
+    for p in _entry(graph, (residual[0].index,)):
+        if _bias_add(graph, p, group):
+            group.add(p.index)
+            break
+    return tuple(sorted(group))
+
+
+def _split_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """GatherSliceToSplitFusion: the Gathers/Slices of one tensor that a Split replaced."""
+    if anchor.layer.op not in ("Gather", "Slice") or not anchor.inputs:
+        return None
+    return tuple(sorted(r.index for r in graph.readers[anchor.inputs[0]] if r.layer.op in ("Gather", "Slice")))
+
+
+_COVERS: dict[str, Callable[[_Graph, Node], tuple[int, ...] | None]] = {
+    "Gemm": _gemm_cover, "FusedMatMul": _fused_matmul_cover, "LayerNormalization": _layernorm_cover,
+    "SkipLayerNormalization": _skip_layernorm_cover, "Gelu": _gelu_cover, "BiasGelu": _bias_gelu_cover,
+    "Split": _split_cover,
+}
+# the ops ORT names by type alone, and the node types a walk to their pattern may start from
+_CANDIDATES = {"LayerNormalization": ("LayerNormalization", "ReduceMean"),
+               "SkipLayerNormalization": ("LayerNormalization", "ReduceMean"),
+               "Gelu": ("Gelu", "Div"), "BiasGelu": ("Gelu", "Div")}
 
 
 def _reaches(node: Node, op: str, producer: dict[str, Node], depth: int = 6) -> bool:

@@ -1,0 +1,177 @@
+"""ONNX Runtime's own fused ops (Gemm from MatMul+Add, FusedMatMul, LayerNormalization,
+SkipLayerNormalization, Gelu, Split from Gathers) map back to the model layers they replace.
+
+Profiles are real: ``benanza profile --framework onnxruntime`` of PyTorch exports. The oracle is
+ONNX Runtime's optimized graph (``SessionOptions.optimized_model_filepath``, the same default
+optimisation level as the profile): the original tensors a fused node (with the Reshapes and
+Squeezes ORT puts around it) reads and writes bound the original nodes it replaced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+from torch_models import export
+
+from benanza.analysis.matching import match_trace
+from benanza.parsers import load_bundle
+from benanza.processor import load_model
+from benanza.profiler import ProfileSpec, profile_model
+
+# ORT ops that stand for several original nodes; the Reshapes/Squeezes ORT adds are glue
+FUSED = {"Gemm", "FusedMatMul", "LayerNormalization", "SkipLayerNormalization", "Gelu", "BiasGelu", "FastGelu",
+         "Split", "Attention", "MultiHeadAttention", "FusedGemm", "FusedConv"}
+GLUE = {"Reshape", "Squeeze", "Unsqueeze"}
+CASES = [("encoder", 14), ("encoder", 17), ("gpt", 14), ("gpt", 17)]
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ortfuse")
+    done: dict[tuple[str, int], tuple[Path, Path, Path]] = {}
+
+    def get(name: str, opset: int) -> tuple[Path, Path, Path]:
+        if (name, opset) not in done:
+            path = export(name, opset, out)
+            bundle = profile_model(ProfileSpec(str(path), "onnxruntime", str(out / f"prof-{name}{opset}"),
+                                               warmup=1, iterations=3, trace_iterations=2))
+            so = ort.SessionOptions()
+            so.optimized_model_filepath = str(out / f"{name}{opset}.opt.onnx")
+            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            done[(name, opset)] = (path, bundle, Path(so.optimized_model_filepath))
+        return done[(name, opset)]
+    return get
+
+
+def replaced_nodes(original: onnx.ModelProto, optimized: onnx.ModelProto) -> dict[str, set[str]]:
+    """Per fused node of the optimized graph (by name), the original nodes it replaced that compute
+    data: those between the original tensors its segment reads and writes, without views and
+    without shape arithmetic (ORT folds it into constants)."""
+    g = original.graph
+    known = {t for n in g.node for t in n.output} | {i.name for i in g.input} | {i.name for i in g.initializer}
+    producer = {t: n for n in g.node for t in n.output}
+    names = {n.name for n in g.node}
+    opt_producer = {t: n for n in optimized.graph.node for t in n.output}
+    opt_readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in optimized.graph.node:
+        for t in n.input:
+            opt_readers.setdefault(t, []).append(n)
+
+    def boundary_in(n: onnx.NodeProto) -> set[str]:
+        out = set()
+        for t in n.input:
+            if t in known:
+                out.add(t)
+            elif t in opt_producer and opt_producer[t].op_type in GLUE:
+                out |= boundary_in(opt_producer[t])
+        return out
+
+    def boundary_out(n: onnx.NodeProto) -> set[str]:
+        out = set()
+        for t in n.output:
+            if t in known:
+                out.add(t)
+            for r in opt_readers.get(t, []):
+                if t not in known and r.op_type in GLUE:
+                    out |= boundary_out(r)
+        return out
+
+    inits = {i.name for i in g.initializer}
+
+    def folded(n: onnx.NodeProto, memo: dict[str, bool]) -> bool:
+        """Constants and shape arithmetic: what ORT computes once at load time."""
+        if n.name not in memo:
+            memo[n.name] = n.op_type == "Shape" or all(
+                i in inits or (i in producer and folded(producer[i], memo)) for i in n.input if i)
+        return memo[n.name]
+
+    memo: dict[str, bool] = {}
+    result = {}
+    for node in optimized.graph.node:
+        if node.op_type not in FUSED or node.name in names:
+            continue
+        stop, region, todo = boundary_in(node), set(), [producer[t] for t in boundary_out(node) if t in producer]
+        while todo:
+            n = todo.pop()
+            if n.name in region or folded(n, memo):
+                continue
+            region.add(n.name)
+            todo += [producer[t] for t in n.input if t and t not in stop and t in producer]
+        result[node.name] = {r for r in region if next(n for n in g.node if n.name == r).op_type not in
+                             GLUE | {"Flatten", "Identity"}}
+    return result
+
+
+@pytest.mark.parametrize("name,opset", CASES)
+def test_ort_fused_ops_cost_the_layers_they_replace(profiled, name, opset):
+    path, bundle, optimized = profiled(name, opset)
+    model = load_model(path)
+    match = match_trace(model, load_bundle(bundle).trace)
+    oracle = replaced_nodes(onnx.load(str(path)), onnx.load(str(optimized)))
+    assert oracle, "ORT fused nothing: the oracle would test nothing"
+    groups = {g.name: g for g in match.groups}
+    assert set(oracle) <= set(groups), "every fused node of the optimized graph ran in the profile"
+    for fused, want in oracle.items():
+        got = {model.nodes[i].name for i in groups[fused].nodes if not model.nodes[i].layer.view}
+        assert got == want, (fused, groups[fused].op)
+    assert not [g for g in match.inserted if g.op in FUSED]
+    assert {g.op for g in match.inserted} <= GLUE  # what stays inserted is ORT's own reshaping
+
+
+@pytest.mark.slow
+def test_encoder_end_to_end_costs_onnxruntimes_fused_ops(tmp_path, profiled):
+    """encoder → oneDNN benchmarks (generate + run) → ONNX Runtime profile → analyze. The bound
+    with ORT's fusions is recomputed here from the database's rows and the nodes ORT's optimized
+    graph runs: each layer's fastest unfused result, less what each Benanza fusion saves whose
+    layers one fused ORT op runs."""
+    import json
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from benanza.cli import main
+
+    path, bundle, optimized = profiled("encoder", 14)
+    db = tmp_path / "perf.db"
+
+    def cli(*args: str) -> str:
+        r = CliRunner().invoke(main, list(args))
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    cli("generate", str(path), "--out", str(tmp_path / "bench"), "--backend", "onednn", "--dtype", "f32")
+    cli("run", "--bench-dir", str(tmp_path / "bench"), "--system", "ci-cpu", "--db", str(db), "--backend", "onednn",
+        "--min-time", "0.01", "--repetitions", "1", "--threads", "1")
+    (a,) = json.loads(cli("analyze", str(path), "--system", "ci-cpu", "--db", str(db), "--profile", str(bundle),
+                          "--json"))["analyses"]
+    b, fw = a["bounds"], a["framework"]
+    assert not b["partial"] and a["measured_ms"] > 0
+    if b["sequential_ms"] > a["measured_ms"]:
+        assert any(e.startswith("BR > 1") for e in fw["explanations"]), fw["explanations"]
+    assert not [g for g in fw["inserted"] if g["op"] in FUSED]
+
+    original = onnx.load(str(path))
+    groups = replaced_nodes(original, onnx.load(str(optimized)))
+    ran = {n.name for n in onnx.load(str(optimized)).graph.node} | set().union(*groups.values())
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT r.layer_key, v.fusion, MIN(r.median_ms) FROM results r "
+                           "JOIN variants v ON v.name = r.variant WHERE r.status = 'ok' AND r.dtype = 'f32' "
+                           "GROUP BY r.layer_key, v.fusion").fetchall()
+    fastest = {(key, fusion): ms for key, fusion, ms in rows}
+    layers = a["layers"]
+    weight = {la["name"]: fastest.get((la["key"], "none"), 0.0) for la in layers}
+    expected = sum(w for name, w in weight.items() if name in ran)
+    for use in a["fusion"]["applied"] + a["fusion"]["unprofitable"]:
+        names = {layers[i]["name"] for i in use["nodes"]}
+        if any(names <= g for g in groups.values()):
+            fused = fastest[(layers[use["nodes"][0]]["key"], use["pattern"])]
+            expected -= sum(weight[n] for n in names) - fused
+    same = fw["bounds_same_fusions"]["sequential_ms"]
+    assert same == pytest.approx(expected, rel=1e-4)
+    # the fused ops' layers cost their time: what ORT fused is not counted 0
+    fused_cost = sum(weight[n] for g in groups.values() for n in g)
+    assert fused_cost > 0 and same >= fused_cost - sum(
+        u["unfused_ms"] - u["fused_ms"] for u in a["fusion"]["applied"] + a["fusion"]["unprofitable"])
