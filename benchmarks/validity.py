@@ -32,7 +32,9 @@ from bench_onednn_all import benchmark_onednn
 
 from benanza.analysis.sweep import SweepRequest, run_sweep
 from benanza.analyzer import Analysis
+from benanza.errors import BenanzaError
 from benanza.parsers import load_bundle
+from benanza.parsers.bundle import INDEX_NAME
 from benanza.perfdb import PerfDB
 from benanza.profiler import ProfileSpec, profile_model
 from benanza.system import cpu_flags, cpu_isa, cpu_model, default_threads
@@ -55,12 +57,16 @@ def models(work: Path) -> list[Path]:
     return paths + [export("encoder", 17, out)]
 
 
-def profile(model: Path, framework: str, work: Path, threads: int, again: bool) -> Path:
+def profile(model: Path, framework: str, work: Path, threads: int, again: bool) -> Path | str:
+    """The profile bundle, or the error line that says why the framework could not run the model."""
     out = work / "profiles" / f"{model.stem}-{framework}"
-    if again or not (out / "index.json").exists():
+    if again or not (out / INDEX_NAME).exists():
         # torch takes its intra-op threads from OMP_NUM_THREADS (the profile's children inherit it)
         os.environ["OMP_NUM_THREADS"] = str(threads)
-        profile_model(ProfileSpec(str(model), framework, str(out), warmup=5, iterations=50, trace_iterations=5))
+        try:
+            profile_model(ProfileSpec(str(model), framework, str(out), warmup=5, iterations=50, trace_iterations=5))
+        except BenanzaError as exc:
+            return str(exc)
     return out
 
 
@@ -123,7 +129,11 @@ def main() -> None:
         for p in paths:
             entry: dict = {"model": p.stem}
             for fw in FRAMEWORKS:
-                a = analysis(p, db, bundles[(p, fw)])
+                bundle = bundles[(p, fw)]
+                if isinstance(bundle, str):
+                    entry[fw] = {"error": bundle}
+                    continue
+                a = analysis(p, db, bundle)
                 entry.update(sequential_ms=round(a.bounds.sequential_ms, 4), parallel_ms=round(a.bounds.parallel_ms, 4),
                              partial=a.bounds.partial, unstable_layers=len(a.unstable_rows),
                              not_covered=len(a.not_covered))
@@ -135,8 +145,7 @@ def main() -> None:
                     for lib in a.libraries:
                         versions.setdefault("framework", lib.framework_version)
                         versions.setdefault("benchmarks", lib.benchmark_version)
-                    profile_ = load_bundle(bundles[(p, fw)])
-                    framework_threads.update(profile_.library_threads)
+                    framework_threads.update(load_bundle(bundle).library_threads)
             per_model.append(entry)
     stack = dict(bench.summary.system.stack)
     ratios = [r["bound_ms"] / r["framework_ms"] for r in convs]

@@ -26,6 +26,7 @@ from test_bounds_e2e import JSON_MS, best_by_key, longest_path, node_keys
 
 from benanza.cli import main
 from benanza.generator import read_variants
+from benanza.parsers.bundle import INDEX_NAME
 from benanza.profiler import ProfileSpec, profile_model
 
 pytestmark = pytest.mark.slow
@@ -129,7 +130,7 @@ def test_bound_above_measured_is_explained_exactly_when_it_is(work):
     best = best_by_key(work / "perf.db", SYSTEM, "f32")
     weight = {name: best.get(key, 0.0) for name, key in keys.items()}
     seq, par = sum(weight.values()), longest_path(work / "convs.onnx", weight)
-    measured = json.loads((work / "torch" / "index.json").read_text())["latency_ms"]["trimmed_mean_ms"]
+    measured = json.loads((work / "torch" / INDEX_NAME).read_text())["latency_ms"]["trimmed_mean_ms"]
     # the real torch run, then measured latencies below and above both bounds (a chain has no
     # parallel branch: its two bounds are equal)
     runs = [(("--profile", str(work / "torch")), measured), (("--measured-ms", str(seq / 2)), seq / 2),
