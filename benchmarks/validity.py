@@ -90,7 +90,7 @@ def conv_rows(a: Analysis) -> list[dict]:
         for c in lib.algorithms:
             if lib.library != "onednn" or c.framework_ms is None:
                 continue
-            rows.append({"layer": c.name, "layout": c.layout, "used": c.used, "fuses": list(c.call_fusion),
+            rows.append({"layer": c.name, "layout": c.layout, "used": c.used, "fuses": list(c.post_ops),
                          "framework_ms": round(c.framework_ms, 4), "bound_ms": round(c.bound_ms, 4),
                          "same_layout_ms": None if c.best_ms is None else round(c.best_ms, 4),
                          "ours_le_framework": c.bound_ms <= c.framework_ms})
