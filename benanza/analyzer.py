@@ -436,6 +436,9 @@ def _call_explanation(a: Analysis, lib: LibraryView, c: AlgoChoice) -> str:
         reasons.append("no difference this analysis can see (same library version and threads, a stable "
                        "result): the two ran under different conditions (a busy machine, CPU frequency, warm "
                        "caches in the framework's loop); re-measure the layer with `benanza run --force`")
+    else:  # a stable result can still be one inflated throughout by a neighbour process
+        reasons.append("a busy machine while the benchmark ran cannot be excluded (re-measure on an idle one "
+                       "with `benanza run --force`)")
     return "; ".join(reasons)
 
 
@@ -504,7 +507,7 @@ def _explain_bound(a: Analysis) -> None:
             reasons.append(_threads_said(lib))
     if a.unstable_rows:
         reasons.append(f"{len(a.unstable_rows)} of the bound's layers rest on unstable results")
-    if not any(lib.threads_differ for lib in a.libraries):
+    if not any(lib.framework_threads for lib in a.libraries):  # no log said how many the framework used
         threads = dict(a.stack.stack).get("threads") if a.stack is not None else None
         if threads:
             reasons.append(f"the benchmarks ran {threads} threads; the framework's thread count is not compared "
