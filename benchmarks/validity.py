@@ -140,12 +140,16 @@ def main() -> None:
                 entry[fw] = bound_json(a)
                 if fw == "torch":
                     rows = conv_rows(a)
+                    profile_ = load_bundle(bundle)
+                    calls = profile_.library_calls.get("onednn", [])
+                    # distinct conv problems in the log, and the layers Q3 aligned them to (exact shape)
+                    entry["torch_onednn_conv_problems"] = len({c.conv for c in calls if c.conv is not None})
                     entry["torch_onednn_convs"] = len(rows)
                     convs += [{"model": p.stem, **r} for r in rows]
                     for lib in a.libraries:
                         versions.setdefault("framework", lib.framework_version)
                         versions.setdefault("benchmarks", lib.benchmark_version)
-                    framework_threads.update(load_bundle(bundle).library_threads)
+                    framework_threads.update(profile_.library_threads)
             per_model.append(entry)
     stack = dict(bench.summary.system.stack)
     ratios = [r["bound_ms"] / r["framework_ms"] for r in convs]

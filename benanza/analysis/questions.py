@@ -125,7 +125,8 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
     times: dict[int, list[float]] = {}
     for p in alignment.passes:
         for m in p:
-            if m.call.conv is not None and m.call.algo:
+            # a call matched with deviations computed another problem (Q4 reports it): not the layer's
+            if m.call.conv is not None and m.call.algo and not m.deviations:
                 used.setdefault(m.node, Counter())[m.call.algo] += 1
                 epilogue = tuple(_post_op(op) for op in m.call.post_ops)
                 shapes.setdefault(m.node, Counter())[(call_layout(m.call), m.call.bias, epilogue)] += 1
