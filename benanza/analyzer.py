@@ -423,8 +423,8 @@ def _call_explanation(a: Analysis, lib: LibraryView, c: AlgoChoice) -> str:
     causes this analysis can see, else what it cannot."""
     reasons = []
     if lib.versions_differ:
-        reasons.append(f"a different library version (the framework's {lib.library} {lib.framework_version} "
-                       f"has kernels the benchmarks' {lib.benchmark_version} lacks; it used {c.used})")
+        reasons.append(f"a different library version (the framework's {lib.library} {lib.framework_version}, "
+                       f"the benchmarks' {lib.benchmark_version}: their kernels differ; the call used {c.used})")
     if lib.threads_differ or (lib.library == "onednn" and not lib.framework_threads):
         reasons.append(_threads_said(lib))
     row = a.rows[c.node]
