@@ -7,6 +7,7 @@ optionally, a model execution profile; the CLI and reports only present its ``An
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -326,7 +327,7 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
                            f"registry has it) to compare them")
         if library in ("cudnn", "onednn"):
             bound = {r.index: r.latency_ms for r in a.rows if r.status == LayerStatus.OK}
-            lib.algorithms = [replace(c, explanation=_call_explanation(a, lib, c)) if c.above_framework else c
+            lib.algorithms = [replace(c, explanation="; ".join(_call_reasons(a, lib, c))) if c.above_framework else c
                               for c in algorithm_choices(model, alignment, by_key, a.dtype,
                                                          not lib.versions_differ, bound)]
             _warn_calls(a, lib)
@@ -418,28 +419,27 @@ def _threads_said(lib: LibraryView) -> str:
     return f"the framework's {lib.library} ran {fw}, the benchmarks {lib.benchmark_threads or '?'} threads"
 
 
-def _call_explanation(a: Analysis, lib: LibraryView, c: AlgoChoice) -> str:
+def _call_reasons(a: Analysis, lib: LibraryView, c: AlgoChoice) -> tuple[str, ...]:
     """Why the bound's latency for a layer is above the framework's own time for its call: the
     causes this analysis can see, else what it cannot."""
     reasons = []
     if lib.versions_differ:
         reasons.append(f"a different library version (the framework's {lib.library} {lib.framework_version}, "
-                       f"the benchmarks' {lib.benchmark_version}: their kernels differ; the call used {c.used})")
+                       f"the benchmarks' {lib.benchmark_version}: their kernels differ)")
     if lib.threads_differ or (lib.library == "onednn" and not lib.framework_threads):
         reasons.append(_threads_said(lib))
-    row = a.rows[c.node]
-    if row.variant in a.unstable:
+    if a.rows[c.node].variant in a.unstable:
         reasons.append("the layer's benchmark result is unstable (its repetitions disagree)")
     if c.used_ms is None and not lib.versions_differ:
         reasons.append(f"the framework's implementation {c.used} is not among the benchmarked variants")
     if not reasons:
         reasons.append("no difference this analysis can see (same library version and threads, a stable "
                        "result): the two ran under different conditions (a busy machine, CPU frequency, warm "
-                       "caches in the framework's loop); re-measure the layer with `benanza run --force`")
+                       "caches in the framework's loop), so re-measure the layer with `benanza run --force`")
     else:  # a stable result can still be one inflated throughout by a neighbour process
         reasons.append("a busy machine while the benchmark ran cannot be excluded (re-measure on an idle one "
                        "with `benanza run --force`)")
-    return "; ".join(reasons)
+    return tuple(reasons)
 
 
 def _warn_calls(a: Analysis, lib: LibraryView) -> None:
@@ -447,12 +447,13 @@ def _warn_calls(a: Analysis, lib: LibraryView) -> None:
     above = lib.above_framework
     if above:
         worst = sorted(above, key=lambda c: (c.framework_ms or 0.0) - (c.bound_ms or 0.0))
+        counts = Counter(r for c in above for r in _call_reasons(a, lib, c))
         a.warnings.append(
             f"bound above framework calls: for {len(above)} of {len(lib.algorithms)} layers the framework's "
             f"{lib.library} call took less time than the bound's latency for the layer ("
             + ", ".join(f"{c.name} {c.framework_ms:.4g} vs {c.bound_ms:.4g} ms" for c in worst[:4])
             + (", …" if len(above) > 4 else "") + "), so the bound is not a floor there; likely because: "
-            + _common_reasons([c.explanation for c in above]))
+            + "; ".join(f"{r} ({n} layers)" if n > 1 else r for r, n in counts.most_common()))
     fused = [c for c in lib.not_comparable if c.post_ops]
     if fused:
         kinds = sorted({"+".join(c.post_ops) for c in fused})
@@ -463,15 +464,6 @@ def _warn_calls(a: Analysis, lib: LibraryView) -> None:
     if other:
         a.notes.append(f"Q3: {len(other)} {lib.library} calls not comparable: no benchmark of the layer in the "
                        f"call's layout ({', '.join(f'{c.name} {c.layout}' for c in other[:4])}); not judged")
-
-
-def _common_reasons(explanations: list[str]) -> str:
-    """The distinct causes over several layers, most frequent first."""
-    counts: dict[str, int] = {}
-    for e in explanations:
-        for r in e.split("; "):
-            counts[r] = counts.get(r, 0) + 1
-    return "; ".join(f"{r} ({n} layers)" if n > 1 else r for r, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _explain_bound(a: Analysis) -> None:
