@@ -7,6 +7,7 @@ optionally, a model execution profile; the CLI and reports only present its ``An
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -93,6 +94,22 @@ class LibraryView:
     algorithms: list[AlgoChoice]
     framework_version: str = ""  # the library version the log names ("" when it names none)
     benchmark_version: str = ""  # the version in the analysed stack
+    framework_threads: int | None = None  # the threads the log says the library used
+    benchmark_threads: int | None = None  # the threads of the analysed stack
+
+    @property
+    def threads_differ(self) -> bool:
+        return bool(self.framework_threads and self.benchmark_threads
+                    and self.framework_threads != self.benchmark_threads)
+
+    @property
+    def not_comparable(self) -> list[AlgoChoice]:
+        """Calls no benchmark computes (a fusion or layout without a benchmark): never judged."""
+        return [a for a in self.algorithms if not a.comparable]
+
+    @property
+    def above_framework(self) -> list[AlgoChoice]:
+        return [a for a in self.algorithms if a.above_framework]
 
     @property
     def versions_differ(self) -> bool:
@@ -239,6 +256,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     if profile is not None:
         _profile_views(analysis, model, profile, by_key, weight, matches, graph)
     _warn(analysis)
+    _explain_bound(analysis)
     return analysis
 
 
@@ -297,8 +315,10 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         if not calls:
             continue  # an empty log: the profile's notes say why
         alignment = align_calls(model, calls, a.backend, library)
+        stack = dict(a.stack.stack) if a.stack is not None else {}
         lib = LibraryView(library, len(calls), alignment, [], profile.library_versions.get(library, ""),
-                           dict(a.stack.stack).get(library, "") if a.stack is not None else "")
+                          stack.get(library, ""), profile.library_threads.get(library),
+                          int(stack["threads"]) if stack.get("threads", "").isdigit() else None)
         if lib.versions_differ:
             a.notes.append(f"the framework's {library} is {lib.framework_version}, the benchmarks' "
                            f"{lib.benchmark_version}: implementation names do not compare across versions, so Q3 "
@@ -306,7 +326,11 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
                            f"next to the best benchmark. Benchmark with {library} {lib.framework_version} (where a "
                            f"registry has it) to compare them")
         if library in ("cudnn", "onednn"):
-            lib.algorithms = algorithm_choices(model, alignment, by_key, a.dtype, not lib.versions_differ)
+            bound = {r.index: r.latency_ms for r in a.rows if r.status == LayerStatus.OK}
+            lib.algorithms = [replace(c, explanation="; ".join(_call_reasons(a, lib, c))) if c.above_framework else c
+                              for c in algorithm_choices(model, alignment, by_key, a.dtype,
+                                                         not lib.versions_differ, bound)]
+            _warn_calls(a, lib)
         a.libraries.append(lib)
     if profile.nsys is not None:
         a.between_calls = between_library_calls(profile.nsys)
@@ -332,9 +356,9 @@ def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key
 
 
 def _explain(a: Analysis, v: FrameworkView) -> list[str]:
-    """Why the measured latency sits where it does relative to the bounds; never hide BR > 1."""
+    """What the framework did differently from the model's layers (a bound above the measured
+    latency is explained by ``_explain_bound``, with or without a framework view)."""
     out = []
-    m = a.measured_ms
     if v.match.fused:
         names = ", ".join(f"{g.name} ({'+'.join(model_ops(a, g.nodes))})" for g in v.match.fused[:4])
         out.append(f"{v.framework} fused {len(v.match.fused)} layer groups into single kernels ({names}"
@@ -348,16 +372,6 @@ def _explain(a: Analysis, v: FrameworkView) -> list[str]:
         kinds = sorted({g.op for g in v.match.inserted})
         out.append(f"{v.framework} inserted {len(v.match.inserted)} ops the model does not have "
                    f"({', '.join(kinds)}), {v.inserted_ms:.4g} ms per run: time the bound does not contain")
-    if m is not None and a.bounds.sequential_ms > m:
-        faster = sorted((o for o in v.overheads if o.covered and o.overhead_ms < 0), key=lambda o: o.overhead_ms)
-        if faster:
-            worst = ", ".join(f"{o.group} {o.framework_ms:.3g} vs {o.bound_ms:.3g} ms" for o in faster[:3])
-            out.append(f"BR > 1: {len(faster)} framework kernels ran faster than the best benchmarked variant "
-                       f"of the same layers ({worst}); the framework's own kernels (e.g. ONNX Runtime's MLAS "
-                       f"on CPU) beat the library benchmarks there, so the bound is not a floor for them")
-        else:
-            out.append("BR > 1 with no layer faster than its benchmark: the benchmarks and the framework "
-                       "ran under different conditions (thread count, frequency, a busy machine)")
     return out
 
 
@@ -398,3 +412,100 @@ def _warn(a: Analysis) -> None:
                        f"the output is the input's data under another shape)")
     for w in a.warnings:
         log.info(w)  # the caller presents warnings; this keeps them in -v logs too
+
+
+def _threads_said(lib: LibraryView) -> str:
+    fw = f"{lib.framework_threads}" if lib.framework_threads else "a thread count its log does not state"
+    return f"the framework's {lib.library} ran {fw}, the benchmarks {lib.benchmark_threads or '?'} threads"
+
+
+def _call_reasons(a: Analysis, lib: LibraryView, c: AlgoChoice) -> tuple[str, ...]:
+    """Why the bound's latency for a layer is above the framework's own time for its call: the
+    causes this analysis can see, else what it cannot."""
+    reasons = []
+    if lib.versions_differ:
+        reasons.append(f"a different library version (the framework's {lib.library} {lib.framework_version}, "
+                       f"the benchmarks' {lib.benchmark_version}: their kernels differ)")
+    if lib.threads_differ or (lib.library == "onednn" and not lib.framework_threads):
+        reasons.append(_threads_said(lib))
+    if a.rows[c.node].variant in a.unstable:
+        reasons.append("the layer's benchmark result is unstable (its repetitions disagree)")
+    if c.used_ms is None and not lib.versions_differ:
+        reasons.append(f"the framework's implementation {c.used} is not among the benchmarked variants")
+    if not reasons:
+        reasons.append("no difference this analysis can see (same library version and threads, a stable "
+                       "result): the two ran under different conditions (a busy machine, CPU frequency, warm "
+                       "caches in the framework's loop), so re-measure the layer with `benanza run --force`")
+    else:  # a stable result can still be one inflated throughout by a neighbour process
+        reasons.append("a busy machine while the benchmark ran cannot be excluded (re-measure on an idle one "
+                       "with `benanza run --force`)")
+    return tuple(reasons)
+
+
+def _warn_calls(a: Analysis, lib: LibraryView) -> None:
+    """Say when the bound is above the framework's own per-call time, and what Q3 cannot judge."""
+    above = lib.above_framework
+    if above:
+        worst = sorted(above, key=lambda c: (c.framework_ms or 0.0) - (c.bound_ms or 0.0))
+        counts = Counter(r for c in above for r in _call_reasons(a, lib, c))
+        a.warnings.append(
+            f"bound above framework calls: for {len(above)} of {len(lib.algorithms)} layers the framework's "
+            f"{lib.library} call took less time than the bound's latency for the layer ("
+            + ", ".join(f"{c.name} {c.framework_ms:.4g} vs {c.bound_ms:.4g} ms" for c in worst[:4])
+            + (", …" if len(above) > 4 else "") + "), so the bound is not a floor there; likely because: "
+            + "; ".join(f"{r} ({n} layers)" if n > 1 else r for r, n in counts.most_common()))
+    fused = [c for c in lib.not_comparable if c.post_ops]
+    if fused:
+        kinds = sorted({"+".join(c.post_ops) for c in fused})
+        a.notes.append(f"Q3: {len(fused)} {lib.library} calls not comparable: the call fuses "
+                       f"{', '.join(kinds)} and no benchmark of the layer runs that fusion in its layout "
+                       f"({', '.join(c.name for c in fused[:4])}{', …' if len(fused) > 4 else ''}); not judged")
+    other = [c for c in lib.not_comparable if not c.post_ops]
+    if other:
+        a.notes.append(f"Q3: {len(other)} {lib.library} calls not comparable: no benchmark of the layer in the "
+                       f"call's layout ({', '.join(f'{c.name} {c.layout}' for c in other[:4])}); not judged")
+
+
+def _explain_bound(a: Analysis) -> None:
+    """A bound above the measured latency is never silent: one warning with every cause seen."""
+    m = a.measured_ms
+    if m is None or not (a.bounds.sequential_ms > m or a.bounds.parallel_ms > m):
+        return
+    which = (f"both bounds ({a.bounds.sequential_ms:.4g} ms sequential, {a.bounds.parallel_ms:.4g} ms parallel)"
+             if a.bounds.parallel_ms > m else f"the sequential bound ({a.bounds.sequential_ms:.4g} ms)")
+    reasons = []
+    if a.bounds.parallel_ms <= m:
+        reasons.append(f"the framework may run independent branches concurrently: the critical-path bound "
+                       f"({a.bounds.parallel_ms:.4g} ms) is below the measured latency")
+    v = a.framework
+    if v is not None:
+        if v.bounds_same_fusions.sequential_ms < a.bounds.sequential_ms:
+            reasons.append(f"{v.framework} fused or folded layers (the bound with its fusions is "
+                           f"{v.bounds_same_fusions.sequential_ms:.4g} ms sequential)")
+        faster = sorted((o for o in v.overheads if o.covered and o.overhead_ms < 0), key=lambda o: o.overhead_ms)
+        if faster:
+            worst = ", ".join(f"{o.group} {o.framework_ms:.3g} vs {o.bound_ms:.3g} ms" for o in faster[:3])
+            reasons.append(f"{len(faster)} framework ops ran faster than the best benchmarked variant of the same "
+                           f"layers ({worst}): the framework's own kernels (e.g. ONNX Runtime's MLAS on CPU) or "
+                           f"library version beat the benchmarks there")
+    for lib in a.libraries:
+        if lib.above_framework:
+            reasons.append(f"{len(lib.above_framework)} {lib.library} calls of the framework ran faster than the "
+                           f"bound's latency for their layer (see the warning on framework calls)")
+        if lib.versions_differ:
+            reasons.append(f"the framework's {lib.library} is {lib.framework_version}, the benchmarks' "
+                           f"{lib.benchmark_version}")
+        if lib.threads_differ:
+            reasons.append(_threads_said(lib))
+    if a.unstable_rows:
+        reasons.append(f"{len(a.unstable_rows)} of the bound's layers rest on unstable results")
+    if not any(lib.framework_threads for lib in a.libraries):  # no log said how many the framework used
+        threads = dict(a.stack.stack).get("threads") if a.stack is not None else None
+        if threads:
+            reasons.append(f"the benchmarks ran {threads} threads; the framework's thread count is not compared "
+                           f"here (a framework with more threads can beat a bound measured with fewer)")
+    if not reasons:
+        reasons.append("no layer was seen faster than its benchmark: the benchmarks and the framework ran "
+                       "under different conditions (threads, frequency, a busy machine)")
+    a.warnings.append(f"bound above measured: {which} exceed{'s' if a.bounds.parallel_ms <= m else ''} the "
+                      f"measured {m:.4g} ms ({a.measured_source or 'measured'}); likely because: " + "; ".join(reasons))

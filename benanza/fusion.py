@@ -31,6 +31,12 @@ class FusionPattern:
     def length(self) -> int:
         return 1 + len(self.tail)
 
+    @property
+    def adds_bias(self) -> bool:
+        """Whether the fused call adds a bias: the conv's own, a BatchNorm folded into one, or a
+        MatMul's bias Add."""
+        return self.conv_bias or "BatchNormalization" in self.tail or "Add" in self.tail
+
 
 # Longest first: matching is greedy.
 PATTERNS: tuple[FusionPattern, ...] = (

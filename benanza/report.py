@@ -133,10 +133,15 @@ def _library_json(v) -> dict:
         "deviations": deviations,
         "api_counts": {k: {"expected": e, "logged": g} for k, (e, g) in al.api_counts.items()},
         "framework_version": v.framework_version or None, "benchmark_version": v.benchmark_version or None,
+        "framework_threads": v.framework_threads, "benchmark_threads": v.benchmark_threads,
         "algorithms": [{"node": c.node, "name": c.name, "used": c.used, "layout": c.layout or None,
-                        "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best,
-                        "best_ms": _r(c.best_ms), "gain_ms": _r(c.gain_ms), "suboptimal": c.suboptimal}
+                        "post_ops": list(c.post_ops), "fusion": c.fusion or None, "comparable": c.comparable,
+                        "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best or None,
+                        "best_ms": _r(c.best_ms), "bound_ms": _r(c.bound_ms), "gain_ms": _r(c.gain_ms),
+                        "suboptimal": c.suboptimal, "above_framework": c.above_framework,
+                        "explanation": c.explanation or None}
                        for c in v.algorithms],
+        "not_comparable": len(v.not_comparable),
         "algorithm_gain_ms": _r(v.algorithm_gain_ms),
     }
 
@@ -242,22 +247,30 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
                       f"{len(al.missing)} expected layers missing, {len(al.extra)} extra calls, "
                       f"{len(al.out_of_order)} out of order", highlight=False, markup=False)
         if v.algorithms:
-            at = Table("layer", "layout", "used", "used ms", "framework ms", "best", "best ms", "gain ms",
-                       title=Text(f"Q3 {v.library} algorithms"))
+            at = Table("layer", "layout", "fusion", "used", "used ms", "framework ms", "best", "best ms",
+                       "bound ms", "gain ms", title=Text(f"Q3 {v.library} algorithms"))
             for c in v.algorithms:
-                _row(at, c.name, c.layout or "?", c.used, _ms(c.used_ms), _ms(c.framework_ms), c.best,
-                           _ms(c.best_ms), _ms(c.gain_ms))
+                fusion = c.fusion or ("+".join(c.post_ops) + " (no benchmark)" if c.post_ops else "no benchmark")
+                _row(at, c.name, c.layout or "?", fusion, c.used, _ms(c.used_ms), _ms(c.framework_ms),
+                     c.best or "not comparable", _ms(c.best_ms),
+                     _ms(c.bound_ms) + (" > framework" if c.above_framework else ""), _ms(c.gain_ms))
             console.print(at)
             if v.versions_differ:
                 console.print(f"Q3: not judged: the framework's {v.library} {v.framework_version} is not the "
                               f"benchmarks' {v.benchmark_version} (framework ms: its own per-call time)",
                               highlight=False, markup=False)
             else:
-                unknown = sum(1 for c in v.algorithms if c.used_ms is None)
+                unknown = sum(1 for c in v.algorithms if c.comparable and c.used_ms is None)
                 console.print(f"Q3: {len(v.suboptimal)} sub-optimal layers (a measured gain beyond the noise), "
                               f"{v.algorithm_gain_ms:.4g} ms to gain"
                               + (f"; {unknown} used an implementation never benchmarked here" if unknown else ""),
                               highlight=False, markup=False)
+            if v.not_comparable:
+                console.print(f"Q3: {len(v.not_comparable)} calls not comparable (no benchmark computes what the "
+                              f"call fused, or none in its layout): not judged", highlight=False, markup=False)
+            for c in v.above_framework:
+                console.print(f"  • {c.name}: bound {_ms(c.bound_ms)} ms > the framework's {_ms(c.framework_ms)} ms "
+                              f"per call: {c.explanation}", highlight=False, markup=False, soft_wrap=True)
     if a.framework is not None:
         f = a.framework
         console.print(f"Q4 {f.framework}: {f.match.run_ms:.4g} ms per run, {f.match.op_ms:.4g} ms in ops "

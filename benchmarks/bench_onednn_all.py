@@ -15,14 +15,47 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from benanza.generator import GenOptions, generate
-from benanza.manifest import build_manifest, write_manifest
+from benanza.generator import Generated, GenOptions, generate
+from benanza.layers import Model
+from benanza.manifest import Manifest, build_manifest, write_manifest
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model, unique_layers
-from benanza.runner import RunOptions, run
+from benanza.runner import RunOptions, RunSummary, run
 from benanza.zoo import build_all
+
+
+@dataclass
+class OneDNNRun:
+    models: list[Model]
+    manifest: Manifest
+    generated: Generated
+    summary: RunSummary
+    db: Path
+    seconds_generate: float
+    seconds_build_and_run: float
+
+
+def benchmark_onednn(work: Path, paths: list[Path], layouts: tuple[str, ...], min_time: float,
+                     repetitions: int, threads: int | None = None, system: str = "bench",
+                     fresh: bool = True, jobs: int | None = None) -> OneDNNRun:
+    """The models' unique layers as f32 oneDNN benchmarks (no fusion variants), built and run
+    into ``work/bench.db``; ``fresh=False`` keeps what the database holds and runs the rest."""
+    t0 = time.monotonic()
+    models = [load_model(p, batch_size=1) for p in paths]
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, work / "bench")
+    gen = generate(manifest, "onednn", work / "bench", GenOptions(dtypes=("f32",), layouts=layouts, fusion=False))
+    t1 = time.monotonic()
+    db = work / "bench.db"
+    if fresh:
+        db.unlink(missing_ok=True)
+    summary = run(work / "bench", system, "onednn", db,
+                  RunOptions(min_time=min_time, repetitions=repetitions, threads=threads, timeout=120,
+                                                   build_jobs=jobs))
+    return OneDNNRun(models, manifest, gen, summary, db, t1 - t0, time.monotonic() - t1)
 
 
 def main() -> None:
@@ -36,22 +69,16 @@ def main() -> None:
     work = Path(args.work)
     t0 = time.monotonic()
     paths = build_all(work / "models", names=args.models)
-    models = [load_model(p, batch_size=1) for p in paths]
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, work / "bench")
-    gen = generate(manifest, "onednn", work / "bench", GenOptions(dtypes=("f32",), layouts=(args.layout,), fusion=False))
-    t1 = time.monotonic()
-    db = work / "bench.db"
-    db.unlink(missing_ok=True)
-    summary = run(work / "bench", "bench", "onednn", db,
-                  RunOptions(min_time=args.min_time, repetitions=args.repetitions, timeout=120))
-    t2 = time.monotonic()
-    with PerfDB(db) as pdb:
+    t_zoo = time.monotonic() - t0
+    r = benchmark_onednn(work, paths, (args.layout,), args.min_time, args.repetitions)
+    summary = r.summary
+    with PerfDB(r.db) as pdb:
         results = pdb.results("bench")
-    rel = [r.stddev_ms / r.median_ms for r in results if r.ok and r.median_ms]
+    rel = [x.stddev_ms / x.median_ms for x in results if x.ok and x.median_ms]
     print(json.dumps({
-        "models": len(models), "unique_layers": len(manifest.layers), "variants": len(gen.variants),
-        "seconds_models_and_generate": round(t1 - t0, 1), "seconds_build_and_run": round(t2 - t1, 1),
+        "models": len(r.models), "unique_layers": len(r.manifest.layers), "variants": len(r.generated.variants),
+        "seconds_models_and_generate": round(t_zoo + r.seconds_generate, 1),
+        "seconds_build_and_run": round(r.seconds_build_and_run, 1),
         "seconds_run_only": round(summary.seconds, 1),
         "ok": summary.ok, "unsupported": summary.unsupported, "failed": summary.failed,
         "median_rel_stddev": round(statistics.median(rel), 4) if rel else None,

@@ -443,7 +443,10 @@ def align_calls(model: Model, calls: list[LibraryCall], backend: str, library: s
         pending = list(expected)
         while pending and j < len(sig_calls):
             call = sig_calls[j]
-            hit = next((k for k, n in enumerate(pending[:window]) if _signature_matches(n, call)), None)
+            # an exact match may be any pending layer: the earliest with the call's signature (a
+            # framework that runs some layers with its own kernels leaves them pending for good, and
+            # a window over the pending list would fill with them)
+            hit = next((k for k, n in enumerate(pending) if _signature_matches(n, call)), None)
             dev: list[str] = []
             if hit is None:
                 if any(_signature_matches(n, call) for n in expected if n not in pending):

@@ -8,8 +8,11 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..layers import Model
 from ..parsers import ExecutionProfile, FrameworkTrace, LibraryCall
+from ..problems import ConvProblem
+from ..records import Variant
 from .bounds import LayerRow, LayerStatus, ResultIndex, best, layer_results
 from .matching import CallAlignment, TraceMatch
 
@@ -25,18 +28,29 @@ class AlgoChoice:
     node: int
     name: str
     used: str  # algorithm / implementation the framework's library call used
-    # the database latency of that implementation in the call's layout, on the same library
-    # version (None: never benchmarked, or the versions differ so names do not compare)
+    # the database latency of that implementation in the call's layout and fusion, on the same
+    # library version (None: never benchmarked, or the versions differ so names do not compare)
     used_ms: float | None
-    best: str
-    best_ms: float
+    best: str  # "" when no benchmark computes what the call computed (not comparable)
+    best_ms: float | None  # the fastest benchmark of the same layout and fusion as the call
     framework_ms: float | None = None  # the call's own time in the library log (oneDNN verbose), median
     layout: str = ""  # the layout the call used ("" when the log does not say); both sides use it
     noise_ms: float = 0.0  # the larger stddev of the two compared results
+    post_ops: tuple[str, ...] = ()  # what the call fused after the conv (LibraryCall.post_ops)
+    fusion: str = ""  # the benchmark fusion (Variant.fusion) compared with the call; "" if none
+    bound_ms: float | None = None  # the layer's latency in the bound (any layout, unfused)
+    explanation: str = ""  # why bound_ms is above framework_ms (set by the analyzer when it is)
+
+    @property
+    def comparable(self) -> bool:
+        """Whether a benchmark computes what the call computed (the same post-ops and bias)."""
+        return self.best_ms is not None
 
     @property
     def gain_ms(self) -> float | None:
-        return None if self.used_ms is None else max(0.0, self.used_ms - self.best_ms)
+        if self.used_ms is None or self.best_ms is None:
+            return None
+        return max(0.0, self.used_ms - self.best_ms)
 
     @property
     def suboptimal(self) -> bool:
@@ -46,6 +60,11 @@ class AlgoChoice:
     @property
     def optimal(self) -> bool:
         return self.used_ms is not None and not self.suboptimal
+
+    @property
+    def above_framework(self) -> bool:
+        """The bound's latency for the layer is above the framework's own time for the call."""
+        return self.framework_ms is not None and self.bound_ms is not None and self.bound_ms > self.framework_ms
 
 
 _PLAIN_TAGS = {"abc": "nchw", "abcd": "nchw", "abcde": "nchw", "acb": "nhwc", "acdb": "nhwc", "acdeb": "nhwc"}
@@ -58,7 +77,7 @@ def call_layout(call: LibraryCall) -> str:
         m = re.search(r"src[_:][a-z0-9]+:[a-z]*:blocked:([A-Za-z0-9]+)", detail.get("mds", ""))
         if m is None:
             return ""
-        return _PLAIN_TAGS.get(m.group(1), "any")  # blocked tags (aBcd8b, ...) come from format any
+        return _PLAIN_TAGS.get(m.group(1), "any")  # blocked tags (aBcd16b, ...) come from format any
     values = " ".join(v for _, v in call.detail)
     for fmt, layout in (("CUDNN_TENSOR_NHWC", "nhwc"), ("CUDNN_TENSOR_NCHW", "nchw")):
         if fmt in values:
@@ -66,38 +85,79 @@ def call_layout(call: LibraryCall) -> str:
     return ""
 
 
+# a fusion pattern's activation as the post-op a library call logs for it
+_ACTIVATION_POST_OPS = {"relu": ("eltwise_relu",), "gelu": ("eltwise_gelu_erf",), "identity": ()}
+
+
+def _post_op(op: str) -> str:
+    """A post-op without its default trailing parameters: oneDNN 2.x may log a ReLU as
+    ``eltwise_relu:0`` where 3.x logs ``eltwise_relu``."""
+    name, *params = op.split(":")
+    while params and re.fullmatch(r"0+(\.0*)?", params[-1]):
+        params.pop()
+    return ":".join([name, *params])
+
+
+def variant_epilogue(variant: Variant) -> tuple[bool, tuple[str, ...]]:
+    """What a benchmark variant computes after its operation: (adds a bias, post-ops)."""
+    if variant.fusion == "none":
+        return isinstance(variant.problem, ConvProblem) and variant.problem.bias, ()
+    pattern = FUSION_PATTERNS[variant.fusion]
+    return pattern.adds_bias, _ACTIVATION_POST_OPS[pattern.activation]
+
+
+def _computes(call_bias: bool | None, post_ops: tuple[str, ...], variant: Variant) -> bool:
+    bias, ops = variant_epilogue(variant)
+    return ops == post_ops and call_bias in (None, bias)
+
+
 def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: ResultIndex,
-                      dtype: str, same_version: bool = True) -> list[AlgoChoice]:
-    """Per conv layer: the algorithm used most across passes vs the fastest benchmarked one in
-    the same layout. ``same_version``: the log's library version is the benchmarks' (else
-    implementation names are not compared and only the log's own call time is shown)."""
+                      dtype: str, same_version: bool = True,
+                      bound: Mapping[int, float] | None = None) -> list[AlgoChoice]:
+    """Per conv layer: the algorithm used most across passes vs the fastest benchmark that
+    computes what the call computed: the same layout, and the same fusion (a call with a ReLU
+    post-op against the conv+bias+relu variant). A call no benchmark computes is listed with no
+    best (not comparable), never judged against an unfused benchmark. ``same_version``: the log's
+    library version is the benchmarks' (else implementation names are not compared and only the
+    log's own call time is shown). ``bound``: each layer's latency in the bound."""
     used: dict[int, Counter[str]] = {}
-    layouts: dict[int, Counter[str]] = {}
+    shapes: dict[int, Counter[tuple[str, bool | None, tuple[str, ...]]]] = {}
     times: dict[int, list[float]] = {}
     for p in alignment.passes:
         for m in p:
-            if m.call.conv is not None and m.call.algo:
+            # a call matched with deviations computed another problem (Q4 reports it): not the layer's
+            if m.call.conv is not None and m.call.algo and not m.deviations:
                 used.setdefault(m.node, Counter())[m.call.algo] += 1
-                layouts.setdefault(m.node, Counter())[call_layout(m.call)] += 1
+                epilogue = tuple(_post_op(op) for op in m.call.post_ops)
+                shapes.setdefault(m.node, Counter())[(call_layout(m.call), m.call.bias, epilogue)] += 1
                 if m.call.time_ms is not None:
                     times.setdefault(m.node, []).append(m.call.time_ms)
+    bound = bound or {}
     out = []
     for index, counts in sorted(used.items()):
         node = model.nodes[index]
         dt = node.layer.in_dtype(dtype)
-        layout = layouts[index].most_common(1)[0][0]
-        results = [r for r in layer_results(by_problem, node.layer, dtype)
-                   if r.ok and r.variant.fusion == "none" and (not layout or r.variant.layout == layout)]
-        fastest = best(results, dt)
-        if fastest is None:
-            continue
+        layout, bias, post_ops = shapes[index].most_common(1)[0][0]
+        measured = [r for r in layer_results(by_problem, node.layer, dtype) if r.ok and r.variant.dtype == dt]
+        results = [r for r in measured if (not layout or r.variant.layout == layout)
+                   and _computes(bias, post_ops, r.variant)]
+        # one computation, possibly under two fusion names (an unfused conv with its bias and "bias")
+        fastest = min(results, key=lambda r: (float(r.median_ms), r.variant.name), default=None)  # type: ignore[arg-type]
         algo = counts.most_common(1)[0][0]
+        framework_ms = statistics.median(times[index]) if index in times else None
+        if fastest is None:
+            if not measured:
+                continue  # nothing measured for the layer: the bound's missing-layer warning says so
+            # measured, but not in the call's layout or not with its fusion: listed, never judged
+            out.append(AlgoChoice(index, node.name, algo, None, "", None, framework_ms, layout,
+                                  post_ops=post_ops, bound_ms=bound.get(index)))
+            continue
         same = [r for r in results if _norm(algo) in (_norm(r.variant.algo), _norm(r.implementation))]
         match = min(same, key=lambda r: float(r.median_ms)) if same and same_version else None  # type: ignore[arg-type]
         noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
         out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.median_ms),  # type: ignore[arg-type]
                               fastest.implementation or fastest.variant.algo, float(fastest.median_ms),  # type: ignore[arg-type]
-                              statistics.median(times[index]) if index in times else None, layout, noise))
+                              framework_ms, layout, noise, post_ops, fastest.variant.fusion, bound.get(index)))
     return out
 
 

@@ -83,8 +83,7 @@ def fused_config(problem: Problem, fusion: str) -> tuple[bool, bool, bool]:
     if fusion == "none":
         return isinstance(problem, ConvProblem) and problem.bias, False, False
     p = FUSION_PATTERNS[fusion]
-    bias = p.conv_bias or "BatchNormalization" in p.tail or "Add" in p.tail
-    return bias, p.activation == "relu", p.activation == "gelu"
+    return p.adds_bias, p.activation == "relu", p.activation == "gelu"
 
 
 class OneDNNBackend:

@@ -127,6 +127,11 @@ class LibraryCall:
     timestamp: str = ""
     thread: str = ""
     detail: tuple[tuple[str, str], ...] = ()  # the other logged parameters, flattened
+    # What the call computes after its operation, in order, in oneDNN's post-op spelling
+    # (``eltwise_relu``, ``eltwise_clip:0:6``, ``sum``, ``binary_add``…): oneDNN's attr-post-ops,
+    # the activation of cuDNN's ConvolutionBiasActivationForward. Empty: nothing fused.
+    post_ops: tuple[str, ...] = ()
+    bias: bool | None = None  # whether the call adds a bias itself; None when the log does not say
 
 
 def load_json(path: str | Path, what: str) -> object:

@@ -42,6 +42,7 @@ from .cublas_log import parse_cublas_log
 from .cudnn_log import parse_cudnn_log
 from .kineto import parse_kineto_trace
 from .nsys import parse_nsys
+from .onednn_verbose import log_threads as onednn_log_threads
 from .onednn_verbose import log_version as onednn_log_version
 from .onednn_verbose import parse_onednn_verbose
 from .ort import parse_ort_profile
@@ -106,6 +107,7 @@ class ExecutionProfile:
     notes: list[str] = field(default_factory=list)
     identity: dict | None = None  # model_identity() of the profiled model, when the bundle has it
     library_versions: dict[str, str] = field(default_factory=dict)  # e.g. {"onednn": "3.12.0"} from its log
+    library_threads: dict[str, int] = field(default_factory=dict)  # e.g. {"onednn": 2}, when its log says
 
     @property
     def measured_ms(self) -> float | None:
@@ -124,6 +126,8 @@ class ExecutionProfile:
         self.identity = self.identity or other.identity
         for lib, version in other.library_versions.items():
             self.library_versions.setdefault(lib, version)
+        for lib, threads in other.library_threads.items():
+            self.library_threads.setdefault(lib, threads)
         self.latency = self.latency or other.latency
         self.trace = self.trace or other.trace
         self.nsys = self.nsys or other.nsys
@@ -176,6 +180,9 @@ def load_file(path: str | Path, kind: str | None = None) -> ExecutionProfile:
         version = onednn_log_version(p)
         if version:
             prof.library_versions["onednn"] = version
+        threads = onednn_log_threads(p)
+        if threads:
+            prof.library_threads["onednn"] = threads
     else:
         raise ProfileFormatError(p, f"unknown profile kind {kind!r}")
     return prof

@@ -50,7 +50,19 @@ def _call(b: Block, index: int) -> LibraryCall:
     detail = tuple((p, v) for p, v in b.fields if "addr=" not in v and not v.startswith("POINTER"))
     return LibraryCall(library="cudnn", api=b.function, index=index, conv=conv,
                        shapes=tuple(s for s in shapes if s), algo=algo, math=math, dtype=dtype,
-                       timestamp=b.timestamp, thread=b.thread, detail=detail[:64])
+                       timestamp=b.timestamp, thread=b.thread, detail=detail[:64], post_ops=_activation(b))
+
+
+# cuDNN's activation modes in oneDNN's post-op spelling (LibraryCall.post_ops)
+_ACTIVATIONS = {"CUDNN_ACTIVATION_IDENTITY": (), "CUDNN_ACTIVATION_RELU": ("eltwise_relu",)}
+
+
+def _activation(b: Block) -> tuple[str, ...]:
+    """The activation ConvolutionBiasActivationForward fuses after the conv and bias."""
+    if b.function != "cudnnConvolutionBiasActivationForward":
+        return ()
+    mode = enum_name(b.get("activationDesc.mode"))
+    return _ACTIVATIONS.get(mode, (f"eltwise_{mode.removeprefix('CUDNN_ACTIVATION_').lower() or 'unknown'}",))
 
 
 def _conv_from(x: tuple[int, ...], w: tuple[int, ...], pad: tuple[int, ...], stride: tuple[int, ...],

@@ -51,10 +51,28 @@ def parse_onednn_verbose(path: str | Path) -> list[LibraryCall]:
             gemm=_gemm(kind, problem),
             algo=impl, dtype=_src_dtype(mds), time_ms=time_ms, thread="",
             detail=(("engine", engine), ("prop", prop), ("mds", mds), ("attrs", rest[5]),
-                    ("aux", aux), ("problem", problem))))
+                    ("aux", aux), ("problem", problem)),
+            post_ops=_post_ops(rest[5]), bias=_has_bias(mds)))
     if not seen_marker and text.strip():
         raise ProfileFormatError(path, "no dnnl_verbose/onednn_verbose lines: not a oneDNN verbose log")
     return calls
+
+
+def _post_ops(attrs: str) -> tuple[str, ...]:
+    """``attr-post-ops:eltwise_relu`` (2.x ends it with a space, some versions quote it and
+    separate with ``;``) → ("eltwise_relu",); several are joined by ``+``."""
+    for attr in attrs.split():
+        if attr.startswith("attr-post-ops:"):
+            value = attr.removeprefix("attr-post-ops:").strip("'")
+            return tuple(op for op in re.split(r"[+;]", value) if op)
+    return ()
+
+
+def _has_bias(mds: str) -> bool | None:
+    """2.x ``bia_f32::blocked:a:f0``, 3.x ``bia:f32:a:blocked:a::f0``; ``bia:undef…`` or no bias
+    descriptor at all: none."""
+    m = re.search(r"(?:^|\s)bia[_:]([a-z0-9]+)", mds)
+    return m is not None and m.group(1) != "undef"
 
 
 _VERSION = re.compile(r"_verbose,(?:[^,]*,)*?info,oneDNN v(\d+\.\d+(?:\.\d+)?)")
@@ -64,6 +82,16 @@ def log_version(path: str | Path) -> str | None:
     """The oneDNN version the log's ``info`` header names (``oneDNN v3.12.0``), if any."""
     m = _VERSION.search(read_text(path, "oneDNN verbose log"))
     return m.group(1) if m else None
+
+
+_THREADS = re.compile(r"_verbose,(?:[^,]*,)*?info,cpu,runtime:[^,]*,nthr:(\d+)")
+
+
+def log_threads(path: str | Path) -> int | None:
+    """The CPU threads the library used, from its ``info,cpu,runtime:OpenMP,nthr:N`` header (3.x;
+    2.x does not print it)."""
+    m = _THREADS.search(read_text(path, "oneDNN verbose log"))
+    return int(m.group(1)) if m else None
 
 
 def _src_dtype(mds: str) -> str:
