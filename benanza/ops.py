@@ -16,7 +16,7 @@ import numpy as np
 
 from .layers import FLOAT_DTYPES, Layer, TensorSpec
 from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, BinaryProblem, BnormProblem, ConcatProblem,
-                       ConvProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LnormProblem,
+                       ConvProblem, CopyProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LnormProblem,
                        LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem, RnnProblem,
                        SoftmaxProblem, TransposeProblem, canonical_operands, f32, format_dims, format_number,
                        key_hash)
@@ -62,6 +62,9 @@ class Family:
     build: Callable[[NodeView], Problem]
     cudnn: Callable[[Problem], str | None]
     onednn: Callable[[Problem], str | None]
+    # the dtype the layer computes in: its first input's, unless the family says otherwise
+    # (Where's first input is its boolean condition; the data it moves is its output's type)
+    dtype: Callable[[NodeView], str] = lambda view: view.dtype
 
 
 def _io_bytes(view: NodeView) -> int:
@@ -262,7 +265,7 @@ def _prelu_build(view: NodeView) -> Problem:
 # --- binary / n-ary element-wise ---------------------------------------------------------
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min", "Max": "max",
-           "Sum": "sum", "Pow": "pow"}
+           "Sum": "sum", "Pow": "pow", "Equal": "eq", "Greater": "gt", "Less": "lt"}
 
 
 def _binary_build(view: NodeView) -> Problem:
@@ -476,6 +479,83 @@ def _transpose_build(view: NodeView) -> Problem:
     return TransposeProblem(shape, perm)
 
 
+# --- data movement: copies of the same bytes ------------------------------------------------
+
+# Gather/Slice/Split index values beyond this many regions are copied as dense outputs.
+_MAX_REGIONS = 64
+
+
+def _float_data(view: NodeView) -> bool:
+    return bool(view.outputs) and all(o.dtype in FLOAT_DTYPES for o in view.outputs)
+
+
+def _slice_window(view: NodeView) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
+    """(box, start) of a Slice in its input's rank, and whether every step is 1; None when a
+    start, end, axis or step is a run-time tensor."""
+    shape = _input(view, 0).shape
+    rank = len(shape)
+    if view.opset < 10:
+        starts, ends = view.attrs.get("starts"), view.attrs.get("ends")
+        axes, steps = view.attrs.get("axes"), None
+    else:
+        got = [view.value(i) if _present(view, i) else None for i in range(1, 5)]
+        if got[0] is None or got[1] is None or any(_present(view, i) and got[i - 1] is None for i in (3, 4)):
+            return None
+        starts, ends, axes, steps = (None if g is None else [int(x) for x in g.reshape(-1)] for g in got)
+    if starts is None or ends is None:
+        return None
+    axes = list(axes) if axes is not None else list(range(len(starts)))
+    steps = list(steps) if steps is not None else [1] * len(starts)
+    box, start = list(shape), [0] * rank
+    for a, b, e, st in zip(axes, starts, ends, steps):
+        a = a + rank if a < 0 else a
+        first, _, step = slice(b, e, st).indices(shape[a])
+        box[a] = len(range(*slice(b, e, st).indices(shape[a])))
+        start[a] = first
+        if step != 1:
+            return tuple(box), tuple(start), False
+    return tuple(box), tuple(start), True
+
+
+def _copy_build(view: NodeView) -> Problem:
+    op = _word(view.op)
+    outs = tuple(tuple(o.shape) for o in view.outputs)
+    dense = CopyProblem(op, "dense", None, outs)
+    src = tuple(_input(view, 0).shape)
+    rank = len(src)
+    if view.op == "Slice":
+        window = _slice_window(view)
+        if window is None or not window[2]:
+            return dense
+        return CopyProblem(op, "region", src, (window[0],), (window[1],))
+    if view.op == "Split":
+        axis = int(view.attrs.get("axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        at, boxes, offsets = 0, [], []
+        for o in outs:
+            offsets.append(tuple(at if i == axis else 0 for i in range(rank)))
+            boxes.append(o)
+            at += o[axis]
+        return CopyProblem(op, "region", src, tuple(boxes), tuple(offsets))
+    if view.op == "Gather":
+        idx = view.value(1)
+        axis = int(view.attrs.get("axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        if idx is None or idx.size > _MAX_REGIONS:
+            return dense
+        box = tuple(1 if i == axis else d for i, d in enumerate(src))
+        offsets = tuple(tuple((int(j) + src[axis] if j < 0 else int(j)) if i == axis else 0 for i in range(rank))
+                        for j in idx.reshape(-1))
+        return CopyProblem(op, "region", src, (box,) * len(offsets), offsets)
+    return dense  # Expand, Where, Trilu
+
+
+def _copy_onednn(p: Problem) -> str | None:
+    assert isinstance(p, CopyProblem)
+    # a reorder per output, labelled: no oneDNN primitive computes these ops themselves
+    return "reorder_copy" if all(1 <= len(o) <= 6 for o in p.outs) else None
+
+
 # --- generic fallback --------------------------------------------------------------------
 
 _VALUE_INPUT_MAX = 64
@@ -555,7 +635,9 @@ CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
 LNORM = Family("lnorm", _lnorm_build, _const(None), _const("layer_normalization"))
 REDUCE = Family("reduce", _reduce_build, _const(None), _reduce_onednn)
 TRANSPOSE = Family("transpose", _transpose_build, _const(None), _const("reorder"))
+COPY = Family("copy", _copy_build, _const(None), _copy_onednn, lambda v: v.outputs[0].dtype)
 GENERIC = Family("generic", _generic_build, _const(None), _const(None))
+SAME_CAST = Family("identity", lambda v: GenericProblem("identity", _generic_build(v).tokens), _const(None), _const(None))
 
 _BY_OP: dict[str, tuple[Family, Callable[[NodeView], bool]]] = {}
 
@@ -584,6 +666,13 @@ _register(CONCAT, ["Concat"])
 _register(LNORM, ["LayerNormalization"], lambda v: len(v.outputs) == 1)
 _register(REDUCE, list(_REDUCE), lambda v: _reduce_axes(v) is not None)
 _register(TRANSPOSE, ["Transpose"])
+# Data movement on float data; on integers and booleans it is shape arithmetic or a mask, which
+# no library computes on (and, with static shapes, frameworks fold at load time).
+_register(COPY, ["Slice", "Split", "Gather", "Expand", "Trilu"],
+          lambda v: _float_data(v) and _input(v, 0).dtype in FLOAT_DTYPES)
+_register(COPY, ["Where"], _float_data)
+# A Cast to the type it already has (the TorchScript exporter writes them) computes nothing.
+_register(SAME_CAST, ["Cast"], lambda v: bool(v.outputs) and v.outputs[0].dtype == _input(v, 0).dtype)
 
 
 def family_of(view: NodeView) -> Family:
@@ -603,11 +692,12 @@ def build_layer(view: NodeView) -> Layer:
     problem = family.build(view)
     macs = problem.macs()
     elementwise = view.outputs[0].numel if view.outputs else 0
-    numeric = view.dtype in FLOAT_DTYPES
+    dtype = family.dtype(view)
+    numeric = dtype in FLOAT_DTYPES
     return Layer(
         op=view.op,
         problem=problem,
-        dtype=view.dtype,
+        dtype=dtype,
         inputs=tuple(t for t in view.inputs if t is not None),
         outputs=tuple(view.outputs),
         macs=macs,

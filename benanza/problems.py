@@ -394,7 +394,7 @@ class PreluProblem(Problem):
     slope: tuple[int, ...]
 
 
-COMMUTATIVE = ("add", "mul", "min", "max", "sum")
+COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq")
 
 
 def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
@@ -411,7 +411,8 @@ def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class BinaryProblem(Problem):
     """Element-wise binary (n-ary for Sum) with broadcasting. Operands of commutative ops are in
-    canonical order (``canonical_operands``); ``exponent`` is Pow's constant uniform exponent."""
+    canonical order (``canonical_operands``); ``exponent`` is Pow's constant uniform exponent.
+    The comparisons (``eq``, ``gt``, ``lt``) write booleans."""
 
     FAMILY: ClassVar[str] = "binary"
     KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
@@ -609,6 +610,35 @@ class TransposeProblem(Problem):
     perm: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class CopyProblem(Problem):
+    """Pure data movement that no library has a primitive for (Slice, Split, Gather, Expand,
+    Where, Trilu): benchmarked as a copy of the same bytes, never as free.
+
+    ``how``: ``region``: each output is a box of the input (``src``) at ``offsets``, read with
+    the input's strides and written densely (Slice with unit steps, Split, a Gather of constant
+    indices); ``dense``: the outputs' bytes copied from buffers of their own shape (Expand,
+    Where, Trilu, a strided Slice: what they write, read as if contiguous). ``op`` names the ONNX
+    op the copy stands for. ``outs`` are the boxes in ``src``'s rank (a Gather's output with its
+    gathered axis kept as 1: the same bytes)."""
+
+    FAMILY: ClassVar[str] = "copy"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
+        (_F("", "op", "word"),), (_F("", "how", "word"),), (_F("in", "src", "dims", None),),
+        (_F("out", "outs", "shapes"),), (_F("at", "offsets", "shapes"),))
+
+    op: str
+    how: str
+    src: tuple[int, ...] | None
+    outs: tuple[tuple[int, ...], ...]
+    offsets: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def moved_elements(self) -> int:
+        """Elements written (and read): the outputs' sizes."""
+        return sum(math.prod(o) for o in self.outs)
+
+
 # Ops whose output is their input's data under another shape: views in every framework.
 VIEW_OPS = ("reshape", "squeeze", "unsqueeze", "flatten", "identity")
 
@@ -639,7 +669,7 @@ class GenericProblem(Problem):
 TYPED: dict[str, type[Problem]] = {cls.FAMILY: cls for cls in (
     ConvProblem, PoolProblem, BnormProblem, LrnProblem, EltwiseProblem, PreluProblem, BinaryProblem,
     GemmProblem, MatMulProblem, SoftmaxProblem, DropoutProblem, RnnProblem, ConcatProblem, LnormProblem,
-    ReduceProblem, TransposeProblem)}
+    ReduceProblem, TransposeProblem, CopyProblem)}
 
 
 def format_problem(p: Problem) -> str:

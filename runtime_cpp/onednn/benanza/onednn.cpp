@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -118,35 +119,58 @@ dnnl::primitive_attr base_attr() {
   return a;
 }
 
+void append_eltwise(dnnl::post_ops& po, algorithm alg, float alpha, float beta) {
+#if BENANZA_DNNL3
+  po.append_eltwise(alg, alpha, beta);
+#else
+  po.append_eltwise(1.f, alg, alpha, beta);
+#endif
+}
+
 void append_relu(dnnl::primitive_attr& attr) {
   dnnl::post_ops po;
-#if BENANZA_DNNL3
-  po.append_eltwise(algorithm::eltwise_relu, 0.f, 0.f);
-#else
-  po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-#endif
+  append_eltwise(po, algorithm::eltwise_relu, 0.f, 0.f);
   attr.set_post_ops(po);
 }
 
-struct Prepared {
+// One primitive call and its memories; a benchmark times all its steps in order.
+struct Step {
   dnnl::primitive prim;
   std::unordered_map<int, memory> args;
+};
+
+struct Prepared {
+  std::vector<Step> steps;
   std::string impl;
   size_t scratchpad = 0;
+
+  memory& dst() { return steps.back().args.at(DNNL_ARG_DST); }
+  // Appends another prepared call: a chain (attention) or several copies (Split).
+  void then(Prepared&& next) {
+    for (auto& s : next.steps) steps.push_back(std::move(s));
+    impl += (impl.empty() ? "" : " + ") + next.impl;
+    scratchpad = std::max(scratchpad, next.scratchpad);
+  }
 };
 
 // Binds the memories a primitive needs: `inputs` by argument id (filled from the pd's
-// descriptors), the destination and the scratchpad.
+// descriptors) unless `bound` gives the memory (a previous step's output), the destination
+// and the scratchpad.
 template <class Prim, class PD>
-Prepared prepare(const PD& pd, const std::vector<std::pair<int, memory::desc>>& inputs) {
-  Prepared p;
-  p.prim = Prim(pd);
-  for (const auto& in : inputs) p.args[in.first] = filled(in.second);
-  p.args[DNNL_ARG_DST] = memory(pd.dst_desc(), engine());
+Prepared prepare(const PD& pd, const std::vector<std::pair<int, memory::desc>>& inputs,
+                 const std::vector<std::pair<int, memory>>& bound = {}) {
+  Step s;
+  s.prim = Prim(pd);
+  for (const auto& in : bound) s.args[in.first] = in.second;
+  for (const auto& in : inputs)
+    if (!s.args.count(in.first)) s.args[in.first] = filled(in.second);
+  if (!s.args.count(DNNL_ARG_DST)) s.args[DNNL_ARG_DST] = memory(pd.dst_desc(), engine());
   memory::desc sp = pd.scratchpad_desc();
+  s.args[DNNL_ARG_SCRATCHPAD] = memory(sp, engine());
+  Prepared p;
   p.scratchpad = sp.get_size();
-  p.args[DNNL_ARG_SCRATCHPAD] = memory(sp, engine());
   p.impl = pd.impl_info_str();
+  p.steps.push_back(std::move(s));
   return p;
 }
 
@@ -172,17 +196,17 @@ void measure(benchmark::State& st, const Config& cfg, const std::function<Prepar
     mark_failed(st, e.what());
     return;
   }
-  try {
-    for (int i = 0; i < kWarmupCalls; ++i) p.prim.execute(stream(), p.args);
+  auto run = [&p] {
+    for (auto& s : p.steps) s.prim.execute(stream(), s.args);
     stream().wait();
+  };
+  try {
+    for (int i = 0; i < kWarmupCalls; ++i) run();
   } catch (const std::exception& e) {
     mark_failed(st, std::string("execute: ") + e.what());
     return;
   }
-  for (auto _ : st) {
-    p.prim.execute(stream(), p.args);
-    stream().wait();
-  }
+  for (auto _ : st) run();
   set_implementation(st, p.impl);
   set_workspace(st, p.scratchpad);
 }
@@ -398,6 +422,9 @@ algorithm binary_alg(const std::string& a) {
   if (a == "div") return algorithm::binary_div;
   if (a == "min") return algorithm::binary_min;
   if (a == "max") return algorithm::binary_max;
+  if (a == "eq") return algorithm::binary_eq;
+  if (a == "gt") return algorithm::binary_gt;
+  if (a == "lt") return algorithm::binary_lt;
   throw Unsupported("binary algorithm " + a);
 }
 
@@ -444,13 +471,15 @@ Prepared make_binary(const BinaryParams& b, const Config& cfg) {
   }
   size_t rank = std::max<size_t>(b.out.size(), 1);
   Dims a0 = pad_rank(b.inputs.at(0), rank), a1 = pad_rank(b.inputs.at(1), rank), out = pad_rank(b.out, rank);
-  bool commutative = alg == "add" || alg == "sum" || alg == "mul" || alg == "min" || alg == "max";
+  bool commutative = alg == "add" || alg == "sum" || alg == "mul" || alg == "min" || alg == "max" || alg == "eq";
   if (a0 != out) {
     // oneDNN broadcasts src1 only; ONNX may broadcast either side.
     if (a1 == out && commutative) std::swap(a0, a1);
     else throw Unsupported("binary " + alg + " broadcasts its first input; oneDNN broadcasts src1 only");
   }
   auto s0 = plain_md(a0, cfg.dtype), s1 = plain_md(a1, cfg.dtype), dst = plain_md(out, cfg.dtype);
+  // comparisons write ONNX booleans: one byte each, as u8 0/1
+  if (alg == "eq" || alg == "gt" || alg == "lt") dst = memory::desc(out, dt::u8, plain_tag(out.size()));
   auto attr = base_attr();
 #if BENANZA_DNNL3
   dnnl::binary::primitive_desc pd(engine(), binary_alg(alg), s0, s1, dst, attr);
@@ -508,31 +537,40 @@ Prepared make_gemm(const GemmParams& g, const Config& cfg) {
   return prepare<dnnl::matmul>(pd, in);
 }
 
+// ONNX MatMul's operands and result: 1-d operands promoted (a → 1×k, b → k×1), batch dims
+// broadcast.
+struct MatmulDims {
+  Dims a, b, c;
+};
+
+MatmulDims matmul_dims(const MatmulParams& m) {
+  MatmulDims d{m.a.size() == 1 ? Dims{1, m.a[0]} : m.a, m.b.size() == 1 ? Dims{m.b[0], 1} : m.b, {}};
+  size_t rank = std::max(d.a.size(), d.b.size());
+  d.a = pad_rank(d.a, rank);
+  d.b = pad_rank(d.b, rank);
+  d.c.resize(rank);
+  for (size_t i = 0; i + 2 < rank; ++i) d.c[i] = std::max(d.a[i], d.b[i]);
+  d.c[rank - 2] = d.a[rank - 2];
+  d.c[rank - 1] = d.b[rank - 1];
+  return d;
+}
+
+Prepared make_attention(const MatmulParams& m, const Config& cfg);
+
 Prepared make_matmul(const MatmulParams& m, const Config& cfg) {
-  // ONNX MatMul: 1-d operands are promoted (a → 1×k, b → k×1); batch dims broadcast.
-  Dims a = m.a.size() == 1 ? Dims{1, m.a[0]} : m.a;
-  Dims b = m.b.size() == 1 ? Dims{m.b[0], 1} : m.b;
-  size_t rank = std::max(a.size(), b.size());
-  a = pad_rank(a, rank);
-  b = pad_rank(b, rank);
-  Dims c(rank);
-  for (size_t i = 0; i + 2 < rank; ++i) c[i] = std::max(a[i], b[i]);
-  c[rank - 2] = a[rank - 2];
-  c[rank - 1] = b[rank - 1];
+  if (cfg.attention) return make_attention(m, cfg);
+  MatmulDims d = matmul_dims(m);
+  size_t rank = d.c.size();
   auto attr = base_attr();
   if (cfg.gelu) {  // the fused MatMul→Add→Gelu epilogue
     dnnl::post_ops po;
-#if BENANZA_DNNL3
-    po.append_eltwise(algorithm::eltwise_gelu_erf, 0.f, 0.f);
-#else
-    po.append_eltwise(1.f, algorithm::eltwise_gelu_erf, 0.f, 0.f);
-#endif
+    append_eltwise(po, algorithm::eltwise_gelu_erf, 0.f, 0.f);
     attr.set_post_ops(po);
   }
   // The fused bias Add: one value per output column, broadcast over the rows.
-  memory::desc bias_md = plain_md(pad_rank({c[rank - 1]}, rank), cfg.dtype);
-  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(a, cfg.dtype), plain_md(b, cfg.dtype),
-                                                     cfg.bias ? &bias_md : nullptr, plain_md(c, cfg.dtype), attr);
+  memory::desc bias_md = plain_md(pad_rank({d.c[rank - 1]}, rank), cfg.dtype);
+  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(d.a, cfg.dtype), plain_md(d.b, cfg.dtype),
+                                                     cfg.bias ? &bias_md : nullptr, plain_md(d.c, cfg.dtype), attr);
   std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
   if (cfg.bias) in.push_back({DNNL_ARG_BIAS, bias_md});
   return prepare<dnnl::matmul>(pd, in);
@@ -560,6 +598,54 @@ Prepared make_softmax(const SoftmaxParams& s, const Config& cfg) {
   dnnl::softmax_v2_forward::primitive_desc pd(d, attr, engine());
 #endif
   return prepare<Softmax>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
+// --- attention: oneDNN's primitive chain ------------------------------------------------
+
+// From the scores' MatMul (Q [.., S, D] · Kᵀ [.., D, Skv]): scores with the scale and the
+// mask ([S, Skv], broadcast over batch and heads) as post-ops, softmax over the keys in
+// place, then P · V with V [.., Skv, D].
+Prepared make_attention(const MatmulParams& m, const Config& cfg) {
+  MatmulDims d = matmul_dims(m);
+  size_t rank = d.c.size();
+  if (rank < 3) throw Unsupported("attention without batch or head dims");
+  int64_t s = d.c[rank - 2], skv = d.c[rank - 1], head = d.a[rank - 1];
+  auto attr = base_attr();
+  dnnl::post_ops po;
+  if (cfg.scale) append_eltwise(po, algorithm::eltwise_linear, 1.f / std::sqrt(static_cast<float>(head)), 0.f);
+  memory::desc mask_md = plain_md(pad_rank({s, skv}, rank), cfg.dtype);
+  if (cfg.mask) po.append_binary(algorithm::binary_add, mask_md);
+  attr.set_post_ops(po);
+  auto scores_pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(d.a, cfg.dtype), plain_md(d.b, cfg.dtype),
+                                                           nullptr, plain_md(d.c, cfg.dtype), attr);
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, scores_pd.src_desc()},
+                                               {DNNL_ARG_WEIGHTS, scores_pd.weights_desc()}};
+  int mask_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(cfg.scale ? 1 : 0) | DNNL_ARG_SRC_1;
+  if (cfg.mask) in.push_back({mask_arg, mask_md});
+  Prepared chain = prepare<dnnl::matmul>(scores_pd, in);
+  memory scores = chain.dst();
+
+  auto probs = scores_pd.dst_desc();
+  auto pk = prop_kind::forward_inference;
+  auto sm_attr = base_attr();
+  int axis = static_cast<int>(rank) - 1;
+#if BENANZA_DNNL3
+  dnnl::softmax_forward::primitive_desc sm_pd(engine(), pk, algorithm::softmax_accurate, probs, probs, axis, sm_attr);
+#else
+  dnnl::softmax_v2_forward::desc sm_d(pk, algorithm::softmax_accurate, probs, probs, axis);
+  dnnl::softmax_v2_forward::primitive_desc sm_pd(sm_d, sm_attr, engine());
+#endif
+  chain.then(prepare<Softmax>(sm_pd, {}, {{DNNL_ARG_SRC, scores}, {DNNL_ARG_DST, scores}}));
+
+  Dims v = d.c;
+  v[rank - 2] = skv;
+  v[rank - 1] = head;
+  Dims out = d.c;
+  out[rank - 1] = head;
+  auto pv_pd = matmul_pd<dnnl::matmul::primitive_desc>(probs, plain_md(v, cfg.dtype), nullptr,
+                                                       plain_md(out, cfg.dtype), base_attr());
+  chain.then(prepare<dnnl::matmul>(pv_pd, {{DNNL_ARG_WEIGHTS, pv_pd.weights_desc()}}, {{DNNL_ARG_SRC, scores}}));
+  return chain;
 }
 
 // --- concat ------------------------------------------------------------------------------
@@ -648,6 +734,25 @@ Prepared make_transpose(const TransposeParams& t, const Config& cfg) {
   return prepare<dnnl::reorder>(pd, {{DNNL_ARG_FROM, src}});
 }
 
+// --- data movement: reorders copying the same bytes --------------------------------------
+
+Prepared make_copy(const CopyParams& c, const Config& cfg) {
+  Prepared all;
+  memory src;
+  if (c.region) src = filled(plain_md(c.src, cfg.dtype));
+  for (size_t i = 0; i < c.outs.size(); ++i) {
+    auto dst = plain_md(c.outs[i], cfg.dtype);
+    // a box of the input, read through the input's strides (a view of its buffer)
+    memory from = c.region ? memory(src.get_desc().submemory_desc(c.outs[i], c.offsets.at(i)), engine(),
+                                    src.get_data_handle())
+                           : filled(dst);
+    dnnl::reorder::primitive_desc pd(engine(), from.get_desc(), engine(), dst, base_attr());
+    all.then(prepare<dnnl::reorder>(pd, {}, {{DNNL_ARG_FROM, from}}));
+  }
+  if (all.steps.empty()) throw Unsupported(std::string(c.op) + " with no outputs");
+  return all;
+}
+
 }  // namespace
 
 #define BENANZA_BENCH(family, Params)                                          \
@@ -669,6 +774,7 @@ BENANZA_BENCH(concat, ConcatParams)
 BENANZA_BENCH(lnorm, LnormParams)
 BENANZA_BENCH(reduce, ReduceParams)
 BENANZA_BENCH(transpose, TransposeParams)
+BENANZA_BENCH(copy, CopyParams)
 
 void describe_context() {
   const auto* v = dnnl::version();
