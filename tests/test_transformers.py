@@ -481,3 +481,128 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
     (g,) = [u for u in a.fusion.applied if u.pattern == "gelu_erf"]
     assert len(g.nodes) == 5 and g.fused_ms == pytest.approx(
         min(r.median_ms for r in results if r.variant.fusion == "gelu_erf"))
+
+
+# --- data movement without a oneDNN primitive: labelled reorder copies ------------------------
+
+def data_movement_model(rows: int = 16) -> onnx.ModelProto:
+    """One node per data-movement op the exporters write, on float data: q/k/v Split and Gather,
+    a Slice, the causal mask's Expand → Trilu → Equal → Where, and a Cast to the type it has."""
+    n = helper.make_node
+    nodes = [
+        n("Split", ["x", "sp"], ["s0", "s1", "s2"], axis=2, name="split"),
+        n("Slice", ["x", "st", "en", "ax"], ["sl"], name="slice"),
+        n("Gather", ["x", "one_i"], ["ga"], axis=0, name="gather"),
+        n("Slice", ["x", "st", "en", "ax", "two_i"], ["sl2"], name="strided_slice"),  # step 2: copied dense
+        n("Expand", ["one", "shp"], ["ex"], name="expand"),
+        n("Trilu", ["ex"], ["tr"], upper=0, name="trilu"),
+        n("Equal", ["tr", "zero"], ["eq"], name="equal"),
+        n("Where", ["eq", "ninf", "zero"], ["wh"], name="where"),
+        n("Cast", ["wh"], ["wc"], to=TensorProto.FLOAT, name="cast"),
+    ]
+    f32 = [numpy_helper.from_array(np.array(v, np.float32), name) for name, v in
+           (("one", [1.0]), ("zero", [0.0]), ("ninf", [-1e9]))]
+    inits = [_i64("sp", [rows, rows, rows]), _i64("st", [4]), _i64("en", [12]), _i64("ax", [1]), _i64("one_i", 1),
+             _i64("two_i", [2]), _i64("shp", [16, 16])] + f32
+    outs = [io(t, None) for t in ("s0", "s1", "s2", "sl", "ga", "sl2", "wc")]
+    return model(nodes, [io("x", [2, 16, 3 * rows])], outs, inits, opset=14)
+
+
+# worked out by hand from ONNX's semantics: the boxes each output reads of x [2, 16, 48] and
+# where they start (Gather's index 1 keeps its axis as 1: the same bytes)
+COPIES = {
+    "split": "copy:split_region_in2x16x48_out2x16x16_out2x16x16_out2x16x16_at0x0x0_at0x0x16_at0x0x32",
+    "slice": "copy:slice_region_in2x16x48_out2x8x48_at0x4x0",
+    "gather": "copy:gather_region_in2x16x48_out1x16x48_at1x0x0",
+    "strided_slice": "copy:slice_dense_out2x4x48",
+    "expand": "copy:expand_dense_out16x16",
+    "trilu": "copy:trilu_dense_out16x16",
+    "where": "copy:where_dense_out16x16",
+}
+
+
+def test_data_movement_is_a_labelled_copy_of_the_same_bytes(save):
+    import onnxruntime as ort
+
+    from benanza.problems import CopyProblem, parse_layer_key
+
+    path = save(data_movement_model(16))
+    m = load_model(path)
+    by_name = {n.name: n for n in m.nodes}
+    for name, key in COPIES.items():
+        layer = by_name[name].layer
+        assert (layer.key, layer.onednn_primitive, layer.cudnn_api) == (key + "_f32", "reorder_copy", None)
+        assert parse_layer_key(layer.key) == (layer.problem, "f32")
+    # Where's first input is its boolean condition: the layer moves its float output
+    assert by_name["where"].layer.dtype == "f32"
+    assert by_name["equal"].layer.key == "binary:eq_in16x16_in1_f32" and by_name["equal"].layer.onednn_primitive \
+        == "binary"
+    assert by_name["cast"].layer.free and by_name["cast"].layer.key.startswith("identity:")
+    # the independent oracle: ONNX Runtime's outputs have exactly the bytes each copy writes
+    sess = ort.InferenceSession(path.read_bytes(), providers=["CPUExecutionProvider"])
+    x = np.arange(2 * 16 * 48, dtype=np.float32).reshape(2, 16, 48)
+    real = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    for name, node in by_name.items():
+        p = node.layer.problem
+        if not isinstance(p, CopyProblem):
+            continue
+        got = [real[o] for o in node.outputs if o in real] or [None]
+        if got[0] is None:
+            continue
+        assert p.moved_elements == sum(g.size for g in got), name
+        for box, at, g in zip(p.outs, p.offsets, got):  # region copies: the box at its offset is the output
+            window = x[tuple(slice(a, a + b) for a, b in zip(at, box))]
+            assert np.array_equal(window.reshape(g.shape), g), name
+
+
+@pytest.mark.slow
+def test_data_movement_copies_run_as_reorders(tmp_path, save):
+    import os
+    import subprocess
+    from collections import Counter
+
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.problems import CopyProblem
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    rows = 4096  # x is 2×16×12288 f32 (1.5 MiB): a copy that did nothing would show
+    m = load_model(save(data_movement_model(rows)))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    copies = [v for v in gen.variants if isinstance(v.problem, CopyProblem)]
+    assert len(copies) == len(COPIES) and all(v.api == "reorder_copy" for v in copies)
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    for r in results:
+        p = r.variant.problem
+        if isinstance(p, CopyProblem):
+            # read and written once: no CPU copies faster than 1 TB/s; the big ones take real time
+            moved = 2 * 4 * p.moved_elements
+            assert moved / (r.median_ms * 1e-3) < 1e12, (r.variant.name, r.median_ms)
+    # oneDNN's verbose log: one reorder per output, of the output's dims; a region's source is
+    # a view of x with a non-zero offset ("0" in the source's properties) where its box starts
+    # past x's first byte
+    binary = build(gen.out_dir)
+    (tmp_path / "names.txt").write_text("".join(v.name + "\n" for v in copies))
+    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+    for v in copies:
+        (tmp_path / "one.txt").write_text(v.name + "\n")
+        out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
+                              "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
+        calls = Counter(ln.split(",")[3] + "|" + ln.split(",")[6].split()[0] + "|" + ln.split(",")[-2]
+                        for ln in out.stdout.splitlines() if ",exec," in ln)
+        execs = {c for c, times in calls.items() if times > 3}  # timed, not the one set-up fill
+        p = v.problem
+        want = set()
+        for i, box in enumerate(p.outs):
+            offset = p.how == "region" and any(p.offsets[i])
+            want.add(f"reorder|src_f32:{'0' if offset else ''}:blocked:{'abc'[:len(box)]}:f0|"
+                     + "x".join(map(str, box)))
+        assert execs == want, (v.name, execs)

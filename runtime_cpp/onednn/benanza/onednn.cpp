@@ -143,6 +143,7 @@ struct Prepared {
   std::vector<Step> steps;
   std::string impl;
   size_t scratchpad = 0;
+  std::vector<memory> owners;  // buffers the steps' memories only view (a region's source)
 
   memory& dst() { return steps.back().args.at(DNNL_ARG_DST); }
   // Appends another prepared call: a chain (attention) or several copies (Split).
@@ -750,6 +751,7 @@ Prepared make_copy(const CopyParams& c, const Config& cfg) {
     all.then(prepare<dnnl::reorder>(pd, {}, {{DNNL_ARG_FROM, from}}));
   }
   if (all.steps.empty()) throw Unsupported(std::string(c.op) + " with no outputs");
+  if (c.region) all.owners.push_back(src);
   return all;
 }
 
