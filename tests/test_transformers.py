@@ -606,3 +606,85 @@ def test_data_movement_copies_run_as_reorders(tmp_path, save):
             want.add(f"reorder|src_f32:{'0' if offset else ''}:blocked:{'abc'[:len(box)]}:f0|"
                      + "x".join(map(str, box)))
         assert execs == want, (v.name, execs)
+
+
+# --- attention: MatMul→[scale]→[mask]→Softmax→MatMul as one oneDNN primitive chain -------------
+
+def attention_model() -> onnx.ModelProto:
+    """Scaled, masked attention over 4 heads of 8: Q·Kᵀ / √8 + mask [16, 16] → Softmax → ·V."""
+    n = helper.make_node
+    nodes = [n("MatMul", ["q", "kt"], ["sc"], name="scores"), n("Div", ["sc", "sqrtd"], ["scs"], name="scale"),
+             n("Add", ["scs", "mask"], ["msk"], name="mask_add"), n("Softmax", ["msk"], ["p"], axis=-1, name="softmax"),
+             n("MatMul", ["p", "v"], ["att"], name="pv")]
+    inits = [numpy_helper.from_array(np.array(np.sqrt(8.0), np.float32), "sqrtd")]
+    ins = [io("q", [1, 4, 16, 8]), io("kt", [1, 4, 8, 16]), io("v", [1, 4, 16, 8]), io("mask", [16, 16])]
+    return model(nodes, ins, [io("att", [1, 4, 16, 8])], inits, opset=14)
+
+
+def test_attention_patterns_match(save, exported):
+    from benanza.fusion import match_fusions
+
+    m = load_model(save(attention_model()))
+    got = [(f.pattern.name, [m.nodes[i].name for i in f.nodes]) for f in match_fusions(m)]
+    assert got == [("sdpa_scale_mask", ["scores", "scale", "mask_add", "softmax", "pv"])]
+    # the exporters scale Q and K before their MatMul; GPT's causal SDPA adds the mask
+    for name, opset, pattern in (("encoder", 14, "sdpa"), ("encoder", 17, "sdpa"), ("gpt", 14, "sdpa_mask"),
+                                 ("gpt", 17, "sdpa_mask")):
+        mm = load_model(exported(name, opset))
+        (att,) = [f for f in match_fusions(mm) if f.pattern.attention]
+        assert att.pattern.name == pattern
+        ops = [mm.nodes[i].layer.op for i in att.nodes]
+        assert ops == ["MatMul"] + ["Add"] * (pattern == "sdpa_mask") + ["Softmax", "MatMul"]
+    # a softmax over another axis, or a second reader of the scores, is no attention chain
+    bad = attention_model()
+    bad.graph.node[3].attribute[0].i = 2
+    assert match_fusions(load_model(save(bad, "bad.onnx"))) == []
+    read = attention_model()
+    read.graph.node.append(helper.make_node("Relu", ["sc"], ["seen"]))
+    read.graph.output.append(io("seen", None))
+    assert match_fusions(load_model(save(read, "read.onnx"))) == []
+
+
+@pytest.mark.slow
+def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
+    import os
+    import subprocess
+
+    from benanza.analyzer import analyze
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(save(attention_model()))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    (fused,) = [v for v in gen.variants if v.fusion != "none"]
+    assert (fused.fusion, fused.layer_key, fused.api) == ("sdpa_scale_mask", "matmul:a1x4x16x8_b1x4x8x16_f32",
+                                                          "matmul")
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    # oneDNN's verbose log of the one fused benchmark: the scores' matmul with the 1/√8 scale and
+    # the [16, 16] mask as post-ops, the softmax over the keys, the matmul with V
+    (tmp_path / "one.txt").write_text(fused.name + "\n")
+    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+    out = subprocess.run([str(build(gen.out_dir)), f"--benanza_names={tmp_path / 'one.txt'}",
+                          "--benchmark_min_time=0.001", "--benchmark_repetitions=1"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    execs = [ln for ln in out.stdout.splitlines() if ",exec," in ln]
+    scale = f"eltwise_linear:{1 / np.sqrt(8):.6g}"
+    steps = [(",matmul,", (scale, "binary_add:f32", ",1x4x16x8:1x4x8x16:1x4x16x16,")),
+             (",softmax", ("axis:3", ",1x4x16x16,")), (",matmul,", (",1x4x16x16:1x4x16x8:1x4x16x8,",))]
+    for kind, words in steps:
+        assert any(kind in ln and all(w in ln for w in words) for ln in execs), (kind, words, execs[-4:])
+    # Q5: the pattern costs the chain's median in place of its five layers
+    a = analyze(m, results, "ci", "onednn")
+    (use,) = [u for u in a.fusion.applied + a.fusion.unprofitable if u.pattern == "sdpa_scale_mask"]
+    assert use.nodes == (0, 1, 2, 3, 4)
+    assert use.fused_ms == pytest.approx(min(r.median_ms for r in results if r.variant.fusion == "sdpa_scale_mask"))
+    assert use.unfused_ms == pytest.approx(sum(a.rows[i].latency_ms for i in use.nodes))
