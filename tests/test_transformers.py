@@ -317,28 +317,53 @@ def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
 
 # --- coverage of the exported models (the README's table) ----------------------------------------
 
-# (model, opset) → (layers, free, oneDNN-costed, cuDNN/cuBLAS-costed): README "Transformer exports"
+# (model, opset) → (layers, free, shape arithmetic, oneDNN-costed, cuDNN/cuBLAS-costed): the
+# README's "Transformer exports" table, whose rows ``coverage_row`` writes
 COVERAGE = {
-    ("encoder", 14): (71, 13, 45, 23),
-    ("encoder", 17): (55, 13, 29, 15),
-    ("gpt", 14): (66, 4, 47, 27),
-    ("gpt", 17): (50, 4, 31, 19),
+    ("encoder", 14): (71, 14, 9, 48, 23),
+    ("encoder", 17): (55, 14, 9, 32, 15),
+    ("gpt", 14): (66, 5, 8, 52, 27),
+    ("gpt", 17): (50, 5, 8, 36, 19),
+    ("vit", 14): (98, 15, 15, 67, 32),
+    ("vit", 17): (74, 15, 15, 43, 20),
+    ("mbv3", 14): (12, 0, 0, 12, 9),
+    ("mbv3", 17): (12, 0, 0, 12, 9),
 }
+TITLES = {"encoder": "encoder", "gpt": "GPT block", "vit": "ViT (tiny)", "mbv3": "MobileNet-v3 block"}
+
+
+def shape_arithmetic(layer) -> bool:
+    """Shape metadata and the integer/boolean arithmetic on it: no library computes it, and with
+    static shapes frameworks fold it at load time."""
+    from benanza.layers import FLOAT_DTYPES
+
+    return layer.dtype not in FLOAT_DTYPES or layer.op in ("Shape", "Size")
+
+
+def coverage_row(name: str, opset: int, counts: tuple[int, ...]) -> str:
+    layers, free, shape, onednn, cudnn = counts
+    rest, data = layers - free, layers - free - shape
+    return (f"| {TITLES[name]} | {opset} | {layers} | {free} | {shape} | {onednn} ({onednn / rest:.0%}) | "
+            f"{onednn / data:.0%} | {cudnn} ({cudnn / rest:.0%}) |")
 
 
 @pytest.mark.parametrize(("name", "opset"), sorted(COVERAGE))
 def test_exported_model_coverage(exported, name, opset):
+    from pathlib import Path
+
     from benanza.backends.onednn import covers
 
     layers = load_model(exported(name, opset)).layers
     rest = [la for la in layers if not la.free]
-    got = (len(layers), len(layers) - len(rest), sum(covers(la) for la in rest), sum(la.covered for la in rest))
+    got = (len(layers), len(layers) - len(rest), sum(shape_arithmetic(la) for la in rest),
+           sum(covers(la) for la in rest), sum(la.covered for la in rest))
     assert got == COVERAGE[name, opset]
-    # every float MatMul, LayerNorm, Softmax, Transpose and activation is costed on oneDNN
-    costly = {"MatMul", "Gemm", "LayerNormalization", "Softmax", "Transpose", "Relu", "ReduceMean", "Sqrt",
-              "Add", "Mul", "Div", "Sub", "Pow"}
-    assert all(covers(la) for la in rest if la.op in costly and la.dtype == "f32"), \
-        [la.key for la in rest if la.op in costly and la.dtype == "f32" and not covers(la)]
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert coverage_row(name, opset, got) in readme
+    # every float data layer is costed on oneDNN but Erf, which the gelu_erf pattern costs
+    missing = [la.key for la in rest if not shape_arithmetic(la) and not covers(la)]
+    assert all(k.startswith("erf:") for k in missing), missing
+    assert got[3] >= 0.95 * (len(rest) - got[2])  # issue 10's target, over the layers that move data
 
 
 # --- transformer fusion patterns: MatMul→Add(bias)(→Gelu) -----------------------------------------
