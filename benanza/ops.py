@@ -544,9 +544,9 @@ def _copy_build(view: NodeView) -> Problem:
         if idx is None or idx.size > _MAX_REGIONS:
             return dense
         box = tuple(1 if i == axis else d for i, d in enumerate(src))
-        offsets = tuple(tuple((int(j) + src[axis] if j < 0 else int(j)) if i == axis else 0 for i in range(rank))
-                        for j in idx.reshape(-1))
-        return CopyProblem(op, "region", src, (box,) * len(offsets), offsets)
+        starts = tuple(tuple((int(j) + src[axis] if j < 0 else int(j)) if i == axis else 0 for i in range(rank))
+                       for j in idx.reshape(-1))
+        return CopyProblem(op, "region", src, (box,) * len(starts), starts)
     return dense  # Expand, Where, Trilu
 
 
@@ -614,6 +614,12 @@ def _generic_build(view: NodeView) -> Problem:
     return GenericProblem(word, tuple(tokens) or ("none",))
 
 
+def _same_cast_build(view: NodeView) -> Problem:
+    generic = _generic_build(view)
+    assert isinstance(generic, GenericProblem)
+    return GenericProblem("identity", generic.tokens)
+
+
 # --- the registry ------------------------------------------------------------------------
 
 CONV = Family("conv", _conv_build, _const("cudnnConvolutionForward"), _const("convolution"))
@@ -637,7 +643,7 @@ REDUCE = Family("reduce", _reduce_build, _const(None), _reduce_onednn)
 TRANSPOSE = Family("transpose", _transpose_build, _const(None), _const("reorder"))
 COPY = Family("copy", _copy_build, _const(None), _copy_onednn, lambda v: v.outputs[0].dtype)
 GENERIC = Family("generic", _generic_build, _const(None), _const(None))
-SAME_CAST = Family("identity", lambda v: GenericProblem("identity", _generic_build(v).tokens), _const(None), _const(None))
+SAME_CAST = Family("identity", _same_cast_build, _const(None), _const(None))
 
 _BY_OP: dict[str, tuple[Family, Callable[[NodeView], bool]]] = {}
 

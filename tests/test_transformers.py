@@ -19,6 +19,21 @@ def _i64(name, values):
     return numpy_helper.from_array(np.array(values, np.int64), name)
 
 
+def verbose_execs(binary, names, tmp_path) -> list[str]:
+    """oneDNN's verbose ``exec`` lines of one short run of the named variants, on one thread:
+    the library's own record of what it ran (the independent oracle of these tests)."""
+    import os
+    import subprocess
+
+    listed = tmp_path / "verbose_names.txt"
+    listed.write_text("".join(n + "\n" for n in names))
+    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
+    out = subprocess.run([str(binary), f"--benanza_names={listed}", "--benchmark_min_time=0.001",
+                          "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120,
+                         check=True)
+    return [ln for ln in out.stdout.splitlines() if ",exec," in ln]
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("torch")
@@ -282,9 +297,6 @@ VERBOSE = {
 
 @pytest.mark.slow
 def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
-    import os
-    import subprocess
-
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
@@ -308,12 +320,7 @@ def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
     node_of = {n.layer.key: n.name for n in m.nodes}
     for v in gen.variants:
         kind, attrs, dims = VERBOSE[node_of[v.layer_key]]
-        names = tmp_path / "one.txt"
-        names.write_text(v.name + "\n")
-        env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
-        out = subprocess.run([str(binary), f"--benanza_names={names}", "--benchmark_min_time=0.001",
-                              "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
-        execs = [line for line in out.stdout.splitlines() if ",exec," in line]
+        execs = verbose_execs(binary, [v.name], tmp_path)
         ran = [e for e in execs if e.split(",")[3].startswith(kind) and attrs in e and dims in e]
         assert ran, (v.name, execs[-3:])
 
@@ -402,9 +409,6 @@ def test_matmul_bias_gelu_patterns_match(save, exported):
 
 @pytest.mark.slow
 def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
-    import os
-    import subprocess
-
     from benanza.analyzer import analyze
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
@@ -429,11 +433,7 @@ def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     want = {"mm_bias_gelu": ("attr-post-ops:eltwise_gelu_erf", "bia_f32", ",16x32:32x64:16x64,"),
             "mm_bias": ("bia_f32", "bia_f32", ",16x64:64x32:16x32,")}
     for name, v in fused.items():
-        (tmp_path / "one.txt").write_text(v.name + "\n")
-        env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
-        out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
-                              "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
-        lines = [ln for ln in out.stdout.splitlines() if ",exec," in ln and ",matmul," in ln]
+        lines = [ln for ln in verbose_execs(binary, [v.name], tmp_path) if ",matmul," in ln]
         assert any(all(w in ln for w in want[name]) for ln in lines), (name, lines[-2:])
     # Q5: each pattern's nodes cost the fused benchmark's median, from the database
     a = analyze(m, results, "ci", "onednn")
@@ -468,9 +468,6 @@ def test_layernorm_decomposition_matches_in_opset14_exports(exported):
 
 @pytest.mark.slow
 def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, exported):
-    import os
-    import subprocess
-
     from benanza.analyzer import analyze
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
@@ -486,7 +483,6 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
     assert fused.layer_key == f"reduce:mean_in1x{SEQ}x{D_MODEL}_axes2_f32"
     (gelu,) = [v for v in gen.variants if v.fusion == "gelu_erf"]
     assert gelu.layer_key == f"binary:div_in1x{SEQ}x{4 * D_MODEL}_in_f32"
-    (tmp_path / "one.txt").write_text(fused.name + "\n" + gelu.name + "\n")
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db",
                   RunOptions(min_time=0.01, repetitions=1, filter="reduce:|binary:|eltwise:"))
     assert summary.failed == 0
@@ -494,11 +490,8 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
         results = pdb.results("ci")
     assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
     binary = build(gen.out_dir)
-    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
-    out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
-                          "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
     # oneDNN ran one layer normalization over the 16 rows of 32, with scale and shift
-    execs = [ln for ln in out.stdout.splitlines() if ",exec," in ln]
+    execs = verbose_execs(binary, [fused.name, gelu.name], tmp_path)
     assert any(",layer_normalization," in ln and "flags:CH" in ln and f",{SEQ}x{D_MODEL}," in ln for ln in execs)
     # and the erf GELU decomposition as one eltwise gelu_erf over the MLP's 1×16×128
     assert any(",eltwise," in ln and "alg:eltwise_gelu_erf" in ln and f",1x{SEQ}x{4 * D_MODEL}," in ln
@@ -586,8 +579,6 @@ def test_data_movement_is_a_labelled_copy_of_the_same_bytes(save):
 
 @pytest.mark.slow
 def test_data_movement_copies_run_as_reorders(tmp_path, save):
-    import os
-    import subprocess
     from collections import Counter
 
     from benanza.generator import GenOptions, generate
@@ -619,14 +610,9 @@ def test_data_movement_copies_run_as_reorders(tmp_path, save):
     # a view of x with a non-zero offset ("0" in the source's properties) where its box starts
     # past x's first byte
     binary = build(gen.out_dir)
-    (tmp_path / "names.txt").write_text("".join(v.name + "\n" for v in copies))
-    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
     for v in copies:
-        (tmp_path / "one.txt").write_text(v.name + "\n")
-        out = subprocess.run([str(binary), f"--benanza_names={tmp_path / 'one.txt'}", "--benchmark_min_time=0.001",
-                              "--benchmark_repetitions=1"], capture_output=True, text=True, env=env, timeout=120)
         calls = Counter(ln.split(",")[3] + "|" + ln.split(",")[6].split()[0] + "|" + ln.split(",")[-2]
-                        for ln in out.stdout.splitlines() if ",exec," in ln)
+                        for ln in verbose_execs(binary, [v.name], tmp_path))
         execs = {c for c, times in calls.items() if times > 3}  # timed, not the one set-up fill
         p = v.problem
         want = set()
@@ -676,9 +662,6 @@ def test_attention_patterns_match(save, exported):
 
 @pytest.mark.slow
 def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
-    import os
-    import subprocess
-
     from benanza.analyzer import analyze
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
@@ -700,12 +683,7 @@ def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
     # oneDNN's verbose log of the one fused benchmark: the scores' matmul with the 1/√8 scale and
     # the [16, 16] mask as post-ops, the softmax over the keys, the matmul with V
-    (tmp_path / "one.txt").write_text(fused.name + "\n")
-    env = dict(os.environ, DNNL_VERBOSE="1", ONEDNN_VERBOSE="1", OMP_NUM_THREADS="1")
-    out = subprocess.run([str(build(gen.out_dir)), f"--benanza_names={tmp_path / 'one.txt'}",
-                          "--benchmark_min_time=0.001", "--benchmark_repetitions=1"],
-                         capture_output=True, text=True, env=env, timeout=120)
-    execs = [ln for ln in out.stdout.splitlines() if ",exec," in ln]
+    execs = verbose_execs(build(gen.out_dir), [fused.name], tmp_path)
     scale = f"eltwise_linear:{1 / np.sqrt(8):.6g}"
     steps = [(",matmul,", (scale, "binary_add:f32", ",1x4x16x8:1x4x8x16:1x4x16x16,")),
              (",softmax", ("axis:3", ",1x4x16x16,")), (",matmul,", (",1x4x16x16:1x4x16x8:1x4x16x8,",))]
