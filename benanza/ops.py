@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .layers import FLOAT_DTYPES, Layer, TensorSpec
-from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, BinaryProblem, BnormProblem, ConcatProblem,
+from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, AttentionProblem, BinaryProblem, BnormProblem, ConcatProblem,
                        ConvProblem, CopyProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LnormProblem,
                        LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem, RnnProblem,
                        SoftmaxProblem, TransposeProblem, canonical_operands, f32, format_dims, format_number,
@@ -556,6 +556,35 @@ def _copy_onednn(p: Problem) -> str | None:
     return "reorder_copy" if all(1 <= len(o) <= 6 for o in p.outs) else None
 
 
+# --- the ONNX Attention op ------------------------------------------------------------------
+
+
+def _attention_plain(view: NodeView) -> bool:
+    """The form the runtime's chain runs: 4-d Q/K/V with as many K/V heads as Q's, no KV cache,
+    no softcap or extra outputs, a float mask (or none) that broadcasts as one [S, Skv]."""
+    a = view.attrs
+    shapes = [view.inputs[i].shape if _present(view, i) else () for i in range(3)]  # type: ignore[union-attr]
+    if any(len(s) != 4 for s in shapes) or shapes[1][1] != shapes[0][1] or len(view.outputs) != 1:
+        return False
+    if any(_present(view, i) for i in range(4, len(view.inputs))):
+        return False
+    if float(a.get("softcap", 0.0)) != 0.0 or int(a.get("qk_matmul_output_mode", 0)) != 0:
+        return False
+    if _present(view, 3):
+        mask = _input(view, 3)
+        lead = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
+        return mask.dtype in FLOAT_DTYPES and lead[:2] == (1, 1)
+    return True
+
+
+def _attention_build(view: NodeView) -> Problem:
+    q, k, v = (tuple(_input(view, i).shape) for i in range(3))
+    mask = tuple(_input(view, 3).shape) if _present(view, 3) else None
+    scale = view.attrs.get("scale")
+    return AttentionProblem(q, k, v, mask, bool(int(view.attrs.get("is_causal", 0))),
+                            None if scale is None else f32(scale))
+
+
 # --- generic fallback --------------------------------------------------------------------
 
 _VALUE_INPUT_MAX = 64
@@ -641,6 +670,8 @@ CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
 LNORM = Family("lnorm", _lnorm_build, _const(None), _const("layer_normalization"))
 REDUCE = Family("reduce", _reduce_build, _const(None), _reduce_onednn)
 TRANSPOSE = Family("transpose", _transpose_build, _const(None), _const("reorder"))
+# oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too
+ATTENTION = Family("attention", _attention_build, _const(None), _const("matmul_softmax_matmul"))
 COPY = Family("copy", _copy_build, _const(None), _copy_onednn, lambda v: v.outputs[0].dtype)
 GENERIC = Family("generic", _generic_build, _const(None), _const(None))
 SAME_CAST = Family("identity", _same_cast_build, _const(None), _const(None))
@@ -677,6 +708,7 @@ _register(TRANSPOSE, ["Transpose"])
 _register(COPY, ["Slice", "Split", "Gather", "Expand", "Trilu"],
           lambda v: _float_data(v) and _input(v, 0).dtype in FLOAT_DTYPES)
 _register(COPY, ["Where"], _float_data)
+_register(ATTENTION, ["Attention"], _attention_plain)
 # A Cast to the type it already has (the TorchScript exporter writes them) computes nothing.
 _register(SAME_CAST, ["Cast"], lambda v: bool(v.outputs) and v.outputs[0].dtype == _input(v, 0).dtype)
 

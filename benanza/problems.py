@@ -639,6 +639,29 @@ class CopyProblem(Problem):
         return sum(math.prod(o) for o in self.outs)
 
 
+@dataclass(frozen=True)
+class AttentionProblem(Problem):
+    """The ONNX Attention op (opset 23) over 4-d Q [B, H, S, D], K [B, H, Skv, D] and V
+    [B, H, Skv, Dv]: softmax(scale·Q·Kᵀ + mask)·V. ``mask``: the float attn_mask's shape (None:
+    none); ``causal``: is_causal; ``scale`` None is ONNX's default 1/√D."""
+
+    FAMILY: ClassVar[str] = "attention"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
+        (_F("q", "q", "dims"),), (_F("k", "k", "dims"),), (_F("v", "v", "dims"),), (_F("mask", "mask", "dims", None),),
+        (_F("causal", "causal", "flag", False),), (_F("scale", "scale", "float", None),))
+
+    q: tuple[int, ...]
+    k: tuple[int, ...]
+    v: tuple[int, ...]
+    mask: tuple[int, ...] | None = None
+    causal: bool = False
+    scale: float | None = None
+
+    def macs(self) -> int:
+        b, h, s, d = self.q
+        return b * h * s * self.k[2] * (d + self.v[3])
+
+
 # Ops whose output is their input's data under another shape: views in every framework.
 VIEW_OPS = ("reshape", "squeeze", "unsqueeze", "flatten", "identity")
 
@@ -669,7 +692,7 @@ class GenericProblem(Problem):
 TYPED: dict[str, type[Problem]] = {cls.FAMILY: cls for cls in (
     ConvProblem, PoolProblem, BnormProblem, LrnProblem, EltwiseProblem, PreluProblem, BinaryProblem,
     GemmProblem, MatMulProblem, SoftmaxProblem, DropoutProblem, RnnProblem, ConcatProblem, LnormProblem,
-    ReduceProblem, TransposeProblem, CopyProblem)}
+    ReduceProblem, TransposeProblem, CopyProblem, AttentionProblem)}
 
 
 def format_problem(p: Problem) -> str:

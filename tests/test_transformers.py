@@ -695,3 +695,62 @@ def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     assert use.nodes == (0, 1, 2, 3, 4)
     assert use.fused_ms == pytest.approx(min(r.median_ms for r in results if r.variant.fusion == "sdpa_scale_mask"))
     assert use.unfused_ms == pytest.approx(sum(a.rows[i].latency_ms for i in use.nodes))
+
+
+def attention_op_model() -> onnx.ModelProto:
+    """The ONNX Attention op (opset 23): one with a [16, 16] float mask, one causal with its own
+    scale and a V of head size 16, one with fewer K/V heads than Q's (not the chain's form)."""
+    n = helper.make_node
+    nodes = [n("Attention", ["q", "k", "v", "mask"], ["y0"], name="masked"),
+             n("Attention", ["q", "k", "v16"], ["y1"], is_causal=1, scale=0.25, name="causal"),
+             n("Attention", ["q", "k2", "v2"], ["y2"], name="grouped")]
+    ins = [io("q", [1, 4, 16, 8]), io("k", [1, 4, 16, 8]), io("v", [1, 4, 16, 8]), io("mask", [16, 16]),
+           io("v16", [1, 4, 16, 16]), io("k2", [1, 2, 16, 8]), io("v2", [1, 2, 16, 8])]
+    return model(nodes, ins, [io(f"y{i}", None) for i in range(3)], opset=23)
+
+
+def test_attention_op_is_one_layer_on_the_chain(save):
+    from benanza.problems import parse_layer_key
+
+    m = load_model(save(attention_op_model()))
+    got = {n.name: (n.layer.key, n.layer.onednn_primitive, n.layer.macs) for n in m.nodes}
+    assert got["masked"] == ("attention:q1x4x16x8_k1x4x16x8_v1x4x16x8_mask16x16_f32", "matmul_softmax_matmul",
+                             4 * 16 * 16 * (8 + 8))
+    assert got["causal"] == ("attention:q1x4x16x8_k1x4x16x8_v1x4x16x16_causal_scale0.25_f32",
+                             "matmul_softmax_matmul", 4 * 16 * 16 * (8 + 16))
+    assert got["grouped"][1] is None  # grouped-query heads: not the chain's form, not covered
+    for n in m.nodes:
+        assert parse_layer_key(n.layer.key) == (n.layer.problem, "f32")
+
+
+@pytest.mark.slow
+def test_attention_op_runs_as_the_chain(tmp_path, save):
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(save(attention_op_model()))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    assert sorted(v.layer_key for v in gen.variants) == sorted(
+        n.layer.key for n in m.nodes if n.layer.onednn_primitive)
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert len(results) == 2 and all(r.ok and r.median_ms > 0 for r in results), results
+    # K [1, 4, 16, 8] is read transposed through its strides (no copy): the scores' matmul is
+    # 1x4x16x8 · 1x4x8x16; the causal one adds a [16, 16] mask after its 0.25 scale
+    binary = build(gen.out_dir)
+    for v in gen.variants:
+        causal = "causal" in v.layer_key
+        execs = verbose_execs(binary, [v.name], tmp_path)
+        scores = [ln for ln in execs if ",matmul," in ln and ",1x4x16x8:1x4x8x16:1x4x16x16," in ln]
+        post = "eltwise_linear:0.25+binary_add:f32" if causal else "eltwise_linear:0.353553+binary_add:f32"
+        assert scores and all(post in ln and "wei_f32::blocked:abdc" in ln for ln in scores), (v.name, execs[-3:])
+        assert any(",softmax" in ln and "axis:3" in ln for ln in execs)
+        pv = f",1x4x16x16:1x4x16x{16 if causal else 8}:1x4x16x{16 if causal else 8},"
+        assert any(",matmul," in ln and pv in ln for ln in execs), (v.name, execs[-3:])

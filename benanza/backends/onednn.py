@@ -23,7 +23,7 @@ from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
-from ..problems import (BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, CopyProblem, EltwiseProblem,
+from ..problems import (AttentionProblem, BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, CopyProblem, EltwiseProblem,
                         GemmProblem,
                         LnormProblem, LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem,
                         SoftmaxProblem, TransposeProblem)
@@ -64,6 +64,7 @@ FAMILIES = {
     "reduce": Family("ReduceParams", "reduce", False),
     "transpose": Family("TransposeParams", "transpose", False),
     "copy": Family("CopyParams", "copy", False),
+    "attention": Family("AttentionParams", "attention", False),
 }
 
 
@@ -301,10 +302,18 @@ def _copy(v: Variant) -> str:
             f"{_cdims_list(p.offsets)}}}")
 
 
+def _attention(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, AttentionProblem)
+    scale = p.scale if p.scale is not None else 1.0 / math.sqrt(p.q[-1])
+    return (f"{{{_cdims(p.q)}, {_cdims(p.k)}, {_cdims(p.v)}, {_cdims(p.mask or ())}, {_cbool(p.causal)}, "
+            f"{_cfloat(scale)}}}")
+
+
 PARAMS = {"conv": _conv, "pool": _pool, "bnorm": _bnorm, "lrn": _lrn, "eltwise": _eltwise,
           "prelu": _prelu, "binary": _binary, "gemm": _gemm, "matmul": _matmul,
           "softmax": _softmax, "concat": _concat, "lnorm": _lnorm, "reduce": _reduce,
-          "transpose": _transpose, "copy": _copy}
+          "transpose": _transpose, "copy": _copy, "attention": _attention}
 
 
 def covers(layer: Layer) -> bool:

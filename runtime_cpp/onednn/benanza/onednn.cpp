@@ -603,50 +603,85 @@ Prepared make_softmax(const SoftmaxParams& s, const Config& cfg) {
 
 // --- attention: oneDNN's primitive chain ------------------------------------------------
 
-// From the scores' MatMul (Q [.., S, D] · Kᵀ [.., D, Skv]): scores with the scale and the
-// mask ([S, Skv], broadcast over batch and heads) as post-ops, softmax over the keys in
-// place, then P · V with V [.., Skv, D].
+// scores = Q·Kᵀ (K read through `k_t`, a [.., D, Skv] view), times `scale` and plus `mask`
+// (broadcast) as post-ops where given; softmax over the keys in place; then P·V.
+Prepared attention_chain(const Dims& q, const memory::desc& k_t, const Dims& v, const Dims* mask, const float* scale,
+                         DType dtype) {
+  size_t rank = q.size();
+  if (rank < 3 || v.size() != rank) throw Unsupported("attention without batch or head dims");
+#if BENANZA_DNNL3
+  int64_t skv = k_t.get_dims()[rank - 1];
+#else
+  int64_t skv = k_t.dims()[rank - 1];
+#endif
+  Dims scores = q;
+  scores[rank - 1] = skv;
+  auto attr = base_attr();
+  dnnl::post_ops po;
+  if (scale) append_eltwise(po, algorithm::eltwise_linear, *scale, 0.f);
+  memory::desc mask_md = mask ? plain_md(pad_rank(*mask, rank), dtype) : memory::desc();
+  if (mask) po.append_binary(algorithm::binary_add, mask_md);
+  attr.set_post_ops(po);
+  auto scores_pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(q, dtype), k_t, nullptr, plain_md(scores, dtype),
+                                                           attr);
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, scores_pd.src_desc()},
+                                               {DNNL_ARG_WEIGHTS, scores_pd.weights_desc()}};
+  if (mask) in.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(scale ? 1 : 0) | DNNL_ARG_SRC_1, mask_md});
+  Prepared chain = prepare<dnnl::matmul>(scores_pd, in);
+  memory probs = chain.dst();
+
+  auto probs_md = scores_pd.dst_desc();
+  auto pk = prop_kind::forward_inference;
+  int axis = static_cast<int>(rank) - 1;
+#if BENANZA_DNNL3
+  dnnl::softmax_forward::primitive_desc sm_pd(engine(), pk, algorithm::softmax_accurate, probs_md, probs_md, axis,
+                                              base_attr());
+#else
+  dnnl::softmax_v2_forward::desc sm_d(pk, algorithm::softmax_accurate, probs_md, probs_md, axis);
+  dnnl::softmax_v2_forward::primitive_desc sm_pd(sm_d, base_attr(), engine());
+#endif
+  chain.then(prepare<Softmax>(sm_pd, {}, {{DNNL_ARG_SRC, probs}, {DNNL_ARG_DST, probs}}));
+
+  Dims out = scores;
+  out[rank - 1] = v[rank - 1];
+  auto pv_pd = matmul_pd<dnnl::matmul::primitive_desc>(probs_md, plain_md(v, dtype), nullptr, plain_md(out, dtype),
+                                                       base_attr());
+  chain.then(prepare<dnnl::matmul>(pv_pd, {{DNNL_ARG_WEIGHTS, pv_pd.weights_desc()}}, {{DNNL_ARG_SRC, probs}}));
+  return chain;
+}
+
+// The fused pattern from its scores' MatMul (Q [.., S, D] · Kᵀ [.., D, Skv]): the mask is one
+// [S, Skv] (the pattern matches no other), V's head size is Q's.
 Prepared make_attention(const MatmulParams& m, const Config& cfg) {
   MatmulDims d = matmul_dims(m);
   size_t rank = d.c.size();
   if (rank < 3) throw Unsupported("attention without batch or head dims");
-  int64_t s = d.c[rank - 2], skv = d.c[rank - 1], head = d.a[rank - 1];
-  auto attr = base_attr();
-  dnnl::post_ops po;
-  if (cfg.scale) append_eltwise(po, algorithm::eltwise_linear, 1.f / std::sqrt(static_cast<float>(head)), 0.f);
-  memory::desc mask_md = plain_md(pad_rank({s, skv}, rank), cfg.dtype);
-  if (cfg.mask) po.append_binary(algorithm::binary_add, mask_md);
-  attr.set_post_ops(po);
-  auto scores_pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(d.a, cfg.dtype), plain_md(d.b, cfg.dtype),
-                                                           nullptr, plain_md(d.c, cfg.dtype), attr);
-  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, scores_pd.src_desc()},
-                                               {DNNL_ARG_WEIGHTS, scores_pd.weights_desc()}};
-  int mask_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(cfg.scale ? 1 : 0) | DNNL_ARG_SRC_1;
-  if (cfg.mask) in.push_back({mask_arg, mask_md});
-  Prepared chain = prepare<dnnl::matmul>(scores_pd, in);
-  memory scores = chain.dst();
-
-  auto probs = scores_pd.dst_desc();
-  auto pk = prop_kind::forward_inference;
-  auto sm_attr = base_attr();
-  int axis = static_cast<int>(rank) - 1;
-#if BENANZA_DNNL3
-  dnnl::softmax_forward::primitive_desc sm_pd(engine(), pk, algorithm::softmax_accurate, probs, probs, axis, sm_attr);
-#else
-  dnnl::softmax_v2_forward::desc sm_d(pk, algorithm::softmax_accurate, probs, probs, axis);
-  dnnl::softmax_v2_forward::primitive_desc sm_pd(sm_d, sm_attr, engine());
-#endif
-  chain.then(prepare<Softmax>(sm_pd, {}, {{DNNL_ARG_SRC, scores}, {DNNL_ARG_DST, scores}}));
-
+  Dims mask{d.c[rank - 2], d.c[rank - 1]};
   Dims v = d.c;
-  v[rank - 2] = skv;
-  v[rank - 1] = head;
-  Dims out = d.c;
-  out[rank - 1] = head;
-  auto pv_pd = matmul_pd<dnnl::matmul::primitive_desc>(probs, plain_md(v, cfg.dtype), nullptr,
-                                                       plain_md(out, cfg.dtype), base_attr());
-  chain.then(prepare<dnnl::matmul>(pv_pd, {{DNNL_ARG_WEIGHTS, pv_pd.weights_desc()}}, {{DNNL_ARG_SRC, scores}}));
-  return chain;
+  v[rank - 2] = d.c[rank - 1];
+  v[rank - 1] = d.a[rank - 1];
+  float scale = 1.f / std::sqrt(static_cast<float>(d.a[rank - 1]));
+  return attention_chain(d.a, plain_md(d.b, cfg.dtype), v, cfg.mask ? &mask : nullptr, cfg.scale ? &scale : nullptr,
+                         cfg.dtype);
+}
+
+// The ONNX Attention op: K [.., Skv, D] is read transposed through its strides; a causal
+// mask is one more additive [S, Skv] mask (a framework merges it with attn_mask).
+Prepared make_attention_op(const AttentionParams& a, const Config& cfg) {
+  size_t rank = a.k.size();
+  Dims kt = a.k;
+  std::swap(kt[rank - 1], kt[rank - 2]);
+  Dims strides(rank);
+  int64_t stride = 1;
+  for (size_t i = rank; i-- > 0;) {  // k's row-major strides, the last two dims swapped
+    size_t src = i == rank - 1 ? rank - 2 : i == rank - 2 ? rank - 1 : i;
+    strides[src] = stride;
+    stride *= a.k[i];
+  }
+  memory::desc k_t(kt, data_type(cfg.dtype), strides);
+  Dims mask = a.mask.empty() ? Dims{a.q[rank - 2], a.k[rank - 2]} : a.mask;
+  bool masked = !a.mask.empty() || a.causal;
+  return attention_chain(a.q, k_t, a.v, masked ? &mask : nullptr, &a.scale, cfg.dtype);
 }
 
 // --- concat ------------------------------------------------------------------------------
@@ -777,6 +812,10 @@ BENANZA_BENCH(lnorm, LnormParams)
 BENANZA_BENCH(reduce, ReduceParams)
 BENANZA_BENCH(transpose, TransposeParams)
 BENANZA_BENCH(copy, CopyParams)
+
+void bench_attention(benchmark::State& st, const AttentionParams& p, const Config& c) {
+  measure(st, c, [&] { return make_attention_op(p, c); });
+}
 
 void describe_context() {
   const auto* v = dnnl::version();

@@ -65,6 +65,9 @@ struct TransposeParams { Dims shape; Dims perm; };
 // offset with src's strides; otherwise each output is copied from a buffer of its own shape.
 // `op` is the ONNX op the copy stands for (a label: no oneDNN primitive computes it).
 struct CopyParams { const char* op; bool region; Dims src; std::vector<Dims> outs, offsets; };
+// The ONNX Attention op over 4-d Q [B, H, S, D], K [B, H, Skv, D], V [B, H, Skv, Dv]; `mask`
+// empty when there is none; `scale` the one the op applies (1/√D by default).
+struct AttentionParams { Dims q, k, v, mask; bool causal; float scale; };
 
 void bench_conv(benchmark::State&, const ConvParams&, const Config&);
 void bench_pool(benchmark::State&, const PoolParams&, const Config&);
@@ -81,6 +84,7 @@ void bench_lnorm(benchmark::State&, const LnormParams&, const Config&);
 void bench_reduce(benchmark::State&, const ReduceParams&, const Config&);
 void bench_transpose(benchmark::State&, const TransposeParams&, const Config&);
 void bench_copy(benchmark::State&, const CopyParams&, const Config&);
+void bench_attention(benchmark::State&, const AttentionParams&, const Config&);
 
 // Registers every row of one family's table.
 template <class P, size_t NP, size_t NR>
