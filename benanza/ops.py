@@ -15,11 +15,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .layers import FLOAT_DTYPES, Layer, TensorSpec
-from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, AttentionProblem, BinaryProblem, BnormProblem, ConcatProblem,
-                       ConvProblem, CopyProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LnormProblem,
-                       LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem, RnnProblem,
-                       SoftmaxProblem, TransposeProblem, canonical_operands, f32, format_dims, format_number,
-                       key_hash)
+from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, AttentionProblem, BinaryProblem, BnormProblem,
+                       ConcatProblem, ConvProblem, CopyProblem, DeconvProblem, DropoutProblem, EltwiseProblem,
+                       GemmProblem, GenericProblem, LnormProblem, LrnProblem, MatMulProblem, PoolProblem, PreluProblem,
+                       Problem, ReduceProblem, ResampleProblem, RnnProblem, SoftmaxProblem, TransposeProblem,
+                       canonical_operands, f32, format_dims, format_number, key_hash)
 
 ELEMENT_SIZE = {
     "f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2,
@@ -128,6 +128,33 @@ def _conv_build(view: NodeView) -> Problem:
     return ConvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
                        sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=int(a.get("group", 1)),
                        bias=_present(view, 2))
+
+
+def _deconv_build(view: NodeView) -> Problem:
+    """ONNX ConvTranspose. Its begin pads are the given ones (or auto_pad's/output_shape's
+    split of the total); its end pads are what makes the inferred output come out, so
+    output_padding and output_shape need no fields of their own."""
+    x, w = _input(view, 0), _input(view, 1)
+    y = view.outputs[0]
+    a = view.attrs
+    mb, ic, ih, iw = x.shape
+    g = int(a.get("group", 1))
+    k = tuple(a.get("kernel_shape") or w.shape[2:])
+    s = tuple(a.get("strides") or (1, 1))
+    d = tuple(a.get("dilations") or (1, 1))
+    out = y.shape[2:]
+    total = [s[i] * ((ih, iw)[i] - 1) + (k[i] - 1) * d[i] + 1 - out[i] for i in range(2)]
+    auto = a.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER") or (a.get("output_shape") and not a.get("pads")):
+        begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+    elif auto == "VALID":
+        begin = [0, 0]
+    else:
+        begin = [int(p) for p in (a.get("pads") or [0, 0, 0, 0])[:2]]
+    return DeconvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=w.shape[1] * g, oh=out[0], ow=out[1], kh=k[0], kw=k[1],
+                         sh=s[0], sw=s[1], pt=begin[0], pl=begin[1], pb=total[0] - begin[0], pr=total[1] - begin[1],
+                         dh=d[0], dw=d[1], g=g, bias=_present(view, 2))
 
 
 def _is_4d(view: NodeView) -> bool:
@@ -556,6 +583,29 @@ def _copy_onednn(p: Problem) -> str | None:
     return "reorder_copy" if all(1 <= len(o) <= 6 for o in p.outs) else None
 
 
+# --- resampling -----------------------------------------------------------------------------
+
+_RESAMPLE = {"nearest": "nearest", "linear": "linear", "bilinear": "linear"}
+
+
+def _resample_plain(view: NodeView) -> bool:
+    """Nearest or linear resizing of 3- to 5-d data over its spatial dims only (oneDNN resamples
+    those; an ROI crop, antialiasing or a resized channel dim is another computation)."""
+    x, y = _input(view, 0), view.outputs[0]
+    mode = view.attrs.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    ctm = view.attrs.get("coordinate_transformation_mode", "half_pixel")
+    ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
+    return (mode in _RESAMPLE and 3 <= len(x.shape) <= 5 and tuple(x.shape[:2]) == tuple(y.shape[:2])
+            and ctm != "tf_crop_and_resize" and not int(view.attrs.get("antialias", 0)))
+
+
+def _resample_build(view: NodeView) -> Problem:
+    mode = view.attrs.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    return ResampleProblem(_RESAMPLE[mode], tuple(_input(view, 0).shape), tuple(view.outputs[0].shape))
+
+
 # --- the ONNX Attention op ------------------------------------------------------------------
 
 
@@ -670,6 +720,8 @@ CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
 LNORM = Family("lnorm", _lnorm_build, _const(None), _const("layer_normalization"))
 REDUCE = Family("reduce", _reduce_build, _const(None), _reduce_onednn)
 TRANSPOSE = Family("transpose", _transpose_build, _const(None), _const("reorder"))
+DECONV = Family("deconv", _deconv_build, _const(None), _const("deconvolution"))
+RESAMPLE = Family("resample", _resample_build, _const(None), _const("resampling"))
 # oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too
 ATTENTION = Family("attention", _attention_build, _const(None), _const("matmul_softmax_matmul"))
 COPY = Family("copy", _copy_build, _const(None), _copy_onednn, lambda v: v.outputs[0].dtype)
@@ -709,6 +761,8 @@ _register(COPY, ["Slice", "Split", "Gather", "Expand", "Trilu"],
           lambda v: _float_data(v) and _input(v, 0).dtype in FLOAT_DTYPES)
 _register(COPY, ["Where"], _float_data)
 _register(ATTENTION, ["Attention"], _attention_plain)
+_register(DECONV, ["ConvTranspose"], _is_4d)
+_register(RESAMPLE, ["Resize", "Upsample"], _resample_plain)
 # A Cast to the type it already has (the TorchScript exporter writes them) computes nothing.
 _register(SAME_CAST, ["Cast"], lambda v: bool(v.outputs) and v.outputs[0].dtype == _input(v, 0).dtype)
 

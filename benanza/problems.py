@@ -267,10 +267,9 @@ def _pads() -> tuple[_F, ...]:
 
 
 @dataclass(frozen=True)
-class ConvProblem(Problem):
-    """2-D convolution (NCHW), as cuDNN and oneDNN take it; pads top/left/bottom/right."""
+class _Conv2d(Problem):
+    """The fields of a 2-D convolution (NCHW) and of its transpose; pads top/left/bottom/right."""
 
-    FAMILY: ClassVar[str] = "conv"
     KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
         (_F("mb", "mb"),), (_F("ic", "ic"), _F("ih", "ih"), _F("iw", "iw")),
         (_F("oc", "oc"), _F("oh", "oh"), _F("ow", "ow")), (_F("kh", "kh"), _F("kw", "kw")),
@@ -297,8 +296,27 @@ class ConvProblem(Problem):
     g: int
     bias: bool
 
+
+@dataclass(frozen=True)
+class ConvProblem(_Conv2d):
+    """2-D convolution (NCHW), as cuDNN and oneDNN take it."""
+
+    FAMILY: ClassVar[str] = "conv"
+
     def macs(self) -> int:
         return self.mb * self.oc * self.oh * self.ow * (self.ic // self.g) * self.kh * self.kw
+
+
+@dataclass(frozen=True)
+class DeconvProblem(_Conv2d):
+    """2-D transposed convolution (ONNX ConvTranspose, oneDNN deconvolution): the same fields
+    as a convolution's, read from the output's side; the end pads are what makes the output
+    size come out (ONNX's output_padding included)."""
+
+    FAMILY: ClassVar[str] = "deconv"
+
+    def macs(self) -> int:
+        return self.mb * self.ic * self.ih * self.iw * (self.oc // self.g) * self.kh * self.kw
 
 
 @dataclass(frozen=True)
@@ -662,6 +680,20 @@ class AttentionProblem(Problem):
         return b * h * s * self.k[2] * (d + self.v[3])
 
 
+@dataclass(frozen=True)
+class ResampleProblem(Problem):
+    """ONNX Resize/Upsample of the spatial dims (``alg``: nearest or linear), the batch and
+    channel dims unchanged."""
+
+    FAMILY: ClassVar[str] = "resample"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
+        (_F("", "alg", "word"),), (_F("in", "shape", "dims"),), (_F("out", "out", "dims"),))
+
+    alg: str
+    shape: tuple[int, ...]
+    out: tuple[int, ...]
+
+
 # Ops whose output is their input's data under another shape: views in every framework.
 VIEW_OPS = ("reshape", "squeeze", "unsqueeze", "flatten", "identity")
 
@@ -692,7 +724,8 @@ class GenericProblem(Problem):
 TYPED: dict[str, type[Problem]] = {cls.FAMILY: cls for cls in (
     ConvProblem, PoolProblem, BnormProblem, LrnProblem, EltwiseProblem, PreluProblem, BinaryProblem,
     GemmProblem, MatMulProblem, SoftmaxProblem, DropoutProblem, RnnProblem, ConcatProblem, LnormProblem,
-    ReduceProblem, TransposeProblem, CopyProblem, AttentionProblem)}
+    ReduceProblem, TransposeProblem, CopyProblem, AttentionProblem, DeconvProblem,
+    ResampleProblem)}
 
 
 def format_problem(p: Problem) -> str:

@@ -754,3 +754,80 @@ def test_attention_op_runs_as_the_chain(tmp_path, save):
         assert any(",softmax" in ln and "axis:3" in ln for ln in execs)
         pv = f",1x4x16x16:1x4x16x{16 if causal else 8}:1x4x16x{16 if causal else 8},"
         assert any(",matmul," in ln and pv in ln for ln in execs), (v.name, execs[-3:])
+
+
+# --- ConvTranspose (oneDNN deconvolution) and Resize (oneDNN resampling) ----------------------
+
+def upsampling_model() -> onnx.ModelProto:
+    """A decoder's upsampling: a stride-2 ConvTranspose with output_padding, a grouped one with
+    auto_pad SAME_UPPER, nearest and linear Resize (scales, sizes), a cubic one (not costed)."""
+    n = helper.make_node
+    f32 = lambda name, v: numpy_helper.from_array(np.array(v, np.float32), name)  # noqa: E731
+    nodes = [n("ConvTranspose", ["x", "w", "b"], ["d0"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1],
+               name="deconv"),
+             n("ConvTranspose", ["x", "wg"], ["d1"], strides=[2, 2], auto_pad="SAME_UPPER", group=2, name="grouped"),
+             n("Resize", ["d0", "", "s2"], ["r0"], mode="nearest", name="nearest"),
+             n("Resize", ["d0", "", "", "sz"], ["r1"], mode="linear", name="linear"),
+             n("Resize", ["d0", "", "s2"], ["r2"], mode="cubic", name="cubic")]
+    inits = [tensor("w", (8, 4, 3, 3)), tensor("b", (4,)), tensor("wg", (8, 3, 3, 3)), f32("s2", [1, 1, 2, 2]),
+             _i64("sz", [1, 4, 24, 40])]
+    return model(nodes, [io("x", [1, 8, 8, 10])], [io(t, None) for t in ("d1", "r0", "r1", "r2")], inits, opset=13)
+
+
+def test_deconv_and_resize_keys(save):
+    import onnxruntime as ort
+
+    from benanza.problems import parse_layer_key
+
+    path = save(upsampling_model())
+    m = load_model(path)
+    got = {n.name: (n.layer.key, n.layer.onednn_primitive) for n in m.nodes}
+    # (8−1)·2 + 3 − 1 − 1 + 1 = 16 rows, 20 columns: the end pad 0 is what output_padding leaves
+    assert got["deconv"] == ("deconv:mb1_ic8ih8iw10_oc4oh16ow20_kh3kw3_sh2sw2_ph1pw1pb0pr0_dh1dw1_g1_bias1_f32",
+                             "deconvolution")
+    # SAME_UPPER: output 16×20, total padding 1 per dim, the smaller half (0) at the start
+    assert got["grouped"] == ("deconv:mb1_ic8ih8iw10_oc6oh16ow20_kh3kw3_sh2sw2_ph0pw0pb1pr1_dh1dw1_g2_bias0_f32",
+                              "deconvolution")
+    assert got["nearest"] == ("resample:nearest_in1x4x16x20_out1x4x32x40_f32", "resampling")
+    assert got["linear"] == ("resample:linear_in1x4x16x20_out1x4x24x40_f32", "resampling")
+    assert got["cubic"][1] is None
+    for n in m.nodes:
+        assert parse_layer_key(n.layer.key) == (n.layer.problem, "f32")
+    # the work: ONNX Runtime's outputs have the shapes the keys name; a transposed conv's MACs
+    # are its input's elements times the kernel's output taps
+    sess = ort.InferenceSession(path.read_bytes(), providers=["CPUExecutionProvider"])
+    real = dict(zip([o.name for o in sess.get_outputs()],
+                    sess.run(None, {"x": np.ones((1, 8, 8, 10), np.float32)})))
+    assert real["d1"].shape == (1, 6, 16, 20) and real["r0"].shape == (1, 4, 32, 40)
+    assert real["r1"].shape == (1, 4, 24, 40)
+    by = {n.name: n.layer for n in m.nodes}
+    assert by["deconv"].macs == 8 * 8 * 10 * 4 * 9 and by["grouped"].macs == 8 * 8 * 10 * 3 * 9
+
+
+@pytest.mark.slow
+def test_deconv_and_resize_run_on_onednn(tmp_path, save):
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, build, run
+
+    m = load_model(save(upsampling_model()))
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",), layouts=("nchw",)))
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert {r.variant.problem.family for r in results} == {"deconv", "resample"}
+    assert len(results) == 4 and all(r.ok and r.median_ms > 0 for r in results), results
+    binary = build(gen.out_dir)
+    want = {"deconv:mb1_ic8ih8iw10_oc4": ("deconvolution", "mb1_ic8oc4_ih8oh16kh3sh2dh0ph1_iw10ow20kw3sw2dw0pw1"),
+            "deconv:mb1_ic8ih8iw10_oc6": ("deconvolution", "g2mb1_ic8oc6_ih8oh16kh3sh2dh0ph0_iw10ow20kw3sw2dw0pw0"),
+            "resample:nearest": ("resampling", "alg:resampling_nearest"),
+            "resample:linear": ("resampling", "alg:resampling_linear")}
+    for v in gen.variants:
+        ((kind, words),) = [w for k, w in want.items() if v.layer_key.startswith(k)]
+        execs = verbose_execs(binary, [v.name], tmp_path)
+        assert any(f",{kind}," in ln and words in ln for ln in execs), (v.name, execs[-2:])

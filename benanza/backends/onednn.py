@@ -23,10 +23,10 @@ from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
-from ..problems import (AttentionProblem, BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, CopyProblem, EltwiseProblem,
-                        GemmProblem,
-                        LnormProblem, LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem,
-                        SoftmaxProblem, TransposeProblem)
+from ..problems import (AttentionProblem, BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, CopyProblem,
+                        DeconvProblem, EltwiseProblem, GemmProblem, LnormProblem, LrnProblem, MatMulProblem,
+                        PoolProblem, PreluProblem, Problem, ReduceProblem, ResampleProblem, SoftmaxProblem,
+                        TransposeProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,8 @@ FAMILIES = {
     "transpose": Family("TransposeParams", "transpose", False),
     "copy": Family("CopyParams", "copy", False),
     "attention": Family("AttentionParams", "attention", False),
+    "deconv": Family("ConvParams", "deconv", True),
+    "resample": Family("ResampleParams", "resample", False),
 }
 
 
@@ -95,7 +97,7 @@ class Fused:
 def fused_config(problem: Problem, fusion: str) -> Fused:
     """The variant's configuration: a conv's own bias unfused; a pattern's extras fused."""
     if fusion == "none":
-        return Fused(bias=isinstance(problem, ConvProblem) and problem.bias)
+        return Fused(bias=isinstance(problem, (ConvProblem, DeconvProblem)) and problem.bias)
     p = FUSION_PATTERNS[fusion]
     if p.attention:
         return Fused(attention=True, scale=p.scale, mask=p.mask)
@@ -202,7 +204,7 @@ def _ints(p: Problem, names: str) -> str:
     return ", ".join(str(int(getattr(p, n))) for n in names.split())
 
 
-def _conv(v: Variant) -> str:
+def _conv(v: Variant) -> str:  # a ConvProblem's or a DeconvProblem's
     return "{" + _ints(v.problem, "mb ic ih iw oc oh ow kh kw sh sw pt pl dh dw g") + "}"
 
 
@@ -310,10 +312,17 @@ def _attention(v: Variant) -> str:
             f"{_cfloat(scale)}}}")
 
 
+def _resample(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, ResampleProblem)
+    return f"{{{c_string(p.alg)}, {_cdims(p.shape)}, {_cdims(p.out)}}}"
+
+
 PARAMS = {"conv": _conv, "pool": _pool, "bnorm": _bnorm, "lrn": _lrn, "eltwise": _eltwise,
           "prelu": _prelu, "binary": _binary, "gemm": _gemm, "matmul": _matmul,
           "softmax": _softmax, "concat": _concat, "lnorm": _lnorm, "reduce": _reduce,
-          "transpose": _transpose, "copy": _copy, "attention": _attention}
+          "transpose": _transpose, "copy": _copy, "attention": _attention,
+          "deconv": _conv, "resample": _resample}
 
 
 def covers(layer: Layer) -> bool:

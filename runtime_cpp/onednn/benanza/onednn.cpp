@@ -270,6 +270,52 @@ Prepared make_conv(const ConvParams& c, const Config& cfg) {
   return prepare<dnnl::convolution_forward>(pd, in);
 }
 
+// --- transposed convolution (deconvolution) -----------------------------------------------
+
+Prepared make_deconv(const ConvParams& c, const Config& cfg) {
+  tag t = cfg.layout == Layout::nhwc ? tag::nhwc : cfg.layout == Layout::any ? tag::any : tag::nchw;
+  auto src = md({c.mb, c.ic, c.ih, c.iw}, cfg.dtype, t);
+  auto dst = md({c.mb, c.oc, c.oh, c.ow}, cfg.dtype, t);
+  Dims wdims = c.g > 1 ? Dims{c.g, c.oc / c.g, c.ic / c.g, c.kh, c.kw} : Dims{c.oc, c.ic, c.kh, c.kw};
+  auto wei = md(wdims, cfg.dtype, tag::any);
+  auto bias = memory::desc({c.oc}, dt::f32, tag::x);
+  memory::dims strides{c.sh, c.sw}, dil{c.dh - 1, c.dw - 1}, pl{c.pt, c.pl};
+  // the end padding that makes the output size come out, read from the output's side
+  memory::dims pr{end_pad(c.oh, c.ih, c.kh, c.sh, c.dh, c.pt), end_pad(c.ow, c.iw, c.kw, c.sw, c.dw, c.pl)};
+  auto attr = base_attr();
+  auto alg = algorithm::deconvolution_direct;
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  auto pd = cfg.bias
+      ? dnnl::deconvolution_forward::primitive_desc(engine(), pk, alg, src, wei, bias, dst, strides, dil, pl, pr, attr)
+      : dnnl::deconvolution_forward::primitive_desc(engine(), pk, alg, src, wei, dst, strides, dil, pl, pr, attr);
+#else
+  auto d = cfg.bias ? dnnl::deconvolution_forward::desc(pk, alg, src, wei, bias, dst, strides, dil, pl, pr)
+                    : dnnl::deconvolution_forward::desc(pk, alg, src, wei, dst, strides, dil, pl, pr);
+  dnnl::deconvolution_forward::primitive_desc pd(d, attr, engine());
+#endif
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
+  if (cfg.bias) in.push_back({DNNL_ARG_BIAS, pd.bias_desc()});
+  return prepare<dnnl::deconvolution_forward>(pd, in);
+}
+
+// --- resampling (ONNX Resize of the spatial dims) ---------------------------------------------
+
+Prepared make_resample(const ResampleParams& r, const Config& cfg) {
+  std::string a = r.alg;
+  auto alg = a == "linear" ? algorithm::resampling_linear : algorithm::resampling_nearest;
+  auto src = plain_md(r.in, cfg.dtype), dst = plain_md(r.out, cfg.dtype);
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::resampling_forward::primitive_desc pd(engine(), pk, alg, src, dst, attr);
+#else
+  dnnl::resampling_forward::desc d(pk, alg, src, dst);
+  dnnl::resampling_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::resampling_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
 // --- pooling -----------------------------------------------------------------------------
 
 algorithm pool_alg(const std::string& a) {
@@ -812,6 +858,8 @@ BENANZA_BENCH(lnorm, LnormParams)
 BENANZA_BENCH(reduce, ReduceParams)
 BENANZA_BENCH(transpose, TransposeParams)
 BENANZA_BENCH(copy, CopyParams)
+BENANZA_BENCH(deconv, ConvParams)
+BENANZA_BENCH(resample, ResampleParams)
 
 void bench_attention(benchmark::State& st, const AttentionParams& p, const Config& c) {
   measure(st, c, [&] { return make_attention_op(p, c); });

@@ -67,6 +67,7 @@ struct TransposeParams { Dims shape; Dims perm; };
 struct CopyParams { const char* op; bool region; Dims src; std::vector<Dims> outs, offsets; };
 // The ONNX Attention op over 4-d Q [B, H, S, D], K [B, H, Skv, D], V [B, H, Skv, Dv]; `mask`
 // empty when there is none; `scale` the one the op applies (1/√D by default).
+struct ResampleParams { const char* alg; Dims in, out; };
 struct AttentionParams { Dims q, k, v, mask; bool causal; float scale; };
 
 void bench_conv(benchmark::State&, const ConvParams&, const Config&);
@@ -85,6 +86,9 @@ void bench_reduce(benchmark::State&, const ReduceParams&, const Config&);
 void bench_transpose(benchmark::State&, const TransposeParams&, const Config&);
 void bench_copy(benchmark::State&, const CopyParams&, const Config&);
 void bench_attention(benchmark::State&, const AttentionParams&, const Config&);
+// ConvParams of an ONNX ConvTranspose: ih/iw its input, oh/ow its (larger) output.
+void bench_deconv(benchmark::State&, const ConvParams&, const Config&);
+void bench_resample(benchmark::State&, const ResampleParams&, const Config&);
 
 // Registers every row of one family's table.
 template <class P, size_t NP, size_t NR>
