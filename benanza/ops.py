@@ -577,6 +577,13 @@ def _copy_build(view: NodeView) -> Problem:
     return dense  # Expand, Where, Trilu
 
 
+def _copy_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, CopyProblem)
+    # one cudnnTransformTensor per output (the runtime's table holds up to 8 of rank up to 8)
+    ranks = [len(o) for o in p.outs] + [len(p.src or ())]
+    return "cudnnTransformTensor" if 1 <= len(p.outs) <= 8 and max(ranks) <= 8 and min(ranks[:-1]) >= 1 else None
+
+
 def _copy_onednn(p: Problem) -> str | None:
     assert isinstance(p, CopyProblem)
     # a reorder per output, labelled: no oneDNN primitive computes these ops themselves
@@ -724,7 +731,7 @@ DECONV = Family("deconv", _deconv_build, _const(None), _const("deconvolution"))
 RESAMPLE = Family("resample", _resample_build, _const(None), _const("resampling"))
 # oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too
 ATTENTION = Family("attention", _attention_build, _const(None), _const("matmul_softmax_matmul"))
-COPY = Family("copy", _copy_build, _const(None), _copy_onednn, lambda v: v.outputs[0].dtype)
+COPY = Family("copy", _copy_build, _copy_cudnn, _copy_onednn, lambda v: v.outputs[0].dtype)
 GENERIC = Family("generic", _generic_build, _const(None), _const(None))
 SAME_CAST = Family("identity", _same_cast_build, _const(None), _const(None))
 
