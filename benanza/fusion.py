@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 
 from .layers import Layer, Model, Node
-from .problems import BinaryProblem, ConvProblem, EltwiseProblem, MatMulProblem, Problem, ReduceProblem
+from .problems import (BinaryProblem, ConvProblem, EltwiseProblem, MatMulProblem, Problem, ReduceProblem,
+                       SoftmaxProblem)
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class FusionPattern:
     # The tail is not a chain of single consumers but a decomposition's DAG, matched by the
     # pattern's function in _DAG_MATCHERS.
     dag: bool = False
+    # Attention from its scores' MatMul: one primitive chain, with the scale (Mul or Div by a
+    # constant) and the mask Add as the scores' post-ops where the pattern has them.
+    attention: bool = False
+    scale: bool = False
+    mask: bool = False
 
     @property
     def length(self) -> int:
@@ -61,6 +67,19 @@ PATTERNS: tuple[FusionPattern, ...] = (
                   dag=True),
 )
 
+
+def _attention(scale: bool, mask: bool) -> FusionPattern:
+    name = "sdpa" + "_scale" * scale + "_mask" * mask
+    tail = ("Mul",) * scale + ("Add",) * mask + ("Softmax", "MatMul")
+    steps = "→".join(("MatMul",) + ("Mul|Div(scale)",) * scale + ("Add(mask)",) * mask + ("Softmax", "MatMul"))
+    return FusionPattern(name, tail, False, "identity",
+                         f"attention {steps}: one oneDNN chain (scores' matmul with post-ops, softmax, matmul)",
+                         anchor="MatMul", dag=True, attention=True, scale=scale, mask=mask)
+
+
+PATTERNS += tuple(_attention(scale, mask) for scale, mask in ((True, True), (True, False), (False, True),
+                                                               (False, False)))
+
 BY_NAME = {p.name: p for p in PATTERNS}
 
 
@@ -84,11 +103,11 @@ def match_fusions(model: Model) -> list[FusionMatch]:
         anchor = node.layer.problem
         if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem, BinaryProblem)):
             continue
-        if isinstance(anchor, MatMulProblem) and (len(anchor.a) != 2 or len(anchor.b) != 2):
-            continue  # the fused GEMM is a plain one; batched MatMuls stay unfused
+        # a GEMM epilogue fuses into a plain GEMM; a batched MatMul only anchors attention
+        plain = not isinstance(anchor, MatMulProblem) or (len(anchor.a) == 2 and len(anchor.b) == 2)
         has_bias = isinstance(anchor, ConvProblem) and anchor.bias
         for pattern in PATTERNS:
-            if pattern.anchor != node.layer.op or pattern.conv_bias != has_bias:
+            if pattern.anchor != node.layer.op or pattern.conv_bias != has_bias or plain == pattern.attention:
                 continue
             if pattern.dag:
                 nodes = _DAG_MATCHERS[pattern.name](model, consumers, node.index)
@@ -201,4 +220,56 @@ def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> li
     return [start, erf, plus, times_x, half]
 
 
+def _attention_nodes(pattern: FusionPattern):
+    def match(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+        """The nodes of scores = MatMul(Q, Kᵀ) [→ Mul|Div(constant scalar)] [→ Add(mask [S, Skv])]
+        → Softmax(last axis) → MatMul(·, V) with V's head size Q's, every intermediate read only
+        by the next; or None."""
+        nodes = model.nodes
+        first = nodes[start]
+        qk = first.layer.problem
+        if not isinstance(qk, MatMulProblem) or len(first.inputs) != 2 or not first.layer.outputs:
+            return None
+        scores = first.layer.outputs[0].shape
+        rank = len(scores)
+        if rank < 3 or len(qk.a) != rank:
+            return None
+
+        def only(i: int, ops: tuple[str, ...]) -> int | None:
+            nxt = consumers[i]
+            return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op in ops else None
+
+        chain = [start]
+        if pattern.scale:
+            nxt = only(chain[-1], ("Mul", "Div"))
+            p = nodes[nxt].layer.problem if nxt is not None else None
+            if nxt is None or not isinstance(p, BinaryProblem) or not nodes[nxt].constant_inputs \
+                    or p.out != scores or min(math.prod(s) for s in p.shapes) != 1:
+                return None
+            chain.append(nxt)
+        if pattern.mask:
+            nxt = only(chain[-1], ("Add",))
+            p = nodes[nxt].layer.problem if nxt is not None else None
+            if nxt is None or not isinstance(p, BinaryProblem) or p.out != scores or len(p.shapes) != 2:
+                return None
+            mask = p.shapes[1] if tuple(p.shapes[0]) == scores else p.shapes[0]
+            if (1,) * (rank - len(mask)) + tuple(mask) != (1,) * (rank - 2) + scores[-2:]:
+                return None  # the chain adds one [S, Skv] mask to every batch and head
+            chain.append(nxt)
+        sm = only(chain[-1], ("Softmax",))
+        soft = nodes[sm].layer.problem if sm is not None else None
+        if sm is None or not isinstance(soft, SoftmaxProblem) or soft.axis != rank - 1 or soft.flat \
+                or soft.alg != "softmax":
+            return None
+        pv = only(sm, ("MatMul",))
+        if pv is None or nodes[pv].inputs[:1] != nodes[sm].outputs[:1] or len(nodes[pv].inputs) != 2:
+            return None
+        v = nodes[pv].layer.problem
+        if not isinstance(v, MatMulProblem) or tuple(v.b) != scores[:-2] + (scores[-1], qk.k):
+            return None
+        return chain + [sm, pv]
+    return match
+
+
 _DAG_MATCHERS = {"layernorm": _layernorm_nodes, "gelu_erf": _gelu_nodes}
+_DAG_MATCHERS.update({p.name: _attention_nodes(p) for p in PATTERNS if p.attention})

@@ -15,11 +15,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .layers import FLOAT_DTYPES, Layer, TensorSpec
-from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, BinaryProblem, BnormProblem, ConcatProblem,
-                       ConvProblem, DropoutProblem, EltwiseProblem, GemmProblem, GenericProblem, LnormProblem,
-                       LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem, RnnProblem,
-                       SoftmaxProblem, TransposeProblem, canonical_operands, f32, format_dims, format_number,
-                       key_hash)
+from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, AttentionProblem, BinaryProblem, BnormProblem,
+                       ConcatProblem, ConvProblem, CopyProblem, DeconvProblem, DropoutProblem, EltwiseProblem,
+                       GemmProblem, GenericProblem, LnormProblem, LrnProblem, MatMulProblem, PoolProblem, PreluProblem,
+                       Problem, ReduceProblem, ResampleProblem, RnnProblem, SoftmaxProblem, TransposeProblem,
+                       canonical_operands, f32, format_dims, format_number, key_hash)
 
 ELEMENT_SIZE = {
     "f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2,
@@ -62,6 +62,9 @@ class Family:
     build: Callable[[NodeView], Problem]
     cudnn: Callable[[Problem], str | None]
     onednn: Callable[[Problem], str | None]
+    # the dtype the layer computes in: its first input's, unless the family says otherwise
+    # (Where's first input is its boolean condition; the data it moves is its output's type)
+    dtype: Callable[[NodeView], str] = lambda view: view.dtype
 
 
 def _io_bytes(view: NodeView) -> int:
@@ -125,6 +128,33 @@ def _conv_build(view: NodeView) -> Problem:
     return ConvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
                        sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=int(a.get("group", 1)),
                        bias=_present(view, 2))
+
+
+def _deconv_build(view: NodeView) -> Problem:
+    """ONNX ConvTranspose. Its begin pads are the given ones (or auto_pad's/output_shape's
+    split of the total); its end pads are what makes the inferred output come out, so
+    output_padding and output_shape need no fields of their own."""
+    x, w = _input(view, 0), _input(view, 1)
+    y = view.outputs[0]
+    a = view.attrs
+    mb, ic, ih, iw = x.shape
+    g = int(a.get("group", 1))
+    k = tuple(a.get("kernel_shape") or w.shape[2:])
+    s = tuple(a.get("strides") or (1, 1))
+    d = tuple(a.get("dilations") or (1, 1))
+    out = y.shape[2:]
+    total = [s[i] * ((ih, iw)[i] - 1) + (k[i] - 1) * d[i] + 1 - out[i] for i in range(2)]
+    auto = a.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER") or (a.get("output_shape") and not a.get("pads")):
+        begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+    elif auto == "VALID":
+        begin = [0, 0]
+    else:
+        begin = [int(p) for p in (a.get("pads") or [0, 0, 0, 0])[:2]]
+    return DeconvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=w.shape[1] * g, oh=out[0], ow=out[1], kh=k[0], kw=k[1],
+                         sh=s[0], sw=s[1], pt=begin[0], pl=begin[1], pb=total[0] - begin[0], pr=total[1] - begin[1],
+                         dh=d[0], dw=d[1], g=g, bias=_present(view, 2))
 
 
 def _is_4d(view: NodeView) -> bool:
@@ -262,7 +292,7 @@ def _prelu_build(view: NodeView) -> Problem:
 # --- binary / n-ary element-wise ---------------------------------------------------------
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min", "Max": "max",
-           "Sum": "sum", "Pow": "pow"}
+           "Sum": "sum", "Pow": "pow", "Equal": "eq", "Greater": "gt", "Less": "lt"}
 
 
 def _binary_build(view: NodeView) -> Problem:
@@ -476,6 +506,142 @@ def _transpose_build(view: NodeView) -> Problem:
     return TransposeProblem(shape, perm)
 
 
+# --- data movement: copies of the same bytes ------------------------------------------------
+
+# Gather/Slice/Split index values beyond this many regions are copied as dense outputs.
+_MAX_REGIONS = 64
+
+
+def _float_data(view: NodeView) -> bool:
+    return bool(view.outputs) and all(o.dtype in FLOAT_DTYPES for o in view.outputs)
+
+
+def _slice_window(view: NodeView) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
+    """(box, start) of a Slice in its input's rank, and whether every step is 1; None when a
+    start, end, axis or step is a run-time tensor."""
+    shape = _input(view, 0).shape
+    rank = len(shape)
+    if view.opset < 10:
+        starts, ends = view.attrs.get("starts"), view.attrs.get("ends")
+        axes, steps = view.attrs.get("axes"), None
+    else:
+        got = [view.value(i) if _present(view, i) else None for i in range(1, 5)]
+        if got[0] is None or got[1] is None or any(_present(view, i) and got[i - 1] is None for i in (3, 4)):
+            return None
+        starts, ends, axes, steps = (None if g is None else [int(x) for x in g.reshape(-1)] for g in got)
+    if starts is None or ends is None:
+        return None
+    axes = list(axes) if axes is not None else list(range(len(starts)))
+    steps = list(steps) if steps is not None else [1] * len(starts)
+    box, start = list(shape), [0] * rank
+    for a, b, e, st in zip(axes, starts, ends, steps):
+        a = a + rank if a < 0 else a
+        first, _, step = slice(b, e, st).indices(shape[a])
+        box[a] = len(range(*slice(b, e, st).indices(shape[a])))
+        start[a] = first
+        if step != 1:
+            return tuple(box), tuple(start), False
+    return tuple(box), tuple(start), True
+
+
+def _copy_build(view: NodeView) -> Problem:
+    op = _word(view.op)
+    outs = tuple(tuple(o.shape) for o in view.outputs)
+    dense = CopyProblem(op, "dense", None, outs)
+    src = tuple(_input(view, 0).shape)
+    rank = len(src)
+    if view.op == "Slice":
+        window = _slice_window(view)
+        if window is None or not window[2]:
+            return dense
+        return CopyProblem(op, "region", src, (window[0],), (window[1],))
+    if view.op == "Split":
+        axis = int(view.attrs.get("axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        at, boxes, offsets = 0, [], []
+        for o in outs:
+            offsets.append(tuple(at if i == axis else 0 for i in range(rank)))
+            boxes.append(o)
+            at += o[axis]
+        return CopyProblem(op, "region", src, tuple(boxes), tuple(offsets))
+    if view.op == "Gather":
+        idx = view.value(1)
+        axis = int(view.attrs.get("axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        if idx is None or idx.size > _MAX_REGIONS:
+            return dense
+        box = tuple(1 if i == axis else d for i, d in enumerate(src))
+        starts = tuple(tuple((int(j) + src[axis] if j < 0 else int(j)) if i == axis else 0 for i in range(rank))
+                       for j in idx.reshape(-1))
+        return CopyProblem(op, "region", src, (box,) * len(starts), starts)
+    return dense  # Expand, Where, Trilu
+
+
+def _copy_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, CopyProblem)
+    # one cudnnTransformTensor per output (the runtime's table holds up to 8 of rank up to 8)
+    ranks = [len(o) for o in p.outs] + [len(p.src or ())]
+    return "cudnnTransformTensor" if 1 <= len(p.outs) <= 8 and max(ranks) <= 8 and min(ranks[:-1]) >= 1 else None
+
+
+def _copy_onednn(p: Problem) -> str | None:
+    assert isinstance(p, CopyProblem)
+    # a reorder per output, labelled: no oneDNN primitive computes these ops themselves
+    return "reorder_copy" if all(1 <= len(o) <= 6 for o in p.outs) else None
+
+
+# --- resampling -----------------------------------------------------------------------------
+
+_RESAMPLE = {"nearest": "nearest", "linear": "linear", "bilinear": "linear"}
+
+
+def _resample_plain(view: NodeView) -> bool:
+    """Nearest or linear resizing of 3- to 5-d data over its spatial dims only (oneDNN resamples
+    those; an ROI crop, antialiasing or a resized channel dim is another computation)."""
+    x, y = _input(view, 0), view.outputs[0]
+    mode = view.attrs.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    ctm = view.attrs.get("coordinate_transformation_mode", "half_pixel")
+    ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
+    return (mode in _RESAMPLE and 3 <= len(x.shape) <= 5 and tuple(x.shape[:2]) == tuple(y.shape[:2])
+            and ctm != "tf_crop_and_resize" and not int(view.attrs.get("antialias", 0)))
+
+
+def _resample_build(view: NodeView) -> Problem:
+    mode = view.attrs.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    return ResampleProblem(_RESAMPLE[mode], tuple(_input(view, 0).shape), tuple(view.outputs[0].shape))
+
+
+# --- the ONNX Attention op ------------------------------------------------------------------
+
+
+def _attention_plain(view: NodeView) -> bool:
+    """The form the runtime's chain runs: 4-d Q/K/V with as many K/V heads as Q's, no KV cache,
+    no softcap or extra outputs, a float mask (or none) that broadcasts as one [S, Skv]."""
+    a = view.attrs
+    shapes = [view.inputs[i].shape if _present(view, i) else () for i in range(3)]  # type: ignore[union-attr]
+    if any(len(s) != 4 for s in shapes) or shapes[1][1] != shapes[0][1] or len(view.outputs) != 1:
+        return False
+    if any(_present(view, i) for i in range(4, len(view.inputs))):
+        return False
+    if float(a.get("softcap", 0.0)) != 0.0 or int(a.get("qk_matmul_output_mode", 0)) != 0:
+        return False
+    if _present(view, 3):
+        mask = _input(view, 3)
+        lead = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
+        return mask.dtype in FLOAT_DTYPES and lead[:2] == (1, 1)
+    return True
+
+
+def _attention_build(view: NodeView) -> Problem:
+    q, k, v = (tuple(_input(view, i).shape) for i in range(3))
+    mask = tuple(_input(view, 3).shape) if _present(view, 3) else None
+    scale = view.attrs.get("scale")
+    return AttentionProblem(q, k, v, mask, bool(int(view.attrs.get("is_causal", 0))),
+                            None if scale is None else f32(scale))
+
+
 # --- generic fallback --------------------------------------------------------------------
 
 _VALUE_INPUT_MAX = 64
@@ -534,6 +700,12 @@ def _generic_build(view: NodeView) -> Problem:
     return GenericProblem(word, tuple(tokens) or ("none",))
 
 
+def _same_cast_build(view: NodeView) -> Problem:
+    generic = _generic_build(view)
+    assert isinstance(generic, GenericProblem)
+    return GenericProblem("identity", generic.tokens)
+
+
 # --- the registry ------------------------------------------------------------------------
 
 CONV = Family("conv", _conv_build, _const("cudnnConvolutionForward"), _const("convolution"))
@@ -555,7 +727,13 @@ CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
 LNORM = Family("lnorm", _lnorm_build, _const(None), _const("layer_normalization"))
 REDUCE = Family("reduce", _reduce_build, _const(None), _reduce_onednn)
 TRANSPOSE = Family("transpose", _transpose_build, _const(None), _const("reorder"))
+DECONV = Family("deconv", _deconv_build, _const(None), _const("deconvolution"))
+RESAMPLE = Family("resample", _resample_build, _const(None), _const("resampling"))
+# oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too
+ATTENTION = Family("attention", _attention_build, _const(None), _const("matmul_softmax_matmul"))
+COPY = Family("copy", _copy_build, _copy_cudnn, _copy_onednn, lambda v: v.outputs[0].dtype)
 GENERIC = Family("generic", _generic_build, _const(None), _const(None))
+SAME_CAST = Family("identity", _same_cast_build, _const(None), _const(None))
 
 _BY_OP: dict[str, tuple[Family, Callable[[NodeView], bool]]] = {}
 
@@ -584,6 +762,16 @@ _register(CONCAT, ["Concat"])
 _register(LNORM, ["LayerNormalization"], lambda v: len(v.outputs) == 1)
 _register(REDUCE, list(_REDUCE), lambda v: _reduce_axes(v) is not None)
 _register(TRANSPOSE, ["Transpose"])
+# Data movement on float data; on integers and booleans it is shape arithmetic or a mask, which
+# no library computes on (and, with static shapes, frameworks fold at load time).
+_register(COPY, ["Slice", "Split", "Gather", "Expand", "Trilu"],
+          lambda v: _float_data(v) and _input(v, 0).dtype in FLOAT_DTYPES)
+_register(COPY, ["Where"], _float_data)
+_register(ATTENTION, ["Attention"], _attention_plain)
+_register(DECONV, ["ConvTranspose"], _is_4d)
+_register(RESAMPLE, ["Resize", "Upsample"], _resample_plain)
+# A Cast to the type it already has (the TorchScript exporter writes them) computes nothing.
+_register(SAME_CAST, ["Cast"], lambda v: bool(v.outputs) and v.outputs[0].dtype == _input(v, 0).dtype)
 
 
 def family_of(view: NodeView) -> Family:
@@ -603,11 +791,12 @@ def build_layer(view: NodeView) -> Layer:
     problem = family.build(view)
     macs = problem.macs()
     elementwise = view.outputs[0].numel if view.outputs else 0
-    numeric = view.dtype in FLOAT_DTYPES
+    dtype = family.dtype(view)
+    numeric = dtype in FLOAT_DTYPES
     return Layer(
         op=view.op,
         problem=problem,
-        dtype=view.dtype,
+        dtype=dtype,
         inputs=tuple(t for t in view.inputs if t is not None),
         outputs=tuple(view.outputs),
         macs=macs,

@@ -267,10 +267,9 @@ def _pads() -> tuple[_F, ...]:
 
 
 @dataclass(frozen=True)
-class ConvProblem(Problem):
-    """2-D convolution (NCHW), as cuDNN and oneDNN take it; pads top/left/bottom/right."""
+class _Conv2d(Problem):
+    """The fields of a 2-D convolution (NCHW) and of its transpose; pads top/left/bottom/right."""
 
-    FAMILY: ClassVar[str] = "conv"
     KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
         (_F("mb", "mb"),), (_F("ic", "ic"), _F("ih", "ih"), _F("iw", "iw")),
         (_F("oc", "oc"), _F("oh", "oh"), _F("ow", "ow")), (_F("kh", "kh"), _F("kw", "kw")),
@@ -297,8 +296,27 @@ class ConvProblem(Problem):
     g: int
     bias: bool
 
+
+@dataclass(frozen=True)
+class ConvProblem(_Conv2d):
+    """2-D convolution (NCHW), as cuDNN and oneDNN take it."""
+
+    FAMILY: ClassVar[str] = "conv"
+
     def macs(self) -> int:
         return self.mb * self.oc * self.oh * self.ow * (self.ic // self.g) * self.kh * self.kw
+
+
+@dataclass(frozen=True)
+class DeconvProblem(_Conv2d):
+    """2-D transposed convolution (ONNX ConvTranspose, oneDNN deconvolution): the same fields
+    as a convolution's, read from the output's side; the end pads are what makes the output
+    size come out (ONNX's output_padding included)."""
+
+    FAMILY: ClassVar[str] = "deconv"
+
+    def macs(self) -> int:
+        return self.mb * self.ic * self.ih * self.iw * (self.oc // self.g) * self.kh * self.kw
 
 
 @dataclass(frozen=True)
@@ -394,7 +412,7 @@ class PreluProblem(Problem):
     slope: tuple[int, ...]
 
 
-COMMUTATIVE = ("add", "mul", "min", "max", "sum")
+COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq")
 
 
 def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
@@ -411,7 +429,8 @@ def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class BinaryProblem(Problem):
     """Element-wise binary (n-ary for Sum) with broadcasting. Operands of commutative ops are in
-    canonical order (``canonical_operands``); ``exponent`` is Pow's constant uniform exponent."""
+    canonical order (``canonical_operands``); ``exponent`` is Pow's constant uniform exponent.
+    The comparisons (``eq``, ``gt``, ``lt``) write booleans."""
 
     FAMILY: ClassVar[str] = "binary"
     KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
@@ -609,6 +628,72 @@ class TransposeProblem(Problem):
     perm: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class CopyProblem(Problem):
+    """Pure data movement that no library has a primitive for (Slice, Split, Gather, Expand,
+    Where, Trilu): benchmarked as a copy of the same bytes, never as free.
+
+    ``how``: ``region``: each output is a box of the input (``src``) at ``offsets``, read with
+    the input's strides and written densely (Slice with unit steps, Split, a Gather of constant
+    indices); ``dense``: the outputs' bytes copied from buffers of their own shape (Expand,
+    Where, Trilu, a strided Slice: what they write, read as if contiguous). ``op`` names the ONNX
+    op the copy stands for. ``outs`` are the boxes in ``src``'s rank (a Gather's output with its
+    gathered axis kept as 1: the same bytes)."""
+
+    FAMILY: ClassVar[str] = "copy"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
+        (_F("", "op", "word"),), (_F("", "how", "word"),), (_F("in", "src", "dims", None),),
+        (_F("out", "outs", "shapes"),), (_F("at", "offsets", "shapes"),))
+
+    op: str
+    how: str
+    src: tuple[int, ...] | None
+    outs: tuple[tuple[int, ...], ...]
+    offsets: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def moved_elements(self) -> int:
+        """Elements written (and read): the outputs' sizes."""
+        return sum(math.prod(o) for o in self.outs)
+
+
+@dataclass(frozen=True)
+class AttentionProblem(Problem):
+    """The ONNX Attention op (opset 23) over 4-d Q [B, H, S, D], K [B, H, Skv, D] and V
+    [B, H, Skv, Dv]: softmax(scale·Q·Kᵀ + mask)·V. ``mask``: the float attn_mask's shape (None:
+    none); ``causal``: is_causal; ``scale`` None is ONNX's default 1/√D."""
+
+    FAMILY: ClassVar[str] = "attention"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
+        (_F("q", "q", "dims"),), (_F("k", "k", "dims"),), (_F("v", "v", "dims"),), (_F("mask", "mask", "dims", None),),
+        (_F("causal", "causal", "flag", False),), (_F("scale", "scale", "float", None),))
+
+    q: tuple[int, ...]
+    k: tuple[int, ...]
+    v: tuple[int, ...]
+    mask: tuple[int, ...] | None = None
+    causal: bool = False
+    scale: float | None = None
+
+    def macs(self) -> int:
+        b, h, s, d = self.q
+        return b * h * s * self.k[2] * (d + self.v[3])
+
+
+@dataclass(frozen=True)
+class ResampleProblem(Problem):
+    """ONNX Resize/Upsample of the spatial dims (``alg``: nearest or linear), the batch and
+    channel dims unchanged."""
+
+    FAMILY: ClassVar[str] = "resample"
+    KEY: ClassVar[tuple[tuple[_F, ...], ...]] = (
+        (_F("", "alg", "word"),), (_F("in", "shape", "dims"),), (_F("out", "out", "dims"),))
+
+    alg: str
+    shape: tuple[int, ...]
+    out: tuple[int, ...]
+
+
 # Ops whose output is their input's data under another shape: views in every framework.
 VIEW_OPS = ("reshape", "squeeze", "unsqueeze", "flatten", "identity")
 
@@ -639,7 +724,8 @@ class GenericProblem(Problem):
 TYPED: dict[str, type[Problem]] = {cls.FAMILY: cls for cls in (
     ConvProblem, PoolProblem, BnormProblem, LrnProblem, EltwiseProblem, PreluProblem, BinaryProblem,
     GemmProblem, MatMulProblem, SoftmaxProblem, DropoutProblem, RnnProblem, ConcatProblem, LnormProblem,
-    ReduceProblem, TransposeProblem)}
+    ReduceProblem, TransposeProblem, CopyProblem, AttentionProblem, DeconvProblem,
+    ResampleProblem)}
 
 
 def format_problem(p: Problem) -> str:

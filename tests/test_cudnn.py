@@ -96,9 +96,14 @@ def every_family_model():
         n("GRU", ["seq", "Wg", "Rg"], ["gy"], hidden_size=16, direction="bidirectional"),
         n("MatMul", ["seq", "Wm"], ["mm3"]),
         n("MatMul", ["mat", "Wn"], ["mm2"]),
+        # data movement: copies of the same bytes (a region of the input per output; a dense one)
+        n("Split", ["max6"], ["half0", "half1"], axis=1),
+        n("Expand", ["bias8", "wide"], ["ex"]),
     ]
+    inits.append(numpy_helper.from_array(np.array([2, 8, 1, 1], np.int64), "wide"))
     return model(nodes, [io("x", [1, 3, 16, 16]), io("s", [1, 80]), io("t", [1, 32])],
-                 [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None)],
+                 [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None),
+                  io("half0", None), io("half1", None), io("ex", None)],
                  inits, opset=13)
 
 
@@ -146,7 +151,7 @@ def test_every_family_is_covered(family_manifest):
         "cudnnLRNCrossChannelForward", "cudnnPoolingForward", "cudnnActivationForward",
         "cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor", "cudnnDropoutForward",
         "cublasSgemv", "cudnnSoftmaxForward", "cudnnRNNForward", "cublasGemmStridedBatchedEx",
-        "cublasGemmEx"}
+        "cublasGemmEx", "cudnnTransformTensor"}
     assert {f["pattern"] for f in family_manifest.fusions} == {"bias_relu", "bn_relu"}
 
 
@@ -241,7 +246,7 @@ def test_generated_files_and_variants_json(generated):
     assert read_variants(out) == generated.variants
     names = {p.name for p in out.glob("tables_*.cpp")}
     assert names == {f"tables_{f}_0.cpp" for f in ("conv", "bnorm", "lrn", "pool", "activation", "binary",
-                                                   "dropout", "blas", "softmax", "rnn")}
+                                                   "dropout", "blas", "softmax", "rnn", "copy")}
     for part in ("common/benanza/runtime.hpp", "cudnn/benanza_cudnn/tables.hpp", "cudnn/conv.cpp",
                  "cmake/BenanzaCudaLibs.cmake"):
         assert (out / "runtime" / part).is_file()
@@ -285,6 +290,14 @@ def test_golden_other_rows(generated):
     assert "{.cell = Cell::Gru, .seq = 5, .batch = 2, .input = 8, .hidden = 16, .dirs = 2, .bias = false" in rnn
     softmax = (out / "tables_softmax_0.cpp").read_text()
     assert "{.log = false, .n = 1, .c = 16, .h = 1" in softmax
+    copy = (out / "tables_copy_0.cpp").read_text()
+    # Split of [1, 8, 7, 7] into two [1, 4, 7, 7] boxes at channel 0 and 4; Expand [8, 1, 1] →
+    # [2, 8, 1, 1], copied dense
+    assert ("{.region = true, .rank = 4, .count = 2, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .outs = {{1, 4, 7, 7, 0, 0, 0, "
+            "0}, {1, 4, 7, 7, 0, 0, 0, 0}, ") in copy
+    assert ".at = {{0, 0, 0, 0, 0, 0, 0, 0}, {0, 4, 0, 0, 0, 0, 0, 0}, " in copy
+    assert "{.region = false, .rank = 4, .count = 1, .src = {1, 1, 1, 1, 0, 0, 0, 0}, .outs = {{2, 8, 1, 1" in copy
+    assert "api=cudnnTransformTensor" in copy
     pool = (out / "tables_pool_0.cpp").read_text()
     assert "{.mode = PoolMode::AvgIncludePad" in pool and "{.mode = PoolMode::Max" in pool
     registry = (out / "registry.cpp").read_text()

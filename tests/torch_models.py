@@ -43,13 +43,51 @@ class GptBlock(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
-MODELS = {"encoder": Encoder, "gpt": GptBlock}
+class TinyVit(nn.Module):
+    """A ViT in small: 8×8 patches of a 3×32×32 image, a class token, position embeddings,
+    one pre-LN encoder layer (GELU MLP) and the head on the class token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, D_MODEL, 8, stride=8)
+        self.cls = nn.Parameter(torch.randn(1, 1, D_MODEL))
+        self.pos = nn.Parameter(torch.randn(1, 17, D_MODEL))
+        self.block = nn.TransformerEncoderLayer(D_MODEL, HEADS, 2 * D_MODEL, activation="gelu", batch_first=True,
+                                                norm_first=True)
+        self.norm, self.head = nn.LayerNorm(D_MODEL), nn.Linear(D_MODEL, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.patch(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(x.shape[0], -1, -1), t], dim=1) + self.pos
+        return self.head(self.norm(self.block(t, is_causal=False))[:, 0])
+
+
+class MobileV3Block(nn.Module):
+    """A MobileNet-v3 inverted residual: 1×1 expand, depthwise 3×3, squeeze-and-excite
+    (global pool, ReLU, hard-sigmoid gate), 1×1 project, with hard-swish activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        c, e = 16, 64
+        self.expand = nn.Sequential(nn.Conv2d(c, e, 1, bias=False), nn.BatchNorm2d(e), nn.Hardswish())
+        self.dw = nn.Sequential(nn.Conv2d(e, e, 3, padding=1, groups=e, bias=False), nn.BatchNorm2d(e), nn.Hardswish())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(e, 16, 1), nn.ReLU(), nn.Conv2d(16, e, 1),
+                                nn.Hardsigmoid())
+        self.project = nn.Sequential(nn.Conv2d(e, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dw(self.expand(x))
+        return x + self.project(h * self.se(h))
+
+
+MODELS = {"encoder": Encoder, "gpt": GptBlock, "vit": TinyVit, "mbv3": MobileV3Block}
+INPUTS = {"vit": (1, 3, 32, 32), "mbv3": (1, 16, 16, 16)}  # the others take 1×SEQ×D_MODEL
 
 
 def export(name: str, opset: int, out_dir: Path, dynamic: bool = False) -> Path:
     """The model exported at ``opset`` with the TorchScript exporter (the dynamo exporter needs
-    onnxscript, which is not installed), input ``x`` of shape 1×SEQ×D_MODEL; with ``dynamic``,
-    batch and sequence length are symbolic (``batch``, ``seq``)."""
+    onnxscript, which is not installed), input ``x`` of shape ``INPUTS[name]`` or 1×SEQ×D_MODEL; with
+    ``dynamic``, batch and sequence length are symbolic (``batch``, ``seq``)."""
     path = out_dir / f"{name}{opset}{'-dyn' if dynamic else ''}.onnx"
     if not path.exists():
         torch.manual_seed(0)
@@ -57,6 +95,6 @@ def export(name: str, opset: int, out_dir: Path, dynamic: bool = False) -> Path:
         axes = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}} if dynamic else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(module, (torch.randn(1, SEQ, D_MODEL),), str(path), opset_version=opset,
+            torch.onnx.export(module, (torch.randn(*INPUTS.get(name, (1, SEQ, D_MODEL))),), str(path), opset_version=opset,
                               dynamo=False, input_names=["x"], output_names=["y"], dynamic_axes=axes)
     return path

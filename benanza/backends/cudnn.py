@@ -63,8 +63,8 @@ from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
 from ..ops import ELEMENT_SIZE
-from ..problems import (BinaryProblem, BnormProblem, ConvProblem, DropoutProblem, EltwiseProblem, GemmProblem,
-                        LrnProblem, MatMulProblem, PoolProblem, Problem, RnnProblem, SoftmaxProblem)
+from ..problems import (BinaryProblem, BnormProblem, ConvProblem, CopyProblem, DropoutProblem, EltwiseProblem,
+                        GemmProblem, LrnProblem, MatMulProblem, PoolProblem, Problem, RnnProblem, SoftmaxProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -289,6 +289,20 @@ def _blas_fields(layer: Layer) -> Fields:
             ("work", _work(layer))]
 
 
+def _copy_fields(layer: Layer) -> Fields:
+    p = _problem(layer, CopyProblem)
+    rank = max([4, len(p.src or ())] + [len(o) for o in p.outs])
+
+    def dims8(d: tuple[int, ...], fill: int) -> str:  # right-aligned to rank, padded to 8
+        return _dims(((fill,) * (rank - len(d)) + tuple(d) + (0,) * (8 - rank)))
+
+    boxes = [dims8(o, 1) for o in p.outs] + [dims8((), 0)] * (8 - len(p.outs))
+    starts = [dims8(a, 0) for a in p.offsets] + [dims8((), 0)] * (8 - len(p.offsets))
+    return [("region", _bool(p.how == "region")), ("rank", _int(rank)), ("count", _int(len(p.outs))),
+            ("src", dims8(p.src or (), 1)), ("outs", "{" + ", ".join(boxes) + "}"),
+            ("at", "{" + ", ".join(starts) + "}"), ("work", _work(layer))]
+
+
 CONV = Family("conv", "ConvLayer", "add_conv", _conv_fields, spatial=True, math=True)
 BLAS = Family("blas", "BlasLayer", "add_blas", _blas_fields, spatial=False, math=True)
 FAMILIES = {
@@ -307,6 +321,7 @@ FAMILIES = {
     "cublasGemmEx": BLAS,
     "cublasGemmStridedBatchedEx": BLAS,
     "cublasSgemv": BLAS,
+    "cudnnTransformTensor": Family("copy", "CopyLayer", "add_copy", _copy_fields, False, False),
 }
 _BINARY = Family("binary", "BinaryLayer", "add_binary", _binary_fields, False, False)
 FAMILIES.update({api: _BINARY for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")})

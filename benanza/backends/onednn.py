@@ -23,9 +23,10 @@ from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
-from ..problems import (BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, EltwiseProblem, GemmProblem,
-                        LnormProblem, LrnProblem, MatMulProblem, PoolProblem, PreluProblem, Problem, ReduceProblem,
-                        SoftmaxProblem, TransposeProblem)
+from ..problems import (AttentionProblem, BinaryProblem, BnormProblem, ConcatProblem, ConvProblem, CopyProblem,
+                        DeconvProblem, EltwiseProblem, GemmProblem, LnormProblem, LrnProblem, MatMulProblem,
+                        PoolProblem, PreluProblem, Problem, ReduceProblem, ResampleProblem, SoftmaxProblem,
+                        TransposeProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ FAMILIES = {
     "lnorm": Family("LnormParams", "lnorm", False),
     "reduce": Family("ReduceParams", "reduce", False),
     "transpose": Family("TransposeParams", "transpose", False),
+    "copy": Family("CopyParams", "copy", False),
+    "attention": Family("AttentionParams", "attention", False),
+    "deconv": Family("ConvParams", "deconv", True),
+    "resample": Family("ResampleParams", "resample", False),
 }
 
 
@@ -77,13 +82,26 @@ def _layouts(problem: Problem, family: Family, options: GenOptions) -> list[str]
     return [lay for lay in (options.layouts or SPATIAL_LAYOUTS) if lay in SPATIAL_LAYOUTS]
 
 
-def fused_config(problem: Problem, fusion: str) -> tuple[bool, bool, bool]:
-    """(bias, relu, gelu) of a variant: a conv's own bias unfused; a pattern's bias (a conv's
-    bias or BN fold, a MatMul's bias Add) and its activation."""
+@dataclass(frozen=True)
+class Fused:
+    """What a variant's one call (or chain) computes beyond its layer, as the runtime's Config."""
+
+    bias: bool = False  # a conv's own bias, a pattern's bias (a conv's bias or BN fold, a MatMul's bias Add)
+    relu: bool = False
+    gelu: bool = False
+    attention: bool = False  # the scores' MatMul anchors the attention chain
+    scale: bool = False
+    mask: bool = False
+
+
+def fused_config(problem: Problem, fusion: str) -> Fused:
+    """The variant's configuration: a conv's own bias unfused; a pattern's extras fused."""
     if fusion == "none":
-        return isinstance(problem, ConvProblem) and problem.bias, False, False
+        return Fused(bias=isinstance(problem, (ConvProblem, DeconvProblem)) and problem.bias)
     p = FUSION_PATTERNS[fusion]
-    return p.adds_bias, p.activation == "relu", p.activation == "gelu"
+    if p.attention:
+        return Fused(attention=True, scale=p.scale, mask=p.mask)
+    return Fused(bias=p.adds_bias, relu=p.activation == "relu", gelu=p.activation == "gelu")
 
 
 class OneDNNBackend:
@@ -125,7 +143,7 @@ class OneDNNBackend:
             family = {"layernorm": "lnorm", "gelu_erf": "eltwise"}.get(v.fusion, p.family)
             table = tables.setdefault(family, _Table(family, FAMILIES[family]))
             index = table.index_of(v)
-            table.rows.append(_row(v, index, *fused_config(p, v.fusion)))
+            table.rows.append(_row(v, index, fused_config(p, v.fusion)))
         source = env.get_template("benchmarks.cpp.j2").render(tables=list(tables.values()),
                                                                count=len(variants))
         files = [write_if_changed(out_dir / "benchmarks.cpp", source),
@@ -151,10 +169,10 @@ class _Table:
         return self._index[v.problem]
 
 
-def _row(v: Variant, index: int, bias: bool, relu: bool, gelu: bool) -> str:
+def _row(v: Variant, index: int, f: Fused) -> str:
     layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any") else "plain"
-    cfg = (f"{{bo::DType::{v.dtype}, bo::Layout::{layout}, bo::ConvAlgo::{_CPP_ALGO[v.algo]}, "
-           f"{_cbool(bias)}, {_cbool(relu)}, {_cbool(gelu)}}}")
+    flags = ", ".join(_cbool(b) for b in (f.bias, f.relu, f.gelu, f.attention, f.scale, f.mask))
+    cfg = f"{{bo::DType::{v.dtype}, bo::Layout::{layout}, bo::ConvAlgo::{_CPP_ALGO[v.algo]}, {flags}}}"
     return f'{{{c_string(v.name)}, {index}, {cfg}}}'
 
 
@@ -185,7 +203,7 @@ def _ints(p: Problem, names: str) -> str:
     return ", ".join(str(int(getattr(p, n))) for n in names.split())
 
 
-def _conv(v: Variant) -> str:
+def _conv(v: Variant) -> str:  # a ConvProblem's or a DeconvProblem's
     return "{" + _ints(v.problem, "mb ic ih iw oc oh ow kh kw sh sw pt pl dh dw g") + "}"
 
 
@@ -278,10 +296,32 @@ def _transpose(v: Variant) -> str:
     return f"{{{_cdims(p.shape)}, {_cdims(p.perm)}}}"
 
 
+def _copy(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, CopyProblem)
+    return (f"{{{c_string(p.op)}, {_cbool(p.how == 'region')}, {_cdims(p.src or ())}, {_cdims_list(p.outs)}, "
+            f"{_cdims_list(p.offsets)}}}")
+
+
+def _attention(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, AttentionProblem)
+    scale = p.scale if p.scale is not None else 1.0 / math.sqrt(p.q[-1])
+    return (f"{{{_cdims(p.q)}, {_cdims(p.k)}, {_cdims(p.v)}, {_cdims(p.mask or ())}, {_cbool(p.causal)}, "
+            f"{_cfloat(scale)}}}")
+
+
+def _resample(v: Variant) -> str:
+    p = v.problem
+    assert isinstance(p, ResampleProblem)
+    return f"{{{c_string(p.alg)}, {_cdims(p.shape)}, {_cdims(p.out)}}}"
+
+
 PARAMS = {"conv": _conv, "pool": _pool, "bnorm": _bnorm, "lrn": _lrn, "eltwise": _eltwise,
           "prelu": _prelu, "binary": _binary, "gemm": _gemm, "matmul": _matmul,
           "softmax": _softmax, "concat": _concat, "lnorm": _lnorm, "reduce": _reduce,
-          "transpose": _transpose}
+          "transpose": _transpose, "copy": _copy, "attention": _attention,
+          "deconv": _conv, "resample": _resample}
 
 
 def covers(layer: Layer) -> bool:

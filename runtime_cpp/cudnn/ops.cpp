@@ -1,7 +1,10 @@
 // The single-call cuDNN families: pooling, batch normalization (inference), LRN, activation,
-// softmax, dropout and the binary tensor ops (cudnnAddTensor, cudnnOpTensor, cudnnScaleTensor).
+// softmax, dropout, the binary tensor ops (cudnnAddTensor, cudnnOpTensor, cudnnScaleTensor) and
+// data movement as cudnnTransformTensor copies.
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "benanza_cudnn/harness.hpp"
 
@@ -259,6 +262,67 @@ class BinaryProblem : public Problem {
   DeviceBuffer a_buf_, b_buf_, c_buf_;
 };
 
+// --- data movement: cudnnTransformTensor copies of the same bytes ----------------------------
+
+class CopyProblem : public Problem {
+ public:
+  CopyProblem(const CopyLayer& L, const Variant& v) {
+    implementation = "cudnnTransformTensor (data-movement copy)";
+    counters["flops"] = L.work.flops;
+    counters["bytes"] = bytes_of(L.work, v);
+    const size_t elt = dtype_size(v.dtype);
+    std::vector<int> src_strides = packed_strides(L.src, L.rank);
+    if (L.region) src_buf_ = filled(volume(L.src, L.rank), v.dtype);
+    for (int i = 0; i < L.count; ++i) {
+      std::vector<int> out_strides = packed_strides(L.outs[i], L.rank);
+      auto from = std::make_unique<TensorDesc>();
+      auto to = std::make_unique<TensorDesc>();
+      BZ_CUDNN(cudnnSetTensorNdDescriptor(*to, cudnn_dtype(v.dtype), L.rank, L.outs[i], out_strides.data()));
+      const char* source;
+      if (L.region) {  // the box at its offset, read through the input's strides
+        BZ_CUDNN(cudnnSetTensorNdDescriptor(*from, cudnn_dtype(v.dtype), L.rank, L.outs[i], src_strides.data()));
+        size_t offset = 0;
+        for (int d = 0; d < L.rank; ++d) offset += size_t(L.at[i][d]) * src_strides[d];
+        source = static_cast<const char*>(src_buf_.get()) + offset * elt;
+      } else {
+        BZ_CUDNN(cudnnSetTensorNdDescriptor(*from, cudnn_dtype(v.dtype), L.rank, L.outs[i], out_strides.data()));
+        dense_src_.push_back(filled(volume(L.outs[i], L.rank), v.dtype));
+        source = static_cast<const char*>(dense_src_.back().get());
+      }
+      dst_buf_.push_back(filled(volume(L.outs[i], L.rank), v.dtype));
+      sources_.push_back(source);
+      from_.push_back(std::move(from));
+      to_.push_back(std::move(to));
+    }
+  }
+  void enqueue() override {
+    for (size_t i = 0; i < to_.size(); ++i)
+      BZ_CUDNN(cudnnTransformTensor(cudnn_handle(), kOne.ptr(), *from_[i], sources_[i], kZero.ptr(), *to_[i],
+                                    dst_buf_[i].get()));
+  }
+
+ private:
+  static size_t volume(const int* dims, int rank) {
+    size_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= size_t(dims[d]);
+    return n;
+  }
+  static std::vector<int> packed_strides(const int* dims, int rank) {
+    std::vector<int> s(rank);
+    int stride = 1;
+    for (int d = rank; d-- > 0;) {
+      s[d] = stride;
+      stride *= dims[d];
+    }
+    return s;
+  }
+
+  DeviceBuffer src_buf_;
+  std::vector<DeviceBuffer> dense_src_, dst_buf_;
+  std::vector<const void*> sources_;
+  std::vector<std::unique_ptr<TensorDesc>> from_, to_;
+};
+
 template <class P, class L>
 std::unique_ptr<Problem> make(const L& layer, const Variant& v) {
   return std::make_unique<P>(layer, v);
@@ -286,6 +350,9 @@ void add_dropout(Registry& r, const DropoutLayer* l, const Variant* v, size_t n)
 }
 void add_binary(Registry& r, const BinaryLayer* l, const Variant* v, size_t n) {
   add_family(r, l, v, n, make<BinaryProblem, BinaryLayer>);
+}
+void add_copy(Registry& r, const CopyLayer* l, const Variant* v, size_t n) {
+  add_family(r, l, v, n, make<CopyProblem, CopyLayer>);
 }
 
 }  // namespace benanza::cudnn

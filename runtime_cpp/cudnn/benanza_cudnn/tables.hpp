@@ -144,6 +144,19 @@ struct BlasLayer {
   Work work;
 };
 
+// Data movement with no cuDNN op of its own (Slice, Split, Gather, Expand, Where, Trilu), timed
+// as cudnnTransformTensor copies of the same bytes, one per output. Dims are right-aligned to
+// `rank` (4..8) with leading 1s. `region`: output i is the box outs[i] of a `src` tensor at
+// offset at[i], read through src's strides; otherwise each output is copied from a packed
+// tensor of its own shape.
+struct CopyLayer {
+  bool region;
+  int rank, count;
+  int src[8];
+  int outs[8][8], at[8][8];
+  Work work;
+};
+
 // Registration entry points the generated tables call, one per family (defined in the runtime).
 void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
 void add_pool(Registry& r, const PoolLayer* layers, const Variant* variants, size_t count);
@@ -155,6 +168,7 @@ void add_dropout(Registry& r, const DropoutLayer* layers, const Variant* variant
 void add_binary(Registry& r, const BinaryLayer* layers, const Variant* variants, size_t count);
 void add_rnn(Registry& r, const RnnLayer* layers, const Variant* variants, size_t count);
 void add_blas(Registry& r, const BlasLayer* layers, const Variant* variants, size_t count);
+void add_copy(Registry& r, const CopyLayer* layers, const Variant* variants, size_t count);
 
 // Defined by the generated registry.cpp: registers every family table of this build.
 void register_generated(Registry& r);

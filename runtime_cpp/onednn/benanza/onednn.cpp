@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -118,35 +119,59 @@ dnnl::primitive_attr base_attr() {
   return a;
 }
 
+void append_eltwise(dnnl::post_ops& po, algorithm alg, float alpha, float beta) {
+#if BENANZA_DNNL3
+  po.append_eltwise(alg, alpha, beta);
+#else
+  po.append_eltwise(1.f, alg, alpha, beta);
+#endif
+}
+
 void append_relu(dnnl::primitive_attr& attr) {
   dnnl::post_ops po;
-#if BENANZA_DNNL3
-  po.append_eltwise(algorithm::eltwise_relu, 0.f, 0.f);
-#else
-  po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-#endif
+  append_eltwise(po, algorithm::eltwise_relu, 0.f, 0.f);
   attr.set_post_ops(po);
 }
 
-struct Prepared {
+// One primitive call and its memories; a benchmark times all its steps in order.
+struct Step {
   dnnl::primitive prim;
   std::unordered_map<int, memory> args;
+};
+
+struct Prepared {
+  std::vector<Step> steps;
   std::string impl;
   size_t scratchpad = 0;
+  std::vector<memory> owners;  // buffers the steps' memories only view (a region's source)
+
+  memory& dst() { return steps.back().args.at(DNNL_ARG_DST); }
+  // Appends another prepared call: a chain (attention) or several copies (Split).
+  void then(Prepared&& next) {
+    for (auto& s : next.steps) steps.push_back(std::move(s));
+    impl += (impl.empty() ? "" : " + ") + next.impl;
+    scratchpad = std::max(scratchpad, next.scratchpad);
+  }
 };
 
 // Binds the memories a primitive needs: `inputs` by argument id (filled from the pd's
-// descriptors), the destination and the scratchpad.
+// descriptors) unless `bound` gives the memory (a previous step's output), the destination
+// and the scratchpad.
 template <class Prim, class PD>
-Prepared prepare(const PD& pd, const std::vector<std::pair<int, memory::desc>>& inputs) {
-  Prepared p;
-  p.prim = Prim(pd);
-  for (const auto& in : inputs) p.args[in.first] = filled(in.second);
-  p.args[DNNL_ARG_DST] = memory(pd.dst_desc(), engine());
+Prepared prepare(const PD& pd, const std::vector<std::pair<int, memory::desc>>& inputs,
+                 const std::vector<std::pair<int, memory>>& bound = {}) {
+  Step s;
+  s.prim = Prim(pd);
+  for (const auto& in : bound) s.args[in.first] = in.second;
+  for (const auto& in : inputs)
+    if (!s.args.count(in.first)) s.args[in.first] = filled(in.second);
+  if (!s.args.count(DNNL_ARG_DST)) s.args[DNNL_ARG_DST] = memory(pd.dst_desc(), engine());
   memory::desc sp = pd.scratchpad_desc();
+  s.args[DNNL_ARG_SCRATCHPAD] = memory(sp, engine());
+  Prepared p;
   p.scratchpad = sp.get_size();
-  p.args[DNNL_ARG_SCRATCHPAD] = memory(sp, engine());
   p.impl = pd.impl_info_str();
+  p.steps.push_back(std::move(s));
   return p;
 }
 
@@ -172,17 +197,17 @@ void measure(benchmark::State& st, const Config& cfg, const std::function<Prepar
     mark_failed(st, e.what());
     return;
   }
-  try {
-    for (int i = 0; i < kWarmupCalls; ++i) p.prim.execute(stream(), p.args);
+  auto run = [&p] {
+    for (auto& s : p.steps) s.prim.execute(stream(), s.args);
     stream().wait();
+  };
+  try {
+    for (int i = 0; i < kWarmupCalls; ++i) run();
   } catch (const std::exception& e) {
     mark_failed(st, std::string("execute: ") + e.what());
     return;
   }
-  for (auto _ : st) {
-    p.prim.execute(stream(), p.args);
-    stream().wait();
-  }
+  for (auto _ : st) run();
   set_implementation(st, p.impl);
   set_workspace(st, p.scratchpad);
 }
@@ -243,6 +268,52 @@ Prepared make_conv(const ConvParams& c, const Config& cfg) {
   std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
   if (cfg.bias) in.push_back({DNNL_ARG_BIAS, pd.bias_desc()});
   return prepare<dnnl::convolution_forward>(pd, in);
+}
+
+// --- transposed convolution (deconvolution) -----------------------------------------------
+
+Prepared make_deconv(const ConvParams& c, const Config& cfg) {
+  tag t = cfg.layout == Layout::nhwc ? tag::nhwc : cfg.layout == Layout::any ? tag::any : tag::nchw;
+  auto src = md({c.mb, c.ic, c.ih, c.iw}, cfg.dtype, t);
+  auto dst = md({c.mb, c.oc, c.oh, c.ow}, cfg.dtype, t);
+  Dims wdims = c.g > 1 ? Dims{c.g, c.oc / c.g, c.ic / c.g, c.kh, c.kw} : Dims{c.oc, c.ic, c.kh, c.kw};
+  auto wei = md(wdims, cfg.dtype, tag::any);
+  auto bias = memory::desc({c.oc}, dt::f32, tag::x);
+  memory::dims strides{c.sh, c.sw}, dil{c.dh - 1, c.dw - 1}, pl{c.pt, c.pl};
+  // the end padding that makes the output size come out, read from the output's side
+  memory::dims pr{end_pad(c.oh, c.ih, c.kh, c.sh, c.dh, c.pt), end_pad(c.ow, c.iw, c.kw, c.sw, c.dw, c.pl)};
+  auto attr = base_attr();
+  auto alg = algorithm::deconvolution_direct;
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  auto pd = cfg.bias
+      ? dnnl::deconvolution_forward::primitive_desc(engine(), pk, alg, src, wei, bias, dst, strides, dil, pl, pr, attr)
+      : dnnl::deconvolution_forward::primitive_desc(engine(), pk, alg, src, wei, dst, strides, dil, pl, pr, attr);
+#else
+  auto d = cfg.bias ? dnnl::deconvolution_forward::desc(pk, alg, src, wei, bias, dst, strides, dil, pl, pr)
+                    : dnnl::deconvolution_forward::desc(pk, alg, src, wei, dst, strides, dil, pl, pr);
+  dnnl::deconvolution_forward::primitive_desc pd(d, attr, engine());
+#endif
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
+  if (cfg.bias) in.push_back({DNNL_ARG_BIAS, pd.bias_desc()});
+  return prepare<dnnl::deconvolution_forward>(pd, in);
+}
+
+// --- resampling (ONNX Resize of the spatial dims) ---------------------------------------------
+
+Prepared make_resample(const ResampleParams& r, const Config& cfg) {
+  std::string a = r.alg;
+  auto alg = a == "linear" ? algorithm::resampling_linear : algorithm::resampling_nearest;
+  auto src = plain_md(r.in, cfg.dtype), dst = plain_md(r.out, cfg.dtype);
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+#if BENANZA_DNNL3
+  dnnl::resampling_forward::primitive_desc pd(engine(), pk, alg, src, dst, attr);
+#else
+  dnnl::resampling_forward::desc d(pk, alg, src, dst);
+  dnnl::resampling_forward::primitive_desc pd(d, attr, engine());
+#endif
+  return prepare<dnnl::resampling_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
 }
 
 // --- pooling -----------------------------------------------------------------------------
@@ -398,6 +469,9 @@ algorithm binary_alg(const std::string& a) {
   if (a == "div") return algorithm::binary_div;
   if (a == "min") return algorithm::binary_min;
   if (a == "max") return algorithm::binary_max;
+  if (a == "eq") return algorithm::binary_eq;
+  if (a == "gt") return algorithm::binary_gt;
+  if (a == "lt") return algorithm::binary_lt;
   throw Unsupported("binary algorithm " + a);
 }
 
@@ -444,13 +518,15 @@ Prepared make_binary(const BinaryParams& b, const Config& cfg) {
   }
   size_t rank = std::max<size_t>(b.out.size(), 1);
   Dims a0 = pad_rank(b.inputs.at(0), rank), a1 = pad_rank(b.inputs.at(1), rank), out = pad_rank(b.out, rank);
-  bool commutative = alg == "add" || alg == "sum" || alg == "mul" || alg == "min" || alg == "max";
+  bool commutative = alg == "add" || alg == "sum" || alg == "mul" || alg == "min" || alg == "max" || alg == "eq";
   if (a0 != out) {
     // oneDNN broadcasts src1 only; ONNX may broadcast either side.
     if (a1 == out && commutative) std::swap(a0, a1);
     else throw Unsupported("binary " + alg + " broadcasts its first input; oneDNN broadcasts src1 only");
   }
   auto s0 = plain_md(a0, cfg.dtype), s1 = plain_md(a1, cfg.dtype), dst = plain_md(out, cfg.dtype);
+  // comparisons write ONNX booleans: one byte each, as u8 0/1
+  if (alg == "eq" || alg == "gt" || alg == "lt") dst = memory::desc(out, dt::u8, plain_tag(out.size()));
   auto attr = base_attr();
 #if BENANZA_DNNL3
   dnnl::binary::primitive_desc pd(engine(), binary_alg(alg), s0, s1, dst, attr);
@@ -508,31 +584,40 @@ Prepared make_gemm(const GemmParams& g, const Config& cfg) {
   return prepare<dnnl::matmul>(pd, in);
 }
 
+// ONNX MatMul's operands and result: 1-d operands promoted (a → 1×k, b → k×1), batch dims
+// broadcast.
+struct MatmulDims {
+  Dims a, b, c;
+};
+
+MatmulDims matmul_dims(const MatmulParams& m) {
+  MatmulDims d{m.a.size() == 1 ? Dims{1, m.a[0]} : m.a, m.b.size() == 1 ? Dims{m.b[0], 1} : m.b, {}};
+  size_t rank = std::max(d.a.size(), d.b.size());
+  d.a = pad_rank(d.a, rank);
+  d.b = pad_rank(d.b, rank);
+  d.c.resize(rank);
+  for (size_t i = 0; i + 2 < rank; ++i) d.c[i] = std::max(d.a[i], d.b[i]);
+  d.c[rank - 2] = d.a[rank - 2];
+  d.c[rank - 1] = d.b[rank - 1];
+  return d;
+}
+
+Prepared make_attention(const MatmulParams& m, const Config& cfg);
+
 Prepared make_matmul(const MatmulParams& m, const Config& cfg) {
-  // ONNX MatMul: 1-d operands are promoted (a → 1×k, b → k×1); batch dims broadcast.
-  Dims a = m.a.size() == 1 ? Dims{1, m.a[0]} : m.a;
-  Dims b = m.b.size() == 1 ? Dims{m.b[0], 1} : m.b;
-  size_t rank = std::max(a.size(), b.size());
-  a = pad_rank(a, rank);
-  b = pad_rank(b, rank);
-  Dims c(rank);
-  for (size_t i = 0; i + 2 < rank; ++i) c[i] = std::max(a[i], b[i]);
-  c[rank - 2] = a[rank - 2];
-  c[rank - 1] = b[rank - 1];
+  if (cfg.attention) return make_attention(m, cfg);
+  MatmulDims d = matmul_dims(m);
+  size_t rank = d.c.size();
   auto attr = base_attr();
   if (cfg.gelu) {  // the fused MatMul→Add→Gelu epilogue
     dnnl::post_ops po;
-#if BENANZA_DNNL3
-    po.append_eltwise(algorithm::eltwise_gelu_erf, 0.f, 0.f);
-#else
-    po.append_eltwise(1.f, algorithm::eltwise_gelu_erf, 0.f, 0.f);
-#endif
+    append_eltwise(po, algorithm::eltwise_gelu_erf, 0.f, 0.f);
     attr.set_post_ops(po);
   }
   // The fused bias Add: one value per output column, broadcast over the rows.
-  memory::desc bias_md = plain_md(pad_rank({c[rank - 1]}, rank), cfg.dtype);
-  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(a, cfg.dtype), plain_md(b, cfg.dtype),
-                                                     cfg.bias ? &bias_md : nullptr, plain_md(c, cfg.dtype), attr);
+  memory::desc bias_md = plain_md(pad_rank({d.c[rank - 1]}, rank), cfg.dtype);
+  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(d.a, cfg.dtype), plain_md(d.b, cfg.dtype),
+                                                     cfg.bias ? &bias_md : nullptr, plain_md(d.c, cfg.dtype), attr);
   std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
   if (cfg.bias) in.push_back({DNNL_ARG_BIAS, bias_md});
   return prepare<dnnl::matmul>(pd, in);
@@ -560,6 +645,89 @@ Prepared make_softmax(const SoftmaxParams& s, const Config& cfg) {
   dnnl::softmax_v2_forward::primitive_desc pd(d, attr, engine());
 #endif
   return prepare<Softmax>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
+// --- attention: oneDNN's primitive chain ------------------------------------------------
+
+// scores = Q·Kᵀ (K read through `k_t`, a [.., D, Skv] view), times `scale` and plus `mask`
+// (broadcast) as post-ops where given; softmax over the keys in place; then P·V.
+Prepared attention_chain(const Dims& q, const memory::desc& k_t, const Dims& v, const Dims* mask, const float* scale,
+                         DType dtype) {
+  size_t rank = q.size();
+  if (rank < 3 || v.size() != rank) throw Unsupported("attention without batch or head dims");
+#if BENANZA_DNNL3
+  int64_t skv = k_t.get_dims()[rank - 1];
+#else
+  int64_t skv = k_t.dims()[rank - 1];
+#endif
+  Dims scores = q;
+  scores[rank - 1] = skv;
+  auto attr = base_attr();
+  dnnl::post_ops po;
+  if (scale) append_eltwise(po, algorithm::eltwise_linear, *scale, 0.f);
+  memory::desc mask_md = mask ? plain_md(pad_rank(*mask, rank), dtype) : memory::desc();
+  if (mask) po.append_binary(algorithm::binary_add, mask_md);
+  attr.set_post_ops(po);
+  auto scores_pd = matmul_pd<dnnl::matmul::primitive_desc>(plain_md(q, dtype), k_t, nullptr, plain_md(scores, dtype),
+                                                           attr);
+  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, scores_pd.src_desc()},
+                                               {DNNL_ARG_WEIGHTS, scores_pd.weights_desc()}};
+  if (mask) in.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(scale ? 1 : 0) | DNNL_ARG_SRC_1, mask_md});
+  Prepared chain = prepare<dnnl::matmul>(scores_pd, in);
+  memory probs = chain.dst();
+
+  auto probs_md = scores_pd.dst_desc();
+  auto pk = prop_kind::forward_inference;
+  int axis = static_cast<int>(rank) - 1;
+#if BENANZA_DNNL3
+  dnnl::softmax_forward::primitive_desc sm_pd(engine(), pk, algorithm::softmax_accurate, probs_md, probs_md, axis,
+                                              base_attr());
+#else
+  dnnl::softmax_v2_forward::desc sm_d(pk, algorithm::softmax_accurate, probs_md, probs_md, axis);
+  dnnl::softmax_v2_forward::primitive_desc sm_pd(sm_d, base_attr(), engine());
+#endif
+  chain.then(prepare<Softmax>(sm_pd, {}, {{DNNL_ARG_SRC, probs}, {DNNL_ARG_DST, probs}}));
+
+  Dims out = scores;
+  out[rank - 1] = v[rank - 1];
+  auto pv_pd = matmul_pd<dnnl::matmul::primitive_desc>(probs_md, plain_md(v, dtype), nullptr, plain_md(out, dtype),
+                                                       base_attr());
+  chain.then(prepare<dnnl::matmul>(pv_pd, {{DNNL_ARG_WEIGHTS, pv_pd.weights_desc()}}, {{DNNL_ARG_SRC, probs}}));
+  return chain;
+}
+
+// The fused pattern from its scores' MatMul (Q [.., S, D] · Kᵀ [.., D, Skv]): the mask is one
+// [S, Skv] (the pattern matches no other), V's head size is Q's.
+Prepared make_attention(const MatmulParams& m, const Config& cfg) {
+  MatmulDims d = matmul_dims(m);
+  size_t rank = d.c.size();
+  if (rank < 3) throw Unsupported("attention without batch or head dims");
+  Dims mask{d.c[rank - 2], d.c[rank - 1]};
+  Dims v = d.c;
+  v[rank - 2] = d.c[rank - 1];
+  v[rank - 1] = d.a[rank - 1];
+  float scale = 1.f / std::sqrt(static_cast<float>(d.a[rank - 1]));
+  return attention_chain(d.a, plain_md(d.b, cfg.dtype), v, cfg.mask ? &mask : nullptr, cfg.scale ? &scale : nullptr,
+                         cfg.dtype);
+}
+
+// The ONNX Attention op: K [.., Skv, D] is read transposed through its strides; a causal
+// mask is one more additive [S, Skv] mask (a framework merges it with attn_mask).
+Prepared make_attention_op(const AttentionParams& a, const Config& cfg) {
+  size_t rank = a.k.size();
+  Dims kt = a.k;
+  std::swap(kt[rank - 1], kt[rank - 2]);
+  Dims strides(rank);
+  int64_t stride = 1;
+  for (size_t i = rank; i-- > 0;) {  // k's row-major strides, the last two dims swapped
+    size_t src = i == rank - 1 ? rank - 2 : i == rank - 2 ? rank - 1 : i;
+    strides[src] = stride;
+    stride *= a.k[i];
+  }
+  memory::desc k_t(kt, data_type(cfg.dtype), strides);
+  Dims mask = a.mask.empty() ? Dims{a.q[rank - 2], a.k[rank - 2]} : a.mask;
+  bool masked = !a.mask.empty() || a.causal;
+  return attention_chain(a.q, k_t, a.v, masked ? &mask : nullptr, &a.scale, cfg.dtype);
 }
 
 // --- concat ------------------------------------------------------------------------------
@@ -648,6 +816,26 @@ Prepared make_transpose(const TransposeParams& t, const Config& cfg) {
   return prepare<dnnl::reorder>(pd, {{DNNL_ARG_FROM, src}});
 }
 
+// --- data movement: reorders copying the same bytes --------------------------------------
+
+Prepared make_copy(const CopyParams& c, const Config& cfg) {
+  Prepared all;
+  memory src;
+  if (c.region) src = filled(plain_md(c.src, cfg.dtype));
+  for (size_t i = 0; i < c.outs.size(); ++i) {
+    auto dst = plain_md(c.outs[i], cfg.dtype);
+    // a box of the input, read through the input's strides (a view of its buffer)
+    memory from = c.region ? memory(src.get_desc().submemory_desc(c.outs[i], c.offsets.at(i)), engine(),
+                                    src.get_data_handle())
+                           : filled(dst);
+    dnnl::reorder::primitive_desc pd(engine(), from.get_desc(), engine(), dst, base_attr());
+    all.then(prepare<dnnl::reorder>(pd, {}, {{DNNL_ARG_FROM, from}}));
+  }
+  if (all.steps.empty()) throw Unsupported(std::string(c.op) + " with no outputs");
+  if (c.region) all.owners.push_back(src);
+  return all;
+}
+
 }  // namespace
 
 #define BENANZA_BENCH(family, Params)                                          \
@@ -669,6 +857,13 @@ BENANZA_BENCH(concat, ConcatParams)
 BENANZA_BENCH(lnorm, LnormParams)
 BENANZA_BENCH(reduce, ReduceParams)
 BENANZA_BENCH(transpose, TransposeParams)
+BENANZA_BENCH(copy, CopyParams)
+BENANZA_BENCH(deconv, ConvParams)
+BENANZA_BENCH(resample, ResampleParams)
+
+void bench_attention(benchmark::State& st, const AttentionParams& p, const Config& c) {
+  measure(st, c, [&] { return make_attention_op(p, c); });
+}
 
 void describe_context() {
   const auto* v = dnnl::version();

@@ -32,6 +32,12 @@ struct Config {
   bool bias;
   bool relu;
   bool gelu;  // GELU (erf) post-op: a MatMul→Add→Gelu epilogue
+  // Attention as oneDNN's primitive chain from its first MatMul (scores = Q·Kᵀ): the scores'
+  // matmul (with a scale post-op and a mask-add post-op where the pattern has them), a softmax
+  // over the keys, and the matmul with V (V's head size is Q's).
+  bool attention;
+  bool scale;
+  bool mask;
 };
 
 struct Row {
@@ -55,6 +61,14 @@ struct ConcatParams { int axis; std::vector<Dims> inputs; };
 struct LnormParams { Dims shape; int axis; float eps; bool bias; };
 struct ReduceParams { const char* alg; Dims shape; Dims axes; };
 struct TransposeParams { Dims shape; Dims perm; };
+// Data movement as reorders, one per output: `region` reads each output's box of `src` at its
+// offset with src's strides; otherwise each output is copied from a buffer of its own shape.
+// `op` is the ONNX op the copy stands for (a label: no oneDNN primitive computes it).
+struct CopyParams { const char* op; bool region; Dims src; std::vector<Dims> outs, offsets; };
+// The ONNX Attention op over 4-d Q [B, H, S, D], K [B, H, Skv, D], V [B, H, Skv, Dv]; `mask`
+// empty when there is none; `scale` the one the op applies (1/√D by default).
+struct ResampleParams { const char* alg; Dims in, out; };
+struct AttentionParams { Dims q, k, v, mask; bool causal; float scale; };
 
 void bench_conv(benchmark::State&, const ConvParams&, const Config&);
 void bench_pool(benchmark::State&, const PoolParams&, const Config&);
@@ -70,6 +84,11 @@ void bench_concat(benchmark::State&, const ConcatParams&, const Config&);
 void bench_lnorm(benchmark::State&, const LnormParams&, const Config&);
 void bench_reduce(benchmark::State&, const ReduceParams&, const Config&);
 void bench_transpose(benchmark::State&, const TransposeParams&, const Config&);
+void bench_copy(benchmark::State&, const CopyParams&, const Config&);
+void bench_attention(benchmark::State&, const AttentionParams&, const Config&);
+// ConvParams of an ONNX ConvTranspose: ih/iw its input, oh/ow its (larger) output.
+void bench_deconv(benchmark::State&, const ConvParams&, const Config&);
+void bench_resample(benchmark::State&, const ResampleParams&, const Config&);
 
 // Registers every row of one family's table.
 template <class P, size_t NP, size_t NR>
