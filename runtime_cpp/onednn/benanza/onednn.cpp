@@ -242,7 +242,11 @@ algorithm conv_alg(ConvAlgo a) {
   }
 }
 
-Prepared make_conv(const ConvParams& c, const Config& cfg) {
+// Convolution and deconvolution take the same descriptors; the primitive, its algorithm, its
+// post-ops and the end padding (read from the output's side for a deconvolution) differ.
+template <typename Primitive>
+Prepared make_conv_like(const ConvParams& c, const Config& cfg, algorithm alg, const memory::dims& pr,
+                        const dnnl::primitive_attr& attr) {
   tag t = cfg.layout == Layout::nhwc ? tag::nhwc : cfg.layout == Layout::any ? tag::any : tag::nchw;
   auto src = md({c.mb, c.ic, c.ih, c.iw}, cfg.dtype, t);
   auto dst = md({c.mb, c.oc, c.oh, c.ow}, cfg.dtype, t);
@@ -251,52 +255,33 @@ Prepared make_conv(const ConvParams& c, const Config& cfg) {
   auto wei = md(wdims, cfg.dtype, tag::any);
   auto bias = memory::desc({c.oc}, dt::f32, tag::x);
   memory::dims strides{c.sh, c.sw}, dil{c.dh - 1, c.dw - 1}, pl{c.pt, c.pl};
-  memory::dims pr{end_pad(c.ih, c.oh, c.kh, c.sh, c.dh, c.pt), end_pad(c.iw, c.ow, c.kw, c.sw, c.dw, c.pl)};
-  auto attr = base_attr();
-  if (cfg.relu) append_relu(attr);
-  auto alg = conv_alg(cfg.algo);
   auto pk = prop_kind::forward_inference;
 #if BENANZA_DNNL3
   auto pd = cfg.bias
-      ? dnnl::convolution_forward::primitive_desc(engine(), pk, alg, src, wei, bias, dst, strides, dil, pl, pr, attr)
-      : dnnl::convolution_forward::primitive_desc(engine(), pk, alg, src, wei, dst, strides, dil, pl, pr, attr);
+      ? typename Primitive::primitive_desc(engine(), pk, alg, src, wei, bias, dst, strides, dil, pl, pr, attr)
+      : typename Primitive::primitive_desc(engine(), pk, alg, src, wei, dst, strides, dil, pl, pr, attr);
 #else
-  auto d = cfg.bias ? dnnl::convolution_forward::desc(pk, alg, src, wei, bias, dst, strides, dil, pl, pr)
-                    : dnnl::convolution_forward::desc(pk, alg, src, wei, dst, strides, dil, pl, pr);
-  dnnl::convolution_forward::primitive_desc pd(d, attr, engine());
+  auto d = cfg.bias ? typename Primitive::desc(pk, alg, src, wei, bias, dst, strides, dil, pl, pr)
+                    : typename Primitive::desc(pk, alg, src, wei, dst, strides, dil, pl, pr);
+  typename Primitive::primitive_desc pd(d, attr, engine());
 #endif
   std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
   if (cfg.bias) in.push_back({DNNL_ARG_BIAS, pd.bias_desc()});
-  return prepare<dnnl::convolution_forward>(pd, in);
+  return prepare<Primitive>(pd, in);
+}
+
+Prepared make_conv(const ConvParams& c, const Config& cfg) {
+  memory::dims pr{end_pad(c.ih, c.oh, c.kh, c.sh, c.dh, c.pt), end_pad(c.iw, c.ow, c.kw, c.sw, c.dw, c.pl)};
+  auto attr = base_attr();
+  if (cfg.relu) append_relu(attr);
+  return make_conv_like<dnnl::convolution_forward>(c, cfg, conv_alg(cfg.algo), pr, attr);
 }
 
 // --- transposed convolution (deconvolution) -----------------------------------------------
 
 Prepared make_deconv(const ConvParams& c, const Config& cfg) {
-  tag t = cfg.layout == Layout::nhwc ? tag::nhwc : cfg.layout == Layout::any ? tag::any : tag::nchw;
-  auto src = md({c.mb, c.ic, c.ih, c.iw}, cfg.dtype, t);
-  auto dst = md({c.mb, c.oc, c.oh, c.ow}, cfg.dtype, t);
-  Dims wdims = c.g > 1 ? Dims{c.g, c.oc / c.g, c.ic / c.g, c.kh, c.kw} : Dims{c.oc, c.ic, c.kh, c.kw};
-  auto wei = md(wdims, cfg.dtype, tag::any);
-  auto bias = memory::desc({c.oc}, dt::f32, tag::x);
-  memory::dims strides{c.sh, c.sw}, dil{c.dh - 1, c.dw - 1}, pl{c.pt, c.pl};
-  // the end padding that makes the output size come out, read from the output's side
   memory::dims pr{end_pad(c.oh, c.ih, c.kh, c.sh, c.dh, c.pt), end_pad(c.ow, c.iw, c.kw, c.sw, c.dw, c.pl)};
-  auto attr = base_attr();
-  auto alg = algorithm::deconvolution_direct;
-  auto pk = prop_kind::forward_inference;
-#if BENANZA_DNNL3
-  auto pd = cfg.bias
-      ? dnnl::deconvolution_forward::primitive_desc(engine(), pk, alg, src, wei, bias, dst, strides, dil, pl, pr, attr)
-      : dnnl::deconvolution_forward::primitive_desc(engine(), pk, alg, src, wei, dst, strides, dil, pl, pr, attr);
-#else
-  auto d = cfg.bias ? dnnl::deconvolution_forward::desc(pk, alg, src, wei, bias, dst, strides, dil, pl, pr)
-                    : dnnl::deconvolution_forward::desc(pk, alg, src, wei, dst, strides, dil, pl, pr);
-  dnnl::deconvolution_forward::primitive_desc pd(d, attr, engine());
-#endif
-  std::vector<std::pair<int, memory::desc>> in{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
-  if (cfg.bias) in.push_back({DNNL_ARG_BIAS, pd.bias_desc()});
-  return prepare<dnnl::deconvolution_forward>(pd, in);
+  return make_conv_like<dnnl::deconvolution_forward>(c, cfg, algorithm::deconvolution_direct, pr, base_attr());
 }
 
 // --- resampling (ONNX Resize of the spatial dims) ---------------------------------------------
