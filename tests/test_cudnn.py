@@ -99,11 +99,17 @@ def every_family_model():
         # data movement: copies of the same bytes (a region of the input per output; a dense one)
         n("Split", ["max6"], ["half0", "half1"], axis=1),
         n("Expand", ["bias8", "wide"], ["ex"]),
+        n("Transpose", ["max6"], ["tr"], perm=[0, 2, 3, 1]),
+        n("Transpose", ["seq"], ["tr3"], perm=[1, 0, 2]),  # 3-d: padded to 4 with a leading 1
+        # reductions: keepdims on a 4-d tensor; a 3-d one without keepdims
+        n("ReduceMean", ["max6"], ["rmean"], axes=[2, 3]),
+        n("ReduceMax", ["seq"], ["rmax"], axes=[2], keepdims=0),
     ]
     inits.append(numpy_helper.from_array(np.array([2, 8, 1, 1], np.int64), "wide"))
     return model(nodes, [io("x", [1, 3, 16, 16]), io("s", [1, 80]), io("t", [1, 32])],
                  [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None),
-                  io("half0", None), io("half1", None), io("ex", None)],
+                  io("half0", None), io("half1", None), io("ex", None), io("tr", None), io("tr3", None),
+                  io("rmean", None), io("rmax", None)],
                  inits, opset=13)
 
 
@@ -151,7 +157,7 @@ def test_every_family_is_covered(family_manifest):
         "cudnnLRNCrossChannelForward", "cudnnPoolingForward", "cudnnActivationForward",
         "cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor", "cudnnDropoutForward",
         "cublasSgemv", "cudnnSoftmaxForward", "cudnnRNNForward", "cublasGemmStridedBatchedEx",
-        "cublasGemmEx", "cudnnTransformTensor"}
+        "cublasGemmEx", "cudnnTransformTensor", "cudnnReduceTensor"}
     assert {f["pattern"] for f in family_manifest.fusions} == {"bias_relu", "bn_relu"}
 
 
@@ -246,7 +252,8 @@ def test_generated_files_and_variants_json(generated):
     assert read_variants(out) == generated.variants
     names = {p.name for p in out.glob("tables_*.cpp")}
     assert names == {f"tables_{f}_0.cpp" for f in ("conv", "bnorm", "lrn", "pool", "activation", "binary",
-                                                   "dropout", "blas", "softmax", "rnn", "copy")}
+                                                   "dropout", "blas", "softmax", "rnn", "copy",
+                                                   "reduce")}
     for part in ("common/benanza/runtime.hpp", "cudnn/benanza_cudnn/tables.hpp", "cudnn/conv.cpp",
                  "cmake/BenanzaCudaLibs.cmake"):
         assert (out / "runtime" / part).is_file()
@@ -298,6 +305,19 @@ def test_golden_other_rows(generated):
     assert ".at = {{0, 0, 0, 0, 0, 0, 0, 0}, {0, 4, 0, 0, 0, 0, 0, 0}, " in copy
     assert "{.region = false, .rank = 4, .count = 1, .src = {1, 1, 1, 1, 0, 0, 0, 0}, .outs = {{2, 8, 1, 1" in copy
     assert "api=cudnnTransformTensor" in copy
+    # the copies read in order; Transpose [1, 8, 7, 7] → [1, 7, 7, 8] reads dim d of its box
+    # through the input's stride of dim perm[d]; a 3-d [5, 2, 8] one keeps its leading 1 in place
+    assert ".perm = {0, 1, 2, 3, 0, 0, 0, 0}, .work" in copy
+    assert ("{.region = true, .rank = 4, .count = 1, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .outs = {{1, 7, 7, 8, 0, 0, "
+            "0, 0}, ") in copy
+    assert ".perm = {0, 2, 3, 1, 0, 0, 0, 0}, .work" in copy
+    assert ".src = {1, 5, 2, 8, 0, 0, 0, 0}, .outs = {{1, 2, 5, 8, 0, 0, 0, 0}, " in copy
+    assert ".perm = {0, 2, 1, 3, 0, 0, 0, 0}, .work" in copy
+    reduce = (out / "tables_reduce_0.cpp").read_text()
+    # ReduceMean over H, W of [1, 8, 7, 7]; ReduceMax over the last axis of [5, 2, 8], aligned to 4-d
+    assert "{.op = ReduceOp::Avg, .rank = 4, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .dst = {1, 8, 1, 1, 0, 0, 0, 0}" in reduce
+    assert "{.op = ReduceOp::Max, .rank = 4, .src = {1, 5, 2, 8, 0, 0, 0, 0}, .dst = {1, 5, 2, 1, 0, 0, 0, 0}" in reduce
+    assert "api=cudnnReduceTensor" in reduce
     pool = (out / "tables_pool_0.cpp").read_text()
     assert "{.mode = PoolMode::AvgIncludePad" in pool and "{.mode = PoolMode::Max" in pool
     registry = (out / "registry.cpp").read_text()
