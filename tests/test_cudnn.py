@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import shutil
 import signal
 import subprocess
@@ -325,6 +327,46 @@ def test_golden_other_rows(generated):
     assert "kCuptiMetricCount = 1;" in registry
     cmake = (out / "CMakeLists.txt").read_text()
     assert "tables_conv_0.cpp" in cmake and 'option(BENANZA_CUPTI' in cmake and "OFF)" in cmake
+
+
+def _rows(path: Path) -> dict[str, dict[str, list[int]]]:
+    """The generated table's integer fields per layer key (its row's trailing comment)."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        if not line.strip().startswith("{.") or "// " not in line or ".name = " in line:
+            continue
+        body, key = line.rsplit("// ", 1)
+        fields = re.findall(r"\.(\w+) = ((?:\{[^=]*\})|[^,]+)", body.split(".work", 1)[0])
+        rows[key.strip()] = {name: [int(x) for x in re.findall(r"-?\d+", value)] for name, value in fields
+                             if re.fullmatch(r"[{}\d, -]+", value)}
+    return rows
+
+
+def test_transpose_and_reduce_rows_compute_what_numpy_does(generated, family_manifest):
+    """The runtime's reading of a row (tables.hpp), replayed in NumPy: a Transpose's source view
+    (dim d through the input's stride of dim perm[d]) is np.transpose of the input, and a
+    reduction's C shape is np's keepdims result, aligned to the row's rank."""
+    problems = {u.layer.problem.text(): u.layer.problem for u in family_manifest.layers}
+    copies = _rows(generated.out_dir / "tables_copy_0.cpp")
+    transposes = [k for k in copies if k.startswith("transpose:")]
+    assert len(transposes) == 2
+    for key in transposes:
+        row, p = copies[key], problems[key]
+        rank = row["rank"][0]
+        src, out, perm = row["src"][:rank], row["outs"][:rank], row["perm"][:rank]
+        x = np.arange(math.prod(src), dtype=np.int64)
+        strides = [math.prod(src[d + 1:]) * x.itemsize for d in range(rank)]
+        view = np.lib.stride_tricks.as_strided(x, shape=out, strides=[strides[a] for a in perm])
+        expected = np.transpose(x.reshape(p.shape), p.perm)
+        assert np.array_equal(view.reshape(expected.shape), expected), key
+    reduces = _rows(generated.out_dir / "tables_reduce_0.cpp")
+    assert len(reduces) == 2
+    for key, row in reduces.items():
+        p = problems[key]
+        rank = row["rank"][0]
+        kept = np.sum(np.ones(p.shape), axis=p.axes, keepdims=True).shape
+        assert row["src"][:rank] == [1] * (rank - len(p.shape)) + list(p.shape), key
+        assert row["dst"][:rank] == [1] * (rank - len(kept)) + list(kept), key
 
 
 def test_large_families_are_split_into_parts(tmp_path, family_manifest, monkeypatch):
