@@ -282,6 +282,8 @@ def _eltwise_cudnn(p: Problem) -> str | None:
     assert isinstance(p, EltwiseProblem)
     if p.alg == "clip" and not (p.min == 0.0 and p.max is not None and p.max < FLT_MAX):
         return None  # cuDNN's CLIPPED_RELU is clip(x, 0, ceiling) only
+    if p.alg == "sqrt":
+        return "cudnnOpTensor"  # its one unary op besides NOT: CUDNN_OP_TENSOR_SQRT
     return "cudnnActivationForward" if _CUDNN_ACTIVATION.get(p.alg) else None
 
 

@@ -106,12 +106,13 @@ def every_family_model():
         # reductions: keepdims on a 4-d tensor; a 3-d one without keepdims
         n("ReduceMean", ["max6"], ["rmean"], axes=[2, 3]),
         n("ReduceMax", ["seq"], ["rmax"], axes=[2], keepdims=0),
+        n("Sqrt", ["s4"], ["sqrt4"]),  # cudnnOpTensor's unary SQRT
     ]
     inits.append(numpy_helper.from_array(np.array([2, 8, 1, 1], np.int64), "wide"))
     return model(nodes, [io("x", [1, 3, 16, 16]), io("s", [1, 80]), io("t", [1, 32])],
                  [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None),
                   io("half0", None), io("half1", None), io("ex", None), io("tr", None), io("tr3", None),
-                  io("rmean", None), io("rmax", None)],
+                  io("rmean", None), io("rmax", None), io("sqrt4", None)],
                  inits, opset=13)
 
 
@@ -320,6 +321,10 @@ def test_golden_other_rows(generated):
     assert "{.op = ReduceOp::Avg, .rank = 4, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .dst = {1, 8, 1, 1, 0, 0, 0, 0}" in reduce
     assert "{.op = ReduceOp::Max, .rank = 4, .src = {1, 5, 2, 8, 0, 0, 0, 0}, .dst = {1, 5, 2, 1, 0, 0, 0, 0}" in reduce
     assert "api=cudnnReduceTensor" in reduce
+    binary = (out / "tables_binary_0.cpp").read_text()
+    # Sqrt: cudnnOpTensor's unary op over one [1, 8, 7, 7] shape (its B operand ignored)
+    assert ("{.op = BinaryOp::Sqrt, .swapped = false, .rank = 4, .a = {1, 8, 7, 7, 0}, .b = {1, 8, 7, 7, 0}, "
+            ".out = {1, 8, 7, 7, 0}, ") in binary
     pool = (out / "tables_pool_0.cpp").read_text()
     assert "{.mode = PoolMode::AvgIncludePad" in pool and "{.mode = PoolMode::Max" in pool
     registry = (out / "registry.cpp").read_text()

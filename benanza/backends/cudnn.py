@@ -31,7 +31,8 @@ time, recorded as "unsupported" with its status string):
 - Reductions (ReduceSum/Mean/Max/Min/Prod) are one cudnnReduceTensor with fp32 accumulation
   and no indices (ONNX's reductions return none), with the workspace cuDNN asks for; a dtype
   cuDNN cannot reduce is refused by the library and stored as unsupported. Transpose is the copy
-  family's cudnnTransformTensor reading its source through permuted strides.
+  family's cudnnTransformTensor reading its source through permuted strides; Sqrt is
+  cudnnOpTensor's unary CUDNN_OP_TENSOR_SQRT in the binary family.
 - RNNs run one layer of cudnnRNNForward (v8 API, inference) in cuDNN's packed sequence-major
   layout (ONNX layout 0; a batch-major layout=1 layer is timed sequence-major too). cuDNN's GRU
   is ONNX's linear_before_reset=1 form, which its ``implementation`` string says.
@@ -248,6 +249,10 @@ _BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "M
 
 
 def _binary_fields(layer: Layer) -> Fields:
+    if isinstance(layer.problem, EltwiseProblem):  # Sqrt: cudnnOpTensor's unary op, B ignored
+        dims = _dims(_fold4(layer.problem.shape) + (0,))
+        return [("op", "BinaryOp::Sqrt"), ("swapped", "false"), ("rank", "4"), ("a", dims), ("b", dims),
+                ("out", dims), ("work", _work(layer))]
     p = _problem(layer, BinaryProblem)
     shapes, out = p.shapes, p.out
     rank = max(4, len(out))

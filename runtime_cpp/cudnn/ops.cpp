@@ -229,6 +229,7 @@ class BinaryProblem : public Problem {
       const cudnnOpTensorOp_t op = op_ == BinaryOp::Mul   ? CUDNN_OP_TENSOR_MUL
                                    : op_ == BinaryOp::Min ? CUDNN_OP_TENSOR_MIN
                                    : op_ == BinaryOp::Max ? CUDNN_OP_TENSOR_MAX
+                                   : op_ == BinaryOp::Sqrt ? CUDNN_OP_TENSOR_SQRT
                                                           : CUDNN_OP_TENSOR_ADD;  // Sub: ADD, one side negated
       BZ_CUDNN(cudnnSetOpTensorDescriptor(optensor_, op, CUDNN_DATA_FLOAT, CUDNN_NOT_PROPAGATE_NAN));
     }

@@ -114,7 +114,8 @@ struct DropoutLayer {
 // Binary element-wise ops. Shapes are right-aligned to `rank` (4 or 5) dims with leading 1s.
 // cuDNN wants `a` in the output's shape and `b` broadcasting into it (the generator swaps the
 // operands for that); a layer where neither operand has the output's shape is refused at run time.
-enum class BinaryOp : uint8_t { AddTensor, Add, Sub, Mul, Min, Max, Scale };
+// Sqrt is cudnnOpTensor's unary op: a, b and out share one shape and b is ignored.
+enum class BinaryOp : uint8_t { AddTensor, Add, Sub, Mul, Min, Max, Scale, Sqrt };
 
 struct BinaryLayer {
   BinaryOp op;
