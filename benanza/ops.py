@@ -467,7 +467,7 @@ def _lnorm_build(view: NodeView) -> Problem:
 
 
 _REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min",
-           "ReduceProd": "prod"}
+           "ReduceProd": "prod", "ReduceL1": "sumabs", "ReduceL2": "sqrtsumsq"}
 # ReduceSum takes its axes as an input from opset 13 on, the others from opset 18 on.
 _AXES_INPUT_FROM = {"ReduceSum": 13}
 

@@ -107,12 +107,13 @@ def every_family_model():
         n("ReduceMean", ["max6"], ["rmean"], axes=[2, 3]),
         n("ReduceMax", ["seq"], ["rmax"], axes=[2], keepdims=0),
         n("Sqrt", ["s4"], ["sqrt4"]),  # cudnnOpTensor's unary SQRT
+        n("ReduceL2", ["s4"], ["rl2"], axes=[1]),
     ]
     inits.append(numpy_helper.from_array(np.array([2, 8, 1, 1], np.int64), "wide"))
     return model(nodes, [io("x", [1, 3, 16, 16]), io("s", [1, 80]), io("t", [1, 32])],
                  [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None),
                   io("half0", None), io("half1", None), io("ex", None), io("tr", None), io("tr3", None),
-                  io("rmean", None), io("rmax", None), io("sqrt4", None)],
+                  io("rmean", None), io("rmax", None), io("sqrt4", None), io("rl2", None)],
                  inits, opset=13)
 
 
@@ -320,6 +321,7 @@ def test_golden_other_rows(generated):
     # ReduceMean over H, W of [1, 8, 7, 7]; ReduceMax over the last axis of [5, 2, 8], aligned to 4-d
     assert "{.op = ReduceOp::Avg, .rank = 4, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .dst = {1, 8, 1, 1, 0, 0, 0, 0}" in reduce
     assert "{.op = ReduceOp::Max, .rank = 4, .src = {1, 5, 2, 8, 0, 0, 0, 0}, .dst = {1, 5, 2, 1, 0, 0, 0, 0}" in reduce
+    assert "{.op = ReduceOp::Norm2, .rank = 4, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .dst = {1, 1, 7, 7, 0, 0, 0, 0}" in reduce
     assert "api=cudnnReduceTensor" in reduce
     binary = (out / "tables_binary_0.cpp").read_text()
     # Sqrt: cudnnOpTensor's unary op over one [1, 8, 7, 7] shape (its B operand ignored)
@@ -365,7 +367,7 @@ def test_transpose_and_reduce_rows_compute_what_numpy_does(generated, family_man
         expected = np.transpose(x.reshape(p.shape), p.perm)
         assert np.array_equal(view.reshape(expected.shape), expected), key
     reduces = _rows(generated.out_dir / "tables_reduce_0.cpp")
-    assert len(reduces) == 2
+    assert len(reduces) == 3
     for key, row in reduces.items():
         p = problems[key]
         rank = row["rank"][0]

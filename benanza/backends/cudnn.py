@@ -28,7 +28,7 @@ time, recorded as "unsupported" with its status string):
   bounds. Math applies to convolutions, GEMMs and RNNs; the other families have no math
   setting and are named ``default``. ``cublasSgemv`` has none either: it is ``fma`` whatever
   was asked, generated once.
-- Reductions (ReduceSum/Mean/Max/Min/Prod) are one cudnnReduceTensor with fp32 accumulation
+- Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2) are one cudnnReduceTensor with fp32 accumulation
   and no indices (ONNX's reductions return none), with the workspace cuDNN asks for; a dtype
   cuDNN cannot reduce is refused by the library and stored as unsupported. Transpose is the copy
   family's cudnnTransformTensor reading its source through permuted strides; Sqrt is
@@ -326,7 +326,8 @@ def _copy_fields(layer: Layer) -> Fields:
             ("work", _work(layer))]
 
 
-_REDUCE_OPS = {"sum": "Add", "mean": "Avg", "max": "Max", "min": "Min", "prod": "Mul"}
+_REDUCE_OPS = {"sum": "Add", "mean": "Avg", "max": "Max", "min": "Min", "prod": "Mul",
+               "sumabs": "Norm1", "sqrtsumsq": "Norm2"}
 
 
 def _reduce_fields(layer: Layer) -> Fields:

@@ -343,6 +343,8 @@ cudnnReduceTensorOp_t reduce_op(ReduceOp op) {
     case ReduceOp::Max: return CUDNN_REDUCE_TENSOR_MAX;
     case ReduceOp::Min: return CUDNN_REDUCE_TENSOR_MIN;
     case ReduceOp::Mul: return CUDNN_REDUCE_TENSOR_MUL;
+    case ReduceOp::Norm1: return CUDNN_REDUCE_TENSOR_NORM1;  // sum of |x|: ONNX's ReduceL1
+    case ReduceOp::Norm2: return CUDNN_REDUCE_TENSOR_NORM2;  // sqrt of the sum of squares: ReduceL2
   }
   return CUDNN_REDUCE_TENSOR_ADD;
 }

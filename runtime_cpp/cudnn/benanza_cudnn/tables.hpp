@@ -162,7 +162,7 @@ struct CopyLayer {
 
 // A reduction: C = op(A) over the axes where dst has 1 and src does not (cudnnReduceTensor,
 // fp32 accumulation, no indices). Dims are right-aligned to `rank` (4..8) with leading 1s.
-enum class ReduceOp : uint8_t { Add, Avg, Max, Min, Mul };
+enum class ReduceOp : uint8_t { Add, Avg, Max, Min, Mul, Norm1, Norm2 };
 
 struct ReduceLayer {
   ReduceOp op;
