@@ -265,12 +265,6 @@ class BinaryProblem : public Problem {
 
 // --- data movement: cudnnTransformTensor copies of the same bytes ----------------------------
 
-size_t volume(const int* dims, int rank) {
-  size_t n = 1;
-  for (int d = 0; d < rank; ++d) n *= size_t(dims[d]);
-  return n;
-}
-
 std::vector<int> packed_strides(const int* dims, int rank) {
   std::vector<int> s(rank);
   int stride = 1;
@@ -296,7 +290,7 @@ class CopyProblem : public Problem {
     counters["bytes"] = bytes_of(L.work, v);
     const size_t elt = dtype_size(v.dtype);
     std::vector<int> src_strides = packed_strides(L.src, L.rank);
-    if (L.region) src_buf_ = filled(volume(L.src, L.rank), v.dtype);
+    if (L.region) src_buf_ = filled(numel(L.rank, L.src), v.dtype);
     for (int i = 0; i < L.count; ++i) {
       std::vector<int> out_strides = packed_strides(L.outs[i], L.rank);
       auto from = std::make_unique<TensorDesc>();
@@ -312,10 +306,10 @@ class CopyProblem : public Problem {
         source = static_cast<const char*>(src_buf_.get()) + offset * elt;
       } else {
         BZ_CUDNN(cudnnSetTensorNdDescriptor(*from, cudnn_dtype(v.dtype), L.rank, L.outs[i], out_strides.data()));
-        dense_src_.push_back(filled(volume(L.outs[i], L.rank), v.dtype));
+        dense_src_.push_back(filled(numel(L.rank, L.outs[i]), v.dtype));
         source = static_cast<const char*>(dense_src_.back().get());
       }
-      dst_buf_.push_back(filled(volume(L.outs[i], L.rank), v.dtype));
+      dst_buf_.push_back(filled(numel(L.rank, L.outs[i]), v.dtype));
       sources_.push_back(source);
       from_.push_back(std::move(from));
       to_.push_back(std::move(to));
@@ -368,8 +362,8 @@ class ReduceProblem : public Problem {
     workspace_bytes = work + indices;
     work_buf_ = DeviceBuffer(work);
     indices_buf_ = DeviceBuffer(indices);
-    a_buf_ = filled(volume(L.src, L.rank), v.dtype);
-    c_buf_ = filled(volume(L.dst, L.rank), v.dtype);
+    a_buf_ = filled(numel(L.rank, L.src), v.dtype);
+    c_buf_ = filled(numel(L.rank, L.dst), v.dtype);
   }
   void enqueue() override {
     BZ_CUDNN(cudnnReduceTensor(cudnn_handle(), reduce_, indices_buf_.get(), indices_buf_.bytes(), work_buf_.get(),
