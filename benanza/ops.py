@@ -282,6 +282,8 @@ def _eltwise_cudnn(p: Problem) -> str | None:
     assert isinstance(p, EltwiseProblem)
     if p.alg == "clip" and not (p.min == 0.0 and p.max is not None and p.max < FLT_MAX):
         return None  # cuDNN's CLIPPED_RELU is clip(x, 0, ceiling) only
+    if p.alg == "sqrt":
+        return "cudnnOpTensor"  # its one unary op besides NOT: CUDNN_OP_TENSOR_SQRT
     return "cudnnActivationForward" if _CUDNN_ACTIVATION.get(p.alg) else None
 
 
@@ -465,7 +467,7 @@ def _lnorm_build(view: NodeView) -> Problem:
 
 
 _REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min",
-           "ReduceProd": "prod"}
+           "ReduceProd": "prod", "ReduceL1": "sumabs", "ReduceL2": "sqrtsumsq"}
 # ReduceSum takes its axes as an input from opset 13 on, the others from opset 18 on.
 _AXES_INPUT_FROM = {"ReduceSum": 13}
 
@@ -498,6 +500,11 @@ def _reduce_build(view: NodeView) -> Problem:
 def _reduce_onednn(p: Problem) -> str | None:
     assert isinstance(p, ReduceProblem)
     return "reduction" if 1 <= len(p.shape) <= 5 else None  # oneDNN reductions take ranks 1-5
+
+
+def _reduce_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, ReduceProblem)
+    return "cudnnReduceTensor" if 1 <= len(p.shape) <= 8 else None  # cuDNN tensors take ranks up to 8
 
 
 def _transpose_build(view: NodeView) -> Problem:
@@ -582,6 +589,12 @@ def _copy_cudnn(p: Problem) -> str | None:
     # one cudnnTransformTensor per output (the runtime's table holds up to 8 of rank up to 8)
     ranks = [len(o) for o in p.outs] + [len(p.src or ())]
     return "cudnnTransformTensor" if 1 <= len(p.outs) <= 8 and max(ranks) <= 8 and min(ranks[:-1]) >= 1 else None
+
+
+def _transpose_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, TransposeProblem)
+    # the copy family's cudnnTransformTensor, its source read through permuted strides
+    return "cudnnTransformTensor" if 1 <= len(p.shape) <= 8 else None
 
 
 def _copy_onednn(p: Problem) -> str | None:
@@ -725,8 +738,8 @@ DROPOUT = Family("dropout", _dropout_build, _dropout_cudnn, _const(None))
 RNN = Family("rnn", _rnn_build, _rnn_cudnn, _const(None))
 CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
 LNORM = Family("lnorm", _lnorm_build, _const(None), _const("layer_normalization"))
-REDUCE = Family("reduce", _reduce_build, _const(None), _reduce_onednn)
-TRANSPOSE = Family("transpose", _transpose_build, _const(None), _const("reorder"))
+REDUCE = Family("reduce", _reduce_build, _reduce_cudnn, _reduce_onednn)
+TRANSPOSE = Family("transpose", _transpose_build, _transpose_cudnn, _const("reorder"))
 DECONV = Family("deconv", _deconv_build, _const(None), _const("deconvolution"))
 RESAMPLE = Family("resample", _resample_build, _const(None), _const("resampling"))
 # oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too

@@ -605,7 +605,8 @@ class LnormProblem(Problem):
 
 @dataclass(frozen=True)
 class ReduceProblem(Problem):
-    """A reduction (``alg``: mean, sum, max, min, prod) over sorted non-negative ``axes``;
+    """A reduction (``alg``: mean, sum, max, min, prod, sumabs = ReduceL1, sqrtsumsq = ReduceL2;
+    words without digits, which keys cannot hold) over sorted non-negative ``axes``;
     keepdims only relabels the output's shape and is not part of the problem."""
 
     FAMILY: ClassVar[str] = "reduce"

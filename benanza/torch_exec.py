@@ -14,6 +14,7 @@ evaluated once here at load, as the processor treats them as weights.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -845,6 +846,8 @@ def _register() -> dict[str, OpFn]:
         "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Shape": _shape, "Gather": _gather,
         "ReduceMean": _reduce(torch.mean, 18), "ReduceSum": _reduce(torch.sum, 13),
         "ReduceMax": _reduce(torch.amax, 18), "ReduceMin": _reduce(torch.amin, 18),
+        "ReduceL1": _reduce(functools.partial(torch.linalg.vector_norm, ord=1), 18),
+        "ReduceL2": _reduce(functools.partial(torch.linalg.vector_norm, ord=2), 18),
         "ConvTranspose": _conv_transpose, "LayerNormalization": _layer_norm, "Gelu": _gelu,
         "HardSwish": _unary(F.hardswish), "Where": _where, "Trilu": _trilu, "Expand": _expand, "Range": _range,
         "Mod": _mod, "Not": _unary(torch.logical_not), "Equal": _binary(torch.eq), "Less": _binary(torch.lt),

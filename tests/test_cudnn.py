@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import shutil
 import signal
 import subprocess
@@ -99,11 +101,19 @@ def every_family_model():
         # data movement: copies of the same bytes (a region of the input per output; a dense one)
         n("Split", ["max6"], ["half0", "half1"], axis=1),
         n("Expand", ["bias8", "wide"], ["ex"]),
+        n("Transpose", ["max6"], ["tr"], perm=[0, 2, 3, 1]),
+        n("Transpose", ["seq"], ["tr3"], perm=[1, 0, 2]),  # 3-d: padded to 4 with a leading 1
+        # reductions: keepdims on a 4-d tensor; a 3-d one without keepdims
+        n("ReduceMean", ["max6"], ["rmean"], axes=[2, 3]),
+        n("ReduceMax", ["seq"], ["rmax"], axes=[2], keepdims=0),
+        n("Sqrt", ["s4"], ["sqrt4"]),  # cudnnOpTensor's unary SQRT
+        n("ReduceL2", ["s4"], ["rl2"], axes=[1]),
     ]
     inits.append(numpy_helper.from_array(np.array([2, 8, 1, 1], np.int64), "wide"))
     return model(nodes, [io("x", [1, 3, 16, 16]), io("s", [1, 80]), io("t", [1, 32])],
                  [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None),
-                  io("half0", None), io("half1", None), io("ex", None)],
+                  io("half0", None), io("half1", None), io("ex", None), io("tr", None), io("tr3", None),
+                  io("rmean", None), io("rmax", None), io("sqrt4", None), io("rl2", None)],
                  inits, opset=13)
 
 
@@ -151,7 +161,7 @@ def test_every_family_is_covered(family_manifest):
         "cudnnLRNCrossChannelForward", "cudnnPoolingForward", "cudnnActivationForward",
         "cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor", "cudnnDropoutForward",
         "cublasSgemv", "cudnnSoftmaxForward", "cudnnRNNForward", "cublasGemmStridedBatchedEx",
-        "cublasGemmEx", "cudnnTransformTensor"}
+        "cublasGemmEx", "cudnnTransformTensor", "cudnnReduceTensor"}
     assert {f["pattern"] for f in family_manifest.fusions} == {"bias_relu", "bn_relu"}
 
 
@@ -246,7 +256,8 @@ def test_generated_files_and_variants_json(generated):
     assert read_variants(out) == generated.variants
     names = {p.name for p in out.glob("tables_*.cpp")}
     assert names == {f"tables_{f}_0.cpp" for f in ("conv", "bnorm", "lrn", "pool", "activation", "binary",
-                                                   "dropout", "blas", "softmax", "rnn", "copy")}
+                                                   "dropout", "blas", "softmax", "rnn", "copy",
+                                                   "reduce")}
     for part in ("common/benanza/runtime.hpp", "cudnn/benanza_cudnn/tables.hpp", "cudnn/conv.cpp",
                  "cmake/BenanzaCudaLibs.cmake"):
         assert (out / "runtime" / part).is_file()
@@ -298,6 +309,24 @@ def test_golden_other_rows(generated):
     assert ".at = {{0, 0, 0, 0, 0, 0, 0, 0}, {0, 4, 0, 0, 0, 0, 0, 0}, " in copy
     assert "{.region = false, .rank = 4, .count = 1, .src = {1, 1, 1, 1, 0, 0, 0, 0}, .outs = {{2, 8, 1, 1" in copy
     assert "api=cudnnTransformTensor" in copy
+    # the copies read in order; Transpose [1, 8, 7, 7] → [1, 7, 7, 8] reads dim d of its box
+    # through the input's stride of dim perm[d]; a 3-d [5, 2, 8] one keeps its leading 1 in place
+    assert ".perm = {0, 1, 2, 3, 0, 0, 0, 0}, .work" in copy
+    assert ("{.region = true, .rank = 4, .count = 1, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .outs = {{1, 7, 7, 8, 0, 0, "
+            "0, 0}, ") in copy
+    assert ".perm = {0, 2, 3, 1, 0, 0, 0, 0}, .work" in copy
+    assert ".src = {1, 5, 2, 8, 0, 0, 0, 0}, .outs = {{1, 2, 5, 8, 0, 0, 0, 0}, " in copy
+    assert ".perm = {0, 2, 1, 3, 0, 0, 0, 0}, .work" in copy
+    reduce = (out / "tables_reduce_0.cpp").read_text()
+    # ReduceMean over H, W of [1, 8, 7, 7]; ReduceMax over the last axis of [5, 2, 8], aligned to 4-d
+    assert "{.op = ReduceOp::Avg, .rank = 4, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .dst = {1, 8, 1, 1, 0, 0, 0, 0}" in reduce
+    assert "{.op = ReduceOp::Max, .rank = 4, .src = {1, 5, 2, 8, 0, 0, 0, 0}, .dst = {1, 5, 2, 1, 0, 0, 0, 0}" in reduce
+    assert "{.op = ReduceOp::Norm2, .rank = 4, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .dst = {1, 1, 7, 7, 0, 0, 0, 0}" in reduce
+    assert "api=cudnnReduceTensor" in reduce
+    binary = (out / "tables_binary_0.cpp").read_text()
+    # Sqrt: cudnnOpTensor's unary op over one [1, 8, 7, 7] shape (its B operand ignored)
+    assert ("{.op = BinaryOp::Sqrt, .swapped = false, .rank = 4, .a = {1, 8, 7, 7, 0}, .b = {1, 8, 7, 7, 0}, "
+            ".out = {1, 8, 7, 7, 0}, ") in binary
     pool = (out / "tables_pool_0.cpp").read_text()
     assert "{.mode = PoolMode::AvgIncludePad" in pool and "{.mode = PoolMode::Max" in pool
     registry = (out / "registry.cpp").read_text()
@@ -305,6 +334,46 @@ def test_golden_other_rows(generated):
     assert "kCuptiMetricCount = 1;" in registry
     cmake = (out / "CMakeLists.txt").read_text()
     assert "tables_conv_0.cpp" in cmake and 'option(BENANZA_CUPTI' in cmake and "OFF)" in cmake
+
+
+def _rows(path: Path) -> dict[str, dict[str, list[int]]]:
+    """The generated table's integer fields per layer key (its row's trailing comment)."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        if not line.strip().startswith("{.") or "// " not in line or ".name = " in line:
+            continue
+        body, key = line.rsplit("// ", 1)
+        fields = re.findall(r"\.(\w+) = ((?:\{[^=]*\})|[^,]+)", body.split(".work", 1)[0])
+        rows[key.strip()] = {name: [int(x) for x in re.findall(r"-?\d+", value)] for name, value in fields
+                             if re.fullmatch(r"[{}\d, -]+", value)}
+    return rows
+
+
+def test_transpose_and_reduce_rows_compute_what_numpy_does(generated, family_manifest):
+    """The runtime's reading of a row (tables.hpp), replayed in NumPy: a Transpose's source view
+    (dim d through the input's stride of dim perm[d]) is np.transpose of the input, and a
+    reduction's C shape is np's keepdims result, aligned to the row's rank."""
+    problems = {u.layer.problem.text(): u.layer.problem for u in family_manifest.layers}
+    copies = _rows(generated.out_dir / "tables_copy_0.cpp")
+    transposes = [k for k in copies if k.startswith("transpose:")]
+    assert len(transposes) == 2
+    for key in transposes:
+        row, p = copies[key], problems[key]
+        rank = row["rank"][0]
+        src, out, perm = row["src"][:rank], row["outs"][:rank], row["perm"][:rank]
+        x = np.arange(math.prod(src), dtype=np.int64)
+        strides = [math.prod(src[d + 1:]) * x.itemsize for d in range(rank)]
+        view = np.lib.stride_tricks.as_strided(x, shape=out, strides=[strides[a] for a in perm])
+        expected = np.transpose(x.reshape(p.shape), p.perm)
+        assert np.array_equal(view.reshape(expected.shape), expected), key
+    reduces = _rows(generated.out_dir / "tables_reduce_0.cpp")
+    assert len(reduces) == 3
+    for key, row in reduces.items():
+        p = problems[key]
+        rank = row["rank"][0]
+        kept = np.sum(np.ones(p.shape), axis=p.axes, keepdims=True).shape
+        assert row["src"][:rank] == [1] * (rank - len(p.shape)) + list(p.shape), key
+        assert row["dst"][:rank] == [1] * (rank - len(kept)) + list(kept), key
 
 
 def test_large_families_are_split_into_parts(tmp_path, family_manifest, monkeypatch):

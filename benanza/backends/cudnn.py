@@ -28,6 +28,11 @@ time, recorded as "unsupported" with its status string):
   bounds. Math applies to convolutions, GEMMs and RNNs; the other families have no math
   setting and are named ``default``. ``cublasSgemv`` has none either: it is ``fma`` whatever
   was asked, generated once.
+- Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2) are one cudnnReduceTensor with fp32 accumulation
+  and no indices (ONNX's reductions return none), with the workspace cuDNN asks for; a dtype
+  cuDNN cannot reduce is refused by the library and stored as unsupported. Transpose is the copy
+  family's cudnnTransformTensor reading its source through permuted strides; Sqrt is
+  cudnnOpTensor's unary CUDNN_OP_TENSOR_SQRT in the binary family.
 - RNNs run one layer of cudnnRNNForward (v8 API, inference) in cuDNN's packed sequence-major
   layout (ONNX layout 0; a batch-major layout=1 layer is timed sequence-major too). cuDNN's GRU
   is ONNX's linear_before_reset=1 form, which its ``implementation`` string says.
@@ -64,7 +69,8 @@ from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
 from ..ops import ELEMENT_SIZE
 from ..problems import (BinaryProblem, BnormProblem, ConvProblem, CopyProblem, DropoutProblem, EltwiseProblem,
-                        GemmProblem, LrnProblem, MatMulProblem, PoolProblem, Problem, RnnProblem, SoftmaxProblem)
+                        GemmProblem, LrnProblem, MatMulProblem, PoolProblem, Problem, ReduceProblem, RnnProblem,
+                        SoftmaxProblem, TransposeProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -243,6 +249,10 @@ _BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "M
 
 
 def _binary_fields(layer: Layer) -> Fields:
+    if isinstance(layer.problem, EltwiseProblem):  # Sqrt: cudnnOpTensor's unary op, B ignored
+        dims = _dims(_fold4(layer.problem.shape) + (0,))
+        return [("op", "BinaryOp::Sqrt"), ("swapped", "false"), ("rank", "4"), ("a", dims), ("b", dims),
+                ("out", dims), ("work", _work(layer))]
     p = _problem(layer, BinaryProblem)
     shapes, out = p.shapes, p.out
     rank = max(4, len(out))
@@ -289,18 +299,44 @@ def _blas_fields(layer: Layer) -> Fields:
             ("work", _work(layer))]
 
 
+def _dims8(dims: tuple[int, ...], rank: int, fill: int) -> str:
+    """Right-aligned to ``rank`` dims with leading ``fill``s, padded with 0s to the runtime's 8."""
+    return _dims((fill,) * (rank - len(dims)) + tuple(dims) + (0,) * (8 - rank))
+
+
 def _copy_fields(layer: Layer) -> Fields:
-    p = _problem(layer, CopyProblem)
-    rank = max([4, len(p.src or ())] + [len(o) for o in p.outs])
+    p = layer.problem
+    outs: tuple[tuple[int, ...], ...]
+    offsets: tuple[tuple[int, ...], ...]
+    if isinstance(p, TransposeProblem):  # one box, the whole input, read in the permuted order
+        src, outs, offsets, perm = p.shape, (tuple(p.shape[a] for a in p.perm),), ((0,) * len(p.shape),), p.perm
+        region = True
+    else:
+        c = _problem(layer, CopyProblem)
+        src, outs, offsets, region = c.src or (), c.outs, c.offsets, c.how == "region"
+        perm = tuple(range(len(src)))
+    rank = max([4, len(src)] + [len(o) for o in outs])
+    lead = rank - len(src)  # the leading 1s keep their places; the permuted dims shift past them
+    boxes = [_dims8(o, rank, 1) for o in outs] + [_dims8((), 0, 0)] * (8 - len(outs))
+    starts = [_dims8(a, rank, 0) for a in offsets] + [_dims8((), 0, 0)] * (8 - len(offsets))
+    order = tuple(range(lead)) + tuple(a + lead for a in perm)
+    return [("region", _bool(region)), ("rank", _int(rank)), ("count", _int(len(outs))),
+            ("src", _dims8(src, rank, 1)), ("outs", "{" + ", ".join(boxes) + "}"),
+            ("at", "{" + ", ".join(starts) + "}"), ("perm", _dims(order + (0,) * (8 - rank))),
+            ("work", _work(layer))]
 
-    def dims8(d: tuple[int, ...], fill: int) -> str:  # right-aligned to rank, padded to 8
-        return _dims(((fill,) * (rank - len(d)) + tuple(d) + (0,) * (8 - rank)))
 
-    boxes = [dims8(o, 1) for o in p.outs] + [dims8((), 0)] * (8 - len(p.outs))
-    starts = [dims8(a, 0) for a in p.offsets] + [dims8((), 0)] * (8 - len(p.offsets))
-    return [("region", _bool(p.how == "region")), ("rank", _int(rank)), ("count", _int(len(p.outs))),
-            ("src", dims8(p.src or (), 1)), ("outs", "{" + ", ".join(boxes) + "}"),
-            ("at", "{" + ", ".join(starts) + "}"), ("work", _work(layer))]
+_REDUCE_OPS = {"sum": "Add", "mean": "Avg", "max": "Max", "min": "Min", "prod": "Mul",
+               "sumabs": "Norm1", "sqrtsumsq": "Norm2"}
+
+
+def _reduce_fields(layer: Layer) -> Fields:
+    p = _problem(layer, ReduceProblem)
+    rank = max(4, len(p.shape))
+    # keepdims only relabels the output: cuDNN's C keeps every reduced axis as 1
+    out = tuple(1 if i in p.axes else d for i, d in enumerate(p.shape))
+    return [("op", "ReduceOp::" + _REDUCE_OPS[p.alg]), ("rank", _int(rank)), ("src", _dims8(p.shape, rank, 1)),
+            ("dst", _dims8(out, rank, 1)), ("work", _work(layer))]
 
 
 CONV = Family("conv", "ConvLayer", "add_conv", _conv_fields, spatial=True, math=True)
@@ -322,6 +358,7 @@ FAMILIES = {
     "cublasGemmStridedBatchedEx": BLAS,
     "cublasSgemv": BLAS,
     "cudnnTransformTensor": Family("copy", "CopyLayer", "add_copy", _copy_fields, False, False),
+    "cudnnReduceTensor": Family("reduce", "ReduceLayer", "add_reduce", _reduce_fields, False, False),
 }
 _BINARY = Family("binary", "BinaryLayer", "add_binary", _binary_fields, False, False)
 FAMILIES.update({api: _BINARY for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")})

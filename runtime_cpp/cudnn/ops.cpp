@@ -1,6 +1,6 @@
 // The single-call cuDNN families: pooling, batch normalization (inference), LRN, activation,
-// softmax, dropout, the binary tensor ops (cudnnAddTensor, cudnnOpTensor, cudnnScaleTensor) and
-// data movement as cudnnTransformTensor copies.
+// softmax, dropout, the binary tensor ops (cudnnAddTensor, cudnnOpTensor, cudnnScaleTensor),
+// data movement as cudnnTransformTensor copies, and reductions (cudnnReduceTensor).
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -229,6 +229,7 @@ class BinaryProblem : public Problem {
       const cudnnOpTensorOp_t op = op_ == BinaryOp::Mul   ? CUDNN_OP_TENSOR_MUL
                                    : op_ == BinaryOp::Min ? CUDNN_OP_TENSOR_MIN
                                    : op_ == BinaryOp::Max ? CUDNN_OP_TENSOR_MAX
+                                   : op_ == BinaryOp::Sqrt ? CUDNN_OP_TENSOR_SQRT
                                                           : CUDNN_OP_TENSOR_ADD;  // Sub: ADD, one side negated
       BZ_CUDNN(cudnnSetOpTensorDescriptor(optensor_, op, CUDNN_DATA_FLOAT, CUDNN_NOT_PROPAGATE_NAN));
     }
@@ -264,32 +265,51 @@ class BinaryProblem : public Problem {
 
 // --- data movement: cudnnTransformTensor copies of the same bytes ----------------------------
 
+std::vector<int> packed_strides(const int* dims, int rank) {
+  std::vector<int> s(rank);
+  int stride = 1;
+  for (int d = rank; d-- > 0;) {
+    s[d] = stride;
+    stride *= dims[d];
+  }
+  return s;
+}
+
+bool permuted(const CopyLayer& L) {
+  for (int d = 0; d < L.rank; ++d)
+    if (L.perm[d] != d) return true;
+  return false;
+}
+
 class CopyProblem : public Problem {
  public:
   CopyProblem(const CopyLayer& L, const Variant& v) {
-    implementation = "cudnnTransformTensor (data-movement copy)";
+    implementation = permuted(L) ? "cudnnTransformTensor (data-movement copy, transposed)"
+                                 : "cudnnTransformTensor (data-movement copy)";
     counters["flops"] = L.work.flops;
     counters["bytes"] = bytes_of(L.work, v);
     const size_t elt = dtype_size(v.dtype);
     std::vector<int> src_strides = packed_strides(L.src, L.rank);
-    if (L.region) src_buf_ = filled(volume(L.src, L.rank), v.dtype);
+    if (L.region) src_buf_ = filled(numel(L.rank, L.src), v.dtype);
     for (int i = 0; i < L.count; ++i) {
       std::vector<int> out_strides = packed_strides(L.outs[i], L.rank);
       auto from = std::make_unique<TensorDesc>();
       auto to = std::make_unique<TensorDesc>();
       BZ_CUDNN(cudnnSetTensorNdDescriptor(*to, cudnn_dtype(v.dtype), L.rank, L.outs[i], out_strides.data()));
       const char* source;
-      if (L.region) {  // the box at its offset, read through the input's strides
-        BZ_CUDNN(cudnnSetTensorNdDescriptor(*from, cudnn_dtype(v.dtype), L.rank, L.outs[i], src_strides.data()));
+      if (L.region) {  // the box at its offset, read through the input's (permuted) strides
+        std::vector<int> read(L.rank);
+        for (int d = 0; d < L.rank; ++d) read[d] = src_strides[L.perm[d]];
+        BZ_CUDNN(cudnnSetTensorNdDescriptor(*from, cudnn_dtype(v.dtype), L.rank, L.outs[i], read.data()));
         size_t offset = 0;
         for (int d = 0; d < L.rank; ++d) offset += size_t(L.at[i][d]) * src_strides[d];
         source = static_cast<const char*>(src_buf_.get()) + offset * elt;
       } else {
         BZ_CUDNN(cudnnSetTensorNdDescriptor(*from, cudnn_dtype(v.dtype), L.rank, L.outs[i], out_strides.data()));
-        dense_src_.push_back(filled(volume(L.outs[i], L.rank), v.dtype));
+        dense_src_.push_back(filled(numel(L.rank, L.outs[i]), v.dtype));
         source = static_cast<const char*>(dense_src_.back().get());
       }
-      dst_buf_.push_back(filled(volume(L.outs[i], L.rank), v.dtype));
+      dst_buf_.push_back(filled(numel(L.rank, L.outs[i]), v.dtype));
       sources_.push_back(source);
       from_.push_back(std::move(from));
       to_.push_back(std::move(to));
@@ -302,25 +322,58 @@ class CopyProblem : public Problem {
   }
 
  private:
-  static size_t volume(const int* dims, int rank) {
-    size_t n = 1;
-    for (int d = 0; d < rank; ++d) n *= size_t(dims[d]);
-    return n;
-  }
-  static std::vector<int> packed_strides(const int* dims, int rank) {
-    std::vector<int> s(rank);
-    int stride = 1;
-    for (int d = rank; d-- > 0;) {
-      s[d] = stride;
-      stride *= dims[d];
-    }
-    return s;
-  }
-
   DeviceBuffer src_buf_;
   std::vector<DeviceBuffer> dense_src_, dst_buf_;
   std::vector<const void*> sources_;
   std::vector<std::unique_ptr<TensorDesc>> from_, to_;
+};
+
+// --- reductions: cudnnReduceTensor ----------------------------------------------------------
+
+cudnnReduceTensorOp_t reduce_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Add: return CUDNN_REDUCE_TENSOR_ADD;
+    case ReduceOp::Avg: return CUDNN_REDUCE_TENSOR_AVG;
+    case ReduceOp::Max: return CUDNN_REDUCE_TENSOR_MAX;
+    case ReduceOp::Min: return CUDNN_REDUCE_TENSOR_MIN;
+    case ReduceOp::Mul: return CUDNN_REDUCE_TENSOR_MUL;
+    case ReduceOp::Norm1: return CUDNN_REDUCE_TENSOR_NORM1;  // sum of |x|: ONNX's ReduceL1
+    case ReduceOp::Norm2: return CUDNN_REDUCE_TENSOR_NORM2;  // sqrt of the sum of squares: ReduceL2
+  }
+  return CUDNN_REDUCE_TENSOR_ADD;
+}
+
+class ReduceProblem : public Problem {
+ public:
+  ReduceProblem(const ReduceLayer& L, const Variant& v) {
+    implementation = "cudnnReduceTensor";
+    counters["flops"] = L.work.flops;
+    counters["bytes"] = bytes_of(L.work, v);
+    std::vector<int> a_strides = packed_strides(L.src, L.rank), c_strides = packed_strides(L.dst, L.rank);
+    BZ_CUDNN(cudnnSetTensorNdDescriptor(a_, cudnn_dtype(v.dtype), L.rank, L.src, a_strides.data()));
+    BZ_CUDNN(cudnnSetTensorNdDescriptor(c_, cudnn_dtype(v.dtype), L.rank, L.dst, c_strides.data()));
+    // fp32 accumulation for every data type; ONNX's reductions return no indices, so
+    // Max/Min need no index space (cuDNN ignores it for the other ops).
+    BZ_CUDNN(cudnnSetReduceTensorDescriptor(reduce_, reduce_op(L.op), CUDNN_DATA_FLOAT, CUDNN_NOT_PROPAGATE_NAN,
+                                            CUDNN_REDUCE_TENSOR_NO_INDICES, CUDNN_32BIT_INDICES));
+    size_t work = 0, indices = 0;
+    BZ_CUDNN(cudnnGetReductionWorkspaceSize(cudnn_handle(), reduce_, a_, c_, &work));
+    BZ_CUDNN(cudnnGetReductionIndicesSize(cudnn_handle(), reduce_, a_, c_, &indices));
+    workspace_bytes = work + indices;
+    work_buf_ = DeviceBuffer(work);
+    indices_buf_ = DeviceBuffer(indices);
+    a_buf_ = filled(numel(L.rank, L.src), v.dtype);
+    c_buf_ = filled(numel(L.rank, L.dst), v.dtype);
+  }
+  void enqueue() override {
+    BZ_CUDNN(cudnnReduceTensor(cudnn_handle(), reduce_, indices_buf_.get(), indices_buf_.bytes(), work_buf_.get(),
+                               work_buf_.bytes(), kOne.ptr(), a_, a_buf_.get(), kZero.ptr(), c_, c_buf_.get()));
+  }
+
+ private:
+  TensorDesc a_, c_;
+  ReduceDesc reduce_;
+  DeviceBuffer work_buf_, indices_buf_, a_buf_, c_buf_;
 };
 
 template <class P, class L>
@@ -353,6 +406,9 @@ void add_binary(Registry& r, const BinaryLayer* l, const Variant* v, size_t n) {
 }
 void add_copy(Registry& r, const CopyLayer* l, const Variant* v, size_t n) {
   add_family(r, l, v, n, make<CopyProblem, CopyLayer>);
+}
+void add_reduce(Registry& r, const ReduceLayer* l, const Variant* v, size_t n) {
+  add_family(r, l, v, n, make<ReduceProblem, ReduceLayer>);
 }
 
 }  // namespace benanza::cudnn

@@ -75,6 +75,8 @@ using OpTensorDesc = Descriptor<cudnnOpTensorDescriptor_t, cudnnCreateOpTensorDe
 using DropoutDesc = Descriptor<cudnnDropoutDescriptor_t, cudnnCreateDropoutDescriptor,
                                cudnnDestroyDropoutDescriptor>;
 using RnnDesc = Descriptor<cudnnRNNDescriptor_t, cudnnCreateRNNDescriptor, cudnnDestroyRNNDescriptor>;
+using ReduceDesc = Descriptor<cudnnReduceTensorDescriptor_t, cudnnCreateReduceTensorDescriptor,
+                              cudnnDestroyReduceTensorDescriptor>;
 using RnnDataDesc = Descriptor<cudnnRNNDataDescriptor_t, cudnnCreateRNNDataDescriptor,
                                cudnnDestroyRNNDataDescriptor>;
 

@@ -114,7 +114,8 @@ struct DropoutLayer {
 // Binary element-wise ops. Shapes are right-aligned to `rank` (4 or 5) dims with leading 1s.
 // cuDNN wants `a` in the output's shape and `b` broadcasting into it (the generator swaps the
 // operands for that); a layer where neither operand has the output's shape is refused at run time.
-enum class BinaryOp : uint8_t { AddTensor, Add, Sub, Mul, Min, Max, Scale };
+// Sqrt is cudnnOpTensor's unary op: a, b and out share one shape and b is ignored.
+enum class BinaryOp : uint8_t { AddTensor, Add, Sub, Mul, Min, Max, Scale, Sqrt };
 
 struct BinaryLayer {
   BinaryOp op;
@@ -145,15 +146,28 @@ struct BlasLayer {
 };
 
 // Data movement with no cuDNN op of its own (Slice, Split, Gather, Expand, Where, Trilu), timed
-// as cudnnTransformTensor copies of the same bytes, one per output. Dims are right-aligned to
-// `rank` (4..8) with leading 1s. `region`: output i is the box outs[i] of a `src` tensor at
-// offset at[i], read through src's strides; otherwise each output is copied from a packed
-// tensor of its own shape.
+// as cudnnTransformTensor copies of the same bytes, one per output, and Transpose, one copy of
+// the input into the permuted layout. Dims are right-aligned to `rank` (4..8) with leading 1s.
+// `region`: output i is the box outs[i] of a `src` tensor at offset at[i] (in src's dims), its
+// dim d read through src's stride of dim perm[d] (the identity but for a Transpose); otherwise
+// each output is copied from a packed tensor of its own shape.
 struct CopyLayer {
   bool region;
   int rank, count;
   int src[8];
   int outs[8][8], at[8][8];
+  int perm[8];
+  Work work;
+};
+
+// A reduction: C = op(A) over the axes where dst has 1 and src does not (cudnnReduceTensor,
+// fp32 accumulation, no indices). Dims are right-aligned to `rank` (4..8) with leading 1s.
+enum class ReduceOp : uint8_t { Add, Avg, Max, Min, Mul, Norm1, Norm2 };
+
+struct ReduceLayer {
+  ReduceOp op;
+  int rank;
+  int src[8], dst[8];
   Work work;
 };
 
@@ -169,6 +183,7 @@ void add_binary(Registry& r, const BinaryLayer* layers, const Variant* variants,
 void add_rnn(Registry& r, const RnnLayer* layers, const Variant* variants, size_t count);
 void add_blas(Registry& r, const BlasLayer* layers, const Variant* variants, size_t count);
 void add_copy(Registry& r, const CopyLayer* layers, const Variant* variants, size_t count);
+void add_reduce(Registry& r, const ReduceLayer* layers, const Variant* variants, size_t count);
 
 // Defined by the generated registry.cpp: registers every family table of this build.
 void register_generated(Registry& r);

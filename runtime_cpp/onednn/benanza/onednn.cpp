@@ -765,18 +765,24 @@ algorithm reduce_alg(const std::string& a) {
   if (a == "max") return algorithm::reduction_max;
   if (a == "min") return algorithm::reduction_min;
   if (a == "prod") return algorithm::reduction_mul;
+  // (sum |x|^p)^(1/p) with eps 0: p = 1 is ONNX's ReduceL1, p = 2 its ReduceL2
+  if (a == "sumabs" || a == "sqrtsumsq") return algorithm::reduction_norm_lp_sum;
   throw Unsupported("reduction " + a);
 }
+
+// The p of the p-norm sums (ReduceL1, ReduceL2); the other algorithms ignore it.
+float reduce_p(const std::string& a) { return a == "sumabs" ? 1.f : a == "sqrtsumsq" ? 2.f : 0.f; }
 
 Prepared make_reduce(const ReduceParams& r, const Config& cfg) {
   Dims out = r.shape;
   for (int64_t a : r.axes) out.at(static_cast<size_t>(a)) = 1;  // keepdims: the same bytes either way
   auto src = plain_md(r.shape, cfg.dtype), dst = plain_md(out, cfg.dtype);
+  const float p = reduce_p(r.alg);
   auto attr = base_attr();
 #if BENANZA_DNNL3
-  dnnl::reduction::primitive_desc pd(engine(), reduce_alg(r.alg), src, dst, 0.f, 0.f, attr);
+  dnnl::reduction::primitive_desc pd(engine(), reduce_alg(r.alg), src, dst, p, 0.f, attr);
 #else
-  dnnl::reduction::desc d(reduce_alg(r.alg), src, dst, 0.f, 0.f);
+  dnnl::reduction::desc d(reduce_alg(r.alg), src, dst, p, 0.f);
   dnnl::reduction::primitive_desc pd(d, attr, engine());
 #endif
   return prepare<dnnl::reduction>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
