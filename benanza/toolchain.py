@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,10 +95,13 @@ def inventory() -> dict[str, str | None]:
     cuda = cuda_toolkit()
     benchmark = sorted(Path("/usr/lib").glob("*/cmake/benchmark/benchmarkConfig.cmake"))
     opencl = sorted(Path("/usr/lib").glob("*/libOpenCL.so"))
+    # torch.compile's inductor builds C++ wrappers against this interpreter's headers
+    python_h = Path(sysconfig.get_paths()["include"]) / "Python.h"
     return {
         "cmake": shutil.which("cmake"),
         "ninja": shutil.which("ninja"),
         "c++": shutil.which("c++"),
+        "Python.h (torch.compile)": str(python_h) if python_h.exists() else None,
         "google-benchmark": str(benchmark[0]) if benchmark else None,
         "onednn": str(onednn_cmake_config() or "") or None,
         "opencl (oneDNN's config needs it)": str(opencl[0]) if opencl else None,

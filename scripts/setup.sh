@@ -11,8 +11,9 @@ cd "$(dirname "$0")/.."
 
 # ocl-icd-opencl-dev + opencl-headers: Debian's libdnnl-dev CMake config calls
 # find_package(OpenCL REQUIRED). libpfm4 + libssh-4: Nsight Systems' importer links them.
+# python3-dev: torch.compile's inductor compiles C++ against Python.h.
 APT_PACKAGES=(cmake ninja-build g++ make libbenchmark-dev libdnnl-dev ocl-icd-opencl-dev opencl-headers
-              chromium libssh-4 libpfm4 python3-venv slurmctld slurmd slurm-client munge)
+              chromium libssh-4 libpfm4 python3-venv python3-dev slurmctld slurmd slurm-client munge)
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 if command -v apt-get >/dev/null 2>&1; then
   missing=()
