@@ -57,6 +57,9 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("mm_bias_gelu", ("Add", "Gelu"), False, "gelu",
                   "MatMul→Add(bias)→Gelu: one GEMM with a bias and a GELU epilogue (a transformer MLP)",
                   anchor="MatMul"),
+    FusionPattern("mm_bias_relu", ("Add", "Relu"), False, "relu",
+                  "MatMul→Add(bias)→Relu: one GEMM with a bias and a ReLU epilogue (a ReLU MLP's first Linear)",
+                  anchor="MatMul"),
     FusionPattern("mm_bias", ("Add",), False, "identity", "MatMul→Add(bias): one GEMM with a bias (a Linear)",
                   anchor="MatMul"),
     FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
@@ -125,7 +128,7 @@ def match_fusions(model: Model) -> list[FusionMatch]:
                     break
                 chain.append(nxt[0])
             if ok and pattern.anchor == "MatMul":
-                ok = _gemm_epilogue(anchor, [model.nodes[i] for i in chain[1:]])
+                ok = _gemm_epilogue(anchor, [model.nodes[i] for i in chain[1:]], pattern.activation)
             if ok:
                 used.update(chain)
                 matches.append(FusionMatch(pattern, tuple(chain), node.layer))
@@ -133,9 +136,10 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     return matches
 
 
-def _gemm_epilogue(gemm: Problem, tail: list[Node]) -> bool:
+def _gemm_epilogue(gemm: Problem, tail: list[Node], activation: str) -> bool:
     """Whether a MatMul's tail is what a GEMM epilogue computes: an Add of a constant bias along
-    the output's last axis (shape [N] or [1, N]), then GELU in its erf form."""
+    the output's last axis (shape [N] or [1, N]), then the pattern's activation (GELU in its erf
+    form, or ReLU)."""
     assert isinstance(gemm, MatMulProblem)
     add = tail[0].layer.problem
     if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[0].constant_inputs:
@@ -146,7 +150,7 @@ def _gemm_epilogue(gemm: Problem, tail: list[Node]) -> bool:
         return False
     if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
         return False
-    return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == "gelu" for n in tail[1:])
+    return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == activation for n in tail[1:])
 
 
 def _layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:

@@ -82,6 +82,12 @@ CONV_ALGOS = ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT",
 FUSED_API = "cudnnConvolutionBiasActivationForward"
 # cuDNN runs the IDENTITY activation in the fused call with this algorithm only.
 IDENTITY_ALGOS = ("IMPLICIT_PRECOMP_GEMM",)
+# A MatMul's bias epilogue: one cublasLtMatmul per rank of cublasLtMatmulAlgoGetHeuristic's answer
+# (runtime_cpp/cudnn/blas.cpp kLtAlgos asks for as many), each with the workspace it reports.
+LT_API = "cublasLtMatmul"
+LT_ALGOS = tuple(f"heuristic{i}" for i in range(8))
+# the pattern's activation → the runtime's call (its CUBLASLT_EPILOGUE_*_BIAS)
+_LT_CALLS = {"identity": "kLtBias", "gelu": "kLtBiasGelu", "relu": "kLtBiasRelu"}
 
 DTYPES = ("f32", "f16", "bf16")
 DEFAULT_DTYPES = ("f32", "f16")
@@ -467,6 +473,10 @@ class CudnnBackend:
                 out += [Variant(problem, NAME, FUSED_API, algo, d, lay, m, fusion)
                         for algo in algos for d, lay, m in combos]
             return out
+        if family is BLAS:  # the GEMM epilogues; attention patterns anchor no cuBLAS call
+            epilogues = [f for f in fusions if FUSION_PATTERNS[f].anchor == "MatMul" and not FUSION_PATTERNS[f].attention]
+            out += [Variant(problem, NAME, LT_API, algo, d, lay, m, fusion)
+                    for fusion in epilogues for algo in LT_ALGOS for d, lay, m in exp.combos(family)]
         for d, lay, m in exp.combos(family):
             # cuBLAS has no 16-bit GEMV: those run as a GEMM with one row or column.
             call = "cublasGemmEx" if api == "cublasSgemv" and d != "f32" else api
@@ -511,9 +521,12 @@ def _warn_asymmetric(layer: Layer) -> None:
 def _variant_fields(v: Variant, layer_index: int) -> Fields:
     if v.api == FUSED_API:
         call = "kConvBiasRelu" if FUSION_PATTERNS[v.fusion].activation == "relu" else "kConvBiasIdentity"
+    elif v.api == LT_API:
+        call = _LT_CALLS[FUSION_PATTERNS[v.fusion].activation]
     else:
         call = _CALLS.get(v.api, "kCall")
-    algo = CONV_ALGOS.index(v.algo) if v.algo in CONV_ALGOS else 0
+    order = LT_ALGOS if v.api == LT_API else CONV_ALGOS
+    algo = order.index(v.algo) if v.algo in order else 0
     return [("name", c_string(v.name)), ("layer", str(layer_index)), ("call", call), ("algo", str(algo)),
             ("dtype", _CPP["dtype"][v.dtype]), ("layout", _CPP["layout"][v.layout]),
             ("math", _CPP["math"][v.math])]

@@ -1,6 +1,7 @@
 # Imported targets for the libraries the cuDNN backend links (include after project()):
 #   benanza::cudnn   libcudnn    (PyPI nvidia-cudnn-cu13/-cu12 wheel, $CUDNN_ROOT, or a system install)
-#   benanza::cublas  libcublas   (PyPI nvidia-cublas / nvidia-cublas-cu12 wheel, or the CUDA toolkit)
+#   benanza::cublas  libcublas and libcublasLt (PyPI nvidia-cublas / nvidia-cublas-cu12 wheel, or the
+#                    CUDA toolkit; cublasLtMatmul runs the GEMMs with bias epilogues)
 #   benanza::cupti   libcupti    (the CUDA toolkit: lib64 or extras/CUPTI)
 # The wheels ship versioned sonames only (libcudnn.so.9, libcublas.so.13), so the libraries are
 # found and linked by full path. BENANZA_PYTHON names the interpreter whose site-packages hold
@@ -32,8 +33,12 @@ find_path(BENANZA_CUBLAS_INCLUDE_DIR cublas_v2.h
 find_library(BENANZA_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12
   HINTS ${_wheel_cublas} ${CUDAToolkit_LIBRARY_DIR}
   PATH_SUFFIXES lib lib64)
+get_filename_component(_cublas_dir "${BENANZA_CUBLAS_LIBRARY}" DIRECTORY)
+find_library(BENANZA_CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12
+  HINTS "${_cublas_dir}" NO_DEFAULT_PATH)
 
-foreach(var BENANZA_CUDNN_INCLUDE_DIR BENANZA_CUDNN_LIBRARY BENANZA_CUBLAS_INCLUDE_DIR BENANZA_CUBLAS_LIBRARY)
+foreach(var BENANZA_CUDNN_INCLUDE_DIR BENANZA_CUDNN_LIBRARY BENANZA_CUBLAS_INCLUDE_DIR BENANZA_CUBLAS_LIBRARY
+            BENANZA_CUBLASLT_LIBRARY)
   if(NOT ${var})
     message(FATAL_ERROR
       "${var} not found. Install the wheels (pip install nvidia-cudnn-cu13 nvidia-cublas) into the "
@@ -54,9 +59,10 @@ endfunction()
 
 _benanza_imported(benanza::cudnn "${BENANZA_CUDNN_LIBRARY}" "${BENANZA_CUDNN_INCLUDE_DIR}")
 _benanza_imported(benanza::cublas "${BENANZA_CUBLAS_LIBRARY}" "${BENANZA_CUBLAS_INCLUDE_DIR}")
-# libcublas needs libcublasLt from its own folder at link time too.
-get_filename_component(_cublas_dir "${BENANZA_CUBLAS_LIBRARY}" DIRECTORY)
+_benanza_imported(benanza::cublaslt "${BENANZA_CUBLASLT_LIBRARY}" "${BENANZA_CUBLAS_INCLUDE_DIR}")
+# libcublasLt sits beside libcublas (which needs it at link time too): the one folder both come from.
 set_property(TARGET benanza::cublas PROPERTY INTERFACE_LINK_OPTIONS "LINKER:-rpath-link,${_cublas_dir}")
+set_property(TARGET benanza::cublas PROPERTY INTERFACE_LINK_LIBRARIES benanza::cublaslt)
 
 function(benanza_find_cupti)
   find_library(BENANZA_CUPTI_LIBRARY NAMES cupti libcupti.so.13 libcupti.so.12

@@ -1,9 +1,15 @@
-// GEMM and GEMV through cuBLAS for ONNX Gemm/MatMul (row-major), timed like the cuDNN calls.
+// GEMM and GEMV through cuBLAS for ONNX Gemm/MatMul (row-major), timed like the cuDNN calls, and
+// the fused MatMul→Add(bias)[→Gelu|→Relu] as one cublasLtMatmul with a bias epilogue.
 //
 // cuBLAS is column-major: a row-major M x N matrix is the column-major N x M transpose, so
 // Y = op(A) op(B) is computed as Y^T = op(B)^T op(A)^T with the operands swapped.
+#include <cublasLt.h>
+
 #include <initializer_list>
+#include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "benanza_cudnn/harness.hpp"
 
@@ -102,7 +108,178 @@ class BlasProblem : public Problem {
   DeviceBuffer a_, b_, c_;
 };
 
+// --- cublasLtMatmul with a bias epilogue ---------------------------------------------------
+
+// Heuristic answers a layer's variants can pick from (benanza/backends/cudnn.py LT_ALGOS names
+// one variant per rank).
+constexpr int kLtAlgos = 8;
+// The most workspace the heuristic may plan with (a framework's cuBLASLt workspace is of this
+// order: PyTorch's CUBLASLT_WORKSPACE_SIZE); each algorithm is given exactly what it reports.
+constexpr uint64_t kLtWorkspaceLimit = uint64_t(32) << 20;
+
+cublasLtHandle_t lt_handle() {
+  static cublasLtHandle_t h = [] {
+    stream();  // no GPU: the CUDA error is thrown here, as for every other handle
+    cublasLtHandle_t created;
+    BZ_CUBLAS(cublasLtCreate(&created));
+    return created;
+  }();
+  return h;
+}
+
+// Owns one cuBLASLt descriptor; Destroy is its library function.
+template <class D, cublasStatus_t (*Destroy)(D)>
+class LtDesc {
+ public:
+  LtDesc() = default;
+  ~LtDesc() {
+    if (d_) Destroy(d_);
+  }
+  LtDesc(const LtDesc&) = delete;
+  LtDesc& operator=(const LtDesc&) = delete;
+  D* out() { return &d_; }
+  operator D() const { return d_; }
+
+ private:
+  D d_{};
+};
+using LtMatmulDesc = LtDesc<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using LtLayout = LtDesc<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using LtPreference = LtDesc<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+// The bias is added before the activation, one value per row of the column-major D: per
+// column of the row-major output, which is the ONNX bias Add along the last axis.
+cublasLtEpilogue_t epilogue(uint8_t call) {
+  switch (call) {
+    case kLtBias: return CUBLASLT_EPILOGUE_BIAS;
+    case kLtBiasGelu: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case kLtBiasRelu: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    default: break;
+  }
+  throw Failure("call " + std::to_string(call) + " is not a cublasLtMatmul epilogue: regenerate the tables");
+}
+
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_GELU_BIAS: return "CUBLASLT_EPILOGUE_GELU_BIAS";
+    case CUBLASLT_EPILOGUE_RELU_BIAS: return "CUBLASLT_EPILOGUE_RELU_BIAS";
+    default: return "CUBLASLT_EPILOGUE_BIAS";
+  }
+}
+
+template <class T>
+void set_attribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const T& value) {
+  BZ_CUBLAS(cublasLtMatmulDescSetAttribute(d, a, &value, sizeof(value)));
+}
+
+template <class T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t a) {
+  T value{};
+  size_t written = 0;
+  BZ_CUBLAS(cublasLtMatmulAlgoConfigGetAttribute(&algo, a, &value, sizeof(value), &written));
+  return value;
+}
+
+// The heuristic's answer for one layer/dtype/math/epilogue, asked once and shared by the
+// variants that each time one of its algorithms.
+struct LtChoice {
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  std::vector<cublasLtMatmulHeuristicResult_t> results;  // best first, usable ones only
+};
+
+using LtChoiceKey = std::tuple<const BlasLayer*, DType, Math, uint8_t>;
+
+class LtProblem : public Problem {
+ public:
+  LtProblem(const BlasLayer& L, const Variant& v)
+      : type_(cuda_dtype(v.dtype)), alpha_{static_cast<float>(L.alpha)}, beta_{static_cast<float>(L.beta)} {
+    if (L.batch != 1 || L.a_count != 1 || L.b_count != 1)
+      throw Failure("a bias epilogue on a batched GEMM: the generator fuses 2-D MatMuls only; regenerate the tables");
+    lt_handle();  // no GPU: fail here, before allocating
+    const cublasComputeType_t compute = compute_type(v);
+    const cublasLtEpilogue_t ep = epilogue(v.call);
+    BZ_CUBLAS(cublasLtMatmulDescCreate(desc_.out(), compute, CUDA_R_32F));
+    // Lt's A is ONNX's B and Lt's B is ONNX's A (the column-major view above); a layout names the
+    // stored matrix, before its transpose.
+    set_attribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, L.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_attribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, L.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_attribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, ep);
+    BZ_CUBLAS(cublasLtMatrixLayoutCreate(a_.out(), type_, L.trans_b ? L.k : L.n, L.trans_b ? L.n : L.k,
+                                         L.trans_b ? L.k : L.n));
+    BZ_CUBLAS(cublasLtMatrixLayoutCreate(b_.out(), type_, L.trans_a ? L.m : L.k, L.trans_a ? L.k : L.m,
+                                         L.trans_a ? L.m : L.k));
+    BZ_CUBLAS(cublasLtMatrixLayoutCreate(d_.out(), type_, L.n, L.m, L.n));
+
+    const LtChoice& choice = choice_for(L, v);
+    if (choice.status != CUBLAS_STATUS_SUCCESS)
+      check_cublas(choice.status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (v.algo >= choice.results.size())
+      unsupported("cublasLtMatmulAlgoGetHeuristic offered " + std::to_string(choice.results.size()) +
+                  " algorithms for this GEMM, none of rank " + std::to_string(v.algo));
+    const cublasLtMatmulHeuristicResult_t& picked = choice.results[v.algo];
+    algo_ = picked.algo;
+    workspace_bytes = picked.workspaceSize;
+
+    const auto id = algo_config<int32_t>(algo_, CUBLASLT_ALGO_CONFIG_ID);
+    const auto tile = algo_config<uint32_t>(algo_, CUBLASLT_ALGO_CONFIG_TILE_ID);
+    const auto stages = algo_config<uint32_t>(algo_, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+    const auto splitk = algo_config<int32_t>(algo_, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+    implementation = std::string("cublasLtMatmul/") + epilogue_name(ep) + "/" + compute_name(compute) +
+                     "/id=" + std::to_string(id) + ",tile=" + std::to_string(tile) +
+                     ",stages=" + std::to_string(stages) + ",splitk=" + std::to_string(splitk);
+    counters["algo"] = v.algo;
+    counters["heuristic_algos"] = static_cast<double>(choice.results.size());
+    counters["lt_algo_id"] = id;
+    counters["lt_tile_id"] = tile;
+    counters["lt_stages_id"] = stages;
+    counters["lt_splitk"] = splitk;
+    counters["waves"] = picked.wavesCount;
+    counters["flops"] = L.work.flops;
+    counters["bytes"] = bytes_of(L.work, v);
+
+    a_buf_ = filled(size_t(L.m) * L.k, v.dtype);
+    b_buf_ = filled(size_t(L.k) * L.n, v.dtype);
+    y_buf_ = filled(size_t(L.m) * L.n, v.dtype);
+    bias_buf_ = filled(L.n, v.dtype);
+    ws_buf_ = DeviceBuffer(picked.workspaceSize);
+    set_attribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_buf_.get());
+  }
+
+  void enqueue() override {
+    BZ_CUBLAS(cublasLtMatmul(lt_handle(), desc_, &alpha_, b_buf_.get(), a_, a_buf_.get(), b_, &beta_, y_buf_.get(),
+                             d_, y_buf_.get(), d_, &algo_, ws_buf_.get(), ws_buf_.bytes(), stream()));
+  }
+
+ private:
+  const LtChoice& choice_for(const BlasLayer& L, const Variant& v) {
+    static std::map<LtChoiceKey, LtChoice> choices;
+    const LtChoiceKey key{&L, v.dtype, v.math, v.call};
+    auto it = choices.find(key);
+    if (it != choices.end()) return it->second;
+    LtChoice c;
+    LtPreference pref;
+    BZ_CUBLAS(cublasLtMatmulPreferenceCreate(pref.out()));
+    BZ_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &kLtWorkspaceLimit, sizeof(kLtWorkspaceLimit)));
+    std::vector<cublasLtMatmulHeuristicResult_t> results(kLtAlgos);
+    int returned = 0;
+    c.status = cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc_, a_, b_, d_, d_, pref, kLtAlgos, results.data(),
+                                              &returned);
+    for (int i = 0; c.status == CUBLAS_STATUS_SUCCESS && i < returned; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) c.results.push_back(results[i]);
+    return choices.emplace(key, std::move(c)).first->second;
+  }
+
+  cudaDataType_t type_;
+  float alpha_, beta_;
+  LtMatmulDesc desc_;
+  LtLayout a_, b_, d_;
+  cublasLtMatmulAlgo_t algo_{};
+  DeviceBuffer a_buf_, b_buf_, y_buf_, bias_buf_, ws_buf_;
+};
+
 std::unique_ptr<Problem> make_blas(const BlasLayer& L, const Variant& v) {
+  if (v.call == kLtBias || v.call == kLtBiasGelu || v.call == kLtBiasRelu) return std::make_unique<LtProblem>(L, v);
   return std::make_unique<BlasProblem>(L, v);
 }
 

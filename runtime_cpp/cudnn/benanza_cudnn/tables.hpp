@@ -36,9 +36,13 @@ constexpr uint8_t kConvBiasRelu = 2;        // cudnnConvolutionBiasActivationFor
 constexpr uint8_t kGemmEx = 0;              // cublasGemmEx
 constexpr uint8_t kGemmStridedBatchedEx = 1;  // cublasGemmStridedBatchedEx
 constexpr uint8_t kSgemv = 2;               // cublasSgemv
+constexpr uint8_t kLtBias = 3;              // cublasLtMatmul, CUBLASLT_EPILOGUE_BIAS
+constexpr uint8_t kLtBiasGelu = 4;          // cublasLtMatmul, CUBLASLT_EPILOGUE_GELU_BIAS
+constexpr uint8_t kLtBiasRelu = 5;          // cublasLtMatmul, CUBLASLT_EPILOGUE_RELU_BIAS
 
 // One benchmark. `layer` indexes the family's layer table; `algo` is the cudnnConvolutionFwdAlgo_t
-// value for convolutions and 0 elsewhere.
+// value for convolutions, the rank of the algorithm in cublasLtMatmulAlgoGetHeuristic's answer
+// (0 = its first choice) for cublasLtMatmul, and 0 elsewhere.
 struct Variant {
   const char* name;  // exactly records.Variant.name
   uint32_t layer;

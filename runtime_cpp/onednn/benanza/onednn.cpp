@@ -594,9 +594,9 @@ Prepared make_matmul(const MatmulParams& m, const Config& cfg) {
   MatmulDims d = matmul_dims(m);
   size_t rank = d.c.size();
   auto attr = base_attr();
-  if (cfg.gelu) {  // the fused MatMul→Add→Gelu epilogue
+  if (cfg.gelu || cfg.relu) {  // the fused MatMul→Add→Gelu or MatMul→Add→Relu epilogue
     dnnl::post_ops po;
-    append_eltwise(po, algorithm::eltwise_gelu_erf, 0.f, 0.f);
+    append_eltwise(po, cfg.gelu ? algorithm::eltwise_gelu_erf : algorithm::eltwise_relu, 0.f, 0.f);
     attr.set_post_ops(po);
   }
   // The fused bias Add: one value per output column, broadcast over the rows.
