@@ -147,8 +147,11 @@ def expected_count(manifest: Manifest, dtypes=2, layouts=2, maths=1) -> int:
         else:
             total += dtypes
     for f in manifest.fusions:
-        algos = 8 if BY_NAME[f["pattern"]].activation == "relu" else 1
-        total += algos * combos_spatial
+        pattern = BY_NAME[f["pattern"]]
+        if pattern.anchor == "MatMul":  # a GEMM epilogue: every heuristic rank; attention has no cuBLAS call
+            total += 0 if pattern.attention else len(cudnn.LT_ALGOS) * dtypes * maths
+        else:
+            total += (8 if pattern.activation == "relu" else 1) * combos_spatial
     return total
 
 

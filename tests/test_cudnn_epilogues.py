@@ -119,7 +119,7 @@ def test_every_gemm_epilogue_of_the_exports_has_its_cublaslt_variants(generated,
 def test_gelu_and_relu_activations_decide_the_pattern(generated, exports):
     """The GPT block's fc Linear is followed by Gelu, the encoder's linear1 by Relu (the ONNX
     files' own consumer ops); each gets its own epilogue and no other."""
-    models, _, g = generated
+    models, _, _ = generated
     for path, m in zip(exports, models):
         graph = onnx.load(str(path)).graph
         onnx_nodes = {node.name: node for node in graph.node}
@@ -187,7 +187,7 @@ def test_epilogue_variants_build_and_report_no_gpu(exports, tmp_path):
     listed = subprocess.run([str(binary), "--benanza_list"], capture_output=True, text=True, check=True)
     assert sorted(listed.stdout.split()) == sorted(v.name for v in g.variants)
     run = subprocess.run([str(binary), "--benchmark_filter=cublasLtMatmul", "--benchmark_min_time=0.01"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     results = _lines(run.stdout, "BENANZA_RESULT")
     assert sorted(r["name"] for r in results) == sorted(v.name for v in lt)

@@ -37,14 +37,23 @@ time, recorded as "unsupported" with its status string):
   layout (ONNX layout 0; a batch-major layout=1 layer is timed sequence-major too). cuDNN's GRU
   is ONNX's linear_before_reset=1 form, which its ``implementation`` string says.
 - GEMV layers (m or n = 1) use ``cublasSgemv`` in fp32 and ``cublasGemmEx`` for 16-bit types,
-  which have no GEMV in cuBLAS.
+  which have no GEMV in cuBLAS. A MatMul whose weight has no batch of its own is already one 2-D
+  GEMM (the processor folds A's leading dims into M); only a B with its own batch makes a
+  ``cublasGemmStridedBatchedEx``.
+- GEMM epilogues: a 2-D MatMul anchoring ``mm_bias``, ``mm_bias_relu`` or ``mm_bias_gelu`` also
+  runs as one ``cublasLtMatmul`` with ``CUBLASLT_EPILOGUE_BIAS``, ``RELU_BIAS`` or ``GELU_BIAS``
+  (cuBLASLt's GELU is the tanh approximation), one variant per rank of
+  cublasLtMatmulAlgoGetHeuristic's answer (``LT_ALGOS``), with that algorithm's workspace; a rank
+  the heuristic does not offer is stored as unsupported. Same dtypes and math modes as cuBLAS.
 
 Run-time counters of every benchmark: ``flops``, ``bytes``, ``workspace_bytes``; convolutions
 add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``: what
 cudnnGetConvolutionForwardAlgorithm_v7 and cudnnFindConvolutionForwardAlgorithm pick) and
 ``find_ms``, and the math type and workspace each of them chose: ``heuristic_math``,
 ``find_math`` (indexes into ``CUDNN_MATH_TYPES``), ``heuristic_workspace_bytes``,
-``find_workspace_bytes``. Timing counters (runtime_cpp/cudnn/harness.cpp): ``calls`` per
+``find_workspace_bytes``; ``cublasLtMatmul`` adds ``algo`` (the heuristic rank),
+``heuristic_algos`` (how many it offered), ``lt_algo_id``, ``lt_tile_id``, ``lt_stages_id``,
+``lt_splitk`` (the algorithm's configuration) and ``waves``. Timing counters (runtime_cpp/cudnn/harness.cpp): ``calls`` per
 repetition, ``l2_flushed`` (1: the L2 cache was flushed before every call, 0: hot-cache timing,
 ``BENANZA_L2=hot``), ``host_bound_reps``. In CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernels.
 """
