@@ -148,10 +148,11 @@ def expected_count(manifest: Manifest, dtypes=2, layouts=2, maths=1) -> int:
             total += dtypes
     for f in manifest.fusions:
         pattern = BY_NAME[f["pattern"]]
-        if pattern.anchor == "MatMul":  # a GEMM epilogue: every heuristic rank; attention has no cuBLAS call
-            total += 0 if pattern.attention else len(cudnn.LT_ALGOS) * dtypes * maths
-        else:
+        if pattern.anchor == "Conv":
             total += (8 if pattern.activation == "relu" else 1) * combos_spatial
+        elif pattern.anchor == "MatMul" and not pattern.attention:  # a GEMM epilogue: every heuristic rank
+            total += len(cudnn.LT_ALGOS) * dtypes * maths
+        # the other patterns (decompositions, attention) have no cuDNN/cuBLAS fused call
     return total
 
 
