@@ -1,7 +1,8 @@
-"""GEMM epilogues on the cuDNN/cuBLAS backend: MatMul→Add(bias)[→Gelu|→Relu] benchmarked as one
-cublasLtMatmul per heuristic algorithm, on real TorchScript exports of an encoder and a GPT block;
-the plain MatMul's GEMM shapes against NumPy; a real build run to the clean no-device failure; and
-Q5 over results stored by the runner from the runtime's line protocol."""
+"""GEMM epilogues: MatMul→Add(bias)[→Gelu|→Relu] on the cuDNN/cuBLAS backend as one cublasLtMatmul
+per heuristic algorithm, on real TorchScript exports of an encoder and a GPT block; the plain
+MatMul's GEMM shapes against NumPy; a real build run to the clean no-device failure; Q5 over
+results stored by the runner from the runtime's line protocol; and the ReLU epilogue on oneDNN,
+checked in oneDNN's own verbose log."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from helpers import io, model
+from helpers import io, model, tensor
 from onnx import helper, numpy_helper
 from test_cudnn import NEED_TOOLCHAIN, _build, _lines
+from test_transformers import verbose_execs
 from torch_models import export
 
 from benanza.backends import cudnn
@@ -282,3 +284,28 @@ for n in open(sys.argv[1].split("=", 1)[1]).read().split():
         if path.stem.startswith("encoder"):
             assert [u["pattern"] for u in fusion["unprofitable"]] == ["mm_bias_relu"]
     assert applied_all == {"mm_bias", "mm_bias_gelu"}
+
+
+# --- the ReLU epilogue on oneDNN ---------------------------------------------------------------
+
+@pytest.mark.slow
+def test_relu_epilogue_runs_as_a_onednn_post_op(save, tmp_path):
+    from benanza.runner import build
+
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w1"], ["h"], name="fc"), n("Add", ["h", "b1"], ["hb"], name="fc_bias"),
+             n("Relu", ["hb"], ["r"], name="relu"), n("MatMul", ["r", "w2"], ["y"], name="out")]
+    inits = [tensor("w1", (32, 64)), tensor("b1", (64,)), tensor("w2", (64, 32))]
+    m = load_model(save(model(nodes, [io("x", [1, 16, 32])], [io("y", [1, 16, 32])], inits)))
+    assert [(f.pattern.name, [m.nodes[i].name for i in f.nodes]) for f in match_fusions(m)] == \
+        [("mm_bias_relu", ["fc", "fc_bias", "relu"])]
+    g = generate(build_manifest([m], unique_layers([m])), "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    (fused,) = [v for v in g.variants if v.fusion == "mm_bias_relu"]
+    (plain,) = [v for v in g.variants if v.problem == fused.problem and v.fusion == "none"]
+    binary = build(g.out_dir)
+    # oneDNN's record of what ran: the fused matmul has the bias and the ReLU post-op, on 16 rows
+    want = ("bia_f32", "attr-post-ops:eltwise_relu", ",16x32:32x64:16x64,")
+    lines = [ln for ln in verbose_execs(binary, [fused.name], tmp_path) if ",matmul," in ln]
+    assert any(all(w in ln for w in want) for ln in lines), lines[-2:]
+    lines = [ln for ln in verbose_execs(binary, [plain.name], tmp_path) if ",matmul," in ln]
+    assert lines and not any("post-ops" in ln or "bia_f32" in ln for ln in lines), lines[-2:]
