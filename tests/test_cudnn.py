@@ -51,7 +51,7 @@ NEED_TOOLCHAIN = pytest.mark.skipif(
 def every_family_model():
     """Conv (bias, asymmetric pads; grouped + dilated) with both fusion kinds, BN, LRN, max/avg/
     global pooling, five activations, AddTensor/OpTensor/ScaleTensor, dropout, GEMV, softmax,
-    LSTM, bidirectional GRU, batched and plain MatMul."""
+    LSTM, bidirectional GRU, batched and plain MatMul, a MatMul with a bias+ReLU epilogue."""
     inits = [
         tensor("W1", (8, 3, 3, 3)), tensor("B1", (8,)), tensor("W2", (8, 2, 3, 3)),
         tensor("scale", (8,), 1.0), tensor("shift", (8,), 0.0), tensor("mean", (8,), 0.0),
@@ -60,7 +60,7 @@ def every_family_model():
         tensor("Wfc", (8, 16)), tensor("Bfc", (16,)),
         tensor("Wl", (1, 64, 8)), tensor("Rl", (1, 64, 16)), tensor("Bl", (1, 128)),
         tensor("Wg", (2, 48, 8)), tensor("Rg", (2, 48, 16)),
-        tensor("Wm", (5, 8, 12)), tensor("Wn", (8, 6)),  # Wm has its own batch: a batched GEMM
+        tensor("Wm", (5, 8, 12)), tensor("Wn", (8, 6)), tensor("Bn", (6,)),  # Wm has its own batch: a batched GEMM
         numpy_helper.from_array(np.array([5, 2, 8], np.int64), "seq_shape"),
         numpy_helper.from_array(np.array([4, 8], np.int64), "mat_shape"),
         numpy_helper.from_array(np.array(True), "train"),
@@ -98,6 +98,10 @@ def every_family_model():
         n("GRU", ["seq", "Wg", "Rg"], ["gy"], hidden_size=16, direction="bidirectional"),
         n("MatMul", ["seq", "Wm"], ["mm3"]),
         n("MatMul", ["mat", "Wn"], ["mm2"]),
+        # a Linear with ReLU: the cublasLtMatmul RELU_BIAS epilogue (and AddTensor, activation unfused)
+        n("MatMul", ["mat", "Wn"], ["lin"]),
+        n("Add", ["lin", "Bn"], ["lin_b"]),
+        n("Relu", ["lin_b"], ["lin_r"]),
         # data movement: copies of the same bytes (a region of the input per output; a dense one)
         n("Split", ["max6"], ["half0", "half1"], axis=1),
         n("Expand", ["bias8", "wide"], ["ex"]),
@@ -111,7 +115,7 @@ def every_family_model():
     ]
     inits.append(numpy_helper.from_array(np.array([2, 8, 1, 1], np.int64), "wide"))
     return model(nodes, [io("x", [1, 3, 16, 16]), io("s", [1, 80]), io("t", [1, 32])],
-                 [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None),
+                 [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None), io("lin_r", None),
                   io("half0", None), io("half1", None), io("ex", None), io("tr", None), io("tr3", None),
                   io("rmean", None), io("rmax", None), io("sqrt4", None), io("rl2", None)],
                  inits, opset=13)
@@ -166,7 +170,7 @@ def test_every_family_is_covered(family_manifest):
         "cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor", "cudnnDropoutForward",
         "cublasSgemv", "cudnnSoftmaxForward", "cudnnRNNForward", "cublasGemmStridedBatchedEx",
         "cublasGemmEx", "cudnnTransformTensor", "cudnnReduceTensor"}
-    assert {f["pattern"] for f in family_manifest.fusions} == {"bias_relu", "bn_relu"}
+    assert {f["pattern"] for f in family_manifest.fusions} == {"bias_relu", "bn_relu", "mm_bias_relu"}
 
 
 def test_variant_counts_match_manifest(family_manifest):
