@@ -309,3 +309,11 @@ def test_relu_epilogue_runs_as_a_onednn_post_op(save, tmp_path):
     assert any(all(w in ln for w in want) for ln in lines), lines[-2:]
     lines = [ln for ln in verbose_execs(binary, [plain.name], tmp_path) if ",matmul," in ln]
     assert lines and not any("post-ops" in ln or "bia_f32" in ln for ln in lines), lines[-2:]
+
+
+def test_runtime_asks_the_heuristic_for_one_answer_per_generated_rank():
+    """blas.cpp's request size is what the generator names variants after: a rank it never asks
+    for would be stored as unsupported forever, an answer it asks for but nobody times is lost."""
+    source = (Path(__file__).resolve().parents[1] / "runtime_cpp" / "cudnn" / "blas.cpp").read_text()
+    (count,) = re.findall(r"constexpr int kLtAlgos = (\d+);", source)
+    assert int(count) == len(cudnn.LT_ALGOS)

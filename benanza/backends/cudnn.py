@@ -53,9 +53,9 @@ cudnnGetConvolutionForwardAlgorithm_v7 and cudnnFindConvolutionForwardAlgorithm 
 ``find_math`` (indexes into ``CUDNN_MATH_TYPES``), ``heuristic_workspace_bytes``,
 ``find_workspace_bytes``; ``cublasLtMatmul`` adds ``algo`` (the heuristic rank),
 ``heuristic_algos`` (how many it offered), ``lt_algo_id``, ``lt_tile_id``, ``lt_stages_id``,
-``lt_splitk`` (the algorithm's configuration) and ``waves``. Timing counters (runtime_cpp/cudnn/harness.cpp): ``calls`` per
-repetition, ``l2_flushed`` (1: the L2 cache was flushed before every call, 0: hot-cache timing,
-``BENANZA_L2=hot``), ``host_bound_reps``. In CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernels.
+``lt_splitk`` (the algorithm's configuration) and ``waves``. Timing counters
+(runtime_cpp/cudnn/harness.cpp): ``calls`` per repetition, ``l2_flushed`` (1: the L2 cache was
+flushed before every call, 0: hot-cache timing, ``BENANZA_L2=hot``), ``host_bound_reps``. In CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernels.
 """
 
 from __future__ import annotations
@@ -483,7 +483,8 @@ class CudnnBackend:
                         for algo in algos for d, lay, m in combos]
             return out
         if family is BLAS:  # the GEMM epilogues; attention patterns anchor no cuBLAS call
-            epilogues = [f for f in fusions if FUSION_PATTERNS[f].anchor == "MatMul" and not FUSION_PATTERNS[f].attention]
+            epilogues = [f for f in fusions
+                         if FUSION_PATTERNS[f].anchor == "MatMul" and not FUSION_PATTERNS[f].attention]
             out += [Variant(problem, NAME, LT_API, algo, d, lay, m, fusion)
                     for fusion in epilogues for algo in LT_ALGOS for d, lay, m in exp.combos(family)]
         for d, lay, m in exp.combos(family):
