@@ -305,7 +305,7 @@ def test_end_to_end_costs_onnxruntimes_fused_ops(perf_db, profiled, offline, flo
         u["unfused_ms"] - u["fused_ms"] for u in a["fusion"]["applied"] + a["fusion"]["unprofitable"])
     if flow == "optimizer":
         # a fused kernel the analyzer does not know (as a newer ORT's would be) is named, never silent
-        import benanza.analysis.matching as matching
+        from benanza.analysis import matching
 
         monkeypatch.delitem(matching._COVERS, "Attention")
         monkeypatch.delitem(matching._CANDIDATES, "Attention")

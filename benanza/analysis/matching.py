@@ -365,10 +365,10 @@ def _fast_gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
     (x,) = frontier
     node = anchor
     while True:
-        readers = [r for t in node.outputs for r in graph.readers[t]]
-        if len(readers) != 1 or readers[0].layer.op not in ("Add", "Mul"):
+        after = [r for t in node.outputs for r in graph.readers[t]]
+        if len(after) != 1 or after[0].layer.op not in ("Add", "Mul"):
             break
-        r = readers[0]
+        r = after[0]
         side = [graph.producer.get(t) for t in r.inputs if t not in node.outputs and t != x]
         if any(p is None or p.layer.op != "Mul" or p.inputs != (x,) for p in side):
             break  # a product with something other than x or ½x: not part of the GELU
