@@ -60,9 +60,11 @@ class TraceMatch:
 
     @property
     def unmapped(self) -> list[OpGroup]:
-        """Inserted ops that compute rather than move data: fused kernels whose pattern was not
-        found in the model, so the layers they replace count 0 in the framework's bound."""
-        return [g for g in self.inserted if g.op not in _GLUE]
+        """Inserted ONNX-level ops that compute rather than move data: fused kernels whose pattern
+        was not found in the model, so the layers they replace count 0 in the framework's bound. A
+        namespaced op (``aten::empty`` between a torch run's layer ranges) is the framework's own
+        work, not a node of any graph."""
+        return [g for g in self.inserted if g.op and g.op not in _GLUE and "::" not in g.op]
 
     @property
     def fused(self) -> list[OpGroup]:
@@ -433,7 +435,8 @@ _COVERS: dict[str, Callable[[_Graph, Node], tuple[int, ...] | None]] = {
 }
 # the ops ORT names by type alone (or after a node the optimizer renamed), and the node types a
 # walk to their pattern may start from
-_CANDIDATES = {"Gemm": ("MatMul",), "FusedMatMul": ("MatMul",), "LayerNormalization": ("LayerNormalization", "ReduceMean"),
+_CANDIDATES = {"Gemm": ("MatMul",), "FusedMatMul": ("MatMul",),
+               "LayerNormalization": ("LayerNormalization", "ReduceMean"),
                "SkipLayerNormalization": ("LayerNormalization", "ReduceMean"),
                "Gelu": ("Gelu", "Div"), "BiasGelu": ("Gelu", "Div"), "FastGelu": ("Tanh",),
                "Attention": ("Softmax",), "MultiHeadAttention": ("Softmax",)}
