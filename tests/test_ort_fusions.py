@@ -12,6 +12,7 @@ reads and writes bound the original nodes it replaced.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import onnx
@@ -60,7 +61,8 @@ def profiled(tmp_path_factory):
 @pytest.fixture(scope="module")
 def offline(tmp_path_factory):
     """The export, ORT's profile of its transformer-optimized form (ORT's own profiler at the
-    default session level, as a user runs it) and the graph that session runs."""
+    default session level, as a user runs it), the graph that session runs, and the original
+    tensor of each tensor the optimizer renamed."""
     import numpy as np
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -68,6 +70,7 @@ def offline(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ortxf")
 
+    @functools.cache
     def get(name: str, opset: int, model_type: str, level: int | None, mha: bool) -> tuple[Path, Path, Path, dict]:
         path = export(name, opset, out)
         stem = f"{name}{opset}-{model_type}-{level}{'-mha' if mha else ''}"
