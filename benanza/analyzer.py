@@ -308,6 +308,13 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         view = _framework_view(a, model, profile, by_key, weight, matches, graph)
         if any(g.nodes for g in view.match.groups):
             a.framework = view
+            unmapped = view.match.unmapped
+            if unmapped:
+                a.warnings.append(
+                    f"{view.framework} ran {len(unmapped)} ops the model does not have that this analysis cannot "
+                    f"map back to the layers they replace (" + ", ".join(f"{g.name} ({g.op})" for g in unmapped[:6])
+                    + (", …" if len(unmapped) > 6 else "") + f"; {sum(g.time_ms for g in unmapped):.4g} ms per "
+                    f"run): the layers they run count 0 in the bound with its fusions, which is then no floor")
         else:  # e.g. a PyTorch trace: aten:: op names carry no ONNX node names to match on
             a.notes.append(f"the {view.framework} trace's ops could not be matched to the model's layers "
                            f"by name; the per-layer framework view is omitted")

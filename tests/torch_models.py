@@ -3,7 +3,9 @@ output, with the shape subgraphs, Mod-based slicing and causal masks that export
 
 from __future__ import annotations
 
+import math
 import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -43,6 +45,31 @@ class GptBlock(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
+class BertLayer(nn.Module):
+    """A Hugging Face BERT encoder layer (post-LN): separate Q, K and V projections, scores
+    divided by √d, erf-GELU (or GPT-2's tanh ``gelu_new``) feed-forward. This is the graph
+    ONNX Runtime's transformer optimizer (``onnxruntime.transformers.optimizer``) fuses into
+    its Attention op; the packed in-projection of ``nn.MultiheadAttention`` it does not."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(D_MODEL, D_MODEL), nn.Linear(D_MODEL, D_MODEL), nn.Linear(D_MODEL, D_MODEL)
+        self.o, self.ln1 = nn.Linear(D_MODEL, D_MODEL), nn.LayerNorm(D_MODEL, eps=1e-12)
+        self.up, self.down = nn.Linear(D_MODEL, 4 * D_MODEL), nn.Linear(4 * D_MODEL, D_MODEL)
+        self.ln2, self.approximate = nn.LayerNorm(D_MODEL, eps=1e-12), approximate
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        b, s, _ = t.shape
+        return t.view(b, s, HEADS, D_MODEL // HEADS).permute(0, 2, 1, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(D_MODEL // HEADS)
+        ctx = torch.matmul(scores.softmax(-1), v).permute(0, 2, 1, 3).contiguous()
+        h = self.ln1(self.o(ctx.view(ctx.shape[0], ctx.shape[1], D_MODEL)) + x)
+        return self.ln2(self.down(F.gelu(self.up(h), approximate=self.approximate)) + h)
+
+
 class TinyVit(nn.Module):
     """A ViT in small: 8×8 patches of a 3×32×32 image, a class token, position embeddings,
     one pre-LN encoder layer (GELU MLP) and the head on the class token."""
@@ -80,7 +107,8 @@ class MobileV3Block(nn.Module):
         return x + self.project(h * self.se(h))
 
 
-MODELS = {"encoder": Encoder, "gpt": GptBlock, "vit": TinyVit, "mbv3": MobileV3Block}
+MODELS = {"encoder": Encoder, "gpt": GptBlock, "vit": TinyVit, "mbv3": MobileV3Block, "bert": BertLayer,
+          "bert-tanh": partial(BertLayer, "tanh")}
 INPUTS = {"vit": (1, 3, 32, 32), "mbv3": (1, 16, 16, 16)}  # the others take 1×SEQ×D_MODEL
 
 

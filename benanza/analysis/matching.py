@@ -59,6 +59,14 @@ class TraceMatch:
         return [g for g in self.groups if not g.nodes]
 
     @property
+    def unmapped(self) -> list[OpGroup]:
+        """Inserted ONNX-level ops that compute rather than move data: fused kernels whose pattern
+        was not found in the model, so the layers they replace count 0 in the framework's bound. A
+        namespaced op (``aten::empty`` between a torch run's layer ranges) is the framework's own
+        work, not a node of any graph."""
+        return [g for g in self.inserted if g.op and g.op not in _GLUE and "::" not in g.op]
+
+    @property
     def fused(self) -> list[OpGroup]:
         return [g for g in self.groups if len(g.nodes) > 1]
 
@@ -92,6 +100,12 @@ def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
     for key, (_, _, first) in acc.items():
         if not found[key] and first.op in _CANDIDATES:
             found[key] = _unnamed(first, graph, claimed)
+            claimed.update(found[key])
+    # then a model op under a name the model lacks (the transformer optimizer's
+    # ``FullyConnect_MatMul_1``): the next unclaimed node of its type and output shape
+    for key, (_, _, first) in acc.items():
+        if not found[key] and first.op not in _GLUE and first.op not in _COVERS:
+            found[key] = _renamed(first, graph, claimed)
             claimed.update(found[key])
     groups = [OpGroup(name, op, found[(name, op)], total / nruns / 1000.0, count / nruns)
               for (name, op), (total, count, _) in acc.items()]
@@ -162,7 +176,9 @@ def _unnamed(o: OpEvent, graph: _Graph, claimed: set[int]) -> tuple[int, ...]:
     """A fused op ORT named only by its type: the first unclaimed occurrence (model order) of
     the pattern it replaces whose output has the op's output shape. ORT's sequential executor
     runs nodes in the model's topological order, so the k-th such op is the k-th occurrence.
-    A part of the pattern another op already runs (a bias Add in ORT's Gemm) stays with it."""
+    A part of the pattern another op already runs (a bias Add in ORT's Gemm) stays with it. A
+    fused op the transformer optimizer renamed (``FullyConnect_MatMul_0/MatMulAddFusion``) is
+    found the same way."""
     want = o.output_shapes[0] if o.output_shapes else None
     seen: set[tuple[int, ...]] = set()
     for seed in graph.model.nodes:
@@ -173,9 +189,21 @@ def _unnamed(o: OpEvent, graph: _Graph, claimed: set[int]) -> tuple[int, ...]:
             continue
         seen.add(nodes)
         shapes = {s.shape for i in nodes for s in graph.model.nodes[i].layer.outputs}
-        if want is None or want in shapes:
+        if want is None or any(_same_data(want, s) for s in shapes):
             return nodes
     return ()
+
+
+def _same_data(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """The same tensor, or one ORT flattened to 2-D around a Gemm (rows folded, last axis kept)."""
+    return a == b or (bool(a) and bool(b) and a[-1] == b[-1] and math.prod(a) == math.prod(b))
+
+
+def _renamed(o: OpEvent, graph: _Graph, claimed: set[int]) -> tuple[int, ...]:
+    want = o.output_shapes[0] if o.output_shapes else None
+    return next(((n.index,) for n in graph.model.nodes if n.layer.op == o.op and n.index not in claimed
+                 and not n.layer.view and want is not None and n.layer.outputs
+                 and _same_data(n.layer.outputs[0].shape, want)), ())
 
 
 # --- what each fused ORT op computes, walked from one node of it ---------------------------------
@@ -314,15 +342,107 @@ def _split_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
     return tuple(sorted(r.index for r in graph.readers[anchor.inputs[0]] if r.layer.op in ("Gather", "Slice")))
 
 
+_ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Tanh")
+
+
+def _fast_gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """FastGeluFusion: the tanh GELU x·½(1 + tanh(√(2/π)(x + 0.044715x³))), in whatever order
+    of products the exporter wrote, from its Tanh: back to x, the one tensor the paths from the
+    Tanh meet at (the producer latest in the graph is expanded first, so the walk never passes
+    x), forward through the products with 1, x or ½x that close it, and the constant-bias Add
+    before x (FastGelu with a bias input) when only the group reads it."""
+    if anchor.layer.op != "Tanh":
+        return None
+    group = {anchor.index}
+    while True:
+        frontier = {t for i in group for t in graph.model.nodes[i].inputs
+                    if t not in graph.producer or graph.producer[t].index not in group}
+        readers = {r.index for t in frontier for r in graph.readers[t]} & group
+        if len(frontier) == 1 and len(readers) > 1:
+            break
+        nxt = max((graph.producer[t] for t in frontier if t in graph.producer), key=lambda n: n.index, default=None)
+        if nxt is None or nxt.layer.op not in _ELEMENTWISE or len(group) > 8:
+            return None
+        group.add(nxt.index)
+    (x,) = frontier
+    node = anchor
+    while True:
+        after = [r for t in node.outputs for r in graph.readers[t]]
+        if len(after) != 1 or after[0].layer.op not in ("Add", "Mul"):
+            break
+        r = after[0]
+        side = [graph.producer.get(t) for t in r.inputs if t not in node.outputs and t != x]
+        if any(p is None or p.layer.op != "Mul" or p.inputs != (x,) for p in side):
+            break  # a product with something other than x or ½x: not part of the GELU
+        group |= {r.index} | {p.index for p in side if p is not None}
+        node = r
+    if not any(x in graph.model.nodes[i].inputs for i in group if graph.model.nodes[i].layer.op == "Mul"
+               and graph.model.nodes[i].index > anchor.index):
+        return None  # the tanh term never multiplied x: not a GELU
+    source = graph.producer.get(x)
+    if source is not None and _bias_add(graph, source, group):
+        group.add(source.index)
+    return tuple(sorted(group))
+
+
+def _attention_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
+    """AttentionFusion (Attention, MultiHeadAttention): softmax(Q·Kᵀ [scaled] [+ mask])·V from its
+    Softmax, with what makes Q, K and V of the projections (the MatMul with a constant weight,
+    its bias Add, the Reshapes and Transposes that split the heads, a scalar scale) and the
+    Transpose (and Reshape) that merge the heads after it; each read by the group alone. A
+    MultiHeadAttention leaves the projection MatMuls to their own named ops, which claim them
+    first."""
+    if anchor.layer.op != "Softmax" or len(anchor.inputs) != 1:
+        return None
+    group = {anchor.index}
+    scores = graph.producer.get(anchor.inputs[0])
+    while scores is not None and scores.layer.op in ("Add", "Mul", "Div", "Where"):
+        group.add(scores.index)  # the scale and the mask
+        scores = next((graph.producer[t] for t in scores.inputs if t in graph.producer
+                       and _reaches(graph.producer[t], "MatMul", graph.producer, 2)), None)
+    readers = graph.readers[anchor.outputs[0]]
+    if scores is None or scores.layer.op != "MatMul" or len(readers) != 1 or readers[0].layer.op != "MatMul":
+        return None
+    pv = readers[0]
+    group |= {scores.index, pv.index}
+    for t in scores.inputs + tuple(t for t in pv.inputs if t != anchor.outputs[0]):
+        p = graph.producer.get(t)
+        while p is not None and p.index not in group and graph.only_read_by(p, group):
+            if p.layer.op == "MatMul":
+                if p.constant_inputs:
+                    group.add(p.index)  # the projection: where Q, K or V begin
+                break
+            if not (p.layer.view or p.layer.op == "Transpose" or _scalar_operand(graph, p)
+                    or (p.layer.op == "Add" and p.constant_inputs and len(p.inputs) == 1)):
+                break
+            group.add(p.index)
+            p = graph.producer.get(p.inputs[0]) if p.inputs else None
+    node = pv
+    while True:
+        after = [r for t in node.outputs for r in graph.readers[t]]
+        if len(after) != 1 or not (after[0].layer.view or after[0].layer.op == "Transpose"):
+            break
+        node = after[0]
+        group.add(node.index)
+    return tuple(sorted(group))
+
+
 _COVERS: dict[str, Callable[[_Graph, Node], tuple[int, ...] | None]] = {
     "Gemm": _gemm_cover, "FusedMatMul": _fused_matmul_cover, "LayerNormalization": _layernorm_cover,
     "SkipLayerNormalization": _skip_layernorm_cover, "Gelu": _gelu_cover, "BiasGelu": _bias_gelu_cover,
-    "Split": _split_cover,
+    "Split": _split_cover, "FastGelu": _fast_gelu_cover, "Attention": _attention_cover,
+    "MultiHeadAttention": _attention_cover,
 }
-# the ops ORT names by type alone, and the node types a walk to their pattern may start from
-_CANDIDATES = {"LayerNormalization": ("LayerNormalization", "ReduceMean"),
+# the ops ORT names by type alone (or after a node the optimizer renamed), and the node types a
+# walk to their pattern may start from
+_CANDIDATES = {"Gemm": ("MatMul",), "FusedMatMul": ("MatMul",),
+               "LayerNormalization": ("LayerNormalization", "ReduceMean"),
                "SkipLayerNormalization": ("LayerNormalization", "ReduceMean"),
-               "Gelu": ("Gelu", "Div"), "BiasGelu": ("Gelu", "Div")}
+               "Gelu": ("Gelu", "Div"), "BiasGelu": ("Gelu", "Div"), "FastGelu": ("Tanh",),
+               "Attention": ("Softmax",), "MultiHeadAttention": ("Softmax",)}
+# ops ORT inserts that move data or change layout: no layer of the model computes them
+_GLUE = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose", "ReorderInput",
+                   "ReorderOutput", "MemcpyToHost", "MemcpyFromHost"})
 
 
 def _reaches(node: Node, op: str, producer: dict[str, Node], depth: int = 6) -> bool:
