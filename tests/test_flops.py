@@ -51,7 +51,7 @@ def test_flops_count_the_work_of_the_real_layers(save):
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in sess.get_inputs()}
     out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-    r, img, x, a = feeds["r"], feeds["img"], feeds["x"], feeds["a"]
+    r, x, a = feeds["r"], feeds["x"], feeds["a"]
     rows = x.size // x.shape[-1]
     want = {
         # reductions read every input element once; mean divides per output, L2 squares and roots
