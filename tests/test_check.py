@@ -114,7 +114,7 @@ def test_a_perturbed_input_is_caught_with_a_line_that_reproduces_it(bench, monke
 def test_a_wrong_offset_from_the_generator_is_caught(bench, tmp_path):
     """A Split whose benchmark copies its second output from the wrong offset, as a bug in the
     copy family's key building would generate it: the real generator, build and check."""
-    _, paths, models, _ = bench
+    _, _, models, _ = bench
     gpt = next(m for m in models if m.name == "gpt14")
     split = next(n.layer for n in gpt.nodes if isinstance(n.layer.problem, CopyProblem)
                  and n.layer.problem.op == "split")
