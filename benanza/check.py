@@ -409,7 +409,11 @@ def _evaluate(m: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[st
         log.info("ONNX Runtime cannot run the reference (%s); onnx's reference evaluator does", exc)
     from onnx.reference import ReferenceEvaluator
 
-    return list(ReferenceEvaluator(m).run(outputs, feeds))
+    try:
+        return list(ReferenceEvaluator(m).run(outputs, feeds))
+    except Exception as exc:  # noqa: BLE001 - an op neither implements: no reference, said so
+        raise _NoReference(f"neither ONNX Runtime nor onnx's reference evaluator runs the reference "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
@@ -540,9 +544,12 @@ def _run_binary(binary: Path, variants: list[Variant], tmp: Path, options: Check
     except subprocess.TimeoutExpired:
         raise BenanzaError(f"{binary}: check mode did not finish in {options.timeout:g}s") from None
     statuses, entries = {}, {}
+    started = None
     for line in done.stdout.splitlines():
         tag, _, payload = line.partition(" ")
-        if tag == "BENANZA_RESULT":
+        if tag == "BENANZA_START":
+            started = payload
+        elif tag == "BENANZA_RESULT":
             d = json.loads(payload)
             statuses[d["name"]] = d
         elif tag == "BENANZA_CHECK":
@@ -552,6 +559,11 @@ def _run_binary(binary: Path, variants: list[Variant], tmp: Path, options: Check
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         log.warning("%s exited with status %d in check mode (%s)", binary, done.returncode, tail)
+        if started is not None and started not in statuses:
+            statuses[started] = {"status": "failed",
+                                 "message": f"the benchmark died (exit status {done.returncode}: {tail})"}
+        for v in variants:
+            statuses.setdefault(v.name, {"status": "failed", "message": f"not run: the binary died in {started}"})
     return statuses, entries
 
 

@@ -134,3 +134,19 @@ def _with_problem(model, old, new):
     """The model with the node of layer ``old`` holding ``new`` (the same node, a wrong key)."""
     nodes = [dataclasses.replace(n, layer=new) if n.layer == old else n for n in model.nodes]
     return dataclasses.replace(model, nodes=nodes)
+
+
+def test_a_crashing_benchmark_and_bad_input_are_one_line_each(bench, monkeypatch, tmp_path):
+    out, paths, _, variants = bench
+    first, second = [v for v in variants if v.problem.family == "softmax" and v.dtype == "f32"][:2]
+    monkeypatch.setenv("BENANZA_FAULT_ABORT", first.name)
+    r = CliRunner().invoke(main, ["check", *map(str, paths), "--bench-dir", str(out), "-j", "1", "--filter",
+                                  f"^({re.escape(first.name)}|{re.escape(second.name)})$"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    failed = [ln for ln in r.stderr.splitlines() if ln.startswith("failed: ")]
+    assert failed[0].startswith(f"failed: {first.name}: the benchmark died") and len(failed) == 2
+    assert "reproduce: benanza check" in r.stderr
+    monkeypatch.delenv("BENANZA_FAULT_ABORT")
+    r = CliRunner().invoke(main, ["check", str(paths[0]), "--bench-dir", str(tmp_path / "none")])
+    assert r.exit_code != 0 and "Traceback" not in r.output and "run `benanza generate` first" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
