@@ -152,20 +152,10 @@ class _Site:
         return others[0]
 
 
-def _fill(site: _Site, gen, order: list[tuple[int, int]], shapes: list[tuple[int, ...]] | None = None
-          ) -> dict[tuple[int, int], np.ndarray]:
-    """Stream k fills slot ``order[k]``: the generated values in the benchmark's dims
-    (``shapes[k]``, default the ONNX input's), reshaped to the ONNX input's shape."""
-    feeds = {}
-    for k, (pos, i) in enumerate(order):
-        onnx_shape = site.in_shape(pos, i)
-        bench = shapes[k] if shapes is not None else onnx_shape
-        values = gen(k, bench)
-        if values.size != math.prod(onnx_shape):
-            raise _NoReference(f"input {i} of {site.proto(pos).op_type}: {values.size} generated values for "
-                               f"{onnx_shape}")
-        feeds[(pos, i)] = values.reshape(onnx_shape)
-    return feeds
+def _fill(site: _Site, gen, order: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+    """Stream k fills slot ``order[k]``: where the benchmark's dims are the ONNX input's up to a
+    reshape (unit dims, a broadcast weight's folded rows), the same row-major values."""
+    return {(pos, i): gen(k, site.in_shape(pos, i)) for k, (pos, i) in enumerate(order)}
 
 
 def _binary_order(p: BinaryProblem, shapes: list[tuple[int, ...]]) -> list[int]:
