@@ -597,6 +597,9 @@ def _check_dense(v: Variant, site: _Site, spec: _Spec, got: list[np.ndarray], ge
     assert isinstance(p, CopyProblem)
     real = site.ref.values(spec.outputs)
     what = f"{spec.compared} in {site.ref.model.name}"
+    if len(got) != len(p.outs):
+        return CheckResult(v.name, CheckStatus.MISMATCH, what, math.inf, 0.0,
+                           f"{len(got)} outputs written for {len(p.outs)}", repro)
     for k, (g, box) in enumerate(zip(got, p.outs)):
         if g.size != real[spec.outputs[k]].size:
             return CheckResult(v.name, CheckStatus.MISMATCH, what, math.inf, 0.0,
@@ -608,7 +611,4 @@ def _check_dense(v: Variant, site: _Site, spec: _Spec, got: list[np.ndarray], ge
             return CheckResult(v.name, CheckStatus.MISMATCH, what, float(err[i]), 0.0,
                                f"output {k} element {i}: got {g.reshape(-1)[i]:.6g}, its source holds "
                                f"{gen(k, box).reshape(-1)[i]:.6g}", repro)
-    if len(got) != len(p.outs):
-        return CheckResult(v.name, CheckStatus.MISMATCH, what, math.inf, 0.0,
-                           f"{len(got)} outputs written for {len(p.outs)}", repro)
     return CheckResult(v.name, CheckStatus.OK, what, 0.0, 0.0)
