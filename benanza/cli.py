@@ -63,6 +63,7 @@ def main(verbose: int) -> None:
       benanza zoo                      build the paper's 30 reference models into models/
       benanza generate models/*.onnx   unique layers → benchmark manifest (and C++ benchmarks)
       benanza run --system NAME        build and run the benchmarks into the performance DB
+      benanza check MODELS             check what the oneDNN benchmarks compute against ONNX Runtime
       benanza profile MODEL            run a framework on the model and record what it did
       benanza analyze MODEL            lower bounds, Benanza ratio and optimization advice
       benanza db ...                   inspect, export and merge performance databases
@@ -384,6 +385,59 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)
+
+
+@main.command("check")
+@click.argument("models", nargs=-1, required=True, type=click.Path())
+@click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
+              help="Folder `benanza generate --out` wrote for these models.")
+@batch_options
+@click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
+@click.option("--seed", type=click.IntRange(min=0, max=2**24 - 1), default=0, show_default=True,
+              help="Seed of the input generator (both the benchmarks and the reference use it).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="oneDNN threads.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
+@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=600.0, show_default=True,
+              help="Seconds the benchmarks may take in all.")
+@click.option("--show-ok", is_flag=True, help="Also print a line for every benchmark that passed.")
+def check_command(models: tuple[str, ...], bench_dir: str, batch_size: int, input_shape: tuple[str, ...],
+                  name_filter: str | None, seed: int, threads: int, jobs: int | None, timeout: float,
+                  show_ok: bool) -> None:
+    """Check what the oneDNN benchmarks compute (benchdnn's correctness mode).
+
+    Each benchmark runs once on inputs from a seeded generator and its outputs are compared with
+    ONNX Runtime running the same layer, or the fusion pattern's nodes, taken from MODELS (the
+    models the benchmarks were generated from) on the same inputs. One line per mismatch, with
+    the command that reproduces it; exit status 1 when any benchmark mismatched or failed.
+    """
+    import shlex
+
+    from .check import CheckOptions, CheckStatus, check
+    from .processor import input_shapes_per_model, load_model
+
+    per_model = input_shapes_per_model(input_shape, models)
+    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p]) for p in models]
+    command = shlex.join(["benanza", "check", *models, "--bench-dir", bench_dir, "--batch-size", str(batch_size),
+                          *(f"--input-shape={s}" for s in input_shape)])
+    results = check(bench_dir, loaded, CheckOptions(filter=name_filter, seed=seed, threads=threads,
+                                                      timeout=timeout, build_jobs=jobs, command=command))
+    for r in results:
+        if r.status is CheckStatus.MISMATCH:
+            err_console.print(f"mismatch: {r.name}: {r.compared}: error {r.error:.3g} > {r.tolerance:g} at "
+                              f"{r.where}\n  reproduce: {r.reproduce}", highlight=False, soft_wrap=True)
+        elif r.status is CheckStatus.FAILED:
+            err_console.print(f"failed: {r.name}: {r.compared}\n  reproduce: {r.reproduce}", highlight=False,
+                              soft_wrap=True)
+        elif r.status is CheckStatus.NOT_CHECKED:
+            err_console.print(f"not checked: {r.name}: {r.compared}", highlight=False, soft_wrap=True)
+        elif r.status is CheckStatus.OK and show_ok:
+            console.print(f"ok: {r.name}: {r.compared} (error {r.error:.3g} ≤ {r.tolerance:g})", highlight=False,
+                          soft_wrap=True)
+    counts = {s: sum(r.status is s for r in results) for s in CheckStatus}
+    console.print(f"checked {len(results)} benchmarks (seed {seed}): " + ", ".join(
+        f"{n} {s.value.replace('_', ' ')}" for s, n in counts.items()), highlight=False)
+    if counts[CheckStatus.MISMATCH] or counts[CheckStatus.FAILED]:
+        sys.exit(1)
 
 
 _FAILURES_SHOWN = 20

@@ -803,6 +803,7 @@ def build_layer(view: NodeView) -> Layer:
     family = family_of(view)
     problem = family.build(view)
     macs = problem.macs()
+    flops = problem.flops()
     elementwise = view.outputs[0].numel if view.outputs else 0
     dtype = family.dtype(view)
     numeric = dtype in FLOAT_DTYPES
@@ -813,7 +814,7 @@ def build_layer(view: NodeView) -> Layer:
         inputs=tuple(t for t in view.inputs if t is not None),
         outputs=tuple(view.outputs),
         macs=macs,
-        flops=2 * macs if macs else elementwise,
+        flops=elementwise if flops is None else flops,
         bytes=_io_bytes(view),
         cudnn_api=family.cudnn(problem) if numeric else None,
         onednn_primitive=family.onednn(problem) if numeric else None,

@@ -187,6 +187,12 @@ class Problem:
     def macs(self) -> int:
         return 0
 
+    def flops(self) -> int | None:
+        """Floating-point operations of one run, by the convention in the README ("Work"):
+        2 per multiply-add plus what else the op computes per element; data movement is 0.
+        None: a family that does not model its work (an op no library runs)."""
+        return 2 * self.macs()
+
     def text(self) -> str:
         """The key without its dtype (``format_problem``)."""
         tokens: list[str] = []
@@ -306,6 +312,9 @@ class ConvProblem(_Conv2d):
     def macs(self) -> int:
         return self.mb * self.oc * self.oh * self.ow * (self.ic // self.g) * self.kh * self.kw
 
+    def flops(self) -> int:
+        return 2 * self.macs() + (self.mb * self.oc * self.oh * self.ow if self.bias else 0)
+
 
 @dataclass(frozen=True)
 class DeconvProblem(_Conv2d):
@@ -317,6 +326,9 @@ class DeconvProblem(_Conv2d):
 
     def macs(self) -> int:
         return self.mb * self.ic * self.ih * self.iw * (self.oc // self.g) * self.kh * self.kw
+
+    def flops(self) -> int:
+        return 2 * self.macs() + (self.mb * self.oc * self.oh * self.ow if self.bias else 0)
 
 
 @dataclass(frozen=True)
@@ -347,6 +359,12 @@ class PoolProblem(Problem):
     dh: int = 1
     dw: int = 1
 
+    def flops(self) -> int:
+        """Every output reads its window (a compare or an add each, padding included); an
+        average divides once more per output."""
+        out = self.mb * self.ic * self.oh * self.ow
+        return out * self.kh * self.kw + (out if self.alg in ("avgi", "avgx", "gavg") else 0)
+
 
 @dataclass(frozen=True)
 class BnormProblem(Problem):
@@ -366,6 +384,11 @@ class BnormProblem(Problem):
     per_activation: bool = False
     training: bool = False
 
+    def flops(self) -> int:
+        """(x − mean) / √(var + ε) · γ + β: 4 per element, plus the statistics in training
+        (sum, subtract, square, sum: 4 more)."""
+        return (8 if self.training else 4) * self.mb * self.ic * self.ih * self.iw
+
 
 @dataclass(frozen=True)
 class LrnProblem(Problem):
@@ -382,6 +405,11 @@ class LrnProblem(Problem):
     alpha: float
     beta: float
     k: float
+
+    def flops(self) -> int:
+        """Per element: the window's squares and their sum (2·size), then k + α/size·Σ, its
+        power and the division."""
+        return (2 * self.size + 3) * self.mb * self.ic * self.ih * self.iw
 
 
 @dataclass(frozen=True)
@@ -402,6 +430,9 @@ class EltwiseProblem(Problem):
     min: float | None = -FLT_MAX
     max: float | None = FLT_MAX
 
+    def flops(self) -> int:
+        return math.prod(self.shape)  # one function evaluation per element
+
 
 @dataclass(frozen=True)
 class PreluProblem(Problem):
@@ -410,6 +441,9 @@ class PreluProblem(Problem):
 
     shape: tuple[int, ...]
     slope: tuple[int, ...]
+
+    def flops(self) -> int:
+        return math.prod(self.shape)
 
 
 COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq")
@@ -444,6 +478,9 @@ class BinaryProblem(Problem):
     def out(self) -> tuple[int, ...]:
         return broadcast(self.shapes)
 
+    def flops(self) -> int:
+        return max(len(self.shapes) - 1, 1) * math.prod(self.out)  # n inputs: n − 1 ops per output
+
 
 def canonical_operands(alg: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
     """Operands of a commutative op in one order: those with the output's shape first, then by
@@ -474,6 +511,12 @@ class GemmProblem(Problem):
 
     def macs(self) -> int:
         return self.m * self.n * self.k
+
+    def flops(self) -> int:
+        """2·m·n·k, the addition of C, and a multiply per output for alpha and beta ≠ 1."""
+        out = self.m * self.n
+        extra = (self.alpha != 1.0) + (self.c is not None) + (self.c is not None and self.beta not in (0.0, 1.0))
+        return 2 * self.macs() + extra * out
 
 
 @dataclass(frozen=True)
@@ -521,6 +564,11 @@ class SoftmaxProblem(Problem):
     axis: int
     flat: bool = False
 
+    def flops(self) -> int:
+        """Per element: the running max, the subtraction, exp, the sum and the division (for
+        LogSoftmax the log-sum subtraction): 5."""
+        return 5 * math.prod(self.shape)
+
 
 @dataclass(frozen=True)
 class DropoutProblem(Problem):
@@ -538,6 +586,9 @@ class DropoutProblem(Problem):
     @property
     def identity(self) -> bool:
         return not self.training
+
+    def flops(self) -> int:
+        return math.prod(self.shape) if self.training else 0  # training: the mask's multiply
 
 
 # ONNX's default activations per direction
@@ -586,6 +637,9 @@ class ConcatProblem(Problem):
     axis: int
     shapes: tuple[tuple[int, ...], ...]
 
+    def flops(self) -> int:
+        return 0  # data movement: its cost is bytes
+
 
 @dataclass(frozen=True)
 class LnormProblem(Problem):
@@ -602,6 +656,13 @@ class LnormProblem(Problem):
     eps: float
     bias: bool
 
+    def flops(self) -> int:
+        """Per element: the mean's sum, the subtraction, the square, the variance's sum, the
+        normalising multiply and the scale (6), the shift (1 more with a bias); per normalised
+        row: the two divisions by its length, + ε and the reciprocal square root (4)."""
+        rows = math.prod(self.shape[:self.axis])
+        return (7 if self.bias else 6) * math.prod(self.shape) + 4 * rows
+
 
 @dataclass(frozen=True)
 class ReduceProblem(Problem):
@@ -617,6 +678,13 @@ class ReduceProblem(Problem):
     shape: tuple[int, ...]
     axes: tuple[int, ...]
 
+    def flops(self) -> int:
+        """Every input element is read once: one add (compare, multiply) each, two for the
+        norms (|x| or x² before the add); per output, the mean's division or L2's square root."""
+        out = math.prod(d for i, d in enumerate(self.shape) if i not in self.axes)
+        per_input = 2 if self.alg in ("sumabs", "sqrtsumsq") else 1
+        return per_input * math.prod(self.shape) + (out if self.alg in ("mean", "sqrtsumsq") else 0)
+
 
 @dataclass(frozen=True)
 class TransposeProblem(Problem):
@@ -627,6 +695,9 @@ class TransposeProblem(Problem):
 
     shape: tuple[int, ...]
     perm: tuple[int, ...]
+
+    def flops(self) -> int:
+        return 0  # a copy: its cost is bytes
 
 
 @dataclass(frozen=True)
@@ -657,6 +728,9 @@ class CopyProblem(Problem):
         """Elements written (and read): the outputs' sizes."""
         return sum(math.prod(o) for o in self.outs)
 
+    def flops(self) -> int:
+        return 0  # a copy: its cost is bytes
+
 
 @dataclass(frozen=True)
 class AttentionProblem(Problem):
@@ -680,6 +754,13 @@ class AttentionProblem(Problem):
         b, h, s, d = self.q
         return b * h * s * self.k[2] * (d + self.v[3])
 
+    def flops(self) -> int:
+        """The two GEMMs, and per score: the scale, the mask's add (a causal one too) and the
+        softmax's 5."""
+        b, h, s, _ = self.q
+        per_score = 6 + (self.mask is not None or self.causal)
+        return 2 * self.macs() + per_score * b * h * s * self.k[2]
+
 
 @dataclass(frozen=True)
 class ResampleProblem(Problem):
@@ -693,6 +774,12 @@ class ResampleProblem(Problem):
     alg: str
     shape: tuple[int, ...]
     out: tuple[int, ...]
+
+    def flops(self) -> int:
+        """Nearest copies (0); linear weighs the 2^s neighbours over s spatial dims per output
+        (2^s multiplies, 2^s − 1 adds)."""
+        corners = 2 ** (len(self.shape) - 2)
+        return 0 if self.alg == "nearest" else (2 * corners - 1) * math.prod(self.out)
 
 
 # Ops whose output is their input's data under another shape: views in every framework.
@@ -714,6 +801,9 @@ class GenericProblem(Problem):
     @property
     def view(self) -> bool:
         return self.op in VIEW_OPS
+
+    def flops(self) -> int | None:
+        return 0 if self.view else None  # an op no family models: the layer counts one per output element
 
     def text(self) -> str:
         return self.op + ":" + "_".join(self.tokens)

@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <type_traits>
 
@@ -43,12 +44,27 @@ void inject_fault(const std::string& name) {
   }
 }
 
+std::string& current_name() {
+  static std::string current;
+  return current;
+}
+
+struct CheckSettings {
+  std::string dir;  // empty: not in check mode
+  uint64_t seed = 0;
+  int files = 0;
+};
+
+CheckSettings& check_settings() {
+  static CheckSettings s;
+  return s;
+}
+
 void announce(const std::string& name) {
   // Google Benchmark calls the body several times (iteration estimate, repetitions); the
   // marker goes out once, so a crash is pinned on the benchmark that was running.
-  static std::string current;
-  if (name == current) return;
-  current = name;
+  if (name == current_name()) return;
+  current_name() = name;
   emit("BENANZA_START", name);
   inject_fault(name);
 }
@@ -189,6 +205,39 @@ void set_workspace(benchmark::State& state, uint64_t bytes) {
   state.counters["workspace_bytes"] = benchmark::Counter(static_cast<double>(bytes));
 }
 
+bool check_mode() { return !check_settings().dir.empty(); }
+
+float fill_value(uint64_t stream, uint64_t index) {
+  uint64_t z = ((check_settings().seed * 256 + stream) << 32) + index + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<int>(z >> 56) - 128) / 128.0f;
+}
+
+bool perturb_input() {
+  const char* name = std::getenv("BENANZA_FAULT_PERTURB");
+  return name && current_name() == name;
+}
+
+void write_check(const std::vector<CheckOutput>& outputs) {
+  CheckSettings& s = check_settings();
+  std::string path = s.dir + "/" + std::to_string(s.files++) + ".bin";
+  std::ofstream out(path, std::ios::binary);
+  std::string list = "[";
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const CheckOutput& o = outputs[i];
+    out.write(static_cast<const char*>(o.data), static_cast<std::streamsize>(o.bytes));
+    std::string dims = "[";
+    for (size_t d = 0; d < o.dims.size(); ++d) dims += (d ? "," : "") + std::to_string(o.dims[d]);
+    list += (i ? "," : "") + JsonObject().add("dtype", o.dtype).raw("dims", dims + "]")
+                                 .add("bytes", static_cast<int64_t>(o.bytes)).str();
+  }
+  out.close();
+  if (!out) throw std::runtime_error("cannot write " + path);
+  emit("BENANZA_CHECK", JsonObject().add("name", current_name()).add("file", path).raw("outputs", list + "]").str());
+}
+
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);) {
@@ -212,6 +261,10 @@ int run_main(int argc, char** argv, const Registry& registry, Timing timing, int
       list = true;
     } else if (a == "--benanza_context") {
       context_only = true;
+    } else if (a.rfind("--benanza_check=", 0) == 0) {
+      check_settings().dir = a.substr(16);
+    } else if (a.rfind("--benanza_seed=", 0) == 0) {
+      check_settings().seed = std::stoull(a.substr(15));
     } else {
       rest.push_back(argv[i]);
     }
@@ -254,6 +307,7 @@ int run_main(int argc, char** argv, const Registry& registry, Timing timing, int
     b->Unit(benchmark::kMillisecond);
     if (timing == Timing::Manual) b->UseManualTime(); else b->UseRealTime();
     if (fixed_iterations > 0) b->Iterations(fixed_iterations);
+    if (check_mode()) b->Iterations(1)->Repetitions(1);  // one run: what is checked, not timed
   }
   LineReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

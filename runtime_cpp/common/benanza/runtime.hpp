@@ -52,11 +52,43 @@ constexpr int kWarmupCalls = 3;
 // "model name" of /proc/cpuinfo (or an empty string where there is none).
 std::string cpu_model();
 
+// --- check mode (`--benanza_check=DIR`, read by `benanza check`) ---------------------------
+// Every benchmark runs its computation once, untimed, on inputs from the generator below, and
+// writes its outputs to a file under DIR, announced by one line
+//   BENANZA_CHECK {"name": ..., "file": ..., "outputs": [{"dtype": "f32"|"bf16"|"u8", "dims": [...],
+//                  "bytes": n}, ...]}
+// (the outputs' raw bytes, concatenated, each in the row-major order of its dims).
+bool check_mode();
+
+// The input generator both sides reproduce. Element i (in the row-major order of the dims the
+// benchmark gives its library) of the k-th tensor a benchmark fills (k = 0, 1, ...) is
+//   z = (((seed · 256 + k) << 32) + i + 0x9E3779B97F4A7C15) mod 2^64, then splitmix64's mix:
+//   z = (z ^ z >> 30) · 0xBF58476D1CE4E5B9; z = (z ^ z >> 27) · 0x94D049BB133111EB; z ^= z >> 31
+//   value = ((z >> 56) − 128) / 128
+// i.e. multiples of 1/128 in [−1, 1): exact in f32, bf16 and f16, and their products and sums
+// of up to 2^8 terms are exact in f32. `seed` is --benanza_seed=N (default 0).
+float fill_value(uint64_t stream, uint64_t index);
+
+// One output of the benchmark being checked: its data in row-major order of `dims`.
+struct CheckOutput {
+  std::string dtype;
+  std::vector<int64_t> dims;
+  const void* data;
+  size_t bytes;
+};
+// Writes the outputs of the benchmark now running and prints its BENANZA_CHECK line.
+void write_check(const std::vector<CheckOutput>& outputs);
+// Test hook: BENANZA_FAULT_PERTURB=<name> — whether that benchmark is running now, so that the
+// backend adds an error to its first input (proving `benanza check` catches a wrong input).
+bool perturb_input();
+
 // Parses the runtime's own flags, registers the variants and runs them, printing the line
 // protocol on stdout. Flags:
 //   --benanza_names=FILE   run only the names listed in FILE (one per line), in that order
 //   --benanza_list         print every registered name and exit
 //   --benanza_context      print the context line and exit
+//   --benanza_check=DIR    check mode (above): one untimed run each, outputs written under DIR
+//   --benanza_seed=N       the input generator's seed (default 0)
 // Everything else goes to Google Benchmark (--benchmark_min_time, --benchmark_repetitions ...).
 // `fixed_iterations` > 0 runs every benchmark exactly that many timed iterations instead of
 // until --benchmark_min_time: CUPTI mode profiles a fixed, small count (paper §III-B5).

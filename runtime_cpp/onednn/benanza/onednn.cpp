@@ -92,21 +92,43 @@ tag activation_tag(Layout l) {
 memory::desc md(const Dims& dims, DType d, tag t) { return memory::desc(dims, data_type(d), t); }
 memory::desc plain_md(const Dims& dims, DType d) { return md(dims, d, plain_tag(dims.size())); }
 
-// Deterministic values in [-1, 1): written plainly in f32, then reordered into the target
-// layout and type, so blocked layouts get correct zero padding.
+Dims dims_of(const memory::desc& d) {
+#if BENANZA_DNNL3
+  return d.get_dims();
+#else
+  return d.dims();
+#endif
+}
+
+dt dtype_of(const memory::desc& d) {
+#if BENANZA_DNNL3
+  return d.get_data_type();
+#else
+  return d.data_type();
+#endif
+}
+
+// The k-th tensor a benchmark fills is the generator's stream k (runtime.hpp: fill_value), so
+// `benanza check` can rebuild every input; measure() restarts the count for each benchmark.
+uint64_t& fill_stream() {
+  static uint64_t next = 0;
+  return next;
+}
+
+// The generator's values in the row-major order of the target's logical dims, written plainly
+// in f32, then reordered into the target layout and type (blocked layouts get correct zero
+// padding, strided ones their strides).
 memory filled(const memory::desc& target) {
   memory out(target, engine());
-#if BENANZA_DNNL3
-  Dims dims = target.get_dims();
-#else
-  Dims dims = target.dims();
-#endif
+  uint64_t k = fill_stream()++;
+  Dims dims = dims_of(target);
   if (dims.empty()) return out;
   memory::desc src_md(dims, dt::f32, plain_tag(dims.size()));
   memory src(src_md, engine());
   auto* p = static_cast<float*>(src.get_data_handle());
   size_t n = src_md.get_size() / sizeof(float);
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>((i * 2654435761u) % 2048) / 1024.0f - 1.0f;
+  for (size_t i = 0; i < n; ++i) p[i] = fill_value(k, i);
+  if (k == 0 && n > 0 && perturb_input()) p[n / 2] += 0.5f;  // the test hook: one wrong input element
   dnnl::reorder(src, out).execute(stream(), src, out);
   stream().wait();
   return out;
@@ -139,11 +161,21 @@ struct Step {
   std::unordered_map<int, memory> args;
 };
 
+// What check mode writes of a benchmark: a memory read in the row-major order of its logical
+// dims, or (`raw`) its buffer as it lies, under `dims` (a Transpose's destination, whose
+// strides already lay it out in the output's order).
+struct Output {
+  memory mem;
+  bool raw;
+  Dims dims;
+};
+
 struct Prepared {
   std::vector<Step> steps;
   std::string impl;
   size_t scratchpad = 0;
   std::vector<memory> owners;  // buffers the steps' memories only view (a region's source)
+  std::vector<Output> outputs;  // check mode; empty: the last step's destination
 
   memory& dst() { return steps.back().args.at(DNNL_ARG_DST); }
   // Appends another prepared call: a chain (attention) or several copies (Split).
@@ -153,6 +185,35 @@ struct Prepared {
     scratchpad = std::max(scratchpad, next.scratchpad);
   }
 };
+
+const char* dtype_name(dt d) {
+  switch (d) {
+    case dt::f32: return "f32";
+    case dt::bf16: return "bf16";
+    case dt::u8: return "u8";
+    default: throw std::runtime_error("check mode: an output of an unexpected data type");
+  }
+}
+
+// Check mode: the benchmark's outputs, each in plain row-major order, to the check file.
+void write_outputs(Prepared& p) {
+  if (p.outputs.empty()) p.outputs.push_back({p.dst(), false, {}});
+  std::vector<memory> plain;  // keeps the reordered copies alive until they are written
+  std::vector<CheckOutput> out;
+  for (Output& o : p.outputs) {
+    memory::desc d = o.mem.get_desc();
+    memory m = o.mem;
+    Dims dims = o.raw ? o.dims : dims_of(d);
+    if (!o.raw) {
+      m = memory(memory::desc(dims, dtype_of(d), plain_tag(dims.size())), engine());
+      dnnl::reorder(o.mem, m).execute(stream(), o.mem, m);
+      stream().wait();
+    }
+    plain.push_back(m);
+    out.push_back({dtype_name(dtype_of(d)), dims, m.get_data_handle(), m.get_desc().get_size()});
+  }
+  write_check(out);
+}
 
 // Binds the memories a primitive needs: `inputs` by argument id (filled from the pd's
 // descriptors) unless `bound` gives the memory (a previous step's output), the destination
@@ -179,6 +240,7 @@ Prepared prepare(const PD& pd, const std::vector<std::pair<int, memory::desc>>& 
 // anything thrown later is a failure of a problem it accepted.
 void measure(benchmark::State& st, const Config& cfg, const std::function<Prepared()>& make) {
   Prepared p;
+  fill_stream() = 0;
   try {
     p = make();
   } catch (const dnnl::error& e) {
@@ -201,6 +263,17 @@ void measure(benchmark::State& st, const Config& cfg, const std::function<Prepar
     for (auto& s : p.steps) s.prim.execute(stream(), s.args);
     stream().wait();
   };
+  if (check_mode()) {  // one untimed run (the loop's single iteration), its outputs written
+    try {
+      for (auto _ : st) run();
+      write_outputs(p);
+    } catch (const std::exception& e) {
+      mark_failed(st, std::string("check: ") + e.what());
+      return;
+    }
+    set_implementation(st, p.impl);
+    return;
+  }
   try {
     for (int i = 0; i < kWarmupCalls; ++i) run();
   } catch (const std::exception& e) {
@@ -804,7 +877,11 @@ Prepared make_transpose(const TransposeParams& t, const Config& cfg) {
   memory::desc dst(t.shape, data_type(cfg.dtype), strides);
   auto attr = base_attr();
   dnnl::reorder::primitive_desc pd(engine(), src, engine(), dst, attr);
-  return prepare<dnnl::reorder>(pd, {{DNNL_ARG_FROM, src}});
+  Prepared p = prepare<dnnl::reorder>(pd, {{DNNL_ARG_FROM, src}});
+  Dims out(rank);
+  for (size_t i = 0; i < rank; ++i) out[i] = t.shape.at(static_cast<size_t>(t.perm[i]));
+  p.outputs.push_back({p.dst(), true, out});  // the bytes as written: the transposed tensor
+  return p;
 }
 
 // --- data movement: reorders copying the same bytes --------------------------------------
@@ -824,6 +901,7 @@ Prepared make_copy(const CopyParams& c, const Config& cfg) {
   }
   if (all.steps.empty()) throw Unsupported(std::string(c.op) + " with no outputs");
   if (c.region) all.owners.push_back(src);
+  for (auto& s : all.steps) all.outputs.push_back({s.args.at(DNNL_ARG_DST), false, {}});
   return all;
 }
 

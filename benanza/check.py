@@ -1,0 +1,614 @@
+"""Correctness of what the oneDNN benchmarks compute, in the spirit of benchdnn's correctness mode.
+
+A benchmark could time the wrong work (a wrong offset, operand, axis or post-op) and still
+report a plausible latency. ``check`` builds the generated oneDNN project, runs each benchmark
+once in the runtime's check mode (``--benanza_check``: inputs from the seedable generator
+``generated`` reproduces, outputs written to files) and compares the outputs with an independent
+reference: ONNX Runtime (onnx's reference evaluator where ONNX Runtime lacks the op) running the
+original ONNX node, or the fusion pattern's subgraph, taken from the real model, fed with the same
+generated inputs. Constant inputs that define the computation (axes, Slice bounds, Split sizes,
+Gather indices, exponents, epsilons, scales) keep the model's own values.
+
+Each benchmark gets one ``CheckResult`` saying what was compared. Copies standing in for ops
+they do not compute (Expand, Where, Trilu, a strided Slice: ``copy:*_dense_*``) are checked for
+what they do — the output's bytes moved from a buffer of its shape, and that size equal to the
+op's real output — never as if they computed the op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .backends.onednn import fused_config
+from .errors import BenanzaError, UsageError
+from .fusion import BY_NAME as PATTERNS
+from .fusion import match_fusions
+from .generator import read_variants
+from .layers import Model
+from .problems import (COMMUTATIVE, AttentionProblem, BinaryProblem, ConcatProblem, ConvProblem, CopyProblem,
+                       GemmProblem, MatMulProblem, broadcast)
+from .records import Variant
+from .runner import build
+
+log = logging.getLogger(__name__)
+
+BACKEND = "onednn"
+# The largest error accepted, |got − want| / max(1, |want|), per output dtype (benchdnn's way:
+# relative above 1, absolute below). f32: the generator's inputs make products and short sums
+# exact, what remains is the library's exp/erf/rsqrt approximations and summation order; bf16
+# outputs carry its 8-bit significand (2^-8 relative) and the chains' bf16 intermediates.
+TOLERANCE = {"f32": 1e-5, "bf16": 1e-2}
+# oneDNN's reductions and softmax/normalization sum in another order than the reference, and
+# their exp/erf/rsqrt are polynomial approximations: f32 results differ in the last bits.
+_APPROXIMATE_F32 = 1e-4
+
+
+class CheckStatus(Enum):
+    OK = "ok"
+    MISMATCH = "mismatch"
+    NOT_CHECKED = "not_checked"  # no reference for it (said why), never counted as passing
+    UNSUPPORTED = "unsupported"  # the library refused the variant: nothing ran
+    FAILED = "failed"  # the benchmark or the check run failed
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: CheckStatus
+    compared: str  # what was compared with what, or why nothing was
+    error: float | None = None  # the largest error found
+    tolerance: float | None = None
+    where: str = ""  # the worst element: output, index, got and want
+    reproduce: str = ""
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    filter: str | None = None
+    seed: int = 0
+    threads: int = 1
+    timeout: float = 600.0
+    build_jobs: int | None = None
+    command: str = "benanza check"  # the command line up to its --filter and --seed (reproduce lines)
+
+
+# --- the input generator (runtime_cpp/common/benanza/runtime.hpp: fill_value) ----------------
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def generated(stream: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """The values the runtime fills its ``stream``-th tensor with, as f32 of ``shape``
+    (row-major order of the dims the benchmark gives its library): splitmix64's mix of
+    ``((seed·256 + stream) << 32) + i``, top byte, as a multiple of 1/128 in [−1, 1)."""
+    n = math.prod(shape)
+    with np.errstate(over="ignore"):
+        z = np.uint64((seed * 256 + stream) << 32) + np.arange(n, dtype=np.uint64) + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return ((z >> np.uint64(56)).astype(np.int64) - 128).astype(np.float32).reshape(shape) / np.float32(128)
+
+
+# --- what one benchmark reads and writes, in the model's terms -----------------------------
+
+@dataclass
+class _Spec:
+    """A reference for one benchmark: the model's nodes, the generated value of every input the
+    benchmark fills (by (node position, input index)), the outputs it writes, in its order."""
+
+    nodes: tuple[int, ...]
+    feeds: dict[tuple[int, int], np.ndarray]
+    outputs: list[str]
+    compared: str
+    dense: bool = False  # a copy of the output's bytes: compare with the generated source
+    attrs: dict[int, dict[str, object]] = field(default_factory=dict)  # per node position: attributes to set
+    extra_inputs: dict[int, list[str]] = field(default_factory=dict)  # per node position: inputs to append
+
+
+class _NoReference(Exception):
+    """This benchmark has no reference here (the reason is the message)."""
+
+
+def _gen(seed: int) -> Callable[[int, tuple[int, ...]], np.ndarray]:
+    return lambda stream, shape: generated(stream, tuple(shape), seed)
+
+
+class _Site:
+    """One model's occurrence of a benchmark: the nodes and their tensors' real shapes."""
+
+    def __init__(self, ref: _ModelRef, nodes: tuple[int, ...]):
+        self.ref, self.nodes = ref, nodes
+
+    def node(self, pos: int):
+        return self.ref.model.nodes[self.nodes[pos]]
+
+    def proto(self, pos: int) -> onnx.NodeProto:
+        return self.ref.proto_of(self.node(pos))
+
+    def in_shape(self, pos: int, i: int) -> tuple[int, ...]:
+        return self.ref.shape(self.proto(pos).input[i])
+
+    def external(self, pos: int, inside: str) -> int:
+        """The input index of node ``pos`` that is not the tensor ``inside`` (a bias, a mask)."""
+        ins = list(self.proto(pos).input)
+        others = [i for i, name in enumerate(ins) if name != inside]
+        if len(others) != 1:
+            raise _NoReference(f"{self.proto(pos).op_type} has no single other input")
+        return others[0]
+
+
+def _fill(site: _Site, gen, order: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+    """Stream k fills slot ``order[k]``: where the benchmark's dims are the ONNX input's up to a
+    reshape (unit dims, a broadcast weight's folded rows), the same row-major values."""
+    return {(pos, i): gen(k, site.in_shape(pos, i)) for k, (pos, i) in enumerate(order)}
+
+
+def _binary_order(p: BinaryProblem, shapes: list[tuple[int, ...]]) -> list[int]:
+    """The ONNX input of each of the benchmark's operands: the problem's canonical order, then
+    the runtime's swap (oneDNN broadcasts only its second source)."""
+    order = list(range(len(shapes)))
+    out = broadcast(tuple(shapes))
+    if p.alg in COMMUTATIVE:
+        order.sort(key=lambda i: (tuple(shapes[i]) != out, -len(shapes[i]), tuple(shapes[i])))
+    if [tuple(shapes[i]) for i in order] != [tuple(s) for s in p.shapes]:
+        raise _NoReference("the node's operands do not give the problem's")
+    if len(order) == 2:
+        rank = max(len(out), 1)
+
+        def pad(s: tuple[int, ...]) -> tuple[int, ...]:
+            return (1,) * (rank - len(s)) + tuple(s)
+
+        if pad(shapes[order[0]]) != pad(out) and pad(shapes[order[1]]) == pad(out) and p.alg in COMMUTATIVE:
+            order.reverse()
+    return order
+
+
+def _unfused(site: _Site, v: Variant, gen) -> _Spec:
+    p = v.problem
+    proto = site.proto(0)
+    outs = [proto.output[0]]
+    n_in = len(proto.input)
+    compared = f"{proto.op_type} node {proto.name or outs[0]!r}"
+    if isinstance(p, BinaryProblem):
+        if p.alg == "pow":
+            feeds = _fill(site, gen, [(0, 0)])  # the exponent is the model's constant
+        else:
+            shapes = [site.in_shape(0, i) for i in range(n_in)]
+            feeds = _fill(site, gen, [(0, i) for i in _binary_order(p, shapes)])
+        return _Spec((0,), feeds, outs, compared)
+    if isinstance(p, ConvProblem):
+        slots = [(0, 0), (0, 1)] + ([(0, 2)] if p.bias else [])
+        return _Spec((0,), _fill(site, gen, slots), outs, compared)
+    if isinstance(p, GemmProblem):
+        return _Spec((0,), _gemm_feeds(site, p, v, gen), outs, compared)
+    if isinstance(p, AttentionProblem):
+        return _attention_op(site, p, gen, compared)
+    if isinstance(p, CopyProblem):
+        if p.how == "dense":
+            what = (f"{proto.op_type} node {proto.name or outs[0]!r} as a dense copy: its output's "
+                    f"{sum(math.prod(o) for o in p.outs)} elements moved from a buffer of their shape (the "
+                    f"values are generated, not the op's: the copy does not compute {proto.op_type}); sizes "
+                    f"against the op's real outputs")
+            return _Spec((0,), {}, list(proto.output), what, dense=True)
+        return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
+    if isinstance(p, ConcatProblem):
+        return _Spec((0,), _fill(site, gen, [(0, i) for i in range(n_in)]), outs, compared)
+    family = p.family
+    if family == "bnorm":  # the runtime fills src, mean, variance, scale, shift
+        return _Spec((0,), _fill(site, gen, [(0, 0), (0, 3), (0, 4), (0, 1), (0, 2)]), outs, compared)
+    if family == "lnorm":
+        slots = [(0, 0), (0, 1)] + ([(0, 2)] if n_in > 2 and proto.input[2] else [])
+        return _Spec((0,), _fill(site, gen, slots), outs, compared)
+    if family == "prelu":
+        return _Spec((0,), _fill(site, gen, [(0, 0), (0, 1)]), outs, compared)
+    if family == "matmul":
+        return _Spec((0,), _fill(site, gen, [(0, 0), (0, 1)]), outs, compared)
+    if family in ("pool", "lrn", "eltwise", "softmax", "reduce", "transpose", "resample"):
+        return _Spec((0,), _fill(site, gen, [(0, 0)]), outs, compared)
+    raise _NoReference(f"no reference adapter for the {family} family")
+
+
+def _gemm_feeds(site: _Site, p: GemmProblem, v: Variant, gen) -> dict[tuple[int, int], np.ndarray]:
+    """A and B as the runtime fills them (logical m×k and k×n — n×k for an inner product — read
+    through strides where transposed), C (the bias) unscaled: the runtime folds beta into C."""
+    a = gen(0, (p.m, p.k))
+    if v.api == "inner_product":
+        b = gen(1, (p.n, p.k))
+    else:
+        b = gen(1, (p.k, p.n))
+        b = b.T if p.tb else b
+    feeds = {(0, 0): np.ascontiguousarray(a.T if p.ta else a), (0, 1): np.ascontiguousarray(b)}
+    if p.c is not None and p.beta != 0.0:
+        feeds[(0, 2)] = (gen(2, p.c) / np.float32(p.beta)).reshape(site.in_shape(0, 2))
+    return feeds
+
+
+def _attention_op(site: _Site, p: AttentionProblem, gen, compared: str) -> _Spec:
+    """Q, Kᵀ (K's last two dims swapped, read through strides), the mask, V. A causal op is run
+    as one more additive [S, Skv] mask: the reference is the op with is_causal 0 and that mask."""
+    kt = p.k[:-2] + (p.k[-1], p.k[-2])
+    feeds = {(0, 0): gen(0, p.q), (0, 1): np.ascontiguousarray(np.swapaxes(gen(1, kt), -1, -2))}
+    masked = p.mask is not None or p.causal
+    spec = _Spec((0,), feeds, [site.proto(0).output[0]], compared)
+    if masked:
+        shape = p.mask if p.mask is not None else (p.q[2], p.k[2])
+        mask = gen(2, shape)
+        if p.mask is None:
+            if len(site.proto(0).input) != 3:
+                raise _NoReference("a causal Attention with optional inputs after V")
+            spec.extra_inputs[0] = ["__mask"]
+            feeds[(0, 3)] = mask
+        else:
+            feeds[(0, 3)] = mask.reshape(site.in_shape(0, 3))
+        if p.causal:
+            spec.attrs[0] = {"is_causal": 0}
+            spec.compared += (" with its causal mask as the benchmark runs it: one more additive [S, Skv] mask "
+                              "(generated), so the reference is Attention(is_causal=0, attn_mask=that mask)")
+    feeds[(0, 2)] = gen(3 if masked else 2, p.v)
+    return spec
+
+
+def _fused(site: _Site, v: Variant, gen) -> _Spec:
+    pattern = PATTERNS[v.fusion]
+    last = len(site.nodes) - 1
+    protos = [site.proto(i) for i in range(len(site.nodes))]
+    outs = [protos[-1].output[0]]
+    compared = f"fusion {v.fusion} over nodes {', '.join(repr(p.name or p.output[0]) for p in protos)}"
+    p = v.problem
+    if pattern.attention:
+        assert isinstance(p, MatMulProblem)
+        feeds = _fill(site, gen, [(0, 0), (0, 1)])
+        k = 2
+        if pattern.mask:
+            add = 1 + pattern.scale
+            mask_slot = (add, site.external(add, protos[add - 1].output[0]))
+            feeds[mask_slot] = gen(k, p.a[-2:-1] + p.b[-1:]).reshape(site.in_shape(*mask_slot))
+            k += 1
+        feeds[(last, 1)] = gen(k, site.in_shape(last, 1))
+        return _Spec(site.nodes, feeds, outs, compared)
+    if pattern.name == "layernorm":  # x, then the Mul's scale and the last Add's shift
+        mul, add = last - 1, last
+        scale = (mul, site.external(mul, protos[mul - 1].output[0]))
+        shift = (add, site.external(add, protos[mul].output[0]))
+        return _Spec(site.nodes, _fill(site, gen, [(0, 0), scale, shift]), outs, compared)
+    if pattern.name == "gelu_erf":
+        return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), outs, compared)
+    if pattern.anchor == "MatMul":  # mm_bias, mm_bias_gelu: A, B, then the Add's bias
+        bias = (1, site.external(1, protos[0].output[0]))
+        return _Spec(site.nodes, _fill(site, gen, [(0, 0), (0, 1), bias]), outs, compared)
+    f = fused_config(p, v.fusion)
+    assert isinstance(p, ConvProblem)
+    if "BatchNormalization" in pattern.tail:
+        # the fold: scale 1, mean 0, variance 1 − ε, so BN adds B, which is the benchmark's bias
+        bn = site.proto(1)
+        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        feeds = _fill(site, gen, [(0, 0), (0, 1)])
+        feeds[(1, 1)] = np.ones(p.oc, np.float32)
+        feeds[(1, 2)] = gen(2, (p.oc,))
+        feeds[(1, 3)] = np.zeros(p.oc, np.float32)
+        feeds[(1, 4)] = np.full(p.oc, 1.0 - eps, np.float32)
+        return _Spec(site.nodes, feeds, outs, compared + " (BatchNorm as the folded bias it is benchmarked as)")
+    slots = [(0, 0), (0, 1)] + ([(0, 2)] if f.bias else [])
+    return _Spec(site.nodes, _fill(site, gen, slots), outs, compared)
+
+
+# --- the models the benchmarks came from ---------------------------------------------------
+
+class _ModelRef:
+    """A processed model with its ONNX graph: node protos, real shapes and constant values."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.proto_model = onnx.load(model.path)
+        graph = self.proto_model.graph
+        self.by_output = {o: n for n in graph.node for o in n.output}
+        self.inits = {t.name: t for t in graph.initializer}
+        self.fusions = match_fusions(model)
+        # from producers' outputs: a deduplicated layer's inputs may be another occurrence's order
+        self._shapes: dict[str, tuple[int, ...]] = {k: tuple(v) for k, v in model.input_shapes.items()}
+        for n in model.nodes:
+            for name, spec in zip(self.proto_of(n).output, n.layer.outputs):
+                self._shapes.setdefault(name, spec.shape)
+        self._values: dict[str, np.ndarray] | None = None
+
+    def proto_of(self, node) -> onnx.NodeProto:
+        return self.by_output[node.outputs[0]]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name in self._shapes:
+            return self._shapes[name]
+        if name in self.inits:
+            return tuple(self.inits[name].dims)
+        return tuple(self.values([name])[name].shape)  # a Constant node's, or a folded constant's
+
+    def find(self, v: Variant) -> tuple[int, ...] | None:
+        """The nodes of the model's first occurrence of the variant's problem (and fusion)."""
+        if v.fusion == "none":
+            for n in self.model.nodes:
+                if n.layer.problem == v.problem:
+                    return (n.index,)
+            return None
+        for m in self.fusions:
+            if m.pattern.name == v.fusion and m.conv.problem == v.problem:
+                return m.nodes
+        return None
+
+    def values(self, names: list[str]) -> dict[str, np.ndarray]:
+        """The real values of tensors: initializers, and the rest from one run of the whole
+        model (its constant inputs are computed once: Slice bounds from shape arithmetic ...)."""
+        if self._values is None:
+            self._values = {}
+            wanted = sorted({c for n in self.model.nodes for c in n.constant_inputs if c not in self.inits}
+                            | {o for n in self.model.nodes for o in n.outputs
+                               if isinstance(n.layer.problem, CopyProblem)})
+            if wanted:
+                self._values = dict(zip(wanted, _run_whole(self, wanted)))
+        out = {}
+        for name in names:
+            if name in self.inits:
+                out[name] = numpy_helper.to_array(self.inits[name])
+            elif name in self._values:
+                out[name] = self._values[name]
+            else:
+                raise _NoReference(f"tensor {name!r} is neither a constant nor computed by a whole-model run")
+        return out
+
+
+def _run_whole(ref: _ModelRef, names: list[str]) -> list[np.ndarray]:
+    m = onnx.ModelProto()
+    m.CopyFrom(ref.proto_model)
+    known = {o.name for o in m.graph.output}
+    for name in names:
+        if name not in known:
+            m.graph.output.append(helper.make_empty_tensor_value_info(name))
+    feeds = {}
+    for k, inp in enumerate(i for i in m.graph.input if i.name not in ref.inits):
+        shape = ref.model.input_shapes[inp.name]
+        np_type = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+        feeds[inp.name] = generated(k, tuple(shape)).astype(np_type) if np_type.kind == "f" else \
+            np.zeros(shape, np_type)
+    return _evaluate(m, feeds, names)
+
+
+def _evaluate(m: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+    """ONNX Runtime's answer; onnx's reference evaluator where ONNX Runtime cannot run the graph
+    (ops it lacks in the default domain, such as opset 23's Attention)."""
+    import onnxruntime as ort
+
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return sess.run(outputs, feeds)
+    except Exception as exc:  # noqa: BLE001 - ORT raises many kinds for an op it lacks
+        log.info("ONNX Runtime cannot run the reference (%s); onnx's reference evaluator does", exc)
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        return list(ReferenceEvaluator(m).run(outputs, feeds))
+    except Exception as exc:  # noqa: BLE001 - an op neither implements: no reference, said so
+        raise _NoReference(f"neither ONNX Runtime nor onnx's reference evaluator runs the reference "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
+    """Runs the spec's nodes, taken from the model, on its feeds and the model's constants."""
+    ref = site.ref
+    protos = []
+    produced: set[str] = set()
+    for pos in range(len(spec.nodes)):
+        node = onnx.NodeProto()
+        node.CopyFrom(site.proto(pos))
+        node.input.extend(spec.extra_inputs.get(pos, []))
+        for name, value in spec.attrs.get(pos, {}).items():
+            kept = [a for a in node.attribute if a.name != name]
+            del node.attribute[:]
+            node.attribute.extend(kept + [helper.make_attribute(name, value)])
+        protos.append(node)
+    inputs, inits, kept_names = [], [], []
+    # a tensor fed at one slot is that input wherever the nodes read it (x in x·Φ(x))
+    first_fed: dict[str, str] = {}
+    for (pos, i) in sorted(spec.feeds):
+        first_fed.setdefault(protos[pos].input[i], f"__in{pos}_{i}")
+    for pos, node in enumerate(protos):
+        for i, name in enumerate(node.input):
+            if not name or name in produced:
+                continue
+            value = spec.feeds.get((pos, i))
+            if value is not None:
+                node.input[i] = f"__in{pos}_{i}"
+                inputs.append((node.input[i], value))
+            elif name in first_fed:
+                node.input[i] = first_fed[name]
+            else:
+                kept_names.append(name)
+        produced.update(node.output)
+    feeds = dict(inputs)
+    for name, value in ref.values(sorted(set(kept_names))).items():
+        inits.append(numpy_helper.from_array(value, name))
+    graph = helper.make_graph(
+        protos, "check", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                          for n, v in feeds.items()],
+        [helper.make_empty_tensor_value_info(o) for o in spec.outputs], inits)
+    m = helper.make_model(graph, opset_imports=list(ref.proto_model.opset_import))
+    m.ir_version = ref.proto_model.ir_version
+    return _evaluate(m, feeds, spec.outputs)
+
+
+# --- comparing -----------------------------------------------------------------------------
+
+def _read_outputs(entry: dict) -> list[np.ndarray]:
+    """The benchmark's outputs from its check file, as f32 (bf16 widened; u8 booleans as 0/1)."""
+    data = Path(entry["file"]).read_bytes()
+    out, at = [], 0
+    for o in entry["outputs"]:
+        raw = data[at:at + o["bytes"]]
+        at += o["bytes"]
+        if o["dtype"] == "bf16":
+            arr = (np.frombuffer(raw, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+        elif o["dtype"] == "u8":
+            arr = np.frombuffer(raw, np.uint8).astype(np.float32)
+        else:
+            arr = np.frombuffer(raw, np.float32)
+        out.append(arr.reshape(o["dims"]))
+    return out
+
+
+def _errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    g, w = got.astype(np.float64).reshape(-1), want.astype(np.float64).reshape(-1)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(g - w) / np.maximum(1.0, np.abs(w))
+    same = (np.isnan(g) & np.isnan(w)) | (g == w)  # NaN where the reference has NaN; equal infinities
+    return np.where(same, 0.0, np.where(np.isnan(err), np.inf, err))
+
+
+def _compare(got: list[np.ndarray], want: list[np.ndarray], tol: float) -> tuple[CheckStatus, float, str]:
+    if len(got) != len(want):
+        return CheckStatus.MISMATCH, math.inf, f"{len(got)} outputs written, the reference has {len(want)}"
+    worst, where = 0.0, ""
+    for k, (g, w) in enumerate(zip(got, want)):
+        if g.size != w.size:
+            return CheckStatus.MISMATCH, math.inf, f"output {k}: {g.size} elements written, the reference has {w.size}"
+        err = _errors(g, w)
+        if err.size and err.max() > worst:
+            i = int(err.argmax())
+            worst = float(err[i])
+            where = f"output {k} element {i}: got {g.reshape(-1)[i]:.6g}, want {w.reshape(-1)[i]:.6g}"
+    return (CheckStatus.OK if worst <= tol else CheckStatus.MISMATCH), worst, where
+
+
+def _tolerance(v: Variant) -> float:
+    tol = TOLERANCE[v.dtype]
+    exact_math = v.problem.family in ("copy", "transpose", "concat", "binary", "matmul", "gemm", "conv", "pool")
+    if v.dtype == "f32" and (v.fusion != "none" or not exact_math):
+        tol = _APPROXIMATE_F32
+    return tol
+
+
+# --- the check -----------------------------------------------------------------------------
+
+def check(bench_dir: str | Path, models: list[Model], options: CheckOptions = CheckOptions()) -> list[CheckResult]:
+    """Builds and runs the oneDNN benchmarks of ``bench_dir`` in check mode and compares every
+    output with the reference computed from ``models`` (the models they were generated from)."""
+    project = Path(bench_dir) / BACKEND
+    variants = read_variants(project)
+    if options.filter:
+        try:
+            rx = re.compile(options.filter)
+        except re.error as exc:
+            raise UsageError(f"--filter {options.filter!r} is not a regular expression ({exc})") from None
+        variants = [v for v in variants if rx.search(v.name)]
+    binary = build(project, options.build_jobs)
+    with tempfile.TemporaryDirectory(prefix="benanza-check-") as tmp:
+        statuses, entries = _run_binary(binary, variants, Path(tmp), options)
+        refs = [_ModelRef(m) for m in models]
+        return [_check_one(v, statuses.get(v.name), entries.get(v.name), refs, options) for v in variants]
+
+
+def _run_binary(binary: Path, variants: list[Variant], tmp: Path, options: CheckOptions
+                ) -> tuple[dict[str, dict], dict[str, dict]]:
+    import os
+
+    names = tmp / "names.txt"
+    names.write_text("".join(v.name + "\n" for v in variants))
+    env = dict(os.environ, OMP_NUM_THREADS=str(options.threads))
+    cmd = [str(binary), f"--benanza_names={names}", f"--benanza_check={tmp}", f"--benanza_seed={options.seed}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env,
+                              timeout=options.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise BenanzaError(f"{binary}: check mode did not finish in {options.timeout:g}s") from None
+    statuses, entries = {}, {}
+    started = None
+    for line in done.stdout.splitlines():
+        tag, _, payload = line.partition(" ")
+        if tag == "BENANZA_START":
+            started = payload
+        elif tag == "BENANZA_RESULT":
+            d = json.loads(payload)
+            statuses[d["name"]] = d
+        elif tag == "BENANZA_CHECK":
+            d = json.loads(payload)
+            d["outputs_data"] = _read_outputs(d)  # read now: the folder goes away after the run
+            entries[d["name"]] = d
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        log.warning("%s exited with status %d in check mode (%s)", binary, done.returncode, tail)
+        if started is not None and started not in statuses:
+            statuses[started] = {"status": "failed",
+                                 "message": f"the benchmark died (exit status {done.returncode}: {tail})"}
+        for v in variants:
+            statuses.setdefault(v.name, {"status": "failed", "message": f"not run: the binary died in {started}"})
+    return statuses, entries
+
+
+def _reproduce(v: Variant, options: CheckOptions) -> str:
+    return f"{options.command} --seed {options.seed} --filter {shlex.quote('^' + re.escape(v.name) + '$')}"
+
+
+def _check_one(v: Variant, status: dict | None, entry: dict | None, refs: list[_ModelRef],
+               options: CheckOptions) -> CheckResult:
+    repro = _reproduce(v, options)
+    if status is None:
+        return CheckResult(v.name, CheckStatus.FAILED, "the benchmark printed no result (it crashed)", reproduce=repro)
+    if status.get("status") == "unsupported":
+        return CheckResult(v.name, CheckStatus.UNSUPPORTED, f"nothing ran: {status.get('message', '')}")
+    if status.get("status") != "ok" or entry is None:
+        return CheckResult(v.name, CheckStatus.FAILED, status.get("message") or "no outputs written",
+                           reproduce=repro)
+    gen = _gen(options.seed)
+    for ref in refs:
+        nodes = ref.find(v)
+        if nodes is None:
+            continue
+        site = _Site(ref, nodes)
+        try:
+            spec = _unfused(site, v, gen) if v.fusion == "none" else _fused(site, v, gen)
+            got = entry["outputs_data"]
+            if spec.dense:
+                return _check_dense(v, site, spec, got, gen, repro)
+            want = _reference(site, spec)
+        except _NoReference as exc:
+            return CheckResult(v.name, CheckStatus.NOT_CHECKED, str(exc))
+        tol = _tolerance(v)
+        verdict, err, where = _compare(got, want, tol)
+        return CheckResult(v.name, verdict, f"{spec.compared} in {ref.model.name}", err, tol, where,
+                           repro if verdict is not CheckStatus.OK else "")
+    return CheckResult(v.name, CheckStatus.NOT_CHECKED, "its layer (and fusion) is in none of the given models")
+
+
+def _check_dense(v: Variant, site: _Site, spec: _Spec, got: list[np.ndarray], gen, repro: str) -> CheckResult:
+    p = v.problem
+    assert isinstance(p, CopyProblem)
+    real = site.ref.values(spec.outputs)
+    what = f"{spec.compared} in {site.ref.model.name}"
+    if len(got) != len(p.outs):
+        return CheckResult(v.name, CheckStatus.MISMATCH, what, math.inf, 0.0,
+                           f"{len(got)} outputs written for {len(p.outs)}", repro)
+    for k, (g, box) in enumerate(zip(got, p.outs)):
+        if g.size != real[spec.outputs[k]].size:
+            return CheckResult(v.name, CheckStatus.MISMATCH, what, math.inf, 0.0,
+                               f"output {k}: {g.size} elements moved, the op writes {real[spec.outputs[k]].size}",
+                               repro)
+        err = _errors(g, gen(k, box).astype(g.dtype))
+        if err.size and err.max() > 0:
+            i = int(err.argmax())
+            return CheckResult(v.name, CheckStatus.MISMATCH, what, float(err[i]), 0.0,
+                               f"output {k} element {i}: got {g.reshape(-1)[i]:.6g}, its source holds "
+                               f"{gen(k, box).reshape(-1)[i]:.6g}", repro)
+    return CheckResult(v.name, CheckStatus.OK, what, 0.0, 0.0)

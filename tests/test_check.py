@@ -1,0 +1,163 @@
+"""benanza check: what the oneDNN benchmarks compute, against ONNX Runtime running the real layers
+(and fusion patterns) of real exporter output on the same generated inputs."""
+
+import dataclasses
+import re
+import shlex
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from test_onednn import small_cnn
+from test_transformers import attention_model, attention_op_model
+from torch_models import export
+
+from benanza.check import CheckOptions, CheckStatus, check, generated
+from benanza.cli import main
+from benanza.generator import GenOptions, generate
+from benanza.layers import UniqueLayer
+from benanza.manifest import build_manifest, write_manifest
+from benanza.problems import CopyProblem
+from benanza.processor import load_model, unique_layers
+from benanza.runner import build
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    """The encoder, GPT block and ViT at opsets 14 and 17, the attention pattern and the opset-23
+    Attention op, and a small CNN (conv fusions, pools, LRN, BN, Gemm): every oneDNN family, plus
+    one wrong layer (``wrong_split``), built once for the module (-j1)."""
+    import onnx
+
+    d = tmp_path_factory.mktemp("check")
+    paths = [export(n, o, d) for n in ("encoder", "gpt", "vit") for o in (14, 17)]
+    for name, m in (("attention", attention_model()), ("attention_op", attention_op_model())):
+        onnx.save(m, str(d / f"{name}.onnx"))
+        paths.append(d / f"{name}.onnx")
+    paths.append(small_cnn(d / "small.onnx"))
+    models = [load_model(p) for p in paths]
+    out = d / "bench"
+    manifest = build_manifest(models, unique_layers(models))
+    manifest.layers.append(UniqueLayer(wrong_split(models)[1]))
+    write_manifest(manifest, out)
+    gen = generate(manifest, "onednn", out, GenOptions())
+    build(out / "onednn", jobs=1)
+    wrong = wrong_split(models)[1].problem
+    return out, paths, models, [v for v in gen.variants if v.problem != wrong]
+
+
+def wrong_split(models):
+    """GPT's Split with its second output copied from the first one's offset, as a bug in the copy
+    family's key building would generate it: (the right layer, the wrong one)."""
+    gpt = next(m for m in models if m.name == "gpt14")
+    split = next(n.layer for n in gpt.nodes if isinstance(n.layer.problem, CopyProblem)
+                 and n.layer.problem.op == "split")
+    p = split.problem
+    offsets = (p.offsets[0], p.offsets[0], p.offsets[2])
+    return split, dataclasses.replace(split, problem=dataclasses.replace(p, offsets=offsets))
+
+
+def test_generator_matches_the_runtime_definition():
+    # runtime.hpp's formula, step by step in Python integers for the first elements of two streams
+    def one(seed, stream, i):
+        z = (((seed * 256 + stream) << 32) + i + 0x9E3779B97F4A7C15) % 2**64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+        z ^= z >> 31
+        return ((z >> 56) - 128) / 128
+
+    for seed, stream in ((0, 0), (0, 3), (7, 1)):
+        want = [one(seed, stream, i) for i in range(40)]
+        assert generated(stream, (5, 8), seed).reshape(-1).tolist() == want
+    x = generated(0, (4096,))
+    assert x.min() >= -1 and x.max() < 1 and len(np.unique(x)) > 200  # 1/128 steps, spread over [-1, 1)
+    assert not np.array_equal(generated(0, (64,)), generated(1, (64,)))  # each input its own values
+
+
+def test_every_family_computes_what_its_layer_computes(bench):
+    out, _, models, variants = bench
+    by_name = {v.name: v for v in variants}
+    results = check(out, models, CheckOptions(build_jobs=1))
+    # the wrong Split is in none of the models: not checked (and said so), never passed
+    stray = [r for r in results if r.name not in by_name]
+    assert len(stray) == 2 and all(r.status is CheckStatus.NOT_CHECKED and "none of the given models" in r.compared
+                                   for r in stray)
+    results = [r for r in results if r.name in by_name]
+    assert len(results) == len(variants)
+    bad = [(r.name, r.status.value, r.compared, r.where) for r in results
+           if r.status not in (CheckStatus.OK, CheckStatus.UNSUPPORTED)]
+    assert not bad
+    ok = [by_name[r.name] for r in results if r.status is CheckStatus.OK]
+    # every layer and fusion ran correctly in at least one variant (a layout or dtype the CPU
+    # lacks is unsupported, not wrong)
+    assert {(v.problem, v.fusion) for v in ok} == {(v.problem, v.fusion) for v in variants}
+    families = {v.problem.family for v in ok}
+    assert {"copy", "transpose", "matmul", "attention", "lnorm", "eltwise", "reduce", "binary", "softmax", "gemm",
+            "conv", "concat", "pool", "lrn"} <= families
+    fusions = {v.fusion for v in ok}
+    assert {"sdpa", "sdpa_mask", "sdpa_scale_mask", "mm_bias", "layernorm", "gelu_erf", "bias_relu",
+            "bn_relu"} <= fusions
+    # what was compared is said: the dense copies check the bytes they move, never the op's values
+    for r in results:
+        v = by_name[r.name]
+        if r.status is CheckStatus.OK and isinstance(v.problem, CopyProblem) and v.problem.how == "dense":
+            assert "does not compute" in r.compared and r.error == 0.0
+        if r.status is CheckStatus.OK and "causal" in v.layer_key:
+            assert "is_causal=0" in r.compared  # the causal mask is run as an additive mask
+
+
+def test_a_perturbed_input_is_caught_with_a_line_that_reproduces_it(bench, monkeypatch):
+    out, paths, _, variants = bench
+    split = next(v for v in variants if isinstance(v.problem, CopyProblem) and v.problem.op == "split"
+                 and v.dtype == "f32")
+    sdpa = next(v for v in variants if v.fusion == "sdpa_mask" and v.dtype == "f32")
+    args = ["check", *map(str, paths), "--bench-dir", str(out), "-j", "1", "--filter",
+            f"^({re.escape(split.name)}|{re.escape(sdpa.name)})$"]
+    for wrong in (split, sdpa):
+        # the runtime's fault hook adds 0.5 to one element of the benchmark's first input
+        monkeypatch.setenv("BENANZA_FAULT_PERTURB", wrong.name)
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1, r.output
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("mismatch: ")]
+        assert len(lines) == 1 and lines[0].startswith(f"mismatch: {wrong.name}: "), r.stderr
+        assert "checked 2 benchmarks (seed 0): 1 ok, 1 mismatch" in r.stdout
+        repro = r.stderr.split("  reproduce: ")[1].splitlines()[0]
+        monkeypatch.delenv("BENANZA_FAULT_PERTURB")
+        again = CliRunner().invoke(main, shlex.split(repro)[1:])  # pasted without the fault: it passes
+        assert again.exit_code == 0 and "1 ok, 0 mismatch" in again.stdout, again.output
+
+
+def test_a_wrong_offset_from_the_generator_is_caught(bench):
+    """The wrong Split went through the real generator and build; the check compares it with
+    the model's real Split node (the model given holds that node under the wrong layer)."""
+    out, _, models, _ = bench
+    right, wrong = wrong_split(models)
+    gpt = next(m for m in models if m.name == "gpt14")
+    name = f"^{re.escape(wrong.problem.text())}_f32/"
+    (r,) = check(out, [_with_problem(gpt, right, wrong)], CheckOptions(filter=name, build_jobs=1))
+    assert r.status is CheckStatus.MISMATCH and r.where.startswith("output 1 "), r  # read at output 0's offset
+    assert r.reproduce.startswith("benanza check") and "--filter" in r.reproduce
+
+
+def _with_problem(model, old, new):
+    """The model with the node of layer ``old`` holding ``new`` (the same node, a wrong key)."""
+    nodes = [dataclasses.replace(n, layer=new) if n.layer == old else n for n in model.nodes]
+    return dataclasses.replace(model, nodes=nodes)
+
+
+def test_a_crashing_benchmark_and_bad_input_are_one_line_each(bench, monkeypatch, tmp_path):
+    out, paths, _, variants = bench
+    first, second = [v for v in variants if v.problem.family == "softmax" and v.dtype == "f32"][:2]
+    monkeypatch.setenv("BENANZA_FAULT_ABORT", first.name)
+    r = CliRunner().invoke(main, ["check", *map(str, paths), "--bench-dir", str(out), "-j", "1", "--filter",
+                                  f"^({re.escape(first.name)}|{re.escape(second.name)})$"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    failed = [ln for ln in r.stderr.splitlines() if ln.startswith("failed: ")]
+    assert failed[0].startswith(f"failed: {first.name}: the benchmark died") and len(failed) == 2
+    assert "reproduce: benanza check" in r.stderr
+    monkeypatch.delenv("BENANZA_FAULT_ABORT")
+    r = CliRunner().invoke(main, ["check", str(paths[0]), "--bench-dir", str(tmp_path / "none")])
+    assert r.exit_code != 0 and "Traceback" not in r.output and "run `benanza generate` first" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
