@@ -93,7 +93,7 @@ Spec new_spec(DType io, const std::string& what) {
 
 // --- the graphs, one builder per family ---------------------------------------------------
 
-Spec build(const LnormLayer& L, DType t) {
+Spec build(const LnormLayer& L, DType t, uint8_t) {
   Spec s = new_spec(t, "layernorm");
   const int64_t rows = L.rows, cols = L.cols;
   // the frontend's layout for a layer norm over the trailing axes: rows x cols x 1 x 1
@@ -110,16 +110,18 @@ Spec build(const LnormLayer& L, DType t) {
   return s;
 }
 
-Spec build(const SdpaLayer& L, DType t) {
+Spec build(const SdpaLayer& L, DType t, uint8_t call) {
   Spec s = new_spec(t, "sdpa");
+  const bool masked = L.mask || (call & kSdpaMasked);
+  const double scale = (call & kSdpaUnscaled) ? 1.0 : L.scale;
   const int64_t b = L.b, h = L.h, sq = L.s_q, skv = L.s_kv, dqk = L.d_qk, dv = L.d_v;
   auto q = s.tensor("Q", {b, h, sq, dqk}, t);
   auto k = s.tensor("K", {b, h, skv, dqk}, t);
   auto v = s.tensor("V", {b, h, skv, dv}, t);
   auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(false).set_attn_scale(
-      static_cast<float>(L.scale));
+      static_cast<float>(scale));
   if (L.causal) options.set_causal_mask(true);
-  if (L.mask) options.set_bias(s.tensor("mask", {1, 1, sq, skv}, t));
+  if (masked) options.set_bias(s.tensor("mask", {1, 1, sq, skv}, t));
   auto outs = s.graph->sdpa(q, k, v, options);
   s.output(outs[0], {b, h, sq, dv}, t);
   return s;
@@ -149,14 +151,16 @@ PointwiseMode pointwise_mode(PointwiseOp op) {
   return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
 }
 
-Spec build(const PointwiseLayer& L, DType t) {
-  const PointwiseMode m = pointwise_mode(L.op);
+Spec build(const PointwiseLayer& L, DType t, uint8_t call) {
+  // the gelu_erf pattern, anchored on its Div(x, √2): one GELU node of x
+  const bool gelu = call == kGeluOfA;
+  const PointwiseMode m = pointwise_mode(gelu ? PointwiseOp::Gelu : L.op);
   Spec s = new_spec(t, std::string("pointwise ") + m.name);
   const bool compare = L.op == PointwiseOp::CmpEq || L.op == PointwiseOp::CmpGt || L.op == PointwiseOp::CmpLt;
   auto options = fe::graph::Pointwise_attributes().set_mode(m.mode).set_compute_data_type(fe::DataType_t::FLOAT);
   auto a = s.tensor("A", {L.a, L.a + L.rank}, t);
-  TensorPtr y = L.binary ? s.graph->pointwise(a, s.tensor("B", {L.b, L.b + L.rank}, t), options)
-                         : s.graph->pointwise(a, options);
+  TensorPtr y = L.binary && !gelu ? s.graph->pointwise(a, s.tensor("B", {L.b, L.b + L.rank}, t), options)
+                                  : s.graph->pointwise(a, options);
   s.output(y, {L.out, L.out + L.rank}, t, compare);
   return s;
 }
@@ -189,8 +193,9 @@ Planned plan(Spec spec) {
   Planned p{std::move(spec), {}, {}, "", false};
   try {
     Graph& g = *p.spec.graph;
+    cudnnHandle_t handle = cudnn_handle();  // without a usable GPU this fails first, with the CUDA error
     check(g.validate(), "validate");
-    check(g.build_operation_graph(cudnn_handle()), "build_operation_graph");
+    check(g.build_operation_graph(handle), "build_operation_graph");
     check(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
     for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
       std::string name;
@@ -212,18 +217,21 @@ Planned plan(Spec spec) {
 }
 
 template <class Layer>
-Planned& planned_for(const Layer& L, DType t) {
-  // keyed by the table row: a layer's variants (its slots) share one graph and one heuristics query
-  static std::map<std::pair<const Layer*, DType>, Planned> graphs;
-  auto it = graphs.find({&L, t});
-  if (it == graphs.end()) it = graphs.emplace(std::make_pair(&L, t), plan(build(L, t))).first;
+Planned& planned_for(const Layer& L, const Variant& v) {
+  // keyed by the table row and form: a layer's variants (its slots) share one graph and one
+  // heuristics query
+  using Key = std::tuple<const Layer*, DType, uint8_t>;
+  static std::map<Key, Planned> graphs;
+  const Key key{&L, v.dtype, v.call};
+  auto it = graphs.find(key);
+  if (it == graphs.end()) it = graphs.emplace(key, plan(build(L, v.dtype, v.call))).first;
   return it->second;
 }
 
 class GraphProblem : public Problem {
  public:
   template <class Layer>
-  GraphProblem(const Layer& L, const Variant& v) : planned_(planned_for(L, v.dtype)) {
+  GraphProblem(const Layer& L, const Variant& v) : planned_(planned_for(L, v)) {
     counters["flops"] = L.work.flops;
     counters["bytes"] = bytes_of(L.work, v);
     if (!planned_.error.empty()) {
@@ -282,13 +290,14 @@ std::vector<GraphCheck>& graph_checks() {
 template <class Layer>
 void add_graphs(Registry& r, const Layer* layers, const Variant* variants, size_t count) {
   add_family(r, layers, variants, count, make<Layer>);
-  std::map<std::pair<uint32_t, DType>, bool> seen;
+  std::map<std::tuple<uint32_t, DType, uint8_t>, bool> seen;
   for (size_t i = 0; i < count; ++i) {
     const Variant& v = variants[i];
-    if (seen.emplace(std::make_pair(v.layer, v.dtype), true).second) {
+    if (seen.emplace(std::make_tuple(v.layer, v.dtype, v.call), true).second) {
       const Layer* layer = &layers[v.layer];
       const DType t = v.dtype;
-      graph_checks().push_back({v.name, [layer, t] { return build(*layer, t); }});
+      const uint8_t call = v.call;
+      graph_checks().push_back({v.name, [layer, t, call] { return build(*layer, t, call); }});
     }
   }
 }

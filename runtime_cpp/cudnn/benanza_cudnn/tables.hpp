@@ -36,6 +36,11 @@ constexpr uint8_t kConvBiasRelu = 2;        // cudnnConvolutionBiasActivationFor
 constexpr uint8_t kGemmEx = 0;              // cublasGemmEx
 constexpr uint8_t kGemmStridedBatchedEx = 1;  // cublasGemmStridedBatchedEx
 constexpr uint8_t kSgemv = 2;               // cublasSgemv
+// graph families: a fusion pattern's form of the row (see graph.cpp)
+constexpr uint8_t kGeluOfA = 1;             // pointwise: the erf GELU of operand a (gelu_erf pattern)
+constexpr uint8_t kSdpaMasked = 1;          // sdpa: add an [s_q, s_kv] mask (an attention pattern's Add)
+constexpr uint8_t kSdpaUnscaled = 2;        // sdpa: scale 1 (a pattern without the scale's Mul/Div)
+constexpr uint8_t kSdpaUnscaledMasked = 3;  // both
 
 // One benchmark. `layer` indexes the family's layer table; `algo` is the cudnnConvolutionFwdAlgo_t
 // value for convolutions and 0 elsewhere.
