@@ -34,12 +34,17 @@ find_path(BENANZA_CUBLAS_INCLUDE_DIR cublas_v2.h
 find_path(BENANZA_CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
   HINTS ${CUDNN_FRONTEND_ROOT} $ENV{CUDNN_FRONTEND_ROOT} ${_benanza_site_dirs}
   PATH_SUFFIXES include)
+# NVRTC: the frontend's headers compile its open-source engines (runtime-compiled kernels) into
+# every user; the nvidia-cublas wheel pulls in nvidia-cuda-nvrtc, which unpacks beside cuBLAS.
+find_library(BENANZA_NVRTC_LIBRARY NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12
+  HINTS ${_wheel_cublas} ${CUDAToolkit_LIBRARY_DIR}
+  PATH_SUFFIXES lib lib64)
 find_library(BENANZA_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12
   HINTS ${_wheel_cublas} ${CUDAToolkit_LIBRARY_DIR}
   PATH_SUFFIXES lib lib64)
 
 foreach(var BENANZA_CUDNN_INCLUDE_DIR BENANZA_CUDNN_LIBRARY BENANZA_CUBLAS_INCLUDE_DIR BENANZA_CUBLAS_LIBRARY
-            BENANZA_CUDNN_FRONTEND_INCLUDE_DIR)
+            BENANZA_CUDNN_FRONTEND_INCLUDE_DIR BENANZA_NVRTC_LIBRARY)
   if(NOT ${var})
     message(FATAL_ERROR
       "${var} not found. Install the wheels (pip install nvidia-cudnn-cu13 nvidia-cublas nvidia-cudnn-frontend) into the "

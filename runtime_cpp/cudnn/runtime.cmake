@@ -12,8 +12,9 @@ add_library(benanza_cudnn_runtime STATIC
 target_include_directories(benanza_cudnn_runtime PUBLIC ${_dir})
 target_compile_features(benanza_cudnn_runtime PUBLIC cxx_std_17)
 target_link_libraries(benanza_cudnn_runtime PUBLIC benanza_runtime benanza::cudnn benanza::cublas CUDA::cudart)
-# the cuDNN frontend is header-only and only graph.cpp includes it
+# the cuDNN frontend is header-only and only graph.cpp includes it (its headers call NVRTC)
 target_include_directories(benanza_cudnn_runtime PRIVATE "${BENANZA_CUDNN_FRONTEND_INCLUDE_DIR}")
+target_link_libraries(benanza_cudnn_runtime PUBLIC "${BENANZA_NVRTC_LIBRARY}")
 if(BENANZA_CUPTI)
   benanza_find_cupti()
   target_sources(benanza_cudnn_runtime PRIVATE ${_dir}/cupti.cpp)
