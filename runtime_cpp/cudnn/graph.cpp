@@ -83,8 +83,11 @@ struct Spec {
   }
 };
 
-Spec new_spec(DType io, const std::string& what) {
+// `sm` > 0: the compute capability to validate for without a device (nodes copy the graph's
+// context when added, so it is set first); 0: the device's, read when needed.
+Spec new_spec(DType io, const std::string& what, int sm) {
   Spec s{std::make_shared<Graph>(), what, {}};
+  if (sm > 0) s.graph->set_sm_version(sm);
   s.graph->set_io_data_type(fe_dtype(io))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -93,8 +96,8 @@ Spec new_spec(DType io, const std::string& what) {
 
 // --- the graphs, one builder per family ---------------------------------------------------
 
-Spec build(const LnormLayer& L, DType t, uint8_t) {
-  Spec s = new_spec(t, "layernorm");
+Spec build(const LnormLayer& L, DType t, uint8_t, int sm) {
+  Spec s = new_spec(t, "layernorm", sm);
   const int64_t rows = L.rows, cols = L.cols;
   // the frontend's layout for a layer norm over the trailing axes: rows x cols x 1 x 1
   auto x = s.tensor("X", {rows, cols, 1, 1}, t, false, {cols, 1, cols, cols});
@@ -110,8 +113,8 @@ Spec build(const LnormLayer& L, DType t, uint8_t) {
   return s;
 }
 
-Spec build(const SdpaLayer& L, DType t, uint8_t call) {
-  Spec s = new_spec(t, "sdpa");
+Spec build(const SdpaLayer& L, DType t, uint8_t call, int sm) {
+  Spec s = new_spec(t, "sdpa", sm);
   const bool masked = L.mask || (call & kSdpaMasked);
   const double scale = (call & kSdpaUnscaled) ? 1.0 : L.scale;
   const int64_t b = L.b, h = L.h, sq = L.s_q, skv = L.s_kv, dqk = L.d_qk, dv = L.d_v;
@@ -151,11 +154,11 @@ PointwiseMode pointwise_mode(PointwiseOp op) {
   return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
 }
 
-Spec build(const PointwiseLayer& L, DType t, uint8_t call) {
+Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
   // the gelu_erf pattern, anchored on its Div(x, √2): one GELU node of x
   const bool gelu = call == kGeluOfA;
   const PointwiseMode m = pointwise_mode(gelu ? PointwiseOp::Gelu : L.op);
-  Spec s = new_spec(t, std::string("pointwise ") + m.name);
+  Spec s = new_spec(t, std::string("pointwise ") + m.name, sm);
   const bool compare = L.op == PointwiseOp::CmpEq || L.op == PointwiseOp::CmpGt || L.op == PointwiseOp::CmpLt;
   auto options = fe::graph::Pointwise_attributes().set_mode(m.mode).set_compute_data_type(fe::DataType_t::FLOAT);
   auto a = s.tensor("A", {L.a, L.a + L.rank}, t);
@@ -224,7 +227,7 @@ Planned& planned_for(const Layer& L, const Variant& v) {
   static std::map<Key, Planned> graphs;
   const Key key{&L, v.dtype, v.call};
   auto it = graphs.find(key);
-  if (it == graphs.end()) it = graphs.emplace(key, plan(build(L, v.dtype, v.call))).first;
+  if (it == graphs.end()) it = graphs.emplace(key, plan(build(L, v.dtype, v.call, 0))).first;
   return it->second;
 }
 
@@ -279,7 +282,7 @@ std::unique_ptr<Problem> make(const Layer& layer, const Variant& v) {
 
 struct GraphCheck {
   std::string name;
-  std::function<Spec()> build;
+  std::function<Spec(int sm)> build;
 };
 
 std::vector<GraphCheck>& graph_checks() {
@@ -297,7 +300,7 @@ void add_graphs(Registry& r, const Layer* layers, const Variant* variants, size_
       const Layer* layer = &layers[v.layer];
       const DType t = v.dtype;
       const uint8_t call = v.call;
-      graph_checks().push_back({v.name, [layer, t, call] { return build(*layer, t, call); }});
+      graph_checks().push_back({v.name, [layer, t, call](int sm) { return build(*layer, t, call, sm); }});
     }
   }
 }
@@ -306,8 +309,7 @@ void add_graphs(Registry& r, const Layer* layers, const Variant* variants, size_
 
 int check_graphs(int sm_version) {
   for (const auto& c : graph_checks()) {
-    Spec s = c.build();
-    s.graph->set_sm_version(sm_version);
+    Spec s = c.build(sm_version);
     fe::error_t status = s.graph->validate();
     JsonObject line;
     line.add("name", c.name);
