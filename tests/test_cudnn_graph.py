@@ -35,10 +35,10 @@ def exported(tmp_path_factory):
     return lambda name, opset: load_model(export(name, opset, out))
 
 
-def wide_head_attention():
-    """An Attention op with head size 320: more than the 256 cuDNN's flash attention takes."""
-    nodes = [helper.make_node("Attention", ["q", "k", "v"], ["y"], name="wide")]
-    shape = [1, 2, 16, 320]
+def odd_head_attention():
+    """An Attention op with head size 12: cuDNN's flash attention takes multiples of 8 only."""
+    nodes = [helper.make_node("Attention", ["q", "k", "v"], ["y"], name="odd")]
+    shape = [1, 2, 16, 12]
     return model(nodes, [io("q", shape), io("k", shape), io("v", shape)], [io("y", None)], opset=23)
 
 
@@ -96,7 +96,7 @@ def test_graph_layers_and_patterns_get_one_variant_per_plan_slot(exported, save,
 @NEED_TOOLCHAIN
 def test_graph_benchmarks_build_fail_cleanly_without_gpu_and_validate(tmp_path, exported, save):
     models = [exported("encoder", 14), exported("gpt", 17), load_model(save(attention_op_model())),
-              load_model(save(wide_head_attention(), "wide.onnx"))]
+              load_model(save(odd_head_attention(), "odd.onnx"))]
     manifest = build_manifest(models, unique_layers(models))
     g = generate(manifest, "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
     graph = [v for v in g.variants if v.api in GRAPH_APIS]
@@ -111,13 +111,21 @@ def test_graph_benchmarks_build_fail_cleanly_without_gpu_and_validate(tmp_path, 
         assert r["status"] == "failed", r
         assert "cudaErrorInsufficientDriver" in r["message"] or "cudaErrorNoDevice" in r["message"], r
 
-    # the frontend's own validation for an sm_90 GPU, one line per graph (layer, dtype, form)
-    check = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300)
-    assert check.returncode == 0, check.stderr[-2000:]
-    lines = {ln["name"]: ln for ln in _lines(check.stdout, "BENANZA_GRAPH")}
-    forms = {(v.layer_key, v.fusion) for v in graph}
-    assert len(lines) == len(forms) and all(n in {v.name for v in graph} for n in lines)
-    refused = {n: ln["message"] for n, ln in lines.items() if not ln["ok"]}
-    wide = [n for n in lines if "q1x2x16x320" in n]
-    assert len(wide) == 1 and set(refused) == set(wide), refused
-    assert "hidden_dim" in refused[wide[0]] and "256" in refused[wide[0]]
+    # the frontend's own validation, one line per graph (layer, dtype, form): for an sm_90 GPU
+    # every graph but the odd head size's; for sm_75 (Turing) no flash attention at all
+    def check(sm: int) -> dict[str, str]:
+        done = subprocess.run([str(binary), f"--benanza_check_graphs={sm}"], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines = {ln["name"]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
+        assert len(lines) == len({(v.layer_key, v.fusion) for v in graph})
+        assert set(lines) <= {v.name for v in graph if v.algo == "plan0"}
+        return {n: ln["message"] for n, ln in lines.items() if not ln["ok"]}
+
+    refused = check(90)
+    (odd,) = [n for n in {v.name for v in graph if v.algo == "plan0"} if "q1x2x16x12" in n]
+    assert set(refused) == {odd} and "hidden_dim should be multiple of 8" in refused[odd], refused
+    turing = check(75)
+    sdpa = {v.name for v in graph if v.api == cudnn.CUDNN_SDPA and v.algo == "plan0"} - {odd}
+    assert set(turing) - {odd} == sdpa and len(sdpa) == 4  # the two chains, the two Attention ops (f16)
+    assert all("requires SM80 (Ampere) or newer" in turing[n] for n in sdpa)
