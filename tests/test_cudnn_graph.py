@@ -102,7 +102,8 @@ def test_graph_benchmarks_build_fail_cleanly_without_gpu_and_validate(tmp_path, 
     graph = [v for v in g.variants if v.api in GRAPH_APIS]
     binary = _build(g.out_dir)
 
-    run = subprocess.run([str(binary), "--benchmark_min_time=0.01"], capture_output=True, text=True, timeout=600)
+    run = subprocess.run([str(binary), "--benchmark_min_time=0.01"], capture_output=True, text=True, timeout=600,
+                         check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     results = {r["name"]: r for r in _lines(run.stdout, "BENANZA_RESULT")}
     assert set(results) == {v.name for v in g.variants}
@@ -115,7 +116,7 @@ def test_graph_benchmarks_build_fail_cleanly_without_gpu_and_validate(tmp_path, 
     # every graph but the odd head size's; for sm_75 (Turing) no flash attention at all
     def check(sm: int) -> dict[str, str]:
         done = subprocess.run([str(binary), f"--benanza_check_graphs={sm}"], capture_output=True, text=True,
-                              timeout=300)
+                              timeout=300, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
         lines = {ln["name"]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
         assert len(lines) == len({(v.layer_key, v.fusion) for v in graph})
