@@ -38,6 +38,16 @@ time, recorded as "unsupported" with its status string):
   is ONNX's linear_before_reset=1 form, which its ``implementation`` string says.
 - GEMV layers (m or n = 1) use ``cublasSgemv`` in fp32 and ``cublasGemmEx`` for 16-bit types,
   which have no GEMV in cuBLAS.
+- The graph API through the header-only cuDNN frontend (runtime_cpp/cudnn/graph.cpp) runs what
+  the legacy API lacks: LayerNormalization (inference), the ONNX Attention op as SDPA (flash
+  attention forward, inference), and single pointwise nodes (Div, Pow, comparisons, Erf, GELU
+  erf/tanh, Exp, Log, Abs, Neg, Softplus); and, as fused variants, the ``layernorm``, ``gelu_erf``
+  and attention patterns of ``benanza.fusion`` (on their anchors' problems, the pattern in the
+  variant's call). Each graph variant is a plan slot (``PLAN_ALGOS``): the i-th distinct engine
+  config of the heuristics (mode A, then fallback), built and timed as its own plan with its
+  workspace; its name is the implementation, the config count the ``engine_configs`` counter.
+  SDPA is generated in fp16/bf16 only: cuDNN's flash attention takes no fp32, and an fp32
+  request gets a warning per layer instead of a variant.
 
 Run-time counters of every benchmark: ``flops``, ``bytes``, ``workspace_bytes``; convolutions
 add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``: what
