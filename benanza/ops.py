@@ -300,7 +300,10 @@ def _eltwise_cudnn(p: Problem) -> str | None:
 
 def _eltwise_onednn(p: Problem) -> str | None:
     assert isinstance(p, EltwiseProblem)
-    return "eltwise" if any(alg == p.alg and dnnl for alg, _, _, dnnl in _ELTWISE.values()) else None
+    return None if p.alg in _NO_ONEDNN_ALG else "eltwise"
+
+
+_NO_ONEDNN_ALG = {alg for alg, _, _, dnnl in _ELTWISE.values() if dnnl is None}
 
 
 def _prelu_build(view: NodeView) -> Problem:
