@@ -239,6 +239,7 @@ _ELTWISE = {
     "Swish": ("swish", ("alpha",), "CUDNN_ACTIVATION_SWISH", "eltwise_swish"),
     "HardSwish": ("hardswish", (), None, "eltwise_hardswish"),
     "Gelu": ("gelu", (), None, "eltwise_gelu_erf"),  # approximate="tanh" is alg gelutanh
+    "Erf": ("erf", (), None, None),  # oneDNN has no erf alone (its GELU is the erf form)
 }
 _CUDNN_ACTIVATION = {alg: mode for alg, _, mode, _ in _ELTWISE.values()}
 
@@ -278,13 +279,31 @@ def _eltwise_build(view: NodeView) -> Problem:
     return EltwiseProblem(alg, shape, alpha=coef.get("alpha"), beta=coef.get("beta"))
 
 
+# The cuDNN graph API's calls (the cudnn_frontend families of runtime_cpp/cudnn/graph.cpp).
+CUDNN_POINTWISE, CUDNN_LAYERNORM, CUDNN_SDPA = "cudnn_frontend.pointwise", "cudnn_frontend.layernorm", \
+    "cudnn_frontend.sdpa"
+# element-wise ops the legacy API lacks, each one pointwise node of the graph API
+CUDNN_POINTWISE_UNARY = ("erf", "gelu", "gelutanh", "exp", "log", "abs", "neg", "softplus")
+CUDNN_POINTWISE_BINARY = ("div", "pow", "eq", "gt", "lt")
+
+
 def _eltwise_cudnn(p: Problem) -> str | None:
     assert isinstance(p, EltwiseProblem)
     if p.alg == "clip" and not (p.min == 0.0 and p.max is not None and p.max < FLT_MAX):
         return None  # cuDNN's CLIPPED_RELU is clip(x, 0, ceiling) only
     if p.alg == "sqrt":
         return "cudnnOpTensor"  # its one unary op besides NOT: CUDNN_OP_TENSOR_SQRT
+    if p.alg in CUDNN_POINTWISE_UNARY and 1 <= len(p.shape) <= 8:
+        return CUDNN_POINTWISE
     return "cudnnActivationForward" if _CUDNN_ACTIVATION.get(p.alg) else None
+
+
+def _eltwise_onednn(p: Problem) -> str | None:
+    assert isinstance(p, EltwiseProblem)
+    return None if p.alg in _NO_ONEDNN_ALG else "eltwise"
+
+
+_NO_ONEDNN_ALG = {alg for alg, _, _, dnnl in _ELTWISE.values() if dnnl is None}
 
 
 def _prelu_build(view: NodeView) -> Problem:
@@ -321,6 +340,8 @@ def _binary_cudnn(p: Problem) -> str | None:
         return "cudnnAddTensor"
     if p.alg in ("add", "sum", "sub", "mul", "min", "max"):
         return "cudnnOpTensor"
+    if p.alg in CUDNN_POINTWISE_BINARY:
+        return CUDNN_POINTWISE
     return None
 
 
@@ -726,7 +747,7 @@ POOL = Family("pool", _pool_build, _const("cudnnPoolingForward"), _const("poolin
 BNORM = Family("bnorm", _bnorm_build, _inference_bnorm("cudnnBatchNormalizationForwardInference"),
                _inference_bnorm("batch_normalization"))
 LRN = Family("lrn", _lrn_build, _const("cudnnLRNCrossChannelForward"), _const("lrn"))
-ELTWISE = Family("eltwise", _eltwise_build, _eltwise_cudnn, _const("eltwise"))
+ELTWISE = Family("eltwise", _eltwise_build, _eltwise_cudnn, _eltwise_onednn)
 PRELU = Family("prelu", _prelu_build, _const(None), _const("prelu"))
 BINARY = Family("binary", _binary_build, _binary_cudnn, _binary_onednn)
 GEMM = Family("gemm", _gemm_build, _gemm_cudnn, _gemm_onednn)
@@ -737,13 +758,13 @@ DROPOUT = Family("dropout", _dropout_build, _dropout_cudnn, _const(None))
 # such layers are not covered there rather than missing forever.
 RNN = Family("rnn", _rnn_build, _rnn_cudnn, _const(None))
 CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
-LNORM = Family("lnorm", _lnorm_build, _const(None), _const("layer_normalization"))
+LNORM = Family("lnorm", _lnorm_build, _const(CUDNN_LAYERNORM), _const("layer_normalization"))
 REDUCE = Family("reduce", _reduce_build, _reduce_cudnn, _reduce_onednn)
 TRANSPOSE = Family("transpose", _transpose_build, _transpose_cudnn, _const("reorder"))
 DECONV = Family("deconv", _deconv_build, _const(None), _const("deconvolution"))
 RESAMPLE = Family("resample", _resample_build, _const(None), _const("resampling"))
 # oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too
-ATTENTION = Family("attention", _attention_build, _const(None), _const("matmul_softmax_matmul"))
+ATTENTION = Family("attention", _attention_build, _const(CUDNN_SDPA), _const("matmul_softmax_matmul"))
 COPY = Family("copy", _copy_build, _copy_cudnn, _copy_onednn, lambda v: v.outputs[0].dtype)
 GENERIC = Family("generic", _generic_build, _const(None), _const(None))
 SAME_CAST = Family("identity", _same_cast_build, _const(None), _const(None))

@@ -67,6 +67,16 @@ def cuda_toolkit() -> CudaToolkit | None:
     return None
 
 
+def cudnn_frontend_include() -> Path | None:
+    """The header-only cuDNN frontend (the graph API's C++ layer) of the nvidia-cudnn-frontend
+    wheel, which unpacks ``cudnn_frontend.h`` into ``site-packages/include``; the generated
+    projects find it the same way (runtime_cpp/cmake/BenanzaCudaLibs.cmake)."""
+    for site in _site_dirs():
+        if (site / "include" / "cudnn_frontend.h").is_file():
+            return site / "include"
+    return None
+
+
 def onednn_cmake_config() -> Path | None:
     """Debian's libdnnl-dev CMake package config (the oneDNN 2.x the CPU backend builds with)."""
     found = sorted(Path("/usr/lib").glob("*/cmake/dnnl/dnnl-config.cmake"))
@@ -108,6 +118,7 @@ def inventory() -> dict[str, str | None]:
         "nvcc": f"{cuda.nvcc}{' (PyPI wheel)' if cuda.from_wheel else ''}" if cuda else None,
         "cudnn wheel": "nvidia.cudnn" if _module("nvidia.cudnn") else None,
         "cublas wheel": "nvidia.cu13" if _module("nvidia.cu13") else None,
+        "cudnn frontend headers": str(cudnn_frontend_include() or "") or None,
         "chromium": shutil.which("chromium"),
         "nsys": shutil.which("nsys"),
         "QdstrmImporter": str(nsys_importer() or "") or None,

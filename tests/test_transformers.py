@@ -337,12 +337,12 @@ def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
 # (model, opset) → (layers, free, shape arithmetic, oneDNN-costed, cuDNN/cuBLAS-costed): the
 # README's "Transformer exports" table, whose rows ``coverage_row`` writes
 COVERAGE = {
-    ("encoder", 14): (71, 14, 9, 48, 43),
-    ("encoder", 17): (55, 14, 9, 32, 29),
-    ("gpt", 14): (66, 5, 8, 52, 45),
-    ("gpt", 17): (50, 5, 8, 36, 31),
-    ("vit", 14): (98, 15, 15, 67, 58),
-    ("vit", 17): (74, 15, 15, 43, 37),
+    ("encoder", 14): (71, 14, 9, 48, 48),
+    ("encoder", 17): (55, 14, 9, 32, 32),
+    ("gpt", 14): (66, 5, 8, 52, 53),
+    ("gpt", 17): (50, 5, 8, 36, 37),
+    ("vit", 14): (98, 15, 15, 67, 67),
+    ("vit", 17): (74, 15, 15, 43, 43),
     ("mbv3", 14): (12, 0, 0, 12, 9),
     ("mbv3", 17): (12, 0, 0, 12, 9),
 }
@@ -379,7 +379,11 @@ def test_exported_model_coverage(exported, name, opset):
     assert coverage_row(name, opset, got) in readme
     # every float data layer is costed on oneDNN but Erf, which the gelu_erf pattern costs
     missing = [la.key for la in rest if not shape_arithmetic(la) and not covers(la)]
-    assert all(k.startswith("erf:") for k in missing), missing
+    assert all(k.startswith("eltwise:erf_") for k in missing), missing
+    # on cuDNN all but ViT's Concat (a copy with no cuDNN call) and MobileNet-v3's hard-swish and
+    # hard-sigmoid (no single cuDNN op: they are chains of pointwise ops)
+    missing = {la.op for la in rest if not shape_arithmetic(la) and not la.covered}
+    assert missing <= {"Concat", "HardSwish", "HardSigmoid"}, missing
     assert got[3] >= 0.95 * (len(rest) - got[2])  # issue 10's target, over the layers that move data
 
 

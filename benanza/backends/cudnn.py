@@ -45,6 +45,16 @@ time, recorded as "unsupported" with its status string):
   (cuBLASLt's GELU is the tanh approximation), one variant per rank of
   cublasLtMatmulAlgoGetHeuristic's answer (``LT_ALGOS``), with that algorithm's workspace; a rank
   the heuristic does not offer is stored as unsupported. Same dtypes and math modes as cuBLAS.
+- The graph API through the header-only cuDNN frontend (runtime_cpp/cudnn/graph.cpp) runs what
+  the legacy API lacks: LayerNormalization (inference), the ONNX Attention op as SDPA (flash
+  attention forward, inference), and single pointwise nodes (Div, Pow, comparisons, Erf, GELU
+  erf/tanh, Exp, Log, Abs, Neg, Softplus); and, as fused variants, the ``layernorm``, ``gelu_erf``
+  and attention patterns of ``benanza.fusion`` (on their anchors' problems, the pattern in the
+  variant's call). Each graph variant is a plan slot (``PLAN_ALGOS``): the i-th distinct engine
+  config of the heuristics (mode A, then fallback), built and timed as its own plan with its
+  workspace; its name is the implementation, the config count the ``engine_configs`` counter.
+  SDPA is generated in fp16/bf16 only: cuDNN's flash attention takes no fp32, and an fp32
+  request gets a warning per layer instead of a variant.
 
 Run-time counters of every benchmark: ``flops``, ``bytes``, ``workspace_bytes``; convolutions
 add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``: what
@@ -76,10 +86,10 @@ from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
-from ..ops import ELEMENT_SIZE
-from ..problems import (BinaryProblem, BnormProblem, ConvProblem, CopyProblem, DropoutProblem, EltwiseProblem,
-                        GemmProblem, LrnProblem, MatMulProblem, PoolProblem, Problem, ReduceProblem, RnnProblem,
-                        SoftmaxProblem, TransposeProblem)
+from ..ops import CUDNN_LAYERNORM, CUDNN_POINTWISE, CUDNN_SDPA, ELEMENT_SIZE
+from ..problems import (AttentionProblem, BinaryProblem, BnormProblem, ConvProblem, CopyProblem, DropoutProblem,
+                        EltwiseProblem, GemmProblem, LnormProblem, LrnProblem, MatMulProblem, PoolProblem, Problem,
+                        ReduceProblem, RnnProblem, SoftmaxProblem, TransposeProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -354,6 +364,57 @@ def _reduce_fields(layer: Layer) -> Fields:
             ("dst", _dims8(out, rank, 1)), ("work", _work(layer))]
 
 
+# --- the graph API (cudnn_frontend) families ------------------------------------------------
+
+def _lnorm_fields(layer: Layer) -> Fields:
+    p = layer.problem
+    if isinstance(p, ReduceProblem):  # the LayerNorm decomposition from its first ReduceMean (trailing axes)
+        # with scale and shift; its epsilon, an Add of a constant, changes no work: the ONNX default stands in
+        axis, eps, bias = p.axes[0], 1e-5, True
+        shape = p.shape
+    else:
+        ln = _problem(layer, LnormProblem)
+        shape, axis, eps, bias = ln.shape, ln.axis, ln.eps, ln.bias
+    return [("rows", _int(math.prod(shape[:axis]))), ("cols", _int(math.prod(shape[axis:]))),
+            ("eps", _float(eps)), ("bias", _bool(bias)), ("work", _work(layer))]
+
+
+def _sdpa_fields(layer: Layer) -> Fields:
+    p = layer.problem
+    if isinstance(p, MatMulProblem):  # an attention pattern from its scores' MatMul: Q [.., S, D] · Kᵀ [.., D, Skv]
+        lead = p.a[:-2]
+        b, h = (math.prod(lead[:-1]), lead[-1]) if lead else (1, 1)
+        sq, d, skv = p.a[-2], p.a[-1], p.b[-1]
+        dims, scale, mask, causal = (b, h, sq, skv, d, d), 1 / math.sqrt(d), False, False
+    else:
+        at = _problem(layer, AttentionProblem)  # the ONNX Attention op: 4-d [B, heads, S, D]
+        dims = (at.q[0], at.q[1], at.q[2], at.k[2], at.q[3], at.v[3])
+        scale = at.scale if at.scale is not None else 1 / math.sqrt(at.q[3])
+        mask, causal = at.mask is not None, at.causal
+    names = ("b", "h", "s_q", "s_kv", "d_qk", "d_v")
+    return ([(n, _int(v)) for n, v in zip(names, dims)]
+            + [("scale", _float(scale)), ("mask", _bool(mask)), ("causal", _bool(causal)), ("work", _work(layer))])
+
+
+_POINTWISE_OPS = {"div": "Div", "pow": "Pow", "eq": "CmpEq", "gt": "CmpGt", "lt": "CmpLt", "erf": "Erf",
+                  "gelu": "Gelu", "gelutanh": "GeluTanh", "exp": "Exp", "log": "Log", "abs": "Abs", "neg": "Neg",
+                  "softplus": "Softplus"}
+
+
+def _pointwise_fields(layer: Layer) -> Fields:
+    p = layer.problem
+    binary = isinstance(p, BinaryProblem)
+    if binary:
+        bp = _problem(layer, BinaryProblem)
+        alg, (a, b), out = bp.alg, bp.shapes, bp.out
+    else:
+        e = _problem(layer, EltwiseProblem)
+        alg, a, b, out = e.alg, e.shape, (), e.shape
+    rank = max(4, len(out))  # the frontend broadcasts either operand into the output
+    return [("op", "PointwiseOp::" + _POINTWISE_OPS[alg]), ("binary", _bool(binary)), ("rank", _int(rank)),
+            ("a", _dims8(a, rank, 1)), ("b", _dims8(b, rank, 1) if binary else _dims8((), 0, 0)),
+            ("out", _dims8(out, rank, 1)), ("work", _work(layer))]
+
 CONV = Family("conv", "ConvLayer", "add_conv", _conv_fields, spatial=True, math=True)
 BLAS = Family("blas", "BlasLayer", "add_blas", _blas_fields, spatial=False, math=True)
 FAMILIES = {
@@ -377,6 +438,23 @@ FAMILIES = {
 }
 _BINARY = Family("binary", "BinaryLayer", "add_binary", _binary_fields, False, False)
 FAMILIES.update({api: _BINARY for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")})
+LNORM = Family("lnorm", "LnormLayer", "add_lnorm", _lnorm_fields, False, False)
+SDPA = Family("sdpa", "SdpaLayer", "add_sdpa", _sdpa_fields, False, False)
+POINTWISE = Family("pointwise", "PointwiseLayer", "add_pointwise", _pointwise_fields, False, False)
+FAMILIES.update({CUDNN_LAYERNORM: LNORM, CUDNN_SDPA: SDPA, CUDNN_POINTWISE: POINTWISE})
+GRAPH_FAMILIES = (LNORM, SDPA, POINTWISE)
+# A graph family's variants are plan slots: the i-th distinct engine config the heuristics
+# (mode A, then fallback) return for the layer's graph, each built and timed as its own plan.
+# The count is known only on the GPU: a slot past it is stored as unsupported, and every result
+# carries it (counter engine_configs), so configs beyond the slots would show there.
+GRAPH_PLANS = 8
+PLAN_ALGOS = tuple(f"plan{i}" for i in range(GRAPH_PLANS))
+# cuDNN's flash attention takes fp16/bf16 Q/K/V: an fp32 attention gets no SDPA variant
+SDPA_DTYPES = ("f16", "bf16")
+# fusion pattern → (graph family, the variant's call: runtime_cpp/cudnn/benanza_cudnn/tables.hpp)
+_GRAPH_FUSIONS = {"layernorm": (LNORM, "kCall"), "gelu_erf": (POINTWISE, "kGeluOfA"),
+                  "sdpa": (SDPA, "kSdpaUnscaled"), "sdpa_mask": (SDPA, "kSdpaUnscaledMasked"),
+                  "sdpa_scale": (SDPA, "kCall"), "sdpa_scale_mask": (SDPA, "kSdpaMasked")}
 
 # Variant.api → the runtime's call constant (tables.hpp)
 _CALLS = {"cudnnConvolutionForward": "kConvForward", "cublasGemmEx": "kGemmEx",
@@ -482,7 +560,9 @@ class CudnnBackend:
                 out += [Variant(problem, NAME, FUSED_API, algo, d, lay, m, fusion)
                         for algo in algos for d, lay, m in combos]
             return out
-        if family is BLAS:  # the GEMM epilogues; attention patterns anchor no cuBLAS call
+        if family in GRAPH_FAMILIES:
+            return _graph_variants(layer, family, api, "none", exp) + _graph_fusion_variants(layer, fusions, exp)
+        if family is BLAS:  # the GEMM epilogues (attention patterns are graph-API SDPA variants, below)
             epilogues = [f for f in fusions
                          if FUSION_PATTERNS[f].anchor == "MatMul" and not FUSION_PATTERNS[f].attention]
             out += [Variant(problem, NAME, LT_API, algo, d, lay, m, fusion)
@@ -493,7 +573,7 @@ class CudnnBackend:
             variant = Variant(problem, NAME, call, "default", d, lay, "fma" if call == "cublasSgemv" else m)
             if variant not in out:  # Sgemv has no math setting: one variant, whatever was asked
                 out.append(variant)
-        return out
+        return out + _graph_fusion_variants(layer, fusions, exp)
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
                out_dir: Path, options: GenOptions) -> list[Path]:
@@ -520,6 +600,34 @@ class CudnnBackend:
         return files + copy_runtime(out_dir / "runtime", ("common", "cudnn", "cmake"))
 
 
+def _graph_variants(layer: Layer, family: Family, api: str, fusion: str, exp: Expansion) -> list[Variant]:
+    """One variant per plan slot and dtype (graph families have no layout or math setting)."""
+    dtypes = exp.dtypes
+    if family is SDPA:
+        dtypes = tuple(d for d in exp.dtypes if d in SDPA_DTYPES)
+        skipped = [d for d in exp.dtypes if d not in SDPA_DTYPES]
+        if skipped:
+            log.warning("%s%s: no cuDNN SDPA variant in %s: cuDNN's flash attention takes fp16/bf16 Q/K/V only "
+                        "(ask for --dtype f16 or bf16)", layer.key, "" if fusion == "none" else f" ({fusion})",
+                        ", ".join(skipped))
+    return [Variant(layer.problem, NAME, api, algo, d, "nchw", NO_MATH, fusion) for d in dtypes for algo in PLAN_ALGOS]
+
+
+def _graph_fusion_variants(layer: Layer, fusions: tuple[str, ...], exp: Expansion) -> list[Variant]:
+    """The graph-API fused forms of the patterns anchored on this layer: the LayerNorm
+    decomposition as one layernorm node, the erf GELU decomposition as one GELU node, and the
+    attention chains as one SDPA (their scale and mask from the pattern)."""
+    out: list[Variant] = []
+    for fusion in fusions:
+        if fusion in _GRAPH_FUSIONS:
+            family = _GRAPH_FUSIONS[fusion][0]
+            out += _graph_variants(layer, family, _API_OF[family.name], fusion, exp)
+    return out
+
+
+_API_OF = {LNORM.name: CUDNN_LAYERNORM, SDPA.name: CUDNN_SDPA, POINTWISE.name: CUDNN_POINTWISE}
+
+
 def _warn_asymmetric(layer: Layer) -> None:
     pt, pl, pb, pr = _p(layer.problem, "pt", "pl", "pb", "pr")
     if (pt, pl) != (pb, pr):
@@ -533,9 +641,11 @@ def _variant_fields(v: Variant, layer_index: int) -> Fields:
         call = "kConvBiasRelu" if FUSION_PATTERNS[v.fusion].activation == "relu" else "kConvBiasIdentity"
     elif v.api == LT_API:
         call = _LT_CALLS[FUSION_PATTERNS[v.fusion].activation]
+    elif v.fusion in _GRAPH_FUSIONS:
+        call = _GRAPH_FUSIONS[v.fusion][1]
     else:
         call = _CALLS.get(v.api, "kCall")
-    order = LT_ALGOS if v.api == LT_API else CONV_ALGOS
+    order = LT_ALGOS if v.api == LT_API else PLAN_ALGOS if v.algo in PLAN_ALGOS else CONV_ALGOS
     algo = order.index(v.algo) if v.algo in order else 0
     return [("name", c_string(v.name)), ("layer", str(layer_index)), ("call", call), ("algo", str(algo)),
             ("dtype", _CPP["dtype"][v.dtype]), ("layout", _CPP["layout"][v.layout]),
@@ -547,14 +657,15 @@ def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_P
     PART_SIZE variants without splitting a layer's variants across parts."""
     by_family: dict[str, list[tuple[Layer, list[Variant]]]] = {}
     families: dict[str, Family] = {}
-    per_layer: dict[Problem, list[Variant]] = {}
-    for v in variants:
-        per_layer.setdefault(v.problem, []).append(v)
-    for problem, vs in per_layer.items():
+    per_layer: dict[tuple[Problem, str], list[Variant]] = {}
+    for v in variants:  # a graph-API fusion is benchmarked in its graph family's table
+        per_layer.setdefault((v.problem, _GRAPH_FUSIONS[v.fusion][0].name if v.fusion in _GRAPH_FUSIONS else ""),
+                             []).append(v)
+    for (problem, fused_family), vs in per_layer.items():
         layer = layers.get(problem)
         if layer is None:
             raise BenanzaError(f"variant {vs[0].name} names a layer missing from the manifest")
-        family = family_of(layer)
+        family = FAMILIES[_API_OF[fused_family]] if fused_family else family_of(layer)
         assert family is not None  # layers without a cuDNN API produce no variants
         families[family.name] = family
         by_family.setdefault(family.name, []).append((layer, vs))

@@ -3,6 +3,8 @@
 #   benanza::cublas  libcublas and libcublasLt (PyPI nvidia-cublas / nvidia-cublas-cu12 wheel, or the
 #                    CUDA toolkit; cublasLtMatmul runs the GEMMs with bias epilogues)
 #   benanza::cupti   libcupti    (the CUDA toolkit: lib64 or extras/CUPTI)
+# and BENANZA_CUDNN_FRONTEND_INCLUDE_DIR, the header-only cuDNN frontend (cudnn_frontend.h: the
+# PyPI nvidia-cudnn-frontend wheel unpacks it into site-packages/include, or $CUDNN_FRONTEND_ROOT).
 # The wheels ship versioned sonames only (libcudnn.so.9, libcublas.so.13), so the libraries are
 # found and linked by full path. BENANZA_PYTHON names the interpreter whose site-packages hold
 # the wheels (the generator records the one it ran under).
@@ -30,6 +32,14 @@ find_library(BENANZA_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 libcudnn.so.8
 find_path(BENANZA_CUBLAS_INCLUDE_DIR cublas_v2.h
   HINTS ${_wheel_cublas} ${CUDAToolkit_INCLUDE_DIRS}
   PATH_SUFFIXES include)
+find_path(BENANZA_CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
+  HINTS ${CUDNN_FRONTEND_ROOT} $ENV{CUDNN_FRONTEND_ROOT} ${_benanza_site_dirs}
+  PATH_SUFFIXES include)
+# NVRTC: the frontend's headers compile its open-source engines (runtime-compiled kernels) into
+# every user; the nvidia-cublas wheel pulls in nvidia-cuda-nvrtc, which unpacks beside cuBLAS.
+find_library(BENANZA_NVRTC_LIBRARY NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12
+  HINTS ${_wheel_cublas} ${CUDAToolkit_LIBRARY_DIR}
+  PATH_SUFFIXES lib lib64)
 find_library(BENANZA_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12
   HINTS ${_wheel_cublas} ${CUDAToolkit_LIBRARY_DIR}
   PATH_SUFFIXES lib lib64)
@@ -38,16 +48,17 @@ find_library(BENANZA_CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublas
   HINTS "${_cublas_dir}" NO_DEFAULT_PATH)
 
 foreach(var BENANZA_CUDNN_INCLUDE_DIR BENANZA_CUDNN_LIBRARY BENANZA_CUBLAS_INCLUDE_DIR BENANZA_CUBLAS_LIBRARY
-            BENANZA_CUBLASLT_LIBRARY)
+            BENANZA_CUBLASLT_LIBRARY BENANZA_CUDNN_FRONTEND_INCLUDE_DIR BENANZA_NVRTC_LIBRARY)
   if(NOT ${var})
     message(FATAL_ERROR
-      "${var} not found. Install the wheels (pip install nvidia-cudnn-cu13 nvidia-cublas) into the "
+      "${var} not found. Install the wheels (pip install nvidia-cudnn-cu13 nvidia-cublas nvidia-cudnn-frontend) into the "
       "Python given by -DBENANZA_PYTHON=..., or point -DCUDNN_ROOT=... at a cuDNN install. "
       "Searched site-packages: ${_benanza_site_dirs}")
   endif()
 endforeach()
 message(STATUS "benanza: cuDNN ${BENANZA_CUDNN_LIBRARY}")
 message(STATUS "benanza: cuBLAS ${BENANZA_CUBLAS_LIBRARY}")
+message(STATUS "benanza: cuDNN frontend ${BENANZA_CUDNN_FRONTEND_INCLUDE_DIR}")
 
 function(_benanza_imported name library include_dir)
   if(NOT TARGET ${name})

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "benanza/runtime.hpp"
+#include "benanza_cudnn/graph.hpp"
 #include "benanza_cudnn/harness.hpp"
 
 namespace {
@@ -75,6 +76,10 @@ int main(int argc, char** argv) {
   if (!read_timing_settings()) return 2;
   benanza::Registry registry;
   benanza::cudnn::register_generated(registry);
+  for (char* a : args) {
+    const std::string arg = a;
+    if (arg.rfind("--benanza_check_graphs=", 0) == 0) return benanza::cudnn::check_graphs(std::atoi(a + 23));
+  }
   benanza::cudnn::add_cuda_context(kCupti);
   // One iteration per repetition: the harness sizes each repetition by GPU time itself
   // (Google Benchmark's --benchmark_min_time does not apply). CUPTI mode: the kernels were

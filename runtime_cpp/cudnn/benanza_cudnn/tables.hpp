@@ -39,6 +39,11 @@ constexpr uint8_t kSgemv = 2;               // cublasSgemv
 constexpr uint8_t kLtBias = 3;              // cublasLtMatmul, CUBLASLT_EPILOGUE_BIAS
 constexpr uint8_t kLtBiasGelu = 4;          // cublasLtMatmul, CUBLASLT_EPILOGUE_GELU_BIAS
 constexpr uint8_t kLtBiasRelu = 5;          // cublasLtMatmul, CUBLASLT_EPILOGUE_RELU_BIAS
+// graph families: a fusion pattern's form of the row (see graph.cpp)
+constexpr uint8_t kGeluOfA = 1;             // pointwise: the erf GELU of operand a (gelu_erf pattern)
+constexpr uint8_t kSdpaMasked = 1;          // sdpa: add an [s_q, s_kv] mask (an attention pattern's Add)
+constexpr uint8_t kSdpaUnscaled = 2;        // sdpa: scale 1 (a pattern without the scale's Mul/Div)
+constexpr uint8_t kSdpaUnscaledMasked = 3;  // both
 
 // One benchmark. `layer` indexes the family's layer table; `algo` is the cudnnConvolutionFwdAlgo_t
 // value for convolutions, the rank of the algorithm in cublasLtMatmulAlgoGetHeuristic's answer
@@ -175,6 +180,41 @@ struct ReduceLayer {
   Work work;
 };
 
+// --- the cuDNN graph API (cudnn_frontend) families ------------------------------------------
+// A graph variant's `algo` is a plan slot: the slot-th distinct engine config that the
+// heuristics (mode A, then fallback) return for the graph of its layer and data type. A slot
+// past their count is refused ("unsupported") before anything is allocated.
+
+// Layer normalization, inference (no statistics written): each of `rows` rows of `cols`
+// elements normalised, scaled and (if `bias`) shifted by fp32 parameters of `cols`.
+struct LnormLayer {
+  int rows, cols;
+  double eps;
+  bool bias;
+  Work work;
+};
+
+// Scaled dot-product attention, forward inference (flash attention): O = softmax(scale * Q Kᵀ
+// [+ mask] [causal]) V over b x h heads; `mask` adds one [s_q, s_kv] tensor to every head.
+struct SdpaLayer {
+  int b, h, s_q, s_kv, d_qk, d_v;
+  double scale;
+  bool mask, causal;
+  Work work;
+};
+
+// One pointwise node. Shapes are right-aligned to `rank` (3..8) dims with leading 1s; `b`
+// broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans.
+enum class PointwiseOp : uint8_t { Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus };
+
+struct PointwiseLayer {
+  PointwiseOp op;
+  bool binary;
+  int rank;
+  int a[8], b[8], out[8];
+  Work work;
+};
+
 // Registration entry points the generated tables call, one per family (defined in the runtime).
 void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
 void add_pool(Registry& r, const PoolLayer* layers, const Variant* variants, size_t count);
@@ -188,6 +228,9 @@ void add_rnn(Registry& r, const RnnLayer* layers, const Variant* variants, size_
 void add_blas(Registry& r, const BlasLayer* layers, const Variant* variants, size_t count);
 void add_copy(Registry& r, const CopyLayer* layers, const Variant* variants, size_t count);
 void add_reduce(Registry& r, const ReduceLayer* layers, const Variant* variants, size_t count);
+void add_lnorm(Registry& r, const LnormLayer* layers, const Variant* variants, size_t count);
+void add_sdpa(Registry& r, const SdpaLayer* layers, const Variant* variants, size_t count);
+void add_pointwise(Registry& r, const PointwiseLayer* layers, const Variant* variants, size_t count);
 
 // Defined by the generated registry.cpp: registers every family table of this build.
 void register_generated(Registry& r);

@@ -1,0 +1,329 @@
+// The cuDNN graph API through the header-only cuDNN frontend (cudnn_frontend), for what the
+// legacy API has no call for: layer normalization (inference), scaled dot-product attention
+// (flash attention forward, inference) and single pointwise nodes (Div, Pow, comparisons, Erf,
+// GELU ...).
+//
+// One graph per layer and data type, built, validated and lowered once and shared by that
+// layer's variants: the heuristics (mode A, then fallback) list engine configs, and each
+// variant builds and times the plan of one of them (its `algo` is the slot), with the workspace
+// that plan asks for; the result's implementation names the engine config.
+#include <cudnn_frontend.h>
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "benanza/json.hpp"
+#include "benanza_cudnn/graph.hpp"
+#include "benanza_cudnn/harness.hpp"
+
+namespace benanza::cudnn {
+namespace {
+
+namespace fe = cudnn_frontend;
+using Graph = fe::graph::Graph;
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+fe::DataType_t fe_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return fe::DataType_t::FLOAT;
+    case DType::F16: return fe::DataType_t::HALF;
+    case DType::BF16: return fe::DataType_t::BFLOAT16;
+  }
+  return fe::DataType_t::FLOAT;
+}
+
+std::vector<int64_t> packed(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> strides(dims.size());
+  int64_t stride = 1;
+  for (size_t d = dims.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= dims[d];
+  }
+  return strides;
+}
+
+int64_t volume(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+// A graph ready to plan, with the device tensors its variant pack needs (uid → elements, type).
+struct Spec {
+  std::shared_ptr<Graph> graph;
+  std::string what;  // the node, for the implementation string
+  struct Buffer {
+    int64_t uid, elements;
+    DType type;
+    bool boolean;  // a comparison's output: one byte per element
+  };
+  std::vector<Buffer> buffers;
+
+  TensorPtr tensor(const char* name, std::vector<int64_t> dims, DType type, bool boolean = false,
+                   std::vector<int64_t> strides = {}) {
+    const int64_t uid = static_cast<int64_t>(buffers.size()) + 1;
+    if (strides.empty()) strides = packed(dims);
+    buffers.push_back({uid, volume(dims), type, boolean});
+    return graph->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
+        strides).set_data_type(boolean ? fe::DataType_t::BOOLEAN : fe_dtype(type)));
+  }
+  // marks a node's output as a graph output backed by its own buffer
+  void output(const TensorPtr& t, std::vector<int64_t> dims, DType type, bool boolean = false) {
+    const int64_t uid = static_cast<int64_t>(buffers.size()) + 1;
+    buffers.push_back({uid, volume(dims), type, boolean});
+    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(packed(dims)).set_data_type(
+        boolean ? fe::DataType_t::BOOLEAN : fe_dtype(type));
+  }
+};
+
+// `sm` > 0: the compute capability to validate for without a device (nodes copy the graph's
+// context when added, so it is set first); 0: the device's, read when needed.
+Spec new_spec(DType io, const std::string& what, int sm) {
+  Spec s{std::make_shared<Graph>(), what, {}};
+  if (sm > 0) s.graph->set_sm_version(sm);
+  s.graph->set_io_data_type(fe_dtype(io))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return s;
+}
+
+// --- the graphs, one builder per family ---------------------------------------------------
+
+Spec build(const LnormLayer& L, DType t, uint8_t, int sm) {
+  Spec s = new_spec(t, "layernorm", sm);
+  const int64_t rows = L.rows, cols = L.cols;
+  // the frontend's layout for a layer norm over the trailing axes: rows x cols x 1 x 1
+  auto x = s.tensor("X", {rows, cols, 1, 1}, t, false, {cols, 1, cols, cols});
+  auto scale = s.tensor("scale", {1, cols, 1, 1}, DType::F32, false, {cols, 1, cols, cols});
+  TensorPtr bias = L.bias ? s.tensor("bias", {1, cols, 1, 1}, DType::F32, false, {cols, 1, cols, cols}) : nullptr;
+  TensorPtr eps = s.graph->tensor(static_cast<float>(L.eps));  // passed by value
+  auto options =
+      fe::graph::Layernorm_attributes().set_forward_phase(fe::NormFwdPhase_t::INFERENCE).set_epsilon(eps);
+  auto outs = s.graph->layernorm(x, scale, bias, options);
+  const int64_t uid = static_cast<int64_t>(s.buffers.size()) + 1;
+  s.buffers.push_back({uid, rows * cols, t, false});
+  outs[0]->set_output(true).set_uid(uid).set_data_type(fe_dtype(t));
+  return s;
+}
+
+Spec build(const SdpaLayer& L, DType t, uint8_t call, int sm) {
+  Spec s = new_spec(t, "sdpa", sm);
+  const bool masked = L.mask || (call & kSdpaMasked);
+  const double scale = (call & kSdpaUnscaled) ? 1.0 : L.scale;
+  const int64_t b = L.b, h = L.h, sq = L.s_q, skv = L.s_kv, dqk = L.d_qk, dv = L.d_v;
+  auto q = s.tensor("Q", {b, h, sq, dqk}, t);
+  auto k = s.tensor("K", {b, h, skv, dqk}, t);
+  auto v = s.tensor("V", {b, h, skv, dv}, t);
+  auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(false).set_attn_scale(
+      static_cast<float>(scale));
+  if (L.causal) options.set_causal_mask(true);
+  if (masked) options.set_bias(s.tensor("mask", {1, 1, sq, skv}, t));
+  auto outs = s.graph->sdpa(q, k, v, options);
+  s.output(outs[0], {b, h, sq, dv}, t);
+  return s;
+}
+
+struct PointwiseMode {
+  fe::PointwiseMode_t mode;
+  const char* name;
+};
+
+PointwiseMode pointwise_mode(PointwiseOp op) {
+  switch (op) {
+    case PointwiseOp::Div: return {fe::PointwiseMode_t::DIV, "DIV"};
+    case PointwiseOp::Pow: return {fe::PointwiseMode_t::POW, "POW"};
+    case PointwiseOp::CmpEq: return {fe::PointwiseMode_t::CMP_EQ, "CMP_EQ"};
+    case PointwiseOp::CmpGt: return {fe::PointwiseMode_t::CMP_GT, "CMP_GT"};
+    case PointwiseOp::CmpLt: return {fe::PointwiseMode_t::CMP_LT, "CMP_LT"};
+    case PointwiseOp::Erf: return {fe::PointwiseMode_t::ERF, "ERF"};
+    case PointwiseOp::Gelu: return {fe::PointwiseMode_t::GELU_FWD, "GELU_FWD"};
+    case PointwiseOp::GeluTanh: return {fe::PointwiseMode_t::GELU_APPROX_TANH_FWD, "GELU_APPROX_TANH_FWD"};
+    case PointwiseOp::Exp: return {fe::PointwiseMode_t::EXP, "EXP"};
+    case PointwiseOp::Log: return {fe::PointwiseMode_t::LOG, "LOG"};
+    case PointwiseOp::Abs: return {fe::PointwiseMode_t::ABS, "ABS"};
+    case PointwiseOp::Neg: return {fe::PointwiseMode_t::NEG, "NEG"};
+    case PointwiseOp::Softplus: return {fe::PointwiseMode_t::SOFTPLUS_FWD, "SOFTPLUS_FWD"};
+  }
+  return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
+}
+
+Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
+  // the gelu_erf pattern, anchored on its Div(x, √2): one GELU node of x
+  const bool gelu = call == kGeluOfA;
+  const PointwiseMode m = pointwise_mode(gelu ? PointwiseOp::Gelu : L.op);
+  Spec s = new_spec(t, std::string("pointwise ") + m.name, sm);
+  const bool compare = L.op == PointwiseOp::CmpEq || L.op == PointwiseOp::CmpGt || L.op == PointwiseOp::CmpLt;
+  auto options = fe::graph::Pointwise_attributes().set_mode(m.mode).set_compute_data_type(fe::DataType_t::FLOAT);
+  auto a = s.tensor("A", {L.a, L.a + L.rank}, t);
+  TensorPtr y = L.binary && !gelu ? s.graph->pointwise(a, s.tensor("B", {L.b, L.b + L.rank}, t), options)
+                                  : s.graph->pointwise(a, options);
+  s.output(y, {L.out, L.out + L.rank}, t, compare);
+  return s;
+}
+
+// --- planning: heuristics once per graph, one plan per variant -----------------------------
+
+bool refused(fe::error_code_t code) {
+  // what the library says it cannot run, as opposed to a failure of the call or the harness
+  return code == fe::error_code_t::GRAPH_NOT_SUPPORTED || code == fe::error_code_t::HEURISTIC_QUERY_FAILED ||
+         code == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED;
+}
+
+void check(fe::error_t status, const char* step) {
+  if (status.is_good()) return;
+  const std::string msg = std::string("cudnn_frontend ") + step + ": " + status.get_message();
+  if (refused(status.get_code())) throw Unsupported(msg);
+  throw Failure(msg);
+}
+
+// The engine configs of one graph: plan indices of the distinct configs, modes A then fallback.
+struct Planned {
+  Spec spec;
+  std::vector<int64_t> plans;
+  std::vector<std::string> names;
+  std::string error;  // why the graph could not be planned (then `refused` says how to file it)
+  bool refused = false;
+};
+
+Planned plan(Spec spec) {
+  Planned p{std::move(spec), {}, {}, "", false};
+  try {
+    Graph& g = *p.spec.graph;
+    cudnnHandle_t handle = cudnn_handle();  // without a usable GPU this fails first, with the CUDA error
+    check(g.validate(), "validate");
+    check(g.build_operation_graph(handle), "build_operation_graph");
+    check(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
+    for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+      std::string name;
+      check(g.get_plan_name_at_index(i, name), "get_plan_name_at_index");
+      bool seen = false;
+      for (const auto& n : p.names) seen = seen || n == name;
+      if (!seen) {  // fallback repeats configs mode A listed
+        p.plans.push_back(i);
+        p.names.push_back(name);
+      }
+    }
+  } catch (const Unsupported& e) {
+    p.error = e.what();
+    p.refused = true;
+  } catch (const std::exception& e) {
+    p.error = e.what();
+  }
+  return p;
+}
+
+template <class Layer>
+Planned& planned_for(const Layer& L, const Variant& v) {
+  // keyed by the table row and form: a layer's variants (its slots) share one graph and one
+  // heuristics query
+  using Key = std::tuple<const Layer*, DType, uint8_t>;
+  static std::map<Key, Planned> graphs;
+  const Key key{&L, v.dtype, v.call};
+  auto it = graphs.find(key);
+  if (it == graphs.end()) it = graphs.emplace(key, plan(build(L, v.dtype, v.call, 0))).first;
+  return it->second;
+}
+
+class GraphProblem : public Problem {
+ public:
+  template <class Layer>
+  GraphProblem(const Layer& L, const Variant& v) : planned_(planned_for(L, v)) {
+    counters["flops"] = L.work.flops;
+    counters["bytes"] = bytes_of(L.work, v);
+    if (!planned_.error.empty()) {
+      if (planned_.refused) unsupported(planned_.error);
+      throw Failure(planned_.error);
+    }
+    const size_t slot = v.algo;
+    counters["engine_configs"] = static_cast<double>(planned_.plans.size());
+    if (slot >= planned_.plans.size())
+      unsupported("cudnn_frontend heuristics (modes A, fallback) returned " + std::to_string(planned_.plans.size()) +
+                  " distinct engine configs for this graph: none in slot " + std::to_string(slot));
+    index_ = planned_.plans[slot];
+    Graph& g = *planned_.spec.graph;
+    check(g.build_plan_at_index(index_), "build_plan_at_index");
+    int64_t ws = 0;
+    check(g.get_workspace_size_plan_at_index(index_, ws), "get_workspace_size_plan_at_index");
+    workspace_bytes = static_cast<uint64_t>(ws);
+    workspace_ = DeviceBuffer(static_cast<size_t>(ws));
+    for (const auto& b : planned_.spec.buffers) {
+      buffers_.push_back(b.boolean ? DeviceBuffer(static_cast<size_t>(b.elements))
+                                   : filled(static_cast<size_t>(b.elements), b.type));
+      pack_[b.uid] = buffers_.back().get();
+    }
+    implementation = "cudnn_frontend " + planned_.spec.what + " " + planned_.names[slot];
+  }
+  void enqueue() override {
+    check(planned_.spec.graph->execute_plan_at_index(cudnn_handle(), pack_, workspace_.get(), index_),
+          "execute_plan_at_index");
+  }
+
+ private:
+  Planned& planned_;
+  int64_t index_ = 0;
+  DeviceBuffer workspace_;
+  std::vector<DeviceBuffer> buffers_;
+  std::unordered_map<int64_t, void*> pack_;
+};
+
+template <class Layer>
+std::unique_ptr<Problem> make(const Layer& layer, const Variant& v) {
+  return std::make_unique<GraphProblem>(layer, v);
+}
+
+// --- validation without a device (--benanza_check_graphs) ----------------------------------
+
+struct GraphCheck {
+  std::string name;
+  std::function<Spec(int sm)> build;
+};
+
+std::vector<GraphCheck>& graph_checks() {
+  static std::vector<GraphCheck> checks;
+  return checks;
+}
+
+template <class Layer>
+void add_graphs(Registry& r, const Layer* layers, const Variant* variants, size_t count) {
+  add_family(r, layers, variants, count, make<Layer>);
+  std::map<std::tuple<uint32_t, DType, uint8_t>, bool> seen;
+  for (size_t i = 0; i < count; ++i) {
+    const Variant& v = variants[i];
+    if (seen.emplace(std::make_tuple(v.layer, v.dtype, v.call), true).second) {
+      const Layer* layer = &layers[v.layer];
+      const DType t = v.dtype;
+      const uint8_t call = v.call;
+      graph_checks().push_back({v.name, [layer, t, call](int sm) { return build(*layer, t, call, sm); }});
+    }
+  }
+}
+
+}  // namespace
+
+int check_graphs(int sm_version) {
+  for (const auto& c : graph_checks()) {
+    Spec s = c.build(sm_version);
+    fe::error_t status = s.graph->validate();
+    JsonObject line;
+    line.add("name", c.name);
+    line.add("ok", status.is_good());
+    line.add("message", status.get_message());
+    const std::string text = "BENANZA_GRAPH " + line.str() + "\n";
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+void add_lnorm(Registry& r, const LnormLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
+void add_sdpa(Registry& r, const SdpaLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
+void add_pointwise(Registry& r, const PointwiseLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
+
+}  // namespace benanza::cudnn
