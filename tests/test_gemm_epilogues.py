@@ -27,9 +27,11 @@ from torch_models import export
 
 from benanza.backends import cudnn
 from benanza.cli import main
+from benanza.fusion import BY_NAME as FUSION_PATTERNS
 from benanza.fusion import match_fusions
 from benanza.generator import GenOptions, generate, read_variants
 from benanza.manifest import build_manifest, write_manifest
+from benanza.ops import CUDNN_SDPA
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model, unique_layers
 from benanza.records import System, Variant
@@ -113,9 +115,12 @@ def test_every_gemm_epilogue_of_the_exports_has_its_cublaslt_variants(generated,
                 assert (layer["batch"], layer["a_count"], layer["b_count"]) == ("1", "1", "1")
     assert seen == set(EPILOGUE_CALL)
     # nothing else gets an epilogue: attention's batched MatMuls and unfused layers have none
+    # (an attention pattern anchored on a batched MatMul is a cuDNN graph-API SDPA, not a GEMM)
     fused_problems = {v.problem for v in lt}
     assert all(len(p.a) == 2 and len(p.b) == 2 for p in fused_problems)
-    assert {v.fusion for v in g.variants if v.api != cudnn.LT_API} == {"none"}
+    gemms = [v for v in g.variants if v.api in ("cublasGemmEx", "cublasGemmStridedBatchedEx", "cublasSgemv")]
+    assert {v.fusion for v in gemms} == {"none"}
+    assert all(FUSION_PATTERNS[v.fusion].attention for v in g.variants if v.api == CUDNN_SDPA and v.fusion != "none")
 
 
 def test_gelu_and_relu_activations_decide_the_pattern(generated, exports):
