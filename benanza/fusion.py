@@ -194,7 +194,8 @@ def _layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) 
 
 def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
     """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
-    constants are √2, 1 and ½ in every exporter that writes this form), or None."""
+    constants are √2, 1 and ½ in every exporter that writes this form; the dynamo exporter
+    multiplies by ½ before x), or None."""
     nodes = model.nodes
     div = nodes[start]
     if not isinstance(div.layer.problem, BinaryProblem) or div.layer.problem.alg != "div" \
@@ -202,22 +203,27 @@ def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> li
         return None
     x = div.inputs[0]
 
-    def only(i: int | None, op: str, constant: bool) -> int | None:
+    def only(i: int | None, op: str, constant: bool | None) -> int | None:
         if i is None:
             return None
         nxt = consumers[i]
-        ok = len(nxt) == 1 and nodes[nxt[0]].layer.op == op and bool(nodes[nxt[0]].constant_inputs) == constant
+        ok = len(nxt) == 1 and nodes[nxt[0]].layer.op == op and constant in (None, bool(nodes[nxt[0]].constant_inputs))
         return nxt[0] if ok else None
 
     erf = only(start, "Erf", False)
     plus = only(erf, "Add", True)
-    times_x = only(plus, "Mul", False)
-    half = only(times_x, "Mul", True)
-    if erf is None or plus is None or times_x is None or half is None:
+    first = only(plus, "Mul", None)
+    if erf is None or plus is None or first is None:
         return None
-    if set(nodes[times_x].inputs) != {x, nodes[plus].outputs[0]}:
+    half_first = bool(nodes[first].constant_inputs)
+    second = only(first, "Mul", not half_first)
+    if second is None:
         return None
-    return [start, erf, plus, times_x, half]
+    # x times what reaches it: Erf(x/√2) + 1, or its half
+    times_x, reaching = (second, first) if half_first else (first, plus)
+    if set(nodes[times_x].inputs) != {x, nodes[reaching].outputs[0]}:
+        return None
+    return [start, erf, plus, first, second]
 
 
 def _attention_nodes(pattern: FusionPattern):
