@@ -37,7 +37,7 @@ def verbose_execs(binary, names, tmp_path) -> list[str]:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("torch")
-    return lambda name, opset: export(name, opset, out)
+    return lambda name, opset, exporter="torchscript", dynamic=False: export(name, opset, out, dynamic, exporter)
 
 
 # --- processing ----------------------------------------------------------------------------
@@ -334,53 +334,125 @@ def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
 
 # --- coverage of the exported models (the README's table) ----------------------------------------
 
-# (model, opset) → (layers, free, shape arithmetic, oneDNN-costed, cuDNN/cuBLAS-costed): the
-# README's "Transformer exports" table, whose rows ``coverage_row`` writes
+# (model, exporter, opset) → (layers, free, folded, oneDNN-costed, cuDNN/cuBLAS-costed): the
+# README's "Transformer exports" table, whose rows ``coverage_row`` writes. "dynamic" is the
+# dynamo export with a symbolic sequence length, processed with --input-shape x=1x16x32.
 COVERAGE = {
-    ("encoder", 14): (71, 14, 9, 48, 43),
-    ("encoder", 17): (55, 14, 9, 32, 29),
-    ("gpt", 14): (66, 5, 8, 52, 45),
-    ("gpt", 17): (50, 5, 8, 36, 31),
-    ("vit", 14): (98, 15, 15, 67, 58),
-    ("vit", 17): (74, 15, 15, 43, 37),
-    ("mbv3", 14): (12, 0, 0, 12, 9),
-    ("mbv3", 17): (12, 0, 0, 12, 9),
+    ("encoder", "torchscript", 14): (71, 14, 13, 44, 40),
+    ("encoder", "torchscript", 17): (55, 14, 13, 28, 26),
+    ("gpt", "torchscript", 14): (66, 5, 16, 44, 39),
+    ("gpt", "torchscript", 17): (50, 5, 16, 28, 25),
+    ("vit", "torchscript", 14): (98, 15, 20, 62, 54),
+    ("vit", "torchscript", 17): (74, 15, 20, 38, 33),
+    ("mbv3", "torchscript", 14): (12, 0, 0, 12, 9),
+    ("mbv3", "torchscript", 17): (12, 0, 0, 12, 9),
+    ("encoder", "dynamo", 18): (39, 11, 0, 28, 26),
+    ("encoder", "dynamo", 23): (34, 11, 0, 23, 20),
+    ("encoder", "dynamic", 18): (47, 13, 6, 28, 26),
+    ("encoder", "dynamic", 23): (34, 11, 0, 23, 20),
+    ("gpt", "dynamo", 18): (35, 6, 0, 28, 25),
+    ("gpt", "dynamo", 23): (23, 4, 0, 19, 15),
+    ("gpt", "dynamic", 18): (48, 6, 13, 28, 25),
+    ("gpt", "dynamic", 23): (23, 4, 0, 19, 15),
+    ("vit", "dynamo", 18): (51, 12, 0, 38, 33),
+    ("vit", "dynamo", 23): (42, 12, 0, 30, 24),
+    ("mbv3", "dynamo", 18): (12, 0, 0, 12, 9),
+    ("mbv3", "dynamo", 23): (12, 0, 0, 12, 9),
 }
 TITLES = {"encoder": "encoder", "gpt": "GPT block", "vit": "ViT (tiny)", "mbv3": "MobileNet-v3 block"}
+EXPORTER_TITLES = {"torchscript": "TorchScript", "dynamo": "dynamo", "dynamic": "dynamo, dynamic seq"}
 
 
-def shape_arithmetic(layer) -> bool:
-    """Shape metadata and the integer/boolean arithmetic on it: no library computes it, and with
-    static shapes frameworks fold it at load time."""
-    from benanza.layers import FLOAT_DTYPES
-
-    return layer.dtype not in FLOAT_DTYPES or layer.op in ("Shape", "Size")
-
-
-def coverage_row(name: str, opset: int, counts: tuple[int, ...]) -> str:
-    layers, free, shape, onednn, cudnn = counts
-    rest, data = layers - free, layers - free - shape
-    return (f"| {TITLES[name]} | {opset} | {layers} | {free} | {shape} | {onednn} ({onednn / rest:.0%}) | "
-            f"{onednn / data:.0%} | {cudnn} ({cudnn / rest:.0%}) |")
+def exported_model(exported, name: str, exporter: str, opset: int):
+    """The export processed as the README's table says: a dynamic sequence length given as 16."""
+    if exporter == "dynamic":
+        return load_model(exported(name, opset, "dynamo", True), input_shapes={"x": (1, SEQ, D_MODEL)})
+    return load_model(exported(name, opset, exporter))
 
 
-@pytest.mark.parametrize(("name", "opset"), sorted(COVERAGE))
-def test_exported_model_coverage(exported, name, opset):
+def coverage_row(name: str, exporter: str, opset: int, counts: tuple[int, ...]) -> str:
+    layers, free, folded, onednn, cudnn = counts
+    running = layers - free - folded
+    return (f"| {TITLES[name]} | {EXPORTER_TITLES[exporter]} | {opset} | {layers} | {free} | {folded} | "
+            f"{onednn} ({onednn / running:.0%}) | {cudnn} ({cudnn / running:.0%}) |")
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset"), sorted(COVERAGE))
+def test_exported_model_coverage(exported, name, exporter, opset):
     from pathlib import Path
 
     from benanza.backends.onednn import covers
+    from benanza.layers import FLOAT_DTYPES
 
-    layers = load_model(exported(name, opset)).layers
-    rest = [la for la in layers if not la.free]
-    got = (len(layers), len(layers) - len(rest), sum(shape_arithmetic(la) for la in rest),
-           sum(covers(la) for la in rest), sum(la.covered for la in rest))
-    assert got == COVERAGE[name, opset]
+    m = exported_model(exported, name, exporter, opset)
+    running = [n.layer for n in m.nodes if n.runs]
+    got = (len(m.nodes), sum(n.layer.free for n in m.nodes), sum(n.folded for n in m.nodes),
+           sum(covers(la) for la in running), sum(la.covered for la in running))
+    assert got == COVERAGE[name, exporter, opset]
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert coverage_row(name, opset, got) in readme
-    # every float data layer is costed on oneDNN but Erf, which the gelu_erf pattern costs
-    missing = [la.key for la in rest if not shape_arithmetic(la) and not covers(la)]
+    assert coverage_row(name, exporter, opset, got) in readme
+    # the shape arithmetic is folded, all of it: what runs computes on float data
+    assert all(la.dtype in FLOAT_DTYPES for la in running), [la.key for la in running if la.dtype not in FLOAT_DTYPES]
+    # every layer that runs is costed on oneDNN but Erf, which the gelu_erf pattern costs
+    missing = [la.key for la in running if not covers(la)]
     assert all(k.startswith("erf:") for k in missing), missing
-    assert got[3] >= 0.95 * (len(rest) - got[2])  # issue 10's target, over the layers that move data
+    assert got[3] >= 0.95 * len(running)  # issue 10's target, over the layers that run
+
+
+def _every_value(path, feed: dict) -> dict:
+    """ONNX Runtime's value of every tensor of the file (each one made a graph output)."""
+    import onnxruntime as ort
+
+    proto = onnx.load(str(path))
+    known = {o.name for o in proto.graph.output}
+    for node in proto.graph.node:
+        for out in node.output:
+            if out and out not in known:
+                proto.graph.output.append(helper.make_empty_tensor_value_info(out))
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset"), [("gpt", "torchscript", 17), ("encoder", "torchscript", 14),
+                                                         ("gpt", "dynamic", 18), ("encoder", "dynamic", 18)])
+def test_folded_layers_are_exactly_the_constants_given_the_shapes(exported, name, exporter, opset):
+    """The oracle: ONNX Runtime runs the file on two different inputs of the shape the model was
+    processed with. A folded layer's outputs are the same both times; every other layer that
+    runs computes something else from the other input."""
+    m = exported_model(exported, name, exporter, opset)
+    path = m.path
+    rng = np.random.default_rng(0)
+    runs = [_every_value(path, {"x": rng.standard_normal((1, SEQ, D_MODEL)).astype(np.float32)}) for _ in range(2)]
+    folded = [n for n in m.nodes if n.folded]
+    assert folded and all(n.layer.op in ("Shape", "Slice", "Concat", "Cast", "Sqrt", "Div", "Mod", "Add", "Expand",
+                                         "Trilu", "Equal", "Where") for n in folded)
+    for n in m.nodes:
+        if n.layer.free:
+            continue
+        same = all(np.array_equal(runs[0][o], runs[1][o]) for o in n.outputs)
+        assert same == n.folded, (n.name, n.layer.op)
+
+
+def test_folded_layers_show_as_folded_not_uncovered(exported):
+    from benanza.analyzer import analyze
+    from benanza.processor import model_stats, unique_layers
+    from benanza.report import document
+
+    m = exported_model(exported, "gpt", "dynamic", 18)
+    folded = {n.index for n in m.nodes if n.folded}
+    a = analyze(m, [], "sys", "onednn")
+    assert {r.index for r in a.rows if r.status == "folded"} == folded
+    assert all(r.latency_ms == 0 for r in a.folded)
+    assert not folded & {r.index for r in a.not_covered + a.missing}
+    assert any("folded at load time" in note for note in a.notes)
+    assert document([a])["analyses"][0]["coverage"]["folded"] == sorted(folded)
+    stats = model_stats(m)
+    assert stats.folded_layers == len(folded)
+    assert stats.layers == stats.covered_layers + stats.free_layers + stats.folded_layers + sum(
+        n for _, n in stats.not_covered)
+    # nothing is benchmarked for a layer that is folded wherever it occurs
+    only_folded = {m.nodes[i].layer.key for i in folded} - {n.layer.key for n in m.nodes if not n.folded}
+    assert only_folded and not only_folded & {u.layer.key for u in unique_layers([m])}
 
 
 # --- transformer fusion patterns: MatMul→Add(bias)(→Gelu) -----------------------------------------
