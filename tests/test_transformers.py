@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import conv_net, io, model, tensor
 from onnx import TensorProto, helper, numpy_helper
-from torch_models import D_MODEL, SEQ, export
+from torch_models import D_MODEL, INPUTS, SEQ, export
 
 from benanza.cli import main
 from benanza.errors import ShapeError
@@ -188,7 +188,8 @@ def test_pure_views_are_free_not_uncovered(exported, backend):
     stats = model_stats(m)
     assert stats.free_layers == n_views
     assert not VIEWS & {op for op, _ in stats.not_covered}
-    assert stats.layers == stats.covered_layers + stats.free_layers + sum(n for _, n in stats.not_covered)
+    assert stats.layers == stats.covered_layers + stats.free_layers + stats.folded_layers + sum(
+        n for _, n in stats.not_covered)
 
 
 # --- MatMul with a broadcast weight ---------------------------------------------------------
@@ -453,6 +454,65 @@ def test_folded_layers_show_as_folded_not_uncovered(exported):
     # nothing is benchmarked for a layer that is folded wherever it occurs
     only_folded = {m.nodes[i].layer.key for i in folded} - {n.layer.key for n in m.nodes if not n.folded}
     assert only_folded and not only_folded & {u.layer.key for u in unique_layers([m])}
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset", "pattern"), [
+    ("encoder", "dynamo", 18, "sdpa"), ("vit", "dynamo", 18, "sdpa"), ("gpt", "dynamo", 18, "sdpa_mask"),
+    ("gpt", "dynamic", 18, "sdpa_mask"), ("gpt", "torchscript", 17, "sdpa_mask")])
+def test_attention_patterns_compute_what_the_fused_chain_runs(exported, name, exporter, opset, pattern):
+    """The oracle is ONNX Runtime's values on the exported file: the pattern's scores are Q·Kᵀ
+    scaled by 1/√d in all (the exporters scale Q and K each by the square root), its mask is the
+    causal [S, S] one, and its output is softmax(scores + mask)·V, the chain oneDNN runs."""
+    from benanza.fusion import match_fusions
+
+    m = exported_model(exported, name, exporter, opset)
+    (att,) = [f for f in match_fusions(m) if f.pattern.attention]
+    assert att.pattern.name == pattern
+    nodes = [m.nodes[i] for i in att.nodes]
+    first, last = nodes[0], nodes[-1]
+    producer = {o: n for n in m.nodes for o in n.outputs}
+    scaled = [producer[t] for t in first.inputs]  # Q·s and Kᵀ·s
+    assert [n.layer.op for n in scaled] == ["Mul", "Mul"]
+    shape = INPUTS.get(name, (1, SEQ, D_MODEL))
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    v = _every_value(m.path, {"x": x})
+    q_raw, kt_raw = (v[n.inputs[0]] for n in scaled)
+    d = q_raw.shape[-1]
+    scores = v[first.outputs[0]]
+    np.testing.assert_allclose(scores, q_raw @ kt_raw / np.sqrt(d), rtol=1e-4, atol=1e-5)
+    logits = scores
+    if att.pattern.mask:
+        add = nodes[1]
+        (mask_name,) = [t for t in add.inputs + add.constant_inputs if t != first.outputs[0]]
+        inits = {t.name: t for t in onnx.load(m.path).graph.initializer}  # the static exports' mask
+        mask = v[mask_name] if mask_name in v else numpy_helper.to_array(inits[mask_name])
+        s = scores.shape[-1]
+        seen = np.tril(np.ones((s, s), bool))  # 0 where a query sees a key, −∞ or dynamo's −FLT_MAX elsewhere
+        mask = mask.reshape(s, s)
+        assert np.array_equal(mask == 0, seen) and np.all(mask[~seen] <= np.finfo(np.float32).min)
+        logits = scores + mask
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    (v_name,) = [t for t in last.inputs if t != nodes[-2].outputs[0]]
+    np.testing.assert_allclose(v[last.outputs[0]], p @ v[v_name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset"), [("gpt", "dynamo", 18), ("vit", "dynamo", 18),
+                                                         ("gpt", "torchscript", 17)])
+def test_gelu_erf_pattern_computes_gelu(exported, name, exporter, opset):
+    """Both orders of the erf GELU decomposition (dynamo multiplies by ½ before x): ONNX
+    Runtime's value of the pattern's last node is torch's exact GELU of its Div's input."""
+    import torch
+
+    from benanza.fusion import match_fusions
+
+    m = exported_model(exported, name, exporter, opset)
+    (gelu,) = [f for f in match_fusions(m) if f.pattern.name == "gelu_erf"]
+    nodes = [m.nodes[i] for i in gelu.nodes]
+    x = np.random.default_rng(2).standard_normal(INPUTS.get(name, (1, SEQ, D_MODEL))).astype(np.float32)
+    v = _every_value(m.path, {"x": x})
+    want = torch.nn.functional.gelu(torch.from_numpy(v[nodes[0].inputs[0]])).numpy()
+    np.testing.assert_allclose(v[nodes[-1].outputs[0]], want, rtol=1e-5, atol=1e-6)
 
 
 # --- transformer fusion patterns: MatMul→Add(bias)(→Gelu) -----------------------------------------
