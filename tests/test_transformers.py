@@ -457,12 +457,14 @@ def test_folded_layers_show_as_folded_not_uncovered(exported):
 
 
 @pytest.mark.parametrize(("name", "exporter", "opset", "pattern"), [
-    ("encoder", "dynamo", 18, "sdpa"), ("vit", "dynamo", 18, "sdpa"), ("gpt", "dynamo", 18, "sdpa_mask"),
-    ("gpt", "dynamic", 18, "sdpa_mask"), ("gpt", "torchscript", 17, "sdpa_mask")])
+    ("encoder", "dynamo", 18, "sdpa_qk_scale"), ("vit", "dynamo", 18, "sdpa_qk_scale"),
+    ("gpt", "dynamo", 18, "sdpa_qk_scale_mask"), ("gpt", "dynamic", 18, "sdpa_qk_scale_mask"),
+    ("gpt", "torchscript", 17, "sdpa_qk_scale_mask")])
 def test_attention_patterns_compute_what_the_fused_chain_runs(exported, name, exporter, opset, pattern):
     """The oracle is ONNX Runtime's values on the exported file: the pattern's scores are Q·Kᵀ
-    scaled by 1/√d in all (the exporters scale Q and K each by the square root), its mask is the
-    causal [S, S] one, and its output is softmax(scores + mask)·V, the chain oneDNN runs."""
+    scaled by 1/√d in all (its two Muls scale Q and K each by the square root: the chain's one
+    scale post-op), its mask is the causal [S, S] one, and its output is softmax(scores + mask)·V,
+    the chain oneDNN runs."""
     from benanza.fusion import match_fusions
 
     m = exported_model(exported, name, exporter, opset)
@@ -472,7 +474,7 @@ def test_attention_patterns_compute_what_the_fused_chain_runs(exported, name, ex
     first, last = nodes[0], nodes[-1]
     producer = {o: n for n in m.nodes for o in n.outputs}
     scaled = [producer[t] for t in first.inputs]  # Q·s and Kᵀ·s
-    assert [n.layer.op for n in scaled] == ["Mul", "Mul"]
+    assert [n.index for n in scaled] == list(att.nodes[1:3])
     shape = INPUTS.get(name, (1, SEQ, D_MODEL))
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     v = _every_value(m.path, {"x": x})
@@ -482,7 +484,7 @@ def test_attention_patterns_compute_what_the_fused_chain_runs(exported, name, ex
     np.testing.assert_allclose(scores, q_raw @ kt_raw / np.sqrt(d), rtol=1e-4, atol=1e-5)
     logits = scores
     if att.pattern.mask:
-        add = nodes[1]
+        add = nodes[3]  # after the anchor and the two scales
         (mask_name,) = [t for t in add.inputs + add.constant_inputs if t != first.outputs[0]]
         inits = {t.name: t for t in onnx.load(m.path).graph.initializer}  # the static exports' mask
         mask = v[mask_name] if mask_name in v else numpy_helper.to_array(inits[mask_name])
@@ -781,14 +783,17 @@ def test_attention_patterns_match(save, exported):
     m = load_model(save(attention_model()))
     got = [(f.pattern.name, [m.nodes[i].name for i in f.nodes]) for f in match_fusions(m)]
     assert got == [("sdpa_scale_mask", ["scores", "scale", "mask_add", "softmax", "pv"])]
-    # the exporters scale Q and K before their MatMul; GPT's causal SDPA adds the mask
-    for name, opset, pattern in (("encoder", 14, "sdpa"), ("encoder", 17, "sdpa"), ("gpt", 14, "sdpa_mask"),
-                                 ("gpt", 17, "sdpa_mask")):
-        mm = load_model(exported(name, opset))
+    # both exporters scale Q and K before their MatMul (TorchScript by a scalar it computes from a
+    # Shape: folded); GPT's causal SDPA adds the mask
+    for name, exporter, opset in (("encoder", "torchscript", 14), ("encoder", "torchscript", 17),
+                                  ("gpt", "torchscript", 14), ("gpt", "torchscript", 17), ("encoder", "dynamo", 18),
+                                  ("gpt", "dynamo", 18), ("vit", "dynamo", 18), ("gpt", "dynamic", 18)):
+        mm = exported_model(exported, name, exporter, opset)
         (att,) = [f for f in match_fusions(mm) if f.pattern.attention]
-        assert att.pattern.name == pattern
+        masked = name == "gpt"
+        assert att.pattern.name == "sdpa_qk_scale" + "_mask" * masked
         ops = [mm.nodes[i].layer.op for i in att.nodes]
-        assert ops == ["MatMul"] + ["Add"] * (pattern == "sdpa_mask") + ["Softmax", "MatMul"]
+        assert ops == ["MatMul", "Mul", "Mul"] + ["Add"] * masked + ["Softmax", "MatMul"]
     # a softmax over another axis, or a second reader of the scores, is no attention chain
     bad = attention_model()
     bad.graph.node[3].attribute[0].i = 2
