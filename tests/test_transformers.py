@@ -517,6 +517,42 @@ def test_gelu_erf_pattern_computes_gelu(exported, name, exporter, opset):
     np.testing.assert_allclose(v[nodes[-1].outputs[0]], want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_dynamo_export_with_a_dynamic_sequence_is_costed_on_onednn(tmp_path, exported):
+    """generate → oneDNN benchmarks → analyze for the dynamo GPT block with a symbolic sequence
+    length, processed at 1×24×32: every layer that runs has an OK result but Erf (not covered),
+    the folded ones cost 0, and Q5 substitutes the attention and GELU chains the database has."""
+    from benanza.analyzer import analyze
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, run
+
+    m = load_model(exported("gpt", 18, "dynamo", True), input_shapes={"x": (1, SEQ + 8, D_MODEL)})
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    a = analyze(m, results, "ci", "onednn")
+    status = {r.index: r.status for r in a.rows}
+    for n in m.nodes:
+        want = ("free_view" if n.layer.free else "folded" if n.folded
+                else "not_covered" if n.layer.op == "Erf" else "ok")
+        assert status[n.index] == want, (n.name, n.layer.key, status[n.index])
+    applied = {u.pattern: u for u in a.fusion.applied + a.fusion.unprofitable}
+    assert {"sdpa_qk_scale_mask", "gelu_erf"} <= set(applied)
+    for name in ("sdpa_qk_scale_mask", "gelu_erf"):  # one problem each: its best fused result
+        assert applied[name].fused_ms == pytest.approx(min(r.median_ms for r in results if r.variant.fusion == name))
+    # the causal mask at 24 keys, the scores over 24×24
+    (att,) = [u for u in applied.values() if u.pattern == "sdpa_qk_scale_mask"]
+    assert m.nodes[att.nodes[0]].layer.outputs[0].shape == (1, 4, SEQ + 8, SEQ + 8)
+
+
 # --- transformer fusion patterns: MatMul→Add(bias)(→Gelu) -----------------------------------------
 
 def mlp_model() -> onnx.ModelProto:
