@@ -745,7 +745,6 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
             constant = _constant_given_shapes(proto, lambda t: t in consts or t in static)
             if constant:  # a free view of a constant is one too
                 static.update(o for o in proto.output if o)
-            folded = constant and not layer.free
             data_in = tuple(i for i in proto.input if i and i not in consts)
             for t in data_in:
                 if t in producer and producer[t] != index:
@@ -754,7 +753,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                 if t:
                     producer[t] = index
             nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
-                              tuple(i for i in proto.input if i and i in consts), folded))
+                              tuple(i for i in proto.input if i and i in consts), constant and not layer.free))
     except BenanzaError:
         raise
     except Exception as exc:
