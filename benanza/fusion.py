@@ -215,8 +215,9 @@ def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> li
         if i is None:
             return None
         nxt = consumers[i]
-        ok = len(nxt) == 1 and nodes[nxt[0]].layer.op == op and constant in (None, bool(nodes[nxt[0]].constant_inputs))
-        return nxt[0] if ok else None
+        if len(nxt) != 1 or nodes[nxt[0]].layer.op != op:
+            return None
+        return nxt[0] if constant in (None, bool(nodes[nxt[0]].constant_inputs)) else None
 
     erf = only(start, "Erf", False)
     plus = only(erf, "Add", True)
