@@ -400,6 +400,18 @@ def test_exported_model_coverage(exported, name, exporter, opset):
     assert got[3] >= 0.95 * len(running)  # issue 10's target, over the layers that run
 
 
+def test_generate_reports_the_folded_layers(exported, tmp_path):
+    path = exported("gpt", 18, "dynamo", True)
+    r = CliRunner().invoke(main, ["generate", str(path), "--input-shape", f"x=1x{SEQ}x{D_MODEL}", "--out",
+                                  str(tmp_path / "o"), "--backend", "none", "--json"])
+    assert r.exit_code == 0, r.output
+    (stats,) = json.loads(r.stdout)["models"]
+    layers, free, folded, _, cudnn = COVERAGE["gpt", "dynamic", 18]
+    assert (stats["layers"], stats["free_layers"], stats["folded_layers"], stats["covered_layers"]) == (
+        layers, free, folded, cudnn)
+    assert not {"Shape", "Slice", "Concat", "Expand", "Trilu", "Where"} & set(stats["not_covered"])
+
+
 def _every_value(path, feed: dict) -> dict:
     """ONNX Runtime's value of every tensor of the file (each one made a graph output)."""
     import onnxruntime as ort
