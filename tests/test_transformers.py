@@ -698,7 +698,8 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
 
 def data_movement_model(rows: int = 16) -> onnx.ModelProto:
     """One node per data-movement op the exporters write, on float data: q/k/v Split and Gather,
-    a Slice, the causal mask's Expand → Trilu → Equal → Where, and a Cast to the type it has."""
+    a Slice, the causal mask's Expand → Trilu → Equal → Where, and a Cast to the type it has. The
+    mask is built from an input ``one`` here: built from constants (or a Shape) it is folded."""
     n = helper.make_node
     nodes = [
         n("Split", ["x", "sp"], ["s0", "s1", "s2"], axis=2, name="split"),
@@ -712,11 +713,11 @@ def data_movement_model(rows: int = 16) -> onnx.ModelProto:
         n("Cast", ["wh"], ["wc"], to=TensorProto.FLOAT, name="cast"),
     ]
     f32 = [numpy_helper.from_array(np.array(v, np.float32), name) for name, v in
-           (("one", [1.0]), ("zero", [0.0]), ("ninf", [-1e9]))]
+           (("zero", [0.0]), ("ninf", [-1e9]))]
     inits = [_i64("sp", [rows, rows, rows]), _i64("st", [4]), _i64("en", [12]), _i64("ax", [1]), _i64("one_i", 1),
              _i64("two_i", [2]), _i64("shp", [16, 16])] + f32
     outs = [io(t, None) for t in ("s0", "s1", "s2", "sl", "ga", "sl2", "wc")]
-    return model(nodes, [io("x", [2, 16, 3 * rows])], outs, inits, opset=14)
+    return model(nodes, [io("x", [2, 16, 3 * rows]), io("one", [1])], outs, inits, opset=14)
 
 
 # worked out by hand from ONNX's semantics: the boxes each output reads of x [2, 16, 48] and
@@ -753,7 +754,7 @@ def test_data_movement_is_a_labelled_copy_of_the_same_bytes(save):
     # the independent oracle: ONNX Runtime's outputs have exactly the bytes each copy writes
     sess = ort.InferenceSession(path.read_bytes(), providers=["CPUExecutionProvider"])
     x = np.arange(2 * 16 * 48, dtype=np.float32).reshape(2, 16, 48)
-    real = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    real = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x, "one": np.ones(1, np.float32)})))
     for name, node in by_name.items():
         p = node.layer.problem
         if not isinstance(p, CopyProblem):
