@@ -201,6 +201,10 @@ class Analysis:
         return [r for r in self.rows if r.status == LayerStatus.VIEW]
 
     @property
+    def folded(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == LayerStatus.FOLDED]
+
+    @property
     def br_sequential(self) -> float | None:
         return self.bounds.ratio(self.measured_ms)[0]
 
@@ -417,6 +421,10 @@ def _warn(a: Analysis) -> None:
         ops = sorted({r.op for r in a.views})
         a.notes.append(f"{len(a.views)} layers are free views and cost 0 ({', '.join(ops)}: "
                        f"the output is the input's data under another shape)")
+    if a.folded:
+        ops = sorted({r.op for r in a.folded})
+        a.notes.append(f"{len(a.folded)} layers are folded at load time and cost 0 ({', '.join(ops)}: their "
+                       f"outputs are constants once the input shapes are fixed)")
     for w in a.warnings:
         log.info(w)  # the caller presents warnings; this keeps them in -v logs too
 

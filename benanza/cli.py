@@ -276,13 +276,13 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
 
 
 def _print_stats(stats, total) -> None:
-    table = Table("model", "layers", "unique", "% unique", "covered", "% covered", "free", "MACs",
+    table = Table("model", "layers", "unique", "% unique", "covered", "% covered", "free", "folded", "MACs",
                   "not covered (by op)", title="layers per model")
     for s in stats + [total]:
         uncovered = ", ".join(f"{op}×{n}" for op, n in s.not_covered)
         table.add_row(s.model, str(s.layers), str(s.unique_layers), f"{s.unique_pct:.1f}",
-                      str(s.covered_layers), f"{s.covered_pct:.1f}", str(s.free_layers), f"{s.macs / 1e9:.3f}G",
-                      uncovered, end_section=s is stats[-1])
+                      str(s.covered_layers), f"{s.covered_pct:.1f}", str(s.free_layers), str(s.folded_layers),
+                      f"{s.macs / 1e9:.3f}G", uncovered, end_section=s is stats[-1])
     console.print(table)
 
 

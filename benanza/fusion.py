@@ -32,6 +32,9 @@ class FusionPattern:
     attention: bool = False
     scale: bool = False
     mask: bool = False
+    # the scale applied before the scores' MatMul, to Q and to Kᵀ each (both exporters multiply
+    # each by the square root of 1/√d): the two Muls are part of the pattern, the chain scales once
+    prescaled: bool = False
 
     @property
     def length(self) -> int:
@@ -71,15 +74,20 @@ PATTERNS: tuple[FusionPattern, ...] = (
 )
 
 
-def _attention(scale: bool, mask: bool) -> FusionPattern:
-    name = "sdpa" + "_scale" * scale + "_mask" * mask
-    tail = ("Mul",) * scale + ("Add",) * mask + ("Softmax", "MatMul")
+def _attention(scale: bool, mask: bool, prescaled: bool = False) -> FusionPattern:
+    name = "sdpa" + "_qk" * prescaled + "_scale" * (scale or prescaled) + "_mask" * mask
+    tail = ("Mul", "Mul") * prescaled + ("Mul",) * scale + ("Add",) * mask + ("Softmax", "MatMul")
     steps = "→".join(("MatMul",) + ("Mul|Div(scale)",) * scale + ("Add(mask)",) * mask + ("Softmax", "MatMul"))
+    if prescaled:
+        steps = f"Mul(Q, scale)·Mul(Kᵀ, scale)→{steps}"
     return FusionPattern(name, tail, False, "identity",
                          f"attention {steps}: one oneDNN chain (scores' matmul with post-ops, softmax, matmul)",
-                         anchor="MatMul", dag=True, attention=True, scale=scale, mask=mask)
+                         anchor="MatMul", dag=True, attention=True, scale=scale or prescaled, mask=mask,
+                         prescaled=prescaled)
 
 
+# the longest first: Q and K scaled before the MatMul, then a scale after it, then neither
+PATTERNS += tuple(_attention(False, mask, True) for mask in (True, False))
 PATTERNS += tuple(_attention(scale, mask) for scale, mask in ((True, True), (True, False), (False, True),
                                                                (False, False)))
 
@@ -198,7 +206,8 @@ def _layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) 
 
 def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
     """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
-    constants are √2, 1 and ½ in every exporter that writes this form), or None."""
+    constants are √2, 1 and ½ in every exporter that writes this form; the dynamo exporter
+    multiplies by ½ before x), or None."""
     nodes = model.nodes
     div = nodes[start]
     if not isinstance(div.layer.problem, BinaryProblem) or div.layer.problem.alg != "div" \
@@ -206,29 +215,35 @@ def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> li
         return None
     x = div.inputs[0]
 
-    def only(i: int | None, op: str, constant: bool) -> int | None:
+    def only(i: int | None, op: str, constant: bool | None) -> int | None:
         if i is None:
             return None
         nxt = consumers[i]
-        ok = len(nxt) == 1 and nodes[nxt[0]].layer.op == op and bool(nodes[nxt[0]].constant_inputs) == constant
-        return nxt[0] if ok else None
+        if len(nxt) != 1 or nodes[nxt[0]].layer.op != op:
+            return None
+        return nxt[0] if constant in (None, bool(nodes[nxt[0]].constant_inputs)) else None
 
     erf = only(start, "Erf", False)
     plus = only(erf, "Add", True)
-    times_x = only(plus, "Mul", False)
-    half = only(times_x, "Mul", True)
-    if erf is None or plus is None or times_x is None or half is None:
+    first = only(plus, "Mul", None)
+    if erf is None or plus is None or first is None:
         return None
-    if set(nodes[times_x].inputs) != {x, nodes[plus].outputs[0]}:
+    half_first = bool(nodes[first].constant_inputs)
+    second = only(first, "Mul", not half_first)
+    if second is None:
         return None
-    return [start, erf, plus, times_x, half]
+    # x times what reaches it: Erf(x/√2) + 1, or its half
+    times_x, reaching = (second, first) if half_first else (first, plus)
+    if set(nodes[times_x].inputs) != {x, nodes[reaching].outputs[0]}:
+        return None
+    return [start, erf, plus, first, second]
 
 
 def _attention_nodes(pattern: FusionPattern):
     def match(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
         """The nodes of scores = MatMul(Q, Kᵀ) [→ Mul|Div(constant scalar)] [→ Add(mask [S, Skv])]
         → Softmax(last axis) → MatMul(·, V) with V's head size Q's, every intermediate read only
-        by the next; or None."""
+        by the next, and where the pattern is prescaled the Muls scaling Q and Kᵀ; or None."""
         nodes = model.nodes
         first = nodes[start]
         qk = first.layer.problem
@@ -244,7 +259,13 @@ def _attention_nodes(pattern: FusionPattern):
             return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op in ops else None
 
         chain = [start]
-        if pattern.scale:
+        prescales: list[int] = []
+        if pattern.prescaled:
+            found = _operand_scales(model, consumers, first)
+            if found is None:
+                return None
+            prescales = found
+        elif pattern.scale:
             nxt = only(chain[-1], ("Mul", "Div"))
             p = nodes[nxt].layer.problem if nxt is not None else None
             if nxt is None or not isinstance(p, BinaryProblem) or not nodes[nxt].constant_inputs \
@@ -271,8 +292,32 @@ def _attention_nodes(pattern: FusionPattern):
         v = nodes[pv].layer.problem
         if not isinstance(v, MatMulProblem) or tuple(v.b) != scores[:-2] + (scores[-1], qk.k):
             return None
-        return chain + [sm, pv]
+        return chain[:1] + prescales + chain[1:] + [sm, pv]  # the anchor first, as every match has it
     return match
+
+
+def _operand_scales(model: Model, consumers: dict[int, list[int]], matmul: Node) -> list[int] | None:
+    """The Muls by a constant scalar that produce both operands of ``matmul`` and feed nothing
+    else, or None. The scalar is an initializer or a folded layer's output (TorchScript computes
+    it from a Shape)."""
+    nodes = model.nodes
+    producer = {o: n.index for n in nodes for o in n.outputs}
+    out = []
+    for t in matmul.inputs:
+        i = producer.get(t)
+        mul = nodes[i] if i is not None else None
+        if mul is None or mul.layer.op != "Mul" or consumers[mul.index] != [matmul.index]:
+            return None
+        p = mul.layer.problem
+        if not isinstance(p, BinaryProblem) or len(p.shapes) != 2 or min(math.prod(s) for s in p.shapes) != 1:
+            return None
+        data = [x for x in mul.inputs if not (x in producer and nodes[producer[x]].folded)]
+        # one data operand, scaled by the other (a scalar) into its own shape
+        if len(data) != 1 or len(mul.inputs) + len(mul.constant_inputs) != 2 \
+                or math.prod(p.out) != max(math.prod(s) for s in p.shapes):
+            return None
+        out.append(mul.index)
+    return out
 
 
 _DAG_MATCHERS = {"layernorm": _layernorm_nodes, "gelu_erf": _gelu_nodes}

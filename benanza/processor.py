@@ -731,6 +731,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     edges: list[tuple[int, int]] = []
     producer: dict[str, int] = {}
     interned: dict[str, Layer] = {}
+    static: set[str] = set()  # outputs that are constants given the input shapes
     node_name = "?"
     try:
         for proto in order:
@@ -741,6 +742,9 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
             view = _node_view(proto, opset, specs, consts, p, node_name, needed)
             layer = build_layer(view)
             layer = interned.setdefault(layer.key, layer)
+            constant = _constant_given_shapes(proto, lambda t: t in consts or t in static)
+            if constant:  # a free view of a constant is one too
+                static.update(o for o in proto.output if o)
             data_in = tuple(i for i in proto.input if i and i not in consts)
             for t in data_in:
                 if t in producer and producer[t] != index:
@@ -749,13 +753,25 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                 if t:
                     producer[t] = index
             nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
-                              tuple(i for i in proto.input if i and i in consts)))
+                              tuple(i for i in proto.input if i and i in consts), constant and not layer.free))
     except BenanzaError:
         raise
     except Exception as exc:
         raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset)
+
+
+def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool]) -> bool:
+    """Whether the node's outputs are constants once the input shapes are fixed: a Shape or Size
+    (every shape is concrete here), or a deterministic standard op over constants and such
+    outputs. Whatever their size, a framework computes them once, at load time."""
+    if proto.domain not in ("", "ai.onnx") or proto.op_type in _UNFOLDABLE:
+        return False
+    if proto.op_type in ("Shape", "Size"):
+        return True
+    ins = [i for i in proto.input if i]
+    return bool(ins) and all(constant(i) for i in ins)
 
 
 def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
@@ -796,10 +812,13 @@ def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
 
 
 def unique_layers(models: Iterable[Model]) -> list[UniqueLayer]:
-    """Dedup layers within and across models in one pass; order of first appearance."""
+    """Dedup layers within and across models in one pass; order of first appearance. A folded
+    node runs nothing, so nothing is benchmarked for it."""
     table: dict[str, UniqueLayer] = {}
     for m in models:
         for n in m.nodes:
+            if n.folded:
+                continue
             u = table.get(n.layer.key)
             if u is None:
                 u = table[n.layer.key] = UniqueLayer(n.layer)
@@ -814,6 +833,7 @@ class ModelStats:
     unique_layers: int
     covered_layers: int
     free_layers: int  # views and inference identities: nothing to run, so never "not covered"
+    folded_layers: int  # constants given the input shapes: computed at load time, never "not covered"
     macs: int
     ops: tuple[tuple[str, int], ...]
     not_covered: tuple[tuple[str, int], ...]
@@ -830,26 +850,30 @@ class ModelStats:
         return {
             "model": self.model, "layers": self.layers, "unique_layers": self.unique_layers,
             "unique_pct": round(self.unique_pct, 2), "covered_layers": self.covered_layers,
-            "covered_pct": round(self.covered_pct, 2), "free_layers": self.free_layers, "macs": self.macs,
+            "covered_pct": round(self.covered_pct, 2), "free_layers": self.free_layers,
+            "folded_layers": self.folded_layers, "macs": self.macs,
             "ops": dict(self.ops), "not_covered": dict(self.not_covered),
         }
 
 
-def layer_stats(name: str, layers: list[Layer]) -> ModelStats:
-    """Counts, coverage and MACs of a list of layer occurrences (one model, or several)."""
+def node_stats(name: str, nodes: list[Node]) -> ModelStats:
+    """Counts, coverage and MACs of a list of layer occurrences (one model, or several): a layer
+    is covered, free, folded or not covered; the MACs are those of the layers that run."""
+    layers = [n.layer for n in nodes]
+    running = [n.layer for n in nodes if n.runs]
     ops = Counter(la.op for la in layers)
-    uncovered = Counter(la.op for la in layers if not la.covered and not la.free)
+    uncovered = Counter(la.op for la in running if not la.covered)
     return ModelStats(
         model=name, layers=len(layers), unique_layers=len({la.key for la in layers}),
-        covered_layers=sum(1 for la in layers if la.covered), free_layers=sum(1 for la in layers if la.free),
-        macs=sum(la.macs for la in layers),
+        covered_layers=sum(1 for la in running if la.covered), free_layers=sum(1 for la in layers if la.free),
+        folded_layers=sum(1 for n in nodes if n.folded), macs=sum(la.macs for la in running),
         ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())))
 
 
 def model_stats(model: Model) -> ModelStats:
-    return layer_stats(model.name, model.layers)
+    return node_stats(model.name, model.nodes)
 
 
 def total_stats(models: list[Model]) -> ModelStats:
     """The union across models: unique layers are deduplicated across them too."""
-    return layer_stats("total", [la for m in models for la in m.layers])
+    return node_stats("total", [n for m in models for n in m.nodes])

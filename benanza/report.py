@@ -56,6 +56,7 @@ def analysis_json(a: Analysis) -> dict:
             "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
             "identity": [r.index for r in a.identity],
             "views": [r.index for r in a.views],
+            "folded": [r.index for r in a.folded],
             "missing": [r.index for r in a.missing],
             "not_covered_ops": sorted({r.op for r in a.not_covered}),
         },

@@ -123,6 +123,7 @@ def inventory() -> dict[str, str | None]:
         "nsys": shutil.which("nsys"),
         "QdstrmImporter": str(nsys_importer() or "") or None,
         "torch": "torch" if _module("torch") else None,
+        "onnxscript (torch's dynamo exporter)": "onnxscript" if _module("onnxscript") else None,
         "nvtx": "nvtx" if _module("nvtx") else None,
         "datasette": "datasette" if _module("datasette") else None,
         "submitit": "submitit" if _module("submitit") else None,

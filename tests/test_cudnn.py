@@ -104,7 +104,7 @@ def every_family_model():
         n("Relu", ["lin_b"], ["lin_r"]),
         # data movement: copies of the same bytes (a region of the input per output; a dense one)
         n("Split", ["max6"], ["half0", "half1"], axis=1),
-        n("Expand", ["bias8", "wide"], ["ex"]),
+        n("Expand", ["g", "wide"], ["ex"]),  # of data: an Expand of a weight is folded at load time
         n("Transpose", ["max6"], ["tr"], perm=[0, 2, 3, 1]),
         n("Transpose", ["seq"], ["tr3"], perm=[1, 0, 2]),  # 3-d: padded to 4 with a leading 1
         # reductions: keepdims on a 4-d tensor; a 3-d one without keepdims
@@ -310,7 +310,7 @@ def test_golden_other_rows(generated):
     softmax = (out / "tables_softmax_0.cpp").read_text()
     assert "{.log = false, .n = 1, .c = 16, .h = 1" in softmax
     copy = (out / "tables_copy_0.cpp").read_text()
-    # Split of [1, 8, 7, 7] into two [1, 4, 7, 7] boxes at channel 0 and 4; Expand [8, 1, 1] →
+    # Split of [1, 8, 7, 7] into two [1, 4, 7, 7] boxes at channel 0 and 4; Expand [1, 8, 1, 1] →
     # [2, 8, 1, 1], copied dense
     assert ("{.region = true, .rank = 4, .count = 2, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .outs = {{1, 4, 7, 7, 0, 0, 0, "
             "0}, {1, 4, 7, 7, 0, 0, 0, 0}, ") in copy

@@ -18,9 +18,10 @@ from benanza.processor import load_model
 SEQ = 8  # not the export's 16: the run must follow --input-shape, not the file
 
 
-@pytest.fixture(scope="module")
-def dynamic_gpt(tmp_path_factory):
-    return export("gpt", 17, tmp_path_factory.mktemp("dyn"), dynamic=True)
+@pytest.fixture(scope="module", params=[("torchscript", 17), ("dynamo", 18)], ids=["torchscript", "dynamo"])
+def dynamic_gpt(tmp_path_factory, request):
+    exporter, opset = request.param
+    return export("gpt", opset, tmp_path_factory.mktemp("dyn"), dynamic=True, exporter=exporter)
 
 
 def conv_model(save, name: str, input_name: str):

@@ -20,9 +20,9 @@ from benanza.processor import load_model  # noqa: E402
 from benanza.torch_exec import load_torch_graph  # noqa: E402
 
 
-def _compare(proto: onnx.ModelProto) -> None:
+def _compare(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
     batch = proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value or 1
-    graph = load_torch_graph(proto, batch)
+    graph = load_torch_graph(proto, batch, input_shapes)
     feed = graph.random_inputs()
     with torch.inference_mode():
         got = graph.run(feed, annotate=False)
@@ -337,6 +337,25 @@ def test_transformer_exports_match_onnxruntime(tmp_path_factory, name, opset):
     from torch_models import export
 
     _compare(onnx.load(str(export(name, opset, tmp_path_factory.mktemp("tx")))))
+
+
+@pytest.mark.parametrize("name", ["encoder", "gpt", "vit", "mbv3"])
+@pytest.mark.parametrize("opset", [18, 23])
+def test_dynamo_exports_match_onnxruntime(tmp_path_factory, name, opset):
+    from torch_models import export
+
+    _compare(onnx.load(str(export(name, opset, tmp_path_factory.mktemp("dynamo"), exporter="dynamo"))))
+
+
+@pytest.mark.parametrize("name", ["encoder", "gpt"])
+@pytest.mark.parametrize("opset", [18, 23])
+def test_dynamo_exports_with_a_dynamic_sequence_match_onnxruntime(tmp_path_factory, name, opset):
+    from torch_models import D_MODEL, SEQ, export
+
+    path = export(name, opset, tmp_path_factory.mktemp("dynamo"), dynamic=True, exporter="dynamo")
+    # a sequence length other than the one torch.export traced with: the causal mask and the
+    # reshapes follow it
+    _compare(onnx.load(str(path)), {"x": (1, SEQ + 8, D_MODEL)})
 
 
 def _vit_like():

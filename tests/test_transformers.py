@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import conv_net, io, model, tensor
 from onnx import TensorProto, helper, numpy_helper
-from torch_models import D_MODEL, SEQ, export
+from torch_models import D_MODEL, INPUTS, SEQ, export
 
 from benanza.cli import main
 from benanza.errors import ShapeError
@@ -37,7 +37,7 @@ def verbose_execs(binary, names, tmp_path) -> list[str]:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("torch")
-    return lambda name, opset: export(name, opset, out)
+    return lambda name, opset, exporter="torchscript", dynamic=False: export(name, opset, out, dynamic, exporter)
 
 
 # --- processing ----------------------------------------------------------------------------
@@ -188,7 +188,8 @@ def test_pure_views_are_free_not_uncovered(exported, backend):
     stats = model_stats(m)
     assert stats.free_layers == n_views
     assert not VIEWS & {op for op, _ in stats.not_covered}
-    assert stats.layers == stats.covered_layers + stats.free_layers + sum(n for _, n in stats.not_covered)
+    assert stats.layers == stats.covered_layers + stats.free_layers + stats.folded_layers + sum(
+        n for _, n in stats.not_covered)
 
 
 # --- MatMul with a broadcast weight ---------------------------------------------------------
@@ -334,57 +335,238 @@ def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
 
 # --- coverage of the exported models (the README's table) ----------------------------------------
 
-# (model, opset) → (layers, free, shape arithmetic, oneDNN-costed, cuDNN/cuBLAS-costed): the
-# README's "Transformer exports" table, whose rows ``coverage_row`` writes
+# (model, exporter, opset) → (layers, free, folded, oneDNN-costed, cuDNN/cuBLAS-costed): the
+# README's "Transformer exports" table, whose rows ``coverage_row`` writes. "dynamic" is the
+# dynamo export with a symbolic sequence length, processed with --input-shape x=1x16x32.
 COVERAGE = {
-    ("encoder", 14): (71, 14, 9, 48, 48),
-    ("encoder", 17): (55, 14, 9, 32, 32),
-    ("gpt", 14): (66, 5, 8, 52, 53),
-    ("gpt", 17): (50, 5, 8, 36, 37),
-    ("vit", 14): (98, 15, 15, 67, 67),
-    ("vit", 17): (74, 15, 15, 43, 43),
-    ("mbv3", 14): (12, 0, 0, 12, 9),
-    ("mbv3", 17): (12, 0, 0, 12, 9),
+    ("encoder", "torchscript", 14): (71, 14, 13, 44, 44),
+    ("encoder", "torchscript", 17): (55, 14, 13, 28, 28),
+    ("gpt", "torchscript", 14): (66, 5, 16, 44, 45),
+    ("gpt", "torchscript", 17): (50, 5, 16, 28, 29),
+    ("vit", "torchscript", 14): (98, 15, 20, 62, 62),
+    ("vit", "torchscript", 17): (74, 15, 20, 38, 38),
+    ("mbv3", "torchscript", 14): (12, 0, 0, 12, 9),
+    ("mbv3", "torchscript", 17): (12, 0, 0, 12, 9),
+    ("encoder", "dynamo", 18): (39, 11, 0, 28, 28),
+    ("encoder", "dynamo", 23): (34, 11, 0, 23, 23),
+    ("encoder", "dynamic", 18): (47, 13, 6, 28, 28),
+    ("encoder", "dynamic", 23): (34, 11, 0, 23, 23),
+    ("gpt", "dynamo", 18): (35, 6, 0, 28, 29),
+    ("gpt", "dynamo", 23): (23, 4, 0, 19, 19),
+    ("gpt", "dynamic", 18): (48, 6, 13, 28, 29),
+    ("gpt", "dynamic", 23): (23, 4, 0, 19, 19),
+    ("vit", "dynamo", 18): (51, 12, 0, 38, 38),
+    ("vit", "dynamo", 23): (42, 12, 0, 30, 29),
+    ("mbv3", "dynamo", 18): (12, 0, 0, 12, 9),
+    ("mbv3", "dynamo", 23): (12, 0, 0, 12, 9),
 }
 TITLES = {"encoder": "encoder", "gpt": "GPT block", "vit": "ViT (tiny)", "mbv3": "MobileNet-v3 block"}
+EXPORTER_TITLES = {"torchscript": "TorchScript", "dynamo": "dynamo", "dynamic": "dynamo, dynamic seq"}
 
 
-def shape_arithmetic(layer) -> bool:
-    """Shape metadata and the integer/boolean arithmetic on it: no library computes it, and with
-    static shapes frameworks fold it at load time."""
-    from benanza.layers import FLOAT_DTYPES
-
-    return layer.dtype not in FLOAT_DTYPES or layer.op in ("Shape", "Size")
-
-
-def coverage_row(name: str, opset: int, counts: tuple[int, ...]) -> str:
-    layers, free, shape, onednn, cudnn = counts
-    rest, data = layers - free, layers - free - shape
-    return (f"| {TITLES[name]} | {opset} | {layers} | {free} | {shape} | {onednn} ({onednn / rest:.0%}) | "
-            f"{onednn / data:.0%} | {cudnn} ({cudnn / rest:.0%}) |")
+def exported_model(exported, name: str, exporter: str, opset: int):
+    """The export processed as the README's table says: a dynamic sequence length given as 16."""
+    if exporter == "dynamic":
+        return load_model(exported(name, opset, "dynamo", True), input_shapes={"x": (1, SEQ, D_MODEL)})
+    return load_model(exported(name, opset, exporter))
 
 
-@pytest.mark.parametrize(("name", "opset"), sorted(COVERAGE))
-def test_exported_model_coverage(exported, name, opset):
+def coverage_row(name: str, exporter: str, opset: int, counts: tuple[int, ...]) -> str:
+    layers, free, folded, onednn, cudnn = counts
+    running = layers - free - folded
+    return (f"| {TITLES[name]} | {EXPORTER_TITLES[exporter]} | {opset} | {layers} | {free} | {folded} | "
+            f"{onednn} ({onednn / running:.0%}) | {cudnn} ({cudnn / running:.0%}) |")
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset"), sorted(COVERAGE))
+def test_exported_model_coverage(exported, name, exporter, opset):
     from pathlib import Path
 
     from benanza.backends.onednn import covers
+    from benanza.layers import FLOAT_DTYPES
 
-    layers = load_model(exported(name, opset)).layers
-    rest = [la for la in layers if not la.free]
-    got = (len(layers), len(layers) - len(rest), sum(shape_arithmetic(la) for la in rest),
-           sum(covers(la) for la in rest), sum(la.covered for la in rest))
-    assert got == COVERAGE[name, opset]
+    m = exported_model(exported, name, exporter, opset)
+    running = [n.layer for n in m.nodes if n.runs]
+    got = (len(m.nodes), sum(n.layer.free for n in m.nodes), sum(n.folded for n in m.nodes),
+           sum(covers(la) for la in running), sum(la.covered for la in running))
+    assert got == COVERAGE[name, exporter, opset]
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert coverage_row(name, opset, got) in readme
-    # every float data layer is costed on oneDNN but Erf, which the gelu_erf pattern costs
-    missing = [la.key for la in rest if not shape_arithmetic(la) and not covers(la)]
+    assert coverage_row(name, exporter, opset, got) in readme
+    # the shape arithmetic is folded, all of it: what runs computes on float data
+    assert all(la.dtype in FLOAT_DTYPES for la in running), [la.key for la in running if la.dtype not in FLOAT_DTYPES]
+    # every layer that runs is costed on oneDNN but Erf, which the gelu_erf pattern costs
+    missing = [la.key for la in running if not covers(la)]
     assert all(k.startswith("eltwise:erf_") for k in missing), missing
     # on cuDNN all but ViT's Concat (a copy with no cuDNN call) and MobileNet-v3's hard-swish and
     # hard-sigmoid (no single cuDNN op: they are chains of pointwise ops)
-    missing = {la.op for la in rest if not shape_arithmetic(la) and not la.covered}
-    assert missing <= {"Concat", "HardSwish", "HardSigmoid"}, missing
-    assert got[3] >= 0.95 * (len(rest) - got[2])  # issue 10's target, over the layers that move data
+    missing_cudnn = {la.op for la in running if not la.covered}
+    assert missing_cudnn <= {"Concat", "HardSwish", "HardSigmoid"}, missing_cudnn
+    assert got[3] >= 0.95 * len(running)  # issue 10's target, over the layers that run
+
+
+def test_generate_reports_the_folded_layers(exported, tmp_path):
+    path = exported("gpt", 18, "dynamo", True)
+    r = CliRunner().invoke(main, ["generate", str(path), "--input-shape", f"x=1x{SEQ}x{D_MODEL}", "--out",
+                                  str(tmp_path / "o"), "--backend", "none", "--json"])
+    assert r.exit_code == 0, r.output
+    (stats,) = json.loads(r.stdout)["models"]
+    layers, free, folded, _, cudnn = COVERAGE["gpt", "dynamic", 18]
+    assert (stats["layers"], stats["free_layers"], stats["folded_layers"], stats["covered_layers"]) == (
+        layers, free, folded, cudnn)
+    assert not {"Shape", "Slice", "Concat", "Expand", "Trilu", "Where"} & set(stats["not_covered"])
+
+
+def _every_value(path, feed: dict) -> dict:
+    """ONNX Runtime's value of every tensor of the file (each one made a graph output)."""
+    import onnxruntime as ort
+
+    proto = onnx.load(str(path))
+    known = {o.name for o in proto.graph.output}
+    for node in proto.graph.node:
+        for out in node.output:
+            if out and out not in known:
+                proto.graph.output.append(helper.make_empty_tensor_value_info(out))
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset"), [("gpt", "torchscript", 17), ("encoder", "torchscript", 14),
+                                                         ("gpt", "dynamic", 18), ("encoder", "dynamic", 18)])
+def test_folded_layers_are_exactly_the_constants_given_the_shapes(exported, name, exporter, opset):
+    """The oracle: ONNX Runtime runs the file on two different inputs of the shape the model was
+    processed with. A folded layer's outputs are the same both times; every other layer that
+    runs computes something else from the other input."""
+    m = exported_model(exported, name, exporter, opset)
+    path = m.path
+    rng = np.random.default_rng(0)
+    runs = [_every_value(path, {"x": rng.standard_normal((1, SEQ, D_MODEL)).astype(np.float32)}) for _ in range(2)]
+    folded = [n for n in m.nodes if n.folded]
+    assert folded and all(n.layer.op in ("Shape", "Slice", "Concat", "Cast", "Sqrt", "Div", "Mod", "Add", "Expand",
+                                         "Trilu", "Equal", "Where") for n in folded)
+    for n in m.nodes:
+        if n.layer.free:
+            continue
+        same = all(np.array_equal(runs[0][o], runs[1][o]) for o in n.outputs)
+        assert same == n.folded, (n.name, n.layer.op)
+
+
+def test_folded_layers_show_as_folded_not_uncovered(exported):
+    from benanza.analyzer import analyze
+    from benanza.processor import model_stats, unique_layers
+    from benanza.report import document
+
+    m = exported_model(exported, "gpt", "dynamic", 18)
+    folded = {n.index for n in m.nodes if n.folded}
+    a = analyze(m, [], "sys", "onednn")
+    assert {r.index for r in a.rows if r.status == "folded"} == folded
+    assert all(r.latency_ms == 0 for r in a.folded)
+    assert not folded & {r.index for r in a.not_covered + a.missing}
+    assert any("folded at load time" in note for note in a.notes)
+    assert document([a])["analyses"][0]["coverage"]["folded"] == sorted(folded)
+    stats = model_stats(m)
+    assert stats.folded_layers == len(folded)
+    assert stats.layers == stats.covered_layers + stats.free_layers + stats.folded_layers + sum(
+        n for _, n in stats.not_covered)
+    # nothing is benchmarked for a layer that is folded wherever it occurs
+    only_folded = {m.nodes[i].layer.key for i in folded} - {n.layer.key for n in m.nodes if not n.folded}
+    assert only_folded and not only_folded & {u.layer.key for u in unique_layers([m])}
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset", "pattern"), [
+    ("encoder", "dynamo", 18, "sdpa_qk_scale"), ("vit", "dynamo", 18, "sdpa_qk_scale"),
+    ("gpt", "dynamo", 18, "sdpa_qk_scale_mask"), ("gpt", "dynamic", 18, "sdpa_qk_scale_mask"),
+    ("gpt", "torchscript", 17, "sdpa_qk_scale_mask")])
+def test_attention_patterns_compute_what_the_fused_chain_runs(exported, name, exporter, opset, pattern):
+    """The oracle is ONNX Runtime's values on the exported file: the pattern's scores are Q·Kᵀ
+    scaled by 1/√d in all (its two Muls scale Q and K each by the square root: the chain's one
+    scale post-op), its mask is the causal [S, S] one, and its output is softmax(scores + mask)·V,
+    the chain oneDNN runs."""
+    from benanza.fusion import match_fusions
+
+    m = exported_model(exported, name, exporter, opset)
+    (att,) = [f for f in match_fusions(m) if f.pattern.attention]
+    assert att.pattern.name == pattern
+    nodes = [m.nodes[i] for i in att.nodes]
+    first, last = nodes[0], nodes[-1]
+    producer = {o: n for n in m.nodes for o in n.outputs}
+    scaled = [producer[t] for t in first.inputs]  # Q·s and Kᵀ·s
+    assert [n.index for n in scaled] == list(att.nodes[1:3])
+    shape = INPUTS.get(name, (1, SEQ, D_MODEL))
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    v = _every_value(m.path, {"x": x})
+    q_raw, kt_raw = (v[n.inputs[0]] for n in scaled)
+    d = q_raw.shape[-1]
+    scores = v[first.outputs[0]]
+    np.testing.assert_allclose(scores, q_raw @ kt_raw / np.sqrt(d), rtol=1e-4, atol=1e-5)
+    logits = scores
+    if att.pattern.mask:
+        add = nodes[3]  # after the anchor and the two scales
+        (mask_name,) = [t for t in add.inputs + add.constant_inputs if t != first.outputs[0]]
+        inits = {t.name: t for t in onnx.load(m.path).graph.initializer}  # the static exports' mask
+        mask = v[mask_name] if mask_name in v else numpy_helper.to_array(inits[mask_name])
+        s = scores.shape[-1]
+        seen = np.tril(np.ones((s, s), bool))  # 0 where a query sees a key, −∞ or dynamo's −FLT_MAX elsewhere
+        mask = mask.reshape(s, s)
+        assert np.array_equal(mask == 0, seen) and np.all(mask[~seen] <= np.finfo(np.float32).min)
+        logits = scores + mask
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    (v_name,) = [t for t in last.inputs if t != nodes[-2].outputs[0]]
+    np.testing.assert_allclose(v[last.outputs[0]], p @ v[v_name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset"), [("gpt", "dynamo", 18), ("vit", "dynamo", 18),
+                                                         ("gpt", "torchscript", 17)])
+def test_gelu_erf_pattern_computes_gelu(exported, name, exporter, opset):
+    """Both orders of the erf GELU decomposition (dynamo multiplies by ½ before x): ONNX
+    Runtime's value of the pattern's last node is torch's exact GELU of its Div's input."""
+    import torch
+
+    from benanza.fusion import match_fusions
+
+    m = exported_model(exported, name, exporter, opset)
+    (gelu,) = [f for f in match_fusions(m) if f.pattern.name == "gelu_erf"]
+    nodes = [m.nodes[i] for i in gelu.nodes]
+    x = np.random.default_rng(2).standard_normal(INPUTS.get(name, (1, SEQ, D_MODEL))).astype(np.float32)
+    v = _every_value(m.path, {"x": x})
+    want = torch.nn.functional.gelu(torch.from_numpy(v[nodes[0].inputs[0]])).numpy()
+    np.testing.assert_allclose(v[nodes[-1].outputs[0]], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_dynamo_export_with_a_dynamic_sequence_is_costed_on_onednn(tmp_path, exported):
+    """generate → oneDNN benchmarks → analyze for the dynamo GPT block with a symbolic sequence
+    length, processed at 1×24×32: every layer that runs has an OK result but Erf (not covered),
+    the folded ones cost 0, and Q5 substitutes the attention and GELU chains the database has."""
+    from benanza.analyzer import analyze
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.processor import unique_layers
+    from benanza.runner import RunOptions, run
+
+    m = load_model(exported("gpt", 18, "dynamo", True), input_shapes={"x": (1, SEQ + 8, D_MODEL)})
+    manifest = build_manifest([m], unique_layers([m]))
+    write_manifest(manifest, tmp_path)
+    generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    a = analyze(m, results, "ci", "onednn")
+    status = {r.index: r.status for r in a.rows}
+    for n in m.nodes:
+        want = ("free_view" if n.layer.free else "folded" if n.folded
+                else "not_covered" if n.layer.op == "Erf" else "ok")
+        assert status[n.index] == want, (n.name, n.layer.key, status[n.index])
+    applied = {u.pattern: u for u in a.fusion.applied + a.fusion.unprofitable}
+    assert {"sdpa_qk_scale_mask", "gelu_erf"} <= set(applied)
+    for name in ("sdpa_qk_scale_mask", "gelu_erf"):  # one problem each: its best fused result
+        assert applied[name].fused_ms == pytest.approx(min(r.median_ms for r in results if r.variant.fusion == name))
+    # the causal mask at 24 keys, the scores over 24×24
+    (att,) = [u for u in applied.values() if u.pattern == "sdpa_qk_scale_mask"]
+    assert m.nodes[att.nodes[0]].layer.outputs[0].shape == (1, 4, SEQ + 8, SEQ + 8)
 
 
 # --- transformer fusion patterns: MatMul→Add(bias)(→Gelu) -----------------------------------------
@@ -520,7 +702,8 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
 
 def data_movement_model(rows: int = 16) -> onnx.ModelProto:
     """One node per data-movement op the exporters write, on float data: q/k/v Split and Gather,
-    a Slice, the causal mask's Expand → Trilu → Equal → Where, and a Cast to the type it has."""
+    a Slice, the causal mask's Expand → Trilu → Equal → Where, and a Cast to the type it has. The
+    mask is built from an input ``one`` here: built from constants (or a Shape) it is folded."""
     n = helper.make_node
     nodes = [
         n("Split", ["x", "sp"], ["s0", "s1", "s2"], axis=2, name="split"),
@@ -534,11 +717,11 @@ def data_movement_model(rows: int = 16) -> onnx.ModelProto:
         n("Cast", ["wh"], ["wc"], to=TensorProto.FLOAT, name="cast"),
     ]
     f32 = [numpy_helper.from_array(np.array(v, np.float32), name) for name, v in
-           (("one", [1.0]), ("zero", [0.0]), ("ninf", [-1e9]))]
+           (("zero", [0.0]), ("ninf", [-1e9]))]
     inits = [_i64("sp", [rows, rows, rows]), _i64("st", [4]), _i64("en", [12]), _i64("ax", [1]), _i64("one_i", 1),
              _i64("two_i", [2]), _i64("shp", [16, 16])] + f32
     outs = [io(t, None) for t in ("s0", "s1", "s2", "sl", "ga", "sl2", "wc")]
-    return model(nodes, [io("x", [2, 16, 3 * rows])], outs, inits, opset=14)
+    return model(nodes, [io("x", [2, 16, 3 * rows]), io("one", [1])], outs, inits, opset=14)
 
 
 # worked out by hand from ONNX's semantics: the boxes each output reads of x [2, 16, 48] and
@@ -575,7 +758,7 @@ def test_data_movement_is_a_labelled_copy_of_the_same_bytes(save):
     # the independent oracle: ONNX Runtime's outputs have exactly the bytes each copy writes
     sess = ort.InferenceSession(path.read_bytes(), providers=["CPUExecutionProvider"])
     x = np.arange(2 * 16 * 48, dtype=np.float32).reshape(2, 16, 48)
-    real = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    real = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x, "one": np.ones(1, np.float32)})))
     for name, node in by_name.items():
         p = node.layer.problem
         if not isinstance(p, CopyProblem):
@@ -653,14 +836,17 @@ def test_attention_patterns_match(save, exported):
     m = load_model(save(attention_model()))
     got = [(f.pattern.name, [m.nodes[i].name for i in f.nodes]) for f in match_fusions(m)]
     assert got == [("sdpa_scale_mask", ["scores", "scale", "mask_add", "softmax", "pv"])]
-    # the exporters scale Q and K before their MatMul; GPT's causal SDPA adds the mask
-    for name, opset, pattern in (("encoder", 14, "sdpa"), ("encoder", 17, "sdpa"), ("gpt", 14, "sdpa_mask"),
-                                 ("gpt", 17, "sdpa_mask")):
-        mm = load_model(exported(name, opset))
+    # both exporters scale Q and K before their MatMul (TorchScript by a scalar it computes from a
+    # Shape: folded); GPT's causal SDPA adds the mask
+    for name, exporter, opset in (("encoder", "torchscript", 14), ("encoder", "torchscript", 17),
+                                  ("gpt", "torchscript", 14), ("gpt", "torchscript", 17), ("encoder", "dynamo", 18),
+                                  ("gpt", "dynamo", 18), ("vit", "dynamo", 18), ("gpt", "dynamic", 18)):
+        mm = exported_model(exported, name, exporter, opset)
         (att,) = [f for f in match_fusions(mm) if f.pattern.attention]
-        assert att.pattern.name == pattern
+        masked = name == "gpt"
+        assert att.pattern.name == "sdpa_qk_scale" + "_mask" * masked
         ops = [mm.nodes[i].layer.op for i in att.nodes]
-        assert ops == ["MatMul"] + ["Add"] * (pattern == "sdpa_mask") + ["Softmax", "MatMul"]
+        assert ops == ["MatMul", "Mul", "Mul"] + ["Add"] * masked + ["Softmax", "MatMul"]
     # a softmax over another axis, or a second reader of the scores, is no attention chain
     bad = attention_model()
     bad.graph.node[3].attribute[0].i = 2

@@ -1,5 +1,6 @@
-"""Small transformer models exported by torch.onnx.export (TorchScript exporter): real exporter
-output, with the shape subgraphs, Mod-based slicing and causal masks that exporter writes."""
+"""Small transformer models exported by torch.onnx.export, with the TorchScript exporter (the
+shape subgraphs, Mod-based slicing and causal masks it writes) or the dynamo exporter (torch.export
+and onnxscript: opsets 18 on, decomposed SDPA until the Attention op of opset 23)."""
 
 from __future__ import annotations
 
@@ -112,17 +113,29 @@ MODELS = {"encoder": Encoder, "gpt": GptBlock, "vit": TinyVit, "mbv3": MobileV3B
 INPUTS = {"vit": (1, 3, 32, 32), "mbv3": (1, 16, 16, 16)}  # the others take 1×SEQ×D_MODEL
 
 
-def export(name: str, opset: int, out_dir: Path, dynamic: bool = False) -> Path:
-    """The model exported at ``opset`` with the TorchScript exporter (the dynamo exporter needs
-    onnxscript, which is not installed), input ``x`` of shape ``INPUTS[name]`` or 1×SEQ×D_MODEL; with
-    ``dynamic``, batch and sequence length are symbolic (``batch``, ``seq``)."""
-    path = out_dir / f"{name}{opset}{'-dyn' if dynamic else ''}.onnx"
+EXPORTERS = ("torchscript", "dynamo")
+
+
+def export(name: str, opset: int, out_dir: Path, dynamic: bool = False, exporter: str = "torchscript") -> Path:
+    """The model exported at ``opset`` with ``exporter``, input ``x`` of shape ``INPUTS[name]`` or
+    1×SEQ×D_MODEL. With ``dynamic`` the TorchScript exporter makes batch and sequence length
+    symbolic (``batch``, ``seq``); the dynamo exporter only the sequence length (``seq``: torch.export
+    specialises a batch of 1)."""
+    path = out_dir / f"{name}{opset}{'-dynamo' * (exporter == 'dynamo')}{'-dyn' if dynamic else ''}.onnx"
     if not path.exists():
         torch.manual_seed(0)
         module = MODELS[name]().eval()
-        axes = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}} if dynamic else None
+        x = torch.randn(*INPUTS.get(name, (1, SEQ, D_MODEL)))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(module, (torch.randn(*INPUTS.get(name, (1, SEQ, D_MODEL))),), str(path), opset_version=opset,
-                              dynamo=False, input_names=["x"], output_names=["y"], dynamic_axes=axes)
+            if exporter == "dynamo":
+                shapes = ({1: torch.export.Dim("seq", min=2, max=1024)},) if dynamic else None
+                program = torch.onnx.export(module, (x,), dynamo=True, opset_version=opset, input_names=["x"],
+                                            output_names=["y"], dynamic_shapes=shapes, verbose=False)
+                assert program is not None
+                program.save(str(path))
+            else:
+                axes = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}} if dynamic else None
+                torch.onnx.export(module, (x,), str(path), opset_version=opset, dynamo=False, input_names=["x"],
+                                  output_names=["y"], dynamic_axes=axes)
     return path

@@ -40,6 +40,7 @@ class LayerStatus:
     NOT_COVERED = "not_covered"  # no library call runs this layer type
     IDENTITY = "identity"  # inference computes nothing here (Dropout): 0 ms by definition
     VIEW = "free_view"  # only relabels the input's shape (Reshape, Flatten, ...): 0 ms by definition
+    FOLDED = "folded"  # a constant once the input shapes are fixed: computed at load time, 0 ms
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ def layer_rows(model: Model, by_problem: ResultIndex, backend: str, dtype: str,
             continue
         if layer.view:
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.VIEW, 0.0))
+            continue
+        if node.folded:
+            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.FOLDED, 0.0))
             continue
         if not covered(layer, backend):
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.NOT_COVERED, 0.0))

@@ -452,9 +452,12 @@ PLAN_ALGOS = tuple(f"plan{i}" for i in range(GRAPH_PLANS))
 # cuDNN's flash attention takes fp16/bf16 Q/K/V: an fp32 attention gets no SDPA variant
 SDPA_DTYPES = ("f16", "bf16")
 # fusion pattern → (graph family, the variant's call: runtime_cpp/cudnn/benanza_cudnn/tables.hpp)
+# (an attention pattern by its scale and mask: every scaled one, Q and Kᵀ prescaled included, is
+# scaled by 1/√d in all)
+_SDPA_CALLS = {(False, False): "kSdpaUnscaled", (False, True): "kSdpaUnscaledMasked",
+               (True, False): "kCall", (True, True): "kSdpaMasked"}
 _GRAPH_FUSIONS = {"layernorm": (LNORM, "kCall"), "gelu_erf": (POINTWISE, "kGeluOfA"),
-                  "sdpa": (SDPA, "kSdpaUnscaled"), "sdpa_mask": (SDPA, "kSdpaUnscaledMasked"),
-                  "sdpa_scale": (SDPA, "kCall"), "sdpa_scale_mask": (SDPA, "kSdpaMasked")}
+                  **{p.name: (SDPA, _SDPA_CALLS[p.scale, p.mask]) for p in FUSION_PATTERNS.values() if p.attention}}
 
 # Variant.api → the runtime's call constant (tables.hpp)
 _CALLS = {"cudnnConvolutionForward": "kConvForward", "cublasGemmEx": "kGemmEx",
