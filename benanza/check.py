@@ -263,6 +263,13 @@ def _attention_op(site: _Site, p: AttentionProblem, gen, compared: str) -> _Spec
     return spec
 
 
+def _qk_slot(site: _Site, protos: list[onnx.NodeProto], i: int) -> tuple[int, int]:
+    """The slot of the tensor the pattern's Mul scales into input ``i`` of the scores' MatMul."""
+    pos = next(j for j in range(1, len(protos)) if protos[j].output[0] == protos[0].input[i])
+    want = site.in_shape(0, i)
+    return pos, next(k for k, name in enumerate(protos[pos].input) if site.ref.shape(name) == want)
+
+
 def _fused(site: _Site, v: Variant, gen) -> _Spec:
     pattern = PATTERNS[v.fusion]
     last = len(site.nodes) - 1
@@ -272,11 +279,14 @@ def _fused(site: _Site, v: Variant, gen) -> _Spec:
     p = v.problem
     if pattern.attention:
         assert isinstance(p, MatMulProblem)
-        feeds = _fill(site, gen, [(0, 0), (0, 1)])
+        # Q and Kᵀ: the scores' MatMul inputs, or where the pattern scales them first, the
+        # scaling Muls' data inputs (the model's own two scales then make the chain's one)
+        feeds = _fill(site, gen, [_qk_slot(site, protos, i) if pattern.prescaled else (0, i) for i in (0, 1)])
         k = 2
         if pattern.mask:
-            add = 1 + pattern.scale
-            mask_slot = (add, site.external(add, protos[add - 1].output[0]))
+            add = 1 + pattern.tail.index("Add")
+            scores = next(o for q in protos[:add] for o in q.output if o in protos[add].input)
+            mask_slot = (add, site.external(add, scores))
             feeds[mask_slot] = gen(k, p.a[-2:-1] + p.b[-1:]).reshape(site.in_shape(*mask_slot))
             k += 1
         feeds[(last, 1)] = gen(k, site.in_shape(last, 1))
@@ -350,12 +360,13 @@ class _ModelRef:
 
     def values(self, names: list[str]) -> dict[str, np.ndarray]:
         """The real values of tensors: initializers, and the rest from one run of the whole
-        model (its constant inputs are computed once: Slice bounds from shape arithmetic ...)."""
+        model (its constant inputs are computed once: Slice bounds from shape arithmetic, the
+        outputs of folded layers such as a scale computed from a Shape ...)."""
         if self._values is None:
             self._values = {}
             wanted = sorted({c for n in self.model.nodes for c in n.constant_inputs if c not in self.inits}
                             | {o for n in self.model.nodes for o in n.outputs
-                               if isinstance(n.layer.problem, CopyProblem)})
+                               if n.folded or isinstance(n.layer.problem, CopyProblem)})
             if wanted:
                 self._values = dict(zip(wanted, _run_whole(self, wanted)))
         out = {}
@@ -425,7 +436,10 @@ def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
     first_fed: dict[str, str] = {}
     for (pos, i) in sorted(spec.feeds):
         first_fed.setdefault(protos[pos].input[i], f"__in{pos}_{i}")
-    for pos, node in enumerate(protos):
+    # in the model's order: a pattern's nodes after its anchor may feed it (Q's and K's scales)
+    ordered = sorted(range(len(protos)), key=lambda pos: spec.nodes[pos])
+    for pos in ordered:
+        node = protos[pos]
         for i, name in enumerate(node.input):
             if not name or name in produced:
                 continue
@@ -442,7 +456,7 @@ def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
     for name, value in ref.values(sorted(set(kept_names))).items():
         inits.append(numpy_helper.from_array(value, name))
     graph = helper.make_graph(
-        protos, "check", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        [protos[pos] for pos in ordered], "check", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                           for n, v in feeds.items()],
         [helper.make_empty_tensor_value_info(o) for o in spec.outputs], inits)
     m = helper.make_model(graph, opset_imports=list(ref.proto_model.opset_import))

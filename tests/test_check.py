@@ -97,7 +97,7 @@ def test_every_family_computes_what_its_layer_computes(bench):
     assert {"copy", "transpose", "matmul", "attention", "lnorm", "eltwise", "reduce", "binary", "softmax", "gemm",
             "conv", "concat", "pool", "lrn"} <= families
     fusions = {v.fusion for v in ok}
-    assert {"sdpa", "sdpa_mask", "sdpa_scale_mask", "mm_bias", "layernorm", "gelu_erf", "bias_relu",
+    assert {"sdpa_qk_scale", "sdpa_qk_scale_mask", "sdpa_scale_mask", "mm_bias", "layernorm", "gelu_erf", "bias_relu",
             "bn_relu"} <= fusions
     # what was compared is said: the dense copies check the bytes they move, never the op's values
     for r in results:
@@ -112,7 +112,7 @@ def test_a_perturbed_input_is_caught_with_a_line_that_reproduces_it(bench, monke
     out, paths, _, variants = bench
     split = next(v for v in variants if isinstance(v.problem, CopyProblem) and v.problem.op == "split"
                  and v.dtype == "f32")
-    sdpa = next(v for v in variants if v.fusion == "sdpa_mask" and v.dtype == "f32")
+    sdpa = next(v for v in variants if v.fusion == "sdpa_qk_scale_mask" and v.dtype == "f32")
     args = ["check", *map(str, paths), "--bench-dir", str(out), "-j", "1", "--filter",
             f"^({re.escape(split.name)}|{re.escape(sdpa.name)})$"]
     for wrong in (split, sdpa):

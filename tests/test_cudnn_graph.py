@@ -72,12 +72,12 @@ def test_graph_layers_and_patterns_get_one_variant_per_plan_slot(exported, save,
     assert {k for k, _, f in slots if f == "gelu_erf"} == {f"binary:div_in1x{SEQ}x{4 * D_MODEL}_in_{d}"
                                                            for d in ("f32", "f16")}
     assert any(k.startswith("eltwise:erf_") for k, _, _ in slots)
-    # attention: the encoder's chain (the exporter scales Q and K first: no scale in the pattern)
-    # and the GPT block's causal one (its mask added as a tensor), fp16 only
+    # attention: the encoder's chain and the GPT block's causal one (its mask added as a tensor),
+    # fp16 only; the exporter scales Q and Kᵀ first, which the prescaled patterns take in
     sdpa = {(k, f) for k, api, f in slots if api == cudnn.CUDNN_SDPA}
     head = D_MODEL // HEADS
     scores = f"matmul:a1x{HEADS}x{SEQ}x{head}_b1x{HEADS}x{head}x{SEQ}_f16"
-    assert {(scores, "sdpa"), (scores, "sdpa_mask")} <= sdpa
+    assert {(scores, "sdpa_qk_scale"), (scores, "sdpa_qk_scale_mask")} <= sdpa
     assert not any(k.endswith("_f32") for k, _ in sdpa)
     assert "no cuDNN SDPA variant in f32" in caplog.text and "flash attention takes fp16/bf16" in caplog.text
     row = _fields(next(n.layer for n in enc14.nodes if n.layer.key == scores.replace("_f16", "_f32")),
