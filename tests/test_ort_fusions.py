@@ -182,6 +182,16 @@ def replaced_nodes(original: onnx.ModelProto, optimized: onnx.ModelProto,
     return result
 
 
+def _assert_fused_as_the_oracle_says(model, match, oracle) -> None:
+    """Every fused node of the optimized graph ran in the profile, mapped to exactly the original
+    nodes (views aside) the oracle says it replaced."""
+    groups = {g.name: g for g in match.groups}
+    assert set(oracle) <= set(groups), "every fused node of the optimized graph ran in the profile"
+    for fused, want in oracle.items():
+        got = {model.nodes[i].name for i in groups[fused].nodes if not model.nodes[i].layer.view}
+        assert got == want, (fused, groups[fused].op)
+
+
 @pytest.mark.parametrize("name,opset", CASES)
 def test_ort_fused_ops_cost_the_layers_they_replace(profiled, name, opset):
     path, bundle, optimized = profiled(name, opset)
@@ -189,11 +199,7 @@ def test_ort_fused_ops_cost_the_layers_they_replace(profiled, name, opset):
     match = match_trace(model, load_bundle(bundle).trace)
     oracle = replaced_nodes(onnx.load(str(path)), onnx.load(str(optimized)))
     assert oracle, "ORT fused nothing: the oracle would test nothing"
-    groups = {g.name: g for g in match.groups}
-    assert set(oracle) <= set(groups), "every fused node of the optimized graph ran in the profile"
-    for fused, want in oracle.items():
-        got = {model.nodes[i].name for i in groups[fused].nodes if not model.nodes[i].layer.view}
-        assert got == want, (fused, groups[fused].op)
+    _assert_fused_as_the_oracle_says(model, match, oracle)
     assert not [g for g in match.inserted if g.op in FUSED]
     assert {g.op for g in match.inserted} <= GLUE  # what stays inserted is ORT's own reshaping
 
@@ -208,11 +214,7 @@ def test_transformer_optimizer_fused_ops_cost_the_layers_they_replace(offline, c
     ran_model = onnx.load(str(ran))
     oracle = replaced_nodes(onnx.load(str(path)), ran_model, renamed)
     assert oracle, "the optimizer fused nothing: the oracle would test nothing"
-    groups = {g.name: g for g in match.groups}
-    assert set(oracle) <= set(groups), "every fused node of the optimized graph ran in the profile"
-    for fused, want in oracle.items():
-        got = {model.nodes[i].name for i in groups[fused].nodes if not model.nodes[i].layer.view}
-        assert got == want, (fused, groups[fused].op)
+    _assert_fused_as_the_oracle_says(model, match, oracle)
     assert not match.unmapped, [(g.name, g.op) for g in match.unmapped]
     assert {g.op for g in match.inserted} <= GLUE
     # every original node that computes runs in exactly one op of the profile, or ORT folded it
