@@ -618,6 +618,12 @@ def _transpose_cudnn(p: Problem) -> str | None:
     return "cudnnTransformTensor" if 1 <= len(p.shape) <= 8 else None
 
 
+def _concat_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, ConcatProblem)
+    # the copy family's cudnnTransformTensor, one per input, each written into its box of the output
+    return "cudnnTransformTensor" if 1 <= len(p.shapes) <= 8 and 1 <= len(p.shapes[0]) <= 8 else None
+
+
 def _copy_onednn(p: Problem) -> str | None:
     assert isinstance(p, CopyProblem)
     # a reorder per output, labelled: no oneDNN primitive computes these ops themselves
@@ -757,7 +763,7 @@ DROPOUT = Family("dropout", _dropout_build, _dropout_cudnn, _const(None))
 # oneDNN has an RNN primitive, but Benanza's oneDNN benchmarks do not run it (no runtime family):
 # such layers are not covered there rather than missing forever.
 RNN = Family("rnn", _rnn_build, _rnn_cudnn, _const(None))
-CONCAT = Family("concat", _concat_build, _const(None), _const("concat"))
+CONCAT = Family("concat", _concat_build, _concat_cudnn, _const("concat"))
 LNORM = Family("lnorm", _lnorm_build, _const(CUDNN_LAYERNORM), _const("layer_normalization"))
 REDUCE = Family("reduce", _reduce_build, _reduce_cudnn, _reduce_onednn)
 TRANSPOSE = Family("transpose", _transpose_build, _transpose_cudnn, _const("reorder"))

@@ -107,6 +107,7 @@ def every_family_model():
         n("Expand", ["g", "wide"], ["ex"]),  # of data: an Expand of a weight is folded at load time
         n("Transpose", ["max6"], ["tr"], perm=[0, 2, 3, 1]),
         n("Transpose", ["seq"], ["tr3"], perm=[1, 0, 2]),  # 3-d: padded to 4 with a leading 1
+        n("Concat", ["half1", "max6"], ["cat"], axis=1),  # each input written into its box of the output
         # reductions: keepdims on a 4-d tensor; a 3-d one without keepdims
         n("ReduceMean", ["max6"], ["rmean"], axes=[2, 3]),
         n("ReduceMax", ["seq"], ["rmax"], axes=[2], keepdims=0),
@@ -117,7 +118,7 @@ def every_family_model():
     return model(nodes, [io("x", [1, 3, 16, 16]), io("s", [1, 80]), io("t", [1, 32])],
                  [io("y", None), io("ly", None), io("gy", None), io("mm3", None), io("mm2", None), io("lin_r", None),
                   io("half0", None), io("half1", None), io("ex", None), io("tr", None), io("tr3", None),
-                  io("rmean", None), io("rmax", None), io("sqrt4", None), io("rl2", None)],
+                  io("cat", None), io("rmean", None), io("rmax", None), io("sqrt4", None), io("rl2", None)],
                  inits, opset=13)
 
 
@@ -312,19 +313,24 @@ def test_golden_other_rows(generated):
     copy = (out / "tables_copy_0.cpp").read_text()
     # Split of [1, 8, 7, 7] into two [1, 4, 7, 7] boxes at channel 0 and 4; Expand [1, 8, 1, 1] →
     # [2, 8, 1, 1], copied dense
-    assert ("{.region = true, .rank = 4, .count = 2, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .outs = {{1, 4, 7, 7, 0, 0, 0, "
+    assert ("{.region = true, .into = false, .rank = 4, .count = 2, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .outs = {{1, 4, 7, 7, 0, 0, 0, "
             "0}, {1, 4, 7, 7, 0, 0, 0, 0}, ") in copy
     assert ".at = {{0, 0, 0, 0, 0, 0, 0, 0}, {0, 4, 0, 0, 0, 0, 0, 0}, " in copy
-    assert "{.region = false, .rank = 4, .count = 1, .src = {1, 1, 1, 1, 0, 0, 0, 0}, .outs = {{2, 8, 1, 1" in copy
+    assert "{.region = false, .into = false, .rank = 4, .count = 1, .src = {1, 1, 1, 1, 0, 0, 0, 0}, .outs = {{2, 8, 1, 1" in copy
     assert "api=cudnnTransformTensor" in copy
     # the copies read in order; Transpose [1, 8, 7, 7] → [1, 7, 7, 8] reads dim d of its box
     # through the input's stride of dim perm[d]; a 3-d [5, 2, 8] one keeps its leading 1 in place
     assert ".perm = {0, 1, 2, 3, 0, 0, 0, 0}, .work" in copy
-    assert ("{.region = true, .rank = 4, .count = 1, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .outs = {{1, 7, 7, 8, 0, 0, "
+    assert ("{.region = true, .into = false, .rank = 4, .count = 1, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .outs = {{1, 7, 7, 8, 0, 0, "
             "0, 0}, ") in copy
     assert ".perm = {0, 2, 3, 1, 0, 0, 0, 0}, .work" in copy
     assert ".src = {1, 5, 2, 8, 0, 0, 0, 0}, .outs = {{1, 2, 5, 8, 0, 0, 0, 0}, " in copy
     assert ".perm = {0, 2, 1, 3, 0, 0, 0, 0}, .work" in copy
+    # Concat of [1, 4, 7, 7] and [1, 8, 7, 7] on channels: each packed input written into its box
+    # of the [1, 12, 7, 7] output, at channel 0 and 4
+    assert ("{.region = true, .into = true, .rank = 4, .count = 2, .src = {1, 12, 7, 7, 0, 0, 0, 0}, .outs = "
+            "{{1, 4, 7, 7, 0, 0, 0, 0}, {1, 8, 7, 7, 0, 0, 0, 0}, ") in copy
+    assert ".at = {{0, 0, 0, 0, 0, 0, 0, 0}, {0, 4, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0}" in copy
     reduce = (out / "tables_reduce_0.cpp").read_text()
     # ReduceMean over H, W of [1, 8, 7, 7]; ReduceMax over the last axis of [5, 2, 8], aligned to 4-d
     assert "{.op = ReduceOp::Avg, .rank = 4, .src = {1, 8, 7, 7, 0, 0, 0, 0}, .dst = {1, 8, 1, 1, 0, 0, 0, 0}" in reduce

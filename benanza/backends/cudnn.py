@@ -31,7 +31,8 @@ time, recorded as "unsupported" with its status string):
 - Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2) are one cudnnReduceTensor with fp32 accumulation
   and no indices (ONNX's reductions return none), with the workspace cuDNN asks for; a dtype
   cuDNN cannot reduce is refused by the library and stored as unsupported. Transpose is the copy
-  family's cudnnTransformTensor reading its source through permuted strides; Sqrt is
+  family's cudnnTransformTensor reading its source through permuted strides, Concat one such
+  copy per input writing into its box of the output through strides (``into``); Sqrt is
   cudnnOpTensor's unary CUDNN_OP_TENSOR_SQRT in the binary family.
 - RNNs run one layer of cudnnRNNForward (v8 API, inference) in cuDNN's packed sequence-major
   layout (ONNX layout 0; a batch-major layout=1 layer is timed sequence-major too). cuDNN's GRU
@@ -87,9 +88,10 @@ from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
 from ..ops import CUDNN_LAYERNORM, CUDNN_POINTWISE, CUDNN_SDPA, ELEMENT_SIZE
-from ..problems import (AttentionProblem, BinaryProblem, BnormProblem, ConvProblem, CopyProblem, DropoutProblem,
-                        EltwiseProblem, GemmProblem, LnormProblem, LrnProblem, MatMulProblem, PoolProblem, Problem,
-                        ReduceProblem, RnnProblem, SoftmaxProblem, TransposeProblem)
+from ..problems import (AttentionProblem, BinaryProblem, BnormProblem, ConcatProblem, ConvProblem,
+                        CopyProblem, DropoutProblem, EltwiseProblem, GemmProblem, LnormProblem, LrnProblem,
+                        MatMulProblem, PoolProblem, Problem, ReduceProblem, RnnProblem, SoftmaxProblem,
+                        TransposeProblem)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -333,9 +335,16 @@ def _copy_fields(layer: Layer) -> Fields:
     p = layer.problem
     outs: tuple[tuple[int, ...], ...]
     offsets: tuple[tuple[int, ...], ...]
+    into = False
     if isinstance(p, TransposeProblem):  # one box, the whole input, read in the permuted order
         src, outs, offsets, perm = p.shape, (tuple(p.shape[a] for a in p.perm),), ((0,) * len(p.shape),), p.perm
         region = True
+    elif isinstance(p, ConcatProblem):  # each input written into its box of the output
+        at_axis = [sum(s[p.axis] for s in p.shapes[:i]) for i in range(len(p.shapes))]
+        src = p.shapes[0][:p.axis] + (at_axis[-1] + p.shapes[-1][p.axis],) + p.shapes[0][p.axis + 1:]
+        outs = p.shapes
+        offsets = tuple(tuple(at if d == p.axis else 0 for d in range(len(src))) for at in at_axis)
+        region, into, perm = True, True, tuple(range(len(src)))
     else:
         c = _problem(layer, CopyProblem)
         src, outs, offsets, region = c.src or (), c.outs, c.offsets, c.how == "region"
@@ -345,7 +354,7 @@ def _copy_fields(layer: Layer) -> Fields:
     boxes = [_dims8(o, rank, 1) for o in outs] + [_dims8((), 0, 0)] * (8 - len(outs))
     starts = [_dims8(a, rank, 0) for a in offsets] + [_dims8((), 0, 0)] * (8 - len(offsets))
     order = tuple(range(lead)) + tuple(a + lead for a in perm)
-    return [("region", _bool(region)), ("rank", _int(rank)), ("count", _int(len(outs))),
+    return [("region", _bool(region)), ("into", _bool(into)), ("rank", _int(rank)), ("count", _int(len(outs))),
             ("src", _dims8(src, rank, 1)), ("outs", "{" + ", ".join(boxes) + "}"),
             ("at", "{" + ", ".join(starts) + "}"), ("perm", _dims(order + (0,) * (8 - rank))),
             ("work", _work(layer))]

@@ -295,6 +295,18 @@ class CopyProblem : public Problem {
       std::vector<int> out_strides = packed_strides(L.outs[i], L.rank);
       auto from = std::make_unique<TensorDesc>();
       auto to = std::make_unique<TensorDesc>();
+      if (L.into) {  // Concat: a packed input written into its box of the output, through its strides
+        size_t offset = 0;
+        for (int d = 0; d < L.rank; ++d) offset += size_t(L.at[i][d]) * src_strides[d];
+        BZ_CUDNN(cudnnSetTensorNdDescriptor(*from, cudnn_dtype(v.dtype), L.rank, L.outs[i], out_strides.data()));
+        BZ_CUDNN(cudnnSetTensorNdDescriptor(*to, cudnn_dtype(v.dtype), L.rank, L.outs[i], src_strides.data()));
+        dense_src_.push_back(filled(numel(L.rank, L.outs[i]), v.dtype));
+        sources_.push_back(dense_src_.back().get());
+        dests_.push_back(static_cast<char*>(src_buf_.get()) + offset * elt);
+        from_.push_back(std::move(from));
+        to_.push_back(std::move(to));
+        continue;
+      }
       BZ_CUDNN(cudnnSetTensorNdDescriptor(*to, cudnn_dtype(v.dtype), L.rank, L.outs[i], out_strides.data()));
       const char* source;
       if (L.region) {  // the box at its offset, read through the input's (permuted) strides
@@ -310,6 +322,7 @@ class CopyProblem : public Problem {
         source = static_cast<const char*>(dense_src_.back().get());
       }
       dst_buf_.push_back(filled(numel(L.rank, L.outs[i]), v.dtype));
+      dests_.push_back(dst_buf_.back().get());
       sources_.push_back(source);
       from_.push_back(std::move(from));
       to_.push_back(std::move(to));
@@ -318,13 +331,14 @@ class CopyProblem : public Problem {
   void enqueue() override {
     for (size_t i = 0; i < to_.size(); ++i)
       BZ_CUDNN(cudnnTransformTensor(cudnn_handle(), kOne.ptr(), *from_[i], sources_[i], kZero.ptr(), *to_[i],
-                                    dst_buf_[i].get()));
+                                    dests_[i]));
   }
 
  private:
   DeviceBuffer src_buf_;
   std::vector<DeviceBuffer> dense_src_, dst_buf_;
   std::vector<const void*> sources_;
+  std::vector<void*> dests_;
   std::vector<std::unique_ptr<TensorDesc>> from_, to_;
 };
 

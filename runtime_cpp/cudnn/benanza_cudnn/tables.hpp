@@ -154,14 +154,15 @@ struct BlasLayer {
   Work work;
 };
 
-// Data movement with no cuDNN op of its own (Slice, Split, Gather, Expand, Where, Trilu), timed
+// Data movement with no cuDNN op of its own (Slice, Split, Gather, Expand, Where, Trilu, Concat), timed
 // as cudnnTransformTensor copies of the same bytes, one per output, and Transpose, one copy of
 // the input into the permuted layout. Dims are right-aligned to `rank` (4..8) with leading 1s.
 // `region`: output i is the box outs[i] of a `src` tensor at offset at[i] (in src's dims), its
 // dim d read through src's stride of dim perm[d] (the identity but for a Transpose); otherwise
-// each output is copied from a packed tensor of its own shape.
+// each output is copied from a packed tensor of its own shape. `into` (Concat) turns a region
+// around: box i of the `src`-shaped output is written from a packed tensor of its own shape.
 struct CopyLayer {
-  bool region;
+  bool region, into;
   int rank, count;
   int src[8];
   int outs[8][8], at[8][8];
