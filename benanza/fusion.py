@@ -300,8 +300,7 @@ def _operand_scales(model: Model, consumers: dict[int, list[int]], matmul: Node)
     """The Muls by a constant scalar that produce both operands of ``matmul`` and feed nothing
     else, or None. The scalar is an initializer or a folded layer's output (TorchScript computes
     it from a Shape)."""
-    nodes = model.nodes
-    producer = {o: n.index for n in nodes for o in n.outputs}
+    nodes, producer = model.nodes, model.producer
     out = []
     for t in matmul.inputs:
         i = producer.get(t)

@@ -8,6 +8,7 @@ key is the problem's benchdnn-style key plus ``_<dtype>``, e.g.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .problems import (LayerKey, Problem, format_dims, format_number, key_hash, layer_key, parse_key,
                        parse_layer_key)
@@ -173,6 +174,12 @@ class Model:
     @property
     def macs(self) -> int:
         return sum(n.layer.macs for n in self.nodes)
+
+    @cached_property
+    def producer(self) -> dict[str, int]:
+        """Tensor name → the index of the node that writes it (computed once: a processed model's
+        nodes are never replaced)."""
+        return {t: n.index for n in self.nodes for t in n.outputs}
 
     def consumers(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {n.index: [] for n in self.nodes}
