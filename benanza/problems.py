@@ -302,6 +302,10 @@ class _Conv2d(Problem):
     g: int
     bias: bool
 
+    def flops(self) -> int:
+        """2 per multiply-add, and the bias's add per output element."""
+        return 2 * self.macs() + (self.mb * self.oc * self.oh * self.ow if self.bias else 0)
+
 
 @dataclass(frozen=True)
 class ConvProblem(_Conv2d):
@@ -311,9 +315,6 @@ class ConvProblem(_Conv2d):
 
     def macs(self) -> int:
         return self.mb * self.oc * self.oh * self.ow * (self.ic // self.g) * self.kh * self.kw
-
-    def flops(self) -> int:
-        return 2 * self.macs() + (self.mb * self.oc * self.oh * self.ow if self.bias else 0)
 
 
 @dataclass(frozen=True)
@@ -326,9 +327,6 @@ class DeconvProblem(_Conv2d):
 
     def macs(self) -> int:
         return self.mb * self.ic * self.ih * self.iw * (self.oc // self.g) * self.kh * self.kw
-
-    def flops(self) -> int:
-        return 2 * self.macs() + (self.mb * self.oc * self.oh * self.ow if self.bias else 0)
 
 
 @dataclass(frozen=True)
