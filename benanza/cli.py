@@ -500,7 +500,7 @@ def db_list(db_path: str | None, system_name: str, backend: str | None, stack: s
     """The latest result of every variant measured on one stack of a system."""
     import re
 
-    from .analysis.sweep import resolve_system
+    from .sweep import resolve_system
     from .perfdb import PerfDB, resolve_db_path
 
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
@@ -608,13 +608,12 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     The benchmarks expected are those `benanza generate` makes with the same options, for
     the system's backend: nothing is reported missing that a run was never asked to make.
     """
-    from . import runner
     from .errors import UsageError
     from .generator import expand_variants, get_backend
-    from .generator import generate as generate_backend
-    from .manifest import build_manifest, write_manifest
+    from .manifest import build_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
     from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
+    from .sweep import measure_missing
 
     path = resolve_db_path(db_path)
     stored = None
@@ -654,9 +653,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
                       f"  {cmd}", highlight=False, soft_wrap=True)
     if not generate_missing:
         sys.exit(1)
-    write_manifest(manifest, bench_dir)
-    generate_backend(manifest, backend, bench_dir, options)
-    summary = runner.run(bench_dir, system_name, backend, path, runner.RunOptions(command=cmd))
+    summary = measure_missing(loaded, bench_dir, system_name, backend, path, options, cmd)
     console.print(f"stored {summary.stored} results ({summary.ok} ok)", highlight=False)
 
 
@@ -976,7 +973,7 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     fusions), the algorithms the framework used vs the best, its calls vs the expected ones,
     and its time per layer.
     """
-    from .analysis.sweep import SweepRequest, run_sweep, write_report
+    from .sweep import SweepRequest, run_sweep, write_report
     from .parsers import load_profile
     from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path

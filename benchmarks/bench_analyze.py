@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benanza.analysis.sweep import SweepRequest, run_sweep
+from benanza.sweep import SweepRequest, run_sweep
 from benanza.generator import GenOptions, expand_variants, get_backend
 from benanza.manifest import build_manifest
 from benanza.perfdb import PerfDB
