@@ -355,18 +355,23 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("ok {task.fields[ok]} unsup {task.fields[unsupported]} failed {task.fields[failed]}"),
                TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0)
-        counts = {"ok": 0, "unsupported": 0, "failed": 0}
-
-        def step(p: runner.Progress) -> None:
-            if p.status is not None:
-                counts[p.status.value] += 1
-            bar.update(task, total=p.total, completed=p.done, description="running",
-                       ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"])
-
+    counts = {"ok": 0, "unsupported": 0, "failed": 0}
+    if not err_console.is_terminal:  # a log file or a CI job: no bar to draw, so say at a steady pace
+        lines = _ProgressLines(counts)
         with sigterm_interrupts():
-            summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
+            summary = runner.run(bench_dir, system_name, backend, path, options, progress=lines.step)
+    else:
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0)
+
+            def step(p: runner.Progress) -> None:
+                if p.status is not None:
+                    counts[p.status.value] += 1
+                bar.update(task, total=p.total, completed=p.done, description="running",
+                           ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"])
+
+            with sigterm_interrupts():
+                summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
     _print_failures(summary.failures)
     console.print(f"{summary.backend} on {summary.system.device} (stack {summary.system.stack_id}): "
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
@@ -385,6 +390,40 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)
+
+
+class _ProgressLines:
+    """``run``'s progress as a line every ``every`` seconds (and at the last benchmark) when stderr
+    is not a terminal: benchmarks done, their statuses, time spent and an estimate of the time left
+    (the mean time per benchmark since the first one started, the build excluded, times those left)."""
+
+    def __init__(self, counts: dict[str, int], every: float = 30.0, clock=None) -> None:
+        import time
+
+        self.counts, self.every, self.clock = counts, every, clock or time.monotonic
+        self.started = self.last = self.clock()
+        self.first: float | None = None  # when the first benchmark started
+
+    def step(self, p) -> None:
+        now = self.clock()
+        if self.first is None:
+            self.first = now
+        if p.status is not None:
+            self.counts[p.status.value] += 1
+        if p.status is None or (now - self.last < self.every and p.done < p.total):
+            return
+        self.last = now
+        spent = now - self.started
+        left = (now - self.first) / p.done * (p.total - p.done) if p.done else 0.0
+        c = self.counts
+        err_console.print(f"run: {p.done}/{p.total} benchmarks (ok {c['ok']}, unsupported {c['unsupported']}, "
+                          f"failed {c['failed']}), {_duration(spent)} spent, about {_duration(left)} left",
+                          highlight=False, soft_wrap=True)
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 @main.command("check")

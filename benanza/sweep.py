@@ -11,8 +11,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import runner
 from .analyzer import MATH_EXACT, Analysis, analyze
 from .errors import BenanzaError
 from .generator import GenOptions, generate, get_backend
@@ -23,6 +23,9 @@ from .parsers.bundle import check_model
 from .processor import load_model, unique_layers
 from .problems import layer_key
 from .records import System
+
+if TYPE_CHECKING:
+    from .runner import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +114,11 @@ def resolve_system(db, name: str, backend: str | None, stack: str | None) -> Sys
 
 
 def measure_missing(models: Sequence[Model], bench_dir: str | Path, system_name: str, backend: str,
-                    db_path: str | Path, options: GenOptions, command: str) -> runner.RunSummary:
+                    db_path: str | Path, options: GenOptions, command: str) -> RunSummary:
     """Generate ``models``' benchmarks into ``bench_dir`` and run what the database lacks: what
     ``command`` (the line printed for the user, stored beside each result) does."""
+    from . import runner  # only a fill builds and runs: analyses need not load it
+
     manifest = build_manifest(list(models), unique_layers(list(models)))
     write_manifest(manifest, bench_dir)
     generate(manifest, backend, bench_dir, options)
