@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from .analysis.bounds import (Bounds, LayerRow, LayerStatus, ParallelModule, bounds_from_weights, fused_weights,
                               index_results, layer_rows, parallel_modules)
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
+from .analysis.modules import MeasuredGroup, ModuleStats, module_tree
 from .analysis.questions import (AlgoChoice, BetweenCalls, HeuristicChoice, IdleGap, LayerOverhead,
                                  algorithm_choices, between_library_calls, heuristic_choices, kernel_gaps,
                                  layer_overheads, tensor_core_kernels)
@@ -178,6 +179,8 @@ class Analysis:
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
     unstable: frozenset[str] = frozenset()  # variant names whose result stayed unstable
+    tree: ModuleStats | None = None  # the module tree (analysis/modules.py)
+    module_source: str = ""  # where the tree's modules come from (benanza.scopes)
 
     @property
     def unstable_rows(self) -> list[LayerRow]:
@@ -259,6 +262,9 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
         analysis.measured_source = f"{profile.framework or 'profile'} trimmed mean"
     if profile is not None:
         _profile_views(analysis, model, profile, by_key, weight, matches, graph)
+    groups = None if analysis.framework is None else [MeasuredGroup(g.nodes, g.time_ms)
+                                                      for g in analysis.framework.match.groups]
+    analysis.tree, analysis.module_source = module_tree(model, rows, graph, groups), model.scope_source
     _warn(analysis)
     _explain_bound(analysis)
     return analysis
