@@ -79,13 +79,17 @@ def pipeline(tmp_path_factory):
     with PerfDB(d / "perf.db") as db:
         db.insert_measurements(SYSTEM, [(runner.parse_result(v, SYSTEM.name, line), line)
                                         for v in variants for line in [runtime_line(v)]], command="test")
+    return d, models, {name: _ort_profile(models[name], d / name) for name in ("torchscript", "dynamo")}
+
+
+def _ort_profile(model: Path, prefix: Path) -> Path:
     so = ort.SessionOptions()
-    so.enable_profiling, so.profile_file_prefix = True, str(d / "ort")
-    sess = ort.InferenceSession(str(models["torchscript"]), so, providers=["CPUExecutionProvider"])
+    so.enable_profiling, so.profile_file_prefix = True, str(prefix)
+    sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).random((1, SEQ, D_MODEL)).astype(np.float32)
     for _ in range(3):
         sess.run(None, {"x": x})
-    return d, models, Path(sess.end_profiling())
+    return Path(sess.end_profiling())
 
 
 def analyze(d: Path, model: Path, *extra: str) -> str:
@@ -168,8 +172,8 @@ def test_folded_blocks_sum_to_their_layers(pipeline, exporter):
 
 
 def test_module_time_from_the_ort_profile(pipeline):
-    d, models, profile = pipeline
-    a = analysis(d, models["torchscript"], "--profile", str(profile))
+    d, models, profiles = pipeline
+    a = analysis(d, models["torchscript"], "--profile", str(profiles["torchscript"]))
     ops = [o for o in a["framework"]["layers"] if o["nodes"]]
     assert ops
     for m in modules(a["modules"]):
@@ -202,3 +206,16 @@ def test_model_without_module_records_groups_by_op_type(pipeline, tmp_path):
     assert "modules (from op types" in text and "Conv" in text
     html = (tmp_path / "r.html").read_text()
     assert "class='icicle'" in html and "http" not in html.split("<body>")[1].replace("http://www.w3.org/2000/svg", "")
+
+
+def test_advice_names_the_module(pipeline):
+    """The dynamo exporter's node names (``node_view_1``) say nothing of where a layer is: per-layer
+    advice adds its module."""
+    d, models, profiles = pipeline
+    a = analysis(d, models["dynamo"], "--profile", str(profiles["dynamo"]))
+    (line,) = [e for e in a["framework"]["explanations"] if "never ran as separate ops" in e]
+    listed = line.split(": ", 1)[1].split(", ")
+    assert listed and all(" in " in x for x in listed), line
+    name, module = listed[0].split(" in ")
+    (row,) = [r for r in a["layers"] if r["name"] == name]
+    assert module in {m["name"] for m in modules(a["modules"]) if row["index"] in m["layers"]}
