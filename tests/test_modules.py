@@ -219,3 +219,80 @@ def test_advice_names_the_module(pipeline):
     name, module = listed[0].split(" in ")
     (row,) = [r for r in a["layers"] if r["name"] == name]
     assert module in {m["name"] for m in modules(a["modules"]) if row["index"] in m["layers"]}
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Sequential(nn.Conv2d(4, 4, 1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + x)
+
+
+class _Nested(nn.Module):
+    """Sequentials in Sequentials: TorchScript names their scopes ``blocks/blocks.0/body/body.2/body.2.0``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.blocks = nn.Conv2d(3, 4, 3, padding=1), nn.Sequential(_Residual(), _Residual())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+
+def _tree_of(path: Path):
+    from benanza.analysis.bounds import layer_rows
+    from benanza.analysis.modules import module_tree
+    from benanza.processor import load_model
+
+    model = load_model(path)
+    return model, module_tree(model, layer_rows(model, {}, "onednn", "f32"), model.dag())
+
+
+def _paths(m) -> set[tuple[str, ...]]:
+    return {m.path}.union(*(_paths(c) for c in m.children))
+
+
+def test_nested_containers_qualify_alike(tmp_path):
+    torch.manual_seed(0)
+    module, x = _Nested().eval(), torch.randn(1, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), dynamo=True, opset_version=18, verbose=False).save(str(tmp_path / "d.onnx"))
+        torch.onnx.export(module, (x,), str(tmp_path / "t.onnx"), opset_version=17, dynamo=False)
+    (_, dyn), (_, ts) = _tree_of(tmp_path / "d.onnx"), _tree_of(tmp_path / "t.onnx")
+    assert _paths(dyn) == _paths(ts)
+    assert ("blocks", "blocks.1", "blocks.1.body", "blocks.1.body.2", "blocks.1.body.2.0") in _paths(ts)
+    (blocks,) = [c for c in ts.children if c.name == "blocks"]
+    from benanza.analysis.modules import fold
+
+    assert [f.label for f in fold(blocks.children)] == ["blocks.0–1 ×2"]
+
+
+def test_local_function_calls_are_modules(tmp_path):
+    """``export_modules_as_functions``: each call of the block's function is one module (the processor
+    keeps a call as one layer), named by the call node when no other record exists."""
+    torch.manual_seed(0)
+    module, x = Stack().eval(), torch.randn(1, SEQ, D_MODEL)
+    path = tmp_path / "f.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), str(path), opset_version=17, dynamo=False,
+                          export_modules_as_functions={GptBlock})
+    proto = onnx.load(str(path))
+    calls = [n for n in proto.graph.node if n.op_type == "GptBlock"]
+    assert len(calls) == BLOCKS and proto.functions
+    for k, n in enumerate(calls):
+        n.name = f"call{k}"  # no "/" scopes left: the function calls are the only record
+    for n in proto.graph.node:
+        n.name = n.name.replace("/", "_")
+    onnx.save(proto, str(path))
+    model, tree = _tree_of(path)
+    assert model.scope_source == "local functions"
+    blocks = [c for c in tree.children if c.kind == "torch_models.GptBlock"]
+    assert [c.name for c in blocks] == [f"call{k}" for k in range(BLOCKS)]
+    assert all(len(c.layers) == 1 for c in blocks)  # the Linears around them stay in the model
+    from benanza.analysis.modules import fold
+
+    assert [f.label for f in fold(tree.children)] == [f"call0–{BLOCKS - 1} ×{BLOCKS}"]

@@ -4,7 +4,8 @@ the same layers folded into one entry (16 decoder blocks read as one block ×16)
 
 A layer the file gives no module (an exporter's optimiser inserts a Split, the TorchScript
 exporter's unnamed Identity) sits in the innermost module that holds all of its data neighbours.
-A model without module records is grouped by op type.
+A model without module records is grouped by op type; in one whose only records are calls of
+local functions, the layers between the calls belong to the model itself.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..layers import Model
-from ..scopes import OP_TYPES
+from ..scopes import LOCAL_FUNCTIONS, OP_TYPES
 from .bounds import LayerRow, LayerStatus, critical_path
 
 Path = tuple[str, ...]  # qualified module names, outermost first; () is the model
@@ -131,9 +132,10 @@ def layer_paths(model: Model) -> tuple[dict[int, Path], dict[Path, str]]:
         neighbours[s].append(d)
         neighbours[d].append(s)
     # an unrecorded layer joins the innermost module holding its placed neighbours; repeated, so a
-    # run of unrecorded layers is placed from its ends
+    # run of unrecorded layers is placed from its ends. A function call is one layer, not a scope
+    # that layers between calls belong to: those stay in the model.
     todo = [n.index for n in model.nodes if n.index not in paths]
-    while todo:
+    while todo and model.scope_source != LOCAL_FUNCTIONS:
         placed = {}
         for i in todo:
             known = [paths[j] for j in neighbours[i] if j in paths]
