@@ -1000,10 +1000,12 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
               help="Write the per-layer table (every layer) as CSV here.")
 @click.option("--limit", type=click.IntRange(min=0), default=60, show_default=True,
               help="Layers shown in the terminal table (the slowest first when cut); 0: all.")
+@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Levels of the module tree shown in the terminal (docs/modules.md).")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
             backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
             input_shape: tuple[str, ...], measured_ms: float | None, generate_missing: bool, as_json: bool,
-            report_path: str | None, csv_path: str | None, limit: int) -> None:
+            report_path: str | None, csv_path: str | None, limit: int, depth: int) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
@@ -1040,6 +1042,6 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         click.echo(json.dumps(document(analyses), indent=1))
         return
     for a in analyses:
-        print_analysis(a, console, max_layers=limit)
+        print_analysis(a, console, max_layers=limit, depth=depth)
     if len(analyses) > 1:
         print_sweep(analyses, console)
