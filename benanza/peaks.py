@@ -21,7 +21,7 @@ import logging
 import os
 import shlex
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -290,37 +290,3 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return context, Peaks(tuple(peaks), tuple(unsupported), threads, stamp, command,
                          levels=tuple((c.name, c.total) for c in levels), contended=contended)
-
-
-# --- datasheet references ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Datasheet:
-    """A GPU's published dense peaks (no structured sparsity), for reference beside measured ones."""
-
-    gpu: str
-    match: tuple[str, ...]  # starts of words of the device name (nvidia-smi's) that identify it
-    tflops: dict[str, float] = field(hash=False)  # dtype/math → dense TFLOP/s (TOPS for int8)
-    memory_gbs: float = 0.0  # HBM/GDDR bandwidth, GB/s
-
-
-DATASHEETS: tuple[Datasheet, ...] = (
-    Datasheet("H100 SXM", ("h100", "hbm3"), {"f32": 67, "tf32": 494.7, "f16": 989.4, "bf16": 989.4, "s8": 1978.9},
-              3350),
-    Datasheet("H100 PCIe", ("h100", "pcie"), {"f32": 51.2, "tf32": 378, "f16": 756.5, "bf16": 756.5, "s8": 1513},
-              2000),
-    Datasheet("H200", ("h200",), {"f32": 67, "tf32": 494.7, "f16": 989.4, "bf16": 989.4, "s8": 1978.9}, 4800),
-    Datasheet("A100 SXM 80GB", ("a100",), {"f32": 19.5, "tf32": 156, "f16": 312, "bf16": 312, "s8": 624}, 2039),
-    Datasheet("L40S", ("l40s",), {"f32": 91.6, "tf32": 183, "f16": 362.1, "bf16": 362.1, "s8": 733}, 864),
-    Datasheet("V100 SXM2", ("v100",), {"f32": 15.7, "f16": 125}, 900),
-    Datasheet("T4", ("t4",), {"f32": 8.1, "f16": 65, "s8": 130}, 320),
-)
-
-
-def datasheet_for(device: str) -> Datasheet | None:
-    """The datasheet whose identifying words all appear in the device name."""
-    words = device.lower().replace("-", " ").split()
-    for sheet in DATASHEETS:
-        if all(any(w.startswith(m) for w in words) for m in sheet.match):
-            return sheet
-    return None

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -213,3 +214,29 @@ def test_result_beyond_its_roof_is_flagged_and_kept_out_of_the_bound(tmp_path, s
     page = html.read_text()
     assert "class='roofline'" in page and "Speed of light" in page
     assert "<script" not in page and "src=" not in page and "href=" not in page  # nothing fetched at view time
+
+
+def test_stored_peaks_are_replaced_by_a_remeasure(tmp_path):
+    from benanza.perfdb import PerfDB
+    from benanza.records import System
+
+    system = System("box", "onednn", "cpu", (("threads", "1"),))
+    other = Peaks((Peak("gemm", 2e11, 512, dtype="f32"), Peak("bandwidth", 5e10, 1 << 20, level="DRAM")),
+                  (("s8", "oneDNN: unimplemented"),), 1, "2026-01-01T00:00:00+00:00", "benanza peaks", contended=0.5)
+    with PerfDB(tmp_path / "p.db") as db:
+        assert db.peaks(system) is None
+        db.store_peaks(system, PEAKS)
+        db.store_peaks(system, other)
+    with PerfDB(tmp_path / "p.db", readonly=True) as db:
+        stored = db.peaks(system)
+    assert stored is not None and set(stored.peaks) == set(other.peaks)
+    assert replace(stored, peaks=other.peaks) == other
+
+
+def test_gpu_peaks_without_a_gpu_fail_with_one_line(tmp_path):
+    done = subprocess.run([str(Path(sys.executable).parent / "benanza"), "peaks", "--system", "box", "--backend",
+                           "cudnn", "--db", str(tmp_path / "p.db")], capture_output=True, text=True, timeout=120)
+    if done.returncode == 0:
+        pytest.fail("measured GPU peaks: this version has no GPU peaks program")
+    assert done.stderr.startswith("error: no CUDA device found") and "Traceback" not in done.stderr
+    assert not (tmp_path / "p.db").exists()
