@@ -322,9 +322,12 @@ def db_option(f):
 @click.option("--l2", type=click.Choice(["flush", "hot"]), default="flush", show_default=True,
               help="cuDNN: flush the GPU's L2 cache before every timed call, or time with a hot cache "
                    "(stored in each result's l2_flushed counter; re-measure with --force).")
+@click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
+              help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
-        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int, l2: str) -> None:
+        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int, l2: str,
+        measure_peaks: bool) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -342,7 +345,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
                                 command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
-                                remeasure=remeasure, max_failures=max_failures, l2=l2)
+                                remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks)
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)
@@ -411,15 +414,16 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
     """
     from .peaks import measure
     from .perfdb import PerfDB, resolve_db_path
-    from .runner import _stack_overrides, resolve_backend
+    from .runner import _stack_overrides, check_device, resolve_backend
     from .system import default_threads, detect_system
 
     backend = resolve_backend(backend)
+    check_device(backend)
     threads = threads or default_threads()
-    context, measured = measure(backend, threads, command=" ".join(["benanza", *sys.argv[1:]]))
-    system = detect_system(system_name, backend, threads=threads, overrides=_stack_overrides(backend, context))
     path = resolve_db_path(db_path)
-    with PerfDB(path) as db:
+    with PerfDB(path) as db:  # a database that cannot be written is refused before measuring
+        context, measured = measure(backend, threads, command=" ".join(["benanza", *sys.argv[1:]]))
+        system = detect_system(system_name, backend, threads=threads, overrides=_stack_overrides(backend, context))
         db.store_peaks(system, measured)
     if as_json:
         click.echo(json.dumps({"system": system_name, "stack_id": system.stack_id, "device": system.device,
