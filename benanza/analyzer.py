@@ -21,7 +21,7 @@ from .analysis.questions import (AlgoChoice, BetweenCalls, HeuristicChoice, Idle
 from .fusion import FusionMatch, match_fusions
 from .layers import Model
 from .parsers import ExecutionProfile
-from .peaks import Peaks
+from .peaks import GEMM_TYPES, Peaks
 from .records import Result, System, Variant
 
 log = logging.getLogger(__name__)
@@ -402,9 +402,10 @@ def model_ops(a: Analysis, nodes: tuple[int, ...]) -> list[str]:
 def _warn_speed_of_light(a: Analysis) -> None:
     sol = a.speed_of_light
     if sol is None:
+        how = (f"`benanza peaks --system {a.system}` measures them" if a.backend in GEMM_TYPES
+               else f"this version measures no {a.backend} peaks")
         a.notes.append(f"no peaks stored for stack {a.stack.stack_id if a.stack else '?'}: no speed-of-light "
-                       f"bound and no check for impossible results (`benanza peaks --system {a.system}` "
-                       f"measures them)")
+                       f"bound and no check for impossible results ({how})")
         return
     if sol.impossible:
         a.warnings.append(

@@ -32,7 +32,7 @@ from . import children
 from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
-from .peaks import Peaks
+from .peaks import GEMM_TYPES, Peaks
 from .perfdb import PerfDB, resolve_db_path
 from .records import UNSTABLE_RSD, Result, Status, System, Variant
 from .system import default_threads, detect_system, probe_gpu, runnable_tasks
@@ -174,7 +174,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         todo = [by_name[n] for n in summary.to_run]
         if todo:
             _execute(binary, todo, env, options, db, system, summary, progress)
-        if options.peaks and not summary.interrupted and db.peaks(system) is None:
+        if options.peaks and backend in GEMM_TYPES and not summary.interrupted and db.peaks(system) is None:
             _measure_peaks(db, system, threads, options, summary)
     summary.seconds = time.monotonic() - started
     return summary

@@ -211,6 +211,9 @@ def test_result_beyond_its_roof_is_flagged_and_kept_out_of_the_bound(tmp_path, s
     rep = subprocess.run([benanza, "analyze", str(path), "--system", "box", "--db", str(db), "--report", str(html)],
                          capture_output=True, text=True, timeout=300)
     assert rep.returncode == 0, rep.stderr
+    text = subprocess.run([benanza, "analyze", str(path), "--system", "box", "--db", str(db)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, COLUMNS="200")).stdout
+    assert "speed of light, roofline of the same layers" in text and "furthest from speed of light" in text
     page = html.read_text()
     assert "class='roofline'" in page and "Speed of light" in page
     assert "<script" not in page and "src=" not in page and "href=" not in page  # nothing fetched at view time
