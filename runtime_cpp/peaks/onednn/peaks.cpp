@@ -43,28 +43,33 @@ void emit(const std::string& tag, const std::string& payload) {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Runs `fn(reps)` (reps calls back to back) in batches of at least 10 ms for about `budget`
-// seconds; the fastest batch's time per call. The batch grows by doubling until it lasts
-// 10 ms, so the start-up of a parallel region (a scheduler quantum when a thread waits for a
-// core on a busy machine) is a small part of it. The best batch, not the mean: on a shared
-// machine what the hardware attains is what an undisturbed batch shows.
+// Runs `fn(reps)` (reps calls back to back) in batches for about `budget` seconds; the
+// fastest batch's time per call. The batch grows by doubling until it lasts 10 ms and doubling
+// it about doubles its time: until then the start-up of a parallel region (a whole scheduler
+// quantum when a thread waits for a core on a busy machine) is most of it. The best batch,
+// not the mean: on a shared machine what the hardware attains is what an undisturbed batch shows.
 double best_per_call(const std::function<void(int)>& fn, double budget) {
   fn(1);  // warm-up: JIT, first touch, caches
   int reps = 1;
-  double best = 1e9;
+  double previous = 0;
   auto start = Clock::now();
   for (;;) {
     auto t = Clock::now();
     fn(reps);
     double took = seconds_since(t);
-    best = std::min(best, took / reps);
-    if (took < 0.01 && reps < (1 << 24)) {
-      reps *= 2;
-      best = 1e9;  // only batches of the final size count
-      continue;
-    }
-    if (seconds_since(start) >= budget) return best;
+    bool overhead = took < 0.01 || reps == 1 || took < 1.5 * previous;
+    if (!overhead || reps >= (1 << 24) || seconds_since(start) > 4 * budget) break;
+    previous = took;
+    reps *= 2;
   }
+  double best = 1e9;
+  start = Clock::now();
+  do {
+    auto t = Clock::now();
+    fn(reps);
+    best = std::min(best, seconds_since(t) / reps);
+  } while (seconds_since(start) < budget);
+  return best;
 }
 
 dnnl::engine& engine() {
@@ -189,9 +194,41 @@ std::pair<size_t, size_t> chunk(size_t n, int t, int nt) {
   return {n * t / nt, n * (t + 1) / nt};
 }
 
-// Streaming bandwidth over a working set of `bytes`: every thread repeats its loop over its
-// own contiguous part (first touched by that thread, as a kernel's buffers are after its
-// warm-up) inside one parallel region, so a small set measures its cache, not the fork/join.
+// Bytes/s of all threads together, each timing its own loop over its own part (`kernel(lo,
+// hi)` moving `bytes_per_element` per element): a thread repeats it in batches of at least
+// 0.5 ms (shorter than a time slice) for `budget` seconds, and its fastest batch counts. No
+// barrier between batches, so a thread that waits for a core on a busy machine never stalls
+// the others' measurement. The
+// sum over threads is what the private caches (L1, L2) deliver together; for a shared level
+// it can exceed what all threads get at once, which only raises the roof.
+template <class Kernel>
+double threads_bandwidth(size_t n, double bytes_per_element, double budget, Kernel kernel) {
+  double total = 0;
+#pragma omp parallel reduction(+ : total)
+  {
+    auto [lo, hi] = chunk(n, omp_get_thread_num(), omp_get_num_threads());
+    kernel(lo, hi);  // warm-up
+    int reps = 1;
+    double best = 1e9;
+    auto start = Clock::now();
+    while (seconds_since(start) < budget) {
+      auto t = Clock::now();
+      for (int r = 0; r < reps; ++r) kernel(lo, hi);
+      double took = seconds_since(t);
+      if (took < 0.0005 && reps < (1 << 24)) {
+        reps *= 2;
+        continue;
+      }
+      best = std::min(best, took / reps);
+    }
+    if (best < 1e9 && hi > lo) total += bytes_per_element * (hi - lo) / best;
+  }
+  return total;
+}
+
+// Streaming bandwidth over a working set of `bytes`: the better of a triad and a read-only
+// sum, each thread on its own contiguous part (first touched by that thread, as a kernel's
+// buffers are after its warm-up).
 void measure_bandwidth(const std::string& level, int64_t bytes, double budget) {
   size_t n = std::max<int64_t>(bytes / 3 / static_cast<int64_t>(sizeof(double)), 1024);
   std::unique_ptr<double[]> a(new double[n]), b(new double[n]), c(new double[n]);
@@ -209,27 +246,15 @@ void measure_bandwidth(const std::string& level, int64_t bytes, double budget) {
   }
   const double scalar = 0.5;
   double sink = 0;
-  auto triad = [&](int reps) {
-#pragma omp parallel
-    {
-      auto [lo, hi] = chunk(n, omp_get_thread_num(), omp_get_num_threads());
-      for (int r = 0; r < reps; ++r) {
+  double triad_bw = threads_bandwidth(n, 3.0 * sizeof(double), budget / 2, [&](size_t lo, size_t hi) {
 #pragma omp simd
-        for (size_t i = lo; i < hi; ++i) pa[i] = pb[i] + scalar * pc[i];
-      }
-    }
-  };
-  auto read = [&](int reps) {
-#pragma omp parallel reduction(+ : sink)
-    {
-      auto [lo, hi] = chunk(n, omp_get_thread_num(), omp_get_num_threads());
-      for (int r = 0; r < reps; ++r) {
-        sink += sum(pb, pc, lo, hi);
-      }
-    }
-  };
-  double triad_bw = 3.0 * n * sizeof(double) / best_per_call(triad, budget / 2);
-  double read_bw = 2.0 * n * sizeof(double) / best_per_call(read, budget / 2);
+    for (size_t i = lo; i < hi; ++i) pa[i] = pb[i] + scalar * pc[i];
+  });
+  double read_bw = threads_bandwidth(n, 2.0 * sizeof(double), budget / 2, [&](size_t lo, size_t hi) {
+    double s = sum(pb, pc, lo, hi);
+#pragma omp atomic
+    sink += s;
+  });
   benanza::JsonObject o;
   o.add("name", "bandwidth_" + level).add("kind", "bandwidth").add("level", level).add("status", "ok")
       .add("value", std::max(triad_bw, read_bw)).add("unit", "byte/s")
