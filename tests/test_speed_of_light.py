@@ -87,7 +87,7 @@ def test_ladder_spans_the_caches_to_several_llcs():
     assert [n for _, n in sets] == sorted(n for _, n in sets)
 
 
-def _torch_gemm(dtype, threads: int, n: int = 1024, seconds: float = 0.5) -> float:
+def _torch_gemm(dtype, threads: int, n: int = 512, seconds: float = 0.5) -> float:
     """FLOP/s of torch.mm (its own BLAS/oneDNN build) at ``threads``: the best of 10 ms batches."""
     import torch
 
@@ -121,7 +121,8 @@ def _numpy_copy(nbytes: int, seconds: float = 0.5) -> float:
 
 def test_peaks_against_torch_mm_and_numpy_copy():
     """Interleaved (ours, theirs, ours, theirs) so a busy moment of the shared machine lowers
-    both; the best of each. oneDNN's GEMM must reach 0.9× torch.mm at the same threads."""
+    both; the best of each. oneDNN's GEMM must reach 0.9× torch.mm (its own kernels, the size
+    of our per-thread GEMM) at the same threads."""
     threads = 1  # one core: what a shared test machine can give both sides alike
     dtypes = [("f32", "float32")] + ([("bf16", "bfloat16")] if cpu_has_bf16() else [])
     import torch
@@ -138,18 +139,15 @@ def test_peaks_against_torch_mm_and_numpy_copy():
             theirs[name] = max(theirs.get(name, 0.0), _torch_gemm(getattr(torch, torch_name), threads))
         top = peaks.dram
         assert top is not None
-        dram = max(dram, top.value)
-        copy = max(copy, _numpy_copy(min(top.size, 512 << 20)))
-    assert ours["f32"] >= 0.9 * theirs["f32"], f"f32: ours {ours['f32']:.4g} vs torch.mm {theirs['f32']:.4g} FLOP/s"
-    if "bf16" in ours:
-        # torch.mm's bf16 GEMM is not oneDNN's (no oneDNN primitive runs under ONEDNN_VERBOSE) and,
-        # against the Debian oneDNN 2.6 the benchmarks link, measured up to 1.5× faster on an
-        # AMX machine (docs/speed-of-light.md): the peak is what *this stack* attains, and must
-        # still be the same order as an independent AMX GEMM.
-        assert ours["bf16"] >= 0.5 * theirs["bf16"], f"bf16: ours {ours['bf16']:.4g} vs {theirs['bf16']:.4g}"
-    # NumPy's copy (one thread, a write-allocate it does not count) and our triad (counts 3
-    # arrays) differ in method, not in the memory they stream from.
-    assert copy / 2 < dram < 4 * copy, f"triad {dram:.4g} vs numpy copy {copy:.4g} B/s"
+        nbytes = min(top.size, 512 << 20)  # beyond the last-level cache where it is smaller
+        dram = max(dram, peaks.bandwidth_for(nbytes).value)  # type: ignore[union-attr]
+        copy = max(copy, _numpy_copy(nbytes))
+    for name, _ in dtypes:
+        assert ours[name] >= 0.9 * theirs[name], f"{name}: ours {ours[name]:.4g} vs torch.mm {theirs[name]:.4g} FLOP/s"
+    # NumPy's copy (one thread, a write-allocate it does not count) and our triad or sum differ
+    # in method, not in the memory they stream from; main memory is shared with every other
+    # process of a busy machine, so the factor is wide.
+    assert copy / 4 < dram < 4 * copy, f"triad {dram:.4g} vs numpy copy {copy:.4g} B/s"
 
 
 # --- end to end: a result beyond its roof --------------------------------------------------------
