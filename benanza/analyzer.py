@@ -15,12 +15,14 @@ from .analysis.bounds import (Bounds, LayerRow, LayerStatus, ParallelModule, bou
                               index_results, layer_rows, parallel_modules)
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
 from .analysis.modules import MeasuredGroup, ModuleStats, layer_paths, module_tree
+from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
 from .analysis.questions import (AlgoChoice, BetweenCalls, HeuristicChoice, IdleGap, LayerOverhead,
                                  algorithm_choices, between_library_calls, heuristic_choices, kernel_gaps,
                                  layer_overheads, tensor_core_kernels)
 from .fusion import FusionMatch, match_fusions
 from .layers import Model
 from .parsers import ExecutionProfile
+from .peaks import GEMM_TYPES, Peaks
 from .records import Result, System, Variant
 from .scopes import OP_TYPES
 
@@ -189,6 +191,8 @@ class Analysis:
         dynamo exporter's ``node_MatMul_3`` is ``layers.0.qkv``'s)."""
         name, module = self.rows[index].name, self.layer_module.get(index, "")
         return f"{name} in {module}" if module and module not in name.replace("/", ".") else name
+    # the roofline of the bound's layers from the stack's peaks (None: no peaks stored)
+    speed_of_light: SpeedOfLight | None = None
 
     @property
     def unstable_rows(self) -> list[LayerRow]:
@@ -231,8 +235,11 @@ def _fusion_uses(applied: list[tuple[FusionMatch, Result]], weight: dict[int, fl
 
 def analyze(model: Model, results: Iterable[Result], system: str, backend: str, dtype: str = "f32",
             profile: ExecutionProfile | None = None, measured_ms: float | None = None,
-            stack: System | None = None, math: str = MATH_EXACT) -> Analysis:
+            stack: System | None = None, math: str = MATH_EXACT, peaks: Peaks | None = None) -> Analysis:
     results = [r for r in results if r.variant.backend == backend and admits_math(r.variant, math)]
+    impossible: list[ImpossibleResult] = []
+    if peaks is not None:  # a result beyond its roofline is a defect: it never enters a bound
+        results, impossible = screen(results, model, peaks)
     by_key = index_results(results)
     graph = model.dag()
     rows = layer_rows(model, by_key, backend, dtype)
@@ -265,6 +272,8 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     if model.scope_source != OP_TYPES:  # an op-type "module" says nothing the layer's type does not
         analysis.layer_module = {i: p[-1] for i, p in layer_paths(model)[0].items() if p}
     analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
+    if peaks is not None:
+        analysis.speed_of_light = speed_of_light(model, rows, graph, dtype, peaks, impossible)
     if measured_ms is not None:
         analysis.measured_ms, analysis.measured_source = measured_ms, "--measured-ms"
     elif profile is not None and profile.measured_ms is not None:
@@ -406,7 +415,28 @@ def model_ops(a: Analysis, nodes: tuple[int, ...]) -> list[str]:
     return [a.rows[i].op for i in nodes]
 
 
+def _warn_speed_of_light(a: Analysis) -> None:
+    sol = a.speed_of_light
+    if sol is None:
+        how = (f"`benanza peaks --system {a.system}` measures them" if a.backend in GEMM_TYPES
+               else f"this version measures no {a.backend} peaks")
+        a.notes.append(f"no peaks stored for stack {a.stack.stack_id if a.stack else '?'}: no speed-of-light "
+                       f"bound and no check for impossible results ({how})")
+        return
+    if sol.impossible:
+        a.warnings.append(
+            f"{len(sol.impossible)} results are faster than {IMPOSSIBLE_BELOW:.0%} of their roofline time "
+            f"(the machine's measured peaks allow no such kernel): a measurement defect such as an empty timed "
+            f"region, flagged impossible and kept out of every bound; re-measure with `benanza run --force "
+            f"--filter`: " + ", ".join(f"{f.variant} {f.median_ms:.3g} ms < roof {f.floor_ms:.3g} ms"
+                                       for f in sol.impossible[:3]) + (", …" if len(sol.impossible) > 3 else ""))
+    if sol.no_compute_roof:
+        a.notes.append(f"no GEMM peak in {', '.join(sol.no_compute_roof)} was measured on this stack: those "
+                       f"layers' roofline is their memory roof only")
+
+
 def _warn(a: Analysis) -> None:
+    _warn_speed_of_light(a)
     unstable = a.unstable_rows
     if unstable:
         measured = sum(1 for r in a.rows if r.status == LayerStatus.OK)

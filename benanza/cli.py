@@ -63,6 +63,7 @@ def main(verbose: int) -> None:
       benanza zoo                      build the paper's 30 reference models into models/
       benanza generate models/*.onnx   unique layers → benchmark manifest (and C++ benchmarks)
       benanza run --system NAME        build and run the benchmarks into the performance DB
+      benanza peaks --system NAME      measure the stack's GEMM and bandwidth peaks (the roofline)
       benanza check MODELS             check what the oneDNN benchmarks compute against ONNX Runtime
       benanza profile MODEL            run a framework on the model and record what it did
       benanza analyze MODEL            lower bounds, Benanza ratio and optimization advice
@@ -321,9 +322,12 @@ def db_option(f):
 @click.option("--l2", type=click.Choice(["flush", "hot"]), default="flush", show_default=True,
               help="cuDNN: flush the GPU's L2 cache before every timed call, or time with a hot cache "
                    "(stored in each result's l2_flushed counter; re-measure with --force).")
+@click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
+              help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
-        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int, l2: str) -> None:
+        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int, l2: str,
+        measure_peaks: bool) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -341,7 +345,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
                                 command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
-                                remeasure=remeasure, max_failures=max_failures, l2=l2)
+                                remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks)
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)
@@ -382,6 +386,12 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
             f"{summary.remeasured} unstable results re-measured; {summary.unstable} still vary by more than "
             f"{max_rsd:.0%} (relative stddev) and are flagged unstable in the database", highlight=False)
     _print_gave_up(summary, max_failures)
+    if summary.peaks is not None:
+        err_console.print(f"peaks of this stack measured and stored: {_peaks_line(summary.peaks)}", highlight=False)
+        _warn_contended_peaks(summary.peaks)
+    elif summary.peaks_error:
+        print_warning(f"the stack's peaks were not measured ({summary.peaks_error}): analyses of it have no "
+                      f"speed-of-light bound")
     if summary.contended > 0.1:
         print_warning(
             f"other processes competed for the CPU during "
@@ -424,6 +434,65 @@ class _ProgressLines:
 def _duration(seconds: float) -> str:
     s = round(seconds)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+@main.command()
+@click.option("--system", "system_name", required=True, metavar="NAME",
+              help="Name the peaks are stored under, with the detected stack (as `benanza run`).")
+@click.option("--backend", type=click.Choice(["auto", "onednn", "cudnn"]), default="auto", show_default=True,
+              help="auto: cudnn when a CUDA device is present, else onednn.")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (oneDNN); default all cores.")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the peaks as JSON on stdout.")
+def peaks(system_name: str, backend: str, threads: int | None, db_path: str | None, as_json: bool) -> None:
+    """Measure the stack's attainable peaks and store them with it (a re-run replaces them).
+
+    GEMM throughput per data type the library runs here (f32, bf16, int8: what the CPU lacks is
+    reported as the library's refusal), and streaming bandwidth from the L1 cache to main
+    memory. `benanza analyze` holds every layer to these roofs (docs/speed-of-light.md).
+    """
+    from .peaks import measure
+    from .perfdb import PerfDB, resolve_db_path
+    from .runner import _stack_overrides, check_device, resolve_backend
+    from .system import default_threads, detect_system
+
+    backend = resolve_backend(backend)
+    check_device(backend)
+    threads = threads or default_threads()
+    path = resolve_db_path(db_path)
+    with PerfDB(path) as db:  # a database that cannot be written is refused before measuring
+        context, measured = measure(backend, threads, command=" ".join(["benanza", *sys.argv[1:]]))
+        system = detect_system(system_name, backend, threads=threads, overrides=_stack_overrides(backend, context))
+        db.store_peaks(system, measured)
+    if as_json:
+        click.echo(json.dumps({"system": system_name, "stack_id": system.stack_id, "device": system.device,
+                               **measured.to_json()}, indent=1))
+        _warn_contended_peaks(measured)
+        return
+    table = Table("peak", "value", "size", "implementation / level",
+                  title=Text(f"{system.device}, {threads} threads (stack {system.stack_id})"))
+    for p in measured.peaks:
+        if p.kind == "gemm":
+            table.add_row(Text(f"GEMM {p.dtype}"), f"{p.value / 1e12:.3f} TFLOP/s", f"{p.size}³", Text(p.implementation))
+    for dtype, message in measured.unsupported:
+        table.add_row(Text(f"GEMM {dtype}"), "not run", "", Text(message))
+    for p in measured.ladder:
+        table.add_row(Text("bandwidth"), f"{p.value / 1e9:.1f} GB/s", f"{p.size / 2**20:.3g} MiB", p.level)
+    console.print(table)
+    console.print(f"stored in {path}", highlight=False)
+    _warn_contended_peaks(measured)
+
+
+def _warn_contended_peaks(p) -> None:
+    if p.contended > 0.1:
+        print_warning(f"other processes competed for the CPU during {p.contended:.0%} of the measurement: the "
+                      f"peaks are low, so roofs are too, and results may be wrongly flagged impossible. Re-run "
+                      f"`benanza peaks` on an idle machine to replace them.")
+
+
+def _peaks_line(p) -> str:
+    gemm = ", ".join(f"{x.dtype} {x.value / 1e12:.3g} TFLOP/s" for x in p.peaks if x.kind == "gemm")
+    dram, llc = p.dram, p.llc
+    return (f"GEMM {gemm}; bandwidth {dram.value / 1e9:.3g} GB/s to memory"
+            + (f", {llc.value / 1e9:.3g} GB/s in the last-level cache" if llc else "")) if dram else gemm
 
 
 @main.command("check")

@@ -26,6 +26,7 @@ from typing import Callable, Iterable, TypeVar
 from .errors import FileProblem
 from .layers import Layer
 from .manifest import Manifest
+from .peaks import Peak, Peaks
 from .problems import parse_layer_key
 from .records import UNSTABLE_RSD, Result, Status, System, Variant
 
@@ -108,10 +109,16 @@ CREATE TABLE IF NOT EXISTS occurrences (
   model TEXT NOT NULL, batch_size INTEGER NOT NULL, node TEXT NOT NULL, idx INTEGER NOT NULL,
   layer_key TEXT NOT NULL, PRIMARY KEY (model, batch_size, idx));
 CREATE INDEX IF NOT EXISTS occurrences_layer ON occurrences(layer_key);
+CREATE TABLE IF NOT EXISTS peaks (
+  stack_id TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, dtype TEXT NOT NULL, level TEXT NOT NULL,
+  value REAL NOT NULL, size INTEGER NOT NULL, implementation TEXT NOT NULL, measured_at TEXT NOT NULL,
+  info TEXT NOT NULL, PRIMARY KEY (stack_id, name));
 CREATE TABLE IF NOT EXISTS merge_conflicts (
   id INTEGER PRIMARY KEY AUTOINCREMENT, table_name TEXT NOT NULL, pk TEXT NOT NULL, source TEXT NOT NULL,
   row TEXT NOT NULL, merged_at TEXT NOT NULL, UNIQUE (table_name, pk, row));
 """
+
+_PEAKS_STATEMENT = next(i for i, stmt in enumerate(_SCHEMA.split(";")) if "TABLE IF NOT EXISTS peaks" in stmt)
 
 _TABLES = frozenset({"meta", "systems", "layers", "variants", "results", "models", "occurrences"})
 
@@ -286,6 +293,41 @@ class PerfDB:
             "SELECT name, backend, device, stack, first_seen, last_used FROM systems WHERE name = ? "
             "ORDER BY last_used DESC, rowid DESC", (name,)).fetchall()
         return [(_system(r[:4]), r[4], r[5]) for r in rows]
+
+    # --- peaks ---------------------------------------------------------------------------
+
+    def store_peaks(self, system: System, peaks: Peaks) -> None:
+        """Stores the stack's measured peaks, replacing any it had (the ``peaks`` table: a
+        database of schema 2 made before it gets it here)."""
+        self.upsert_system(system)
+        info = json.dumps({"threads": peaks.threads, "command": peaks.command, "source": peaks.source,
+                           "unsupported": [list(u) for u in peaks.unsupported],
+                           "levels": [list(lv) for lv in peaks.levels], "contended": peaks.contended},
+                          sort_keys=True)
+        rows = [(system.stack_id, p.name, p.kind, p.dtype, p.level, p.value, p.size, p.implementation,
+                 peaks.measured_at or now(), info) for p in peaks.peaks]
+
+        def write() -> None:
+            self.db.conn.execute(_SCHEMA.split(";")[_PEAKS_STATEMENT])
+            self.db.conn.execute("DELETE FROM peaks WHERE stack_id = ?", (system.stack_id,))
+            self.db.conn.executemany("INSERT INTO peaks(stack_id, name, kind, dtype, level, value, size, "
+                                     "implementation, measured_at, info) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+
+        self._retry(write)
+
+    def peaks(self, system: System) -> Peaks | None:
+        """The stack's stored peaks; None when they were never measured."""
+        if not self.db["peaks"].exists():
+            return None
+        rows = self.db.conn.execute(
+            "SELECT kind, value, size, dtype, level, implementation, measured_at, info FROM peaks "
+            "WHERE stack_id = ? ORDER BY kind, size, dtype", (system.stack_id,)).fetchall()
+        if not rows:
+            return None
+        info = json.loads(rows[0][7])
+        return Peaks(tuple(Peak(*r[:6]) for r in rows), tuple((str(d), str(m)) for d, m in info["unsupported"]),
+                     info["threads"], rows[0][6], info["command"], info["source"],
+                     tuple((str(n), int(b)) for n, b in info["levels"]), float(info["contended"]))
 
     # --- layers, variants, models --------------------------------------------------------
 

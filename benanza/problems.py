@@ -193,6 +193,12 @@ class Problem:
         None: a family that does not model its work (an op no library runs)."""
         return 2 * self.macs()
 
+    def compulsory_bytes(self, inputs: int, outputs: int) -> int:
+        """The fewest bytes any kernel of the problem moves, given its tensors' bytes: every
+        input read and every output written once, unless the op can skip inputs. The memory
+        roof of the speed-of-light analysis (docs/speed-of-light.md) rests on it."""
+        return inputs + outputs
+
     def text(self) -> str:
         """The key without its dtype (``format_problem``)."""
         tokens: list[str] = []
@@ -268,6 +274,12 @@ class Problem:
 
 # --- the families ----------------------------------------------------------------------------
 
+def _windowed(inputs: int, kernel: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Input bytes a sliding window must read: where the stride exceeds the window, the
+    positions between windows are never read (a 1×1 stride-2 conv reads a quarter)."""
+    return math.ceil(inputs * math.prod(min(1.0, k / s) for k, s in zip(kernel, strides)))
+
+
 def _pads() -> tuple[_F, ...]:
     return (_F("ph", "pt"), _F("pw", "pl"), _F("pb", "pb", same="pt"), _F("pr", "pr", same="pl"))
 
@@ -316,6 +328,9 @@ class ConvProblem(_Conv2d):
     def macs(self) -> int:
         return self.mb * self.oc * self.oh * self.ow * (self.ic // self.g) * self.kh * self.kw
 
+    def compulsory_bytes(self, inputs: int, outputs: int) -> int:
+        return _windowed(inputs, (self.kh, self.kw), (self.sh, self.sw)) + outputs
+
 
 @dataclass(frozen=True)
 class DeconvProblem(_Conv2d):
@@ -362,6 +377,9 @@ class PoolProblem(Problem):
         average divides once more per output."""
         out = self.mb * self.ic * self.oh * self.ow
         return out * self.kh * self.kw + (out if self.alg in ("avgi", "avgx", "gavg") else 0)
+
+    def compulsory_bytes(self, inputs: int, outputs: int) -> int:
+        return _windowed(inputs, (self.kh, self.kw), (self.sh, self.sw)) + outputs
 
 
 @dataclass(frozen=True)
@@ -729,6 +747,11 @@ class CopyProblem(Problem):
     def flops(self) -> int:
         return 0  # a copy: its cost is bytes
 
+    def compulsory_bytes(self, inputs: int, outputs: int) -> int:
+        """What it writes, read once: a slice or gather skips the rest of its input; Expand,
+        Where and Trilu read no more than they write from buffers of the output's shape."""
+        return 2 * outputs
+
 
 @dataclass(frozen=True)
 class AttentionProblem(Problem):
@@ -778,6 +801,13 @@ class ResampleProblem(Problem):
         (2^s multiplies, 2^s − 1 adds)."""
         corners = 2 ** (len(self.shape) - 2)
         return 0 if self.alg == "nearest" else (2 * corners - 1) * math.prod(self.out)
+
+    def compulsory_bytes(self, inputs: int, outputs: int) -> int:
+        """A downsample reads only the neighbours of its outputs (1 per spatial dim nearest, 2
+        linear)."""
+        taps = 1 if self.alg == "nearest" else 2
+        share = math.prod(min(1.0, taps * o / i) for i, o in zip(self.shape[2:], self.out[2:]))
+        return math.ceil(inputs * share) + outputs
 
 
 # Ops whose output is their input's data under another shape: views in every framework.

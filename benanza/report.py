@@ -82,9 +82,34 @@ def analysis_json(a: Analysis) -> dict:
                            "backtrace": list(b.backtrace)} for b in a.between_calls],
         "kernel_gaps": [{"after": g.after, "before": g.before, "gap_us": _r(g.mean_us, 3)} for g in a.kernel_gaps],
         "heuristic": _heuristic_json(a),
+        "speed_of_light": _speed_of_light_json(a),
         "warnings": a.warnings, "notes": a.notes,
     }
     return out
+
+
+def _speed_of_light_json(a: Analysis) -> dict | None:
+    sol = a.speed_of_light
+    if sol is None:
+        return None
+    memory = sol.memory_bound_ms()
+    return {
+        "peaks": sol.peaks.to_json(),
+        "sequential_ms": _r(sol.sequential_ms), "parallel_ms": _r(sol.parallel_ms),
+        "critical_path": list(sol.critical_path),
+        "memory_bound_ms": _r(memory),
+        "memory_bound_share": _r(memory / a.bounds.sequential_ms, 4) if a.bounds.sequential_ms else None,
+        "impossible": [{"variant": f.variant, "layer_key": f.layer_key, "median_ms": _r(f.median_ms),
+                        "roofline_ms": _r(f.floor_ms)} for f in sol.impossible],
+        "no_compute_roof": list(sol.no_compute_roof),
+        "layers": [{"index": r.index, "flops": r.roof.flops, "bytes": r.roof.bytes,
+                    "roofline_ms": _r(r.roof.ms, 9), "compute_ms": _r(r.roof.compute_ms, 9),
+                    "memory_ms": _r(r.roof.memory_ms, 9), "level": r.roof.level, "bound_by": r.roof.bound_by,
+                    "intensity": _r(r.roof.intensity, 4), "latency_ms": _r(r.latency_ms),
+                    "sol_fraction": _r(r.sol_fraction, 4), "left_ms": _r(r.left_ms),
+                    "impossible": bool(r.impossible), "impossible_variants": list(r.impossible)}
+                   for r in sol.layers],
+    }
 
 
 def _heuristic_json(a: Analysis) -> dict | None:
@@ -207,6 +232,9 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
             _row(t, f"{label} (ms)", _ms(b.sequential_ms), _ms(b.parallel_ms))
     if a.joint is not None:
         _row(t, a.joint_label + " (ms)", "", _ms(a.joint.parallel_ms))
+    if a.speed_of_light is not None:
+        _row(t, "speed of light, roofline of the same layers (ms)", _ms(a.speed_of_light.sequential_ms),
+             _ms(a.speed_of_light.parallel_ms))
     if a.measured_ms is not None:
         _row(t, f"measured ({a.measured_source}) ms", _ms(a.measured_ms), "")
         _row(t, "Benanza ratio", _ms(a.br_sequential), _ms(a.br_parallel))
@@ -230,6 +258,9 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         _row(lt, str(r.index), r.name, module, str(count) if count > 1 else "", r.op, lat, variant,
              "●" if r.critical else "")
     console.print(lt)
+
+    if a.speed_of_light is not None:
+        _print_speed_of_light(a, console)
 
     if a.modules:
         mt = Table("fork", "join", "×", "branches", "layers", "sequential ms", "parallel ms", title="parallel modules")
@@ -299,6 +330,30 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(Text.assemble(("warning:", "yellow"), f" {w}"), soft_wrap=True)
     for n in a.notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_speed_of_light(a: Analysis, console: Console, top: int = 10) -> None:
+    sol = a.speed_of_light
+    assert sol is not None
+    p = sol.peaks
+    gemm = ", ".join(f"{x.dtype} {x.value / 1e9:.4g} GFLOP/s" for x in p.peaks if x.kind == "gemm")
+    ladder = ", ".join(f"{x.level} {x.size / 2**20:.3g} MiB {x.value / 1e9:.3g} GB/s" for x in p.ladder)
+    console.print(f"speed of light from the stack's peaks ({p.source} {p.measured_at}, {p.threads} threads"
+                  + (f", {p.contended:.0%} of it contended" if p.contended else "") + f"): GEMM {gemm}; "
+                  f"bandwidth {ladder}", highlight=False, markup=False, soft_wrap=True)
+    if a.bounds.sequential_ms:
+        console.print(f"{sol.memory_bound_ms():.4g} ms of the {a.bounds.sequential_ms:.4g} ms bound "
+                      f"({sol.memory_bound_ms() / a.bounds.sequential_ms:.0%}) is in memory-bound layers",
+                      highlight=False, markup=False)
+    rows = sorted(sol.layers, key=lambda r: -r.left_ms)[:top]
+    t = Table("#", "layer", "type", "bound by", "FLOP/byte", "roofline ms", "best ms", "of SOL", "ms left",
+              title=f"the {len(rows)} layers furthest from speed of light")
+    for r in rows:
+        row = a.rows[r.index]
+        _row(t, str(r.index), row.name, row.op, f"{r.roof.bound_by} ({r.roof.level})" if r.roof.bound_by == "memory"
+             else r.roof.bound_by, _ms(r.roof.intensity), _ms(r.roof.ms), _ms(r.latency_ms),
+             f"{r.sol_fraction:.0%}" if r.sol_fraction is not None else "—", _ms(r.left_ms))
+    console.print(t)
 
 
 def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
@@ -422,6 +477,77 @@ def _charts(a: Analysis) -> list[str]:
     return [c for c in charts if c]
 
 
+def _log_scale(lo: float, hi: float, size: float, flip: bool = False):
+    """Maps [lo, hi] (positive) logarithmically onto [0, size]."""
+    span = math.log10(hi) - math.log10(lo)
+
+    def at(v: float) -> float:
+        x = (math.log10(v) - math.log10(lo)) / span * size
+        return size - x if flip else x
+
+    return at
+
+
+def roofline_svg(a: Analysis) -> str:
+    """The roofline plot: attained FLOP/s against FLOPs per byte, one point per layer of the
+    bound (critical-path layers in red), the GEMM roof of each dtype and the bandwidth roofs of
+    the L1 cache and of main memory."""
+    from markupsafe import escape
+
+    sol = a.speed_of_light
+    if sol is None:
+        return ""
+    points = [(r, r.roof.intensity, r.roof.flops / (r.latency_ms / 1e3)) for r in sol.layers
+              if r.roof.flops and r.roof.intensity and r.latency_ms]
+    gemms = [p for p in sol.peaks.peaks if p.kind == "gemm"]
+    ladder = sol.peaks.ladder
+    if not points or not ladder:
+        return ""
+    roofs_bw = [ladder[0], ladder[-1]] if len(ladder) > 1 else ladder
+    x_lo = 10 ** math.floor(math.log10(min(i for _, i, _ in points) / 2))
+    x_hi = 10 ** math.ceil(math.log10(max(i for _, i, _ in points) * 2))
+    top = max([g.value for g in gemms] + [v for _, _, v in points])
+    y_hi = 10 ** math.ceil(math.log10(top * 1.5))
+    y_lo = 10 ** math.floor(math.log10(max(min(v for _, _, v in points) / 2, y_hi * 1e-9)))
+    w, h, ml, mt, mb = 640, 400, 70, 24, 40
+    fx, fy = _log_scale(x_lo, x_hi, w), _log_scale(y_lo, y_hi, h, flip=True)
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' class='roofline' width='{w + ml + 160}' height='{h + mt + mb}'>"
+           f"<g transform='translate({ml},{mt})'><rect class='frame' width='{w}' height='{h}'/>"]
+    for e in range(int(math.log10(x_lo)), int(math.log10(x_hi)) + 1):
+        x = fx(10.0 ** e)
+        out.append(f"<line class='grid' x1='{x:.1f}' y1='0' x2='{x:.1f}' y2='{h}'/>"
+                   f"<text x='{x:.1f}' y='{h + 16}' text-anchor='middle'>1e{e}</text>")
+    for e in range(int(math.log10(y_lo)), int(math.log10(y_hi)) + 1):
+        y = fy(10.0 ** e)
+        out.append(f"<line class='grid' x1='0' y1='{y:.1f}' x2='{w}' y2='{y:.1f}'/>"
+                   f"<text x='-6' y='{y + 4:.1f}' text-anchor='end'>1e{e}</text>")
+    out.append(f"<text x='{w / 2}' y='{h + 34}' text-anchor='middle'>arithmetic intensity (FLOP per compulsory byte)"
+               f"</text><text transform='rotate(-90)' x='{-h / 2}' y='-52' text-anchor='middle'>attained FLOP/s</text>")
+    for g in gemms:  # each dtype's compute roof, from where the highest bandwidth roof meets it
+        x0 = max(x_lo, g.value / roofs_bw[0].value)
+        if x0 < x_hi:
+            y = fy(g.value)
+            out.append(f"<line class='roof compute' x1='{fx(x0):.1f}' y1='{y:.1f}' x2='{w}' y2='{y:.1f}'/>"
+                       f"<text x='{w + 4}' y='{y + 4:.1f}'>{escape(g.dtype)} GEMM {g.value / 1e9:.4g} GFLOP/s</text>")
+    peak = max(g.value for g in gemms) if gemms else y_hi
+    for bw in roofs_bw:  # bandwidth roofs: FLOP/s = bytes/s × FLOP/byte, up to the highest compute roof
+        x1 = min(x_hi, peak / bw.value)
+        if x1 > x_lo:
+            y0, y1 = max(y_lo, bw.value * x_lo), bw.value * x1
+            out.append(f"<line class='roof memory' x1='{fx(y0 / bw.value):.1f}' y1='{fy(y0):.1f}' x2='{fx(x1):.1f}' "
+                       f"y2='{fy(y1):.1f}'/><text x='{fx(y0 / bw.value) + 4:.1f}' y='{fy(y0) - 6:.1f}' "
+                       f"class='rooflabel'>{escape(bw.level)} {bw.value / 1e9:.3g} GB/s</text>")
+    on_path = set(a.bounds.critical_path)
+    for r, intensity, attained in points:
+        row = a.rows[r.index]
+        cls = "pt critical" if r.index in on_path else "pt"
+        out.append(f"<circle class='{cls}' cx='{fx(intensity):.1f}' cy='{fy(attained):.1f}' r='4'><title>"
+                   f"{escape(row.name)} ({escape(row.op)}): {attained / 1e9:.4g} GFLOP/s at {intensity:.3g} FLOP/B, "
+                   f"{r.sol_fraction:.0%} of speed of light</title></circle>")
+    out.append("</g></svg>")
+    return "".join(out)
+
+
 def render_html(analyses: Sequence[Analysis]) -> str:
     from markupsafe import Markup
 
@@ -430,5 +556,6 @@ def render_html(analyses: Sequence[Analysis]) -> str:
     env = template_env("report")
     env.autoescape = True
     sections = [{"a": a, "json": analysis_json(a), "dag": Markup(dag_svg(a)), "modules": Markup(icicle_svg(a)),
+                 "roofline": Markup(roofline_svg(a)),
                  "charts": [Markup(c) for c in _charts(a)]} for a in analyses]
     return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION)

@@ -32,6 +32,7 @@ from . import children
 from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
+from .peaks import GEMM_TYPES, Peaks
 from .perfdb import PerfDB, resolve_db_path
 from .records import UNSTABLE_RSD, Result, Status, System, Variant
 from .system import default_threads, detect_system, probe_gpu, runnable_tasks
@@ -69,6 +70,7 @@ class RunOptions:
     max_rsd: float = UNSTABLE_RSD  # relative stddev above which a result is unstable
     remeasure: int = 2  # extra measurements of a result while it is unstable
     max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
+    peaks: bool = True  # measure the stack's peaks (benanza.peaks) when the database has none
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ class RunSummary:
     contended: float = 0.0
     context: dict = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    peaks: Peaks | None = None  # measured by this run (the stack had none)
+    peaks_error: str = ""  # why they could not be measured
 
     @property
     def stored(self) -> int:
@@ -170,8 +174,23 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         todo = [by_name[n] for n in summary.to_run]
         if todo:
             _execute(binary, todo, env, options, db, system, summary, progress)
+        if options.peaks and backend in GEMM_TYPES and not summary.interrupted and db.peaks(system) is None:
+            _measure_peaks(db, system, threads, options, summary)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _measure_peaks(db: PerfDB, system: System, threads: int, options: RunOptions, summary: RunSummary) -> None:
+    """Once per stack: its peaks, for the roofline (a failure is reported, never fatal)."""
+    from .peaks import measure
+
+    try:
+        _, summary.peaks = measure(system.backend, threads, options.cmake_args, options.command)
+    except BenanzaError as exc:
+        summary.peaks_error = str(exc)
+        log.warning("peaks not measured: %s", exc)
+        return
+    db.store_peaks(system, summary.peaks)
 
 
 def _select(variants: list[Variant], pattern: str | None) -> list[Variant]:
@@ -213,15 +232,17 @@ def _bench_env(backend: str, threads: int, options: RunOptions) -> dict[str, str
 
 # --- build -------------------------------------------------------------------------------
 
-def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = ()) -> Path:
-    """Configures (Release) and builds the generated CMake project; returns the binary."""
+def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = (),
+          build_dir: Path | None = None, binary: str = BINARY) -> Path:
+    """Configures (Release) and builds the generated CMake project (in ``project/build`` unless
+    ``build_dir`` is given); returns the binary."""
     if not (project / "CMakeLists.txt").is_file():
         raise BuildError(f"{project}: no generated CMake project here; run `benanza generate` first")
     if ";" in str(project.absolute()) or ";" in str(project.resolve()):
         # CMake splits paths on ';' (its list separator), in its own modules too.
         raise BuildError(f"{project}: CMake cannot build in a folder whose path contains ';'; "
                          f"generate into another folder (--out)")
-    build_dir = project / "build"
+    build_dir = build_dir or project / "build"
     build_dir.mkdir(exist_ok=True)
     logfile = build_dir / "benanza-build.log"
     configure = ["cmake", "-S", str(project), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *cmake_args]
@@ -236,10 +257,10 @@ def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = 
                 tail = logfile.read_text(errors="replace").strip().splitlines()[-15:]
                 raise BuildError(f"{project}: `{' '.join(cmd[:2])}` failed (full log: {logfile}):\n"
                                  + "\n".join(tail))
-    binary = build_dir / BINARY
-    if not binary.is_file():
-        raise BuildError(f"{project}: the build produced no {BINARY} (log: {logfile})")
-    return binary
+    built = build_dir / binary
+    if not built.is_file():
+        raise BuildError(f"{project}: the build produced no {binary} (log: {logfile})")
+    return built
 
 
 _CONTEXT_SECONDS = 60.0

@@ -70,7 +70,7 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
             prof = _profile_for(profile, batch, single)
             measured = req.measured_ms if single else None
             a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
-                        stack=system, math=req.math)
+                        stack=system, math=req.math, peaks=db.peaks(system))
             dtypes = get_backend(system.backend).dtypes
             if a.missing and req.dtype not in dtypes:
                 a.warnings.append(f"the {system.backend} backend benchmarks {', '.join(dtypes)}, not {req.dtype}: "
@@ -85,7 +85,7 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                     # the run stores under the stack this machine has now
                     system = resolve_system(db, name, system.backend, req.stack)
                     a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
-                                stack=system, math=req.math)
+                                stack=system, math=req.math, peaks=db.peaks(system))
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
             others = [s for s, _, _ in db.stacks(name) if s.backend == system.backend and s != system]

@@ -1,0 +1,179 @@
+"""Speed of light: each layer's roofline time from its work and the stack's measured peaks, a
+model bound over those times, and the results no kernel can have produced.
+
+A layer's roofline time is max(FLOPs / GEMM peak of its dtype, compulsory bytes / bandwidth),
+where the bandwidth is that of the largest measured working set not above the layer's bytes
+(a layer that fits in a cache is held to that cache). A result more than 10% faster than the
+roofline time of its own variant is a measurement defect, not a lower bound: it is flagged
+``impossible`` and kept out of the bound. Algorithms that compute fewer multiplications than
+the direct count (Winograd, FFT) are held to the memory roof only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+from ..layers import FLOAT_DTYPES, Layer, Model
+from ..ops import ELEMENT_SIZE
+from ..peaks import Peaks
+from ..records import Result, Variant
+from .bounds import LayerRow, LayerStatus, critical_path
+
+# A result faster than this share of its roofline time cannot be true (the margin absorbs the
+# peaks' own noise: they are the best batches of a few seconds on a possibly busy machine).
+IMPOSSIBLE_BELOW = 0.9
+# Words in an algorithm or implementation name of kernels that do fewer multiplications than
+# the direct method, whose FLOP count the roof assumes.
+_FEWER_MULTIPLIES = ("wino", "fft")
+
+
+@dataclass(frozen=True)
+class Roof:
+    """The roofline of one problem in one dtype."""
+
+    flops: int
+    bytes: int
+    compute_ms: float | None  # None: no measured GEMM peak in this dtype
+    memory_ms: float
+    level: str  # the cache level (or DRAM) whose bandwidth is the memory roof
+
+    @property
+    def ms(self) -> float:
+        return max(self.compute_ms or 0.0, self.memory_ms)
+
+    @property
+    def bound_by(self) -> str:
+        return "compute" if (self.compute_ms or 0.0) > self.memory_ms else "memory"
+
+    @property
+    def intensity(self) -> float | None:
+        """FLOPs per compulsory byte."""
+        return self.flops / self.bytes if self.bytes else None
+
+    def floor_ms(self, variant: Variant, implementation: str) -> float:
+        """What a result of ``variant`` cannot beat."""
+        text = f"{variant.algo} {implementation}".lower()
+        if any(w in text for w in _FEWER_MULTIPLIES):
+            return self.memory_ms
+        return self.ms
+
+
+@dataclass(frozen=True)
+class LayerRoof:
+    index: int
+    roof: Roof
+    latency_ms: float | None  # the bound's latency for the layer (its best possible kernel)
+    impossible: tuple[str, ...]  # variants of the layer flagged impossible
+
+    @property
+    def sol_fraction(self) -> float | None:
+        """The share of speed of light the best kernel reaches (roofline time / its latency)."""
+        return self.roof.ms / self.latency_ms if self.latency_ms else None
+
+    @property
+    def left_ms(self) -> float:
+        """Milliseconds between the best kernel and speed of light."""
+        return max(0.0, (self.latency_ms or 0.0) - self.roof.ms)
+
+
+@dataclass(frozen=True)
+class ImpossibleResult:
+    variant: str
+    layer_key: str
+    median_ms: float
+    floor_ms: float
+
+
+@dataclass(frozen=True)
+class SpeedOfLight:
+    peaks: Peaks
+    layers: tuple[LayerRoof, ...]  # the layers in the bound (status ok), by node index
+    sequential_ms: float
+    parallel_ms: float
+    critical_path: tuple[int, ...]
+    impossible: tuple[ImpossibleResult, ...]
+    no_compute_roof: tuple[str, ...]  # dtypes of layers with no GEMM peak: held to memory only
+
+    def memory_bound_ms(self) -> float:
+        """Of the bound (sum of the layers' latencies), the part in memory-bound layers."""
+        return sum(r.latency_ms or 0.0 for r in self.layers if r.roof.bound_by == "memory")
+
+
+def tensor_bytes(layer: Layer, dtype: str) -> tuple[int, int]:
+    """The layer's (input, output) bytes computed in ``dtype``: float tensors in its size."""
+    def size(dt: str) -> int:
+        return ELEMENT_SIZE.get(dtype if dt in FLOAT_DTYPES else dt, 4)
+
+    return (sum(t.numel * size(t.dtype) for t in layer.inputs),
+            sum(t.numel * size(t.dtype) for t in layer.outputs))
+
+
+def roof(layer: Layer, dtype: str, peaks: Peaks) -> Roof | None:
+    """The layer's roofline computed in ``dtype``; None without any bandwidth peak."""
+    inputs, outputs = tensor_bytes(layer, dtype)
+    nbytes = layer.problem.compulsory_bytes(inputs, outputs)
+    bandwidth = peaks.bandwidth_for(nbytes)
+    if bandwidth is None:
+        return None
+    gemm = peaks.gemm(dtype)
+    compute = 1e3 * layer.flops / gemm.value if gemm is not None else None
+    return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level)
+
+
+def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[Result], list[ImpossibleResult]]:
+    """Splits OK results faster than ``IMPOSSIBLE_BELOW`` × their roofline time from the rest."""
+    layers = {(n.layer.problem, dt): n.layer for n in model.nodes for dt in FLOAT_DTYPES}
+    kept, flagged = [], []
+    roofs: dict[tuple, Roof | None] = {}
+    for r in results:
+        layer = layers.get((r.variant.problem, r.variant.dtype))
+        if r.ok and layer is not None:
+            key = (r.variant.problem, r.variant.dtype)
+            if key not in roofs:
+                roofs[key] = roof(layer, r.variant.dtype, peaks)
+            rf = roofs[key]
+            if rf is not None:
+                floor = rf.floor_ms(r.variant, r.implementation)
+                if float(r.median_ms) < IMPOSSIBLE_BELOW * floor:  # type: ignore[arg-type]
+                    flagged.append(ImpossibleResult(r.variant.name, r.variant.layer_key, float(r.median_ms),  # type: ignore[arg-type]
+                                                    floor))
+                    continue
+        kept.append(r)
+    return kept, flagged
+
+
+def speed_of_light(model: Model, rows: list[LayerRow], graph: nx.DiGraph, dtype: str, peaks: Peaks,
+                   impossible: list[ImpossibleResult]) -> SpeedOfLight:
+    """Roofline times of the layers the bound counts (status ok), and the model's bounds over
+    them: the sum, and the critical path of the same DAG with those times as node weights."""
+    by_key: dict[str, list[str]] = {}
+    for f in impossible:
+        by_key.setdefault(f.layer_key, []).append(f.variant)
+    out: list[LayerRoof] = []
+    unroofed: set[str] = set()
+    for row in rows:
+        if row.status != LayerStatus.OK:
+            continue
+        layer = model.nodes[row.index].layer
+        dt = layer.in_dtype(dtype)
+        rf = roof(layer, dt, peaks)
+        if rf is None:
+            continue
+        if rf.compute_ms is None and layer.flops:
+            unroofed.add(dt)
+        flagged = tuple(v for key, vs in by_key.items() if _same_problem(key, layer) for v in vs)
+        out.append(LayerRoof(row.index, rf, row.latency_ms, flagged))
+    weight: Mapping[int, float] = {r.index: r.roof.ms for r in out}
+    length, path = critical_path(graph, weight)
+    return SpeedOfLight(peaks, tuple(out), math.fsum(weight.values()), length, tuple(path), tuple(impossible),
+                        tuple(sorted(unroofed)))
+
+
+def _same_problem(layer_key: str, layer: Layer) -> bool:
+    from ..problems import parse_layer_key
+
+    return parse_layer_key(layer_key)[0] == layer.problem

@@ -1,0 +1,292 @@
+"""``benanza peaks``: what this machine's stack attains — GEMM throughput per data type through
+the backend's own library, and streaming bandwidth from the L1 cache out to main memory.
+
+The measurement is a small C++ program (``runtime_cpp/peaks/<backend>``) built with CMake
+against the same library as the benchmarks and run with the same threads, so a result of the
+stack can be compared with its roofs (``analysis/roofline.py``). The build is cached per source
+and library, so `benanza run` can measure a new stack's peaks in a few seconds.
+
+Bandwidth is measured on a ladder of working sets, a quarter of the L1 cache (all threads'
+L1s together) growing ×4 up to several times the last-level cache: a layer's memory roof is
+the bandwidth of the largest working set not above its own bytes, so a layer that fits in a
+cache is held to that cache's bandwidth, not to DRAM's (which it would seem to beat).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .errors import BenanzaError
+
+log = logging.getLogger(__name__)
+
+BINARY = "benanza_peaks"
+GEMM_TYPES = {"onednn": ("f32", "bf16", "s8")}  # what each backend's program can ask its library for
+_SECONDS = 0.15  # measuring time per peak: the whole run stays within a few seconds
+_DRAM_FACTOR = 4  # the largest working set, in last-level caches
+_MIN_DRAM = 64 << 20
+_TIMEOUT = 300.0
+
+
+class PeaksError(BenanzaError):
+    """The peaks program could not be built or run, or printed something else than peaks."""
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One attained peak: FLOP/s of a GEMM in ``dtype``, or bytes/s over a working set of
+    ``size`` bytes in cache ``level`` (L1, L2, L3 or DRAM beyond them)."""
+
+    kind: str  # "gemm" | "bandwidth"
+    value: float  # flop/s or byte/s
+    size: int  # the GEMM's M = N = K, or the working set in bytes
+    dtype: str = ""  # gemm: f32, bf16, s8
+    level: str = ""  # bandwidth: the cache level the working set fits in
+    implementation: str = ""  # the library's kernel (gemm)
+
+    @property
+    def name(self) -> str:
+        return f"gemm_{self.dtype}" if self.kind == "gemm" else f"bandwidth_{self.size}"
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """The peaks of one system+stack, as measured (or a datasheet's, ``source``)."""
+
+    peaks: tuple[Peak, ...]
+    unsupported: tuple[tuple[str, str], ...] = ()  # (dtype, the library's message)
+    threads: int | None = None
+    measured_at: str = ""
+    command: str = ""
+    source: str = "measured"
+    levels: tuple[tuple[str, int], ...] = ()  # (cache level, capacity in bytes across the threads)
+    # Share of samples, while measuring, in which more tasks were runnable than the threads
+    # (runner.ContentionMonitor): peaks measured on a busy machine are low, so the roofs are.
+    contended: float = 0.0
+
+    def gemm(self, dtype: str) -> Peak | None:
+        return next((p for p in self.peaks if p.kind == "gemm" and p.dtype == dtype), None)
+
+    @property
+    def ladder(self) -> list[Peak]:
+        return sorted((p for p in self.peaks if p.kind == "bandwidth"), key=lambda p: p.size)
+
+    def bandwidth_for(self, nbytes: int) -> Peak | None:
+        """The memory roof of a kernel that moves ``nbytes``: the best bandwidth measured on a
+        working set no smaller than the largest one not above ``nbytes`` (bandwidth only falls
+        as the set grows, so a lower value there is noise of a busy machine)."""
+        ladder = self.ladder
+        if not ladder:
+            return None
+        below = [i for i, p in enumerate(ladder) if p.size <= nbytes]
+        start = below[-1] if below else 0
+        return max(ladder[start:], key=lambda p: p.value)
+
+    @property
+    def dram(self) -> Peak | None:
+        ladder = self.ladder
+        return ladder[-1] if ladder else None
+
+    @property
+    def llc(self) -> Peak | None:
+        """The bandwidth inside the last-level cache: at its largest working set below DRAM."""
+        inside = [p for p in self.ladder if p.level not in ("DRAM", "")]
+        return self.bandwidth_for(inside[-1].size) if inside else None
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "threads": self.threads, "measured_at": self.measured_at,
+                "command": self.command, "contended": self.contended,
+                "gemm": {p.dtype: {"flops_per_s": p.value, "size": p.size, "implementation": p.implementation}
+                         for p in self.peaks if p.kind == "gemm"},
+                "unsupported": dict(self.unsupported),
+                "bandwidth": [{"bytes": p.size, "level": p.level, "bytes_per_s": p.value} for p in self.ladder],
+                "dram_bytes_per_s": self.dram.value if self.dram else None,
+                "llc_bytes_per_s": self.llc.value if self.llc else None,
+                "caches": {name: size for name, size in self.levels}}
+
+
+# --- what the CPU has ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CacheLevel:
+    name: str  # L1, L2, L3
+    size: int  # bytes of one instance
+    instances: int  # distinct instances the measuring threads' CPUs use
+
+    @property
+    def total(self) -> int:
+        return self.size * self.instances
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def cache_levels(threads: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[CacheLevel]:
+    """Data caches of the CPUs the measuring threads run on (the first ``threads`` of this
+    process's affinity), from sysfs; an empty list where sysfs says nothing."""
+    cpus = sorted(os.sched_getaffinity(0))[:threads] if hasattr(os, "sched_getaffinity") else list(range(threads))
+    found: dict[int, tuple[int, set[str]]] = {}
+    for cpu in cpus:
+        for index in sorted((sysfs / f"cpu{cpu}" / "cache").glob("index*")):
+            try:
+                if (index / "type").read_text().strip() == "Instruction":
+                    continue
+                level = int((index / "level").read_text())
+                size = _size((index / "size").read_text())
+                shared = (index / "shared_cpu_list").read_text().strip()
+            except (OSError, ValueError):
+                continue
+            _, groups = found.setdefault(level, (size, set()))
+            groups.add(shared)
+    return [CacheLevel(f"L{lvl}", size, len(groups)) for lvl, (size, groups) in sorted(found.items())]
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def working_sets(levels: list[CacheLevel], mem_available: int | None) -> list[tuple[str, int]]:
+    """The bandwidth ladder: (level it fits in, bytes), from a quarter of the L1s ×4 up to
+    ``_DRAM_FACTOR`` last-level caches (at least 64 MiB, at most a quarter of free memory)."""
+    llc = levels[-1].total if levels else 0
+    top = max(_DRAM_FACTOR * llc, _MIN_DRAM)
+    if mem_available:
+        top = max(min(top, mem_available // 4), 1 << 20)
+    size = max(levels[0].total // 4 if levels else 8192, 8192)
+    out = []
+    while size < top // 2:
+        out.append(size)
+        size *= 4
+    out.append(top)
+
+    def level(n: int) -> str:
+        return next((c.name for c in levels if n <= c.total), "DRAM")
+
+    return [(level(n), n) for n in out]
+
+
+# --- building and running the program -----------------------------------------------------------
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "benanza" / "peaks"
+
+
+def _build(backend: str, cmake_args: tuple[str, ...]) -> Path:
+    """The built program, from a build folder keyed by its sources and CMake arguments;
+    concurrent callers wait for one build (a file lock) instead of racing it."""
+    from .resources import runtime_dir
+    from .runner import build
+
+    src = runtime_dir() / "peaks" / backend
+    if not (src / "CMakeLists.txt").is_file():
+        raise PeaksError(f"{src}: no peaks program for the {backend} backend")
+    digest = hashlib.sha256()
+    for path in sorted(p for p in src.rglob("*") if p.is_file()) + [runtime_dir() / "common/benanza/json.hpp"]:
+        digest.update(path.read_bytes())
+    digest.update(json.dumps(cmake_args).encode())
+    folder = _cache_root() / f"{backend}-{digest.hexdigest()[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        binary = folder / "build" / BINARY
+        if binary.is_file():
+            return binary
+        return build(src, cmake_args=cmake_args, build_dir=folder / "build", binary=BINARY)
+
+
+def _run(binary: Path, args: list[str], env: dict[str, str]) -> str:
+    try:
+        done = subprocess.run([str(binary), *args], capture_output=True, text=True, env=env, timeout=_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise PeaksError(f"{binary}: did not finish in {_TIMEOUT:g}s") from None
+    except OSError as exc:
+        raise PeaksError(f"{binary}: cannot run ({exc})") from None
+    if done.returncode != 0:
+        raise PeaksError(f"{binary}: exited with status {done.returncode}: {done.stderr.strip()[-400:]}")
+    return done.stdout
+
+
+def parse_output(text: str, source: str) -> tuple[dict, list[Peak], list[tuple[str, str]]]:
+    """The context, the peaks and the unsupported GEMM types of the program's output."""
+    context: dict = {}
+    peaks: list[Peak] = []
+    unsupported: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        tag, _, payload = line.partition(" ")
+        if tag not in ("BENANZA_CONTEXT", "BENANZA_PEAK"):
+            continue
+        try:
+            data = json.loads(payload)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            if tag == "BENANZA_CONTEXT":
+                context = data
+            elif data["status"] == "ok":
+                value = float(data["value"])
+                if not value > 0:
+                    raise ValueError(f"value {value!r}")
+                peaks.append(Peak(data["kind"], value, int(data["size"]), data.get("dtype", ""),
+                                  data.get("level", ""), data.get("implementation", "")))
+            elif data["status"] == "unsupported":
+                unsupported.append((data["dtype"], data.get("message", "")))
+            else:
+                raise ValueError(f"{data.get('name')} failed: {data.get('message', '')}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PeaksError(f"{source}: malformed peaks line ({exc}): {line[:300]}") from None
+    if not any(p.kind == "bandwidth" for p in peaks) or not any(p.kind == "gemm" for p in peaks):
+        raise PeaksError(f"{source}: printed no GEMM or no bandwidth peak:\n{text[-500:]}")
+    return context, peaks, unsupported
+
+
+def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tuple[str, ...] = (),
+            command: str = "") -> tuple[dict, Peaks]:
+    """Builds (once) and runs the peaks program; its context line (the library it linked) and
+    the peaks."""
+    from .runner import ContentionMonitor, check_device
+    from .system import default_threads
+
+    check_device(backend)
+    if backend not in GEMM_TYPES:
+        raise PeaksError(f"peaks of the {backend} backend are not measured by this version (only "
+                         f"{', '.join(GEMM_TYPES)}); see docs/speed-of-light.md")
+    threads = threads or default_threads()
+    levels = cache_levels(threads)
+    sets = working_sets(levels, _mem_available())
+    label = {n: lvl for lvl, n in sets}
+    binary = _build(backend, cmake_args)
+    args = [f"--gemm={','.join(GEMM_TYPES[backend])}", f"--seconds={_SECONDS:g}",
+            *(f"--level={lvl}:{n}" for lvl, n in sets)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    log.info("measuring peaks: %s", shlex.join([str(binary), *args]))
+    monitor = ContentionMonitor(threads, interval=0.05)
+    monitor.start()
+    try:
+        output = _run(binary, args, env)
+    finally:
+        contended = monitor.stop()
+    context, peaks, unsupported = parse_output(output, str(binary))
+    # the program's working set is the requested one rounded to whole doubles: label by nearest
+    peaks = [p if p.kind == "gemm" else Peak(p.kind, p.value, p.size, level=label[min(label, key=lambda n: abs(n - p.size))])
+             for p in peaks]
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return context, Peaks(tuple(peaks), tuple(unsupported), threads, stamp, command,
+                         levels=tuple((c.name, c.total) for c in levels), contended=contended)
