@@ -1,9 +1,9 @@
 """Where the build and profiling tools Benanza drives are, and whether setup installed them.
 
 The CUDA compiler comes from the machine (``$CUDA_HOME``, ``/usr/local/cuda``, ``nvcc`` on
-PATH, a versioned ``/usr/local/cuda-X.Y``) or, on a machine without CUDA, from the PyPI wheels ``scripts/setup.sh`` installs into
-the virtualenv (``nvidia-cuda-nvcc`` and friends unpack a toolkit tree under
-``site-packages/nvidia/cu13``). ``python -m benanza.toolchain --check`` lists every tool and
+PATH, the newest ``/usr/local/cuda-X.Y``) or, on a machine without CUDA, from the PyPI wheels
+``scripts/setup.sh`` installs into the virtualenv (``nvidia-cuda-nvcc`` and friends unpack a
+toolkit tree under ``site-packages/nvidia/cu13``). ``python -m benanza.toolchain --check`` lists every tool and
 fails when one is missing, so a setup that silently left something out stops there instead of
 turning into skipped tests.
 """
@@ -77,7 +77,7 @@ def cuda_toolkit() -> CudaToolkit | None:
 def nvcc_version(nvcc: Path) -> str | None:
     """``X.Y`` from ``nvcc --version`` ("Cuda compilation tools, release 13.0, V13.0.88")."""
     try:
-        text = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60).stdout
+        text = subprocess.run([str(nvcc), "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     found = re.search(r"release (\d+)\.(\d+)", text)

@@ -72,7 +72,7 @@ scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shelli
 sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl
 tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
 torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
-wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp""".split())
+wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp""".split())  # noqa: SIM905 (pasted from KINDS.md)
 # The image's Python, for the wheels' environment markers and platform tags.
 IMAGE_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
                  "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
@@ -136,7 +136,7 @@ def _pin(requirement: str) -> str:
 
 def _project_dependencies() -> list[str]:
     text = (REPO / "pyproject.toml").read_text()
-    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE)
     if block is None:
         raise KitError("pyproject.toml: no [project] dependencies list")
     return re.findall(r'"([^"]+)"', block[1])
@@ -144,7 +144,7 @@ def _project_dependencies() -> list[str]:
 
 def _extra(name: str) -> list[str]:
     text = (REPO / "pyproject.toml").read_text()
-    block = re.search(rf"^{name} = \[(.*?)^\]", text, re.S | re.M)
+    block = re.search(rf"^{name} = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE)
     if block is None:
         raise KitError(f"pyproject.toml: no optional dependency group {name!r}")
     return re.findall(r'"([^"]+)"', block[1])
@@ -153,7 +153,7 @@ def _extra(name: str) -> list[str]:
 def _download(requirement: str, dest: Path) -> Path:
     before = set(dest.glob("*.whl"))
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PIP_PLATFORM, "-d", str(dest), requirement]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
     new = sorted(set(dest.glob("*.whl")) - before)
     if done.returncode != 0 or len(new) != 1:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-3:])
@@ -215,7 +215,7 @@ def _benchmark_source(kit: Path, scratch: Path) -> str:
     src = scratch / "src"
     src.mkdir()
     for cmd in (["apt-get", *opts, "update"], ["apt-get", *opts, "source", "--download-only", "benchmark"]):
-        done = subprocess.run(cmd, cwd=src, capture_output=True, text=True)
+        done = subprocess.run(cmd, cwd=src, check=False, capture_output=True, text=True)
         if done.returncode != 0:
             raise KitError(f"{' '.join(cmd[:1] + cmd[-2:])} failed: {done.stderr.strip()[-300:]}")
     orig = sorted(src.glob("benchmark_*.orig.tar.*"))
@@ -283,8 +283,8 @@ def commands(kit: Path) -> list[str]:
     step = "python3 scripts/gpukit.py device {}"
     return [
         f"1. run  command={step.format('generate')!r}  carry={carry}  timeout_s=600",
-        "     installs the kit beside the image's Python, builds Google Benchmark, writes and configures the "
-        "benchmarks (3-5 min)",
+        ("     installs the kit beside the image's Python, builds Google Benchmark, writes and configures the "
+         "benchmarks (3-5 min)"),
         f"2. run  command={step.format('campaign')!r}  carry={carry}  timeout_s=600",
         f"     {back}",
         "     repeat until it prints 'campaign: complete' (each call stops itself before 10 minutes)",
@@ -330,7 +330,8 @@ class Device:
         """Runs cmd (stdout to `log` when given); a failure raises with the output's tail."""
         limit = max(1.0, min(timeout or self.left(), self.left()))
         try:
-            done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=limit, cwd=REPO)
+            done = subprocess.run(cmd, env=self.env, check=False, capture_output=True, text=True, timeout=limit,
+                                  cwd=REPO)
         except subprocess.TimeoutExpired:
             raise KitError(f"{what}: not finished within the {limit:.0f} s left to this call; call again", 75)
         if log is not None:
@@ -415,8 +416,9 @@ def step_install(d: Device) -> None:
     d.call(["cmake", "--install", str(build)], "Google Benchmark: install")
     say(f"install: Google Benchmark {manifest['benchmark']} built with this machine's compiler into {prefix}")
 
-    nvcc = d.call([str(d.python), "-c", "from benanza.toolchain import cuda_toolkit as c, nvcc_version as v; "
-                   "t = c(); print(t.nvcc if t else '', v(t.nvcc) if t else '')"], "nvcc discovery").split()
+    nvcc = d.call([str(d.python), "-c", ("from benanza.toolchain import cuda_toolkit as c, nvcc_version as v; "
+                                         "t = c(); print(t.nvcc if t else '', v(t.nvcc) if t else '')")],
+                  "nvcc discovery").split()
     if len(nvcc) != 2 or nvcc[1].split(".")[0] != "13":
         raise KitError(f"nvcc: {' '.join(nvcc) or 'not found'}; the image's cuDNN/cuBLAS wheels are CUDA 13 "
                        f"builds and need a CUDA 13 nvcc ($CUDA_HOME, /usr/local/cuda or PATH)", 3)
@@ -476,7 +478,7 @@ def step_generate(d: Device) -> None:
     transformer = models / f"{TRANSFORMER}.onnx"
     d.call([str(d.python), "-c", _TRANSFORMER_EXPORT, str(transformer)], "transformer encoder export")
     probe = subprocess.run(d.bz("generate", str(transformer), "--out", str(d.state / "probe"), "--backend", "none"),
-                           env=d.env, capture_output=True, text=True, cwd=REPO, timeout=max(1.0, d.left()))
+                           env=d.env, check=False, capture_output=True, text=True, cwd=REPO, timeout=max(1.0, d.left()))
     note = ""
     if probe.returncode == 0:
         names.append(TRANSFORMER)
@@ -502,8 +504,9 @@ def step_generate(d: Device) -> None:
         say(f"generate: configured {project}")
         for key in _CACHE_KEYS:
             say(f"  {key} = {cache.get(key, 'MISSING')}")
-    count = d.call([str(d.python), "-c", "import sys; from benanza.generator import read_variants; "
-                    "print(len(read_variants(sys.argv[1])))", str(d.state / "bench" / "cudnn")], "variant count")
+    count = d.call([str(d.python), "-c", ("import sys; from benanza.generator import read_variants; "
+                                          "print(len(read_variants(sys.argv[1])))"), str(d.state / "bench" / "cudnn")],
+                   "variant count")
     say(f"generate: {count.strip()} campaign variants of {', '.join(names)}")
     d.stamp("generate").write_text("\n".join(names) + "\n")
 
@@ -514,7 +517,8 @@ def gpu_name(step: str) -> str:
     if smi is None:
         raise KitError(f"{step} needs a GPU: nvidia-smi not found (no NVIDIA driver here); the steps before "
                        f"it ran, run this one on the GPU machine (`scripts/gpukit.py commands`)", 3)
-    done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], check=False, capture_output=True,
+                          text=True)
     name = done.stdout.strip().splitlines()[0].strip() if done.returncode == 0 and done.stdout.strip() else ""
     if not name:
         raise KitError(f"{step} needs a GPU: nvidia-smi lists none ({(done.stderr or done.stdout).strip()[:200]})", 3)
@@ -527,7 +531,7 @@ def slug(name: str) -> str:
 
 def _torch_sees_gpu(d: Device, step: str) -> None:
     ok = subprocess.run([str(d.python), "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"],
-                        env=d.env, capture_output=True)
+                        env=d.env, check=False, capture_output=True)
     if ok.returncode != 0:
         raise KitError(f"{step} needs a GPU: PyTorch does not see it (torch.cuda.is_available() is False)", 3)
 
@@ -581,6 +585,8 @@ def step_campaign(d: Device) -> None:
     rc = _run_until_deadline(d, d.bz("run", "--system", gpu, "--bench-dir", str(d.state / "bench"), "--backend",
                                      "cudnn", "--db", str(db), "--repetitions", "3"), d.state / "campaign.log")
     seconds = time.monotonic() - started
+    with sqlite3.connect(db) as conn:  # fold a stopped run's journal into the file that travels
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     d.deadline = max(d.deadline, time.monotonic() + 60)  # the dry run below is quick; it must report
     left = _remaining(d, gpu, db)
     with campaign_log.open("a") as f:
@@ -603,6 +609,9 @@ def _tool_beside_nvcc(d: Device, tool: str) -> str | None:
     return str(nvcc.parent / tool) if (nvcc.parent / tool).is_file() else None
 
 
+SMOKE_SKIPPED = "gpukit: smoke skipped: "  # scripts/gpu-results.py reads this line
+
+
 def step_smoke(d: Device) -> None:
     step_generate(d)
     gpu = _gpu_preflight(d, "smoke")
@@ -610,7 +619,7 @@ def step_smoke(d: Device) -> None:
     smoke_log = d.perfdb / f"{gpu}-smoke.log"
     sanitizer = _tool_beside_nvcc(d, "compute-sanitizer")
     if sanitizer is None:
-        smoke_log.write_text("gpukit: smoke skipped: compute-sanitizer not found beside nvcc or on PATH\n")
+        smoke_log.write_text(f"{SMOKE_SKIPPED}compute-sanitizer not found beside nvcc or on PATH\n")
         d.to_out(smoke_log)
         say("smoke: skipped: no compute-sanitizer (the campaign does not depend on it)")
         return
@@ -625,7 +634,7 @@ def step_smoke(d: Device) -> None:
     rc = _run_until_deadline(d, env_cmd, raw)
     text = raw.read_text(errors="replace") + (san.read_text(errors="replace") if san.is_file() else "")
     if "Device not supported" in text:
-        smoke_log.write_text("gpukit: smoke skipped: compute-sanitizer refused the device (Device not supported); "
+        smoke_log.write_text(f"{SMOKE_SKIPPED}compute-sanitizer refused the device (Device not supported); "
                              "the campaign does not depend on it\n")
         d.to_out(smoke_log)
         say("smoke: skipped: compute-sanitizer refused the device (Device not supported)")
@@ -659,10 +668,10 @@ def step_report(d: Device) -> None:
                                         "--json", "--report", str(d.state / f"{name}.html")), f"analyze {name}"))
         analyses.append(str(analysis))
         say(f"report: profiled and analysed {name}")
-    seconds = sum(float(m[1]) for m in re.finditer(r"^\S+ (\d+) s ", campaign_log.read_text(), re.M))
+    seconds = sum(float(m[1]) for m in re.finditer(r"^\S+ (\d+) s ", campaign_log.read_text(), re.MULTILINE))
     calls = len(campaign_log.read_text().splitlines())
-    notes = ["--note", f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
-                       f"3 repetitions (perfdb/{gpu}-campaign.log)"]
+    notes = ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
+                        f"3 repetitions (perfdb/{gpu}-campaign.log)")]
     if models["note"]:
         notes += ["--note", models["note"]]
     smoke_log = d.perfdb / f"{gpu}-smoke.log"

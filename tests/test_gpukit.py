@@ -43,7 +43,8 @@ def kit_cmd(*args: str) -> list[str]:
 def kit(tmp_path_factory) -> Path:
     """`gpukit.py prepare` for real: pip download from PyPI, apt-get source from Debian."""
     out = tmp_path_factory.mktemp("kit") / "kit"
-    done = subprocess.run(kit_cmd("--kit", str(out), "prepare"), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(kit_cmd("--kit", str(out), "prepare"), check=False, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -155,8 +156,8 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CMAKE_PREFIX_PATH", "CUDACXX")}
     env["CUDA_HOME"] = str(cuda)
 
-    done = subprocess.run(kit_cmd(*common, "generate", *opts), capture_output=True, text=True, timeout=1500,
-                          env=env)
+    done = subprocess.run(kit_cmd(*common, "generate", *opts), check=False, capture_output=True, text=True,
+                          timeout=1500, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     log = done.stderr
 
@@ -178,6 +179,9 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     variants = read_variants(state / "bench" / "cudnn")
     assert f"generate: {len(variants)} campaign variants of {', '.join(names)}" in log
     assert {v.api for v in variants} >= {"cudnnConvolutionForward", "cudnnPoolingForward"}
+    smoke = read_variants(state / "smoke" / "cudnn")
+    assert {v.api for v in smoke} >= {"cudnnConvolutionForward", "cudnnRNNForward", "cublasSgemv",
+                                      "cudnnConvolutionBiasActivationForward", "cudnnSoftmaxForward"}
     for project in ("bench", "smoke"):
         cache = {}
         for line in (state / project / "cudnn" / "build" / "CMakeCache.txt").read_text().splitlines():
@@ -193,7 +197,8 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
         assert not (state / project / "cudnn" / "build" / "benanza_bench").exists()
 
     # the first GPU step stops with one line and writes nothing
-    stop = subprocess.run(kit_cmd(*common, "campaign", *opts), capture_output=True, text=True, timeout=600, env=env)
+    stop = subprocess.run(kit_cmd(*common, "campaign", *opts), check=False, capture_output=True, text=True,
+                          timeout=600, env=env)
     assert stop.returncode == 3, stop.stderr[-2000:]
     assert stop.stderr.strip().splitlines() == [
         "gpukit: install: done on this machine already", "gpukit: generate: done on this machine already",
@@ -204,8 +209,33 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
 
 def test_a_step_without_the_kit_says_how_to_make_it(tmp_path):
     done = subprocess.run(kit_cmd("--kit", str(tmp_path / "none"), "device", "install", "--python", sys.executable,
-                                  "--state", str(tmp_path / "state")), capture_output=True, text=True, timeout=60)
+                                  "--state", str(tmp_path / "state")), check=False, capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 4
     assert done.stderr.strip().splitlines() == [
-        f"gpukit: {tmp_path / 'none'}: no kit here (MANIFEST.json missing): run `scripts/gpukit.py prepare` on a "
-        f"connected machine and name {tmp_path / 'none'} in the call's carry"]
+        (f"gpukit: {tmp_path / 'none'}: no kit here (MANIFEST.json missing): run `scripts/gpukit.py prepare` on a "
+         f"connected machine and name {tmp_path / 'none'} in the call's carry")]
+
+
+def test_results_page_says_why_the_smoke_run_was_skipped(tmp_path):
+    """The line the smoke step writes where compute-sanitizer refuses the device, rendered by
+    gpu-results.py from a database the perfdb layer wrote."""
+    from benanza.perfdb import PerfDB
+    from benanza.records import System
+
+    with PerfDB(tmp_path / "gpu.db") as db:
+        db.upsert_system(System("nvidia-h200", "cudnn", "NVIDIA H200", (("cudnn", "9.13"),)))
+    log = tmp_path / "nvidia-h200-smoke.log"
+    log.write_text(f"{gpukit.SMOKE_SKIPPED}compute-sanitizer refused the device (Device not supported); "
+                   "the campaign does not depend on it\n")
+    page = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-results.py"), "--db", str(tmp_path / "gpu.db"),
+                           "--system", "nvidia-h200", "--out", str(page), "--campaign-seconds", "0", "--smoke",
+                           str(log)], check=False, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    section = text[text.index("## Smoke run under compute-sanitizer"):]
+    assert section.splitlines()[2] == ("Skipped: compute-sanitizer refused the device (Device not supported); "
+                                       "the campaign does not depend on it.")
+    assert "| cudnn | 9.13 |" in text
