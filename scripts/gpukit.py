@@ -27,6 +27,7 @@ call continues where it stopped. The deliverables (perfdb/<gpu>.db, its -campaig
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -40,11 +41,13 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LIMIT_MIB = 64  # the device tool's limit on everything that travels: tree and carried folders
+OUT_FILE_LIMIT = 15 * 2**20  # a file the tool brings back from $OUT may have 16 MiB
 IMAGE_PYTHON = Path("/opt/torch/.venv/bin/python3")
 MODELS = ("resnet50-v1", "inception-v1", "mobilenet-v2")
 TRANSFORMER = "transformer-encoder"
@@ -279,7 +282,8 @@ def _kit_rel(kit: Path) -> str:
 def commands(kit: Path) -> list[str]:
     carry = json.dumps([_kit_rel(kit)])
     back = ("then here: cp FILES_AT/*.db FILES_AT/*-campaign.log FILES_AT/*-smoke.log perfdb/ 2>/dev/null; "
-            "cp FILES_AT/results-*.md docs/ 2>/dev/null  (FILES_AT: the reply's files_at)")
+            "cp FILES_AT/results-*.md docs/ 2>/dev/null  (FILES_AT: the reply's files_at; a <gpu>.db.gz "
+            "instead of <gpu>.db: gunzip -c it into perfdb/<gpu>.db)")
     step = "python3 scripts/gpukit.py device {}"
     return [
         f"1. run  command={step.format('generate')!r}  carry={carry}  timeout_s=600",
@@ -287,7 +291,8 @@ def commands(kit: Path) -> list[str]:
          "benchmarks (3-5 min)"),
         f"2. run  command={step.format('campaign')!r}  carry={carry}  timeout_s=600",
         f"     {back}",
-        "     repeat until it prints 'campaign: complete' (each call stops itself before 10 minutes)",
+        ("     repeat until it prints 'campaign: complete' (each call stops itself before 10 minutes and "
+         "keeps what it measured)"),
         f"3. run  command={step.format('smoke')!r}  carry={carry}  timeout_s=600   (optional)",
         f"     {back}",
         f"4. run  command={step.format('report')!r}  carry={carry}  timeout_s=600",
@@ -350,12 +355,19 @@ class Device:
         if not out:
             return
         for p in paths:
-            if p.is_file():
-                if p.suffix == ".db":  # one consistent file, whatever the journal holds
-                    with sqlite3.connect(p) as src, sqlite3.connect(Path(out) / p.name) as dst:
-                        src.backup(dst)
-                else:
-                    shutil.copy2(p, Path(out) / p.name)
+            if not p.is_file():
+                continue
+            if p.suffix == ".db":  # one consistent file, whatever the journal holds
+                with closing(sqlite3.connect(p)) as src, closing(sqlite3.connect(Path(out) / p.name)) as dst:
+                    src.backup(dst)
+            else:
+                shutil.copy2(p, Path(out) / p.name)
+            copied = Path(out) / p.name
+            if copied.stat().st_size > OUT_FILE_LIMIT:  # the tool brings back files of up to 16 MiB
+                with copied.open("rb") as raw, gzip.open(f"{copied}.gz", "wb") as packed:
+                    shutil.copyfileobj(raw, packed)
+                copied.unlink()
+                say(f"{p.name} is over 15 MiB: it comes back as {p.name}.gz (gunzip it into place)")
 
 
 def _manifest_digest(kit: Path) -> str:
@@ -397,7 +409,7 @@ def step_install(d: Device) -> None:
             "--no-cache-dir", "--disable-pip-version-check", "--target", str(site), *wheels], "pip install")
     bad = d.call([str(d.python), "-c", _CHECK_REQUIREMENTS, str(d.kit / "MANIFEST.json")], "requirement check")
     if bad.strip():
-        raise KitError("the image does not meet the carried wheels' requirements:\n" + bad.strip())
+        raise KitError("requirements the image and the kit do not meet (MANIFEST.json):\n" + bad.strip())
     say(f"install: {len(wheels)} wheels into {site} (PYTHONPATH beside {d.python})")
 
     tarball = next((d.kit / "benchmark").glob("benchmark_*.orig.tar.*"))
@@ -542,63 +554,55 @@ def _gpu_preflight(d: Device, step: str) -> str:
     return slug(name)
 
 
-def _run_until_deadline(d: Device, cmd: list[str], log: Path) -> int:
+def _run_until_deadline(d: Device, cmd: list[str], log: Path) -> tuple[int, bool]:
     """Runs a resumable command until it ends or the call's time is up; then SIGTERM (benanza run
-    keeps what it stored), and SIGKILL if it does not stop."""
-    with log.open("a") as out:
+    keeps what it stored), and SIGKILL if it does not stop. Returns (exit status, stopped)."""
+    with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=d.env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True)
         try:
-            return proc.wait(timeout=max(1.0, d.left()))
+            return proc.wait(timeout=max(1.0, d.left())), False
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
-                return proc.wait(timeout=30)
+                return proc.wait(timeout=30), True
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                return proc.wait()
-
-
-def _db_path(d: Device, gpu: str) -> Path:
-    d.perfdb.mkdir(parents=True, exist_ok=True)
-    return d.perfdb / f"{gpu}.db"
-
-
-def _remaining(d: Device, gpu: str, db: Path) -> int:
-    out = d.call(d.bz("run", "--system", gpu, "--bench-dir", str(d.state / "bench"), "--backend", "cudnn",
-                      "--db", str(db), "--dry-run"), "benanza run --dry-run", timeout=120)
-    found = re.search(r": (\d+) of (\d+) benchmarks would run", out)
-    if found is None:
-        raise KitError(f"benanza run --dry-run: no summary line in its output: {out.strip()[-200:]}")
-    return int(found[1])
+                return proc.wait(), True
 
 
 def step_campaign(d: Device) -> None:
     step_generate(d)
     gpu = _gpu_preflight(d, "campaign")
-    db = _db_path(d, gpu)
+    d.perfdb.mkdir(parents=True, exist_ok=True)
+    db = d.perfdb / f"{gpu}.db"
     campaign_log = d.perfdb / f"{gpu}-campaign.log"
     if d.left() < 90:
         raise KitError("campaign: under 90 s left in this call after the steps before it; call again", 75)
     started = time.monotonic()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    rc = _run_until_deadline(d, d.bz("run", "--system", gpu, "--bench-dir", str(d.state / "bench"), "--backend",
-                                     "cudnn", "--db", str(db), "--repetitions", "3"), d.state / "campaign.log")
+    output = d.state / "campaign-run.log"
+    rc, stopped = _run_until_deadline(d, d.bz("run", "--system", gpu, "--bench-dir", str(d.state / "bench"),
+                                              "--backend", "cudnn", "--db", str(db), "--repetitions", "3"), output)
     seconds = time.monotonic() - started
-    with sqlite3.connect(db) as conn:  # fold a stopped run's journal into the file that travels
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    d.deadline = max(d.deadline, time.monotonic() + 60)  # the dry run below is quick; it must report
-    left = _remaining(d, gpu, db)
+    lines = output.read_text(errors="replace").strip().splitlines()
+    summary = next((line for line in reversed(lines) if line.startswith("cudnn on ")), "no summary line")
+    outcome = "stopped at the call's time limit" if stopped else f"exit {rc}"
+    if db.is_file():
+        with closing(sqlite3.connect(db)) as conn:  # fold a stopped run's journal into the file that travels
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     with campaign_log.open("a") as f:
-        f.write(f"{stamp} {seconds:.0f} s exit {rc}: {left} benchmarks left to run\n")
-    d.to_out(db, campaign_log, d.state / "campaign.log")
-    tail = (d.state / "campaign.log").read_text(errors="replace").strip().splitlines()[-3:]
-    for line in tail:
+        f.write(f"{stamp} {seconds:.0f} s {outcome}: {summary}\n")
+    d.to_out(db, campaign_log, output)
+    for line in lines[-3:]:
         say(f"  {line}")
-    if left == 0:
-        say(f"campaign: complete: {db}")
+    if stopped:
+        say("campaign: stopped at this call's time limit with its results stored: call `device campaign` again")
+    elif rc != 0:
+        raise KitError(f"campaign: `benanza run` failed (exit {rc}); its output: {output}", rc)
     else:
-        say(f"campaign: {left} benchmarks left to run: call `device campaign` again")
+        # one whole pass: a later call only retries what failed (benanza run --max-failures)
+        say(f"campaign: complete: {db}")
 
 
 def _tool_beside_nvcc(d: Device, tool: str) -> str | None:
@@ -627,11 +631,10 @@ def step_smoke(d: Device) -> None:
     d.call(["cmake", "--build", str(project / "build"), "-j", str(os.cpu_count() or 1)], "smoke build")
     binary = project / "build" / "benanza_bench"
     raw, san = d.state / "smoke-run.log", d.state / "smoke-sanitizer.log"
-    raw.write_text("")
     # One call per repetition (BENANZA_TARGET_MS tiny): the sanitizer checks every call, it need not time them.
     env_cmd = ["env", "BENANZA_TARGET_MS=0.001", sanitizer, "--tool", "memcheck", "--error-exitcode", "99",
                "--print-limit", "50", "--log-file", str(san), str(binary), "--benchmark_repetitions=1"]
-    rc = _run_until_deadline(d, env_cmd, raw)
+    rc, _ = _run_until_deadline(d, env_cmd, raw)
     text = raw.read_text(errors="replace") + (san.read_text(errors="replace") if san.is_file() else "")
     if "Device not supported" in text:
         smoke_log.write_text(f"{SMOKE_SKIPPED}compute-sanitizer refused the device (Device not supported); "
@@ -657,21 +660,32 @@ def step_report(d: Device) -> None:
         raise KitError(f"report: no {db} with its campaign log: run `device campaign` first (and copy its "
                        f"files back into perfdb/ when the machine was given back between calls)", 4)
     models = json.loads((d.state / "models.json").read_text())
-    analyses = []
+    analyses, notes = [], []
     for name, path in zip(models["names"], models["paths"]):
         profile = d.state / f"profile-{name}"
         nsys = ["--nsys"] if shutil.which("nsys") else []
-        d.call(d.bz("profile", path, "--framework", "torch", "--device", "cuda", "--out", str(profile), *nsys),
-               f"profile {name}")
         analysis = d.state / f"analyze-{name}.json"
-        analysis.write_text(d.call(d.bz("analyze", path, "--system", gpu, "--db", str(db), "--profile", str(profile),
-                                        "--json", "--report", str(d.state / f"{name}.html")), f"analyze {name}"))
+        try:
+            if not d.stamp(f"profile-{name}").is_file():  # a second call skips the profiles it has
+                d.call(d.bz("profile", path, "--framework", "torch", "--device", "cuda", "--out", str(profile),
+                            *nsys), f"profile {name}")
+                d.stamp(f"profile-{name}").write_text("")
+            analysis.write_text(d.call(d.bz("analyze", path, "--system", gpu, "--db", str(db), "--profile",
+                                            str(profile), "--json", "--report", str(d.state / f"{name}.html")),
+                                       f"analyze {name}"))
+        except KitError as e:
+            if e.code == 75:  # out of time: the next call goes on from here
+                raise
+            # one model's failure must not cost the others' results: the page says what happened
+            notes += ["--note", f"{name}: {str(e).splitlines()[0]} {str(e).splitlines()[-1].strip()}"]
+            say(f"report: {name}: {e}")
+            continue
         analyses.append(str(analysis))
         say(f"report: profiled and analysed {name}")
     seconds = sum(float(m[1]) for m in re.finditer(r"^\S+ (\d+) s ", campaign_log.read_text(), re.MULTILINE))
     calls = len(campaign_log.read_text().splitlines())
-    notes = ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
-                        f"3 repetitions (perfdb/{gpu}-campaign.log)")]
+    notes += ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
+                         f"3 repetitions (perfdb/{gpu}-campaign.log)")]
     if models["note"]:
         notes += ["--note", models["note"]]
     smoke_log = d.perfdb / f"{gpu}-smoke.log"
@@ -719,9 +733,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="this machine's work folder, kept between calls while it stays warm [out/gpukit]")
     p_dev.add_argument("--perfdb", type=Path, default=REPO / "perfdb", help="where <gpu>.db goes [perfdb]")
     p_dev.add_argument("--docs", type=Path, default=REPO / "docs", help="where results-<gpu>.md goes [docs]")
-    # 480: a stopped `benanza run` may take 30 s to hand back and the count after it up to 60
-    p_dev.add_argument("--budget", type=float, default=480.0,
-                       help="seconds this call may work before it hands back; the device kills at 600 [480]")
+    # 520: a stopped `benanza run` may take 30 s to hand back, and the copies into $OUT some more
+    p_dev.add_argument("--budget", type=float, default=520.0,
+                       help="seconds this call may work before it hands back; the device kills at 600 [520]")
     args = parser.parse_args(argv)
     kit = args.kit.absolute()
     try:
