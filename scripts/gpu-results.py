@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Renders docs/results-<gpu>.md from what scripts/gpu-validate.sh measured.
+"""Renders docs/results-<gpu>.md from what the GPU kit (scripts/gpukit.py) measured.
 
 Inputs are only files the pipeline wrote: the performance database, `benanza analyze --json`
 documents, the campaign's timing, and the smoke run's BENANZA_RESULT lines. Nothing here
@@ -120,10 +120,16 @@ def models(analyses: list[dict]) -> list[str]:
     return lines
 
 
+SKIPPED = "gpukit: smoke skipped: "
+
+
 def smoke(path: Path | None) -> list[str]:
     lines = ["## Smoke run under compute-sanitizer (every family)", ""]
     if path is None or not path.is_file():
         return lines + ["Not run.", ""]
+    skipped = [line for line in path.read_text(errors="replace").splitlines() if line.startswith(SKIPPED)]
+    if skipped:  # scripts/gpukit.py writes this line where the sanitizer refuses the device
+        return lines + [f"Skipped: {skipped[0][len(SKIPPED):]}.", ""]
     results = [json.loads(line.split(" ", 1)[1]) for line in path.read_text(errors="replace").splitlines()
                if line.startswith("BENANZA_RESULT ")]
     errors = [line for line in path.read_text(errors="replace").splitlines() if line.startswith("========= ")]
@@ -156,7 +162,8 @@ def main() -> int:
         results = db.results(args.system)
     analyses = [a for path in args.analyses for a in json.loads(path.read_text())["analyses"]]
     lines = [f"# Benanza on {system.device}", "",
-             "Written by `scripts/gpu-validate.sh` (docs/gpu.md) from the measurements of that run.", ""]
+             "Written by `scripts/gpukit.py device report` (docs/gpu.md) from the measurements of that campaign.",
+             ""]
     lines += _table(["component", "version"], [[k, v] for k, v in system.stack])
     lines += [f"- {n}" for n in args.note] + ([""] if args.note else [])
     lines += campaign(results, args.campaign_seconds) + models(analyses) + algorithms(results) + smoke(args.smoke)

@@ -705,65 +705,7 @@ def test_sticky_error_aborts_and_the_runner_restarts_after_it(tmp_path):
     assert "SIGABRT" in message and "cudaErrorIllegalAddress" in message and "sticky CUDA error" in message
 
 
-# --- the GPU validation kit, as far as it runs without a GPU -----------------------------------
-
-@pytest.mark.slow
-def test_gpu_kit_dry_run_runs_every_step_that_needs_no_gpu(tmp_path):
-    import os
-    import sys
-
-    out = tmp_path / "kit"
-    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-validate.sh"), "--dry-run", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
-                          env=dict(os.environ, BENANZA_PYTHON=sys.executable))
-    assert done.returncode == 0, done.stderr[-3000:]
-    log = done.stderr
-    # the CPU steps ran: the models, the smoke sources, the campaign sources
-    for m in ("resnet50-v1", "inception-v1", "mobilenet-v2"):
-        assert (out / "models" / f"{m}.onnx").is_file()
-    smoke = read_variants(out / "smoke" / "cudnn")
-    assert {v.api for v in smoke} >= {"cudnnConvolutionForward", "cudnnRNNForward", "cublasSgemv",
-                                      "cudnnConvolutionBiasActivationForward", "cudnnSoftmaxForward"}
-    campaign = read_variants(out / "bench" / "cudnn")
-    assert f"campaign: {len(campaign)} variants generated" in log
-    # the transformer encoder is either in the campaign or said to be out of it, with the reason
-    assert ("transformer encoder is processable" in log
-            or "transformer encoder (PyTorch nn.TransformerEncoder export): not processable by Benanza yet" in log)
-    # the GPU steps are listed in order, none run
-    gpu_steps = [line for line in log.splitlines() if "would run:" in line]
-    order = ["cmake --build", "compute-sanitizer", "--tool memcheck", "benanza run", "--backend cudnn",
-             "--device cuda", "benanza analyze", "gpu-results.py"]
-    joined = "\n".join(gpu_steps)
-    assert all(step in joined for step in order), joined
-    assert joined.index("compute-sanitizer") < joined.index("benanza run") < joined.index("--device cuda")
-    assert not (out / "smoke" / "cudnn" / "build").exists()
-
-
-@pytest.mark.gpu
-def test_gpu_kit_without_a_driver_stops_with_one_line(tmp_path):
-    if shutil.which("nvidia-smi") or Path("/usr/local/cuda/bin/nvidia-smi").exists():
-        pytest.skip("this machine has an NVIDIA driver: the kit would run")
-    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-validate.sh"), "--out", str(tmp_path / "kit")],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 3
-    assert done.stderr.strip().splitlines() == [
-        ("gpu-validate: no NVIDIA driver: nvidia-smi not found; this kit needs a machine with an NVIDIA GPU "
-         "(docs/gpu.md)")]
-    assert not (tmp_path / "kit").exists()
-
-
-def test_gpu_bundle_lists_the_wheels_and_the_deb_closure():
-    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-prepare.sh"), "--dry-run"], capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert {"wheel: .[test,cuda,serve]", "wheel: torch==2.13.0", "wheel: hatchling"} <= set(lines)
-    debs = {line[len("deb: "):] for line in lines if line.startswith("deb: ")}
-    # the tools and what they need to install on a bare system (the closure, not just the names)
-    assert {"cmake", "ninja-build", "g++", "libbenchmark-dev"} <= debs
-    assert "libbenchmark1debian" in debs or any(d.startswith("libbenchmark1") for d in debs)
-    assert "cmake-data" in debs
-
+# --- the GPU kit's results page (the kit itself: tests/test_gpukit.py) ----------------------------
 
 @pytest.mark.slow
 @NEED_TOOLCHAIN

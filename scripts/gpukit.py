@@ -1,0 +1,760 @@
+#!/usr/bin/env python3
+"""The GPU kit: turns a short lease of this workplace's H100/H200 machine into a GPU database.
+
+That machine (docs/gpu.md) has Python 3.12 at /opt/torch/.venv/bin/python3 with torch
+2.11+cu130, onnx, onnxruntime and the cu13 cuDNN/cuBLAS wheels, nvcc 13.0, CMake and ninja, but
+no network, no Google Benchmark, no sqlite-utils and no cuDNN frontend headers; only the
+repository's working tree travels to it, plus git-ignored folders named in `carry`, 64 MiB in
+all, and one command runs at most 10 minutes.
+
+  scripts/gpukit.py prepare [--kit .gpukit]     on a connected machine: the one folder that
+                                                travels, holding only what the image lacks
+  scripts/gpukit.py commands                    the device calls to make, in order
+  scripts/gpukit.py device STEP [--python PY]   on the GPU machine; STEP is one of
+        install    carried wheels → out/gpukit/site (beside the image's Python, on PYTHONPATH),
+                   Google Benchmark built from its carried source, the toolchain checked
+        generate   the four models, their cuDNN/cuBLAS benchmark sources, CMake configured
+        campaign   GPU: `benanza run` into perfdb/<gpu>.db; call again until it says complete
+        smoke      GPU: every family under compute-sanitizer (skipped where it refuses the device)
+        report     GPU: PyTorch-on-CUDA profiles, analyses, docs/results-<gpu>.md
+
+A step first runs the steps before it that this machine has not done (stamps in out/gpukit), so
+every call also works on a fresh machine; each stops before the 10-minute limit and a second
+call continues where it stopped. The deliverables (perfdb/<gpu>.db, its -campaign.log and
+-smoke.log, docs/results-<gpu>.md) are also copied to $OUT, to be copied back into the tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LIMIT_MIB = 64  # the device tool's limit on everything that travels: tree and carried folders
+OUT_FILE_LIMIT = 15 * 2**20  # a file the tool brings back from $OUT may have 16 MiB
+IMAGE_PYTHON = Path("/opt/torch/.venv/bin/python3")
+MODELS = ("resnet50-v1", "inception-v1", "mobilenet-v2")
+TRANSFORMER = "transformer-encoder"
+# Python packages the image holds: .library/device/KINDS.md, "Python packages already there"
+# (read on 2026-11-17). Versions are not listed, so a requirement with a version floor on one of
+# them is carried too.
+IMAGE_PACKAGES = frozenset("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
+flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
+huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt
+jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities
+linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes
+mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba
+numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse
+nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx
+onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix
+orbax-checkpoint packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client
+propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions
+pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
+pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
+sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl
+tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
+torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
+wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp""".split())  # noqa: SIM905 (pasted from KINDS.md)
+# The image's Python, for the wheels' environment markers and platform tags.
+IMAGE_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+                 "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+                 "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+PIP_PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+                *[a for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+                                "manylinux2014_x86_64", "manylinux1_x86_64") for a in ("--platform", tag)]]
+# Google Benchmark from Debian's source package, built on the device by the image's own compiler
+# (a binary .deb would tie it to the glibc and libstdc++ of the release that built it).
+BENCHMARK_SUITE = "trixie"
+
+
+class KitError(Exception):
+    """One line for the user; the kit exits with `code`."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def say(msg: str) -> None:
+    print(f"gpukit: {msg}", file=sys.stderr, flush=True)
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# --- prepare (connected machine) --------------------------------------------------------------
+
+def _requires(wheel: Path) -> list[str]:
+    """Requires-Dist lines of a wheel that apply on the image (extras and other platforms dropped)."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    out = []
+    for line in lines:
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1].strip())
+            if req.marker is None or req.marker.evaluate({**IMAGE_MARKERS, "extra": ""}):
+                out.append(str(req))
+    return out
+
+
+def _pin(requirement: str) -> str:
+    """The version this machine's environment runs (what the test suite passed with) when it
+    satisfies the requirement; else the requirement as written."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+
+    req = Requirement(requirement)
+    try:
+        have = version(req.name)
+    except PackageNotFoundError:
+        return f"{req.name}{req.specifier}"
+    return f"{req.name}=={have}" if req.specifier.contains(have, prereleases=True) else f"{req.name}{req.specifier}"
+
+
+def _project_dependencies() -> list[str]:
+    text = (REPO / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE)
+    if block is None:
+        raise KitError("pyproject.toml: no [project] dependencies list")
+    return re.findall(r'"([^"]+)"', block[1])
+
+
+def _extra(name: str) -> list[str]:
+    text = (REPO / "pyproject.toml").read_text()
+    block = re.search(rf"^{name} = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE)
+    if block is None:
+        raise KitError(f"pyproject.toml: no optional dependency group {name!r}")
+    return re.findall(r'"([^"]+)"', block[1])
+
+
+def _download(requirement: str, dest: Path) -> Path:
+    before = set(dest.glob("*.whl"))
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PIP_PLATFORM, "-d", str(dest), requirement]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    new = sorted(set(dest.glob("*.whl")) - before)
+    if done.returncode != 0 or len(new) != 1:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise KitError(f"pip download {requirement} failed:\n{tail}")
+    return new[0]
+
+
+def carried_wheels(dest: Path) -> list[Path]:
+    """Benanza's dependencies the image lacks, and theirs, as --no-deps wheels for Python 3.12."""
+    from packaging.requirements import Requirement
+
+    queue = [r for r in _project_dependencies() if norm(Requirement(r).name) not in IMAGE_PACKAGES]
+    done: dict[str, Path] = {}
+    while queue:
+        req = Requirement(queue.pop(0))
+        if norm(req.name) in done:
+            continue
+        wheel = _download(_pin(str(req)), dest)
+        done[norm(req.name)] = wheel
+        for dep in map(Requirement, _requires(wheel)):
+            # carried: missing from the image, or there with a version floor the image's may not meet
+            if norm(dep.name) not in IMAGE_PACKAGES or str(dep.specifier):
+                queue.append(str(dep))
+    return sorted(done.values())
+
+
+def _frontend(kit: Path, scratch: Path) -> str:
+    """The cuDNN frontend's headers (its wheel's include/ tree and licences), without the wheel's
+    compiled Python module: headers fit any interpreter and are a quarter of the wheel."""
+    from packaging.requirements import Requirement
+
+    spec = next(r for r in _extra("cuda") if norm(Requirement(r).name) == "nvidia-cudnn-frontend")
+    wheel = _download(_pin(spec), scratch)
+    out = kit / "cudnn-frontend"
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.endswith("/"):
+                continue
+            if name.startswith("include/"):
+                z.extract(name, out)
+            elif ".dist-info/licenses/" in name:
+                (out / Path(name).name).write_bytes(z.read(name))
+    if not (out / "include" / "cudnn_frontend.h").is_file():
+        raise KitError(f"{wheel.name}: no include/cudnn_frontend.h in the wheel")
+    return wheel.name.split("-")[1]
+
+
+def _benchmark_source(kit: Path, scratch: Path) -> str:
+    """Debian's Google Benchmark source package, through apt with a private deb-src list (no root)."""
+    if shutil.which("apt-get") is None:
+        raise KitError("apt-get not found: the kit takes Google Benchmark's source from Debian (apt-get source)")
+    apt = scratch / "apt"
+    for sub in ("lists/partial", "cache/archives/partial"):
+        (apt / sub).mkdir(parents=True, exist_ok=True)
+    (apt / "sources.list").write_text(f"deb-src http://deb.debian.org/debian {BENCHMARK_SUITE} main\n")
+    opts = [f"-oDir::Etc::SourceList={apt / 'sources.list'}", "-oDir::Etc::SourceParts=/dev/null",
+            f"-oDir::State::Lists={apt / 'lists'}", f"-oDir::Cache={apt / 'cache'}", "-oAPT::Sandbox::User=root",
+            "-qq"]
+    src = scratch / "src"
+    src.mkdir()
+    for cmd in (["apt-get", *opts, "update"], ["apt-get", *opts, "source", "--download-only", "benchmark"]):
+        done = subprocess.run(cmd, cwd=src, check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KitError(f"{' '.join(cmd[:1] + cmd[-2:])} failed: {done.stderr.strip()[-300:]}")
+    orig = sorted(src.glob("benchmark_*.orig.tar.*"))
+    if len(orig) != 1:
+        raise KitError(f"apt-get source benchmark: expected one orig tarball, got {[p.name for p in orig]}")
+    (kit / "benchmark").mkdir()
+    shutil.copy2(orig[0], kit / "benchmark" / orig[0].name)
+    return orig[0].name.split("_")[1].rsplit(".orig", 1)[0]
+
+
+def travelling_bytes(kit: Path) -> tuple[int, int]:
+    """(bytes of the working tree that travels: tracked and untracked-not-ignored files, bytes of
+    the kit folder)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    tree = sum((REPO / os.fsdecode(n)).stat().st_size for n in listed if n and (REPO / os.fsdecode(n)).is_file())
+    kit_bytes = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
+    return tree, kit_bytes
+
+
+def check_size(kit: Path, limit_mib: float) -> int:
+    tree, kit_bytes = travelling_bytes(kit)
+    total = tree + kit_bytes
+    if total >= limit_mib * 2**20:
+        raise KitError(f"{kit}: the tree ({tree / 2**20:.1f} MiB) and the kit ({kit_bytes / 2**20:.1f} MiB) "
+                       f"together are {total / 2**20:.1f} MiB, over the {limit_mib:g} MiB that may travel")
+    return total
+
+
+def prepare(kit: Path, limit_mib: float) -> None:
+    if kit.exists():
+        shutil.rmtree(kit)
+    kit.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="gpukit-") as tmp:
+        scratch = Path(tmp)
+        (kit / "wheels").mkdir()
+        wheels = carried_wheels(kit / "wheels")
+        say(f"wheels: {', '.join(w.name for w in wheels)}")
+        frontend = _frontend(kit, scratch)
+        say(f"cuDNN frontend {frontend}: headers only")
+        benchmark = _benchmark_source(kit, scratch)
+        say(f"Google Benchmark {benchmark}: Debian {BENCHMARK_SUITE}'s source, built on the device")
+    # checked on the device after the install: Benanza's own floors on the image's packages too
+    requires = {"benanza (pyproject.toml)": _project_dependencies(), **{w.name: _requires(w) for w in wheels}}
+    manifest = {"wheels": [w.name for w in wheels], "requires": requires,
+                "cudnn_frontend": frontend, "benchmark": benchmark}
+    (kit / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    total = check_size(kit, limit_mib)
+    say(f"{kit}: ready; {total / 2**20:.1f} MiB travel with it (limit {limit_mib:g} MiB)")
+
+
+# --- the device calls ---------------------------------------------------------------------------
+
+def _kit_rel(kit: Path) -> str:
+    try:
+        return str(kit.resolve().relative_to(REPO))
+    except ValueError:
+        return str(kit)
+
+
+def commands(kit: Path) -> list[str]:
+    carry = json.dumps([_kit_rel(kit)])
+    back = ("then here: cp FILES_AT/*.db FILES_AT/*-campaign.log FILES_AT/*-smoke.log perfdb/ 2>/dev/null; "
+            "cp FILES_AT/results-*.md docs/ 2>/dev/null  (FILES_AT: the reply's files_at; a <gpu>.db.gz "
+            "instead of <gpu>.db: gunzip -c it into perfdb/<gpu>.db)")
+    step = "python3 scripts/gpukit.py device {}"
+    return [
+        f"1. run  command={step.format('generate')!r}  carry={carry}  timeout_s=600",
+        ("     installs the kit beside the image's Python, builds Google Benchmark, writes and configures the "
+         "benchmarks (3-5 min)"),
+        f"2. run  command={step.format('campaign')!r}  carry={carry}  timeout_s=600",
+        f"     {back}",
+        ("     repeat until it prints 'campaign: complete' (each call stops itself before 10 minutes and "
+         "keeps what it measured)"),
+        f"3. run  command={step.format('smoke')!r}  carry={carry}  timeout_s=600   (optional)",
+        f"     {back}",
+        f"4. run  command={step.format('report')!r}  carry={carry}  timeout_s=600",
+        f"     {back}",
+        "then commit perfdb/<gpu>.db, perfdb/<gpu>-campaign.log, perfdb/<gpu>-smoke.log and docs/results-<gpu>.md",
+    ]
+
+
+# --- device steps -------------------------------------------------------------------------------
+
+@dataclass
+class Device:
+    python: Path
+    kit: Path
+    state: Path
+    deadline: float  # time.monotonic() by which a step must have handed back
+    perfdb: Path
+    docs: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", CUDNN_FRONTEND_ROOT=str(self.kit / "cudnn-frontend"))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.state / "site"), str(REPO),
+                                                          os.environ.get("PYTHONPATH")]))
+        env["CMAKE_PREFIX_PATH"] = os.pathsep.join(filter(None, [str(self.state / "benchmark"),
+                                                                 os.environ.get("CMAKE_PREFIX_PATH")]))
+        nvcc = self.state / "nvcc"
+        if nvcc.is_file():  # the compiler benanza.toolchain found, for CMake too
+            env["CUDACXX"] = nvcc.read_text().strip()
+        return env
+
+    def bz(self, *args: str) -> list[str]:
+        # the `benanza` command of an install; this one is only on PYTHONPATH
+        return [str(self.python), "-c", "from benanza.cli import main; main(prog_name='benanza')", *args]
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def call(self, cmd: list[str], what: str, log: Path | None = None, timeout: float | None = None) -> str:
+        """Runs cmd (stdout to `log` when given); a failure raises with the output's tail."""
+        limit = max(1.0, min(timeout or self.left(), self.left()))
+        try:
+            done = subprocess.run(cmd, env=self.env, check=False, capture_output=True, text=True, timeout=limit,
+                                  cwd=REPO)
+        except subprocess.TimeoutExpired:
+            raise KitError(f"{what}: not finished within the {limit:.0f} s left to this call; call again", 75)
+        if log is not None:
+            log.write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr + done.stdout).strip().splitlines()[-12:])
+            raise KitError(f"{what} failed (exit {done.returncode}):\n{tail}")
+        return done.stdout
+
+    def stamp(self, step: str) -> Path:
+        return self.state / "stamps" / step
+
+    def to_out(self, *paths: Path) -> None:
+        """Deliverables into $OUT (the device tool brings that folder back)."""
+        out = os.environ.get("OUT")
+        if not out:
+            return
+        for p in paths:
+            if not p.is_file():
+                continue
+            if p.suffix == ".db":  # one consistent file, whatever the journal holds
+                with closing(sqlite3.connect(p)) as src, closing(sqlite3.connect(Path(out) / p.name)) as dst:
+                    src.backup(dst)
+            else:
+                shutil.copy2(p, Path(out) / p.name)
+            copied = Path(out) / p.name
+            if copied.stat().st_size > OUT_FILE_LIMIT:  # the tool brings back files of up to 16 MiB
+                with copied.open("rb") as raw, gzip.open(f"{copied}.gz", "wb") as packed:
+                    shutil.copyfileobj(raw, packed)
+                copied.unlink()
+                say(f"{p.name} is over 15 MiB: it comes back as {p.name}.gz (gunzip it into place)")
+
+
+def _manifest_digest(kit: Path) -> str:
+    path = kit / "MANIFEST.json"
+    if not path.is_file():
+        raise KitError(f"{kit}: no kit here (MANIFEST.json missing): run `scripts/gpukit.py prepare` on a "
+                       f"connected machine and name {_kit_rel(kit)} in the call's carry", 4)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+_CHECK_REQUIREMENTS = """
+import json, sys
+from importlib.metadata import version, PackageNotFoundError
+from packaging.requirements import Requirement
+bad = []
+for wheel, reqs in json.load(open(sys.argv[1]))["requires"].items():
+    for r in map(Requirement, reqs):
+        try:
+            have = version(r.name)
+        except PackageNotFoundError:
+            bad.append(f"{wheel} needs {r}: not installed"); continue
+        if not r.specifier.contains(have, prereleases=True):
+            bad.append(f"{wheel} needs {r}: {have} is installed")
+import benanza.cli, sqlite_utils
+print("\\n".join(bad))
+"""
+
+
+def step_install(d: Device) -> None:
+    digest = _manifest_digest(d.kit)
+    if d.stamp("install").is_file() and d.stamp("install").read_text() == digest:
+        say("install: done on this machine already")
+        return
+    manifest = json.loads((d.kit / "MANIFEST.json").read_text())
+    site = d.state / "site"
+    shutil.rmtree(site, ignore_errors=True)
+    wheels = [str(d.kit / "wheels" / w) for w in manifest["wheels"]]
+    d.call([str(d.python), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+            "--no-cache-dir", "--disable-pip-version-check", "--target", str(site), *wheels], "pip install")
+    bad = d.call([str(d.python), "-c", _CHECK_REQUIREMENTS, str(d.kit / "MANIFEST.json")], "requirement check")
+    if bad.strip():
+        raise KitError("requirements the image and the kit do not meet (MANIFEST.json):\n" + bad.strip())
+    say(f"install: {len(wheels)} wheels into {site} (PYTHONPATH beside {d.python})")
+
+    tarball = next((d.kit / "benchmark").glob("benchmark_*.orig.tar.*"))
+    src, build, prefix = d.state / "benchmark-src", d.state / "benchmark-build", d.state / "benchmark"
+    for p in (src, build, prefix):
+        shutil.rmtree(p, ignore_errors=True)
+    src.mkdir(parents=True)
+    with tarfile.open(tarball) as t:
+        t.extractall(src, filter="data")
+    top = next(p for p in src.iterdir() if (p / "CMakeLists.txt").is_file())
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    d.call(["cmake", "-S", str(top), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_INSTALL_PREFIX={prefix}", "-DBENCHMARK_ENABLE_TESTING=OFF", "-DBENCHMARK_ENABLE_GTEST_TESTS=OFF",
+            "-DBENCHMARK_ENABLE_WERROR=OFF", "-DBENCHMARK_INSTALL_DOCS=OFF"], "Google Benchmark: cmake")
+    d.call(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 1)], "Google Benchmark: build")
+    d.call(["cmake", "--install", str(build)], "Google Benchmark: install")
+    say(f"install: Google Benchmark {manifest['benchmark']} built with this machine's compiler into {prefix}")
+
+    nvcc = d.call([str(d.python), "-c", ("from benanza.toolchain import cuda_toolkit as c, nvcc_version as v; "
+                                         "t = c(); print(t.nvcc if t else '', v(t.nvcc) if t else '')")],
+                  "nvcc discovery").split()
+    if len(nvcc) != 2 or nvcc[1].split(".")[0] != "13":
+        raise KitError(f"nvcc: {' '.join(nvcc) or 'not found'}; the image's cuDNN/cuBLAS wheels are CUDA 13 "
+                       f"builds and need a CUDA 13 nvcc ($CUDA_HOME, /usr/local/cuda or PATH)", 3)
+    (d.state / "nvcc").write_text(nvcc[0] + "\n")
+    print(d.call([str(d.python), "-m", "benanza.toolchain", "--cudnn", "--check"], "toolchain check"), end="")
+    d.stamp("install").parent.mkdir(parents=True, exist_ok=True)
+    d.stamp("install").write_text(digest)
+
+
+_TRANSFORMER_EXPORT = """
+import sys, warnings
+import torch
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True)
+encoder = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+torch.onnx.export(encoder, (torch.randn(1, 64, 256),), sys.argv[1], input_names=["x"], output_names=["y"],
+                  opset_version=17, dynamo=False)
+"""
+
+_SMOKE_MODEL = """
+import sys
+sys.path[:0] = ["tests"]
+import onnx
+from test_cudnn import every_family_model
+onnx.save(every_family_model(), sys.argv[1])
+"""
+
+_CACHE_KEYS = ("CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "BENANZA_CUDNN_LIBRARY", "BENANZA_CUDNN_INCLUDE_DIR",
+               "BENANZA_CUBLAS_LIBRARY", "BENANZA_CUDNN_FRONTEND_INCLUDE_DIR", "BENANZA_NVRTC_LIBRARY", "benchmark_DIR")
+
+
+def configure(d: Device, project: Path) -> dict[str, str]:
+    """Configures a generated project where and as `benanza run` builds it (runner.build)."""
+    build = project / "build"
+    gen = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "CMakeCache.txt").exists() else []
+    d.call(["cmake", "-S", str(project), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *gen],
+           f"cmake configure of {project}", log=d.state / f"configure-{project.parent.name}.log")
+    cache = {}
+    for line in (build / "CMakeCache.txt").read_text().splitlines():
+        key = line.split(":", 1)[0]
+        if key in _CACHE_KEYS:
+            cache[key] = line.split("=", 1)[1]
+    return cache
+
+
+def step_generate(d: Device) -> None:
+    step_install(d)
+    if d.stamp("generate").is_file():
+        say("generate: done on this machine already")
+        return
+    models = d.state / "models"
+    only = [a for m in MODELS for a in ("--only", m)]
+    d.call(d.bz("zoo", "--out", str(models), *only), "benanza zoo")
+    paths = [models / f"{m}.onnx" for m in MODELS]
+    names = list(MODELS)
+    transformer = models / f"{TRANSFORMER}.onnx"
+    d.call([str(d.python), "-c", _TRANSFORMER_EXPORT, str(transformer)], "transformer encoder export")
+    probe = subprocess.run(d.bz("generate", str(transformer), "--out", str(d.state / "probe"), "--backend", "none"),
+                           env=d.env, check=False, capture_output=True, text=True, cwd=REPO, timeout=max(1.0, d.left()))
+    note = ""
+    if probe.returncode == 0:
+        names.append(TRANSFORMER)
+        paths.append(transformer)
+        say("generate: the transformer encoder is processable: in the campaign")
+    else:
+        lines = (probe.stderr + probe.stdout).strip().splitlines()
+        reason = next((line[len("error: "):] for line in lines if line.lower().startswith("error: ")),
+                      lines[-1] if lines else "")
+        note = ("transformer encoder (PyTorch nn.TransformerEncoder export): not processable by Benanza yet, "
+                f"so not in the campaign: {reason}")
+        say(f"generate: {note}")
+    (d.state / "models.json").write_text(json.dumps({"names": names, "paths": [str(p) for p in paths],
+                                                     "note": note}) + "\n")
+    smoke = d.state / "smoke.onnx"
+    d.call([str(d.python), "-c", _SMOKE_MODEL, str(smoke)], "smoke model")
+    d.call(d.bz("generate", *map(str, paths), "--out", str(d.state / "bench"), "--backend", "cudnn"),
+           "benanza generate (campaign)")
+    d.call(d.bz("generate", str(smoke), "--out", str(d.state / "smoke"), "--backend", "cudnn",
+                "--dtype", "f32", "--dtype", "f16"), "benanza generate (smoke)")
+    for project in (d.state / "bench" / "cudnn", d.state / "smoke" / "cudnn"):
+        cache = configure(d, project)
+        say(f"generate: configured {project}")
+        for key in _CACHE_KEYS:
+            say(f"  {key} = {cache.get(key, 'MISSING')}")
+    count = d.call([str(d.python), "-c", ("import sys; from benanza.generator import read_variants; "
+                                          "print(len(read_variants(sys.argv[1])))"), str(d.state / "bench" / "cudnn")],
+                   "variant count")
+    say(f"generate: {count.strip()} campaign variants of {', '.join(names)}")
+    d.stamp("generate").write_text("\n".join(names) + "\n")
+
+
+def gpu_name(step: str) -> str:
+    """The device's name, or KitError: this step needs a GPU (the steps before it ran)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise KitError(f"{step} needs a GPU: nvidia-smi not found (no NVIDIA driver here); the steps before "
+                       f"it ran, run this one on the GPU machine (`scripts/gpukit.py commands`)", 3)
+    done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], check=False, capture_output=True,
+                          text=True)
+    name = done.stdout.strip().splitlines()[0].strip() if done.returncode == 0 and done.stdout.strip() else ""
+    if not name:
+        raise KitError(f"{step} needs a GPU: nvidia-smi lists none ({(done.stderr or done.stdout).strip()[:200]})", 3)
+    return name
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _torch_sees_gpu(d: Device, step: str) -> None:
+    ok = subprocess.run([str(d.python), "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"],
+                        env=d.env, check=False, capture_output=True)
+    if ok.returncode != 0:
+        raise KitError(f"{step} needs a GPU: PyTorch does not see it (torch.cuda.is_available() is False)", 3)
+
+
+def _gpu_preflight(d: Device, step: str) -> str:
+    name = gpu_name(step)
+    _torch_sees_gpu(d, step)
+    return slug(name)
+
+
+def _run_until_deadline(d: Device, cmd: list[str], log: Path) -> tuple[int, bool]:
+    """Runs a resumable command until it ends or the call's time is up; then SIGTERM (benanza run
+    keeps what it stored), and SIGKILL if it does not stop. Returns (exit status, stopped)."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=d.env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=max(1.0, d.left())), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                return proc.wait(timeout=30), True
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                return proc.wait(), True
+
+
+def step_campaign(d: Device) -> None:
+    step_generate(d)
+    gpu = _gpu_preflight(d, "campaign")
+    d.perfdb.mkdir(parents=True, exist_ok=True)
+    db = d.perfdb / f"{gpu}.db"
+    campaign_log = d.perfdb / f"{gpu}-campaign.log"
+    if d.left() < 90:
+        raise KitError("campaign: under 90 s left in this call after the steps before it; call again", 75)
+    started = time.monotonic()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    output = d.state / "campaign-run.log"
+    rc, stopped = _run_until_deadline(d, d.bz("run", "--system", gpu, "--bench-dir", str(d.state / "bench"),
+                                              "--backend", "cudnn", "--db", str(db), "--repetitions", "3"), output)
+    seconds = time.monotonic() - started
+    lines = output.read_text(errors="replace").strip().splitlines()
+    summary = next((line for line in reversed(lines) if line.startswith("cudnn on ")), "no summary line")
+    outcome = "stopped at the call's time limit" if stopped else f"exit {rc}"
+    if db.is_file():
+        with closing(sqlite3.connect(db)) as conn:  # fold a stopped run's journal into the file that travels
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with campaign_log.open("a") as f:
+        f.write(f"{stamp} {seconds:.0f} s {outcome}: {summary}\n")
+    d.to_out(db, campaign_log, output)
+    for line in lines[-3:]:
+        say(f"  {line}")
+    if stopped:
+        say("campaign: stopped at this call's time limit with its results stored: call `device campaign` again")
+    elif rc != 0:
+        raise KitError(f"campaign: `benanza run` failed (exit {rc}); its output: {output}", rc)
+    else:
+        # one whole pass: a later call only retries what failed (benanza run --max-failures)
+        say(f"campaign: complete: {db}")
+
+
+def _tool_beside_nvcc(d: Device, tool: str) -> str | None:
+    found = shutil.which(tool)
+    if found:
+        return found
+    nvcc = Path(d.env.get("CUDACXX", "/usr/local/cuda/bin/nvcc"))
+    return str(nvcc.parent / tool) if (nvcc.parent / tool).is_file() else None
+
+
+SMOKE_SKIPPED = "gpukit: smoke skipped: "  # scripts/gpu-results.py reads this line
+
+
+def step_smoke(d: Device) -> None:
+    step_generate(d)
+    gpu = _gpu_preflight(d, "smoke")
+    d.perfdb.mkdir(parents=True, exist_ok=True)
+    smoke_log = d.perfdb / f"{gpu}-smoke.log"
+    sanitizer = _tool_beside_nvcc(d, "compute-sanitizer")
+    if sanitizer is None:
+        smoke_log.write_text(f"{SMOKE_SKIPPED}compute-sanitizer not found beside nvcc or on PATH\n")
+        d.to_out(smoke_log)
+        say("smoke: skipped: no compute-sanitizer (the campaign does not depend on it)")
+        return
+    project = d.state / "smoke" / "cudnn"
+    d.call(["cmake", "--build", str(project / "build"), "-j", str(os.cpu_count() or 1)], "smoke build")
+    binary = project / "build" / "benanza_bench"
+    raw, san = d.state / "smoke-run.log", d.state / "smoke-sanitizer.log"
+    # One call per repetition (BENANZA_TARGET_MS tiny): the sanitizer checks every call, it need not time them.
+    env_cmd = ["env", "BENANZA_TARGET_MS=0.001", sanitizer, "--tool", "memcheck", "--error-exitcode", "99",
+               "--print-limit", "50", "--log-file", str(san), str(binary), "--benchmark_repetitions=1"]
+    rc, _ = _run_until_deadline(d, env_cmd, raw)
+    text = raw.read_text(errors="replace") + (san.read_text(errors="replace") if san.is_file() else "")
+    if "Device not supported" in text:
+        smoke_log.write_text(f"{SMOKE_SKIPPED}compute-sanitizer refused the device (Device not supported); "
+                             "the campaign does not depend on it\n")
+        d.to_out(smoke_log)
+        say("smoke: skipped: compute-sanitizer refused the device (Device not supported)")
+        return
+    smoke_log.write_text(text)
+    d.to_out(smoke_log)
+    want = len(d.call([str(binary), "--benanza_list"], "smoke --benanza_list").splitlines())
+    got = sum(1 for line in text.splitlines() if line.startswith("BENANZA_RESULT "))
+    if rc != 0 or got != want:
+        raise KitError(f"smoke: compute-sanitizer exit {rc}, {got} of {want} benchmarks reported ({smoke_log})", 5)
+    say(f"smoke: {got} benchmarks reported, compute-sanitizer clean ({smoke_log})")
+
+
+def step_report(d: Device) -> None:
+    step_generate(d)
+    gpu = _gpu_preflight(d, "report")
+    db = d.perfdb / f"{gpu}.db"
+    campaign_log = d.perfdb / f"{gpu}-campaign.log"
+    if not db.is_file() or not campaign_log.is_file():
+        raise KitError(f"report: no {db} with its campaign log: run `device campaign` first (and copy its "
+                       f"files back into perfdb/ when the machine was given back between calls)", 4)
+    models = json.loads((d.state / "models.json").read_text())
+    analyses, notes = [], []
+    for name, path in zip(models["names"], models["paths"]):
+        profile = d.state / f"profile-{name}"
+        nsys = ["--nsys"] if shutil.which("nsys") else []
+        analysis = d.state / f"analyze-{name}.json"
+        try:
+            if not d.stamp(f"profile-{name}").is_file():  # a second call skips the profiles it has
+                d.call(d.bz("profile", path, "--framework", "torch", "--device", "cuda", "--out", str(profile),
+                            *nsys), f"profile {name}")
+                d.stamp(f"profile-{name}").write_text("")
+            analysis.write_text(d.call(d.bz("analyze", path, "--system", gpu, "--db", str(db), "--profile",
+                                            str(profile), "--json", "--report", str(d.state / f"{name}.html")),
+                                       f"analyze {name}"))
+        except KitError as e:
+            if e.code == 75:  # out of time: the next call goes on from here
+                raise
+            # one model's failure must not cost the others' results: the page says what happened
+            notes += ["--note", f"{name}: {str(e).splitlines()[0]} {str(e).splitlines()[-1].strip()}"]
+            say(f"report: {name}: {e}")
+            continue
+        analyses.append(str(analysis))
+        say(f"report: profiled and analysed {name}")
+    seconds = sum(float(m[1]) for m in re.finditer(r"^\S+ (\d+) s ", campaign_log.read_text(), re.MULTILINE))
+    calls = len(campaign_log.read_text().splitlines())
+    notes += ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
+                         f"3 repetitions (perfdb/{gpu}-campaign.log)")]
+    if models["note"]:
+        notes += ["--note", models["note"]]
+    smoke_log = d.perfdb / f"{gpu}-smoke.log"
+    smoke = ["--smoke", str(smoke_log)] if smoke_log.is_file() else []
+    d.docs.mkdir(parents=True, exist_ok=True)
+    results = d.docs / f"results-{gpu}.md"
+    d.call([str(d.python), str(REPO / "scripts" / "gpu-results.py"), "--db", str(db), "--system", gpu,
+            "--out", str(results), "--campaign-seconds", f"{seconds:.0f}", *smoke, *notes, *analyses],
+           "gpu-results.py")
+    reports = d.state / "reports.tar.gz"
+    with tarfile.open(reports, "w:gz") as t:
+        for p in sorted(d.state.glob("*.html")) + sorted(d.state.glob("analyze-*.json")):
+            t.add(p, arcname=p.name)
+    d.to_out(db, results, reports)
+    say(f"report: wrote {results}")
+
+
+STEPS = {"install": step_install, "generate": step_generate, "campaign": step_campaign, "smoke": step_smoke,
+         "report": step_report}
+
+
+def image_python(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    if IMAGE_PYTHON.is_file():
+        return IMAGE_PYTHON
+    found = shutil.which("python3")
+    if found is None:
+        raise KitError("no python3: pass --python", 3)
+    return Path(found)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/gpukit.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kit", type=Path, default=REPO / ".gpukit", help="the travelling folder [.gpukit]")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_prep = sub.add_parser("prepare", help="build the travelling folder (connected machine)")
+    p_prep.add_argument("--limit-mib", type=float, default=LIMIT_MIB, help="what may travel, tree and kit [64]")
+    sub.add_parser("commands", help="print the device calls, in order")
+    p_dev = sub.add_parser("device", help="one step on the GPU machine")
+    p_dev.add_argument("step", choices=list(STEPS))
+    p_dev.add_argument("--python", help="the image's Python [/opt/torch/.venv/bin/python3, else python3]")
+    p_dev.add_argument("--state", type=Path, default=REPO / "out" / "gpukit",
+                       help="this machine's work folder, kept between calls while it stays warm [out/gpukit]")
+    p_dev.add_argument("--perfdb", type=Path, default=REPO / "perfdb", help="where <gpu>.db goes [perfdb]")
+    p_dev.add_argument("--docs", type=Path, default=REPO / "docs", help="where results-<gpu>.md goes [docs]")
+    # 520: a stopped `benanza run` may take 30 s to hand back, and the copies into $OUT some more
+    p_dev.add_argument("--budget", type=float, default=520.0,
+                       help="seconds this call may work before it hands back; the device kills at 600 [520]")
+    args = parser.parse_args(argv)
+    kit = args.kit.absolute()
+    try:
+        if args.command == "prepare":
+            prepare(kit, args.limit_mib)
+            print("\n".join(commands(kit)))
+        elif args.command == "commands":
+            print("\n".join(commands(kit)))
+        else:
+            state = args.state.absolute()
+            state.mkdir(parents=True, exist_ok=True)
+            d = Device(image_python(args.python), kit, state, time.monotonic() + args.budget,
+                       args.perfdb.absolute(), args.docs.absolute())
+            STEPS[args.step](d)
+    except KitError as e:
+        say(str(e))
+        return e.code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""The GPU kit (scripts/gpukit.py) without a GPU: the travelling folder it prepares, and a dry run
+of the device steps against a stand-in of the GPU machine's image (a venv at opt/torch/.venv with
+the cu13 cuDNN/cuBLAS wheel folders, nvcc 13.0 at a CUDA_HOME of its own, no Google Benchmark,
+no sqlite-utils, no cuDNN frontend headers), which must pass every step that needs no GPU and
+stop with one clear line at the first that does."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+KIT_SCRIPT = REPO / "scripts" / "gpukit.py"
+
+
+def _load_kit():
+    spec = importlib.util.spec_from_file_location("gpukit", KIT_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpukit"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gpukit = _load_kit()
+
+
+def kit_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(KIT_SCRIPT), *args]
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory) -> Path:
+    """`gpukit.py prepare` for real: pip download from PyPI, apt-get source from Debian."""
+    out = tmp_path_factory.mktemp("kit") / "kit"
+    done = subprocess.run(kit_cmd("--kit", str(out), "prepare"), check=False, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_prepare_carries_only_what_the_image_lacks_under_the_limit(kit):
+    manifest = json.loads((kit / "MANIFEST.json").read_text())
+    wheels = {Requirement(w.split("-")[0].replace("_", "-")).name: kit / "wheels" / w for w in manifest["wheels"]}
+    assert sorted(p.name for p in (kit / "wheels").iterdir()) == sorted(manifest["wheels"])
+    assert set(wheels) == {"sqlite-utils", "sqlite-fts4", "click-default-group", "click"}
+
+    # every requirement, Benanza's own and the carried wheels', is met on the image: by a carried
+    # wheel whose version satisfies it, or by a package the image has (unversioned requirements only)
+    versions = {name: path.name.split("-")[1] for name, path in wheels.items()}
+    for req in map(Requirement, gpukit._project_dependencies()):  # their floors are checked on the device
+        name = gpukit.norm(req.name)
+        assert name in gpukit.IMAGE_PACKAGES or req.specifier.contains(versions[name]), req
+    assert manifest["requires"]["benanza (pyproject.toml)"] == gpukit._project_dependencies()
+    reqs = []
+    for path in wheels.values():
+        with zipfile.ZipFile(path) as z:
+            meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        for line in meta.splitlines():
+            if line.startswith("Requires-Dist:") and "extra ==" not in line:
+                req = Requirement(line.split(":", 1)[1])
+                if req.marker is None or req.marker.evaluate({"sys_platform": "linux", "python_version": "3.12"}):
+                    reqs.append(req)
+    for req in reqs:
+        name = gpukit.norm(req.name)
+        if name in versions:
+            assert req.specifier.contains(versions[name]), (req, versions[name])
+        else:
+            assert name in gpukit.IMAGE_PACKAGES and not str(req.specifier), req
+
+    # the frontend's headers, byte for byte those of the wheel setup.sh installed here (same version)
+    here = next(Path(p) / "include" for p in sys.path if (Path(p) / "include" / "cudnn_frontend.h").is_file())
+    carried = sorted(p.relative_to(kit / "cudnn-frontend" / "include")
+                     for p in (kit / "cudnn-frontend" / "include").rglob("*") if p.is_file())
+    assert Path("cudnn_frontend.h") in carried and len(carried) > 50
+    for rel in carried:
+        assert (kit / "cudnn-frontend" / "include" / rel).read_bytes() == (here / rel).read_bytes(), rel
+    assert (kit / "cudnn-frontend" / "LICENSE.txt").is_file()
+    assert not list(kit.rglob("*.so")), "the frontend's compiled Python module must not travel"
+
+    # Google Benchmark's source, of the version the manifest names
+    (tarball,) = (kit / "benchmark").iterdir()
+    with tarfile.open(tarball) as t:
+        cmake = next(m for m in t.getmembers() if m.name.count("/") == 1 and m.name.endswith("/CMakeLists.txt"))
+        text = t.extractfile(cmake).read().decode()
+    assert f"VERSION {manifest['benchmark']}" in text
+
+    # what travels, counted here independently of the kit: the tree git would send, plus the kit
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    tree = sum(os.path.getsize(REPO / n) for n in listed if n and (REPO / n).is_file())
+    kit_bytes = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
+    assert gpukit.travelling_bytes(kit) == (tree, kit_bytes)
+    assert tree + kit_bytes < 64 * 2**20
+    assert kit_bytes < 16 * 2**20  # headers and sources, not the 12 MB frontend wheel
+
+
+def test_size_check_fails_loudly(kit):
+    with pytest.raises(gpukit.KitError, match=r"over the 0\.5 MiB that may travel"):
+        gpukit.check_size(kit, 0.5)
+
+
+def test_commands_name_the_calls_in_order_with_the_carry():
+    done = subprocess.run(kit_cmd("commands"), capture_output=True, text=True, check=True)
+    calls = [line for line in done.stdout.splitlines() if " run  command=" in line]
+    steps = [line.split("device ")[1].split("'")[0] for line in calls]
+    assert steps == ["generate", "campaign", "smoke", "report"]
+    assert all('carry=[".gpukit"]' in line and "timeout_s=600" in line for line in calls)
+
+
+def _fake_image(root: Path) -> tuple[Path, Path, Path]:
+    """A venv shaped like the image's /opt/torch/.venv: its own site-packages with the cu13 wheel
+    folders (this machine's, linked), the test environment's packages behind them (a .pth), and
+    nvcc at a CUDA_HOME of its own that is this machine's CUDA 13.0 compiler."""
+    from benanza.toolchain import cuda_toolkit, nvcc_version
+
+    real_nvcc = cuda_toolkit()
+    assert real_nvcc is not None and nvcc_version(real_nvcc.nvcc) == "13.0", "scripts/setup.sh installs nvcc 13.0"
+    venv = root / "opt" / "torch" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python3"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    ours = Path(sysconfig.get_paths()["purelib"])
+    (site / "nvidia").mkdir()
+    for wheel_dir in ("cudnn", "cu13"):
+        (site / "nvidia" / wheel_dir).symlink_to(ours / "nvidia" / wheel_dir)
+    (site / "zz-test-env.pth").write_text(f"{ours}\n")
+    cuda = root / "usr" / "local" / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\nexec "{real_nvcc.nvcc}" "$@"\n')
+    nvcc.chmod(0o755)
+    return python, site, cuda
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA driver: the GPU steps would run")
+    python, site, cuda = _fake_image(tmp_path / "image")
+    state, perfdb, docs = tmp_path / "state", tmp_path / "perfdb", tmp_path / "docs"
+    common = ["--kit", str(kit), "device"]
+    opts = ["--python", str(python), "--state", str(state), "--perfdb", str(perfdb), "--docs", str(docs)]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CMAKE_PREFIX_PATH", "CUDACXX")}
+    env["CUDA_HOME"] = str(cuda)
+
+    done = subprocess.run(kit_cmd(*common, "generate", *opts), check=False, capture_output=True, text=True,
+                          timeout=1500, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    log = done.stderr
+
+    # install: the wheels beside the image's Python, Google Benchmark built from its source
+    assert (state / "site" / "sqlite_utils" / "__init__.py").is_file()
+    found = subprocess.run([str(python), "-c", "import sqlite_utils; print(sqlite_utils.__file__)"],
+                           env=dict(env, PYTHONPATH=str(state / "site")), capture_output=True, text=True, check=True)
+    assert found.stdout.strip().startswith(str(state / "site"))
+    (config,) = state.joinpath("benchmark").glob("lib*/cmake/benchmark/benchmarkConfig.cmake")
+    assert "install: Google Benchmark 1.9.1 built" in log
+    assert f"nvcc                               {cuda / 'bin' / 'nvcc'} (13.0)" in done.stdout
+
+    # generate: the models, the sources, and CMake's discovery at the image's paths
+    names = json.loads((state / "models.json").read_text())["names"]
+    assert names[:3] == ["resnet50-v1", "inception-v1", "mobilenet-v2"]
+    assert ("transformer encoder is processable" in log) == (names[3:] == ["transformer-encoder"])
+    from benanza.generator import read_variants
+
+    variants = read_variants(state / "bench" / "cudnn")
+    assert f"generate: {len(variants)} campaign variants of {', '.join(names)}" in log
+    assert {v.api for v in variants} >= {"cudnnConvolutionForward", "cudnnPoolingForward"}
+    smoke = read_variants(state / "smoke" / "cudnn")
+    assert {v.api for v in smoke} >= {"cudnnConvolutionForward", "cudnnRNNForward", "cublasSgemv",
+                                      "cudnnConvolutionBiasActivationForward", "cudnnSoftmaxForward"}
+    for project in ("bench", "smoke"):
+        cache = {}
+        for line in (state / project / "cudnn" / "build" / "CMakeCache.txt").read_text().splitlines():
+            if "=" in line and ":" in line.split("=", 1)[0]:
+                cache[line.split(":", 1)[0]] = line.split("=", 1)[1]
+        assert cache["CMAKE_CUDA_COMPILER"] == str(cuda / "bin" / "nvcc")
+        assert cache["BENANZA_CUDNN_LIBRARY"].startswith(str(site / "nvidia" / "cudnn" / "lib"))
+        assert cache["BENANZA_CUDNN_INCLUDE_DIR"] == str(site / "nvidia" / "cudnn" / "include")
+        assert cache["BENANZA_CUBLAS_LIBRARY"].startswith(str(site / "nvidia" / "cu13" / "lib"))
+        assert cache["BENANZA_CUDNN_FRONTEND_INCLUDE_DIR"] == str(kit / "cudnn-frontend" / "include")
+        assert cache["benchmark_DIR"] == str(config.parent)
+        assert cache["CMAKE_GENERATOR"] == "Ninja"
+        assert not (state / project / "cudnn" / "build" / "benanza_bench").exists()
+
+    # the first GPU step stops with one line and writes nothing
+    stop = subprocess.run(kit_cmd(*common, "campaign", *opts), check=False, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert stop.returncode == 3, stop.stderr[-2000:]
+    assert stop.stderr.strip().splitlines() == [
+        "gpukit: install: done on this machine already", "gpukit: generate: done on this machine already",
+        ("gpukit: campaign needs a GPU: nvidia-smi not found (no NVIDIA driver here); the steps before it ran, "
+         "run this one on the GPU machine (`scripts/gpukit.py commands`)")]
+    assert not perfdb.exists() and not docs.exists()
+
+
+def test_a_step_without_the_kit_says_how_to_make_it(tmp_path):
+    done = subprocess.run(kit_cmd("--kit", str(tmp_path / "none"), "device", "install", "--python", sys.executable,
+                                  "--state", str(tmp_path / "state")), check=False, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 4
+    assert done.stderr.strip().splitlines() == [
+        (f"gpukit: {tmp_path / 'none'}: no kit here (MANIFEST.json missing): run `scripts/gpukit.py prepare` on a "
+         f"connected machine and name {tmp_path / 'none'} in the call's carry")]
+
+
+def test_results_page_says_why_the_smoke_run_was_skipped(tmp_path):
+    """The line the smoke step writes where compute-sanitizer refuses the device, rendered by
+    gpu-results.py from a database the perfdb layer wrote."""
+    from benanza.perfdb import PerfDB
+    from benanza.records import System
+
+    with PerfDB(tmp_path / "gpu.db") as db:
+        db.upsert_system(System("nvidia-h200", "cudnn", "NVIDIA H200", (("cudnn", "9.13"),)))
+    log = tmp_path / "nvidia-h200-smoke.log"
+    log.write_text(f"{gpukit.SMOKE_SKIPPED}compute-sanitizer refused the device (Device not supported); "
+                   "the campaign does not depend on it\n")
+    page = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-results.py"), "--db", str(tmp_path / "gpu.db"),
+                           "--system", "nvidia-h200", "--out", str(page), "--campaign-seconds", "0", "--smoke",
+                           str(log)], check=False, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    section = text[text.index("## Smoke run under compute-sanitizer"):]
+    assert section.splitlines()[2] == ("Skipped: compute-sanitizer refused the device (Device not supported); "
+                                       "the campaign does not depend on it.")
+    assert "| cudnn | 9.13 |" in text
