@@ -14,7 +14,7 @@ from .problems import (LayerKey, Problem, format_dims, format_number, key_hash, 
                        parse_layer_key)
 
 __all__ = ["DTYPE_NAMES", "FLOAT_DTYPES", "LayerKey", "format_dims", "format_number", "key_hash", "parse_key",
-           "TensorSpec", "Layer", "Node", "Model", "Occurrence", "UniqueLayer"]
+           "TensorSpec", "Layer", "Node", "Model", "Occurrence", "UniqueLayer", "Uncosted"]
 
 # Short names used in keys and manifests; ONNX TensorProto element types map onto them.
 DTYPE_NAMES = {
@@ -155,6 +155,18 @@ class Node:
         return not (self.layer.free or self.folded)
 
 
+@dataclass(frozen=True)
+class Uncosted:
+    """A node left out of the costing, and why (no concrete shape for a tensor it reads or writes)."""
+
+    name: str
+    op: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"node": self.name, "op": self.op, "reason": self.reason}
+
+
 @dataclass
 class Model:
     """A processed model: its layers in topological order and the data edges between them."""
@@ -166,6 +178,11 @@ class Model:
     input_shapes: dict[str, tuple[int, ...]]
     batch_size: int
     opset: int
+    uncosted: list[Uncosted] = field(default_factory=list)
+    # Tensors whose shape came from running the model (static inference left them unknown), and
+    # of those, the ones whose size the data decided (after NonZero, NMS, TopK): the size seen.
+    executed_shapes: int = 0
+    data_dependent: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def layers(self) -> list[Layer]:

@@ -26,8 +26,9 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import BenanzaError, ModelError, ShapeError, UsageError
-from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, UniqueLayer
+from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
 from .ops import NodeView, build_layer
+from .shapes_by_execution import complete_by_execution
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,9 @@ def input_shapes_of(source: str | Path, batch_size: int = 1,
 class ProcessOptions:
     batch_size: int = 1
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # What a run for the shapes static inference leaves unknown feeds (shapes_by_execution).
+    input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    input_data: tuple[tuple[str, np.ndarray], ...] = ()
 
 
 def read_onnx(path: str | Path) -> onnx.ModelProto:
@@ -683,9 +687,12 @@ def _topological(nodes: list[onnx.NodeProto], available: set[str], path: Path) -
 
 def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
                input_shapes: dict[str, tuple[int, ...]] | None = None,
-               name: str | None = None) -> Model:
+               name: str | None = None, input_values: dict[str, tuple[float, ...]] | None = None,
+               input_data: dict[str, np.ndarray] | None = None) -> Model:
     """Process one ONNX file (or an in-memory ModelProto, left unchanged) into a Model whose
-    every layer has concrete shapes."""
+    every layer has concrete shapes. ``input_values`` and ``input_data`` (whose arrays also give
+    their inputs' shapes, unless ``input_shapes`` does) feed the run made when static inference
+    leaves shapes unknown; a node still without shapes is left uncosted, with the reason."""
     if isinstance(source, onnx.ModelProto):
         p = Path(name or "<in-memory model>")
         model = source
@@ -694,7 +701,12 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         model = read_onnx(p)
     if not 1 <= batch_size <= MAX_DIM:
         raise UsageError(f"--batch-size must be between 1 and {MAX_DIM}, got {batch_size}")
-    opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
+    data = input_data or {}
+    if data:
+        real = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+        input_shapes = {**{n: tuple(a.shape) for n, a in data.items() if n in real}, **(input_shapes or {})}
+    opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())),
+                          tuple(sorted((input_values or {}).items())), tuple(sorted(data.items())))
     try:
         return _process(model, p, opts, name)
     except BenanzaError:
@@ -724,9 +736,13 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
         if s is not None:
             specs[vi.name] = s
 
+    needed = _needed(model.graph)
+    executed = complete_by_execution(model, p, in_shapes, specs, needed, dict(opts.input_values),
+                                     dict(opts.input_data))
+    specs.update(executed.specs)
     consts = _Constants(model.graph, os.path.dirname(os.path.abspath(p)), p)
     order = _topological(list(model.graph.node), set(in_shapes) | set(consts.specs), p)
-    needed = _needed(model.graph)
+    uncosted: list[Uncosted] = []
     nodes: list[Node] = []
     edges: list[tuple[int, int]] = []
     producer: dict[str, int] = {}
@@ -739,7 +755,11 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                 continue
             index = len(nodes)
             node_name = proto.name or f"{proto.op_type}_{index}"
-            view = _node_view(proto, opset, specs, consts, p, node_name, needed)
+            try:
+                view = _node_view(proto, opset, specs, consts, p, node_name, needed)
+            except _NoShape as exc:  # the rest of the model is still costed
+                uncosted.append(Uncosted(node_name, proto.op_type, "; ".join(filter(None, (str(exc), executed.failure)))))
+                continue
             layer = build_layer(view)
             layer = interned.setdefault(layer.key, layer)
             constant = _constant_given_shapes(proto, lambda t: t in consts or t in static)
@@ -758,8 +778,10 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
         raise
     except Exception as exc:
         raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
+    data_dependent = {t: s.shape for t, s in executed.specs if t in executed.data_dependent}
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
-                 input_shapes=in_shapes, batch_size=batch_size, opset=opset)
+                 input_shapes=in_shapes, batch_size=batch_size, opset=opset, uncosted=uncosted,
+                 executed_shapes=len(executed.specs), data_dependent=data_dependent)
 
 
 def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool]) -> bool:
@@ -774,6 +796,10 @@ def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool
     return bool(ins) and all(constant(i) for i in ins)
 
 
+class _NoShape(Exception):
+    """A tensor of the node has no concrete shape: the node is left uncosted, not the model refused."""
+
+
 def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
                consts: _Constants, path: Path, name: str, needed: set[str]) -> NodeView:
     inputs: list[TensorSpec | None] = []
@@ -786,8 +812,8 @@ def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
             continue
         spec = consts.specs.get(t) or specs.get(t)
         if spec is None:
-            raise ShapeError(path, f"node {name!r} ({proto.op_type}): shape of input '{t}' is "
-                                   f"unknown after shape inference")
+            raise _NoShape(f"input '{t}' has no concrete shape (static inference and execution left it unknown, "
+                           f"or its producer is uncosted)")
         inputs.append(spec)
         constant.append(t in consts)
         thunk = consts.thunk(t)
@@ -801,9 +827,7 @@ def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
         if spec is None and t not in needed:
             continue  # an optional output nothing reads: not computed, its shape does not matter
         if spec is None:
-            raise ShapeError(path, f"node {name!r} ({proto.op_type}): output '{t}' has no "
-                                   f"concrete shape after shape inference (op unknown to ONNX "
-                                   f"shape inference, or data-dependent shape)")
+            raise _NoShape(f"output '{t}' has no concrete shape after static inference or execution")
         outputs.append(spec)
     opset_for_node = opset if proto.domain in ("", "ai.onnx") else 1
     return NodeView(op=proto.op_type, inputs=tuple(inputs), outputs=tuple(outputs),
