@@ -88,6 +88,19 @@ def batch_options(f):
     return f
 
 
+def value_options(f):
+    """What the run for shapes static inference cannot resolve feeds (docs/generate.md)."""
+    f = click.option("--input-data", "input_data", type=click.Path(dir_okay=False), default=None,
+                     metavar="FILE.npz", help="Real inputs (one array per input name) for the run that finds "
+                                              "shapes static inference leaves unknown; the arrays give their "
+                                              "inputs' shapes.")(f)
+    f = click.option("--input-value", "input_value", multiple=True, metavar="NAME=V1,V2..",
+                     help="Value of an integer input that decides shapes or branches (a shape tensor, a k, a "
+                          "sample rate), for the run that finds shapes static inference leaves unknown "
+                          "(repeatable).")(f)
+    return f
+
+
 def variant_options(f):
     """What each layer expands into; shared by generate and db lookup so both mean the same."""
     f = click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")(f)
@@ -213,6 +226,7 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench",
               show_default=True, help="Folder for layers.json and generated benchmark sources.")
 @batch_options
+@value_options
 @click.option("--backend", type=click.Choice(["all", "cudnn", "onednn", "none"]), default="all",
               show_default=True, help="Which library's benchmarks to generate ('none': manifest only).")
 @variant_options
@@ -221,7 +235,7 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
               help="CUPTI metric to record per kernel in --cupti mode (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON on stdout.")
 def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape: tuple[str, ...],
-             backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
+             input_value: tuple[str, ...], input_data: str | None, backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
              no_fusion: bool, cupti: bool, cupti_metrics: tuple[str, ...], as_json: bool) -> None:
     """Process ONNX models into their unique layers and write the benchmark manifest.
 
@@ -234,6 +248,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
+    from .shapes_by_execution import input_values_per_model, load_input_data, shape_notes
 
     names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
     if len(names) != 1:
@@ -241,10 +256,13 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     options = {name: gen_options_for(name, dtypes, layouts, maths, not no_fusion, strict=len(names) == 1,
                                      cupti=cupti, cupti_metrics=cupti_metrics) for name in names}
     shapes = input_shapes_per_model(input_shape, models)
+    values = input_values_per_model(input_value, models)
+    data = load_input_data(input_data) if input_data else {}
     loaded, failed = [], 0
     for path in models:
         try:
-            loaded.append(load_model(path, batch_size=batch_size, input_shapes=shapes[path]))
+            loaded.append(load_model(path, batch_size=batch_size, input_shapes=shapes[path],
+                                     input_values=values[path], input_data=data))
         except BenanzaError as exc:
             failed += 1
             print_error(exc)
@@ -261,6 +279,9 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
                               indent=1))
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
         _print_stats(stats, total)
+        for m in loaded:
+            for note in shape_notes(m):
+                console.print(f"{m.name}: {note}", highlight=False, soft_wrap=True)
         console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
                       highlight=False)
         for g in generated:
@@ -990,6 +1011,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
               help="Batch size (repeatable: a sweep) [default: 1].")
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
               help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")
+@value_options
 @click.option("--measured-ms", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Measured model latency, when no profile gives one.")
 @click.option("--generate-missing", is_flag=True, help="Generate and run the benchmarks the database lacks.")
@@ -1002,8 +1024,8 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
               help="Layers shown in the terminal table (the slowest first when cut); 0: all.")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
             backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
-            input_shape: tuple[str, ...], measured_ms: float | None, generate_missing: bool, as_json: bool,
-            report_path: str | None, csv_path: str | None, limit: int) -> None:
+            input_shape: tuple[str, ...], input_value: tuple[str, ...], input_data: str | None,
+            measured_ms: float | None, generate_missing: bool, as_json: bool, report_path: str | None, csv_path: str | None, limit: int) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
@@ -1018,10 +1040,12 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     from .perfdb import PerfDB, resolve_db_path
     from .processor import parse_input_shapes
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
+    from .shapes_by_execution import input_values_per_model
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
-                       measured_ms=measured_ms, generate_missing=generate_missing, backend=backend,
+                       input_values=tuple(sorted(input_values_per_model(input_value, [model])[model].items())),
+                       input_data=input_data, measured_ms=measured_ms, generate_missing=generate_missing, backend=backend,
                        stack=stack, math=math)
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")

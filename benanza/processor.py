@@ -743,6 +743,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     consts = _Constants(model.graph, os.path.dirname(os.path.abspath(p)), p)
     order = _topological(list(model.graph.node), set(in_shapes) | set(consts.specs), p)
     uncosted: list[Uncosted] = []
+    unshaped: dict[str, str] = {}  # tensor without a shape → the uncosted node that writes it
     nodes: list[Node] = []
     edges: list[tuple[int, int]] = []
     producer: dict[str, int] = {}
@@ -758,7 +759,11 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
             try:
                 view = _node_view(proto, opset, specs, consts, p, node_name, needed)
             except _NoShape as exc:  # the rest of the model is still costed
-                uncosted.append(Uncosted(node_name, proto.op_type, "; ".join(filter(None, (str(exc), executed.failure)))))
+                source = next((unshaped[t] for t in proto.input if t in unshaped), None)
+                reason = f"it reads the output of uncosted node {source!r}" if source else \
+                    "; ".join(filter(None, (str(exc), executed.failure)))
+                uncosted.append(Uncosted(node_name, proto.op_type, reason))
+                unshaped.update((t, node_name) for t in proto.output if t and t not in specs)
                 continue
             layer = build_layer(view)
             layer = interned.setdefault(layer.key, layer)
@@ -778,6 +783,9 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
         raise
     except Exception as exc:
         raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
+    if uncosted and not nodes:
+        first = uncosted[0]
+        raise ShapeError(p, f"no node can be costed: node {first.name!r} ({first.op}): {first.reason}")
     data_dependent = {t: s.shape for t, s in executed.specs if t in executed.data_dependent}
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset, uncosted=uncosted,

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 
 from .errors import ModelError, ShapeError, UsageError
-from .layers import DTYPE_NAMES, TensorSpec
+from .layers import DTYPE_NAMES, Model, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def execute_for_shapes(model: onnx.ModelProto, path: Path, input_shapes: dict[st
     except Exception as exc:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph/RuntimeException types
         text = str(exc).strip().splitlines()
         reason = f"ONNX Runtime could not run it ({type(exc).__name__}: {text[0] if text else ''})"
-        log.warning("%s: %s; tensors static inference left unknown stay uncosted", path, reason)
+        log.info("%s: %s; tensors static inference left unknown stay uncosted", path, reason)
         return ExecutedShapes(failure=reason)
     specs: list[tuple[str, TensorSpec]] = []
     for name, arr in zip(names, results):
@@ -239,3 +239,17 @@ def _downstream_of_data_dependent(graph: onnx.GraphProto, executed: set[str]) ->
                 tainted.update(o for o in node.output if o)
         grew = len(tainted) > before
     return tainted
+
+
+def shape_notes(model: Model) -> list[str]:
+    """What static inference could not give, in lines for the user: the shapes a run found, the
+    sizes the data decided in it, and each node left uncosted with why."""
+    notes = []
+    if model.executed_shapes:
+        notes.append(f"{model.executed_shapes} tensor shapes found by running the model once in ONNX Runtime "
+                     f"(static inference left them unknown)")
+    if model.data_dependent:
+        seen = ", ".join(f"{t} {'x'.join(map(str, s)) or 'scalar'}" for t, s in sorted(model.data_dependent.items()))
+        notes.append(f"sizes decided by the data, as seen in this run: {seen}")
+    notes.extend(f"uncosted: node {u.name!r} ({u.op}): {u.reason}" for u in model.uncosted)
+    return notes
