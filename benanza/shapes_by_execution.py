@@ -8,7 +8,7 @@ inputs of the requested shapes does not stop there: the tensors still unknown ar
 outputs of a copy of the model and their shapes are read off the run.
 
 Inputs are fed from ``--input-data FILE.npz``, else ``--input-value NAME=V1,V2..``, else seeded
-random floats or integer zeros. A small integer or boolean input upstream of an unknown shape
+random floats or integer zeros. A small input upstream of an unknown shape
 (a shape tensor, a sample rate, a branch condition) has no safe default: it must be given.
 """
 
@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 
 # Ops whose output size is decided by the values they read, not by their input shapes.
 DATA_DEPENDENT_OPS = frozenset({"NonZero", "NonMaxSuppression", "TopK", "Unique", "Compress"})
-# An integer or boolean input of at most this many elements, upstream of an unknown shape, is
-# taken as one whose value decides shapes or branches (a shape tensor, a k, a sample rate):
-# zeros would cost a different network, so its value must be given. Larger integer inputs
-# (token ids, masks) are data and run as zeros.
+# An integer or boolean input of at most this many elements, or a float scalar, upstream of an
+# unknown shape is taken as one whose value decides shapes or branches (a shape tensor, a k, a
+# sample rate, Range bounds, a condition): zeros or noise would cost a different network, so its
+# value must be given. Other inputs are data: floats run as seeded noise, integers (token ids,
+# masks) as zeros.
 DECIDING_MAX_ELEMENTS = 64
 # Protobuf cannot serialise a message past 2 GiB; the copy handed to ONNX Runtime must fit.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -147,12 +148,14 @@ def execute_for_shapes(model: onnx.ModelProto, path: Path, input_shapes: dict[st
         opts = ort.SessionOptions()
         # Optimizations would fuse away the very tensors being recorded, and only cost time here.
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4  # its failure is reported on each uncosted node, not logged twice
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                       os.path.dirname(os.path.abspath(path)))
         session = ort.InferenceSession(copy.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs() if o.name in wanted]
-        results = session.run(names, feed)
+        run = ort.RunOptions()
+        run.log_severity_level = 4
+        results = session.run(names, feed, run)
     except Exception as exc:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph/RuntimeException types
         text = str(exc).strip().splitlines()
         reason = f"ONNX Runtime could not run it ({type(exc).__name__}: {text[0] if text else ''})"
@@ -190,13 +193,14 @@ def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, valu
                                    f"({math.prod(shape)} elements)")
         return np.array(given).astype(np_type).reshape(shape)
     numel = math.prod(shape)
-    if np.issubdtype(np_type, np.floating):
-        return np.random.default_rng(SEED).standard_normal(shape).astype(np_type)
-    if deciding and numel <= DECIDING_MAX_ELEMENTS:
+    floating = np.issubdtype(np_type, np.floating)
+    if deciding and (not shape if floating else numel <= DECIDING_MAX_ELEMENTS):
         example = ",".join(["V"] * numel) if numel <= 4 else "V1,V2,…"
         raise ShapeError(path, f"input '{inp.name}' ({DTYPE_NAMES.get(elem, elem)}, {shown}) decides shapes static "
                                f"inference cannot resolve: give its value with --input-value {inp.name}={example} "
                                f"(or real inputs with --input-data FILE.npz)")
+    if floating:
+        return np.random.default_rng(SEED).standard_normal(shape).astype(np_type)
     return np.zeros(shape, np_type)
 
 

@@ -1,0 +1,176 @@
+"""Shapes by execution, on the ONNX package's own backend test cases (models and input/output data
+from onnx.backend.test.case.node, the code that writes the .pb files of its test data): where static
+inference cannot give a shape, one ONNX Runtime run does, and the shapes equal the outputs the ONNX
+reference computed and those ONNX Runtime computes on the original model."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from helpers import io, model, tensor
+from onnx import TensorProto, helper
+
+from benanza.cli import main
+from benanza.errors import ShapeError
+from benanza.processor import load_model
+
+# Ops whose output shape a value decides (a shape input, bounds, a k, a mask, a condition).
+SHAPE_BY_VALUE_OPS = ["Expand", "NonZero", "TopK", "NonMaxSuppression", "Compress", "Unique", "ConstantOfShape",
+                      "Range", "Tile", "Reshape", "CenterCropPad", "Slice", "Pad", "Resize", "OneHot"]
+
+
+@pytest.fixture(scope="module")
+def cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the case code's own overflow warnings
+        return {c.name: c for c in collect_testcases(None)}
+
+
+def _tensor_only(case) -> bool:
+    graph = case.model.graph
+    return all(v.type.HasField("tensor_type") for v in list(graph.input) + list(graph.output))
+
+
+def _write(case, tmp_path):
+    path = tmp_path / f"{case.name}.onnx"
+    onnx.save(case.model, str(path))
+    inputs, outputs = case.data_sets[0]
+    data = {i.name: np.asarray(a) for i, a in zip(case.model.graph.input, inputs)}
+    expected = {o.name: np.asarray(a).shape for o, a in zip(case.model.graph.output, outputs)}
+    return path, data, expected
+
+
+def _ort_shapes(case, data) -> dict[str, tuple[int, ...]] | None:
+    """ONNX Runtime's own output shapes on the original model; None where it cannot run it."""
+    try:
+        sess = ort.InferenceSession(case.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feed = {i.name: data[i.name].astype(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+                for i in case.model.graph.input}
+        return {o.name: np.asarray(a).shape for o, a in zip(sess.get_outputs(), sess.run(None, feed))}
+    except Exception:  # noqa: BLE001 - a dtype or op this ORT has no kernel for
+        return None
+
+
+def _shapes(m) -> dict[str, tuple[int, ...]]:
+    return {t: s.shape for n in m.nodes for t, s in zip(n.outputs, n.layer.outputs)}
+
+
+@pytest.mark.parametrize("op", SHAPE_BY_VALUE_OPS)
+def test_backend_cases_process_with_the_shapes_onnx_runtime_computes(op, cases, tmp_path):
+    chosen = [c for c in cases.values() if "expanded" not in c.name and _tensor_only(c)
+              and op in {n.op_type for n in c.model.graph.node}]
+    assert chosen, op
+    checked = 0
+    for case in chosen:
+        path, data, expected = _write(case, tmp_path)
+        ort_out = _ort_shapes(case, data)
+        if ort_out is None:  # ORT lacks the kernel: Benanza may not cost the node, and says why in one line
+            try:
+                m = load_model(path, input_data=data)
+            except ShapeError as exc:
+                assert "ONNX Runtime could not run it" in str(exc) and "\n" not in str(exc)
+            else:
+                assert all("ONNX Runtime could not run it" in u.reason for u in m.uncosted)
+            continue
+        m = load_model(path, input_data=data)
+        assert m.uncosted == [], case.name
+        got = _shapes(m)
+        for name, shape in expected.items():
+            assert got[name] == shape == ort_out[name], (case.name, name)
+        checked += 1
+    assert checked, op
+
+
+def test_expand_by_input_value_end_to_end(cases, tmp_path):
+    path, data, expected = _write(cases["test_expand_dim_changed"], tmp_path)
+    value = ",".join(str(int(v)) for v in data["new_shape"])
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none",
+                                  "--input-value", f"new_shape={value}", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["models"][0]["layers"] == 1
+    layers = json.loads((tmp_path / "o" / "layers.json").read_text())["layers"]
+    assert [la["outputs"][0]["shape"] for la in layers] == [list(expected["expanded"])]
+
+
+def test_nonzero_is_marked_data_dependent_with_the_size_seen(cases, tmp_path):
+    path, data, expected = _write(cases["test_nonzero_example"], tmp_path)
+    m = load_model(path, input_data=data)
+    assert m.data_dependent == {"result": expected["result"]}
+    assert expected["result"] == np.array(np.nonzero(data["condition"])).shape  # numpy's own answer
+
+
+def test_input_data_file_feeds_the_run(cases, tmp_path):
+    path, data, expected = _write(cases["test_top_k"], tmp_path)
+    npz = tmp_path / "in.npz"
+    np.savez(npz, **data)
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none",
+                                  "--input-data", str(npz)])
+    assert r.exit_code == 0, r.output
+    k = int(data["k"][0])
+    assert expected["values"][1] == k and f"values {expected['values'][0]}x{k}" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "input 'new_shape' (i64, 3) decides shapes"),
+    (["--input-value", "new_shape=1,x"], "--input-value 'new_shape=1,x': want NAME=V1,V2,..."),
+    (["--input-value", "new_shape=2,1"], "--input-value new_shape: 2 values for an input of shape 3"),
+    (["--input-value", "shape=2,1,6"], "--input-value shape: no given model has such an input"),
+])
+def test_bad_or_missing_input_value_is_one_clear_line(cases, tmp_path, args, message):
+    path, _, _ = _write(cases["test_expand_dim_changed"], tmp_path)
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none", *args])
+    assert r.exit_code != 0 and isinstance(r.exception, SystemExit)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_unreadable_input_data_is_one_clear_line(cases, tmp_path):
+    path, _, _ = _write(cases["test_top_k"], tmp_path)
+    bad = tmp_path / "bad.npz"
+    bad.write_text("not a zip")
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none",
+                                  "--input-data", str(bad)])
+    assert r.exit_code != 0 and "Traceback" not in r.stderr
+    assert [ln for ln in r.stderr.splitlines() if "error" in ln] == [
+        ln for ln in r.stderr.splitlines() if "--input-data" in ln and "bad.npz" in ln]
+
+
+def test_external_weights_are_read_by_onnx_runtime_from_beside_the_file(tmp_path):
+    """MatMul → Relu → NonZero with the weight in external data: the size NonZero saw equals
+    numpy's count on the same input and weight."""
+    w = tensor("W", (16, 8))
+    m = model([helper.make_node("MatMul", ["x", "W"], ["y"]), helper.make_node("Relu", ["y"], ["r"]),
+               helper.make_node("NonZero", ["r"], ["nz"]), helper.make_node("Transpose", ["nz"], ["t"])],
+              [io("x", [4, 16])], [io("t", None, TensorProto.INT64)], [w])
+    path = tmp_path / "ext.onnx"
+    onnx.save(m, str(path), save_as_external_data=True, location="ext.bin", size_threshold=0)
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    processed = load_model(path, input_data={"x": x})
+    count = int(np.count_nonzero(np.maximum(x @ onnx.numpy_helper.to_array(w), 0)))
+    assert processed.data_dependent == {"nz": (2, count), "t": (count, 2)}
+    assert _shapes(processed)["t"] == (count, 2)
+
+
+def test_a_node_without_shape_is_uncosted_and_the_rest_costed(tmp_path):
+    """An op ONNX Runtime does not know on one branch: it and what reads it are uncosted, with
+    the reason; the Conv and Relu beside them are costed."""
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["a"]),
+             helper.make_node("Mystery", ["x"], ["q"], domain="example.com"), helper.make_node("Sigmoid", ["q"], ["b"])]
+    m = model(nodes, [io("x", [1, 3, 8, 8])], [io("a", None), io("b", None)], [tensor("W", (4, 3, 3, 3))])
+    m.opset_import.append(helper.make_opsetid("example.com", 1))
+    path = tmp_path / "partial.onnx"
+    onnx.save(m, str(path))
+    processed = load_model(path)
+    assert [n.layer.op for n in processed.nodes] == ["Conv", "Relu"]
+    assert processed.nodes[0].layer.outputs[0].shape == (1, 4, 8, 8)
+    (mystery, sigmoid) = processed.uncosted
+    assert (mystery.name, mystery.op) == ("Mystery_2", "Mystery") and "ONNX Runtime could not run it" in mystery.reason
+    assert (sigmoid.op, sigmoid.reason) == ("Sigmoid", "it reads the output of uncosted node 'Mystery_2'")
