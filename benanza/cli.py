@@ -239,8 +239,8 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
              no_fusion: bool, cupti: bool, cupti_metrics: tuple[str, ...], as_json: bool) -> None:
     """Process ONNX models into their unique layers and write the benchmark manifest.
 
-    Prints, per model, its layers, unique layers and the share covered by cuDNN/cuBLAS, plus
-    the union across models, and writes OUT/layers.json (keys, parameters, shapes, occurrences).
+    Prints, per model, its layers, unique layers and, for each backend generated, the share of
+    its running layers that backend's benchmarks cost, plus the union across models, and writes OUT/layers.json (keys, parameters, shapes, occurrences).
     A file that cannot be processed gets one error line; the others are still processed and
     the exit status is non-zero.
     """
@@ -278,7 +278,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
                               indent=1))
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
-        _print_stats(stats, total)
+        _print_stats(stats, total, names)
         for m in loaded:
             for note in shape_notes(m):
                 console.print(f"{m.name}: {note}", highlight=False, soft_wrap=True)
@@ -296,14 +296,19 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         sys.exit(1)
 
 
-def _print_stats(stats, total) -> None:
-    table = Table("model", "layers", "unique", "% unique", "covered", "% covered", "free", "folded", "MACs",
-                  "not covered (by op)", title="layers per model")
+def _print_stats(stats, total, backends: list[str]) -> None:
+    """Coverage is the share of the layers that run (free views and folded constants excluded),
+    for each backend generated (all of them when none is)."""
+    shown = backends or [b.backend for b in total.backends]
+    table = Table("model", "layers", "unique", "% unique", "running",
+                  *(f"% covered {b}" for b in shown), "free", "folded", "MACs",
+                  *(f"not covered by {b} (op×n)" for b in shown), title="layers per model")
     for s in stats + [total]:
-        uncovered = ", ".join(f"{op}×{n}" for op, n in s.not_covered)
-        table.add_row(s.model, str(s.layers), str(s.unique_layers), f"{s.unique_pct:.1f}",
-                      str(s.covered_layers), f"{s.covered_pct:.1f}", str(s.free_layers), str(s.folded_layers),
-                      f"{s.macs / 1e9:.3f}G", uncovered, end_section=s is stats[-1])
+        cover = [s.backend(b) for b in shown]
+        table.add_row(s.model, str(s.layers), str(s.unique_layers), f"{s.unique_pct:.1f}", str(s.running_layers),
+                      *(f"{c.covered_pct:.1f}" for c in cover), str(s.free_layers), str(s.folded_layers),
+                      f"{s.macs / 1e9:.3f}G", *(", ".join(f"{op}×{n}" for op, n in c.not_covered) for c in cover),
+                      end_section=s is stats[-1])
     console.print(table)
 
 

@@ -858,17 +858,42 @@ def unique_layers(models: Iterable[Model]) -> list[UniqueLayer]:
     return list(table.values())
 
 
+# The library call each backend runs a layer with (None: it cannot), as Layer records it.
+BACKEND_CALLS = {"cudnn": "cudnn_api", "onednn": "onednn_primitive"}
+
+
+@dataclass(frozen=True)
+class BackendCoverage:
+    """How many of the layers that run one backend's benchmarks cost, and the ops it leaves out."""
+
+    backend: str
+    covered: int
+    running: int
+    not_covered: tuple[tuple[str, int], ...]
+
+    @property
+    def covered_pct(self) -> float:
+        return 100.0 * self.covered / self.running if self.running else 0.0
+
+    def to_json(self) -> dict:
+        return {"covered_layers": self.covered, "covered_pct": round(self.covered_pct, 2),
+                "not_covered": dict(self.not_covered)}
+
+
 @dataclass(frozen=True)
 class ModelStats:
     model: str
     layers: int
     unique_layers: int
-    covered_layers: int
+    covered_layers: int  # by cuDNN/cuBLAS, as the paper counts; per backend in ``backends``
     free_layers: int  # views and inference identities: nothing to run, so never "not covered"
     folded_layers: int  # constants given the input shapes: computed at load time, never "not covered"
     macs: int
     ops: tuple[tuple[str, int], ...]
     not_covered: tuple[tuple[str, int], ...]
+    running_layers: int = 0  # neither free nor folded: what coverage divides by
+    backends: tuple[BackendCoverage, ...] = ()
+    uncosted: int = 0  # nodes left without shapes (Model.uncosted), not among the layers
 
     @property
     def unique_pct(self) -> float:
@@ -876,36 +901,47 @@ class ModelStats:
 
     @property
     def covered_pct(self) -> float:
-        return 100.0 * self.covered_layers / self.layers if self.layers else 0.0
+        """cuDNN/cuBLAS's share of the layers that run."""
+        return 100.0 * self.covered_layers / self.running_layers if self.running_layers else 0.0
+
+    def backend(self, name: str) -> BackendCoverage:
+        return next(b for b in self.backends if b.backend == name)
 
     def to_json(self) -> dict:
         return {
             "model": self.model, "layers": self.layers, "unique_layers": self.unique_layers,
-            "unique_pct": round(self.unique_pct, 2), "covered_layers": self.covered_layers,
-            "covered_pct": round(self.covered_pct, 2), "free_layers": self.free_layers,
-            "folded_layers": self.folded_layers, "macs": self.macs,
+            "unique_pct": round(self.unique_pct, 2), "running_layers": self.running_layers,
+            "covered_layers": self.covered_layers, "covered_pct": round(self.covered_pct, 2),
+            "free_layers": self.free_layers, "folded_layers": self.folded_layers, "macs": self.macs,
             "ops": dict(self.ops), "not_covered": dict(self.not_covered),
+            "backends": {b.backend: b.to_json() for b in self.backends}, "uncosted": self.uncosted,
         }
 
 
-def node_stats(name: str, nodes: list[Node]) -> ModelStats:
+def node_stats(name: str, nodes: list[Node], uncosted: int = 0) -> ModelStats:
     """Counts, coverage and MACs of a list of layer occurrences (one model, or several): a layer
-    is covered, free, folded or not covered; the MACs are those of the layers that run."""
+    is covered, free, folded or not covered; coverage and MACs count the layers that run."""
     layers = [n.layer for n in nodes]
     running = [n.layer for n in nodes if n.runs]
     ops = Counter(la.op for la in layers)
     uncovered = Counter(la.op for la in running if not la.covered)
+    backends = []
+    for backend, call in BACKEND_CALLS.items():
+        missing = Counter(la.op for la in running if getattr(la, call) is None)
+        backends.append(BackendCoverage(backend, len(running) - sum(missing.values()), len(running),
+                                        tuple(sorted(missing.items()))))
     return ModelStats(
         model=name, layers=len(layers), unique_layers=len({la.key for la in layers}),
         covered_layers=sum(1 for la in running if la.covered), free_layers=sum(1 for la in layers if la.free),
         folded_layers=sum(1 for n in nodes if n.folded), macs=sum(la.macs for la in running),
-        ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())))
+        ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())),
+        running_layers=len(running), backends=tuple(backends), uncosted=uncosted)
 
 
 def model_stats(model: Model) -> ModelStats:
-    return node_stats(model.name, model.nodes)
+    return node_stats(model.name, model.nodes, len(model.uncosted))
 
 
 def total_stats(models: list[Model]) -> ModelStats:
     """The union across models: unique layers are deduplicated across them too."""
-    return node_stats("total", [n for m in models for n in m.nodes])
+    return node_stats("total", [n for m in models for n in m.nodes], sum(len(m.uncosted) for m in models))

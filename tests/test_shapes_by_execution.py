@@ -6,6 +6,7 @@ reference computed and those ONNX Runtime computes on the original model."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 import warnings
 
 import numpy as np
@@ -174,3 +175,29 @@ def test_a_node_without_shape_is_uncosted_and_the_rest_costed(tmp_path):
     (mystery, sigmoid) = processed.uncosted
     assert (mystery.name, mystery.op) == ("Mystery_2", "Mystery") and "ONNX Runtime could not run it" in mystery.reason
     assert (sigmoid.op, sigmoid.reason) == ("Sigmoid", "it reads the output of uncosted node 'Mystery_2'")
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "onednn"])
+def test_coverage_is_each_backends_share_of_the_running_layers(cases, tmp_path, backend):
+    """The LSTM of ONNX's test case (cuDNN has an RNN call, the oneDNN backend none yet) beside a
+    conv net with a free Flatten: "% covered" for each backend is the share of running layers for
+    which that backend's generator writes a benchmark, free views excluded."""
+    from helpers import conv_net
+
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest
+    from benanza.processor import total_stats, unique_layers
+
+    lstm, _, _ = _write(cases["test_lstm_defaults"], tmp_path)
+    conv = tmp_path / "conv.onnx"
+    onnx.save(conv_net(), str(conv))
+    models = [load_model(lstm), load_model(conv)]
+    stats = total_stats(models).backend(backend)
+    gen = generate(build_manifest(models, unique_layers(models)), backend, tmp_path / "o",
+                   GenOptions(dtypes=("f32",), fusion=False))
+    benchmarked = {v.problem for v in gen.variants}
+    running = [n for m in models for n in m.nodes if n.runs]
+    assert len(running) == 9 == stats.running  # the Flatten is free, not counted
+    assert stats.covered == sum(1 for n in running if n.layer.problem in benchmarked)
+    assert dict(stats.not_covered) == dict(Counter(n.layer.op for n in running
+                                                   if n.layer.problem not in benchmarked))
