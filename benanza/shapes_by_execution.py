@@ -114,12 +114,28 @@ def complete_by_execution(model: onnx.ModelProto, path: Path, input_shapes: dict
 def execute_for_shapes(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[int, ...]],
                        wanted: set[str], values: dict[str, tuple[float, ...]],
                        data: dict[str, np.ndarray]) -> ExecutedShapes:
+    """The shapes of the ``wanted`` tensors in one run of ``model``; which of them the data sized."""
+    results, failure = run_once(model, path, input_shapes, wanted, values, data)
+    if failure:
+        log.info("%s: %s; tensors static inference left unknown stay uncosted", path, failure)
+        return ExecutedShapes(failure=failure)
+    specs: list[tuple[str, TensorSpec]] = []
+    for name, arr in sorted(results.items()):
+        dtype = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype) if arr.dtype != object else 8
+        specs.append((name, TensorSpec(tuple(int(d) for d in arr.shape), DTYPE_NAMES.get(dtype, str(dtype)))))
+    seen = {name for name, _ in specs}
+    sized_by_data = _downstream_of_data_dependent(model.graph, seen)
+    return ExecutedShapes(specs=tuple(specs), data_dependent=tuple(sorted(seen & sized_by_data)))
+
+
+def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[int, ...]], wanted: set[str],
+             values: dict[str, tuple[float, ...]], data: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
     """Run ``model`` (weights not loaded: ONNX Runtime reads external data from beside ``path``)
-    once in ONNX Runtime and record the shapes of the ``wanted`` tensors.
+    once in ONNX Runtime; the values of the ``wanted`` tensors, and why the run failed ("" if not).
 
     A missing value for a deciding input, or a value or array that does not fit its input, is a
-    ShapeError naming the input; a run ONNX Runtime refuses (a custom op, an invalid model) is
-    a ``failure`` the caller reports on each node it leaves uncosted."""
+    ShapeError naming the input; a run ONNX Runtime refuses (a custom op, a dtype without a
+    kernel) is the returned reason, which the caller reports on what it could not cost."""
     graph = model.graph
     inits = {t.name for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in inits]
@@ -140,15 +156,15 @@ def execute_for_shapes(model: onnx.ModelProto, path: Path, input_shapes: dict[st
         copy.graph.output.append(onnx.ValueInfoProto(name=name))
     if copy.ByteSize() > PROTOBUF_LIMIT:
         raise ShapeError(path, "its graph proto with weights inside is too close to protobuf's 2 GB limit to "
-                               "run it for the shapes static inference left unknown; save its weights as "
-                               "external data (onnx.save(..., save_as_external_data=True))")
+                               "run it for what static inference cannot tell; save its weights as external "
+                               "data (onnx.save(..., save_as_external_data=True))")
     try:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         # Optimizations would fuse away the very tensors being recorded, and only cost time here.
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.log_severity_level = 4  # its failure is reported on each uncosted node, not logged twice
+        opts.log_severity_level = 4  # its failure is reported to the user once, by the caller
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                       os.path.dirname(os.path.abspath(path)))
         session = ort.InferenceSession(copy.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -158,17 +174,8 @@ def execute_for_shapes(model: onnx.ModelProto, path: Path, input_shapes: dict[st
         results = session.run(names, feed, run)
     except Exception as exc:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph/RuntimeException types
         text = str(exc).strip().splitlines()
-        reason = f"ONNX Runtime could not run it ({type(exc).__name__}: {text[0] if text else ''})"
-        log.info("%s: %s; tensors static inference left unknown stay uncosted", path, reason)
-        return ExecutedShapes(failure=reason)
-    specs: list[tuple[str, TensorSpec]] = []
-    for name, arr in zip(names, results):
-        if isinstance(arr, np.ndarray):
-            dtype = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype) if arr.dtype != object else 8
-            specs.append((name, TensorSpec(tuple(int(d) for d in arr.shape), DTYPE_NAMES.get(dtype, str(dtype)))))
-    seen = {name for name, _ in specs}
-    sized_by_data = _downstream_of_data_dependent(graph, seen)
-    return ExecutedShapes(specs=tuple(specs), data_dependent=tuple(sorted(seen & sized_by_data)))
+        return {}, f"ONNX Runtime could not run it ({type(exc).__name__}: {text[0] if text else ''})"
+    return {n: a for n, a in zip(names, results) if isinstance(a, np.ndarray)}, ""
 
 
 def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, values: dict[str, tuple[float, ...]],
