@@ -29,6 +29,7 @@ from .errors import BenanzaError, ModelError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
 from .ops import NodeView, build_layer
 from .shapes_by_execution import complete_by_execution
+from .taken_branches import inline_taken_branches
 
 log = logging.getLogger(__name__)
 
@@ -725,6 +726,11 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
+    model, taken, branch_failure = inline_taken_branches(model, p, in_shapes, dict(opts.input_values),
+                                                         dict(opts.input_data))
+    if taken:  # the taken branches' nodes are now the graph's own
+        proxy = _shape_proxy(model)
+        _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
     inferred_model, folded = _infer_shapes(proxy, p)
     inferred = inferred_model.graph
     specs: dict[str, TensorSpec] = {}
@@ -789,7 +795,8 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     data_dependent = {t: s.shape for t, s in executed.specs if t in executed.data_dependent}
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset, uncosted=uncosted,
-                 executed_shapes=len(executed.specs), data_dependent=data_dependent)
+                 executed_shapes=len(executed.specs), data_dependent=data_dependent,
+                 branches={b.node: b.branch for b in taken}, branch_failure=branch_failure)
 
 
 def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool]) -> bool:

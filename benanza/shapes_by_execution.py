@@ -40,6 +40,9 @@ DECIDING_MAX_ELEMENTS = 64
 # Protobuf cannot serialise a message past 2 GiB; the copy handed to ONNX Runtime must fit.
 PROTOBUF_LIMIT = 2**31 - 1
 SEED = 0
+# A run whose inputs alone would take more memory than this is not made: what a file claims is
+# no reason to allocate it (a hostile or mistaken --input-shape), and the user hears why.
+MAX_FEED_BYTES = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,10 @@ def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[i
     inits = {t.name for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in inits]
     deciding = _upstream_inputs(graph, wanted, {i.name for i in inputs})
+    feed_bytes = sum(math.prod(input_shapes[i.name]) * _itemsize(i.type.tensor_type.elem_type) for i in inputs)
+    if feed_bytes > MAX_FEED_BYTES:
+        return {}, (f"its inputs at the requested shapes take {feed_bytes / 2**30:.1f} GiB, more than the "
+                    f"{MAX_FEED_BYTES / 2**30:.0f} GiB Benanza allocates for a run")
     feed = {i.name: _feed(i, input_shapes[i.name], i.name in deciding, values, data, path) for i in inputs}
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -178,6 +185,13 @@ def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[i
     return {n: a for n, a in zip(names, results) if isinstance(a, np.ndarray)}, ""
 
 
+def _itemsize(elem: int) -> int:
+    try:
+        return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).itemsize)
+    except Exception:  # noqa: BLE001 - no numpy match: _feed names the input
+        return 1
+
+
 def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, values: dict[str, tuple[float, ...]],
           data: dict[str, np.ndarray], path: Path) -> np.ndarray:
     elem = inp.type.tensor_type.elem_type
@@ -203,8 +217,8 @@ def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, valu
     floating = np.issubdtype(np_type, np.floating)
     if deciding and (not shape if floating else numel <= DECIDING_MAX_ELEMENTS):
         example = ",".join(["V"] * numel) if numel <= 4 else "V1,V2,…"
-        raise ShapeError(path, f"input '{inp.name}' ({DTYPE_NAMES.get(elem, elem)}, {shown}) decides shapes static "
-                               f"inference cannot resolve: give its value with --input-value {inp.name}={example} "
+        raise ShapeError(path, f"input '{inp.name}' ({DTYPE_NAMES.get(elem, elem)}, {shown}) decides shapes or "
+                               f"branches static inference cannot resolve: give its value with --input-value {inp.name}={example} "
                                f"(or real inputs with --input-data FILE.npz)")
     if floating:
         return np.random.default_rng(SEED).standard_normal(shape).astype(np_type)
@@ -262,5 +276,10 @@ def shape_notes(model: Model) -> list[str]:
     if model.data_dependent:
         seen = ", ".join(f"{t} {'x'.join(map(str, s)) or 'scalar'}" for t, s in sorted(model.data_dependent.items()))
         notes.append(f"sizes decided by the data, as seen in this run: {seen}")
+    notes.extend(f"If {node!r} took its {branch} branch for these inputs (its layers are costed under "
+                 f"'{node}/{branch}/')" for node, branch in model.branches.items())
+    if model.branch_failure:
+        notes.append(f"uncosted: the branches of its If nodes, whose conditions cannot be found: "
+                     f"{model.branch_failure}")
     notes.extend(f"uncosted: node {u.name!r} ({u.op}): {u.reason}" for u in model.uncosted)
     return notes

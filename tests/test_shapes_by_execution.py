@@ -120,7 +120,7 @@ def test_input_data_file_feeds_the_run(cases, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "input 'new_shape' (i64, 3) decides shapes"),
+    ([], "input 'new_shape' (i64, 3) decides shapes or branches"),
     (["--input-value", "new_shape=1,x"], "--input-value 'new_shape=1,x': want NAME=V1,V2,..."),
     (["--input-value", "new_shape=2,1"], "--input-value new_shape: 2 values for an input of shape 3"),
     (["--input-value", "shape=2,1,6"], "--input-value shape: no given model has such an input"),
@@ -201,3 +201,57 @@ def test_coverage_is_each_backends_share_of_the_running_layers(cases, tmp_path, 
     assert stats.covered == sum(1 for n in running if n.layer.problem in benchmarked)
     assert dict(stats.not_covered) == dict(Counter(n.layer.op for n in running
                                                    if n.layer.problem not in benchmarked))
+
+
+@pytest.mark.parametrize("cond, branch", [("1", "then"), ("0", "else")])
+def test_if_of_the_backend_case_takes_the_branch_its_condition_selects(cases, tmp_path, cond, branch):
+    path, _, _ = _write(cases["test_if"], tmp_path)
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none",
+                                  "--input-value", f"cond={cond}"])
+    assert r.exit_code == 0, r.output
+    assert f"If 'If_0' took its {branch} branch for these inputs" in r.stdout
+
+
+@pytest.mark.parametrize("name, branch", [("test_affine_grid_2d_expanded", "then"),
+                                          ("test_affine_grid_3d_expanded", "else"),
+                                          ("test_affine_grid_3d_align_corners_expanded", "else")])
+def test_affine_grid_function_costs_the_branches_its_size_selects(cases, tmp_path, name, branch):
+    """ONNX's AffineGrid function body picks its 2-D or 3-D computation with Ifs on the length of
+    ``size``: the 2-D case takes the then branches, the 3-D case the else branches, and every node
+    of the branches taken is costed, with the output shape the ONNX reference and ORT compute."""
+    case = cases[name]
+    path, data, expected = _write(case, tmp_path)
+    m = load_model(path, input_data=data)
+    assert m.uncosted == [] and m.branch_failure == ""
+    assert (m.branches["If_15"], m.branches["If_17"]) == (branch, branch)
+    assert _shapes(m)["grid"] == expected["grid"] == _ort_shapes(case, data)["grid"]
+    assert any(n.name.startswith(f"If_28/{m.branches['If_28']}/") for n in m.nodes)
+    if "align_corners" in name:  # a branch inside a branch, named by its whole path
+        assert m.branches["If_28/else/If_4"] == "else" and "If_28/else/If_4/else/Div_0" in {n.name for n in m.nodes}
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_costs_the_layers_of_the_branch_taken(tmp_path, cond):
+    """then: Conv 3→4 (3×3, pad 1) + Relu on 1×3×8×8; else: 2×2 MaxPool. The branch taken is
+    costed under its path, with the MACs of a 3×3 conv counted by hand, and the shape ORT
+    computes for the If's output."""
+    then = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="Conv_3"),
+                              helper.make_node("Relu", ["c"], ["r"])], "then", [], [io("r", None)])
+    other = helper.make_graph([helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2])],
+                              "else", [], [io("p", None)])
+    m = model([helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="If_1"),
+               helper.make_node("Sigmoid", ["y"], ["z"])],
+              [io("x", [1, 3, 8, 8]), io("cond", [], TensorProto.BOOL)], [io("z", None)], [tensor("W", (4, 3, 3, 3))])
+    path = tmp_path / "if.onnx"
+    onnx.save(m, str(path))
+    processed = load_model(path, input_values={"cond": (float(cond),)})
+    x = np.zeros((1, 3, 8, 8), np.float32)
+    ort_shape = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x, "cond": np.array(cond)})[0].shape
+    assert processed.branches == {"If_1": "then" if cond else "else"}
+    by_name = {n.name: n.layer for n in processed.nodes}
+    if cond:
+        assert list(by_name) == ["If_1/then/Conv_3", "If_1/then/Relu_1", "Sigmoid_2"]
+        assert by_name["If_1/then/Conv_3"].macs == 4 * 8 * 8 * 3 * 3 * 3
+    else:
+        assert list(by_name) == ["If_1/else/MaxPool_0", "Sigmoid_1"]
+    assert next(la for name, la in by_name.items() if name.startswith("Sigmoid")).outputs[0].shape == ort_shape
