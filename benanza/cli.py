@@ -890,6 +890,7 @@ class _ProfileCommand(click.Command):
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
               help="Concrete shape of an input whose non-batch dims are symbolic (repeatable), as for "
                    "generate and analyze.")
+@value_options
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
               help="Untimed runs first; with --command: the first N blocks of each measure name are dropped.")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True, help="Timed runs.")
@@ -910,7 +911,8 @@ class _ProfileCommand(click.Command):
                    "checks a bundle is of the model it analyses.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="With --command: seconds each of its two runs may take before it is killed [default: none].")
-def profile(model: str | None, framework: str, batch_size: int, input_shape: tuple[str, ...], warmup: int,
+def profile(model: str | None, framework: str, batch_size: int, input_shape: tuple[str, ...],
+            input_value: tuple[str, ...], input_data: str | None, warmup: int,
             iterations: int, trace_iterations: int, device: str, out_dir: str | None, nsys: bool,
             command_line: str | None, measure_name: str | None, command_model: str | None,
             timeout: float | None) -> None:
@@ -937,11 +939,14 @@ def profile(model: str | None, framework: str, batch_size: int, input_shape: tup
         raise click.UsageError("give MODEL, or --command 'CMD' (or `-- CMD…`) to profile your own application")
     from .processor import parse_input_shapes
     from .profiler import ProfileSpec, profile_model
+    from .shapes_by_execution import input_values_per_model
 
     out = out_dir or str(Path("profiles") / f"{Path(model).stem}-{framework}-b{batch_size}")
     spec = ProfileSpec(model=str(Path(model).resolve()), framework=framework, out_dir=out, batch_size=batch_size,
                        warmup=warmup, iterations=iterations, trace_iterations=trace_iterations, device=device,
-                       input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())))
+                       input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
+                       input_values=tuple(sorted(input_values_per_model(input_value, [model])[model].items())),
+                       input_data=input_data)
     bundle = profile_model(spec, nsys=nsys)
     index = json.loads((bundle / "profile.json").read_text())
     lat = index["latency_ms"]
@@ -969,7 +974,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
         raise click.UsageError("give the command either as --command 'CMD' or after `--`, not both")
     if model is not None:
         raise click.UsageError(f"{model}: with --command, name the ONNX file with --model")
-    for opt in ("framework", "iterations", "trace_iterations", "input_shape"):
+    for opt in ("framework", "iterations", "trace_iterations", "input_shape", "input_value", "input_data"):
         if ctx.get_parameter_source(opt) != click.core.ParameterSource.DEFAULT:
             raise click.UsageError(f"--{opt.replace('_', '-')} does not apply to --command: the command decides "
                                    f"what runs and how often (its benanza.measure blocks are the iterations)")

@@ -255,3 +255,22 @@ def test_if_costs_the_layers_of_the_branch_taken(tmp_path, cond):
     else:
         assert list(by_name) == ["If_1/else/MaxPool_0", "Sigmoid_1"]
     assert next(la for name, la in by_name.items() if name.startswith("Sigmoid")).outputs[0].shape == ort_shape
+
+
+def test_profile_feeds_the_given_values_and_ort_runs_the_shapes_generate_costs(cases, tmp_path):
+    """ORT's own trace of the profiled run records the Expand's output shape: the one the
+    processor costs for the same --input-value."""
+    path, data, expected = _write(cases["test_expand_dim_changed"], tmp_path)
+    value = ",".join(str(int(v)) for v in data["new_shape"])
+    out = tmp_path / "prof"
+    r = CliRunner().invoke(main, ["profile", str(path), "--input-value", f"new_shape={value}", "--warmup", "0",
+                                  "--iterations", "2", "--trace-iterations", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    events = json.loads((out / "ort_profile.json").read_text())
+    traced = [e["args"]["output_type_shape"][0]["float"] for e in events
+              if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    costed = load_model(path, input_values={"new_shape": tuple(float(v) for v in data["new_shape"])})
+    assert traced == [list(costed.nodes[0].layer.outputs[0].shape)] == [list(expected["expanded"])]
+    r = CliRunner().invoke(main, ["profile", str(path), "--input-value", "new_shape=2,1", "--out", str(out)])
+    assert r.exit_code != 0 and r.stderr.strip().splitlines() == [
+        "error: --input-value/--input-data new_shape: 2 values for an input of shape 3"]
