@@ -729,6 +729,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     model, taken, branch_failure = inline_taken_branches(model, p, in_shapes, dict(opts.input_values),
                                                          dict(opts.input_data))
     if taken:  # the taken branches' nodes are now the graph's own
+        _check_claimed_sizes(model, p)
         proxy = _shape_proxy(model)
         _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
     inferred_model, folded = _infer_shapes(proxy, p)
