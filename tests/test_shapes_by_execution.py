@@ -274,3 +274,34 @@ def test_profile_feeds_the_given_values_and_ort_runs_the_shapes_generate_costs(c
     r = CliRunner().invoke(main, ["profile", str(path), "--input-value", "new_shape=2,1", "--out", str(out)])
     assert r.exit_code != 0 and r.stderr.strip().splitlines() == [
         "error: --input-value/--input-data new_shape: 2 values for an input of shape 3"]
+
+
+def _if_model(tmp_path):
+    then = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="Conv_3")],
+                             "then", [], [io("c", None)])
+    other = helper.make_graph([helper.make_node("Relu", ["x"], ["p"])], "else", [], [io("p", None)])
+    m = model([helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="If_1"),
+               helper.make_node("Sigmoid", ["y"], ["z"])],
+              [io("x", [1, 3, 8, 8]), io("cond", [], TensorProto.BOOL)], [io("z", None)], [tensor("W", (3, 3, 3, 3))])
+    path = tmp_path / "if.onnx"
+    onnx.save(m, str(path))
+    return path
+
+
+def test_analyze_bounds_the_branch_its_input_value_selects(tmp_path):
+    """The database holds each branch's layers at 1 ms (Conv) and 0.25 ms (Relu), the Sigmoid at
+    0.5 ms: the bound of each analysis is the sum along the branch taken, and says which."""
+    from test_analyzer import _db_with
+
+    path = _if_model(tmp_path)
+    ms = {"Conv": 1.0, "Relu": 0.25, "Sigmoid": 0.5}
+    db_path = tmp_path / "p.db"
+    for cond in (1, 0):
+        _db_with(db_path, load_model(path, input_values={"cond": (float(cond),)}), ms_of=lambda n: ms[n.layer.op])
+    for cond, branch, bound in ((1, "then", 1.5), (0, "else", 0.75)):
+        r = CliRunner().invoke(main, ["analyze", str(path), "--system", "cpu-a", "--db", str(db_path), "--json",
+                                      "--input-value", f"cond={cond}"])
+        assert r.exit_code == 0, r.output
+        (doc,) = json.loads(r.stdout)["analyses"]
+        assert doc["bounds"]["sequential_ms"] == pytest.approx(bound)
+        assert any(f"If 'If_1' took its {branch} branch" in n for n in doc["notes"])
