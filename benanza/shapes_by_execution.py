@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,9 @@ SEED = 0
 # A run whose inputs alone would take more memory than this is not made: what a file claims is
 # no reason to allocate it (a hostile or mistaken --input-shape), and the user hears why.
 MAX_FEED_BYTES = 4 * 2**30
+# Wall-clock budget of the run: a Loop whose trip count a file sets to 2**62 must not hang the
+# command. ONNX Runtime checks its terminate flag between kernels, inside loops too.
+RUN_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[i
         raise ShapeError(path, "its graph proto with weights inside is too close to protobuf's 2 GB limit to "
                                "run it for what static inference cannot tell; save its weights as external "
                                "data (onnx.save(..., save_as_external_data=True))")
+    run = None
     try:
         import onnxruntime as ort
 
@@ -178,8 +183,15 @@ def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[i
         names = [o.name for o in session.get_outputs() if o.name in wanted]
         run = ort.RunOptions()
         run.log_severity_level = 4
-        results = session.run(names, feed, run)
+        timer = threading.Timer(RUN_SECONDS, lambda: setattr(run, "terminate", True))
+        timer.start()
+        try:
+            results = session.run(names, feed, run)
+        finally:
+            timer.cancel()
     except Exception as exc:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph/RuntimeException types
+        if run is not None and run.terminate:
+            return {}, f"ONNX Runtime did not finish the run within {RUN_SECONDS:g} s"
         text = str(exc).strip().splitlines()
         return {}, f"ONNX Runtime could not run it ({type(exc).__name__}: {text[0] if text else ''})"
     return {n: a for n, a in zip(names, results) if isinstance(a, np.ndarray)}, ""

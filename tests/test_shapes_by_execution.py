@@ -6,6 +6,7 @@ reference computed and those ONNX Runtime computes on the original model."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 import warnings
 
@@ -305,3 +306,27 @@ def test_analyze_bounds_the_branch_its_input_value_selects(tmp_path):
         (doc,) = json.loads(r.stdout)["analyses"]
         assert doc["bounds"]["sequential_ms"] == pytest.approx(bound)
         assert any(f"If 'If_1' took its {branch} branch" in n for n in doc["notes"])
+
+
+def test_a_run_that_does_not_end_is_stopped_and_said(tmp_path, monkeypatch):
+    """A Loop whose trip count is 2**62, with a NonZero after it: the run is stopped at the time
+    limit and the NonZero is uncosted with that reason, the Loop costed."""
+    from benanza import shapes_by_execution
+
+    monkeypatch.setattr(shapes_by_execution, "RUN_SECONDS", 2.0)
+    body = helper.make_graph([helper.make_node("Identity", ["c_in"], ["c_out"]),
+                              helper.make_node("Add", ["v_in", "one"], ["v_out"])], "body",
+                             [io("i", [], TensorProto.INT64), io("c_in", [], TensorProto.BOOL), io("v_in", [4])],
+                             [io("c_out", [], TensorProto.BOOL), io("v_out", [4])], [tensor("one", (4,), 1.0)])
+    big = onnx.numpy_helper.from_array(np.array(2**62, np.int64), "M")
+    yes = onnx.numpy_helper.from_array(np.array(True), "go")
+    m = model([helper.make_node("Loop", ["M", "go", "x"], ["v"], body=body, name="Loop_0"),
+               helper.make_node("NonZero", ["v"], ["nz"], name="NonZero_1")],
+              [io("x", [4])], [io("nz", None, TensorProto.INT64)], [big, yes], opset=16)
+    path = tmp_path / "forever.onnx"
+    onnx.save(m, str(path))
+    start = time.monotonic()
+    processed = load_model(path)
+    assert time.monotonic() - start < 30
+    (nz,) = processed.uncosted
+    assert nz.name == "NonZero_1" and "did not finish the run within 2 s" in nz.reason
