@@ -481,7 +481,8 @@ def check_command(models: tuple[str, ...], bench_dir: str, batch_size: int, inpu
     from .processor import input_shapes_per_model, load_model
 
     per_model = input_shapes_per_model(input_shape, models)
-    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p]) for p in models]
+    # the check maps layers back onto each file's own graph: an If stays one node there
+    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p], take_branches=False) for p in models]
     command = shlex.join(["benanza", "check", *models, "--bench-dir", bench_dir, "--batch-size", str(batch_size),
                           *(f"--input-shape={s}" for s in input_shape)])
     results = check(bench_dir, loaded, CheckOptions(filter=name_filter, seed=seed, threads=threads,

@@ -132,6 +132,9 @@ class ProcessOptions:
     # What a run for the shapes static inference leaves unknown feeds (shapes_by_execution).
     input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()
     input_data: tuple[tuple[str, np.ndarray], ...] = ()
+    # Replace each If by the branch taken (taken_branches); off for consumers that map the
+    # Model's nodes back onto the file's own graph (check, the torch executor).
+    take_branches: bool = True
 
 
 def read_onnx(path: str | Path) -> onnx.ModelProto:
@@ -689,7 +692,7 @@ def _topological(nodes: list[onnx.NodeProto], available: set[str], path: Path) -
 def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
                input_shapes: dict[str, tuple[int, ...]] | None = None,
                name: str | None = None, input_values: dict[str, tuple[float, ...]] | None = None,
-               input_data: dict[str, np.ndarray] | None = None) -> Model:
+               input_data: dict[str, np.ndarray] | None = None, take_branches: bool = True) -> Model:
     """Process one ONNX file (or an in-memory ModelProto, left unchanged) into a Model whose
     every layer has concrete shapes. ``input_values`` and ``input_data`` (whose arrays also give
     their inputs' shapes, unless ``input_shapes`` does) feed the run made when static inference
@@ -707,7 +710,8 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         real = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
         input_shapes = {**{n: tuple(a.shape) for n, a in data.items() if n in real}, **(input_shapes or {})}
     opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())),
-                          tuple(sorted((input_values or {}).items())), tuple(sorted(data.items())))
+                          tuple(sorted((input_values or {}).items())), tuple(sorted(data.items())),
+                          take_branches)
     try:
         return _process(model, p, opts, name)
     except BenanzaError:
@@ -726,8 +730,11 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
-    model, taken, branch_failure = inline_taken_branches(model, p, in_shapes, dict(opts.input_values),
-                                                         dict(opts.input_data))
+    taken: tuple = ()
+    branch_failure = ""
+    if opts.take_branches:
+        model, taken, branch_failure = inline_taken_branches(model, p, in_shapes, dict(opts.input_values),
+                                                             dict(opts.input_data))
     if taken:  # the taken branches' nodes are now the graph's own
         _check_claimed_sizes(model, p)
         proxy = _shape_proxy(model)
