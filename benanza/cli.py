@@ -248,7 +248,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
-    from .shapes_by_execution import input_values_per_model, load_input_data, shape_notes
+    from .shapes_by_execution import input_values_per_model, load_input_data, shape_notes, uncosted_notes
 
     names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
     if len(names) != 1:
@@ -280,7 +280,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
         _print_stats(stats, total, names)
         for m in loaded:
-            for note in shape_notes(m):
+            for note in shape_notes(m) + uncosted_notes(m):
                 console.print(f"{m.name}: {note}", highlight=False, soft_wrap=True)
         console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
                       highlight=False)

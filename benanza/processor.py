@@ -771,7 +771,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
             index = len(nodes)
             node_name = proto.name or f"{proto.op_type}_{index}"
             try:
-                view = _node_view(proto, opset, specs, consts, p, node_name, needed)
+                view = _node_view(proto, opset, specs, consts, needed)
             except _NoShape as exc:  # the rest of the model is still costed
                 source = next((unshaped[t] for t in proto.input if t in unshaped), None)
                 reason = f"it reads the output of uncosted node {source!r}" if source else \
@@ -824,7 +824,7 @@ class _NoShape(Exception):
 
 
 def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
-               consts: _Constants, path: Path, name: str, needed: set[str]) -> NodeView:
+               consts: _Constants, needed: set[str]) -> NodeView:
     inputs: list[TensorSpec | None] = []
     constant: list[bool] = []
     values = {}

@@ -280,7 +280,7 @@ def _downstream_of_data_dependent(graph: onnx.GraphProto, executed: set[str]) ->
 
 def shape_notes(model: Model) -> list[str]:
     """What static inference could not give, in lines for the user: the shapes a run found, the
-    sizes the data decided in it, and each node left uncosted with why."""
+    sizes the data decided in it, and the branch each If took."""
     notes = []
     if model.executed_shapes:
         notes.append(f"{model.executed_shapes} tensor shapes found by running the model once in ONNX Runtime "
@@ -290,6 +290,13 @@ def shape_notes(model: Model) -> list[str]:
         notes.append(f"sizes decided by the data, as seen in this run: {seen}")
     notes.extend(f"If {node!r} took its {branch} branch for these inputs (its layers are costed under "
                  f"'{node}/{branch}/')" for node, branch in model.branches.items())
+    return notes
+
+
+def uncosted_notes(model: Model) -> list[str]:
+    """What is missing from the costs, and why: each node left without shapes, and the branches
+    of If nodes whose conditions could not be found."""
+    notes = []
     if model.branch_failure:
         notes.append(f"uncosted: the branches of its If nodes, whose conditions cannot be found: "
                      f"{model.branch_failure}")

@@ -21,7 +21,7 @@ from .manifest import build_manifest, write_manifest
 from .parsers import ExecutionProfile
 from .parsers.bundle import check_model
 from .processor import load_model, unique_layers
-from .shapes_by_execution import load_input_data, shape_notes
+from .shapes_by_execution import load_input_data, shape_notes, uncosted_notes
 from .problems import layer_key
 from .records import System
 
@@ -98,9 +98,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                 a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "
                                f"({', '.join(s.stack_id for s in others)}); this analysis uses only stack "
                                f"{system.stack_id} (choose another with --stack)")
-            # an uncosted node is missing from the bound: that is a warning, the rest a note
-            a.notes.extend(n for n in shape_notes(model) if not n.startswith("uncosted"))
-            a.warnings.extend(n for n in shape_notes(model) if n.startswith("uncosted"))
+            a.notes.extend(shape_notes(model))
+            a.warnings.extend(uncosted_notes(model))  # missing from the bound
             out.append(a)
     return out
 

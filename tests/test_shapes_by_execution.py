@@ -176,6 +176,14 @@ def test_a_node_without_shape_is_uncosted_and_the_rest_costed(tmp_path):
     (mystery, sigmoid) = processed.uncosted
     assert (mystery.name, mystery.op) == ("Mystery_2", "Mystery") and "ONNX Runtime could not run it" in mystery.reason
     assert (sigmoid.op, sigmoid.reason) == ("Sigmoid", "it reads the output of uncosted node 'Mystery_2'")
+    from test_analyzer import _db_with
+
+    from benanza.sweep import SweepRequest, run_sweep
+
+    (a,) = run_sweep(SweepRequest(str(path), ("cpu-a",)), _db_with(tmp_path / "p.db", processed))
+    assert [w for w in a.warnings if "uncosted" in w] == [
+        f"uncosted: node 'Mystery_2' (Mystery): {mystery.reason}",
+        "uncosted: node 'Sigmoid_2' (Sigmoid): it reads the output of uncosted node 'Mystery_2'"]
 
 
 @pytest.mark.parametrize("backend", ["cudnn", "onednn"])
