@@ -183,9 +183,10 @@ class Model:
     # of those, the ones whose size the data decided (after NonZero, NMS, TopK): the size seen.
     executed_shapes: int = 0
     data_dependent: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    # Each If replaced by the branch its condition took for these inputs: If path → "then"/"else";
-    # and why the conditions could not be found, when they could not (the branches are then uncosted).
-    branches: dict[str, str] = field(default_factory=dict)
+    # What each If and Loop became (control_flow): If path → "then"/"else" (the branch taken for
+    # these inputs), Loop path → "N iterations" (unrolled) or why it stays one node; and why the run
+    # deciding them could not be made, when it could not (their bodies are then uncosted).
+    control_flow: dict[str, str] = field(default_factory=dict)
     branch_failure: str = ""
 
     @property

@@ -29,7 +29,7 @@ from .errors import BenanzaError, ModelError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
 from .ops import NodeView, build_layer
 from .shapes_by_execution import complete_by_execution
-from .taken_branches import inline_taken_branches
+from .control_flow import inline_control_flow
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class ProcessOptions:
     # What a run for the shapes static inference leaves unknown feeds (shapes_by_execution).
     input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()
     input_data: tuple[tuple[str, np.ndarray], ...] = ()
-    # Replace each If by the branch taken (taken_branches); off for consumers that map the
+    # Replace each If by the branch taken and unroll clean Loops (control_flow); off for consumers that map the
     # Model's nodes back onto the file's own graph (check, the torch executor).
     take_branches: bool = True
 
@@ -733,7 +733,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     taken: tuple = ()
     branch_failure = ""
     if opts.take_branches:
-        model, taken, branch_failure = inline_taken_branches(model, p, in_shapes, dict(opts.input_values),
+        model, taken, branch_failure = inline_control_flow(model, p, in_shapes, dict(opts.input_values),
                                                              dict(opts.input_data))
     if taken:  # the taken branches' nodes are now the graph's own
         _check_claimed_sizes(model, p)
@@ -804,7 +804,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset, uncosted=uncosted,
                  executed_shapes=len(executed.specs), data_dependent=data_dependent,
-                 branches={b.node: b.branch for b in taken}, branch_failure=branch_failure)
+                 control_flow={b.node: b.branch for b in taken}, branch_failure=branch_failure)
 
 
 def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool]) -> bool:

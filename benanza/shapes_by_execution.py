@@ -288,8 +288,13 @@ def shape_notes(model: Model) -> list[str]:
     if model.data_dependent:
         seen = ", ".join(f"{t} {'x'.join(map(str, s)) or 'scalar'}" for t, s in sorted(model.data_dependent.items()))
         notes.append(f"sizes decided by the data, as seen in this run: {seen}")
-    notes.extend(f"If {node!r} took its {branch} branch for these inputs (its layers are costed under "
-                 f"'{node}/{branch}/')" for node, branch in model.branches.items())
+    for node, became in model.control_flow.items():
+        if became in ("then", "else"):
+            notes.append(f"If {node!r} took its {became} branch for these inputs (its layers are costed under "
+                         f"'{node}/{became}/')")
+        elif became.endswith(" iterations"):
+            notes.append(f"Loop {node!r} ran {became} for these inputs (unrolled: its layers are costed under "
+                         f"'{node}/iter0/', '{node}/iter1/', …)")
     return notes
 
 
@@ -300,5 +305,7 @@ def uncosted_notes(model: Model) -> list[str]:
     if model.branch_failure:
         notes.append(f"uncosted: the branches of its If nodes, whose conditions cannot be found: "
                      f"{model.branch_failure}")
+    notes.extend(f"uncosted: the body of Loop {node!r}, which {became}"
+                 for node, became in model.control_flow.items() if became.startswith("stays one node"))
     notes.extend(f"uncosted: node {u.name!r} ({u.op}): {u.reason}" for u in model.uncosted)
     return notes
