@@ -51,6 +51,10 @@ def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: dict[s
     left: set[str] = set()  # Loops already found not clean: not asked about again
     for _ in range(MAX_NESTING):
         nodes = list(model.graph.node)
+        for i, n in enumerate(nodes):
+            if n.op_type == "Scan" and n.domain in ("", "ai.onnx") and _name(n, i) not in left:
+                left.add(_name(n, i))
+                taken.append(TakenBranch(_name(n, i), "stays one node: Benanza does not unroll Scan yet"))
         flow = {i: n for i, n in enumerate(nodes) if n.domain in ("", "ai.onnx")
                 and (n.op_type == "If" or n.op_type == "Loop" and _name(n, i) not in left)}
         if not flow:

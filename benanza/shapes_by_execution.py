@@ -305,7 +305,7 @@ def uncosted_notes(model: Model) -> list[str]:
     if model.branch_failure:
         notes.append(f"uncosted: the branches of its If nodes, whose conditions cannot be found: "
                      f"{model.branch_failure}")
-    notes.extend(f"uncosted: the body of Loop {node!r}, which {became}"
+    notes.extend(f"uncosted: the body of {node!r}, which {became}"
                  for node, became in model.control_flow.items() if became.startswith("stays one node"))
     notes.extend(f"uncosted: node {u.name!r} ({u.op}): {u.reason}" for u in model.uncosted)
     return notes

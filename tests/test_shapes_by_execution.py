@@ -395,5 +395,12 @@ def test_a_loop_that_stops_on_what_it_computes_stays_one_node_and_says_so(tmp_pa
     assert processed.control_flow == {"Loop_0": "stays one node: it stops on a condition it computes"}
     assert [n.layer.op for n in processed.nodes] == ["Loop", "Relu"]
     r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none"])
-    assert r.exit_code == 0 and ("uncosted: the body of Loop 'Loop_0', which stays one node: it stops on a "
+    assert r.exit_code == 0 and ("uncosted: the body of 'Loop_0', which stays one node: it stops on a "
                                  "condition it computes") in r.stdout
+
+
+def test_scan_of_the_backend_case_stays_one_node_and_says_so(cases, tmp_path):
+    path, data, expected = _write(cases["test_scan9_sum"], tmp_path)
+    m = load_model(path, input_data=data)
+    assert m.control_flow == {"Scan_0": "stays one node: Benanza does not unroll Scan yet"}
+    assert [n.layer.op for n in m.nodes] == ["Scan"] and _shapes(m)["z"] == expected["z"]
