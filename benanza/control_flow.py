@@ -117,12 +117,18 @@ def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], mai
     state = list(node.input[2:])
     scanned: list[list[str]] = [[] for _ in range(scans)]
     nodes: list[onnx.NodeProto] = []
+    weights = {}  # the body's weights, once for all iterations
+    for t in body.initializer:
+        w = onnx.TensorProto()
+        w.CopyFrom(t)
+        w.name = weights[t.name] = f"{name}/{t.name}"
+        main.initializer.append(w)
     for i in range(trips):
         prefix = f"{name}/iter{i}/"
         counter = prefix + body.input[0].name
         nodes.append(helper.make_node("Constant", [], [counter], name=prefix + "iteration",
                                       value=numpy_helper.from_array(np.array(i, np.int64))))
-        bound = {body.input[0].name: counter, cond_in: node.input[1]}
+        bound = {**weights, body.input[0].name: counter, cond_in: node.input[1]}
         bound.update((body.input[2 + j].name, state[j]) for j in range(carried))
         inlined, outs = _inlined(body, prefix, bound, main)
         nodes.extend(inlined)
@@ -173,6 +179,8 @@ def _inlined(graph: onnx.GraphProto, prefix: str, bound: dict[str, str], main: o
     internal = produced | {t.name for t in graph.initializer}
     rename.update((t, prefix + t) for t in internal if t not in rename)
     for t in graph.initializer:
+        if t.name in bound:
+            continue  # the caller added it once (a loop body's weights, shared by its iterations)
         w = onnx.TensorProto()
         w.CopyFrom(t)
         w.name = rename[t.name]

@@ -404,3 +404,21 @@ def test_scan_of_the_backend_case_stays_one_node_and_says_so(cases, tmp_path):
     m = load_model(path, input_data=data)
     assert m.control_flow == {"Scan_0": "stays one node: Benanza does not unroll Scan yet"}
     assert [n.layer.op for n in m.nodes] == ["Scan"] and _shapes(m)["z"] == expected["z"]
+
+
+def test_an_unrolled_loop_holds_its_body_weights_once(tmp_path):
+    """A Loop of 8 iterations whose body multiplies by a 64×64 weight: 8 MatMuls, one weight."""
+    body = helper.make_graph([helper.make_node("Identity", ["c_in"], ["c_out"]),
+                              helper.make_node("MatMul", ["v_in", "W"], ["v_out"])], "body",
+                             [io("i", [], TensorProto.INT64), io("c_in", [], TensorProto.BOOL), io("v_in", [1, 64])],
+                             [io("c_out", [], TensorProto.BOOL), io("v_out", [1, 64])], [tensor("W", (64, 64))])
+    m = model([helper.make_node("Loop", ["M", "go", "x"], ["v"], body=body, name="Loop_0")],
+              [io("x", [1, 64])], [io("v", None)],
+              [onnx.numpy_helper.from_array(np.array(8, np.int64), "M"),
+               onnx.numpy_helper.from_array(np.array(True), "go")], opset=16)
+    path = tmp_path / "rnnish.onnx"
+    onnx.save(m, str(path))
+    processed = load_model(path)
+    matmuls = [n for n in processed.nodes if n.layer.op == "MatMul"]
+    assert len(matmuls) == 8 and {n.constant_inputs for n in matmuls} == {("Loop_0/W",)}
+    assert all(n.layer.macs == 64 * 64 for n in matmuls)
