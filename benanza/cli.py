@@ -663,11 +663,13 @@ def db_serve(db_path: str | None, port: int, host: str) -> None:
 @click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
               help="Library [default: the system's, as stored in the database].")
 @batch_options
+@value_options
 @variant_options
 @click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True)
 @click.option("--generate-missing", is_flag=True, help="Generate and run the missing benchmarks now.")
 def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, backend: str | None,
-              batch_size: int, input_shape: tuple[str, ...], dtypes: tuple[str, ...], layouts: tuple[str, ...],
+              batch_size: int, input_shape: tuple[str, ...], input_value: tuple[str, ...], input_data: str | None,
+              dtypes: tuple[str, ...], layouts: tuple[str, ...],
               maths: tuple[str, ...], no_fusion: bool, bench_dir: str, generate_missing: bool) -> None:
     """Check the database holds every benchmark the models need on a system (paper §III-C).
 
@@ -679,6 +681,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     from .manifest import build_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
     from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
+    from .shapes_by_execution import input_values_per_model, load_input_data
     from .sweep import measure_missing
 
     path = resolve_db_path(db_path)
@@ -696,7 +699,10 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     options = gen_options_for(backend, dtypes, layouts, maths, not no_fusion, strict=True)
     assert options is not None  # strict: a value the backend lacks was an error
     per_model = input_shapes_per_model(input_shape, models)
-    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p]) for p in models]
+    values = input_values_per_model(input_value, models)
+    data = load_input_data(input_data) if input_data else {}
+    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p], input_values=values[p],
+                         input_data=data) for p in models]
     shapes = parse_input_shapes(input_shape)  # as given: the generate command below takes them back
     manifest = build_manifest(loaded, unique_layers(loaded))
     wanted = expand_variants(manifest, get_backend(backend), options)
