@@ -422,3 +422,15 @@ def test_an_unrolled_loop_holds_its_body_weights_once(tmp_path):
     matmuls = [n for n in processed.nodes if n.layer.op == "MatMul"]
     assert len(matmuls) == 8 and {n.constant_inputs for n in matmuls} == {("Loop_0/W",)}
     assert all(n.layer.macs == 64 * 64 for n in matmuls)
+
+
+def test_a_graph_too_close_to_protobufs_limit_is_refused_in_one_line(cases, tmp_path, monkeypatch):
+    """The copy handed to ONNX Runtime must serialise: past protobuf's 2 GB (here lowered to 64
+    bytes) the model is refused with the way out, never an EncodeError."""
+    from benanza import shapes_by_execution
+
+    monkeypatch.setattr(shapes_by_execution, "PROTOBUF_LIMIT", 64)
+    path, data, _ = _write(cases["test_expand_dim_changed"], tmp_path)
+    with pytest.raises(ShapeError) as e:
+        load_model(path, input_data=data)
+    assert "2 GB limit" in str(e.value) and "save_as_external_data" in str(e.value) and "\n" not in str(e.value)
