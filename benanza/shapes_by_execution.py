@@ -237,8 +237,13 @@ def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, valu
     return np.zeros(shape, np_type)
 
 
+# Ops whose output depends on their input's shape only, never on its values.
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
+
+
 def _upstream_inputs(graph: onnx.GraphProto, wanted: set[str], inputs: set[str]) -> set[str]:
-    """The graph inputs some wanted tensor is computed from (subgraphs' captured tensors included)."""
+    """The graph inputs whose values some wanted tensor is computed from (subgraphs' captured
+    tensors included; what reaches it through a Shape or Size only is its shape, which is given)."""
     producer = {o: n for n in graph.node for o in n.output if o}
     seen: set[str] = set()
     stack = list(wanted)
@@ -248,7 +253,7 @@ def _upstream_inputs(graph: onnx.GraphProto, wanted: set[str], inputs: set[str])
             continue
         seen.add(t)
         node = producer.get(t)
-        if node is not None:
+        if node is not None and node.op_type not in _SHAPE_ONLY:
             stack.extend(i for i in _node_reads(node) if i)
     return seen & inputs
 

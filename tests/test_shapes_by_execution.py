@@ -434,3 +434,17 @@ def test_a_graph_too_close_to_protobufs_limit_is_refused_in_one_line(cases, tmp_
     with pytest.raises(ShapeError) as e:
         load_model(path, input_data=data)
     assert "2 GB limit" in str(e.value) and "save_as_external_data" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_input_read_only_through_its_shape_needs_no_value(tmp_path):
+    """The If's condition is Size(ids) == 8: the token ids (int64, 8 elements) decide it by their
+    shape alone, so no --input-value is asked for, and the then branch is taken."""
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [io("t", None)])
+    other = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["e"])], "else", [], [io("e", None)])
+    m = model([helper.make_node("Size", ["ids"], ["n"]), helper.make_node("Equal", ["n", "eight"], ["cond"]),
+               helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="If_2")],
+              [io("ids", [1, 8], TensorProto.INT64), io("x", [1, 16])], [io("y", None)],
+              [onnx.numpy_helper.from_array(np.array(8, np.int64), "eight")])
+    path = tmp_path / "by_shape.onnx"
+    onnx.save(m, str(path))
+    assert load_model(path).control_flow == {"If_2": "then"}
