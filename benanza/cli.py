@@ -248,7 +248,8 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
-    from .shapes_by_execution import input_values_per_model, load_input_data, shape_notes, uncosted_notes
+    from .shapes_by_execution import (execution_json, input_values_per_model, load_input_data, shape_notes,
+                                      uncosted_notes)
 
     names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
     if len(names) != 1:
@@ -275,7 +276,8 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         write_manifest(manifest, out_dir)
         generated = [generate_backend(manifest, name, out_dir, opts) for name, opts in options.items() if opts]
     if as_json:
-        click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
+        click.echo(json.dumps({"models": [{**s.to_json(), **execution_json(m)} for s, m in zip(stats, loaded)],
+                               "total": total.to_json()},
                               indent=1))
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
         _print_stats(stats, total, names)

@@ -303,6 +303,15 @@ def shape_notes(model: Model) -> list[str]:
     return notes
 
 
+def execution_json(model: Model) -> dict:
+    """The same for ``generate --json``: shapes found by the run, data-decided sizes, what each If
+    and Loop became, and the uncosted nodes with their reasons."""
+    return {"executed_shapes": model.executed_shapes,
+            "data_dependent": {t: list(s) for t, s in sorted(model.data_dependent.items())},
+            "control_flow": dict(model.control_flow), "control_flow_failure": model.branch_failure,
+            "uncosted_nodes": [u.to_json() for u in model.uncosted]}
+
+
 def uncosted_notes(model: Model) -> list[str]:
     """What is missing from the costs, and why: each node left without shapes, and the branches
     of If nodes whose conditions could not be found."""

@@ -107,6 +107,11 @@ def test_nonzero_is_marked_data_dependent_with_the_size_seen(cases, tmp_path):
     m = load_model(path, input_data=data)
     assert m.data_dependent == {"result": expected["result"]}
     assert expected["result"] == np.array(np.nonzero(data["condition"])).shape  # numpy's own answer
+    value = ",".join(str(int(v)) for v in data["condition"].reshape(-1))
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none", "--json",
+                                  "--input-value", f"condition={value}"])
+    (stats,) = json.loads(r.stdout)["models"]
+    assert stats["data_dependent"] == {"result": list(expected["result"])} and stats["uncosted_nodes"] == []
 
 
 def test_input_data_file_feeds_the_run(cases, tmp_path):
