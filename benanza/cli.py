@@ -89,6 +89,19 @@ def batch_options(f):
     return f
 
 
+def value_options(f):
+    """What the run for shapes static inference cannot resolve feeds (docs/generate.md)."""
+    f = click.option("--input-data", "input_data", type=click.Path(dir_okay=False), default=None,
+                     metavar="FILE.npz", help="Real inputs (one array per input name) for the run that finds "
+                                              "shapes static inference leaves unknown; the arrays give their "
+                                              "inputs' shapes.")(f)
+    f = click.option("--input-value", "input_value", multiple=True, metavar="NAME=V1,V2..",
+                     help="Value of an integer input that decides shapes or branches (a shape tensor, a k, a "
+                          "sample rate), for the run that finds shapes static inference leaves unknown "
+                          "(repeatable).")(f)
+    return f
+
+
 def variant_options(f):
     """What each layer expands into; shared by generate and db lookup so both mean the same."""
     f = click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")(f)
@@ -214,6 +227,7 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench",
               show_default=True, help="Folder for layers.json and generated benchmark sources.")
 @batch_options
+@value_options
 @click.option("--backend", type=click.Choice(["all", "cudnn", "onednn", "none"]), default="all",
               show_default=True, help="Which library's benchmarks to generate ('none': manifest only).")
 @variant_options
@@ -222,12 +236,12 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
               help="CUPTI metric to record per kernel in --cupti mode (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON on stdout.")
 def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape: tuple[str, ...],
-             backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
+             input_value: tuple[str, ...], input_data: str | None, backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
              no_fusion: bool, cupti: bool, cupti_metrics: tuple[str, ...], as_json: bool) -> None:
     """Process ONNX models into their unique layers and write the benchmark manifest.
 
-    Prints, per model, its layers, unique layers and the share covered by cuDNN/cuBLAS, plus
-    the union across models, and writes OUT/layers.json (keys, parameters, shapes, occurrences).
+    Prints, per model, its layers, unique layers and, for each backend generated, the share of
+    its running layers that backend's benchmarks cost, plus the union across models, and writes OUT/layers.json (keys, parameters, shapes, occurrences).
     A file that cannot be processed gets one error line; the others are still processed and
     the exit status is non-zero.
     """
@@ -235,6 +249,8 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
+    from .shapes_by_execution import (execution_json, input_values_per_model, load_input_data, shape_notes,
+                                      uncosted_notes)
 
     names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
     if len(names) != 1:
@@ -242,10 +258,13 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     options = {name: gen_options_for(name, dtypes, layouts, maths, not no_fusion, strict=len(names) == 1,
                                      cupti=cupti, cupti_metrics=cupti_metrics) for name in names}
     shapes = input_shapes_per_model(input_shape, models)
+    values = input_values_per_model(input_value, models)
+    data = load_input_data(input_data) if input_data else {}
     loaded, failed = [], 0
     for path in models:
         try:
-            loaded.append(load_model(path, batch_size=batch_size, input_shapes=shapes[path]))
+            loaded.append(load_model(path, batch_size=batch_size, input_shapes=shapes[path],
+                                     input_values=values[path], input_data=data))
         except BenanzaError as exc:
             failed += 1
             print_error(exc)
@@ -258,10 +277,14 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         write_manifest(manifest, out_dir)
         generated = [generate_backend(manifest, name, out_dir, opts) for name, opts in options.items() if opts]
     if as_json:
-        click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
+        click.echo(json.dumps({"models": [{**s.to_json(), **execution_json(m)} for s, m in zip(stats, loaded)],
+                               "total": total.to_json()},
                               indent=1))
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
-        _print_stats(stats, total)
+        _print_stats(stats, total, names)
+        for m in loaded:
+            for note in shape_notes(m) + uncosted_notes(m):
+                console.print(f"{m.name}: {note}", highlight=False, soft_wrap=True)
         console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
                       highlight=False)
         for g in generated:
@@ -276,14 +299,19 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         sys.exit(1)
 
 
-def _print_stats(stats, total) -> None:
-    table = Table("model", "layers", "unique", "% unique", "covered", "% covered", "free", "folded", "MACs",
-                  "not covered (by op)", title="layers per model")
+def _print_stats(stats, total, backends: list[str]) -> None:
+    """Coverage is the share of the layers that run (free views and folded constants excluded),
+    for each backend generated (all of them when none is)."""
+    shown = backends or [b.backend for b in total.backends]
+    table = Table("model", "layers", "unique", "% unique", "running",
+                  *(f"% covered {b}" for b in shown), "free", "folded", "MACs",
+                  *(f"not covered by {b} (op×n)" for b in shown), title="layers per model")
     for s in stats + [total]:
-        uncovered = ", ".join(f"{op}×{n}" for op, n in s.not_covered)
-        table.add_row(s.model, str(s.layers), str(s.unique_layers), f"{s.unique_pct:.1f}",
-                      str(s.covered_layers), f"{s.covered_pct:.1f}", str(s.free_layers), str(s.folded_layers),
-                      f"{s.macs / 1e9:.3f}G", uncovered, end_section=s is stats[-1])
+        cover = [s.backend(b) for b in shown]
+        table.add_row(s.model, str(s.layers), str(s.unique_layers), f"{s.unique_pct:.1f}", str(s.running_layers),
+                      *(f"{c.covered_pct:.1f}" for c in cover), str(s.free_layers), str(s.folded_layers),
+                      f"{s.macs / 1e9:.3f}G", *(", ".join(f"{op}×{n}" for op, n in c.not_covered) for c in cover),
+                      end_section=s is stats[-1])
     console.print(table)
 
 
@@ -524,7 +552,8 @@ def check_command(models: tuple[str, ...], bench_dir: str, batch_size: int, inpu
     from .processor import input_shapes_per_model, load_model
 
     per_model = input_shapes_per_model(input_shape, models)
-    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p]) for p in models]
+    # the check maps layers back onto each file's own graph: an If stays one node there
+    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p], take_branches=False) for p in models]
     command = shlex.join(["benanza", "check", *models, "--bench-dir", bench_dir, "--batch-size", str(batch_size),
                           *(f"--input-shape={s}" for s in input_shape)])
     results = check(bench_dir, loaded, CheckOptions(filter=name_filter, seed=seed, threads=threads,
@@ -705,11 +734,13 @@ def db_serve(db_path: str | None, port: int, host: str) -> None:
 @click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
               help="Library [default: the system's, as stored in the database].")
 @batch_options
+@value_options
 @variant_options
 @click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True)
 @click.option("--generate-missing", is_flag=True, help="Generate and run the missing benchmarks now.")
 def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, backend: str | None,
-              batch_size: int, input_shape: tuple[str, ...], dtypes: tuple[str, ...], layouts: tuple[str, ...],
+              batch_size: int, input_shape: tuple[str, ...], input_value: tuple[str, ...], input_data: str | None,
+              dtypes: tuple[str, ...], layouts: tuple[str, ...],
               maths: tuple[str, ...], no_fusion: bool, bench_dir: str, generate_missing: bool) -> None:
     """Check the database holds every benchmark the models need on a system (paper §III-C).
 
@@ -721,6 +752,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     from .manifest import build_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
     from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
+    from .shapes_by_execution import input_values_per_model, load_input_data
     from .sweep import measure_missing
 
     path = resolve_db_path(db_path)
@@ -738,7 +770,10 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     options = gen_options_for(backend, dtypes, layouts, maths, not no_fusion, strict=True)
     assert options is not None  # strict: a value the backend lacks was an error
     per_model = input_shapes_per_model(input_shape, models)
-    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p]) for p in models]
+    values = input_values_per_model(input_value, models)
+    data = load_input_data(input_data) if input_data else {}
+    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p], input_values=values[p],
+                         input_data=data) for p in models]
     shapes = parse_input_shapes(input_shape)  # as given: the generate command below takes them back
     manifest = build_manifest(loaded, unique_layers(loaded))
     wanted = expand_variants(manifest, get_backend(backend), options)
@@ -933,6 +968,7 @@ class _ProfileCommand(click.Command):
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
               help="Concrete shape of an input whose non-batch dims are symbolic (repeatable), as for "
                    "generate and analyze.")
+@value_options
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
               help="Untimed runs first; with --command: the first N blocks of each measure name are dropped.")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True, help="Timed runs.")
@@ -953,7 +989,8 @@ class _ProfileCommand(click.Command):
                    "checks a bundle is of the model it analyses.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="With --command: seconds each of its two runs may take before it is killed [default: none].")
-def profile(model: str | None, framework: str, batch_size: int, input_shape: tuple[str, ...], warmup: int,
+def profile(model: str | None, framework: str, batch_size: int, input_shape: tuple[str, ...],
+            input_value: tuple[str, ...], input_data: str | None, warmup: int,
             iterations: int, trace_iterations: int, device: str, out_dir: str | None, nsys: bool,
             command_line: str | None, measure_name: str | None, command_model: str | None,
             timeout: float | None) -> None:
@@ -980,11 +1017,14 @@ def profile(model: str | None, framework: str, batch_size: int, input_shape: tup
         raise click.UsageError("give MODEL, or --command 'CMD' (or `-- CMD…`) to profile your own application")
     from .processor import parse_input_shapes
     from .profiler import ProfileSpec, profile_model
+    from .shapes_by_execution import input_values_per_model
 
     out = out_dir or str(Path("profiles") / f"{Path(model).stem}-{framework}-b{batch_size}")
     spec = ProfileSpec(model=str(Path(model).resolve()), framework=framework, out_dir=out, batch_size=batch_size,
                        warmup=warmup, iterations=iterations, trace_iterations=trace_iterations, device=device,
-                       input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())))
+                       input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
+                       input_values=tuple(sorted(input_values_per_model(input_value, [model])[model].items())),
+                       input_data=input_data)
     bundle = profile_model(spec, nsys=nsys)
     index = json.loads((bundle / "profile.json").read_text())
     lat = index["latency_ms"]
@@ -1012,7 +1052,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
         raise click.UsageError("give the command either as --command 'CMD' or after `--`, not both")
     if model is not None:
         raise click.UsageError(f"{model}: with --command, name the ONNX file with --model")
-    for opt in ("framework", "iterations", "trace_iterations", "input_shape"):
+    for opt in ("framework", "iterations", "trace_iterations", "input_shape", "input_value", "input_data"):
         if ctx.get_parameter_source(opt) != click.core.ParameterSource.DEFAULT:
             raise click.UsageError(f"--{opt.replace('_', '-')} does not apply to --command: the command decides "
                                    f"what runs and how often (its benanza.measure blocks are the iterations)")
@@ -1059,6 +1099,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
               help="Batch size (repeatable: a sweep) [default: 1].")
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
               help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")
+@value_options
 @click.option("--measured-ms", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Measured model latency, when no profile gives one.")
 @click.option("--generate-missing", is_flag=True, help="Generate and run the benchmarks the database lacks.")
@@ -1073,8 +1114,9 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
               help="Levels of the module tree shown in the terminal (docs/modules.md).")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
             backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
-            input_shape: tuple[str, ...], measured_ms: float | None, generate_missing: bool, as_json: bool,
-            report_path: str | None, csv_path: str | None, limit: int, depth: int) -> None:
+            input_shape: tuple[str, ...], input_value: tuple[str, ...], input_data: str | None,
+            measured_ms: float | None, generate_missing: bool, as_json: bool, report_path: str | None,
+            csv_path: str | None, limit: int, depth: int) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
@@ -1089,10 +1131,12 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     from .perfdb import PerfDB, resolve_db_path
     from .processor import parse_input_shapes
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
+    from .shapes_by_execution import input_values_per_model
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
-                       measured_ms=measured_ms, generate_missing=generate_missing, backend=backend,
+                       input_values=tuple(sorted(input_values_per_model(input_value, [model])[model].items())),
+                       input_data=input_data, measured_ms=measured_ms, generate_missing=generate_missing, backend=backend,
                        stack=stack, math=math)
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")

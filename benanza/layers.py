@@ -14,7 +14,7 @@ from .problems import (LayerKey, Problem, format_dims, format_number, key_hash, 
                        parse_layer_key)
 
 __all__ = ["DTYPE_NAMES", "FLOAT_DTYPES", "LayerKey", "format_dims", "format_number", "key_hash", "parse_key",
-           "TensorSpec", "Layer", "Node", "Model", "Occurrence", "UniqueLayer"]
+           "TensorSpec", "Layer", "Node", "Model", "Occurrence", "UniqueLayer", "Uncosted"]
 
 # Short names used in keys and manifests; ONNX TensorProto element types map onto them.
 DTYPE_NAMES = {
@@ -158,6 +158,18 @@ class Node:
         return not (self.layer.free or self.folded)
 
 
+@dataclass(frozen=True)
+class Uncosted:
+    """A node left out of the costing, and why (no concrete shape for a tensor it reads or writes)."""
+
+    name: str
+    op: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"node": self.name, "op": self.op, "reason": self.reason}
+
+
 @dataclass
 class Model:
     """A processed model: its layers in topological order and the data edges between them."""
@@ -170,6 +182,16 @@ class Model:
     batch_size: int
     opset: int
     scope_source: str = "op types"  # where the nodes' scopes come from (benanza.scopes)
+    uncosted: list[Uncosted] = field(default_factory=list)
+    # Tensors whose shape came from running the model (static inference left them unknown), and
+    # of those, the ones whose size the data decided (after NonZero, NMS, TopK): the size seen.
+    executed_shapes: int = 0
+    data_dependent: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # What each If and Loop became (control_flow): If path → "then"/"else" (the branch taken for
+    # these inputs), Loop path → "N iterations" (unrolled) or why it stays one node; and why the run
+    # deciding them could not be made, when it could not (their bodies are then uncosted).
+    control_flow: dict[str, str] = field(default_factory=dict)
+    branch_failure: str = ""
 
     @property
     def layers(self) -> list[Layer]:

@@ -26,9 +26,11 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import BenanzaError, ModelError, ShapeError, UsageError
-from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, UniqueLayer
+from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
 from .ops import NodeView, build_layer
+from .control_flow import inline_control_flow
 from .scopes import node_scope, scope_source
+from .shapes_by_execution import complete_by_execution
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,12 @@ def input_shapes_of(source: str | Path, batch_size: int = 1,
 class ProcessOptions:
     batch_size: int = 1
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # What a run for the shapes static inference leaves unknown feeds (shapes_by_execution).
+    input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    input_data: tuple[tuple[str, np.ndarray], ...] = ()
+    # Replace each If by the branch taken and unroll clean Loops (control_flow); off for consumers that map the
+    # Model's nodes back onto the file's own graph (check, the torch executor).
+    take_branches: bool = True
 
 
 def read_onnx(path: str | Path) -> onnx.ModelProto:
@@ -684,9 +692,12 @@ def _topological(nodes: list[onnx.NodeProto], available: set[str], path: Path) -
 
 def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
                input_shapes: dict[str, tuple[int, ...]] | None = None,
-               name: str | None = None) -> Model:
+               name: str | None = None, input_values: dict[str, tuple[float, ...]] | None = None,
+               input_data: dict[str, np.ndarray] | None = None, take_branches: bool = True) -> Model:
     """Process one ONNX file (or an in-memory ModelProto, left unchanged) into a Model whose
-    every layer has concrete shapes."""
+    every layer has concrete shapes. ``input_values`` and ``input_data`` (whose arrays also give
+    their inputs' shapes, unless ``input_shapes`` does) feed the run made when static inference
+    leaves shapes unknown; a node still without shapes is left uncosted, with the reason."""
     if isinstance(source, onnx.ModelProto):
         p = Path(name or "<in-memory model>")
         model = source
@@ -695,7 +706,13 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         model = read_onnx(p)
     if not 1 <= batch_size <= MAX_DIM:
         raise UsageError(f"--batch-size must be between 1 and {MAX_DIM}, got {batch_size}")
-    opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
+    data = input_data or {}
+    if data:
+        real = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+        input_shapes = {**{n: tuple(a.shape) for n, a in data.items() if n in real}, **(input_shapes or {})}
+    opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())),
+                          tuple(sorted((input_values or {}).items())), tuple(sorted(data.items())),
+                          take_branches)
     try:
         return _process(model, p, opts, name)
     except BenanzaError:
@@ -714,6 +731,15 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
+    taken: tuple = ()
+    branch_failure = ""
+    if opts.take_branches:
+        model, taken, branch_failure = inline_control_flow(model, p, in_shapes, dict(opts.input_values),
+                                                             dict(opts.input_data))
+    if taken:  # the taken branches' nodes are now the graph's own
+        _check_claimed_sizes(model, p)
+        proxy = _shape_proxy(model)
+        _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
     inferred_model, folded = _infer_shapes(proxy, p)
     inferred = inferred_model.graph
     specs: dict[str, TensorSpec] = {}
@@ -725,15 +751,20 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
         if s is not None:
             specs[vi.name] = s
 
+    needed = _needed(model.graph)
+    executed = complete_by_execution(model, p, in_shapes, specs, needed, dict(opts.input_values),
+                                     dict(opts.input_data))
+    specs.update(executed.specs)
     consts = _Constants(model.graph, os.path.dirname(os.path.abspath(p)), p)
     order = _topological(list(model.graph.node), set(in_shapes) | set(consts.specs), p)
-    needed = _needed(model.graph)
+    uncosted: list[Uncosted] = []
+    unshaped: dict[str, str] = {}  # tensor without a shape → the uncosted node that writes it
     nodes: list[Node] = []
     edges: list[tuple[int, int]] = []
     producer: dict[str, int] = {}
     interned: dict[str, Layer] = {}
     static: set[str] = set()  # outputs that are constants given the input shapes
-    source = scope_source(order, model.functions)
+    scopes = scope_source(order, model.functions)
     node_name = "?"
     try:
         for proto in order:
@@ -741,7 +772,15 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                 continue
             index = len(nodes)
             node_name = proto.name or f"{proto.op_type}_{index}"
-            view = _node_view(proto, opset, specs, consts, p, node_name, needed)
+            try:
+                view = _node_view(proto, opset, specs, consts, needed)
+            except _NoShape as exc:  # the rest of the model is still costed
+                upstream = next((unshaped[t] for t in proto.input if t in unshaped), None)
+                reason = f"it reads the output of uncosted node {upstream!r}" if upstream else \
+                    "; ".join(filter(None, (str(exc), executed.failure)))
+                uncosted.append(Uncosted(node_name, proto.op_type, reason))
+                unshaped.update((t, node_name) for t in proto.output if t and t not in specs)
+                continue
             layer = build_layer(view)
             layer = interned.setdefault(layer.key, layer)
             constant = _constant_given_shapes(proto, lambda t: t in consts or t in static)
@@ -756,13 +795,19 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                     producer[t] = index
             nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
                               tuple(i for i in proto.input if i and i in consts), constant and not layer.free,
-                              node_scope(proto, source, model.functions)))
+                              node_scope(proto, scopes, model.functions)))
     except BenanzaError:
         raise
     except Exception as exc:
         raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
+    if uncosted and not nodes:
+        first = uncosted[0]
+        raise ShapeError(p, f"no node can be costed: node {first.name!r} ({first.op}): {first.reason}")
+    data_dependent = {t: s.shape for t, s in executed.specs if t in executed.data_dependent}
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
-                 input_shapes=in_shapes, batch_size=batch_size, opset=opset, scope_source=source)
+                 input_shapes=in_shapes, batch_size=batch_size, opset=opset, scope_source=scopes, uncosted=uncosted,
+                 executed_shapes=len(executed.specs), data_dependent=data_dependent,
+                 control_flow={b.node: b.branch for b in taken}, branch_failure=branch_failure)
 
 
 def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool]) -> bool:
@@ -777,8 +822,12 @@ def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool
     return bool(ins) and all(constant(i) for i in ins)
 
 
+class _NoShape(Exception):
+    """A tensor of the node has no concrete shape: the node is left uncosted, not the model refused."""
+
+
 def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
-               consts: _Constants, path: Path, name: str, needed: set[str]) -> NodeView:
+               consts: _Constants, needed: set[str]) -> NodeView:
     inputs: list[TensorSpec | None] = []
     constant: list[bool] = []
     values = {}
@@ -789,8 +838,8 @@ def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
             continue
         spec = consts.specs.get(t) or specs.get(t)
         if spec is None:
-            raise ShapeError(path, f"node {name!r} ({proto.op_type}): shape of input '{t}' is "
-                                   f"unknown after shape inference")
+            raise _NoShape(f"input '{t}' has no concrete shape (static inference and execution left it unknown, "
+                           f"or its producer is uncosted)")
         inputs.append(spec)
         constant.append(t in consts)
         thunk = consts.thunk(t)
@@ -804,9 +853,7 @@ def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
         if spec is None and t not in needed:
             continue  # an optional output nothing reads: not computed, its shape does not matter
         if spec is None:
-            raise ShapeError(path, f"node {name!r} ({proto.op_type}): output '{t}' has no "
-                                   f"concrete shape after shape inference (op unknown to ONNX "
-                                   f"shape inference, or data-dependent shape)")
+            raise _NoShape(f"output '{t}' has no concrete shape after static inference or execution")
         outputs.append(spec)
     opset_for_node = opset if proto.domain in ("", "ai.onnx") else 1
     return NodeView(op=proto.op_type, inputs=tuple(inputs), outputs=tuple(outputs),
@@ -829,17 +876,42 @@ def unique_layers(models: Iterable[Model]) -> list[UniqueLayer]:
     return list(table.values())
 
 
+# The library call each backend runs a layer with (None: it cannot), as Layer records it.
+BACKEND_CALLS = {"cudnn": "cudnn_api", "onednn": "onednn_primitive"}
+
+
+@dataclass(frozen=True)
+class BackendCoverage:
+    """How many of the layers that run one backend's benchmarks cost, and the ops it leaves out."""
+
+    backend: str
+    covered: int
+    running: int
+    not_covered: tuple[tuple[str, int], ...]
+
+    @property
+    def covered_pct(self) -> float:
+        return 100.0 * self.covered / self.running if self.running else 0.0
+
+    def to_json(self) -> dict:
+        return {"covered_layers": self.covered, "covered_pct": round(self.covered_pct, 2),
+                "not_covered": dict(self.not_covered)}
+
+
 @dataclass(frozen=True)
 class ModelStats:
     model: str
     layers: int
     unique_layers: int
-    covered_layers: int
+    covered_layers: int  # by cuDNN/cuBLAS, as the paper counts; per backend in ``backends``
     free_layers: int  # views and inference identities: nothing to run, so never "not covered"
     folded_layers: int  # constants given the input shapes: computed at load time, never "not covered"
     macs: int
     ops: tuple[tuple[str, int], ...]
     not_covered: tuple[tuple[str, int], ...]
+    running_layers: int = 0  # neither free nor folded: what coverage divides by
+    backends: tuple[BackendCoverage, ...] = ()
+    uncosted: int = 0  # nodes left without shapes (Model.uncosted), not among the layers
 
     @property
     def unique_pct(self) -> float:
@@ -847,36 +919,47 @@ class ModelStats:
 
     @property
     def covered_pct(self) -> float:
-        return 100.0 * self.covered_layers / self.layers if self.layers else 0.0
+        """cuDNN/cuBLAS's share of the layers that run."""
+        return 100.0 * self.covered_layers / self.running_layers if self.running_layers else 0.0
+
+    def backend(self, name: str) -> BackendCoverage:
+        return next(b for b in self.backends if b.backend == name)
 
     def to_json(self) -> dict:
         return {
             "model": self.model, "layers": self.layers, "unique_layers": self.unique_layers,
-            "unique_pct": round(self.unique_pct, 2), "covered_layers": self.covered_layers,
-            "covered_pct": round(self.covered_pct, 2), "free_layers": self.free_layers,
-            "folded_layers": self.folded_layers, "macs": self.macs,
+            "unique_pct": round(self.unique_pct, 2), "running_layers": self.running_layers,
+            "covered_layers": self.covered_layers, "covered_pct": round(self.covered_pct, 2),
+            "free_layers": self.free_layers, "folded_layers": self.folded_layers, "macs": self.macs,
             "ops": dict(self.ops), "not_covered": dict(self.not_covered),
+            "backends": {b.backend: b.to_json() for b in self.backends}, "uncosted": self.uncosted,
         }
 
 
-def node_stats(name: str, nodes: list[Node]) -> ModelStats:
+def node_stats(name: str, nodes: list[Node], uncosted: int = 0) -> ModelStats:
     """Counts, coverage and MACs of a list of layer occurrences (one model, or several): a layer
-    is covered, free, folded or not covered; the MACs are those of the layers that run."""
+    is covered, free, folded or not covered; coverage and MACs count the layers that run."""
     layers = [n.layer for n in nodes]
     running = [n.layer for n in nodes if n.runs]
     ops = Counter(la.op for la in layers)
     uncovered = Counter(la.op for la in running if not la.covered)
+    backends = []
+    for backend, call in BACKEND_CALLS.items():
+        missing = Counter(la.op for la in running if getattr(la, call) is None)
+        backends.append(BackendCoverage(backend, len(running) - sum(missing.values()), len(running),
+                                        tuple(sorted(missing.items()))))
     return ModelStats(
         model=name, layers=len(layers), unique_layers=len({la.key for la in layers}),
         covered_layers=sum(1 for la in running if la.covered), free_layers=sum(1 for la in layers if la.free),
         folded_layers=sum(1 for n in nodes if n.folded), macs=sum(la.macs for la in running),
-        ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())))
+        ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())),
+        running_layers=len(running), backends=tuple(backends), uncosted=uncosted)
 
 
 def model_stats(model: Model) -> ModelStats:
-    return node_stats(model.name, model.nodes)
+    return node_stats(model.name, model.nodes, len(model.uncosted))
 
 
 def total_stats(models: list[Model]) -> ModelStats:
     """The union across models: unique layers are deduplicated across them too."""
-    return node_stats("total", [n for m in models for n in m.nodes])
+    return node_stats("total", [n for m in models for n in m.nodes], sum(len(m.uncosted) for m in models))

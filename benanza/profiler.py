@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -155,11 +156,15 @@ class ProfileSpec:
     device: str = "cpu"
     # --input-shape as given; profile_model hands the children every input's concrete shape
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # --input-value and --input-data: what the runs feed instead of random values
+    input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    input_data: str | None = None
 
     @classmethod
     def from_json(cls, data: dict) -> ProfileSpec:
         shapes = tuple((name, tuple(dims)) for name, dims in data.pop("input_shapes", ()))
-        return cls(**data, input_shapes=shapes)
+        values = tuple((name, tuple(v)) for name, v in data.pop("input_values", ()))
+        return cls(**data, input_shapes=shapes, input_values=values)
 
 
 LOG_ENV = {
@@ -236,9 +241,17 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
     from .processor import input_shapes_of  # not at import: benanza.measure needs none of it
 
     version = check_framework(spec.framework, spec.device)
-    # the processor's rule (batch axis, --input-shape), so the run has the shapes analyze keys
-    shapes = input_shapes_of(spec.model, spec.batch_size, dict(spec.input_shapes))
-    spec = replace(spec, input_shapes=tuple(shapes.items()))
+    # the processor's rule (batch axis, --input-shape; --input-data arrays give their own shapes),
+    # so the run has the shapes analyze keys
+    given = _given_inputs(spec)
+    arrays = {n: given[n].shape for n in given if n not in dict(spec.input_values)}  # --input-data's
+    shapes = input_shapes_of(spec.model, spec.batch_size, {**arrays, **dict(spec.input_shapes)})
+    for name, arr in given.items():
+        if name in shapes and arr.size != math.prod(shapes[name]):
+            raise UsageError(f"--input-value/--input-data {name}: {arr.size} values for an input of shape "
+                             f"{'x'.join(map(str, shapes[name])) or 'scalar'}")
+    spec = replace(spec, input_shapes=tuple(shapes.items()),
+                   input_data=str(Path(spec.input_data).resolve()) if spec.input_data else None)
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _fresh(out)
@@ -539,6 +552,26 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
 # --- child process -------------------------------------------------------------------------------
 
 
+def _given_inputs(spec: ProfileSpec) -> dict:
+    """The arrays --input-data and --input-value give (values flat: shaped by the caller)."""
+    import numpy as np
+
+    from .shapes_by_execution import load_input_data
+
+    given = load_input_data(spec.input_data) if spec.input_data else {}
+    given.update((name, np.array(v)) for name, v in spec.input_values)
+    return given
+
+
+def _with_given(feed: dict, spec: ProfileSpec, to_feed=lambda arr, like: arr.astype(like.dtype)) -> dict:
+    """``feed`` with the given inputs in place of random ones, in each input's dtype and shape."""
+    shapes = dict(spec.input_shapes)
+    for name, arr in _given_inputs(spec).items():
+        if name in feed:
+            feed[name] = to_feed(arr.reshape(shapes[name]), feed[name])
+    return feed
+
+
 def _random_feed(inputs, shapes: dict[str, tuple[int, ...]]) -> dict:
     """Deterministic random values of the given shapes in each ORT input's type."""
     import numpy as np
@@ -588,13 +621,13 @@ def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str], phase: str)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if spec.device == "cuda" else ["CPUExecutionProvider"]
     if phase == TIMED:
         sess = ort.InferenceSession(data, providers=providers)
-        feed = _random_feed(sess.get_inputs(), dict(spec.input_shapes))
+        feed = _with_given(_random_feed(sess.get_inputs(), dict(spec.input_shapes)), spec)
         return {"samples_ms": _time_runs(lambda: sess.run(None, feed), spec), "providers": sess.get_providers()}
     so = ort.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(out / "ort_profile")
     traced = ort.InferenceSession(data, so, providers=providers)
-    feed = _random_feed(traced.get_inputs(), dict(spec.input_shapes))
+    feed = _with_given(_random_feed(traced.get_inputs(), dict(spec.input_shapes)), spec)
     for _ in range(spec.trace_iterations):
         with measure("benanza_run"):  # an NVTX range per run for nsys
             traced.run(None, feed)
@@ -613,7 +646,8 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
 
     graph = load_torch_graph(spec.model, batch_size=spec.batch_size, input_shapes=dict(spec.input_shapes),
                              device=spec.device)
-    feed = graph.random_inputs()
+    feed = _with_given(graph.random_inputs(), spec,
+                       lambda arr, like: torch.from_numpy(arr).to(dtype=like.dtype, device=like.device))
     notes.append(f"torch {torch.__version__} ran the ONNX graph with Benanza's eager executor (one torch call "
                  f"per ONNX node, no graph optimisation or fusion), {torch.get_num_threads()} threads")
     with torch.inference_mode():

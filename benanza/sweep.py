@@ -21,6 +21,7 @@ from .manifest import build_manifest, write_manifest
 from .parsers import ExecutionProfile
 from .parsers.bundle import check_model
 from .processor import load_model, unique_layers
+from .shapes_by_execution import load_input_data, shape_notes, uncosted_notes
 from .problems import layer_key
 from .records import System
 
@@ -37,6 +38,8 @@ class SweepRequest:
     batch_sizes: tuple[int, ...] = (1,)
     dtype: str = "f32"
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()  # --input-value, for shapes by execution
+    input_data: str | None = None  # --input-data FILE.npz, likewise
     measured_ms: float | None = None
     generate_missing: bool = False
     backend: str | None = None  # default: the backend of the system's most recently used stack
@@ -61,8 +64,10 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
         check_model(profile, req.model)
     single = len(req.systems) * len(req.batch_sizes) == 1
     out = []
+    data = load_input_data(req.input_data) if req.input_data else {}
     for batch in req.batch_sizes:
-        model = load_model(req.model, batch_size=batch, input_shapes=dict(req.input_shapes))
+        model = load_model(req.model, batch_size=batch, input_shapes=dict(req.input_shapes),
+                           input_values=dict(req.input_values), input_data=data)
         keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype(d))
                        for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
         for name in req.systems:
@@ -93,6 +98,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                 a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "
                                f"({', '.join(s.stack_id for s in others)}); this analysis uses only stack "
                                f"{system.stack_id} (choose another with --stack)")
+            a.notes.extend(shape_notes(model))
+            a.warnings.extend(uncosted_notes(model))  # missing from the bound
             out.append(a)
     return out
 

@@ -150,7 +150,7 @@ def load_torch_graph(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         proto = read_onnx(path)  # clear errors for missing / non-ONNX files
         base_dir = os.path.dirname(os.path.abspath(path))
     model = load_model(proto, batch_size, input_shapes, name=None if isinstance(source, onnx.ModelProto)
-                       else path.stem)
+                       else path.stem, take_branches=False)  # its nodes map onto the file's graph
     opset = default_opset(proto)
     graph = proto.graph
     constants: dict[str, Tensor] = {}
