@@ -27,7 +27,8 @@ from onnx import numpy_helper
 
 from .errors import BenanzaError, ModelError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, UniqueLayer
-from .ops import NodeView, build_layer
+from .ops.base import NodeView
+from .ops.registry import build_layer
 
 log = logging.getLogger(__name__)
 
