@@ -274,6 +274,7 @@ class DropoutLayer:
 
 def _dropout_row(p: DropoutProblem, api: str) -> DropoutLayer:
     n, c, h, w = fold4(p.shape)
+    assert p.ratio is not None  # a training dropout keeps its ratio (inference is not benchmarked)
     return DropoutLayer(n=n, c=c, h=h, w=w, ratio=p.ratio)
 
 
