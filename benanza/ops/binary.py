@@ -139,7 +139,8 @@ class BinaryParams:
 
 
 def _onednn_row(p: BinaryProblem, api: str) -> BinaryParams:
-    return BinaryParams(alg=p.alg, inputs=p.shapes, out=p.out, exponent=float("nan") if p.exponent is None else p.exponent)
+    exponent = float("nan") if p.exponent is None else p.exponent
+    return BinaryParams(alg=p.alg, inputs=p.shapes, out=p.out, exponent=exponent)
 
 
 _BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "Min", "max": "Max"}

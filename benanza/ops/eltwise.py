@@ -280,7 +280,8 @@ def _dropout_row(p: DropoutProblem, api: str) -> DropoutLayer:
 
 ELTWISE = Family("eltwise", EltwiseProblem, tuple(_ELTWISE), _eltwise_build,
                  cudnn_api=_cudnn_api, onednn_api=_onednn_api,
-                 cudnn={"cudnnActivationForward": CudnnLowering(CudnnTable("activation", "add_activation", False, False),
+                 cudnn={"cudnnActivationForward": CudnnLowering(CudnnTable("activation", "add_activation", False,
+                                                                           False),
                                                                 _activation_row),
                         "cudnnOpTensor": CudnnLowering(CUDNN_BINARY, _sqrt_row),
                         CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE,

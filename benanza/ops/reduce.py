@@ -122,7 +122,8 @@ def _cudnn_row(p: ReduceProblem, api: str) -> ReduceLayer:
 
 REDUCE = Family("reduce", ReduceProblem, tuple(_REDUCE), _reduce_build, lambda v: _reduce_axes(v) is not None,
                 cudnn_api=_cudnn_api, onednn_api=_onednn_api,
-                cudnn={"cudnnReduceTensor": CudnnLowering(CudnnTable("reduce", "add_reduce", False, False), _cudnn_row)},
+                cudnn={"cudnnReduceTensor": CudnnLowering(CudnnTable("reduce", "add_reduce", False, False),
+                                                          _cudnn_row)},
                 onednn=OnednnLowering("reduce", False,
                                       lambda p, api: ReduceParams(alg=p.alg, shape=p.shape, axes=p.axes)))
 FAMILIES = (REDUCE,)
