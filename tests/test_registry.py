@@ -246,3 +246,13 @@ def test_generated_code_matches_golden(models, tmp_path, backend) -> None:
     assert got.keys() == want.keys()
     for name in want:
         assert got[name] == want[name], f"{backend}/{name} differs from tests/fixtures/golden/{backend}/{name}"
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.onednn is not None and f.onednn.fills is not None],
+                         ids=lambda f: f.name)
+def test_reference_fills_name_the_nodes_inputs(family) -> None:
+    """A family's check hook names distinct inputs the node has, the data input first."""
+    view = EXAMPLES[family.name]
+    fills = family.onednn.fills(build_layer(view).problem)
+    assert fills[0] == 0 and len(set(fills)) == len(fills)
+    assert all(i < len(view.inputs) and view.inputs[i] is not None for i in fills)

@@ -76,6 +76,10 @@ class OnednnLowering:
     row: Callable[[Any, str], Any]
     # a family whose layers are spatial only when every input is 4-d (Concat)
     spatial_if: Callable[[Any], bool] | None = None
+    # the node's ONNX inputs the runtime fills, in the order of its generated streams (0, 1, ...),
+    # so ``benanza check`` feeds the ONNX reference the same values; None: check has no
+    # reference for the family, or builds the feeds itself (check.py's adapters)
+    fills: Callable[[Any], tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)

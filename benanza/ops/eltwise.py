@@ -286,9 +286,10 @@ ELTWISE = Family("eltwise", EltwiseProblem, tuple(_ELTWISE), _eltwise_build,
                         "cudnnOpTensor": CudnnLowering(CUDNN_BINARY, _sqrt_row),
                         CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE,
                                                        lambda p, api: pointwise_row(p.alg, p.shape, None, p.shape))},
-                 onednn=OnednnLowering("eltwise", False, _onednn_row))
+                 onednn=OnednnLowering("eltwise", False, _onednn_row, fills=lambda p: (0,)))
 PRELU = Family("prelu", PreluProblem, ("PRelu",), _prelu_build, onednn_api=const("prelu"),
-               onednn=OnednnLowering("prelu", False, lambda p, api: PreluParams(shape=p.shape, slope=p.slope)))
+               onednn=OnednnLowering("prelu", False, lambda p, api: PreluParams(shape=p.shape, slope=p.slope),
+                                     fills=lambda p: (0, 1)))
 DROPOUT = Family("dropout", DropoutProblem, ("Dropout",), _dropout_build, cudnn_api=_dropout_cudnn,
                  cudnn={"cudnnDropoutForward": CudnnLowering(CudnnTable("dropout", "add_dropout", False, False),
                                                              _dropout_row)})

@@ -190,5 +190,6 @@ GEMM = Family("gemm", GemmProblem, ("Gemm",), _gemm_build, cudnn_api=_gemm_cudnn
 MATMUL = Family("matmul", MatMulProblem, ("MatMul",), _matmul_build, cudnn_api=_matmul_cudnn_api,
                 onednn_api=const("matmul"),
                 cudnn={api: CudnnLowering(CUDNN_BLAS, _matmul_blas, call) for api, call in _BLAS_CALLS.items()},
-                onednn=OnednnLowering("matmul", False, lambda p, api: MatmulParams(a=p.a, b=p.b)))
+                onednn=OnednnLowering("matmul", False, lambda p, api: MatmulParams(a=p.a, b=p.b),
+                                      fills=lambda p: (0, 1)))
 FAMILIES = (GEMM, MATMUL)

@@ -231,8 +231,10 @@ BNORM = Family("bnorm", BnormProblem, ("BatchNormalization",), _bnorm_build,
                cudnn={"cudnnBatchNormalizationForwardInference": CudnnLowering(
                    CudnnTable("bnorm", "add_bnorm", True, False),
                    lambda p, api: BnormLayer(n=p.mb, c=p.ic, h=p.ih, w=p.iw, eps=p.eps))},
+               # the runtime fills src, mean, variance, scale, shift
                onednn=OnednnLowering("bnorm", True,
-                                     lambda p, api: BnormParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, eps=p.eps)))
+                                     lambda p, api: BnormParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, eps=p.eps),
+                                     fills=lambda p: (0, 3, 4, 1, 2)))
 LRN = Family("lrn", LrnProblem, ("LRN",), _lrn_build, lambda v: 2 <= len(required(v, 0).shape) <= 4,
              cudnn_api=const("cudnnLRNCrossChannelForward"), onednn_api=const("lrn"),
              cudnn={"cudnnLRNCrossChannelForward": CudnnLowering(
@@ -241,12 +243,13 @@ LRN = Family("lrn", LrnProblem, ("LRN",), _lrn_build, lambda v: 2 <= len(require
                                          k=p.k))},
              onednn=OnednnLowering("lrn", True, lambda p, api: LrnParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw,
                                                                           size=p.size, alpha=p.alpha, beta=p.beta,
-                                                                          k=p.k)))
+                                                                          k=p.k),
+                                   fills=lambda p: (0,)))
 # The optional Mean/InvStdDev outputs are training statistics: only the inference form is a layer.
 LNORM = Family("lnorm", LnormProblem, ("LayerNormalization",), _lnorm_build, lambda v: len(v.outputs) == 1,
                cudnn_api=const(CUDNN_LAYERNORM), onednn_api=const("layer_normalization"),
                cudnn={CUDNN_LAYERNORM: CudnnLowering(CUDNN_LNORM, _lnorm_cudnn)},
-               onednn=OnednnLowering("lnorm", False, _lnorm_onednn))
+               onednn=OnednnLowering("lnorm", False, _lnorm_onednn, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)))
 FAMILIES = (BNORM, LRN, LNORM)
 
 PATTERNS = (PatternLowering("layernorm", onednn=("lnorm", lambda p, api: _lnorm_onednn(_decomposition(p), api)),

@@ -125,5 +125,6 @@ REDUCE = Family("reduce", ReduceProblem, tuple(_REDUCE), _reduce_build, lambda v
                 cudnn={"cudnnReduceTensor": CudnnLowering(CudnnTable("reduce", "add_reduce", False, False),
                                                           _cudnn_row)},
                 onednn=OnednnLowering("reduce", False,
-                                      lambda p, api: ReduceParams(alg=p.alg, shape=p.shape, axes=p.axes)))
+                                      lambda p, api: ReduceParams(alg=p.alg, shape=p.shape, axes=p.axes),
+                                      fills=lambda p: (0,)))
 FAMILIES = (REDUCE,)

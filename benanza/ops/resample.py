@@ -64,5 +64,6 @@ class ResampleParams:
 RESAMPLE = Family("resample", ResampleProblem, ("Resize", "Upsample"), _resample_build, _resample_plain,
                   onednn_api=const("resampling"),
                   onednn=OnednnLowering("resample", False,
-                                        lambda p, api: ResampleParams(alg=p.alg, in_=p.shape, out=p.out)))
+                                        lambda p, api: ResampleParams(alg=p.alg, in_=p.shape, out=p.out),
+                                        fills=lambda p: (0,)))
 FAMILIES = (RESAMPLE,)

@@ -87,5 +87,6 @@ SOFTMAX = Family("softmax", SoftmaxProblem, ("Softmax", "LogSoftmax"), _softmax_
                  cudnn={"cudnnSoftmaxForward": CudnnLowering(CudnnTable("softmax", "add_softmax", False, False),
                                                              _cudnn_row)},
                  onednn=OnednnLowering("softmax", False, lambda p, api: SoftmaxParams(alg=p.alg, shape=p.shape,
-                                                                                      axis=p.axis, flat=p.flat)))
+                                                                                      axis=p.axis, flat=p.flat),
+                                        fills=lambda p: (0,)))
 FAMILIES = (SOFTMAX,)
