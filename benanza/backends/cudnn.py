@@ -155,7 +155,7 @@ def _work(layer: Layer) -> str:
     return f"{{.flops = {float(layer.flops)!r}, .elements = {float(elements)!r}}}"
 
 
-def _fields(row: Any, layer: Layer) -> Fields:
+def fields_of(row: Any, layer: Layer) -> Fields:
     """A lowering row's named C++ fields, and the layer's work (every table's last field)."""
     return row_fields(row, lambda kind, value: cpp_literal(kind, value, c_string, _float)) + [("work", _work(layer))]
 
@@ -312,7 +312,7 @@ class CudnnBackend:
             text = table.render(
                 family=part.family.name, part=part.index, struct=type(part.layers[0][1]).__name__,
                 add=part.family.add, function=part.function,
-                layers=[{"key": layer.problem.text(), "fields": _fields(row, layer)} for layer, row in part.layers],
+                layers=[{"key": layer.problem.text(), "fields": fields_of(row, layer)} for layer, row in part.layers],
                 variants=[_variant_fields(v, i) for v, i in part.variants])
             files.append(write_if_changed(out_dir / part.filename, text))
         common = dict(variant_count=len(variants), layer_count=len({v.problem for v in variants}))

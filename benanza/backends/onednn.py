@@ -21,13 +21,20 @@ import jinja2
 
 from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
-from ..ops.base import OnednnLowering, cpp_literal, row_fields
-from ..ops.registry import FAMILIES as REGISTRY
-from ..ops.registry import PATTERN_LOWERINGS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
-from ..problems import BinaryProblem, ConvProblem, DeconvProblem, MatMulProblem, Problem, ReduceProblem
+from ..ops.base import OnednnLowering, cpp_literal, row_fields
+from ..ops.registry import FAMILIES as REGISTRY
+from ..ops.registry import PATTERN_LOWERINGS
+from ..problems import (
+    BinaryProblem,
+    ConvProblem,
+    DeconvProblem,
+    MatMulProblem,
+    Problem,
+    ReduceProblem,
+)
 from ..records import Variant
 
 log = logging.getLogger(__name__)
@@ -147,7 +154,7 @@ class _Table:
         index = {p: i for i, p in enumerate(order)}
         rows = [_row(v, index[v.problem], fused_config(v.problem, v.fusion))
                 for v in sorted(self.variants, key=lambda v: (index[v.problem], v.name))]
-        params = [(_init(self.params[p]), p.text()) for p in order]
+        params = [(initializer(self.params[p]), p.text()) for p in order]
         struct = type(self.params[order[0]]).__name__
         return {"family": self.family, "params_type": struct, "bench": self.spec.bench, "params": params, "rows": rows}
 
@@ -176,7 +183,7 @@ def _cfloat(x: object) -> str:
     return f"{f!r}f"
 
 
-def _init(row: Any) -> str:
+def initializer(row: Any) -> str:
     """A params row as a C++ designated initializer."""
     fields = row_fields(row, lambda kind, value: cpp_literal(kind, value, c_string, _cfloat))
     return "{" + ", ".join(f".{name} = {value}" for name, value in fields) + "}"
