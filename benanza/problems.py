@@ -18,17 +18,7 @@ from .ops.copy import ConcatProblem, CopyProblem, TransposeProblem
 from .ops.eltwise import DropoutProblem, EltwiseProblem, PreluProblem
 from .ops.gemm import GemmProblem, MatMulProblem
 from .ops.generic import VIEW_OPS, GenericProblem
-from .ops.grammar import (
-                          FLT_MAX,
-                          LayerKey,
-                          Problem,
-                          f32,
-                          format_dims,
-                          format_number,
-                          key_hash,
-                          layer_key,
-                          parse_key,
-)
+from .ops.grammar import FLT_MAX, LayerKey, Problem, f32, format_dims, format_number, key_hash, layer_key, parse_key
 from .ops.norm import BnormProblem, LnormProblem, LrnProblem
 from .ops.pool import PoolProblem
 from .ops.reduce import ReduceProblem

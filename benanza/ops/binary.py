@@ -9,18 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import (
-    Cpp,
-    CudnnLowering,
-    CudnnTable,
-    Dims,
-    DimsList,
-    Family,
-    NodeView,
-    OnednnLowering,
-    align,
-    dims8,
-)
+from .base import Cpp, CudnnLowering, CudnnTable, Dims, DimsList, Family, NodeView, OnednnLowering, align, dims8
 from .grammar import F, Problem, f32
 
 # the cuDNN graph API's single pointwise node (runtime_cpp/cudnn/graph.cpp), for the element-wise

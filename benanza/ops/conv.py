@@ -6,17 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from .base import (
-    CudnnLowering,
-    CudnnTable,
-    Family,
-    NodeView,
-    OnednnLowering,
-    const,
-    is_4d,
-    present,
-    required,
-)
+from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, present, required
 from .grammar import F, Problem
 
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")

@@ -23,14 +23,7 @@ from .base import (
     present,
     required,
 )
-from .binary import (
-    CUDNN_BINARY,
-    CUDNN_POINTWISE,
-    CUDNN_POINTWISE_TABLE,
-    BinaryLayer,
-    BinaryProblem,
-    pointwise_row,
-)
+from .binary import CUDNN_BINARY, CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE, BinaryLayer, BinaryProblem, pointwise_row
 from .grammar import FLT_MAX, F, Problem, f32
 
 

@@ -6,17 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import (
-    CudnnLowering,
-    CudnnTable,
-    Dims,
-    Family,
-    NodeView,
-    OnednnLowering,
-    const,
-    present,
-    required,
-)
+from .base import CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, const, present, required
 from .binary import broadcast
 from .grammar import F, Problem, f32
 

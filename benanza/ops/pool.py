@@ -5,17 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import (
-    Cpp,
-    CudnnLowering,
-    CudnnTable,
-    Family,
-    NodeView,
-    OnednnLowering,
-    const,
-    is_4d,
-    required,
-)
+from .base import Cpp, CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, required
 from .conv import explicit_pads, pads
 from .grammar import F, Problem
 

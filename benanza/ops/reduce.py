@@ -6,18 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import (
-    Cpp,
-    CudnnLowering,
-    CudnnTable,
-    Dims,
-    Family,
-    NodeView,
-    OnednnLowering,
-    dims8,
-    present,
-    required,
-)
+from .base import Cpp, CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, dims8, present, required
 from .grammar import F, Problem
 
 

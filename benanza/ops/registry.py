@@ -15,20 +15,7 @@ import functools
 from ..errors import LayerKeyError
 from ..fusion import PATTERNS as FUSION_PATTERNS
 from ..layers import FLOAT_DTYPES, Layer
-from . import (
-    attention,
-    binary,
-    conv,
-    copy,
-    eltwise,
-    gemm,
-    norm,
-    pool,
-    reduce,
-    resample,
-    rnn,
-    softmax,
-)
+from . import attention, binary, conv, copy, eltwise, gemm, norm, pool, reduce, resample, rnn, softmax
 from .base import ELEMENT_SIZE, Family, NodeView, PatternLowering
 from .generic import GenericProblem, generic_family, identity_family
 from .grammar import DTYPE_RE, Problem, parse_key

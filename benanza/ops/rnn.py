@@ -7,16 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import (
-    Cpp,
-    CudnnLowering,
-    CudnnTable,
-    Family,
-    NodeView,
-    present,
-    required,
-    word,
-)
+from .base import Cpp, CudnnLowering, CudnnTable, Family, NodeView, present, required, word
 from .grammar import F, Problem, f32
 
 # ONNX's default activations per direction

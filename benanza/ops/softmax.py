@@ -6,16 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import (
-    CudnnLowering,
-    CudnnTable,
-    Dims,
-    Family,
-    NodeView,
-    OnednnLowering,
-    const,
-    required,
-)
+from .base import CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, const, required
 from .grammar import F, Problem
 
 
