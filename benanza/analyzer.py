@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from .analysis.bounds import (Bounds, LayerRow, LayerStatus, ParallelModule, bounds_from_weights, fused_weights,
                               index_results, layer_rows, parallel_modules)
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
+from .analysis.modules import MeasuredGroup, ModuleStats, layer_paths, module_tree
 from .analysis.questions import (AlgoChoice, BetweenCalls, HeuristicChoice, IdleGap, LayerOverhead,
                                  algorithm_choices, between_library_calls, heuristic_choices, kernel_gaps,
                                  layer_overheads, tensor_core_kernels)
@@ -21,6 +22,7 @@ from .fusion import FusionMatch, match_fusions
 from .layers import Model
 from .parsers import ExecutionProfile
 from .records import Result, System, Variant
+from .scopes import OP_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +180,15 @@ class Analysis:
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
     unstable: frozenset[str] = frozenset()  # variant names whose result stayed unstable
+    tree: ModuleStats | None = None  # the module tree (analysis/modules.py)
+    module_source: str = ""  # where the tree's modules come from (benanza.scopes)
+    layer_module: dict[int, str] = field(default_factory=dict)  # layer → its module's qualified name
+
+    def at(self, index: int) -> str:
+        """A layer's name for advice, with its module where the name does not carry it (the
+        dynamo exporter's ``node_MatMul_3`` is ``layers.0.qkv``'s)."""
+        name, module = self.rows[index].name, self.layer_module.get(index, "")
+        return f"{name} in {module}" if module and module not in name.replace("/", ".") else name
 
     @property
     def unstable_rows(self) -> list[LayerRow]:
@@ -251,6 +262,8 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
                         parallel_modules(graph, weight), fusion, TensorCoreView(tc, total, names, tc_bounds),
                         joint, joint_label, stack=stack, math=math,
                         unstable=frozenset(r.variant.name for r in results if r.unstable))
+    if model.scope_source != OP_TYPES:  # an op-type "module" says nothing the layer's type does not
+        analysis.layer_module = {i: p[-1] for i, p in layer_paths(model)[0].items() if p}
     analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
     if measured_ms is not None:
         analysis.measured_ms, analysis.measured_source = measured_ms, "--measured-ms"
@@ -259,6 +272,9 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
         analysis.measured_source = f"{profile.framework or 'profile'} trimmed mean"
     if profile is not None:
         _profile_views(analysis, model, profile, by_key, weight, matches, graph)
+    groups = None if analysis.framework is None else [MeasuredGroup(g.nodes, g.time_ms)
+                                                      for g in analysis.framework.match.groups]
+    analysis.tree, analysis.module_source = module_tree(model, rows, graph, groups), model.scope_source
     _warn(analysis)
     _explain_bound(analysis)
     return analysis
@@ -378,7 +394,7 @@ def _explain(a: Analysis, v: FrameworkView) -> list[str]:
     if v.match.eliminated:
         out.append(f"{len(v.match.eliminated)} layers never ran as separate ops in {v.framework} "
                    f"(folded or removed by its graph optimizer): "
-                   + ", ".join(a.rows[i].name for i in v.match.eliminated[:6]))
+                   + ", ".join(a.at(i) for i in v.match.eliminated[:6]))
     if v.match.inserted:
         kinds = sorted({g.op for g in v.match.inserted})
         out.append(f"{v.framework} inserted {len(v.match.inserted)} ops the model does not have "
@@ -397,12 +413,12 @@ def _warn(a: Analysis) -> None:
         a.warnings.append(f"{len(unstable)} of the bound's {measured} measured layers rest on unstable results "
                           f"(their repetitions stayed too far apart after re-measurement; `benanza run "
                           f"--force --filter` on an idle machine replaces them): "
-                          + ", ".join(r.name for r in unstable[:5]) + (", …" if len(unstable) > 5 else ""))
+                          + ", ".join(a.at(r.index) for r in unstable[:5]) + (", …" if len(unstable) > 5 else ""))
     slower = a.fusion.unprofitable
     if slower:
         a.warnings.append(f"Q5: {len(slower)} fusions measured no faster than their unfused layers and are not "
                           f"applied to the fused bound (unprofitable): " + ", ".join(
-                              f"{u.pattern} at {a.rows[u.nodes[0]].name} {u.fused_ms:.4g} vs {u.unfused_ms:.4g} ms"
+                              f"{u.pattern} at {a.at(u.nodes[0])} {u.fused_ms:.4g} vs {u.unfused_ms:.4g} ms"
                               for u in slower[:4]) + (", …" if len(slower) > 4 else ""))
     if a.missing:
         keys = sorted({r.key for r in a.missing})
@@ -466,7 +482,7 @@ def _warn_calls(a: Analysis, lib: LibraryView) -> None:
         a.warnings.append(
             f"bound above framework calls: for {len(above)} of {len(lib.algorithms)} layers the framework's "
             f"{lib.library} call took less time than the bound's latency for the layer ("
-            + ", ".join(f"{c.name} {c.framework_ms:.4g} vs {c.bound_ms:.4g} ms" for c in worst[:4])
+            + ", ".join(f"{a.at(c.node)} {c.framework_ms:.4g} vs {c.bound_ms:.4g} ms" for c in worst[:4])
             + (", …" if len(above) > 4 else "") + "), so the bound is not a floor there; likely because: "
             + "; ".join(f"{r} ({n} layers)" if n > 1 else r for r, n in counts.most_common()))
     fused = [c for c in lib.not_comparable if c.post_ops]

@@ -355,18 +355,23 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("ok {task.fields[ok]} unsup {task.fields[unsupported]} failed {task.fields[failed]}"),
                TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0)
-        counts = {"ok": 0, "unsupported": 0, "failed": 0}
-
-        def step(p: runner.Progress) -> None:
-            if p.status is not None:
-                counts[p.status.value] += 1
-            bar.update(task, total=p.total, completed=p.done, description="running",
-                       ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"])
-
+    counts = {"ok": 0, "unsupported": 0, "failed": 0}
+    if not err_console.is_terminal:  # a log file or a CI job: no bar to draw, so say at a steady pace
+        lines = _ProgressLines(counts)
         with sigterm_interrupts():
-            summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
+            summary = runner.run(bench_dir, system_name, backend, path, options, progress=lines.step)
+    else:
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0)
+
+            def step(p: runner.Progress) -> None:
+                if p.status is not None:
+                    counts[p.status.value] += 1
+                bar.update(task, total=p.total, completed=p.done, description="running",
+                           ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"])
+
+            with sigterm_interrupts():
+                summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
     _print_failures(summary.failures)
     console.print(f"{summary.backend} on {summary.system.device} (stack {summary.system.stack_id}): "
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
@@ -385,6 +390,40 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)
+
+
+class _ProgressLines:
+    """``run``'s progress as a line every ``every`` seconds (and at the last benchmark) when stderr
+    is not a terminal: benchmarks done, their statuses, time spent and an estimate of the time left
+    (the mean time per benchmark since the first one started, the build excluded, times those left)."""
+
+    def __init__(self, counts: dict[str, int], every: float = 30.0, clock=None) -> None:
+        import time
+
+        self.counts, self.every, self.clock = counts, every, clock or time.monotonic
+        self.started = self.last = self.clock()
+        self.first: float | None = None  # when the first benchmark started
+
+    def step(self, p) -> None:
+        now = self.clock()
+        if self.first is None:
+            self.first = now
+        if p.status is not None:
+            self.counts[p.status.value] += 1
+        if p.status is None or (now - self.last < self.every and p.done < p.total):
+            return
+        self.last = now
+        spent = now - self.started
+        left = (now - self.first) / p.done * (p.total - p.done) if p.done else 0.0
+        c = self.counts
+        err_console.print(f"run: {p.done}/{p.total} benchmarks (ok {c['ok']}, unsupported {c['unsupported']}, "
+                          f"failed {c['failed']}), {_duration(spent)} spent, about {_duration(left)} left",
+                          highlight=False, soft_wrap=True)
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 @main.command("check")
@@ -500,7 +539,7 @@ def db_list(db_path: str | None, system_name: str, backend: str | None, stack: s
     """The latest result of every variant measured on one stack of a system."""
     import re
 
-    from .analysis.sweep import resolve_system
+    from .sweep import resolve_system
     from .perfdb import PerfDB, resolve_db_path
 
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
@@ -608,13 +647,12 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     The benchmarks expected are those `benanza generate` makes with the same options, for
     the system's backend: nothing is reported missing that a run was never asked to make.
     """
-    from . import runner
     from .errors import UsageError
     from .generator import expand_variants, get_backend
-    from .generator import generate as generate_backend
-    from .manifest import build_manifest, write_manifest
+    from .manifest import build_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
     from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
+    from .sweep import measure_missing
 
     path = resolve_db_path(db_path)
     stored = None
@@ -654,9 +692,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
                       f"  {cmd}", highlight=False, soft_wrap=True)
     if not generate_missing:
         sys.exit(1)
-    write_manifest(manifest, bench_dir)
-    generate_backend(manifest, backend, bench_dir, options)
-    summary = runner.run(bench_dir, system_name, backend, path, runner.RunOptions(command=cmd))
+    summary = measure_missing(loaded, bench_dir, system_name, backend, path, options, cmd)
     console.print(f"stored {summary.stored} results ({summary.ok} ok)", highlight=False)
 
 
@@ -964,10 +1000,12 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
               help="Write the per-layer table (every layer) as CSV here.")
 @click.option("--limit", type=click.IntRange(min=0), default=60, show_default=True,
               help="Layers shown in the terminal table (the slowest first when cut); 0: all.")
+@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Levels of the module tree shown in the terminal (docs/modules.md).")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
             backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
             input_shape: tuple[str, ...], measured_ms: float | None, generate_missing: bool, as_json: bool,
-            report_path: str | None, csv_path: str | None, limit: int) -> None:
+            report_path: str | None, csv_path: str | None, limit: int, depth: int) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
@@ -976,7 +1014,7 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     fusions), the algorithms the framework used vs the best, its calls vs the expected ones,
     and its time per layer.
     """
-    from .analysis.sweep import SweepRequest, run_sweep, write_report
+    from .sweep import SweepRequest, run_sweep, write_report
     from .parsers import load_profile
     from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
@@ -1004,6 +1042,6 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         click.echo(json.dumps(document(analyses), indent=1))
         return
     for a in analyses:
-        print_analysis(a, console, max_layers=limit)
+        print_analysis(a, console, max_layers=limit, depth=depth)
     if len(analyses) > 1:
         print_sweep(analyses, console)

@@ -147,6 +147,9 @@ class Node:
     # built from a Shape): frameworks fold it at load time, so nothing runs here and it costs 0.
     # Never set on a free layer (a view or identity is free whatever its inputs are).
     folded: bool = False
+    # the module the node came from, as (qualified name, class or "") pairs, outermost first
+    # (``benanza.scopes``); None when the file records none for this node
+    scope: tuple[tuple[str, str], ...] | None = None
 
     @property
     def runs(self) -> bool:
@@ -165,6 +168,7 @@ class Model:
     input_shapes: dict[str, tuple[int, ...]]
     batch_size: int
     opset: int
+    scope_source: str = "op types"  # where the nodes' scopes come from (benanza.scopes)
 
     @property
     def layers(self) -> list[Layer]:

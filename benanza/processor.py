@@ -29,6 +29,7 @@ from .errors import BenanzaError, ModelError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, UniqueLayer
 from .ops.base import NodeView
 from .ops.registry import build_layer
+from .scopes import node_scope, scope_source
 
 log = logging.getLogger(__name__)
 
@@ -733,6 +734,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     producer: dict[str, int] = {}
     interned: dict[str, Layer] = {}
     static: set[str] = set()  # outputs that are constants given the input shapes
+    source = scope_source(order, model.functions)
     node_name = "?"
     try:
         for proto in order:
@@ -754,13 +756,14 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                 if t:
                     producer[t] = index
             nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
-                              tuple(i for i in proto.input if i and i in consts), constant and not layer.free))
+                              tuple(i for i in proto.input if i and i in consts), constant and not layer.free,
+                              node_scope(proto, source, model.functions)))
     except BenanzaError:
         raise
     except Exception as exc:
         raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
-                 input_shapes=in_shapes, batch_size=batch_size, opset=opset)
+                 input_shapes=in_shapes, batch_size=batch_size, opset=opset, scope_source=source)
 
 
 def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool]) -> bool:

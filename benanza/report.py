@@ -14,6 +14,7 @@ from rich.text import Text
 
 from .analysis.bounds import Bounds
 from .analyzer import Analysis
+from .report_modules import folded_layers, folded_parallel, icicle_svg, modules_json, print_module_tree
 
 SCHEMA_VERSION = 1
 
@@ -52,6 +53,8 @@ def analysis_json(a: Analysis) -> dict:
                     "failed_variants": r.failed_variants,
                     "unstable": r.status == "ok" and r.variant in a.unstable} for r in a.rows],
         "edges": [list(e) for e in a.edges],
+        "module_source": a.module_source or None,
+        "modules": None if a.tree is None else modules_json(a.tree),
         "coverage": {
             "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
             "identity": [r.index for r in a.identity],
@@ -181,8 +184,10 @@ def layers_csv(analyses: Sequence[Analysis]) -> str:
     return buf.getvalue()
 
 
-def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
-    """``max_layers``: rows of the layer table (the slowest when cut); 0 shows every layer."""
+def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: int = 2) -> None:
+    """``max_layers``: rows of the layer table (the slowest when cut); 0 shows every layer.
+    ``depth``: levels of the module tree shown. Layers and parallel modules of identical repeated
+    modules are shown once, with their count."""
     title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size})"
     if a.stack is not None:
         console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
@@ -211,21 +216,26 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
             seq, par = a.framework.bounds_same_fusions.ratio(a.measured_ms)
             _row(t, f"ratio vs bound with {a.framework.framework}'s fusions", _ms(seq), _ms(par))
     console.print(t)
+    print_module_tree(a, console, depth)
 
-    rows = a.rows if not max_layers or len(a.rows) <= max_layers else sorted(a.rows, key=lambda r: -r.latency_ms)[:max_layers]
-    lt = Table("#", "layer", "type", "latency ms", "variant", "path", title=(
-        "layers" if rows is a.rows else f"the {max_layers} slowest of {len(a.rows)} layers"))
-    for r in rows:
+    folded = folded_layers(a, a.rows)
+    cut = bool(max_layers) and len(folded) > max_layers
+    rows = sorted(folded, key=lambda f: -f[0].latency_ms)[:max_layers] if cut else folded
+    shown = f"the {max_layers} slowest of {len(folded)} layers" if cut else "layers"
+    lt = Table("#", "layer", "module", "×", "type", "latency ms", "variant", "path", title=shown + (
+        f" ({len(a.rows)} with repeats)" if len(folded) < len(a.rows) else ""))
+    for r, count, module in rows:
         lat = _ms(r.latency_ms) if r.status == "ok" else r.status.replace("_", " ")
         variant = f"{r.algo}" + (f" [{r.implementation}]" if r.implementation else "")
-        _row(lt, str(r.index), r.name, r.op, lat, variant, "●" if r.critical else "")
+        _row(lt, str(r.index), r.name, module, str(count) if count > 1 else "", r.op, lat, variant,
+             "●" if r.critical else "")
     console.print(lt)
 
     if a.modules:
-        mt = Table("fork", "join", "branches", "layers", "sequential ms", "parallel ms", title="parallel modules")
-        for p in a.modules:
-            _row(mt, a.rows[p.fork].name, a.rows[p.join].name, str(p.branches), str(len(p.nodes)),
-                       _ms(p.sequential_ms), _ms(p.parallel_ms))
+        mt = Table("fork", "join", "×", "branches", "layers", "sequential ms", "parallel ms", title="parallel modules")
+        for p, count in folded_parallel(a):
+            _row(mt, a.rows[p.fork].name, a.rows[p.join].name, str(count) if count > 1 else "", str(p.branches),
+                 str(len(p.nodes)), _ms(p.sequential_ms), _ms(p.parallel_ms))
         console.print(mt)
     if a.fusion.matches:
         console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} profitable fused "
@@ -419,6 +429,6 @@ def render_html(analyses: Sequence[Analysis]) -> str:
 
     env = template_env("report")
     env.autoescape = True
-    sections = [{"a": a, "json": analysis_json(a), "dag": Markup(dag_svg(a)),
+    sections = [{"a": a, "json": analysis_json(a), "dag": Markup(dag_svg(a)), "modules": Markup(icicle_svg(a)),
                  "charts": [Markup(c) for c in _charts(a)]} for a in analyses]
     return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION)

@@ -9,13 +9,18 @@ FLOPs and bytes (so the chosen variants and critical path are structured like a 
 one variant in seven is stored as unsupported. No real benchmark ran; the numbers measure the
 analyzer, never a machine.
 
-    python benchmarks/bench_analyze.py [--repeat 5] [--json out.json]
+    python benchmarks/bench_analyze.py [--repeat 5] [--json out.json] [--compare OTHER_CHECKOUT]
+
+``--compare`` also times the same command from another checkout's ``benanza`` package (e.g. a
+``git worktree`` of an older commit), alternating with this one run by run, so a busy machine
+weighs on both alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -24,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benanza.analysis.sweep import SweepRequest, run_sweep
+from benanza.sweep import SweepRequest, run_sweep
 from benanza.generator import GenOptions, expand_variants, get_backend
 from benanza.manifest import build_manifest
 from benanza.perfdb import PerfDB
@@ -58,6 +63,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--compare", metavar="CHECKOUT", help="Also time the command from this checkout's package.")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -73,22 +79,31 @@ def main() -> int:
             t = time.perf_counter()
             (a,) = run_sweep(req, db)
             lib.append(time.perf_counter() - t)
-        cli, cli_cpu = [], []
-        cmd = [str(Path(sys.executable).parent / "benanza"), "analyze", str(model_path), "--system", SYSTEM.name,
-               "--db", str(root / "bench.db"), "--json"]
+        argv = ["analyze", str(model_path), "--system", SYSTEM.name, "--db", str(root / "bench.db"), "--json"]
+        trees = {"this": Path(__file__).resolve().parent.parent}
+        if args.compare:
+            trees["compare"] = Path(args.compare).resolve()
+        cli: dict[str, list[float]] = {k: [] for k in trees}
+        cli_cpu: dict[str, list[float]] = {k: [] for k in trees}
         for _ in range(args.repeat):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t = time.perf_counter()
-            subprocess.run(cmd, check=True, capture_output=True)
-            cli.append(time.perf_counter() - t)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cli_cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+            for which, tree in trees.items():
+                # the console script's own call, with the package imported from ``tree``
+                cmd = [sys.executable, "-c", "import sys; from benanza.cli import main; sys.exit(main())", *argv]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t = time.perf_counter()
+                subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(tree)})
+                cli[which].append(time.perf_counter() - t)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cli_cpu[which].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    # the whole command, interpreter start and imports included; CPU time is robust to a busy machine
+    timed = {which: {"median": statistics.median(cli[which]), "min": min(cli[which]),
+                     "cpu_median": statistics.median(cli_cpu[which])} for which in trees}
     report = {"model": MODEL, "layers": nodes, "results_in_db": len(results),
               "analyze_library_s": {"median": statistics.median(lib), "min": min(lib)},
-              # the whole command, interpreter start and imports included; CPU time is robust to a busy machine
-              "analyze_cli_s": {"median": statistics.median(cli), "min": min(cli),
-                                "cpu_median": statistics.median(cli_cpu)},
+              "analyze_cli_s": timed["this"],
               "target_s": 2.0, "sequential_ms": a.bounds.sequential_ms, "parallel_ms": a.bounds.parallel_ms}
+    if args.compare:
+        report["analyze_cli_s_compare"] = {"checkout": str(trees["compare"]), **timed["compare"]}
     print(json.dumps(report, indent=1))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=1))

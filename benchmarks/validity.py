@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench_onednn_all import benchmark_onednn
 
-from benanza.analysis.sweep import SweepRequest, run_sweep
+from benanza.sweep import SweepRequest, run_sweep
 from benanza.analyzer import Analysis
 from benanza.errors import BenanzaError
 from benanza.parsers import load_bundle

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -358,7 +359,7 @@ def test_analyze_cli_unknown_system_is_one_clean_line(tmp_path, save):
 
 
 def test_analyze_sweep_over_systems(tmp_path, save):
-    from benanza.analysis.sweep import SweepRequest, run_sweep
+    from benanza.sweep import SweepRequest, run_sweep
 
     path = save(inception_like(), "inc.onnx")
     model = load_model(path, 1)
@@ -377,3 +378,36 @@ def test_unmatchable_trace_is_said_not_misread(convnet):
     assert a.framework is None
     assert any("could not be matched" in n for n in a.notes)
     assert a.measured_ms is not None  # the trace's runs still give a latency
+
+
+@pytest.mark.slow
+def test_generate_missing_fills_the_database_through_the_library(tmp_path, save, monkeypatch):
+    """`analyze --generate-missing` generates and runs the benchmarks itself (the library's generator
+    and runner, not Benanza's command line in a shell: with no `benanza` on PATH that would fail), and
+    its bound is the database's: the fastest OK unfused result per layer, recomputed in SQL."""
+    from click.testing import CliRunner
+    from test_bounds_e2e import JSON_MS, best_by_key, node_keys
+
+    from benanza.cli import main
+
+    path = save(helpers.conv_net(), "net.onnx")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # the compilers and CMake, not the venv's `benanza`
+    cli = CliRunner()
+    # the system is known with one result; the fill reuses this build (unchanged sources are not rewritten)
+    for args in (["generate", str(path), "--backend", "onednn", "--dtype", "f32"],
+                 ["run", "--system", "box", "--backend", "onednn", "--db", "p.db", "--filter", "^eltwise:relu",
+                  "--min-time", "0.01", "--repetitions", "1"]):
+        r = cli.invoke(main, args)
+        assert r.exit_code == 0, r.output
+    # not a terminal: progress as lines, the last one at the last benchmark
+    assert re.search(r"^run: (\d+)/\1 benchmarks \(ok \1, unsupported 0, failed 0\), \d+s spent, about 0s left$",
+                     r.output, re.M), r.output
+    r = cli.invoke(main, ["analyze", str(path), "--system", "box", "--db", "p.db", "--generate-missing", "--json"])
+    assert r.exit_code == 0, r.output
+    (a,) = json.loads(r.stdout)["analyses"]
+    assert not a["coverage"]["missing"] and not a["bounds"]["partial"]
+    best = best_by_key(tmp_path / "p.db", "box", "f32")
+    keys = node_keys(tmp_path / "out" / "bench", "net", "f32")
+    assert a["bounds"]["sequential_ms"] == pytest.approx(sum(best.get(k, 0.0) for k in keys.values()), **JSON_MS)
+    assert a["bounds"]["sequential_ms"] > 0

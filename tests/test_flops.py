@@ -1,4 +1,4 @@
-"""The work each layer reports (FLOPs, README "Work"), against counts recomputed from the arrays
+"""The work each layer reports (FLOPs, docs/generate.md "Work"), against counts recomputed from the arrays
 ONNX Runtime produces for the real layers: the shapes of what the op actually read and wrote."""
 
 import numpy as np

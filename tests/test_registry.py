@@ -18,13 +18,7 @@ from benanza.fusion import BY_NAME as FUSION_PATTERNS
 from benanza.fusion import NODE_FINDERS
 from benanza.layers import TensorSpec
 from benanza.ops.base import NodeView
-from benanza.ops.registry import (
-    FAMILIES,
-    PATTERN_LOWERINGS,
-    PROBLEM_TYPES,
-    build_layer,
-    parse_problem,
-)
+from benanza.ops.registry import FAMILIES, PATTERN_LOWERINGS, PROBLEM_TYPES, build_layer, parse_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden"

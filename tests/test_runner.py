@@ -270,3 +270,27 @@ def test_real_onednn_results_carry_their_dispersion_and_are_remeasured(bench, tm
         times = r.metrics["times_ms"]  # Google Benchmark's per-repetition times, as the runtime reported them
         assert len(times) == 3 and counts[r.variant.name] == 2 and r.unstable
         assert r.rsd == pytest.approx(statistics.stdev(times) / statistics.median(times), rel=1e-3)
+
+
+def test_progress_lines_when_not_a_terminal(monkeypatch):
+    """One line per period and one at the last benchmark; the time left is the mean time per
+    benchmark since the first one started (the build before it excluded) times those left."""
+    from benanza import cli
+    from benanza.records import Status
+    from benanza.runner import Progress
+
+    now = [100.0]
+    printed: list[str] = []
+    monkeypatch.setattr(cli.err_console, "print", lambda text, **kw: printed.append(text))
+    lines = cli._ProgressLines({"ok": 0, "unsupported": 0, "failed": 0}, every=30.0, clock=lambda: now[0])
+    now[0] = 160.0  # a minute of building
+    lines.step(Progress(0, 4, "a", None))
+    for done, status, t in ((1, Status.OK, 170.0), (2, Status.UNSUPPORTED, 200.0), (3, Status.FAILED, 210.0),
+                            (4, Status.OK, 215.0)):
+        now[0] = t
+        lines.step(Progress(done, 4, "x", status))
+    assert printed == [
+        "run: 1/4 benchmarks (ok 1, unsupported 0, failed 0), 1m10s spent, about 30s left",  # 10 s for 1
+        "run: 2/4 benchmarks (ok 1, unsupported 1, failed 0), 1m40s spent, about 40s left",  # 40 s for 2
+        "run: 4/4 benchmarks (ok 2, unsupported 1, failed 1), 1m55s spent, about 0s left",
+    ]

@@ -13,7 +13,7 @@ import helpers
 import pytest
 from click.testing import CliRunner
 
-from benanza.analysis.sweep import SweepRequest, run_sweep
+from benanza.sweep import SweepRequest, run_sweep
 from benanza.cli import main
 from benanza.errors import BenanzaError
 from benanza.generator import GenOptions, expand_variants, get_backend

@@ -333,10 +333,10 @@ def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
         assert ran, (v.name, execs[-3:])
 
 
-# --- coverage of the exported models (the README's table) ----------------------------------------
+# --- coverage of the exported models (docs/transformers.md's table) ----------------------------------------
 
 # (model, exporter, opset) → (layers, free, folded, oneDNN-costed, cuDNN/cuBLAS-costed): the
-# README's "Transformer exports" table, whose rows ``coverage_row`` writes. "dynamic" is the
+# "Transformer exports" table (docs/transformers.md), whose rows ``coverage_row`` writes. "dynamic" is the
 # dynamo export with a symbolic sequence length, processed with --input-shape x=1x16x32.
 COVERAGE = {
     ("encoder", "torchscript", 14): (71, 14, 13, 44, 44),
@@ -365,7 +365,7 @@ EXPORTER_TITLES = {"torchscript": "TorchScript", "dynamo": "dynamo", "dynamic": 
 
 
 def exported_model(exported, name: str, exporter: str, opset: int):
-    """The export processed as the README's table says: a dynamic sequence length given as 16."""
+    """The export processed as docs/transformers.md's table says: a dynamic sequence length given as 16."""
     if exporter == "dynamic":
         return load_model(exported(name, opset, "dynamo", True), input_shapes={"x": (1, SEQ, D_MODEL)})
     return load_model(exported(name, opset, exporter))
@@ -390,8 +390,8 @@ def test_exported_model_coverage(exported, name, exporter, opset):
     got = (len(m.nodes), sum(n.layer.free for n in m.nodes), sum(n.folded for n in m.nodes),
            sum(covers(la) for la in running), sum(la.covered for la in running))
     assert got == COVERAGE[name, exporter, opset]
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert coverage_row(name, exporter, opset, got) in readme
+    table = (Path(__file__).parent.parent / "docs" / "transformers.md").read_text()
+    assert coverage_row(name, exporter, opset, got) in table
     # the shape arithmetic is folded, all of it: what runs computes on float data
     assert all(la.dtype in FLOAT_DTYPES for la in running), [la.key for la in running if la.dtype not in FLOAT_DTYPES]
     # every layer that runs is costed on oneDNN but Erf, which the gelu_erf pattern costs

@@ -27,14 +27,7 @@ from ..manifest import Manifest
 from ..ops.base import OnednnLowering, cpp_literal, row_fields
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
-from ..problems import (
-    BinaryProblem,
-    ConvProblem,
-    DeconvProblem,
-    MatMulProblem,
-    Problem,
-    ReduceProblem,
-)
+from ..problems import BinaryProblem, ConvProblem, DeconvProblem, MatMulProblem, Problem, ReduceProblem
 from ..records import Variant
 
 log = logging.getLogger(__name__)

@@ -1,24 +1,31 @@
 """Analyses over the performance database: one model × systems × batch sizes (Figs 8–20).
 
-This is the only analysis code that touches the database; ``analyze`` itself stays pure.
+A driver over the stages, not one of them: it reads the database, runs the pure analyzer and,
+with ``generate_missing``, fills what the database lacks through the generator and the runner
+(the library's own calls, never the command line). ``analyze`` itself stays pure.
 """
 
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..analyzer import MATH_EXACT, Analysis, analyze
-from ..errors import BenanzaError
-from ..generator import get_backend
-from ..parsers import ExecutionProfile
-from ..parsers.bundle import check_model
-from ..processor import load_model
-from ..problems import layer_key
-from ..records import System
+from .analyzer import MATH_EXACT, Analysis, analyze
+from .errors import BenanzaError
+from .generator import GenOptions, generate, get_backend
+from .layers import Model
+from .manifest import build_manifest, write_manifest
+from .parsers import ExecutionProfile
+from .parsers.bundle import check_model
+from .processor import load_model, unique_layers
+from .problems import layer_key
+from .records import System
+
+if TYPE_CHECKING:
+    from .runner import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +55,7 @@ def _profile_for(profile: ExecutionProfile | None, batch: int, single: bool) -> 
 
 def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) -> list[Analysis]:
     """``db`` is a ``benanza.perfdb.PerfDB``."""
-    from ..perfdb import missing_command
+    from .perfdb import missing_command
 
     if profile is not None:
         check_model(profile, req.model)
@@ -73,7 +80,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                                       dtype=req.dtype, input_shapes=req.input_shapes)
                 if req.generate_missing:
                     log.info("filling %d missing benchmarks: %s", len(a.missing), cmd)
-                    _run(cmd)
+                    measure_missing([model], "out/bench", name, system.backend, db.path,
+                                    GenOptions(dtypes=(req.dtype,)), cmd)
                     # the run stores under the stack this machine has now
                     system = resolve_system(db, name, system.backend, req.stack)
                     a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
@@ -105,11 +113,16 @@ def resolve_system(db, name: str, backend: str | None, stack: str | None) -> Sys
     raise BenanzaError(f"system {name!r} has no {want} in the performance database; its stacks: {have}")
 
 
-def _run(cmd: str) -> None:
-    # the command is `benanza generate ... && benanza run ...`, shell-quoted by perfdb
-    proc = subprocess.run(cmd, shell=True)
-    if proc.returncode != 0:
-        raise BenanzaError(f"--generate-missing: `{cmd}` failed with exit status {proc.returncode}")
+def measure_missing(models: Sequence[Model], bench_dir: str | Path, system_name: str, backend: str,
+                    db_path: str | Path, options: GenOptions, command: str) -> RunSummary:
+    """Generate ``models``' benchmarks into ``bench_dir`` and run what the database lacks: what
+    ``command`` (the line printed for the user, stored beside each result) does."""
+    from . import runner  # only a fill builds and runs: analyses need not load it
+
+    manifest = build_manifest(list(models), unique_layers(list(models)))
+    write_manifest(manifest, bench_dir)
+    generate(manifest, backend, bench_dir, options)
+    return runner.run(bench_dir, system_name, backend, db_path, runner.RunOptions(command=command))
 
 
 def write_report(path: str | Path, html: str) -> Path:
@@ -121,4 +134,4 @@ def write_report(path: str | Path, html: str) -> Path:
     return p
 
 
-__all__: Sequence[str] = ("SweepRequest", "resolve_system", "run_sweep", "write_report")
+__all__: Sequence[str] = ("SweepRequest", "measure_missing", "resolve_system", "run_sweep", "write_report")
