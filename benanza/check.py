@@ -39,12 +39,14 @@ from .fusion import BY_NAME as PATTERNS
 from .fusion import match_fusions
 from .generator import read_variants
 from .layers import Model
-from .problems import (COMMUTATIVE, AttentionProblem, BinaryProblem, ConcatProblem, ConvProblem, CopyProblem,
-                       GemmProblem, MatMulProblem, broadcast)
+from .ops.registry import FAMILIES
+from .problems import (COMMUTATIVE, AttentionProblem, BinaryProblem, ConvProblem, CopyProblem, GemmProblem,
+                       MatMulProblem, broadcast)
 from .records import Variant
 from .runner import build
 
 log = logging.getLogger(__name__)
+_FAMILIES = {f.name: f for f in FAMILIES}
 
 BACKEND = "onednn"
 # The largest error accepted, |got − want| / max(1, |want|), per output dtype (benchdnn's way:
@@ -191,9 +193,6 @@ def _unfused(site: _Site, v: Variant, gen) -> _Spec:
             shapes = [site.in_shape(0, i) for i in range(n_in)]
             feeds = _fill(site, gen, [(0, i) for i in _binary_order(p, shapes)])
         return _Spec((0,), feeds, outs, compared)
-    if isinstance(p, ConvProblem):
-        slots = [(0, 0), (0, 1)] + ([(0, 2)] if p.bias else [])
-        return _Spec((0,), _fill(site, gen, slots), outs, compared)
     if isinstance(p, GemmProblem):
         return _Spec((0,), _gemm_feeds(site, p, v, gen), outs, compared)
     if isinstance(p, AttentionProblem):
@@ -206,21 +205,12 @@ def _unfused(site: _Site, v: Variant, gen) -> _Spec:
                     f"against the op's real outputs")
             return _Spec((0,), {}, list(proto.output), what, dense=True)
         return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
-    if isinstance(p, ConcatProblem):
-        return _Spec((0,), _fill(site, gen, [(0, i) for i in range(n_in)]), outs, compared)
-    family = p.family
-    if family == "bnorm":  # the runtime fills src, mean, variance, scale, shift
-        return _Spec((0,), _fill(site, gen, [(0, 0), (0, 3), (0, 4), (0, 1), (0, 2)]), outs, compared)
-    if family == "lnorm":
-        slots = [(0, 0), (0, 1)] + ([(0, 2)] if n_in > 2 and proto.input[2] else [])
-        return _Spec((0,), _fill(site, gen, slots), outs, compared)
-    if family == "prelu":
-        return _Spec((0,), _fill(site, gen, [(0, 0), (0, 1)]), outs, compared)
-    if family == "matmul":
-        return _Spec((0,), _fill(site, gen, [(0, 0), (0, 1)]), outs, compared)
-    if family in ("pool", "lrn", "eltwise", "softmax", "reduce", "transpose", "resample"):
-        return _Spec((0,), _fill(site, gen, [(0, 0)]), outs, compared)
-    raise _NoReference(f"no reference adapter for the {family} family")
+    # the other families say which inputs their benchmark fills, in stream order
+    family = _FAMILIES.get(p.family)
+    fills = family.onednn.fills if family is not None and family.onednn is not None else None
+    if fills is not None:
+        return _Spec((0,), _fill(site, gen, [(0, i) for i in fills(p)]), outs, compared)
+    raise _NoReference(f"no reference adapter for the {p.family} family")
 
 
 def _gemm_feeds(site: _Site, p: GemmProblem, v: Variant, gen) -> dict[tuple[int, int], np.ndarray]:

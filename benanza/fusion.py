@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from .layers import Layer, Model, Node
-from .problems import (BinaryProblem, ConvProblem, EltwiseProblem, MatMulProblem, Problem, ReduceProblem,
-                       SoftmaxProblem)
+from .ops.binary import BinaryProblem
+from .ops.conv import ConvProblem
+from .ops.eltwise import EltwiseProblem
+from .ops.gemm import MatMulProblem
+from .ops.grammar import Problem
+from .ops.reduce import ReduceProblem
+from .ops.softmax import SoftmaxProblem
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,7 @@ class FusionPattern:
     note: str
     anchor: str = "Conv"
     # The tail is not a chain of single consumers but a decomposition's DAG, matched by the
-    # pattern's function in _DAG_MATCHERS.
+    # pattern's function in NODE_FINDERS.
     dag: bool = False
     # Attention from its scores' MatMul: one primitive chain, with the scale (Mul or Div by a
     # constant) and the mask Add as the scores' post-ops where the pattern has them.
@@ -93,6 +99,10 @@ PATTERNS += tuple(_attention(scale, mask) for scale, mask in ((True, True), (Tru
 
 BY_NAME = {p.name: p for p in PATTERNS}
 
+# A DAG pattern's node finder: (model, consumers, anchor index) → the pattern's nodes, the anchor
+# first, or None. The profile matcher (analysis/matching.py) finds fused framework ops with them.
+NodeFinder = Callable[[Model, dict[int, list[int]], int], "list[int] | None"]
+
 
 @dataclass(frozen=True)
 class FusionMatch:
@@ -121,7 +131,7 @@ def match_fusions(model: Model) -> list[FusionMatch]:
             if pattern.anchor != node.layer.op or pattern.conv_bias != has_bias or plain == pattern.attention:
                 continue
             if pattern.dag:
-                nodes = _DAG_MATCHERS[pattern.name](model, consumers, node.index)
+                nodes = NODE_FINDERS[pattern.name](model, consumers, node.index)
                 if nodes is not None and not used & set(nodes):
                     used.update(nodes)
                     matches.append(FusionMatch(pattern, tuple(nodes), node.layer))
@@ -161,7 +171,7 @@ def _gemm_epilogue(gemm: Problem, tail: list[Node], activation: str) -> bool:
     return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == activation for n in tail[1:])
 
 
-def _layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+def layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
     """The nodes of x → ReduceMean → Sub(x, mean) → Pow(·, 2) → ReduceMean → Add(eps) → Sqrt →
     Div(Sub, ·) → Mul(scale) → Add(bias) from its first ReduceMean (over x's trailing axes), or
     None. Every intermediate is read only inside the pattern."""
@@ -204,7 +214,7 @@ def _layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) 
     return sorted([start, sub, pow_, second, eps, sqrt, div, scale, shift])
 
 
-def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+def gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
     """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
     constants are √2, 1 and ½ in every exporter that writes this form; the dynamo exporter
     multiplies by ½ before x), or None."""
@@ -239,7 +249,7 @@ def _gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> li
     return [start, erf, plus, first, second]
 
 
-def _attention_nodes(pattern: FusionPattern):
+def _attention_nodes(pattern: FusionPattern) -> NodeFinder:
     def match(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
         """The nodes of scores = MatMul(Q, Kᵀ) [→ Mul|Div(constant scalar)] [→ Add(mask [S, Skv])]
         → Softmax(last axis) → MatMul(·, V) with V's head size Q's, every intermediate read only
@@ -319,5 +329,6 @@ def _operand_scales(model: Model, consumers: dict[int, list[int]], matmul: Node)
     return out
 
 
-_DAG_MATCHERS = {"layernorm": _layernorm_nodes, "gelu_erf": _gelu_nodes}
-_DAG_MATCHERS.update({p.name: _attention_nodes(p) for p in PATTERNS if p.attention})
+# the public face of the DAG patterns: name → node finder
+NODE_FINDERS: dict[str, NodeFinder] = {"layernorm": layernorm_nodes, "gelu_erf": gelu_nodes}
+NODE_FINDERS.update({p.name: _attention_nodes(p) for p in PATTERNS if p.attention})

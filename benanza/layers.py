@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .problems import (LayerKey, Problem, format_dims, format_number, key_hash, layer_key, parse_key,
-                       parse_layer_key)
+from .ops.grammar import (FLOAT_DTYPES, LayerKey, Problem, format_dims, format_number, key_hash, layer_key,
+                          parse_key)
 
 __all__ = ["DTYPE_NAMES", "FLOAT_DTYPES", "LayerKey", "format_dims", "format_number", "key_hash", "parse_key",
            "TensorSpec", "Layer", "Node", "Model", "Occurrence", "UniqueLayer", "Uncosted"]
@@ -21,9 +21,6 @@ DTYPE_NAMES = {
     1: "f32", 2: "u8", 3: "i8", 4: "u16", 5: "i16", 6: "i32", 7: "i64", 8: "str",
     9: "b", 10: "f16", 11: "f64", 12: "u32", 13: "u64", 16: "bf16",
 }
-# The dtypes the benchmarks compute in; a layer on other data (i64 shape arithmetic, bool
-# masks) is analysed in its own dtype, never in the one asked for.
-FLOAT_DTYPES = ("f32", "f16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -119,6 +116,8 @@ class Layer:
     @classmethod
     def from_json(cls, d: dict) -> "Layer":
         """The problem comes back from the key (``parse_layer_key`` inverts ``layer_key``)."""
+        from .ops.registry import parse_layer_key  # the registry builds on these records
+
         problem, dtype = parse_layer_key(d["key"])
         return cls(
             op=d["op"],

@@ -26,9 +26,10 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import BenanzaError, ModelError, ShapeError, UsageError
-from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
-from .ops import NodeView, build_layer
 from .control_flow import inline_control_flow
+from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
+from .ops.base import NodeView
+from .ops.registry import build_layer
 from .scopes import node_scope, scope_source
 from .shapes_by_execution import complete_by_execution
 

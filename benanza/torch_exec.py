@@ -28,7 +28,7 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import BenanzaError, ModelError
-from .ops import AUTO_PAD_MODES, explicit_pads
+from .ops.conv import AUTO_PAD_MODES, explicit_pads
 from .processor import attrs_with_defaults, default_opset, load_model, read_onnx
 
 log = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ from torch_models import D_MODEL, HEADS, SEQ, export
 from benanza.backends import cudnn
 from benanza.generator import GenOptions, expand_variants, generate
 from benanza.manifest import build_manifest
+from benanza.ops.registry import FAMILIES, PATTERN_LOWERINGS
 from benanza.processor import load_model, unique_layers
 
 GRAPH_APIS = ("cudnn_frontend.layernorm", "cudnn_frontend.sdpa", "cudnn_frontend.pointwise")
@@ -43,7 +44,12 @@ def odd_head_attention():
 
 
 def _fields(layer, api) -> dict[str, str]:
-    return dict(cudnn.FAMILIES[api].fields(layer))
+    """The layer's row in the table of ``api``: its own call's, or a graph-API pattern's fused
+    form on its anchor (the scores' MatMul of an attention pattern)."""
+    family = next(f for f in FAMILIES if f.name == layer.problem.family)
+    lowering = family.cudnn.get(api) or next(p.cudnn for p in PATTERN_LOWERINGS.values()
+                                             if p.cudnn is not None and cudnn._API_OF[p.cudnn.table.name] == api)
+    return dict(cudnn.fields_of(lowering.row(layer.problem, api), layer))
 
 
 def test_graph_layers_and_patterns_get_one_variant_per_plan_slot(exported, save, caplog):

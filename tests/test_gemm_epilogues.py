@@ -31,7 +31,7 @@ from benanza.fusion import BY_NAME as FUSION_PATTERNS
 from benanza.fusion import match_fusions
 from benanza.generator import GenOptions, generate, read_variants
 from benanza.manifest import build_manifest, write_manifest
-from benanza.ops import CUDNN_SDPA
+from benanza.ops.attention import CUDNN_SDPA
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model, unique_layers
 from benanza.records import System, Variant

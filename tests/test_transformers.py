@@ -202,7 +202,7 @@ def test_pure_views_are_free_not_uncovered(exported, backend):
     ((2, 12, 16, 8), (2, 12, 8, 16), "matmul:a2x12x16x8_b2x12x8x16", 24 * 16 * 8 * 16),
 ])
 def test_matmul_with_a_broadcast_weight_is_one_gemm(save, a, b, key, macs):
-    from benanza.backends.onednn import BACKEND, PARAMS
+    from benanza.backends.onednn import BACKEND, FAMILIES, initializer
     from benanza.generator import GenOptions
     from benanza.layers import UniqueLayer
 
@@ -216,8 +216,8 @@ def test_matmul_with_a_broadcast_weight_is_one_gemm(save, a, b, key, macs):
     assert layer.cudnn_api == ("cublasGemmStridedBatchedEx" if batched else "cublasGemmEx")
     variants = BACKEND.variants(UniqueLayer(layer), (), GenOptions(dtypes=("f32",)))
     dims = [tuple(int(d) for d in t[1:].split("x")) for t in key.split(":")[1].split("_")]
-    assert [PARAMS["matmul"](v) for v in variants] == [
-        "{{" + ", ".join(map(str, dims[0])) + "}, {" + ", ".join(map(str, dims[1])) + "}}"]
+    assert [initializer(FAMILIES["matmul"].row(v.problem, v.api)) for v in variants] == [
+        "{.a = {" + ", ".join(map(str, dims[0])) + "}, .b = {" + ", ".join(map(str, dims[1])) + "}}"]
 
 
 # --- oneDNN: the transformer-era families -----------------------------------------------------

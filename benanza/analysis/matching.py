@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..fusion import _gelu_nodes, _layernorm_nodes
+from ..fusion import BY_NAME as PATTERNS
+from ..fusion import NODE_FINDERS
 from ..layers import Layer, Model, Node
 from ..parsers import ConvSignature, FrameworkTrace, GemmSignature, LibraryCall, OpEvent
 from ..problems import BinaryProblem, ConvProblem, GemmProblem, MatMulProblem, TransposeProblem
@@ -134,8 +135,9 @@ class _Graph:
         consumers = self.model.consumers()
         out: dict[str, list[tuple[int, ...]]] = {"layernorm": [], "gelu": []}
         for n in self.model.nodes:
-            for kind, op, find in (("layernorm", "ReduceMean", _layernorm_nodes), ("gelu", "Div", _gelu_nodes)):
-                nodes = find(self.model, consumers, n.index) if n.layer.op == op else None
+            for kind, pattern in (("layernorm", "layernorm"), ("gelu", "gelu_erf")):
+                find = NODE_FINDERS[pattern]
+                nodes = find(self.model, consumers, n.index) if n.layer.op == PATTERNS[pattern].anchor else None
                 if nodes:
                     out[kind].append(tuple(sorted(nodes)))
         return out

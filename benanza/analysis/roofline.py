@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..layers import FLOAT_DTYPES, Layer, Model
-from ..ops import ELEMENT_SIZE
+from ..ops.base import ELEMENT_SIZE
 from ..peaks import Peaks
 from ..records import Result, Variant
 from .bounds import LayerRow, LayerStatus, critical_path

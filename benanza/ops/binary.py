@@ -1,0 +1,208 @@
+"""Element-wise binary and n-ary ops with broadcasting (ONNX Add, Sub, Mul, Div, Min, Max, Sum,
+Pow, Equal, Greater, Less)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .base import Cpp, CudnnLowering, CudnnTable, Dims, DimsList, Family, NodeView, OnednnLowering, align, dims8
+from .grammar import F, Problem, f32
+
+# the cuDNN graph API's single pointwise node (runtime_cpp/cudnn/graph.cpp), for the element-wise
+# ops the legacy API lacks
+CUDNN_POINTWISE = "cudnn_frontend.pointwise"
+CUDNN_POINTWISE_BINARY = ("div", "pow", "eq", "gt", "lt")
+
+COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq")
+
+
+def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """NumPy/ONNX multidirectional broadcasting of the shapes."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for axis in range(rank):
+        dims = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0}
+        big = dims - {1}
+        out.append(max(big) if big else 1)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class BinaryProblem(Problem):
+    """Element-wise binary (n-ary for Sum) with broadcasting. Operands of commutative ops are in
+    canonical order (``canonical_operands``); ``exponent`` is Pow's constant uniform exponent.
+    The comparisons (``eq``, ``gt``, ``lt``) write booleans."""
+
+    FAMILY: ClassVar[str] = "binary"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("", "alg", "word"),), (F("in", "shapes", "shapes"),), (F("exp", "exponent", "float", None),))
+
+    alg: str
+    shapes: tuple[tuple[int, ...], ...]
+    exponent: float | None = None
+
+    @property
+    def out(self) -> tuple[int, ...]:
+        return broadcast(self.shapes)
+
+    def flops(self) -> int:
+        return max(len(self.shapes) - 1, 1) * math.prod(self.out)  # n inputs: n − 1 ops per output
+
+
+def canonical_operands(alg: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Operands of a commutative op in one order: those with the output's shape first, then by
+    rank and dims; ``Add(x, b)`` and ``Add(b, x)`` are one problem."""
+    if alg not in COMMUTATIVE:
+        return shapes
+    out = broadcast(shapes)
+    return tuple(sorted(shapes, key=lambda s: (tuple(s) != out, -len(s), tuple(s))))
+
+
+
+# --- recognition ---------------------------------------------------------------------------
+
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min", "Max": "max",
+           "Sum": "sum", "Pow": "pow", "Equal": "eq", "Greater": "gt", "Less": "lt"}
+
+
+def _binary_build(view: NodeView) -> Problem:
+    alg = _BINARY[view.op]
+    shapes = tuple(tuple(t.shape) for t in view.inputs if t is not None)
+    exponent = None
+    if alg == "pow":
+        # x^2 and x^0.5 are different computations (a library may square instead of exp/log);
+        # a constant uniform exponent is part of the problem, a tensor of exponents is data.
+        v = view.value(1)
+        if v is not None and v.size and np.all(v == v.reshape(-1)[0]):
+            exponent = f32(v.reshape(-1)[0])
+    return BinaryProblem(alg, canonical_operands(alg, shapes), exponent)
+
+
+def _cudnn_api(p: Problem) -> str | None:
+    assert isinstance(p, BinaryProblem)
+    shapes, out = p.shapes, p.out
+    if len(shapes) != 2 or len(out) > 5:
+        return None
+    if p.alg == "mul" and any(math.prod(s) == 1 for s in shapes):
+        return "cudnnScaleTensor"
+    if p.alg in ("add", "sum") and tuple(shapes[0]) == out and _broadcasts_into(shapes[1], out):
+        return "cudnnAddTensor"
+    if p.alg in ("add", "sum", "sub", "mul", "min", "max"):
+        return "cudnnOpTensor"
+    if p.alg in CUDNN_POINTWISE_BINARY:
+        return CUDNN_POINTWISE
+    return None
+
+
+def _broadcasts_into(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    small = (1,) * (len(big) - len(small)) + tuple(small)
+    return len(small) == len(big) and all(s in (1, b) for s, b in zip(small, big))
+
+
+def _onednn_api(p: Problem) -> str | None:
+    assert isinstance(p, BinaryProblem)
+    if p.alg == "sum":
+        return "sum" if all(s == p.out for s in p.shapes) else "binary"
+    if p.alg == "pow":
+        # x^c with a constant uniform exponent is oneDNN's eltwise pow; a tensor of exponents
+        # has no oneDNN call
+        return "eltwise" if p.exponent is not None and tuple(p.shapes[0]) == p.out else None
+    return "binary"
+
+
+
+# --- lowerings -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BinaryParams:
+    """oneDNN BinaryParams (a constant Pow is oneDNN's eltwise pow, in this table too)."""
+
+    alg: str
+    inputs: DimsList
+    out: Dims
+    exponent: float
+
+
+def _onednn_row(p: BinaryProblem, api: str) -> BinaryParams:
+    exponent = float("nan") if p.exponent is None else p.exponent
+    return BinaryParams(alg=p.alg, inputs=p.shapes, out=p.out, exponent=exponent)
+
+
+_BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "Min", "max": "Max"}
+
+
+@dataclass(frozen=True)
+class BinaryLayer:
+    """cuDNN BinaryLayer (cudnnAddTensor, cudnnOpTensor, cudnnScaleTensor): operands and output
+    of ``rank`` dims, padded to 5."""
+
+    op: Cpp
+    swapped: bool
+    rank: int
+    a: Dims
+    b: Dims
+    out: Dims
+
+
+def _cudnn_row(p: BinaryProblem, api: str) -> BinaryLayer:
+    shapes, out = p.shapes, p.out
+    rank = max(4, len(out))
+    a, b, o = align(shapes[0], rank), align(shapes[1], rank), align(out, rank)
+    if api == "cudnnAddTensor":
+        op = "AddTensor"
+    elif api == "cudnnScaleTensor":
+        op = "Scale"
+    else:
+        op = _BINARY_OPS[p.alg]
+    # cuDNN scales / adds into the operand that has the output's shape: put it first.
+    swapped = a != o and b == o if op != "Scale" else math.prod(a) == 1
+    if swapped:
+        a, b = b, a
+    pad = (0,) * (5 - rank)
+    return BinaryLayer(op=Cpp("BinaryOp::" + op), swapped=swapped, rank=rank, a=a + pad, b=b + pad, out=o + pad)
+
+
+_POINTWISE_OPS = {"div": "Div", "pow": "Pow", "eq": "CmpEq", "gt": "CmpGt", "lt": "CmpLt", "erf": "Erf",
+                  "gelu": "Gelu", "gelutanh": "GeluTanh", "exp": "Exp", "log": "Log", "abs": "Abs", "neg": "Neg",
+                  "softplus": "Softplus"}
+
+
+@dataclass(frozen=True)
+class PointwiseLayer:
+    """cuDNN PointwiseLayer (graph API): one pointwise node, operands broadcast into ``out``."""
+
+    op: Cpp
+    binary: bool
+    rank: int
+    a: Dims
+    b: Dims
+    out: Dims
+
+
+def pointwise_row(alg: str, a: Dims, b: Dims | None, out: Dims) -> PointwiseLayer:
+    """A pointwise node of ``alg`` over A (and B for a binary op)."""
+    rank = max(4, len(out))  # the frontend broadcasts either operand into the output
+    return PointwiseLayer(op=Cpp("PointwiseOp::" + _POINTWISE_OPS[alg]), binary=b is not None, rank=rank,
+                          a=dims8(a, rank, 1), b=dims8(b, rank, 1) if b is not None else dims8((), 0, 0),
+                          out=dims8(out, rank, 1))
+
+
+def _pointwise_cudnn(p: BinaryProblem, api: str) -> PointwiseLayer:
+    a, b = p.shapes
+    return pointwise_row(p.alg, a, b, p.out)
+
+
+CUDNN_BINARY = CudnnTable("binary", "add_binary", False, False)
+CUDNN_POINTWISE_TABLE = CudnnTable("pointwise", "add_pointwise", False, False)
+
+BINARY = Family("binary", BinaryProblem, tuple(_BINARY), _binary_build,
+                cudnn_api=_cudnn_api, onednn_api=_onednn_api,
+                cudnn={**{api: CudnnLowering(CUDNN_BINARY, _cudnn_row)
+                          for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")},
+                       CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE, _pointwise_cudnn)},
+                onednn=OnednnLowering("binary", False, _onednn_row))
+FAMILIES = (BINARY,)

@@ -1,0 +1,214 @@
+"""Convolution and transposed convolution (ONNX Conv, ConvTranspose), 2-D NCHW."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, present, required
+from .grammar import F, Problem, windowed
+
+AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+                  dilations: Sequence[int]) -> list[int]:
+    """ONNX-ordered pads (all begins, then all ends), resolving auto_pad as ONNX defines it."""
+    n = len(kernel)
+    auto = attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto, bytes):
+        auto = auto.decode()
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i in range(n):
+            out = math.ceil(spatial[i] / strides[i])
+            total = max((out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - spatial[i], 0)
+            small = total // 2
+            begin.append(small if auto == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        return begin + end
+    if auto == "VALID":
+        return [0] * 2 * n
+    return [int(p) for p in (attrs.get("pads") or [0] * 2 * n)]
+
+
+def _conv_build(view: NodeView) -> Problem:
+    x, w = required(view, 0), required(view, 1)
+    y = view.outputs[0]
+    a = view.attrs
+    mb, ic, ih, iw = x.shape
+    oc, _, kh, kw = w.shape
+    k = tuple(a.get("kernel_shape") or (kh, kw))
+    s = tuple(a.get("strides") or (1, 1))
+    d = tuple(a.get("dilations") or (1, 1))
+    pt, pl, pb, pr = explicit_pads(a, (ih, iw), k, s, d)
+    return ConvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
+                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=int(a.get("group", 1)),
+                       bias=present(view, 2))
+
+
+def _deconv_build(view: NodeView) -> Problem:
+    """ONNX ConvTranspose. Its begin pads are the given ones (or auto_pad's/output_shape's
+    split of the total); its end pads are what makes the inferred output come out, so
+    output_padding and output_shape need no fields of their own."""
+    x, w = required(view, 0), required(view, 1)
+    y = view.outputs[0]
+    a = view.attrs
+    mb, ic, ih, iw = x.shape
+    g = int(a.get("group", 1))
+    k = tuple(a.get("kernel_shape") or w.shape[2:])
+    s = tuple(a.get("strides") or (1, 1))
+    d = tuple(a.get("dilations") or (1, 1))
+    out = y.shape[2:]
+    total = [s[i] * ((ih, iw)[i] - 1) + (k[i] - 1) * d[i] + 1 - out[i] for i in range(2)]
+    auto = a.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER") or (a.get("output_shape") and not a.get("pads")):
+        begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+    elif auto == "VALID":
+        begin = [0, 0]
+    else:
+        begin = [int(p) for p in (a.get("pads") or [0, 0, 0, 0])[:2]]
+    return DeconvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=w.shape[1] * g, oh=out[0], ow=out[1], kh=k[0], kw=k[1],
+                         sh=s[0], sw=s[1], pt=begin[0], pl=begin[1], pb=total[0] - begin[0], pr=total[1] - begin[1],
+                         dh=d[0], dw=d[1], g=g, bias=present(view, 2))
+
+
+# --- the problem records -------------------------------------------------------------------
+
+def pads() -> tuple[F, ...]:
+    return (F("ph", "pt"), F("pw", "pl"), F("pb", "pb", same="pt"), F("pr", "pr", same="pl"))
+
+
+@dataclass(frozen=True)
+class _Conv2d(Problem):
+    """The fields of a 2-D convolution (NCHW) and of its transpose; pads top/left/bottom/right."""
+
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("mb", "mb"),), (F("ic", "ic"), F("ih", "ih"), F("iw", "iw")),
+        (F("oc", "oc"), F("oh", "oh"), F("ow", "ow")), (F("kh", "kh"), F("kw", "kw")),
+        (F("sh", "sh"), F("sw", "sw")), pads(), (F("dh", "dh"), F("dw", "dw")), (F("g", "g"),),
+        (F("bias", "bias", "bool"),))
+
+    mb: int
+    ic: int
+    ih: int
+    iw: int
+    oc: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    pb: int
+    pr: int
+    dh: int
+    dw: int
+    g: int
+    bias: bool
+
+    def flops(self) -> int:
+        """2 per multiply-add, and the bias's add per output element."""
+        return 2 * self.macs() + (self.mb * self.oc * self.oh * self.ow if self.bias else 0)
+
+
+@dataclass(frozen=True)
+class ConvProblem(_Conv2d):
+    """2-D convolution (NCHW), as cuDNN and oneDNN take it."""
+
+    FAMILY: ClassVar[str] = "conv"
+
+    def macs(self) -> int:
+        return self.mb * self.oc * self.oh * self.ow * (self.ic // self.g) * self.kh * self.kw
+
+    def compulsory_bytes(self, inputs: int, outputs: int) -> int:
+        return windowed(inputs, (self.kh, self.kw), (self.sh, self.sw)) + outputs
+
+
+@dataclass(frozen=True)
+class DeconvProblem(_Conv2d):
+    """2-D transposed convolution (ONNX ConvTranspose, oneDNN deconvolution): the same fields
+    as a convolution's, read from the output's side; the end pads are what makes the output
+    size come out (ONNX's output_padding included)."""
+
+    FAMILY: ClassVar[str] = "deconv"
+
+    def macs(self) -> int:
+        return self.mb * self.ic * self.ih * self.iw * (self.oc // self.g) * self.kh * self.kw
+
+
+
+# --- lowerings -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvParams:
+    """oneDNN ConvParams (a deconvolution's too)."""
+
+    mb: int
+    ic: int
+    ih: int
+    iw: int
+    oc: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    g: int
+
+
+def onednn_row(p: _Conv2d, api: str) -> ConvParams:
+    return ConvParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, oc=p.oc, oh=p.oh, ow=p.ow, kh=p.kh, kw=p.kw, sh=p.sh,
+                      sw=p.sw, pt=p.pt, pl=p.pl, dh=p.dh, dw=p.dw, g=p.g)
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    """cuDNN ConvLayer."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    pad_t: int
+    pad_l: int
+    pad_b: int
+    pad_r: int
+    stride_h: int
+    stride_w: int
+    dil_h: int
+    dil_w: int
+    groups: int
+    out_h: int
+    out_w: int
+    bias: bool
+
+
+def cudnn_row(p: ConvProblem, api: str) -> ConvLayer:
+    return ConvLayer(n=p.mb, c=p.ic, h=p.ih, w=p.iw, k=p.oc, r=p.kh, s=p.kw, pad_t=p.pt, pad_l=p.pl, pad_b=p.pb,
+                     pad_r=p.pr, stride_h=p.sh, stride_w=p.sw, dil_h=p.dh, dil_w=p.dw, groups=p.g, out_h=p.oh,
+                     out_w=p.ow, bias=p.bias)
+
+
+CUDNN_CONV = CudnnTable("conv", "add_conv", spatial=True, math=True)
+
+CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, is_4d,
+              cudnn_api=const("cudnnConvolutionForward"), onednn_api=const("convolution"),
+              cudnn={"cudnnConvolutionForward": CudnnLowering(CUDNN_CONV, cudnn_row, "kConvForward")},
+              onednn=OnednnLowering("conv", True, onednn_row, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)))
+# cuDNN has a backward-data convolution, but the benchmarks do not run it: not covered there
+DECONV = Family("deconv", DeconvProblem, ("ConvTranspose",), _deconv_build, is_4d,
+                onednn_api=const("deconvolution"), onednn=OnednnLowering("deconv", True, onednn_row))
+FAMILIES = (CONV, DECONV)

@@ -1,0 +1,303 @@
+"""Data movement: Transpose, Concat, and the copies no library has a primitive for (Slice, Split,
+Gather, Expand, Where, Trilu), each benchmarked as a copy of the same bytes, never as free."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import (
+    CudnnLowering,
+    CudnnTable,
+    Dims,
+    DimsList,
+    Family,
+    NodeView,
+    OnednnLowering,
+    const,
+    dims8,
+    present,
+    required,
+    word,
+)
+from .grammar import FLOAT_DTYPES, F, Problem
+
+
+@dataclass(frozen=True)
+class ConcatProblem(Problem):
+    FAMILY: ClassVar[str] = "concat"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ((F("axis", "axis"),), (F("in", "shapes", "shapes"),))
+
+    axis: int
+    shapes: tuple[tuple[int, ...], ...]
+
+    def flops(self) -> int:
+        return 0  # data movement: its cost is bytes
+
+
+
+@dataclass(frozen=True)
+class TransposeProblem(Problem):
+    """ONNX Transpose: a real copy of the input into the permuted layout (``perm`` as ONNX's)."""
+
+    FAMILY: ClassVar[str] = "transpose"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ((F("in", "shape", "dims"),), (F("perm", "perm", "dims"),))
+
+    shape: tuple[int, ...]
+    perm: tuple[int, ...]
+
+    def flops(self) -> int:
+        return 0  # a copy: its cost is bytes
+
+
+@dataclass(frozen=True)
+class CopyProblem(Problem):
+    """Pure data movement that no library has a primitive for (Slice, Split, Gather, Expand,
+    Where, Trilu): benchmarked as a copy of the same bytes, never as free.
+
+    ``how``: ``region``: each output is a box of the input (``src``) at ``offsets``, read with
+    the input's strides and written densely (Slice with unit steps, Split, a Gather of constant
+    indices); ``dense``: the outputs' bytes copied from buffers of their own shape (Expand,
+    Where, Trilu, a strided Slice: what they write, read as if contiguous). ``op`` names the ONNX
+    op the copy stands for. ``outs`` are the boxes in ``src``'s rank (a Gather's output with its
+    gathered axis kept as 1: the same bytes)."""
+
+    FAMILY: ClassVar[str] = "copy"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("", "op", "word"),), (F("", "how", "word"),), (F("in", "src", "dims", None),),
+        (F("out", "outs", "shapes"),), (F("at", "offsets", "shapes"),))
+
+    op: str
+    how: str
+    src: tuple[int, ...] | None
+    outs: tuple[tuple[int, ...], ...]
+    offsets: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def moved_elements(self) -> int:
+        """Elements written (and read): the outputs' sizes."""
+        return sum(math.prod(o) for o in self.outs)
+
+    def flops(self) -> int:
+        return 0  # a copy: its cost is bytes
+
+    def compulsory_bytes(self, inputs: int, outputs: int) -> int:
+        """What it writes, read once: a slice or gather skips the rest of its input; Expand,
+        Where and Trilu read no more than they write from buffers of the output's shape."""
+        return 2 * outputs
+
+
+
+# --- recognition ---------------------------------------------------------------------------
+
+def _concat_build(view: NodeView) -> Problem:
+    rank = len(view.outputs[0].shape)
+    axis = int(view.attrs["axis"])
+    axis = axis + rank if axis < 0 else axis
+    return ConcatProblem(axis, tuple(tuple(t.shape) for t in view.inputs if t is not None))
+
+
+
+def _transpose_build(view: NodeView) -> Problem:
+    shape = tuple(required(view, 0).shape)
+    perm = tuple(int(a) for a in view.attrs.get("perm") or reversed(range(len(shape))))
+    return TransposeProblem(shape, perm)
+
+
+
+
+# Gather/Slice/Split index values beyond this many regions are copied as dense outputs.
+_MAX_REGIONS = 64
+
+
+def _float_data(view: NodeView) -> bool:
+    return bool(view.outputs) and all(o.dtype in FLOAT_DTYPES for o in view.outputs)
+
+
+def _slice_window(view: NodeView) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
+    """(box, start) of a Slice in its input's rank, and whether every step is 1; None when a
+    start, end, axis or step is a run-time tensor."""
+    shape = required(view, 0).shape
+    rank = len(shape)
+    if view.opset < 10:
+        starts, ends = view.attrs.get("starts"), view.attrs.get("ends")
+        axes, steps = view.attrs.get("axes"), None
+    else:
+        got = [view.value(i) if present(view, i) else None for i in range(1, 5)]
+        if got[0] is None or got[1] is None or any(present(view, i) and got[i - 1] is None for i in (3, 4)):
+            return None
+        starts, ends, axes, steps = (None if g is None else [int(x) for x in g.reshape(-1)] for g in got)
+    if starts is None or ends is None:
+        return None
+    axes = list(axes) if axes is not None else list(range(len(starts)))
+    steps = list(steps) if steps is not None else [1] * len(starts)
+    box, start = list(shape), [0] * rank
+    for a, b, e, st in zip(axes, starts, ends, steps):
+        a = a + rank if a < 0 else a
+        first, _, step = slice(b, e, st).indices(shape[a])
+        box[a] = len(range(*slice(b, e, st).indices(shape[a])))
+        start[a] = first
+        if step != 1:
+            return tuple(box), tuple(start), False
+    return tuple(box), tuple(start), True
+
+
+def _copy_build(view: NodeView) -> Problem:
+    op = word(view.op)
+    outs = tuple(tuple(o.shape) for o in view.outputs)
+    dense = CopyProblem(op, "dense", None, outs)
+    src = tuple(required(view, 0).shape)
+    rank = len(src)
+    if view.op == "Slice":
+        window = _slice_window(view)
+        if window is None or not window[2]:
+            return dense
+        return CopyProblem(op, "region", src, (window[0],), (window[1],))
+    if view.op == "Split":
+        axis = int(view.attrs.get("axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        at, boxes, offsets = 0, [], []
+        for o in outs:
+            offsets.append(tuple(at if i == axis else 0 for i in range(rank)))
+            boxes.append(o)
+            at += o[axis]
+        return CopyProblem(op, "region", src, tuple(boxes), tuple(offsets))
+    if view.op == "Gather":
+        idx = view.value(1)
+        axis = int(view.attrs.get("axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        if idx is None or idx.size > _MAX_REGIONS:
+            return dense
+        box = tuple(1 if i == axis else d for i, d in enumerate(src))
+        starts = tuple(tuple((int(j) + src[axis] if j < 0 else int(j)) if i == axis else 0 for i in range(rank))
+                       for j in idx.reshape(-1))
+        return CopyProblem(op, "region", src, (box,) * len(starts), starts)
+    return dense  # Expand, Where, Trilu
+
+
+def _copy_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, CopyProblem)
+    # one cudnnTransformTensor per output (the runtime's table holds up to 8 of rank up to 8)
+    ranks = [len(o) for o in p.outs] + [len(p.src or ())]
+    return "cudnnTransformTensor" if 1 <= len(p.outs) <= 8 and max(ranks) <= 8 and min(ranks[:-1]) >= 1 else None
+
+
+def _transpose_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, TransposeProblem)
+    # the copy family's cudnnTransformTensor, its source read through permuted strides
+    return "cudnnTransformTensor" if 1 <= len(p.shape) <= 8 else None
+
+
+def _concat_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, ConcatProblem)
+    # the copy family's cudnnTransformTensor, one per input, each written into its box of the output
+    return "cudnnTransformTensor" if 1 <= len(p.shapes) <= 8 and 1 <= len(p.shapes[0]) <= 8 else None
+
+
+def _copy_onednn(p: Problem) -> str | None:
+    assert isinstance(p, CopyProblem)
+    # a reorder per output, labelled: no oneDNN primitive computes these ops themselves
+    return "reorder_copy" if all(1 <= len(o) <= 6 for o in p.outs) else None
+
+
+def _copy_when(view: NodeView) -> bool:
+    """Data movement on float data; on integers and booleans it is shape arithmetic or a mask,
+    which no library computes on (and, with static shapes, frameworks fold at load time). Where's
+    first input is its boolean condition."""
+    return _float_data(view) and (view.op == "Where" or required(view, 0).dtype in FLOAT_DTYPES)
+
+
+# --- lowerings -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConcatParams:
+    """oneDNN ConcatParams."""
+
+    axis: int
+    inputs: DimsList
+
+
+@dataclass(frozen=True)
+class TransposeParams:
+    """oneDNN TransposeParams."""
+
+    shape: Dims
+    perm: Dims
+
+
+@dataclass(frozen=True)
+class CopyParams:
+    """oneDNN CopyParams: ``region``: the outputs are boxes of ``src`` at ``offsets``."""
+
+    op: str
+    region: bool
+    src: Dims
+    outs: DimsList
+    offsets: DimsList
+
+
+@dataclass(frozen=True)
+class CopyLayer:
+    """cuDNN CopyLayer: ``count`` cudnnTransformTensor copies between boxes of ``src`` (``into``:
+    each input written into its box of the output), dims padded to the runtime's 8."""
+
+    region: bool
+    into: bool
+    rank: int
+    count: int
+    src: Dims
+    outs: DimsList
+    at: DimsList
+    perm: Dims
+
+
+def _copy_layer(src: Dims, outs: DimsList, offsets: DimsList, perm: Dims, region: bool, into: bool) -> CopyLayer:
+    rank = max([4, len(src)] + [len(o) for o in outs])
+    lead = rank - len(src)  # the leading 1s keep their places; the permuted dims shift past them
+    boxes = tuple(dims8(o, rank, 1) for o in outs) + (dims8((), 0, 0),) * (8 - len(outs))
+    starts = tuple(dims8(a, rank, 0) for a in offsets) + (dims8((), 0, 0),) * (8 - len(offsets))
+    order = tuple(range(lead)) + tuple(a + lead for a in perm)
+    return CopyLayer(region=region, into=into, rank=rank, count=len(outs), src=dims8(src, rank, 1), outs=boxes,
+                     at=starts, perm=order + (0,) * (8 - rank))
+
+
+def _transpose_copy(p: TransposeProblem, api: str) -> CopyLayer:
+    """One box, the whole input, read in the permuted order."""
+    return _copy_layer(p.shape, (tuple(p.shape[a] for a in p.perm),), ((0,) * len(p.shape),), p.perm, True, False)
+
+
+def _concat_copy(p: ConcatProblem, api: str) -> CopyLayer:
+    """Each input written into its box of the output."""
+    at_axis = [sum(s[p.axis] for s in p.shapes[:i]) for i in range(len(p.shapes))]
+    src = p.shapes[0][:p.axis] + (at_axis[-1] + p.shapes[-1][p.axis],) + p.shapes[0][p.axis + 1:]
+    offsets = tuple(tuple(at if d == p.axis else 0 for d in range(len(src))) for at in at_axis)
+    return _copy_layer(src, p.shapes, offsets, tuple(range(len(src))), True, True)
+
+
+def _copy_copy(p: CopyProblem, api: str) -> CopyLayer:
+    src = p.src or ()
+    return _copy_layer(src, p.outs, p.offsets, tuple(range(len(src))), p.how == "region", False)
+
+
+CUDNN_COPY = CudnnTable("copy", "add_copy", False, False)
+
+CONCAT = Family("concat", ConcatProblem, ("Concat",), _concat_build, cudnn_api=_concat_cudnn,
+                onednn_api=const("concat"),
+                cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _concat_copy)},
+                onednn=OnednnLowering("concat", False, lambda p, api: ConcatParams(axis=p.axis, inputs=p.shapes),
+                                      spatial_if=lambda p: all(len(s) == 4 for s in p.shapes),
+                                      fills=lambda p: tuple(range(len(p.shapes)))))
+TRANSPOSE = Family("transpose", TransposeProblem, ("Transpose",), _transpose_build, cudnn_api=_transpose_cudnn,
+                   onednn_api=const("reorder"),
+                   cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _transpose_copy)},
+                   onednn=OnednnLowering("transpose", False,
+                                         lambda p, api: TransposeParams(shape=p.shape, perm=p.perm),
+                                         fills=lambda p: (0,)))
+COPY = Family("copy", CopyProblem, ("Slice", "Split", "Gather", "Expand", "Trilu", "Where"), _copy_build,
+              _copy_when, cudnn_api=_copy_cudnn, onednn_api=_copy_onednn,
+              cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _copy_copy)},
+              onednn=OnednnLowering("copy", False, lambda p, api: CopyParams(
+                  op=p.op, region=p.how == "region", src=p.src or (), outs=p.outs, offsets=p.offsets)),
+              dtype=lambda view: view.outputs[0].dtype)
+FAMILIES = (CONCAT, TRANSPOSE, COPY)

@@ -1,0 +1,304 @@
+"""Element-wise unary ops: activations (ONNX Relu, Sigmoid, Tanh, Elu, Clip, LeakyRelu, Softplus,
+HardSigmoid, Exp, Log, Abs, Sqrt, Neg, Swish, HardSwish, Gelu, Erf), PRelu and Dropout; and the
+fused form of the erf GELU decomposition (``gelu_erf`` pattern of ``benanza.fusion``: one GELU
+of its Div's input)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import (
+    Cpp,
+    CudnnLowering,
+    CudnnTable,
+    Dims,
+    Family,
+    NodeView,
+    OnednnLowering,
+    PatternLowering,
+    const,
+    fold4,
+    present,
+    required,
+)
+from .binary import CUDNN_BINARY, CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE, BinaryLayer, BinaryProblem, pointwise_row
+from .grammar import FLT_MAX, F, Problem, f32
+
+
+@dataclass(frozen=True)
+class EltwiseProblem(Problem):
+    """An element-wise activation. ``alpha``/``beta`` where the op has them (else None);
+    ``min``/``max`` for Clip (±FLT_MAX: unbounded; None: a run-time tensor)."""
+
+    FAMILY: ClassVar[str] = "eltwise"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("", "alg", "word"),), (F("in", "shape", "dims"),),
+        (F("alpha", "alpha", "float", None), F("beta", "beta", "float", None),
+         F("min", "min", "bound", -FLT_MAX), F("max", "max", "bound", FLT_MAX)))
+
+    alg: str
+    shape: tuple[int, ...]
+    alpha: float | None = None
+    beta: float | None = None
+    min: float | None = -FLT_MAX
+    max: float | None = FLT_MAX
+
+    def flops(self) -> int:
+        return math.prod(self.shape)  # one function evaluation per element
+
+
+@dataclass(frozen=True)
+class PreluProblem(Problem):
+    FAMILY: ClassVar[str] = "prelu"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ((F("in", "shape", "dims"),), (F("slope", "slope", "dims"),))
+
+    shape: tuple[int, ...]
+    slope: tuple[int, ...]
+
+    def flops(self) -> int:
+        return math.prod(self.shape)
+
+
+
+@dataclass(frozen=True)
+class DropoutProblem(Problem):
+    """Dropout. At inference (``training`` false) it is the identity: the ratio changes nothing
+    and is not part of the problem."""
+
+    FAMILY: ClassVar[str] = "dropout"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("in", "shape", "dims"),), (F("ratio", "ratio", "float", None),), (F("train", "training", "flag", False),))
+
+    shape: tuple[int, ...]
+    ratio: float | None = None
+    training: bool = False
+
+    @property
+    def identity(self) -> bool:
+        return not self.training
+
+    def flops(self) -> int:
+        return math.prod(self.shape) if self.training else 0  # training: the mask's multiply
+
+
+
+
+# --- recognition ---------------------------------------------------------------------------
+
+# alg word, attributes in the key, cuDNN activation mode (None: no cuDNN call), oneDNN alg
+_ELTWISE = {
+    "Relu": ("relu", (), "CUDNN_ACTIVATION_RELU", "eltwise_relu"),
+    "Sigmoid": ("sigmoid", (), "CUDNN_ACTIVATION_SIGMOID", "eltwise_logistic"),
+    "Tanh": ("tanh", (), "CUDNN_ACTIVATION_TANH", "eltwise_tanh"),
+    "Elu": ("elu", ("alpha",), "CUDNN_ACTIVATION_ELU", "eltwise_elu"),
+    "Clip": ("clip", ("min", "max"), "CUDNN_ACTIVATION_CLIPPED_RELU", "eltwise_clip"),
+    "LeakyRelu": ("leakyrelu", ("alpha",), None, "eltwise_relu"),
+    "Softplus": ("softplus", (), None, "eltwise_soft_relu"),
+    "HardSigmoid": ("hardsigmoid", ("alpha", "beta"), None, "eltwise_hardsigmoid"),
+    "Exp": ("exp", (), None, "eltwise_exp"),
+    "Log": ("log", (), None, "eltwise_log"),
+    "Abs": ("abs", (), None, "eltwise_abs"),
+    "Sqrt": ("sqrt", (), None, "eltwise_sqrt"),
+    "Neg": ("neg", (), None, "eltwise_linear"),
+    "Swish": ("swish", ("alpha",), "CUDNN_ACTIVATION_SWISH", "eltwise_swish"),
+    "HardSwish": ("hardswish", (), None, "eltwise_hardswish"),
+    "Gelu": ("gelu", (), None, "eltwise_gelu_erf"),  # approximate="tanh" is alg gelutanh
+    "Erf": ("erf", (), None, None),  # oneDNN has no erf alone (its GELU is the erf form)
+}
+_CUDNN_ACTIVATION = {alg: mode for alg, _, mode, _ in _ELTWISE.values()}
+
+_ELTWISE_DEFAULTS = {"LeakyRelu": {"alpha": 0.01}, "Elu": {"alpha": 1.0},
+                     "HardSigmoid": {"alpha": 0.2, "beta": 0.5}, "Swish": {"alpha": 1.0}}
+
+
+def _clip_bounds(view: NodeView) -> tuple[float | None, float | None]:
+    """Clip's (min, max): ±FLT_MAX when unbounded, None when a run-time tensor."""
+    if view.opset < 11:
+        return _bound(view.attrs.get("min", -FLT_MAX)), _bound(view.attrs.get("max", FLT_MAX))
+    bounds: list[float | None] = []
+    for i, default in ((1, -FLT_MAX), (2, FLT_MAX)):
+        if present(view, i):
+            v = view.value(i)
+            bounds.append(_bound(v.reshape(-1)[0]) if v is not None else None)
+        else:
+            bounds.append(default)
+    return bounds[0], bounds[1]
+
+
+def _bound(x: float) -> float:
+    x = float(x)
+    return math.copysign(FLT_MAX, x) if abs(x) >= FLT_MAX else f32(x)
+
+
+def _eltwise_build(view: NodeView) -> Problem:
+    alg, names, _, _ = _ELTWISE[view.op]
+    shape = tuple(required(view, 0).shape)
+    if view.op == "Clip":
+        lo, hi = _clip_bounds(view)
+        return EltwiseProblem(alg, shape, min=lo, max=hi)
+    if view.op == "Gelu" and view.attrs.get("approximate", "none") == "tanh":
+        alg = "gelutanh"
+    defaults = _ELTWISE_DEFAULTS.get(view.op, {})
+    coef = {n: f32(view.attrs.get(n, defaults[n])) for n in names}
+    return EltwiseProblem(alg, shape, alpha=coef.get("alpha"), beta=coef.get("beta"))
+
+
+
+
+# element-wise ops the cuDNN legacy API lacks, each one pointwise node of the graph API
+CUDNN_POINTWISE_UNARY = ("erf", "gelu", "gelutanh", "exp", "log", "abs", "neg", "softplus")
+
+
+def _cudnn_api(p: Problem) -> str | None:
+    assert isinstance(p, EltwiseProblem)
+    if p.alg == "clip" and not (p.min == 0.0 and p.max is not None and p.max < FLT_MAX):
+        return None  # cuDNN's CLIPPED_RELU is clip(x, 0, ceiling) only
+    if p.alg == "sqrt":
+        return "cudnnOpTensor"  # its one unary op besides NOT: CUDNN_OP_TENSOR_SQRT
+    if p.alg in CUDNN_POINTWISE_UNARY and 1 <= len(p.shape) <= 8:
+        return CUDNN_POINTWISE
+    return "cudnnActivationForward" if _CUDNN_ACTIVATION.get(p.alg) else None
+
+
+def _onednn_api(p: Problem) -> str | None:
+    assert isinstance(p, EltwiseProblem)
+    return None if p.alg in _NO_ONEDNN_ALG else "eltwise"
+
+
+_NO_ONEDNN_ALG = {alg for alg, _, _, dnnl in _ELTWISE.values() if dnnl is None}
+
+
+def _prelu_build(view: NodeView) -> Problem:
+    return PreluProblem(tuple(required(view, 0).shape), tuple(required(view, 1).shape))
+
+
+
+def _dropout_build(view: NodeView) -> Problem:
+    """Dropout drops only in training: opset 12+'s training_mode input (a run-time tensor counts
+    as training, since it may be), opsets ≤ 6's is_test=0; opsets 7–11 have no training mode."""
+    shape = tuple(required(view, 0).shape)
+    if view.opset >= 12:
+        training = False
+        if present(view, 2):
+            mode = view.value(2)
+            training = mode is None or bool(mode.reshape(-1)[0])
+        v = view.value(1) if present(view, 1) else None
+        ratio = float(v.reshape(-1)[0]) if v is not None else 0.5
+    else:
+        training = view.opset < 7 and not int(view.attrs.get("is_test", 0))
+        ratio = float(view.attrs.get("ratio", 0.5))
+    return DropoutProblem(shape, f32(ratio), True) if training else DropoutProblem(shape)
+
+
+def _dropout_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, DropoutProblem)
+    return "cudnnDropoutForward" if p.training else None  # inference: the identity, nothing to run
+
+
+# --- lowerings -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EltwiseParams:
+    """oneDNN EltwiseParams."""
+
+    alg: str
+    shape: Dims
+    alpha: float
+    beta: float
+
+
+def _onednn_row(p: EltwiseProblem, api: str) -> EltwiseParams:
+    if p.alg == "clip":  # a run-time bound (None) is NaN in the runtime's tables
+        alpha, beta = (float("nan") if b is None else b for b in (p.min, p.max))
+    else:
+        alpha, beta = p.alpha or 0.0, p.beta or 0.0
+    return EltwiseParams(alg=p.alg, shape=p.shape, alpha=alpha, beta=beta)
+
+
+# eltwise alg → (runtime mode, the parameter cuDNN's coefficient takes)
+_ACTIVATIONS = {"relu": ("Relu", None), "sigmoid": ("Sigmoid", None), "tanh": ("Tanh", None),
+                "elu": ("Elu", "alpha"), "clip": ("ClippedRelu", "max"), "swish": ("Swish", "alpha")}
+
+
+@dataclass(frozen=True)
+class ActLayer:
+    """cuDNN ActLayer (cudnnActivationForward) over an N, C, H, W view."""
+
+    mode: Cpp
+    n: int
+    c: int
+    h: int
+    w: int
+    coef: float
+
+
+def _activation_row(p: EltwiseProblem, api: str) -> ActLayer:
+    mode, coef = _ACTIVATIONS[p.alg]
+    n, c, h, w = fold4(p.shape)
+    return ActLayer(mode=Cpp("ActMode::" + mode), n=n, c=c, h=h, w=w, coef=getattr(p, coef) if coef else 0.0)
+
+
+def _sqrt_row(p: EltwiseProblem, api: str) -> BinaryLayer:
+    """Sqrt: cudnnOpTensor's unary op, B ignored."""
+    dims = fold4(p.shape) + (0,)
+    return BinaryLayer(op=Cpp("BinaryOp::Sqrt"), swapped=False, rank=4, a=dims, b=dims, out=dims)
+
+
+@dataclass(frozen=True)
+class PreluParams:
+    """oneDNN PreluParams."""
+
+    shape: Dims
+    slope: Dims
+
+
+@dataclass(frozen=True)
+class DropoutLayer:
+    """cuDNN DropoutLayer (training dropout only: at inference it is the identity)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    ratio: float
+
+
+def _dropout_row(p: DropoutProblem, api: str) -> DropoutLayer:
+    n, c, h, w = fold4(p.shape)
+    assert p.ratio is not None  # a training dropout keeps its ratio (inference is not benchmarked)
+    return DropoutLayer(n=n, c=c, h=h, w=w, ratio=p.ratio)
+
+
+ELTWISE = Family("eltwise", EltwiseProblem, tuple(_ELTWISE), _eltwise_build,
+                 cudnn_api=_cudnn_api, onednn_api=_onednn_api,
+                 cudnn={"cudnnActivationForward": CudnnLowering(CudnnTable("activation", "add_activation", False,
+                                                                           False),
+                                                                _activation_row),
+                        "cudnnOpTensor": CudnnLowering(CUDNN_BINARY, _sqrt_row),
+                        CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE,
+                                                       lambda p, api: pointwise_row(p.alg, p.shape, None, p.shape))},
+                 onednn=OnednnLowering("eltwise", False, _onednn_row, fills=lambda p: (0,)))
+PRELU = Family("prelu", PreluProblem, ("PRelu",), _prelu_build, onednn_api=const("prelu"),
+               onednn=OnednnLowering("prelu", False, lambda p, api: PreluParams(shape=p.shape, slope=p.slope),
+                                     fills=lambda p: (0, 1)))
+DROPOUT = Family("dropout", DropoutProblem, ("Dropout",), _dropout_build, cudnn_api=_dropout_cudnn,
+                 cudnn={"cudnnDropoutForward": CudnnLowering(CudnnTable("dropout", "add_dropout", False, False),
+                                                             _dropout_row)})
+FAMILIES = (ELTWISE, PRELU, DROPOUT)
+
+
+def _gelu_of(p: BinaryProblem, api: str) -> EltwiseParams:
+    """The erf GELU decomposition, from its Div: one GELU of its input."""
+    return EltwiseParams(alg="gelu", shape=p.out, alpha=0.0, beta=0.0)
+
+
+def _gelu_pointwise(p: BinaryProblem, api: str) -> object:
+    """cuDNN runs it as its Div's pointwise node with the call that applies GELU to A."""
+    a, b = p.shapes
+    return pointwise_row(p.alg, a, b, p.out)
+
+
+PATTERNS = (PatternLowering("gelu_erf", onednn=("eltwise", _gelu_of),
+                            cudnn=CudnnLowering(CUDNN_POINTWISE_TABLE, _gelu_pointwise, "kGeluOfA")),)

@@ -1,0 +1,256 @@
+"""Normalisations: batch normalization, LRN and layer normalization (ONNX BatchNormalization,
+LRN, LayerNormalization), and the fused form of the LayerNorm decomposition (``layernorm``
+pattern of ``benanza.fusion``: benchmarked as one layer normalization on its first ReduceMean's
+problem)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from .base import (
+    CudnnLowering,
+    CudnnTable,
+    Dims,
+    Family,
+    NodeView,
+    OnednnLowering,
+    PatternLowering,
+    const,
+    nchw,
+    present,
+    required,
+)
+from .grammar import F, Problem, f32
+from .reduce import ReduceProblem
+
+# the cuDNN graph API's layer norm (runtime_cpp/cudnn/graph.cpp)
+CUDNN_LAYERNORM = "cudnn_frontend.layernorm"
+
+
+@dataclass(frozen=True)
+class BnormProblem(Problem):
+    """Batch normalization over an (N, C, H, W) view. ``per_activation``: ONNX ``spatial=0``
+    (statistics per C×H×W element); ``training``: ``training_mode=1`` (batch statistics)."""
+
+    FAMILY: ClassVar[str] = "bnorm"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("mb", "mb"), F("ic", "ic"), F("ih", "ih"), F("iw", "iw")), (F("eps", "eps", "float"),),
+        (F("peract", "per_activation", "flag", False),), (F("train", "training", "flag", False),))
+
+    mb: int
+    ic: int
+    ih: int
+    iw: int
+    eps: float
+    per_activation: bool = False
+    training: bool = False
+
+    def flops(self) -> int:
+        """(x − mean) / √(var + ε) · γ + β: 4 per element, plus the statistics in training
+        (sum, subtract, square, sum: 4 more)."""
+        return (8 if self.training else 4) * self.mb * self.ic * self.ih * self.iw
+
+
+@dataclass(frozen=True)
+class LrnProblem(Problem):
+    FAMILY: ClassVar[str] = "lrn"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("mb", "mb"), F("ic", "ic"), F("ih", "ih"), F("iw", "iw")), (F("ls", "size"),),
+        (F("alpha", "alpha", "float"), F("beta", "beta", "float"), F("k", "k", "float")))
+
+    mb: int
+    ic: int
+    ih: int
+    iw: int
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+    def flops(self) -> int:
+        """Per element: the window's squares and their sum (2·size), then k + α/size·Σ, its
+        power and the division."""
+        return (2 * self.size + 3) * self.mb * self.ic * self.ih * self.iw
+
+
+
+@dataclass(frozen=True)
+class LnormProblem(Problem):
+    """ONNX LayerNormalization (opset 17): normalise over the dims from ``axis`` on, then scale
+    and (``bias``) shift. Those dims are contiguous, so a library sees one normalised axis."""
+
+    FAMILY: ClassVar[str] = "lnorm"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("in", "shape", "dims"),), (F("axis", "axis"),), (F("eps", "eps", "float"),),
+        (F("bias", "bias", "bool"),))
+
+    shape: tuple[int, ...]
+    axis: int
+    eps: float
+    bias: bool
+
+    def flops(self) -> int:
+        """Per element: the mean's sum, the subtraction, the square, the variance's sum, the
+        normalising multiply and the scale (6), the shift (1 more with a bias); per normalised
+        row: the two divisions by its length, + ε and the reciprocal square root (4)."""
+        rows = math.prod(self.shape[:self.axis])
+        return (7 if self.bias else 6) * math.prod(self.shape) + 4 * rows
+
+
+
+# --- recognition ---------------------------------------------------------------------------
+
+def _bnorm_build(view: NodeView) -> Problem:
+    mb, ic, ih, iw = nchw(required(view, 0).shape)
+    a = view.attrs
+    # spatial (opsets < 9): 0 keeps statistics per C×H×W element; training_mode (opset 14+)
+    # normalises with the batch's own statistics.
+    return BnormProblem(mb=mb, ic=ic, ih=ih, iw=iw, eps=f32(a.get("epsilon", 1e-5)),
+                        per_activation=view.opset < 9 and not int(a.get("spatial", 1)),
+                        training=bool(int(a.get("training_mode", 0))))
+
+
+def _inference_bnorm(api: str) -> Callable[[Problem], str | None]:
+    def pick(p: Problem) -> str | None:
+        assert isinstance(p, BnormProblem)
+        return None if p.per_activation or p.training else api  # the benchmarks run spatial inference
+    return pick
+
+
+def _lrn_build(view: NodeView) -> Problem:
+    mb, ic, ih, iw = nchw(required(view, 0).shape)
+    a = view.attrs
+    return LrnProblem(mb=mb, ic=ic, ih=ih, iw=iw, size=int(a["size"]), alpha=f32(a.get("alpha", 1e-4)),
+                      beta=f32(a.get("beta", 0.75)), k=f32(a.get("bias", 1.0)))
+
+
+
+def _lnorm_build(view: NodeView) -> Problem:
+    shape = tuple(required(view, 0).shape)
+    axis = int(view.attrs.get("axis", -1))
+    return LnormProblem(shape, axis + len(shape) if axis < 0 else axis, f32(view.attrs.get("epsilon", 1e-5)),
+                        present(view, 2))
+
+
+
+# --- lowerings -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BnormParams:
+    """oneDNN BnormParams."""
+
+    mb: int
+    ic: int
+    ih: int
+    iw: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class BnormLayer:
+    """cuDNN BnormLayer."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class LrnParams:
+    """oneDNN LrnParams."""
+
+    mb: int
+    ic: int
+    ih: int
+    iw: int
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+
+@dataclass(frozen=True)
+class LrnLayer:
+    """cuDNN LrnLayer."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+
+@dataclass(frozen=True)
+class LnormParams:
+    """oneDNN LnormParams."""
+
+    shape: Dims
+    axis: int
+    eps: float
+    bias: bool
+
+
+@dataclass(frozen=True)
+class LnormLayer:
+    """cuDNN LnormLayer (graph API): rows × cols, normalised over cols."""
+
+    rows: int
+    cols: int
+    eps: float
+    bias: bool
+
+
+def _lnorm_onednn(p: LnormProblem, api: str) -> LnormParams:
+    return LnormParams(shape=p.shape, axis=p.axis, eps=p.eps, bias=p.bias)
+
+
+def _lnorm_cudnn(p: LnormProblem, api: str) -> LnormLayer:
+    return LnormLayer(rows=math.prod(p.shape[:p.axis]), cols=math.prod(p.shape[p.axis:]), eps=p.eps, bias=p.bias)
+
+
+def _decomposition(p: ReduceProblem) -> LnormProblem:
+    """The layer normalization the LayerNorm decomposition computes, from its first ReduceMean
+    (over trailing axes), with scale and shift; its epsilon, an Add of a constant, changes no
+    work: the ONNX default stands in."""
+    return LnormProblem(p.shape, p.axes[0], 1e-5, True)
+
+
+CUDNN_LNORM = CudnnTable("lnorm", "add_lnorm", False, False)
+
+BNORM = Family("bnorm", BnormProblem, ("BatchNormalization",), _bnorm_build,
+               lambda v: 2 <= len(required(v, 0).shape) <= 4 and len(v.outputs) == 1,
+               cudnn_api=_inference_bnorm("cudnnBatchNormalizationForwardInference"),
+               onednn_api=_inference_bnorm("batch_normalization"),
+               cudnn={"cudnnBatchNormalizationForwardInference": CudnnLowering(
+                   CudnnTable("bnorm", "add_bnorm", True, False),
+                   lambda p, api: BnormLayer(n=p.mb, c=p.ic, h=p.ih, w=p.iw, eps=p.eps))},
+               # the runtime fills src, mean, variance, scale, shift
+               onednn=OnednnLowering("bnorm", True,
+                                     lambda p, api: BnormParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, eps=p.eps),
+                                     fills=lambda p: (0, 3, 4, 1, 2)))
+LRN = Family("lrn", LrnProblem, ("LRN",), _lrn_build, lambda v: 2 <= len(required(v, 0).shape) <= 4,
+             cudnn_api=const("cudnnLRNCrossChannelForward"), onednn_api=const("lrn"),
+             cudnn={"cudnnLRNCrossChannelForward": CudnnLowering(
+                 CudnnTable("lrn", "add_lrn", True, False),
+                 lambda p, api: LrnLayer(n=p.mb, c=p.ic, h=p.ih, w=p.iw, size=p.size, alpha=p.alpha, beta=p.beta,
+                                         k=p.k))},
+             onednn=OnednnLowering("lrn", True, lambda p, api: LrnParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw,
+                                                                          size=p.size, alpha=p.alpha, beta=p.beta,
+                                                                          k=p.k),
+                                   fills=lambda p: (0,)))
+# The optional Mean/InvStdDev outputs are training statistics: only the inference form is a layer.
+LNORM = Family("lnorm", LnormProblem, ("LayerNormalization",), _lnorm_build, lambda v: len(v.outputs) == 1,
+               cudnn_api=const(CUDNN_LAYERNORM), onednn_api=const("layer_normalization"),
+               cudnn={CUDNN_LAYERNORM: CudnnLowering(CUDNN_LNORM, _lnorm_cudnn)},
+               onednn=OnednnLowering("lnorm", False, _lnorm_onednn, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)))
+FAMILIES = (BNORM, LRN, LNORM)
+
+PATTERNS = (PatternLowering("layernorm", onednn=("lnorm", lambda p, api: _lnorm_onednn(_decomposition(p), api)),
+                            cudnn=CudnnLowering(CUDNN_LNORM, lambda p, api: _lnorm_cudnn(_decomposition(p), api))),)

@@ -1,0 +1,252 @@
+"""The op registry: every family has a FLOP formula, keys that print back to themselves and a
+lowering for every call a backend claims; generated code does not depend on model order."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from benanza.cli import main
+from benanza.fusion import BY_NAME as FUSION_PATTERNS
+from benanza.fusion import NODE_FINDERS
+from benanza.layers import TensorSpec
+from benanza.ops.base import NodeView
+from benanza.ops.registry import FAMILIES, PATTERN_LOWERINGS, PROBLEM_TYPES, build_layer, parse_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden"
+
+
+def _t(*shape: int, dtype: str = "f32") -> TensorSpec:
+    return TensorSpec(tuple(shape), dtype)
+
+
+def _view(op: str, inputs, outputs, attrs=None, values=None, opset: int = 17) -> NodeView:
+    values = values or {}
+    return NodeView(op, tuple(inputs), tuple(outputs), attrs or {},
+                    {i: (lambda v=v: v) for i, v in values.items()},
+                    tuple(i in values for i in range(len(inputs))), opset)
+
+
+# One node per family, as the processor would see it after shape inference; every family of
+# the registry must appear (test_every_family_has_an_example).
+EXAMPLES = {
+    "conv": _view("Conv", [_t(1, 8, 9, 9), _t(16, 8, 3, 3), _t(16)], [_t(1, 16, 9, 9)],
+                  {"pads": [1, 1, 1, 1]}),
+    "deconv": _view("ConvTranspose", [_t(1, 8, 5, 5), _t(8, 4, 3, 3)], [_t(1, 4, 7, 7)]),
+    "pool": _view("MaxPool", [_t(1, 8, 8, 8)], [_t(1, 8, 4, 4)], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    "bnorm": _view("BatchNormalization", [_t(2, 8, 4, 4), _t(8), _t(8), _t(8), _t(8)], [_t(2, 8, 4, 4)]),
+    "lrn": _view("LRN", [_t(1, 8, 4, 4)], [_t(1, 8, 4, 4)], {"size": 5}),
+    "lnorm": _view("LayerNormalization", [_t(2, 6, 32), _t(32), _t(32)], [_t(2, 6, 32)]),
+    "eltwise": _view("Relu", [_t(2, 16)], [_t(2, 16)]),
+    "prelu": _view("PRelu", [_t(1, 8, 4, 4), _t(8, 1, 1)], [_t(1, 8, 4, 4)]),
+    "dropout": _view("Dropout", [_t(4, 16), _t(), _t(dtype="b")], [_t(4, 16)],
+                     values={1: np.array(0.25, np.float32), 2: np.array(True)}),
+    "binary": _view("Add", [_t(2, 16), _t(16)], [_t(2, 16)]),
+    "gemm": _view("Gemm", [_t(4, 32), _t(16, 32), _t(16)], [_t(4, 16)], {"transB": 1}),
+    "matmul": _view("MatMul", [_t(3, 4, 32), _t(3, 32, 8)], [_t(3, 4, 8)]),
+    "softmax": _view("Softmax", [_t(2, 10)], [_t(2, 10)]),
+    "reduce": _view("ReduceMean", [_t(2, 6, 32)], [_t(2, 6, 1)], {"axes": [-1]}, opset=17),
+    "concat": _view("Concat", [_t(1, 4, 3, 3), _t(1, 2, 3, 3)], [_t(1, 6, 3, 3)], {"axis": 1}),
+    "transpose": _view("Transpose", [_t(2, 3, 4)], [_t(4, 3, 2)]),
+    "copy": _view("Expand", [_t(1, 16), _t(2, dtype="i64")], [_t(8, 16)], values={1: np.array([8, 16])}),
+    "rnn": _view("LSTM", [_t(5, 2, 8), _t(1, 64, 8), _t(1, 64, 16), _t(1, 128)], [_t(5, 1, 2, 16)],
+                 {"hidden_size": 16}),
+    "resample": _view("Resize", [_t(1, 4, 8, 8), None, _t(4)], [_t(1, 4, 16, 16)], {"mode": "linear"},
+                      values={2: np.array([1, 1, 2, 2], np.float32)}),
+    "attention": _view("Attention", [_t(1, 2, 8, 16), _t(1, 2, 8, 16), _t(1, 2, 8, 16)], [_t(1, 2, 8, 16)],
+                       opset=23),
+}
+
+
+def test_every_family_has_an_example() -> None:
+    assert {f.name for f in FAMILIES} == set(EXAMPLES)
+
+
+def test_no_two_families_share_a_name_or_a_record() -> None:
+    assert len({f.name for f in FAMILIES}) == len(FAMILIES)
+    assert len(PROBLEM_TYPES) == len(FAMILIES)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_family_recognises_builds_and_round_trips(family) -> None:
+    view = EXAMPLES[family.name]
+    assert view.op in family.ops and family.when(view)
+    layer = build_layer(view)
+    p = layer.problem
+    assert isinstance(p, family.problem) and p.family == family.name
+    # a FLOP formula of its own: the generic fallback (None) is for ops no family models
+    flops = p.flops()
+    assert isinstance(flops, int) and flops >= 0
+    # the key grammar: parse(print(k)) == k, through the registry's parser
+    text = p.text()
+    assert parse_problem(text) == p and parse_problem(text).text() == text
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_every_claimed_call_has_a_lowering(family) -> None:
+    """A call a family names on a backend has that backend's lowering, whose row is a typed
+    record of named fields; a family with no call there is not covered there, explicitly."""
+    view = EXAMPLES[family.name]
+    layer = build_layer(view)
+    api = layer.cudnn_api
+    if api is not None:
+        lowering = family.cudnn.get(api)
+        assert lowering is not None, f"{family.name} names {api} but has no cuDNN lowering for it"
+        row = lowering.row(layer.problem, api)
+        assert dataclasses.is_dataclass(row) and dataclasses.fields(row)
+    else:
+        assert family.name in ("prelu", "deconv", "resample") or not family.cudnn
+    for lowering in family.cudnn.values():
+        assert lowering.table.name and lowering.table.add.startswith("add_")
+    if layer.onednn_primitive is not None:
+        assert family.onednn is not None, f"{family.name} names {layer.onednn_primitive} but has no oneDNN lowering"
+        row = family.onednn.row(layer.problem, layer.onednn_primitive)
+        assert dataclasses.is_dataclass(row) and dataclasses.fields(row)
+    else:
+        assert family.onednn is None
+
+
+def test_family_apis_match_lowerings_over_every_alg() -> None:
+    """The calls a family can name, over the variants of its problem, all have lowerings (an
+    eltwise op on each of its algs: the activation, OpTensor's sqrt and pointwise tables)."""
+    eltwise = next(f for f in FAMILIES if f.name == "eltwise")
+    for op in eltwise.ops:
+        view = _view(op, [_t(2, 16)], [_t(2, 16)], {"min": 0.0, "max": 6.0} if op == "Clip" else {}, opset=6
+                     if op == "Clip" else 17)
+        layer = build_layer(view)
+        if layer.cudnn_api is not None:
+            assert layer.cudnn_api in eltwise.cudnn, op
+        if layer.onednn_primitive is not None:
+            assert eltwise.onednn is not None
+    binary = next(f for f in FAMILIES if f.name == "binary")
+    for op in binary.ops:
+        layer = build_layer(_view(op, [_t(2, 16), _t(2, 16)], [_t(2, 16)]))
+        assert layer.cudnn_api is None or layer.cudnn_api in binary.cudnn, op
+
+
+def test_every_fusion_with_a_fused_form_is_lowered() -> None:
+    """Each DAG pattern has a node finder; each pattern lowered on a backend names a table the
+    backend has."""
+    for name, pattern in FUSION_PATTERNS.items():
+        if pattern.dag:
+            assert name in NODE_FINDERS
+    from benanza.backends import onednn
+    for lowering in PATTERN_LOWERINGS.values():
+        assert lowering.pattern in FUSION_PATTERNS
+        if lowering.onednn is not None:
+            assert lowering.onednn[0] in onednn.FAMILIES
+
+
+def test_lowering_rows_name_the_runtime_structs() -> None:
+    """Every row class is named for a struct the runtime declares, with its fields in order."""
+    headers = (ROOT / "runtime_cpp" / "onednn" / "benanza" / "onednn.hpp").read_text() + \
+        (ROOT / "runtime_cpp" / "cudnn" / "benanza_cudnn" / "tables.hpp").read_text()
+    seen = set()
+    for family in FAMILIES:
+        layer = build_layer(EXAMPLES[family.name])
+        rows = []
+        if family.onednn is not None and layer.onednn_primitive is not None:
+            rows.append(family.onednn.row(layer.problem, layer.onednn_primitive))
+        if layer.cudnn_api is not None:
+            rows.append(family.cudnn[layer.cudnn_api].row(layer.problem, layer.cudnn_api))
+        for row in rows:
+            name = type(row).__name__
+            seen.add(name)
+            assert f"struct {name} " in headers, name
+    assert len(seen) >= 25
+
+
+# --- generated code: order-independent, whole-file goldens -----------------------------------
+
+def _model(path: Path, names: tuple[str, ...]) -> Path:
+    """A tiny CNN + MLP: conv → relu → pool → flatten → gemm → softmax, with a per-model name."""
+    rng = np.random.default_rng(7)
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, s, rng.standard_normal(math.prod(s)).astype(np.float32))
+             for n, s in (("w", (4, 3, 3, 3)), ("b", (4,)), ("fc", (6, 64)), ("fb", (6,)))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name=names[0]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["g"], transB=1, name=names[1]),
+             helper.make_node("Softmax", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def _other(path: Path) -> Path:
+    """A second model whose layers differ from the first's: a transformer-ish MLP block."""
+    rng = np.random.default_rng(8)
+    inits = [helper.make_tensor("w1", TensorProto.FLOAT, (16, 32), rng.standard_normal(512).astype(np.float32)),
+             helper.make_tensor("b1", TensorProto.FLOAT, (32,), rng.standard_normal(32).astype(np.float32)),
+             helper.make_tensor("s", TensorProto.FLOAT, (32,), np.ones(32, np.float32)),
+             helper.make_tensor("t", TensorProto.FLOAT, (32,), np.zeros(32, np.float32))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m"]),
+             helper.make_node("Add", ["m", "b1"], ["a"]),
+             helper.make_node("Gelu", ["a"], ["g"], domain=""),
+             helper.make_node("LayerNormalization", ["g", "s", "t"], ["n"], axis=-1),
+             helper.make_node("Transpose", ["n"], ["y"], perm=[1, 0])]
+    graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+    return path
+
+
+def _generate(models: list[Path], out: Path, backend: str) -> dict[str, str]:
+    result = CliRunner().invoke(main, ["generate", *map(str, models), "--out", str(out), "--backend", backend])
+    assert result.exit_code == 0, result.output
+    folder = out / backend
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())
+            if p.is_file() and p.suffix in (".cpp", ".txt") and p.name != "CMakeLists.txt"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("models")
+    return [_model(root / "a.onnx", ("conv_a", "fc_a")), _other(root / "b.onnx")]
+
+
+@pytest.mark.parametrize("backend", ["onednn", "cudnn"])
+def test_generated_code_does_not_depend_on_model_order(models, tmp_path, backend) -> None:
+    forward = _generate(models, tmp_path / "ab", backend)
+    backward = _generate(models[::-1], tmp_path / "ba", backend)
+    assert forward and forward == backward
+
+
+@pytest.mark.parametrize("backend", ["onednn", "cudnn"])
+def test_generated_code_matches_golden(models, tmp_path, backend) -> None:
+    """Whole generated sources for the two small models. After an intended change, regenerate
+    with ``BENANZA_REGEN_GOLDEN=1 pytest tests/test_registry.py -k golden`` and review the diff."""
+    import os
+
+    got = _generate(models, tmp_path / "out", backend)
+    folder = GOLDEN / backend
+    if os.environ.get("BENANZA_REGEN_GOLDEN"):
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            old.unlink()
+        for name, text in got.items():
+            (folder / name).write_text(text)
+    want = {p.name: p.read_text() for p in sorted(folder.iterdir())}
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name] == want[name], f"{backend}/{name} differs from tests/fixtures/golden/{backend}/{name}"
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.onednn is not None and f.onednn.fills is not None],
+                         ids=lambda f: f.name)
+def test_reference_fills_name_the_nodes_inputs(family) -> None:
+    """A family's check hook names distinct inputs the node has, the data input first."""
+    view = EXAMPLES[family.name]
+    fills = family.onednn.fills(build_layer(view).problem)
+    assert fills[0] == 0 and len(set(fills)) == len(fills)
+    assert all(i < len(view.inputs) and view.inputs[i] is not None for i in fills)
