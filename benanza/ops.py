@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .errors import NodeError
 from .layers import FLOAT_DTYPES, Layer, TensorSpec
 from .problems import (FLT_MAX, RNN_DEFAULT_ACTIVATIONS, TYPED, AttentionProblem, BinaryProblem, BnormProblem,
                        ConcatProblem, ConvProblem, CopyProblem, DeconvProblem, DropoutProblem, EltwiseProblem,
@@ -72,11 +73,13 @@ def _io_bytes(view: NodeView) -> int:
     return sum(t.numel * ELEMENT_SIZE.get(t.dtype, 4) for t in tensors)
 
 
-def _input(view: NodeView, i: int) -> TensorSpec:
+def _input(view: NodeView, i: int, rank: int | None = None) -> TensorSpec:
     """An input the family cannot do without; ONNX lets only optional inputs be omitted."""
     t = view.inputs[i]
     if t is None:
-        raise ValueError(f"required input {i} of {view.op} is omitted")
+        raise NodeError(f"required input {i} is omitted")
+    if rank is not None and len(t.shape) != rank:
+        raise NodeError(f"input {i} has {len(t.shape)} dims, {view.op} here needs {rank}")
     return t
 
 
@@ -116,7 +119,7 @@ def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], st
 
 
 def _conv_build(view: NodeView) -> Problem:
-    x, w = _input(view, 0), _input(view, 1)
+    x, w = _input(view, 0), _input(view, 1, rank=4)
     y = view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
@@ -126,19 +129,26 @@ def _conv_build(view: NodeView) -> Problem:
     d = tuple(a.get("dilations") or (1, 1))
     pt, pl, pb, pr = explicit_pads(a, (ih, iw), k, s, d)
     return ConvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
-                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=int(a.get("group", 1)),
+                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=_group(a, ic),
                        bias=_present(view, 2))
+
+
+def _group(attrs: dict, channels: int) -> int:
+    g = int(attrs.get("group", 1))
+    if g < 1 or channels % g:
+        raise NodeError(f"group {g} does not divide the {channels} input channels")
+    return g
 
 
 def _deconv_build(view: NodeView) -> Problem:
     """ONNX ConvTranspose. Its begin pads are the given ones (or auto_pad's/output_shape's
     split of the total); its end pads are what makes the inferred output come out, so
     output_padding and output_shape need no fields of their own."""
-    x, w = _input(view, 0), _input(view, 1)
+    x, w = _input(view, 0), _input(view, 1, rank=4)
     y = view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
-    g = int(a.get("group", 1))
+    g = _group(a, ic)
     k = tuple(a.get("kernel_shape") or w.shape[2:])
     s = tuple(a.get("strides") or (1, 1))
     d = tuple(a.get("dilations") or (1, 1))

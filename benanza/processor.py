@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import BenanzaError, ModelError, ShapeError, UsageError
+from .errors import BenanzaError, ModelError, NodeError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, UniqueLayer
 from .ops import NodeView, build_layer
 
@@ -284,6 +284,16 @@ def _shape_proxy(model: onnx.ModelProto) -> onnx.ModelProto:
     if proxy.ir_version < 4:
         proxy.ir_version = 4  # IR 4 lets the kept initializers stand without a graph input
     return proxy
+
+
+def _check_names(model: onnx.ModelProto, path: Path) -> None:
+    """Protobuf hands a string field that is not valid UTF-8 back as bytes (or raises on reading
+    it): refused here, before code written for names compares or sorts them."""
+    g = model.graph
+    names = [n for node in g.node for n in (node.name, node.op_type, node.domain, *node.input, *node.output)]
+    names += [v.name for v in (*g.input, *g.output, *g.value_info, *g.initializer)]
+    if any(isinstance(n, bytes) for n in names):
+        raise ModelError(path, "a name in the model is not valid UTF-8 (corrupt file?)")
 
 
 def _check_claimed_sizes(model: onnx.ModelProto, path: Path) -> None:
@@ -561,7 +571,14 @@ class _Constants:
 
     def _add_tensor(self, name: str, t: onnx.TensorProto) -> None:
         self.specs[name] = TensorSpec(tuple(t.dims), DTYPE_NAMES.get(t.data_type, str(t.data_type)))
-        self._thunks[name] = lambda: numpy_helper.to_array(t, self.base_dir)
+        self._thunks[name] = lambda: self._read(name, t)
+
+    def _read(self, name: str, t: onnx.TensorProto) -> np.ndarray:
+        try:
+            return numpy_helper.to_array(t, self.base_dir)
+        except Exception as exc:  # noqa: BLE001 - ONNX's decoding of the file's bytes, like onnx.load
+            raise ModelError(self.path, f"tensor '{name}' ({_dims(t.dims)}): its data cannot "
+                                        f"be read ({type(exc).__name__}: {_first_line(exc)})") from None
 
     def __contains__(self, name: str) -> bool:
         return name in self.specs
@@ -697,12 +714,8 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
     opts = ProcessOptions(batch_size, tuple(sorted((input_shapes or {}).items())))
     try:
         return _process(model, p, opts, name)
-    except BenanzaError:
-        raise
-    except UnicodeDecodeError:
+    except UnicodeDecodeError:  # protobuf decodes a string field on first access
         raise ModelError(p, "a name or string in the model is not valid UTF-8 (corrupt file?)") from None
-    except Exception as exc:  # noqa: BLE001 - a malformed proto reaches code written for valid ones
-        raise ModelError(p, f"cannot be processed ({type(exc).__name__}: {_first_line(exc)})") from None
 
 
 def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | None) -> Model:
@@ -710,6 +723,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     opset = default_opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
+    _check_names(model, p)
     _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
@@ -732,34 +746,74 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     producer: dict[str, int] = {}
     interned: dict[str, Layer] = {}
     static: set[str] = set()  # outputs that are constants given the input shapes
-    node_name = "?"
-    try:
-        for proto in order:
-            if consts.fold(proto):
-                continue
-            index = len(nodes)
-            node_name = proto.name or f"{proto.op_type}_{index}"
-            view = _node_view(proto, opset, specs, consts, p, node_name, needed)
-            layer = build_layer(view)
-            layer = interned.setdefault(layer.key, layer)
-            constant = _constant_given_shapes(proto, lambda t: t in consts or t in static)
-            if constant:  # a free view of a constant is one too
-                static.update(o for o in proto.output if o)
-            data_in = tuple(i for i in proto.input if i and i not in consts)
-            for t in data_in:
-                if t in producer and producer[t] != index:
-                    edges.append((producer[t], index))
-            for t in proto.output:
-                if t:
-                    producer[t] = index
-            nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
-                              tuple(i for i in proto.input if i and i in consts), constant and not layer.free))
-    except BenanzaError:
-        raise
-    except Exception as exc:
-        raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
+    for proto in order:
+        if consts.fold(proto):
+            continue
+        index = len(nodes)
+        node_name = proto.name or f"{proto.op_type}_{index}"
+        try:
+            layer = build_layer(_node_view(proto, opset, specs, consts, p, node_name, needed))
+        except NodeError as exc:
+            raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {exc}") from None
+        except BenanzaError:
+            raise
+        except Exception:
+            _blame_node(proto, lambda t: consts.specs.get(t) or specs.get(t), opset, p, node_name)
+            raise  # ONNX accepts the node: the op code that failed on it is at fault
+        layer = interned.setdefault(layer.key, layer)
+        constant = _constant_given_shapes(proto, lambda t: t in consts or t in static)
+        if constant:  # a free view of a constant is one too
+            static.update(o for o in proto.output if o)
+        data_in = tuple(i for i in proto.input if i and i not in consts)
+        for t in data_in:
+            if t in producer and producer[t] != index:
+                edges.append((producer[t], index))
+        for t in proto.output:
+            if t:
+                producer[t] = index
+        nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
+                          tuple(i for i in proto.input if i and i in consts), constant and not layer.free))
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset)
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+_ELEM_TYPES = {name: elem for elem, name in DTYPE_NAMES.items()}
+
+
+def _blame_node(proto: onnx.NodeProto, spec_of: Callable[[str], TensorSpec | None], opset: int, path: Path,
+                name: str) -> None:
+    """Raises a ModelError when ONNX itself finds the node invalid: its checker (input counts,
+    attribute types) or its shape inference of this one node on the concrete input shapes
+    (weights whose rank does not fit the input, outputs of another shape than inferred).
+    Returns when ONNX accepts the node, or does not define its op."""
+    if proto.domain not in ("", "ai.onnx") or not onnx.defs.has(proto.op_type, opset):
+        return
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version = onnx.IR_VERSION
+    ctx.opset_imports = {"": opset}
+    types = {}
+    for t in proto.input:
+        spec = spec_of(t) if t else None
+        if spec is not None and spec.dtype in _ELEM_TYPES:
+            types[t] = onnx.helper.make_tensor_type_proto(_ELEM_TYPES[spec.dtype], spec.shape)
+    try:
+        onnx.checker.check_node(proto, ctx)
+        inferred = onnx.shape_inference.infer_node_outputs(
+            onnx.defs.get_schema(proto.op_type, opset), proto, types,
+            opset_imports=[onnx.helper.make_opsetid("", opset)])
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ModelError(path, f"node {name!r} ({proto.op_type}): {_first_line(exc)}") from None
+    for t, tp in inferred.items():
+        spec = _tensor_spec(onnx.helper.make_value_info(t, tp))
+        had = spec_of(t)
+        if spec is not None and had is not None and spec.shape != had.shape:
+            raise ModelError(path, f"node {name!r} ({proto.op_type}): output '{t}' is "
+                                   f"{_dims(had.shape)} in the graph, ONNX infers "
+                                   f"{_dims(spec.shape)} from the node's inputs")
 
 
 def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool]) -> bool:
