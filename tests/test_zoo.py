@@ -16,6 +16,7 @@ import onnx
 import pytest
 
 from benanza import zoo
+from benanza.errors import UsageError
 from benanza.processor import load_model, model_stats
 
 # Table I of the paper, transcribed independently of the registry: id -> (MACs, layers).
@@ -93,7 +94,7 @@ def test_registry_order_and_fields():
 
 def test_get_lookup():
     assert zoo.get("ResNet50-v1.onnx").id == 17
-    with pytest.raises(KeyError):
+    with pytest.raises(UsageError, match="unknown zoo model 'resnet51-v1'; known: "):
         zoo.get("resnet51-v1")
 
 
@@ -210,6 +211,6 @@ def test_build_all_writes_files(tmp_path):
 
 
 def test_build_all_rejects_unknown_names(tmp_path):
-    with pytest.raises(KeyError):
+    with pytest.raises(UsageError, match="unknown zoo model 'no-such-model'"):
         zoo.build_all(tmp_path, names=["lenet", "no-such-model"])
     assert not list(tmp_path.iterdir())  # validated before building anything
