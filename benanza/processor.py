@@ -462,7 +462,7 @@ def _static_values(model: onnx.ModelProto, inferred: onnx.ModelProto,
     values = dict(known)
     for t in graph.initializer:
         if math.prod(t.dims) <= _STATIC_MAX_ELEMENTS and t.data_location != onnx.TensorProto.EXTERNAL:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*_DECODE_ERRORS):  # unreadable: not folded; refused if an op reads it
                 values.setdefault(t.name, numpy_helper.to_array(t))
     order = _topological(list(graph.node), {i.name for i in graph.input} | {t.name for t in graph.initializer},
                          path)
@@ -555,6 +555,12 @@ def _tensor_spec(vi: onnx.ValueInfoProto) -> TensorSpec | None:
     return TensorSpec(tuple(dims), DTYPE_NAMES.get(tt.elem_type, str(tt.elem_type)))
 
 
+# What numpy_helper.to_array raises on a tensor whose bytes disagree with its dims or type
+# (ValueError), whose type is undefined (TypeError) or unknown (KeyError), or whose external
+# data file is missing (OSError).
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, OSError)
+
+
 class _Constants:
     """Constant tensors of a graph: their specs, and their values on demand."""
 
@@ -576,7 +582,7 @@ class _Constants:
     def _read(self, name: str, t: onnx.TensorProto) -> np.ndarray:
         try:
             return numpy_helper.to_array(t, self.base_dir)
-        except Exception as exc:  # noqa: BLE001 - ONNX's decoding of the file's bytes, like onnx.load
+        except _DECODE_ERRORS as exc:
             raise ModelError(self.path, f"tensor '{name}' ({_dims(t.dims)}): its data cannot "
                                         f"be read ({type(exc).__name__}: {_first_line(exc)})") from None
 
@@ -662,7 +668,7 @@ def attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict:
             for name, a in schema.attributes.items():
                 if a.default_value is not None and a.default_value.type != 0:
                     defaults[name] = onnx.helper.get_attribute_value(a.default_value)
-        except Exception:
+        except onnx.defs.SchemaError:
             pass  # ops of custom domains have no schema: their attributes stand as written
         _SCHEMA_DEFAULTS[key] = defaults
     attrs = dict(defaults)
