@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from .problems import (LayerKey, Problem, format_dims, format_number, key_hash, layer_key, parse_key,
                        parse_layer_key)
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["DTYPE_NAMES", "FLOAT_DTYPES", "LayerKey", "format_dims", "format_number", "key_hash", "parse_key",
            "TensorSpec", "Layer", "Node", "Model", "Occurrence", "UniqueLayer"]
@@ -38,7 +42,7 @@ class TensorSpec:
             n *= d
         return n
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"shape": list(self.shape), "dtype": self.dtype}
 
 
@@ -99,7 +103,7 @@ class Layer:
         follow it, integer and boolean ones (shape arithmetic, masks) keep their own."""
         return dtype if self.dtype in FLOAT_DTYPES else self.dtype
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "hash": self.hash,
@@ -117,7 +121,7 @@ class Layer:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Layer":
+    def from_json(cls, d: dict[str, Any]) -> "Layer":
         """The problem comes back from the key (``parse_layer_key`` inverts ``layer_key``)."""
         problem, dtype = parse_layer_key(d["key"])
         return cls(
@@ -187,7 +191,7 @@ class Model:
             out[src].append(dst)
         return out
 
-    def dag(self):
+    def dag(self) -> nx.DiGraph:
         """The layer DAG as a networkx DiGraph with integer node ids (node payload: ``node``)."""
         import networkx as nx
 
@@ -210,7 +214,7 @@ class UniqueLayer:
     layer: Layer
     occurrences: list[Occurrence] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = self.layer.to_json()
         d["occurrences"] = [
             {"model": o.model, "node": o.node, "index": o.index} for o in self.occurrences
@@ -218,7 +222,7 @@ class UniqueLayer:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "UniqueLayer":
+    def from_json(cls, d: dict[str, Any]) -> "UniqueLayer":
         return cls(
             Layer.from_json(d),
             [Occurrence(o["model"], o["node"], o["index"]) for o in d.get("occurrences", [])],

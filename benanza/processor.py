@@ -19,6 +19,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -148,12 +149,12 @@ def read_onnx(path: str | Path) -> onnx.ModelProto:
 def default_opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
-            return imp.version
+            return int(imp.version)
     return 0
 
 
 def _fix_input_shapes(model: onnx.ModelProto, inits: set[str], path: Path,
-                      opts: ProcessOptions) -> dict:
+                      opts: ProcessOptions) -> dict[str, tuple[int, ...]]:
     """Make every real graph input concrete: the batch size on its batch axis, user shapes elsewhere.
 
     ``inits`` are the original model's initializer names: IR < 4 lists weights as inputs too.
@@ -220,7 +221,7 @@ _BATCH_FIRST = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "Gl
 _RNNS = {"LSTM", "GRU", "RNN"}
 
 
-def batch_axis(graph: onnx.GraphProto, name: str, dims, path: Path, batch_size: int) -> int | None:
+def batch_axis(graph: onnx.GraphProto, name: str, dims: Sequence[Any], path: Path, batch_size: int) -> int | None:
     """The axis ``--batch-size`` sets on a graph input: the one its consumers document as the
     batch (dim 0 of a Conv input, dim 1 of a sequence-first LSTM input), else dim 0 when that is
     symbolic. A concrete dim 0 nothing documents as a batch is the model's own and stays."""
@@ -518,7 +519,7 @@ def _with_values(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.
 
 
 @contextlib.contextmanager
-def _quiet(logger_name: str):
+def _quiet(logger_name: str) -> Iterator[None]:
     logger = logging.getLogger(logger_name)
     old = logger.level
     logger.setLevel(logging.ERROR)
@@ -529,7 +530,7 @@ def _quiet(logger_name: str):
 
 
 @contextlib.contextmanager
-def _working_dir(path: str):
+def _working_dir(path: str) -> Iterator[None]:
     old = os.getcwd()
     os.chdir(path)
     try:
@@ -654,10 +655,10 @@ class _Constants:
         self._thunks[name] = lambda: arr
 
 
-_SCHEMA_DEFAULTS: dict[tuple[str, str, int], dict] = {}
+_SCHEMA_DEFAULTS: dict[tuple[str, str, int], dict[str, Any]] = {}
 
 
-def attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict:
+def attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict[str, Any]:
     """Node attributes with ONNX's defaults filled in, so omitted == explicit default."""
     key = (node.domain, node.op_type, opset)
     defaults = _SCHEMA_DEFAULTS.get(key)
@@ -906,7 +907,7 @@ class ModelStats:
     def covered_pct(self) -> float:
         return 100.0 * self.covered_layers / self.layers if self.layers else 0.0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model, "layers": self.layers, "unique_layers": self.unique_layers,
             "unique_pct": round(self.unique_pct, 2), "covered_layers": self.covered_layers,
@@ -914,6 +915,15 @@ class ModelStats:
             "folded_layers": self.folded_layers, "macs": self.macs,
             "ops": dict(self.ops), "not_covered": dict(self.not_covered),
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ModelStats:
+        """Inverse of ``to_json``; the percentages are derived, so not read back."""
+        return cls(model=d["model"], layers=int(d["layers"]), unique_layers=int(d["unique_layers"]),
+                   covered_layers=int(d["covered_layers"]), free_layers=int(d["free_layers"]),
+                   folded_layers=int(d["folded_layers"]), macs=int(d["macs"]),
+                   ops=tuple(sorted((str(k), int(v)) for k, v in d["ops"].items())),
+                   not_covered=tuple(sorted((str(k), int(v)) for k, v in d["not_covered"].items())))
 
 
 def node_stats(name: str, nodes: list[Node]) -> ModelStats:

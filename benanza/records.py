@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .errors import BenanzaError
 from .problems import Problem, layer_key, parse_layer_key
@@ -173,7 +173,7 @@ class Result:
     repetitions: int = 0
     workspace_bytes: int = 0
     implementation: str = ""  # oneDNN impl name, or the cuDNN algorithm actually run
-    metrics: dict = field(default_factory=dict, hash=False, compare=False)
+    metrics: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     timestamp: str = ""
     # Dispersion stayed above the run's threshold after the bounded re-measurements: the
     # median is stored, and every analysis that uses it says so.

@@ -152,7 +152,7 @@ def expected_count(manifest: Manifest, dtypes=2, layouts=2, maths=1) -> int:
         else:
             total += dtypes
     for f in manifest.fusions:
-        pattern = BY_NAME[f["pattern"]]
+        pattern = BY_NAME[f.pattern]
         if pattern.anchor == "Conv":
             total += (8 if pattern.activation == "relu" else 1) * combos_spatial
         elif pattern.anchor == "MatMul" and not pattern.attention:  # a GEMM epilogue: every heuristic rank
@@ -171,7 +171,7 @@ def test_every_family_is_covered(family_manifest):
         "cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor", "cudnnDropoutForward",
         "cublasSgemv", "cudnnSoftmaxForward", "cudnnRNNForward", "cublasGemmStridedBatchedEx",
         "cublasGemmEx", "cudnnTransformTensor", "cudnnReduceTensor"}
-    assert {f["pattern"] for f in family_manifest.fusions} == {"bias_relu", "bn_relu", "mm_bias_relu"}
+    assert {f.pattern for f in family_manifest.fusions} == {"bias_relu", "bn_relu", "mm_bias_relu"}
 
 
 def test_variant_counts_match_manifest(family_manifest):
@@ -209,7 +209,7 @@ def test_identity_fusion_uses_the_one_algorithm_cudnn_allows(save):
               [tensor("W", (4, 4, 3, 3)), tensor("B", (4,))])
     loaded = load_model(save(m))
     manifest = build_manifest([loaded], unique_layers([loaded]))
-    assert [f["pattern"] for f in manifest.fusions] == ["bias"]
+    assert [f.pattern for f in manifest.fusions] == ["bias"]
     fused = [v for v in _expand(manifest) if v.fusion == "bias"]
     assert {v.algo for v in fused} == set(cudnn.IDENTITY_ALGOS) == {"IMPLICIT_PRECOMP_GEMM"}
     assert len(fused) == 4
