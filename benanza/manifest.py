@@ -96,12 +96,14 @@ def read_manifest(path: str | Path) -> Manifest:
         raise FileProblem(p, "no manifest here: run `benanza generate MODELS --out DIR` first") from None
     except (OSError, ValueError) as exc:
         raise FileProblem(p, f"unreadable manifest ({exc})") from None
+    if not isinstance(data, dict):
+        raise FileProblem(p, f"not a manifest (a JSON {type(data).__name__}, not an object)")
     if data.get("version") != MANIFEST_VERSION:
         raise FileProblem(p, f"manifest version {data.get('version')!r}, expected {MANIFEST_VERSION}")
     try:
         return Manifest(data["batch_size"], [ManifestModel.from_json(d) for d in data["models"]],
                         [UniqueLayer.from_json(d) for d in data["layers"]],
                         [FusionCount.from_json(d) for d in data.get("fusions", [])])
-    except (KeyError, TypeError, ValueError) as exc:  # a field missing or of the wrong kind
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field missing or of the wrong kind
         raise FileProblem(p, f"malformed manifest ({type(exc).__name__}: {exc})") from None
 

@@ -118,10 +118,17 @@ def test_run_and_check_without_generated_benchmarks(files):
     assert not Path(files["nodb"]).exists()
 
 
-def test_a_corrupt_manifest(files):
-    (Path(files["dir"]) / "layers.json").write_text('{"version": 2, "layers": [')
+@pytest.mark.parametrize("text, problem", [
+    ('{"version": 2, "layers": [', "unreadable manifest (Expecting value"),
+    ("[1, 2]", "not a manifest (a JSON list, not an object)"),
+    ('{"version": 1}', "manifest version 1, expected 2"),
+    ('{"version": 2, "batch_size": 1, "models": [{}], "layers": []}', "malformed manifest (KeyError: 'path')"),
+    ('{"version": 2, "batch_size": 1, "models": [], "layers": [{"key": 5}]}', "malformed manifest"),
+])
+def test_a_corrupt_manifest(files, text, problem):
+    (Path(files["dir"]) / "layers.json").write_text(text)
     refused(["run", "--system", "box", "--bench-dir", files["dir"], "--backend", "onednn", "--db", files["nodb"]],
-            "layers.json: unreadable manifest")
+            f"{files['dir']}/layers.json: {problem}")
 
 
 @pytest.mark.parametrize("args, named", [
