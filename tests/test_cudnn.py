@@ -577,6 +577,7 @@ def _header_enum(path: Path, enum: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+)(?:\s+CUDNN_DEPRECATED_ENUM)?\s*=\s*(\d+)", body)}
 
 
+@pytest.mark.slow
 @NEED_TOOLCHAIN
 def test_status_tables_cover_every_code_of_the_installed_headers(host_checks):
     rows = [json.loads(line) for line in _run_host(host_checks, "tables").stdout.splitlines()]
@@ -613,6 +614,7 @@ def test_status_tables_cover_every_code_of_the_installed_headers(host_checks):
         assert verdict[name] == "failed", name
 
 
+@pytest.mark.slow
 @NEED_TOOLCHAIN
 def test_checks_store_status_names_and_refusals_only_as_unsupported(host_checks):
     codes = _header_enum(_wheel_dir("nvidia.cudnn") / "include" / "cudnn_graph.h", "cudnnStatus_t")
@@ -679,6 +681,7 @@ def test_repetitions_are_sized_by_gpu_time(host_checks):
     assert plan(0.0, 0.01, 5.0, 1000) == (1, 30.0)  # CUPTI mode: one call per iteration
 
 
+@pytest.mark.slow
 @NEED_TOOLCHAIN
 def test_sticky_error_aborts_and_the_runner_restarts_after_it(tmp_path):
     """The real runtime and check_cuda in a stand-in binary: the faulting benchmark is stored as
@@ -752,6 +755,7 @@ def test_gpu_kit_without_a_driver_stops_with_one_line(tmp_path):
     assert not (tmp_path / "kit").exists()
 
 
+@pytest.mark.slow
 def test_gpu_bundle_lists_the_wheels_and_the_deb_closure():
     done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-prepare.sh"), "--dry-run"], capture_output=True,
                           text=True, timeout=300, check=False)

@@ -37,6 +37,7 @@ def one_error_line(r) -> str:
     return next(ln for ln in lines if ln.startswith("error:"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["onnxruntime", "torch"])
 def test_profile_runs_a_dynamic_sequence_model_at_the_given_shape(tmp_path, dynamic_gpt, framework):
     out = tmp_path / "bundle"

@@ -194,6 +194,7 @@ def test_pure_views_are_free_not_uncovered(exported, backend):
 
 # --- MatMul with a broadcast weight ---------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("a", "b", "key", "macs"), [
     ((128, 1, 256), (256, 768), "matmul:a128x256_b256x768", 128 * 256 * 768),
     ((197, 1, 768), (768, 2304), "matmul:a197x768_b768x2304", 197 * 768 * 2304),  # ViT-B/16's qkv
@@ -378,6 +379,7 @@ def coverage_row(name: str, exporter: str, opset: int, counts: tuple[int, ...]) 
             f"{onednn} ({onednn / running:.0%}) | {cudnn} ({cudnn / running:.0%}) |")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "exporter", "opset"), sorted(COVERAGE))
 def test_exported_model_coverage(exported, name, exporter, opset):
     from pathlib import Path

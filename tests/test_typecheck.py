@@ -27,6 +27,7 @@ def test_mypy_clean():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 @needs_mypy
 def test_strict_modules_pass_mypy_strict():
     """The per-module flags in pyproject.toml stand for --strict: the listed modules pass it."""
