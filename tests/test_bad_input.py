@@ -216,3 +216,15 @@ def test_file_system_refusals_name_the_path(files, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     refused(["generate", files["net"], "--out", str(blocker / "out")], str(blocker))
+
+
+def test_a_failed_campaign_job_is_styled_not_printed_as_markup(capsys):
+    from benanza.campaign import JobReport
+    from benanza.cli import _print_job_reports
+
+    _print_job_reports([JobReport("a100", "42", "failed", "TIMEOUT", "time limit [1h] reached", 3, "/logs/42.err",
+                                  "last [/] line")])
+    err = capsys.readouterr().err
+    assert "[bold red]" not in err and "[/]" not in err.replace("last [/] line", "")
+    assert "a100: job 42 failed (TIMEOUT): time limit [1h] reached; 3 partial results merged; log: /logs/42.err" \
+        in err and "last [/] line" in err
