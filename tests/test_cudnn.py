@@ -642,6 +642,7 @@ def _cuda_errors_header() -> dict[str, tuple[int, str]]:
             for m in re.finditer(r"/\*\*(.*?)\*/\s*(cudaError\w+)\s*=\s*(\d+)", body, re.DOTALL)}
 
 
+@pytest.mark.slow
 @NEED_TOOLCHAIN
 def test_every_error_the_cuda_header_calls_fatal_aborts(host_checks):
     rows = [json.loads(line) for line in _run_host(host_checks, "tables").stdout.splitlines()]

@@ -406,6 +406,7 @@ def test_exported_model_coverage(exported, name, exporter, opset):
     assert got[3] >= 0.95 * len(running)  # issue 10's target, over the layers that run
 
 
+@pytest.mark.slow
 def test_generate_reports_the_folded_layers(exported, tmp_path):
     path = exported("gpt", 18, "dynamo", True)
     r = CliRunner().invoke(main, ["generate", str(path), "--input-shape", f"x=1x{SEQ}x{D_MODEL}", "--out",
@@ -432,6 +433,7 @@ def _every_value(path, feed: dict) -> dict:
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "exporter", "opset"), [("gpt", "torchscript", 17), ("encoder", "torchscript", 14),
                                                          ("gpt", "dynamic", 18), ("encoder", "dynamic", 18)])
 def test_folded_layers_are_exactly_the_constants_given_the_shapes(exported, name, exporter, opset):
@@ -474,6 +476,7 @@ def test_folded_layers_show_as_folded_not_uncovered(exported):
     assert only_folded and not only_folded & {u.layer.key for u in unique_layers([m])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "exporter", "opset", "pattern"), [
     ("encoder", "dynamo", 18, "sdpa_qk_scale"), ("vit", "dynamo", 18, "sdpa_qk_scale"),
     ("gpt", "dynamo", 18, "sdpa_qk_scale_mask"), ("gpt", "dynamic", 18, "sdpa_qk_scale_mask"),
