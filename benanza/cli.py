@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import sqlite3
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +40,14 @@ def print_warning(message: object) -> None:
     err_console.print(Text.assemble(("warning:", "yellow"), f" {message}"), highlight=False, soft_wrap=True)
 
 
+# Exit status of a bug in Benanza (sysexits' EX_SOFTWARE), apart from 1 for bad input.
+INTERNAL_ERROR_STATUS = 70
+
+
 class _Group(click.Group):
-    """Converts library errors into one clean line at the boundary, never a traceback."""
+    """The one error boundary: bad input (a BenanzaError) and the environment (a database the
+    library did not expect, a file system that refuses) become one clean line; anything else is
+    a bug in Benanza, said so in one line, with the traceback at -vv."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -47,9 +55,26 @@ class _Group(click.Group):
         except BenanzaError as exc:
             print_error(exc)
             sys.exit(1)
-        except sqlite3.Error as exc:  # a database the library did not expect; still one line
+        except sqlite3.Error as exc:
             print_error(f"performance database: {exc}")
             sys.exit(1)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # usage errors and exits: click prints and exits itself
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise  # click closes a broken pipe quietly
+            print_error(exc)  # names the file: "[Errno 13] Permission denied: 'out/layers.json'"
+            sys.exit(1)
+        except Exception as exc:  # noqa: BLE001 - the boundary: a bug, never a raw traceback
+            shown = ctx.params.get("verbose", 0) >= 2
+            if shown:
+                err_console.print(traceback.format_exc(), highlight=False, soft_wrap=True, end="")
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
+            err_console.print(Text.assemble(("internal error:", "bold red"), f" {type(exc).__name__}: {first} "
+                                            + ("(a bug in Benanza: traceback above)" if shown
+                                               else "(rerun with -vv for the traceback)")),
+                              highlight=False, soft_wrap=True)
+            sys.exit(INTERNAL_ERROR_STATUS)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -930,8 +955,9 @@ def _print_job_reports(reports) -> None:
                           f"{s.unsupported} unsupported, {s.failed} failed, {s.already} already measured; "
                           f"{r.added_results} results merged", highlight=False)
         else:
-            err_console.print(f"[bold red]{r.system}: job {r.job_id} failed[/] ({r.state or 'unknown state'}): "
-                              f"{r.message}; {r.added_results} partial results merged; log: {r.log_path}",
+            err_console.print(Text.assemble((f"{r.system}: job {r.job_id} failed", "bold red"),
+                                            f" ({r.state or 'unknown state'}): {r.message}; {r.added_results} "
+                                            f"partial results merged; log: {r.log_path}"),
                               highlight=False, soft_wrap=True)
             if r.log_tail:
                 err_console.print(r.log_tail, highlight=False, soft_wrap=True, markup=False)

@@ -26,6 +26,11 @@ class ShapeError(ModelError):
     """Shapes that cannot be made concrete (symbolic dims without a value, failed inference)."""
 
 
+class NodeError(BenanzaError):
+    """A node the op code cannot read (a required input omitted, a weight of the wrong rank):
+    the message says what is wrong; the processor adds the file and the node."""
+
+
 class LayerKeyError(BenanzaError):
     """A layer key string that does not follow the grammar."""
 

@@ -102,7 +102,7 @@ class Generated:
 def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -> list[Variant]:
     fusions: dict[str, list[str]] = {}
     for f in manifest.fusions:
-        fusions.setdefault(f["layer"], []).append(f["pattern"])
+        fusions.setdefault(f.layer, []).append(f.pattern)
     out: dict[str, Variant] = {}
     for u in manifest.layers:
         used = tuple(sorted(fusions.get(u.layer.key, []))) if options.fusion else ()

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from .ops.grammar import (FLOAT_DTYPES, LayerKey, Problem, format_dims, format_number, key_hash, layer_key,
                           parse_key)
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["DTYPE_NAMES", "FLOAT_DTYPES", "LayerKey", "format_dims", "format_number", "key_hash", "parse_key",
            "TensorSpec", "Layer", "Node", "Model", "Occurrence", "UniqueLayer", "Uncosted"]
@@ -35,7 +39,7 @@ class TensorSpec:
             n *= d
         return n
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"shape": list(self.shape), "dtype": self.dtype}
 
 
@@ -96,7 +100,7 @@ class Layer:
         follow it, integer and boolean ones (shape arithmetic, masks) keep their own."""
         return dtype if self.dtype in FLOAT_DTYPES else self.dtype
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "hash": self.hash,
@@ -114,7 +118,7 @@ class Layer:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Layer":
+    def from_json(cls, d: dict[str, Any]) -> "Layer":
         """The problem comes back from the key (``parse_layer_key`` inverts ``layer_key``)."""
         from .ops.registry import parse_layer_key  # the registry builds on these records
 
@@ -165,7 +169,7 @@ class Uncosted:
     op: str
     reason: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, str]:
         return {"node": self.name, "op": self.op, "reason": self.reason}
 
 
@@ -212,7 +216,7 @@ class Model:
             out[src].append(dst)
         return out
 
-    def dag(self):
+    def dag(self) -> nx.DiGraph:
         """The layer DAG as a networkx DiGraph with integer node ids (node payload: ``node``)."""
         import networkx as nx
 
@@ -235,7 +239,7 @@ class UniqueLayer:
     layer: Layer
     occurrences: list[Occurrence] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = self.layer.to_json()
         d["occurrences"] = [
             {"model": o.model, "node": o.node, "index": o.index} for o in self.occurrences
@@ -243,7 +247,7 @@ class UniqueLayer:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "UniqueLayer":
+    def from_json(cls, d: dict[str, Any]) -> "UniqueLayer":
         return cls(
             Layer.from_json(d),
             [Occurrence(o["model"], o["node"], o["index"]) for o in d.get("occurrences", [])],

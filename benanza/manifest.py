@@ -6,45 +6,73 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import FileProblem
 from .fusion import match_fusions
 from .layers import Model, UniqueLayer
-from .processor import model_stats
+from .processor import ModelStats, model_stats
 
 MANIFEST_VERSION = 2  # 2: layers carry typed problems (keys parse back), no params
 MANIFEST_NAME = "layers.json"
 
 
+@dataclass(frozen=True)
+class ManifestModel:
+    """One model of the manifest: where it was read from, and its layer statistics."""
+
+    path: str
+    stats: ModelStats
+
+    def to_json(self) -> dict[str, Any]:
+        return self.stats.to_json() | {"path": self.path}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ManifestModel:
+        return cls(d["path"], ModelStats.from_json(d))
+
+
+@dataclass(frozen=True)
+class FusionCount:
+    """How often a fusion pattern anchored at one layer occurs across the models."""
+
+    layer: str  # the anchor's layer key
+    pattern: str  # a FusionPattern name
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layer": self.layer, "pattern": self.pattern, "count": self.count}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FusionCount:
+        return cls(d["layer"], d["pattern"], int(d["count"]))
+
+
 @dataclass
 class Manifest:
     batch_size: int
-    models: list[dict]  # per-model statistics (ModelStats.to_json) plus path
+    models: list[ManifestModel]
     layers: list[UniqueLayer]
-    fusions: list[dict]  # {"layer": conv key, "pattern": FusionPattern name, "count": n}
+    fusions: list[FusionCount]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "version": MANIFEST_VERSION,
             "batch_size": self.batch_size,
-            "models": self.models,
+            "models": [m.to_json() for m in self.models],
             "layers": [u.to_json() for u in self.layers],
-            "fusions": self.fusions,
+            "fusions": [f.to_json() for f in self.fusions],
         }
 
 
 def build_manifest(models: list[Model], uniques: list[UniqueLayer]) -> Manifest:
     batch = models[0].batch_size if models else 1
-    entries = []
-    for m in models:
-        d = model_stats(m).to_json()
-        d["path"] = m.path
-        entries.append(d)
+    entries = [ManifestModel(m.path, model_stats(m)) for m in models]
     counts: Counter[tuple[str, str]] = Counter()
     for m in models:
         for match in match_fusions(m):
             counts[(match.conv_key, match.pattern.name)] += 1
-    fusions = [{"layer": k, "pattern": p, "count": n} for (k, p), n in sorted(counts.items())]
+    fusions = [FusionCount(k, p, n) for (k, p), n in sorted(counts.items())]
     return Manifest(batch, entries, uniques, fusions)
 
 
@@ -68,8 +96,14 @@ def read_manifest(path: str | Path) -> Manifest:
         raise FileProblem(p, "no manifest here: run `benanza generate MODELS --out DIR` first") from None
     except (OSError, ValueError) as exc:
         raise FileProblem(p, f"unreadable manifest ({exc})") from None
+    if not isinstance(data, dict):
+        raise FileProblem(p, f"not a manifest (a JSON {type(data).__name__}, not an object)")
     if data.get("version") != MANIFEST_VERSION:
         raise FileProblem(p, f"manifest version {data.get('version')!r}, expected {MANIFEST_VERSION}")
-    return Manifest(data["batch_size"], data["models"],
-                    [UniqueLayer.from_json(d) for d in data["layers"]], data.get("fusions", []))
+    try:
+        return Manifest(data["batch_size"], [ManifestModel.from_json(d) for d in data["models"]],
+                        [UniqueLayer.from_json(d) for d in data["layers"]],
+                        [FusionCount.from_json(d) for d in data.get("fusions", [])])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field missing or of the wrong kind
+        raise FileProblem(p, f"malformed manifest ({type(exc).__name__}: {exc})") from None
 

@@ -343,8 +343,8 @@ class PerfDB:
         """Stores the manifest's models, their layers and where each layer occurs."""
         self.upsert_layers(u.layer for u in manifest.layers)
         stamp = now()
-        models = [{"name": m["model"], "batch_size": manifest.batch_size,
-                   "path": m.get("path", ""), "stats": json.dumps(m, sort_keys=True), "recorded": stamp}
+        models = [{"name": m.stats.model, "batch_size": manifest.batch_size,
+                   "path": m.path, "stats": json.dumps(m.to_json(), sort_keys=True), "recorded": stamp}
                   for m in manifest.models]
         occ = [{"model": o.model, "batch_size": manifest.batch_size, "node": o.node, "idx": o.index,
                 "layer_key": u.layer.key} for u in manifest.layers for o in u.occurrences]

@@ -20,13 +20,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import BenanzaError, ModelError, ShapeError, UsageError
-from .control_flow import inline_control_flow
+from .control_flow import TakenBranch, inline_control_flow
+from .errors import BenanzaError, ModelError, NodeError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
 from .ops.base import NodeView
 from .ops.registry import build_layer
@@ -158,12 +159,12 @@ def read_onnx(path: str | Path) -> onnx.ModelProto:
 def default_opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
-            return imp.version
+            return int(imp.version)
     return 0
 
 
 def _fix_input_shapes(model: onnx.ModelProto, inits: set[str], path: Path,
-                      opts: ProcessOptions) -> dict:
+                      opts: ProcessOptions) -> dict[str, tuple[int, ...]]:
     """Make every real graph input concrete: the batch size on its batch axis, user shapes elsewhere.
 
     ``inits`` are the original model's initializer names: IR < 4 lists weights as inputs too.
@@ -230,7 +231,7 @@ _BATCH_FIRST = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "Gl
 _RNNS = {"LSTM", "GRU", "RNN"}
 
 
-def batch_axis(graph: onnx.GraphProto, name: str, dims, path: Path, batch_size: int) -> int | None:
+def batch_axis(graph: onnx.GraphProto, name: str, dims: Sequence[Any], path: Path, batch_size: int) -> int | None:
     """The axis ``--batch-size`` sets on a graph input: the one its consumers document as the
     batch (dim 0 of a Conv input, dim 1 of a sequence-first LSTM input), else dim 0 when that is
     symbolic. A concrete dim 0 nothing documents as a batch is the model's own and stays."""
@@ -294,6 +295,16 @@ def _shape_proxy(model: onnx.ModelProto) -> onnx.ModelProto:
     if proxy.ir_version < 4:
         proxy.ir_version = 4  # IR 4 lets the kept initializers stand without a graph input
     return proxy
+
+
+def _check_names(model: onnx.ModelProto, path: Path) -> None:
+    """Protobuf hands a string field that is not valid UTF-8 back as bytes (or raises on reading
+    it): refused here, before code written for names compares or sorts them."""
+    g = model.graph
+    names = [n for node in g.node for n in (node.name, node.op_type, node.domain, *node.input, *node.output)]
+    names += [v.name for v in (*g.input, *g.output, *g.value_info, *g.initializer)]
+    if any(isinstance(n, bytes) for n in names):
+        raise ModelError(path, "a name in the model is not valid UTF-8 (corrupt file?)")
 
 
 def _check_claimed_sizes(model: onnx.ModelProto, path: Path) -> None:
@@ -462,7 +473,7 @@ def _static_values(model: onnx.ModelProto, inferred: onnx.ModelProto,
     values = dict(known)
     for t in graph.initializer:
         if math.prod(t.dims) <= _STATIC_MAX_ELEMENTS and t.data_location != onnx.TensorProto.EXTERNAL:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*_DECODE_ERRORS):  # unreadable: not folded; refused if an op reads it
                 values.setdefault(t.name, numpy_helper.to_array(t))
     order = _topological(list(graph.node), {i.name for i in graph.input} | {t.name for t in graph.initializer},
                          path)
@@ -518,7 +529,7 @@ def _with_values(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.
 
 
 @contextlib.contextmanager
-def _quiet(logger_name: str):
+def _quiet(logger_name: str) -> Iterator[None]:
     logger = logging.getLogger(logger_name)
     old = logger.level
     logger.setLevel(logging.ERROR)
@@ -529,7 +540,7 @@ def _quiet(logger_name: str):
 
 
 @contextlib.contextmanager
-def _working_dir(path: str):
+def _working_dir(path: str) -> Iterator[None]:
     old = os.getcwd()
     os.chdir(path)
     try:
@@ -555,6 +566,12 @@ def _tensor_spec(vi: onnx.ValueInfoProto) -> TensorSpec | None:
     return TensorSpec(tuple(dims), DTYPE_NAMES.get(tt.elem_type, str(tt.elem_type)))
 
 
+# What numpy_helper.to_array raises on a tensor whose bytes disagree with its dims or type
+# (ValueError), whose type is undefined (TypeError) or unknown (KeyError), or whose external
+# data file is missing (OSError).
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, OSError)
+
+
 class _Constants:
     """Constant tensors of a graph: their specs, and their values on demand."""
 
@@ -571,7 +588,14 @@ class _Constants:
 
     def _add_tensor(self, name: str, t: onnx.TensorProto) -> None:
         self.specs[name] = TensorSpec(tuple(t.dims), DTYPE_NAMES.get(t.data_type, str(t.data_type)))
-        self._thunks[name] = lambda: numpy_helper.to_array(t, self.base_dir)
+        self._thunks[name] = lambda: self._read(name, t)
+
+    def _read(self, name: str, t: onnx.TensorProto) -> np.ndarray:
+        try:
+            return numpy_helper.to_array(t, self.base_dir)
+        except _DECODE_ERRORS as exc:
+            raise ModelError(self.path, f"tensor '{name}' ({_dims(t.dims)}): its data cannot "
+                                        f"be read ({type(exc).__name__}: {_first_line(exc)})") from None
 
     def __contains__(self, name: str) -> bool:
         return name in self.specs
@@ -641,10 +665,10 @@ class _Constants:
         self._thunks[name] = lambda: arr
 
 
-_SCHEMA_DEFAULTS: dict[tuple[str, str, int], dict] = {}
+_SCHEMA_DEFAULTS: dict[tuple[str, str, int], dict[str, Any]] = {}
 
 
-def attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict:
+def attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict[str, Any]:
     """Node attributes with ONNX's defaults filled in, so omitted == explicit default."""
     key = (node.domain, node.op_type, opset)
     defaults = _SCHEMA_DEFAULTS.get(key)
@@ -655,7 +679,7 @@ def attrs_with_defaults(node: onnx.NodeProto, opset: int) -> dict:
             for name, a in schema.attributes.items():
                 if a.default_value is not None and a.default_value.type != 0:
                     defaults[name] = onnx.helper.get_attribute_value(a.default_value)
-        except Exception:
+        except onnx.defs.SchemaError:
             pass  # ops of custom domains have no schema: their attributes stand as written
         _SCHEMA_DEFAULTS[key] = defaults
     attrs = dict(defaults)
@@ -716,12 +740,8 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
                           take_branches)
     try:
         return _process(model, p, opts, name)
-    except BenanzaError:
-        raise
-    except UnicodeDecodeError:
+    except UnicodeDecodeError:  # protobuf decodes a string field on first access
         raise ModelError(p, "a name or string in the model is not valid UTF-8 (corrupt file?)") from None
-    except Exception as exc:  # noqa: BLE001 - a malformed proto reaches code written for valid ones
-        raise ModelError(p, f"cannot be processed ({type(exc).__name__}: {_first_line(exc)})") from None
 
 
 def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | None) -> Model:
@@ -729,10 +749,11 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     opset = default_opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
+    _check_names(model, p)
     _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
-    taken: tuple = ()
+    taken: tuple[TakenBranch, ...] = ()
     branch_failure = ""
     if opts.take_branches:
         model, taken, branch_failure = inline_control_flow(model, p, in_shapes, dict(opts.input_values),
@@ -766,41 +787,43 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     interned: dict[str, Layer] = {}
     static: set[str] = set()  # outputs that are constants given the input shapes
     scopes = scope_source(order, model.functions)
-    node_name = "?"
-    try:
-        for proto in order:
-            if consts.fold(proto):
-                continue
-            index = len(nodes)
-            node_name = proto.name or f"{proto.op_type}_{index}"
-            try:
-                view = _node_view(proto, opset, specs, consts, needed)
-            except _NoShape as exc:  # the rest of the model is still costed
-                upstream = next((unshaped[t] for t in proto.input if t in unshaped), None)
-                reason = f"it reads the output of uncosted node {upstream!r}" if upstream else \
-                    "; ".join(filter(None, (str(exc), executed.failure)))
-                uncosted.append(Uncosted(node_name, proto.op_type, reason))
-                unshaped.update((t, node_name) for t in proto.output if t and t not in specs)
-                continue
+    for proto in order:
+        if consts.fold(proto):
+            continue
+        index = len(nodes)
+        node_name = proto.name or f"{proto.op_type}_{index}"
+        try:
+            view = _node_view(proto, opset, specs, consts, needed)
+        except _NoShape as exc:  # the rest of the model is still costed
+            upstream = next((unshaped[t] for t in proto.input if t in unshaped), None)
+            reason = f"it reads the output of uncosted node {upstream!r}" if upstream else \
+                "; ".join(filter(None, (str(exc), executed.failure)))
+            uncosted.append(Uncosted(node_name, proto.op_type, reason))
+            unshaped.update((t, node_name) for t in proto.output if t and t not in specs)
+            continue
+        try:
             layer = build_layer(view)
-            layer = interned.setdefault(layer.key, layer)
-            constant = _constant_given_shapes(proto, lambda t: t in consts or t in static)
-            if constant:  # a free view of a constant is one too
-                static.update(o for o in proto.output if o)
-            data_in = tuple(i for i in proto.input if i and i not in consts)
-            for t in data_in:
-                if t in producer and producer[t] != index:
-                    edges.append((producer[t], index))
-            for t in proto.output:
-                if t:
-                    producer[t] = index
-            nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
-                              tuple(i for i in proto.input if i and i in consts), constant and not layer.free,
-                              node_scope(proto, scopes, model.functions)))
-    except BenanzaError:
-        raise
-    except Exception as exc:
-        raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {type(exc).__name__}: {exc}") from None
+        except NodeError as exc:
+            raise ModelError(p, f"node {node_name!r} ({proto.op_type}): {exc}") from None
+        except BenanzaError:
+            raise
+        except Exception:
+            _blame_node(proto, lambda t: consts.specs.get(t) or specs.get(t), opset, p, node_name)
+            raise  # ONNX accepts the node: the op code that failed on it is at fault
+        layer = interned.setdefault(layer.key, layer)
+        constant = _constant_given_shapes(proto, lambda t: t in consts or t in static)
+        if constant:  # a free view of a constant is one too
+            static.update(o for o in proto.output if o)
+        data_in = tuple(i for i in proto.input if i and i not in consts)
+        for t in data_in:
+            if t in producer and producer[t] != index:
+                edges.append((producer[t], index))
+        for t in proto.output:
+            if t:
+                producer[t] = index
+        nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
+                          tuple(i for i in proto.input if i and i in consts), constant and not layer.free,
+                          node_scope(proto, scopes, model.functions)))
     if uncosted and not nodes:
         first = uncosted[0]
         raise ShapeError(p, f"no node can be costed: node {first.name!r} ({first.op}): {first.reason}")
@@ -809,6 +832,45 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset, scope_source=scopes, uncosted=uncosted,
                  executed_shapes=len(executed.specs), data_dependent=data_dependent,
                  control_flow={b.node: b.branch for b in taken}, branch_failure=branch_failure)
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+_ELEM_TYPES = {name: elem for elem, name in DTYPE_NAMES.items()}
+
+
+def _blame_node(proto: onnx.NodeProto, spec_of: Callable[[str], TensorSpec | None], opset: int, path: Path,
+                name: str) -> None:
+    """Raises a ModelError when ONNX itself finds the node invalid: its checker (input counts,
+    attribute types) or its shape inference of this one node on the concrete input shapes
+    (weights whose rank does not fit the input, outputs of another shape than inferred).
+    Returns when ONNX accepts the node, or does not define its op."""
+    if proto.domain not in ("", "ai.onnx") or not onnx.defs.has(proto.op_type, opset):
+        return
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version = onnx.IR_VERSION
+    ctx.opset_imports = {"": opset}
+    types = {}
+    for t in proto.input:
+        spec = spec_of(t) if t else None
+        if spec is not None and spec.dtype in _ELEM_TYPES:
+            types[t] = onnx.helper.make_tensor_type_proto(_ELEM_TYPES[spec.dtype], spec.shape)
+    try:
+        onnx.checker.check_node(proto, ctx)
+        inferred = onnx.shape_inference.infer_node_outputs(
+            onnx.defs.get_schema(proto.op_type, opset), proto, types,
+            opset_imports=[onnx.helper.make_opsetid("", opset)])
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ModelError(path, f"node {name!r} ({proto.op_type}): {_first_line(exc)}") from None
+    for t, tp in inferred.items():
+        spec = _tensor_spec(onnx.helper.make_value_info(t, tp))
+        had = spec_of(t)
+        if spec is not None and had is not None and spec.shape != had.shape:
+            raise ModelError(path, f"node {name!r} ({proto.op_type}): output '{t}' is "
+                                   f"{_dims(had.shape)} in the graph, ONNX infers "
+                                   f"{_dims(spec.shape)} from the node's inputs")
 
 
 def _constant_given_shapes(proto: onnx.NodeProto, constant: Callable[[str], bool]) -> bool:
@@ -894,7 +956,7 @@ class BackendCoverage:
     def covered_pct(self) -> float:
         return 100.0 * self.covered / self.running if self.running else 0.0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"covered_layers": self.covered, "covered_pct": round(self.covered_pct, 2),
                 "not_covered": dict(self.not_covered)}
 
@@ -926,7 +988,7 @@ class ModelStats:
     def backend(self, name: str) -> BackendCoverage:
         return next(b for b in self.backends if b.backend == name)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model, "layers": self.layers, "unique_layers": self.unique_layers,
             "unique_pct": round(self.unique_pct, 2), "running_layers": self.running_layers,
@@ -935,6 +997,19 @@ class ModelStats:
             "ops": dict(self.ops), "not_covered": dict(self.not_covered),
             "backends": {b.backend: b.to_json() for b in self.backends}, "uncosted": self.uncosted,
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ModelStats:
+        """Inverse of ``to_json``; the percentages are derived, so not read back."""
+        return cls(model=d["model"], layers=int(d["layers"]), unique_layers=int(d["unique_layers"]),
+                   covered_layers=int(d["covered_layers"]), free_layers=int(d["free_layers"]),
+                   folded_layers=int(d["folded_layers"]), macs=int(d["macs"]),
+                   ops=tuple(sorted((str(k), int(v)) for k, v in d["ops"].items())),
+                   not_covered=tuple(sorted((str(k), int(v)) for k, v in d["not_covered"].items())),
+                   running_layers=int(d.get("running_layers", 0)), uncosted=int(d.get("uncosted", 0)),
+                   backends=tuple(BackendCoverage(name, int(b["covered_layers"]), int(d.get("running_layers", 0)),
+                                                  tuple((str(k), int(v)) for k, v in b["not_covered"].items()))
+                                  for name, b in d.get("backends", {}).items()))
 
 
 def node_stats(name: str, nodes: list[Node], uncosted: int = 0) -> ModelStats:

@@ -6,6 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, TypeVar
 
 from .errors import BenanzaError
 from .problems import Problem, layer_key, parse_layer_key
@@ -18,7 +19,51 @@ _VARIANT_FIELDS = ("backend", "api", "algo", "dtype", "layout", "math", "fusion"
 UNSTABLE_RSD = 0.1
 
 
-class Status(str, Enum):
+_E = TypeVar("_E", bound="StrEnum")
+
+
+class StrEnum(str, Enum):
+    """An enum whose members are their strings: equal to them, hashed, formatted, written to
+    JSON and stored in SQLite as the value, so files and databases hold the same text as before."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def of(cls: type[_E], value: str, what: str) -> _E:
+        """The member ``value`` names; any other string is an error saying what is offered."""
+        try:
+            return cls(value)
+        except ValueError:
+            offered = ", ".join(m.value for m in cls)
+            raise BenanzaError(f"{what} {value!r}: not one of {offered}") from None
+
+
+class Dtype(StrEnum):
+    """What a benchmark computes in."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+
+
+class Layout(StrEnum):
+    NCHW = "nchw"
+    NHWC = "nhwc"
+    ANY = "any"  # oneDNN picks (blocked)
+    PLAIN = "plain"  # oneDNN: a family without spatial layouts (dense row-major)
+
+
+class Math(StrEnum):
+    """cuDNN/cuBLAS math modes; DEFAULT: the call has no math setting (and every oneDNN one)."""
+
+    DEFAULT = "default"
+    FMA = "fma"
+    TF32_ALLOWED = "tf32_allowed"
+    TENSOR_OP = "tensor_op"
+
+
+class Status(StrEnum):
     OK = "ok"
     FAILED = "failed"  # crashed, timed out, or the library returned an error at run time
     UNSUPPORTED = "unsupported"  # the library refused this combination (status string kept)
@@ -39,25 +84,38 @@ class Variant:
     backend: str  # "cudnn" | "onednn"
     api: str  # library call or primitive, e.g. cudnnConvolutionBiasActivationForward, convolution
     algo: str = "default"  # cuDNN algorithm, oneDNN algorithm ("direct", "winograd", "auto")
-    dtype: str = "f32"  # f32 | f16 | bf16
-    layout: str = "nchw"  # nchw | nhwc | any (oneDNN picks, blocked)
-    math: str = "default"  # cuDNN/cuBLAS: fma | tf32_allowed | tensor_op; "default": no math setting
+    dtype: Dtype = Dtype.F32
+    layout: Layout = Layout.NCHW
+    math: Math = Math.DEFAULT
     fusion: str = "none"  # a FusionPattern name, or "none"
     layer_key: str = field(init=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "layer_key", layer_key(self.problem, self.dtype))
+    # Written out (the dataclass keeps it) to take the plain strings that backends, variant
+    # names and database rows hold, and store the members they name.
+    def __init__(self, problem: Problem, backend: str, api: str, algo: str = "default",
+                 dtype: Dtype | str = Dtype.F32, layout: Layout | str = Layout.NCHW,
+                 math: Math | str = Math.DEFAULT, fusion: str = "none") -> None:
+        put = object.__setattr__
+        put(self, "problem", problem)
+        put(self, "backend", backend)
+        put(self, "api", api)
+        put(self, "algo", algo)
+        put(self, "dtype", Dtype.of(dtype, "dtype"))
+        put(self, "layout", Layout.of(layout, "layout"))
+        put(self, "math", Math.of(math, "math"))
+        put(self, "fusion", fusion)
+        put(self, "layer_key", layer_key(problem, self.dtype))
 
     @property
     def name(self) -> str:
         return self.layer_key + "".join(f"/{f}={getattr(self, f)}" for f in _VARIANT_FIELDS)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, str]:
         """The ``variants`` table row (and variants.json entry): name, layer_key and the fields."""
-        return {"name": self.name, "layer_key": self.layer_key} | {f: getattr(self, f) for f in _VARIANT_FIELDS}
+        return {"name": self.name, "layer_key": self.layer_key} | {f: str(getattr(self, f)) for f in _VARIANT_FIELDS}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Variant":
+    def from_json(cls, d: dict[str, str]) -> "Variant":
         return cls.of_key(d["layer_key"], **{f: d[f] for f in _VARIANT_FIELDS})
 
     @classmethod
@@ -115,7 +173,7 @@ class Result:
     repetitions: int = 0
     workspace_bytes: int = 0
     implementation: str = ""  # oneDNN impl name, or the cuDNN algorithm actually run
-    metrics: dict = field(default_factory=dict, hash=False, compare=False)
+    metrics: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     timestamp: str = ""
     # Dispersion stayed above the run's threshold after the bounded re-measurements: the
     # median is stored, and every analysis that uses it says so.

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
 def tensor(name: str, shape, value: float | None = None, dtype=np.float32) -> onnx.TensorProto:
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    # crc32, not hash(): str hashes change with every process (PYTHONHASHSEED), the weights must not
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     arr = np.full(shape, value, dtype) if value is not None else rng.standard_normal(shape).astype(dtype)
     return numpy_helper.from_array(arr, name)
 

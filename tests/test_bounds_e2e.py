@@ -25,6 +25,8 @@ from benanza.generator import read_variants
 from benanza.perfdb import PerfDB
 from benanza.records import System, Variant
 
+pytestmark = pytest.mark.slow  # generates and stores the variants of whole reference models
+
 SYSTEM = System("h100", "cudnn", "fabricated latencies", (("cudnn", "9.0"),))
 DTYPES = ("f32", "f16", "bf16")
 

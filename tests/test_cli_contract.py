@@ -241,6 +241,7 @@ def readonly_db():
     shutil.rmtree(base)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() == 0 and not Path("/usr/bin/setpriv").exists(), reason="needs setpriv as root")
 def test_read_only_folder_reads_work_and_writes_fail_in_one_line(readonly_db):
     folder = readonly_db.parent
@@ -268,6 +269,7 @@ def test_read_only_folder_reads_work_and_writes_fail_in_one_line(readonly_db):
     assert stat.S_IMODE(readonly_db.stat().st_mode) == 0o444
 
 
+@pytest.mark.slow
 def test_reading_an_older_schema_migrates_it_or_says_why_not(tmp_path):
     """A schema-1 file (written by the schema-1 code) read by a reading command: migrated in
     place like any opening, then read; in a read-only folder refused in one line, untouched."""

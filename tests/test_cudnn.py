@@ -152,7 +152,7 @@ def expected_count(manifest: Manifest, dtypes=2, layouts=2, maths=1) -> int:
         else:
             total += dtypes
     for f in manifest.fusions:
-        pattern = BY_NAME[f["pattern"]]
+        pattern = BY_NAME[f.pattern]
         if pattern.anchor == "Conv":
             total += (8 if pattern.activation == "relu" else 1) * combos_spatial
         elif pattern.anchor == "MatMul" and not pattern.attention:  # a GEMM epilogue: every heuristic rank
@@ -171,7 +171,7 @@ def test_every_family_is_covered(family_manifest):
         "cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor", "cudnnDropoutForward",
         "cublasSgemv", "cudnnSoftmaxForward", "cudnnRNNForward", "cublasGemmStridedBatchedEx",
         "cublasGemmEx", "cudnnTransformTensor", "cudnnReduceTensor"}
-    assert {f["pattern"] for f in family_manifest.fusions} == {"bias_relu", "bn_relu", "mm_bias_relu"}
+    assert {f.pattern for f in family_manifest.fusions} == {"bias_relu", "bn_relu", "mm_bias_relu"}
 
 
 def test_variant_counts_match_manifest(family_manifest):
@@ -209,7 +209,7 @@ def test_identity_fusion_uses_the_one_algorithm_cudnn_allows(save):
               [tensor("W", (4, 4, 3, 3)), tensor("B", (4,))])
     loaded = load_model(save(m))
     manifest = build_manifest([loaded], unique_layers([loaded]))
-    assert [f["pattern"] for f in manifest.fusions] == ["bias"]
+    assert [f.pattern for f in manifest.fusions] == ["bias"]
     fused = [v for v in _expand(manifest) if v.fusion == "bias"]
     assert {v.algo for v in fused} == set(cudnn.IDENTITY_ALGOS) == {"IMPLICIT_PRECOMP_GEMM"}
     assert len(fused) == 4
@@ -577,6 +577,7 @@ def _header_enum(path: Path, enum: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+)(?:\s+CUDNN_DEPRECATED_ENUM)?\s*=\s*(\d+)", body)}
 
 
+@pytest.mark.slow
 @NEED_TOOLCHAIN
 def test_status_tables_cover_every_code_of_the_installed_headers(host_checks):
     rows = [json.loads(line) for line in _run_host(host_checks, "tables").stdout.splitlines()]
@@ -613,6 +614,7 @@ def test_status_tables_cover_every_code_of_the_installed_headers(host_checks):
         assert verdict[name] == "failed", name
 
 
+@pytest.mark.slow
 @NEED_TOOLCHAIN
 def test_checks_store_status_names_and_refusals_only_as_unsupported(host_checks):
     codes = _header_enum(_wheel_dir("nvidia.cudnn") / "include" / "cudnn_graph.h", "cudnnStatus_t")
@@ -640,6 +642,7 @@ def _cuda_errors_header() -> dict[str, tuple[int, str]]:
             for m in re.finditer(r"/\*\*(.*?)\*/\s*(cudaError\w+)\s*=\s*(\d+)", body, re.DOTALL)}
 
 
+@pytest.mark.slow
 @NEED_TOOLCHAIN
 def test_every_error_the_cuda_header_calls_fatal_aborts(host_checks):
     rows = [json.loads(line) for line in _run_host(host_checks, "tables").stdout.splitlines()]
@@ -679,6 +682,7 @@ def test_repetitions_are_sized_by_gpu_time(host_checks):
     assert plan(0.0, 0.01, 5.0, 1000) == (1, 30.0)  # CUPTI mode: one call per iteration
 
 
+@pytest.mark.slow
 @NEED_TOOLCHAIN
 def test_sticky_error_aborts_and_the_runner_restarts_after_it(tmp_path):
     """The real runtime and check_cuda in a stand-in binary: the faulting benchmark is stored as

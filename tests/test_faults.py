@@ -141,6 +141,7 @@ def test_stall_at_start_up_is_bounded_by_timeout(tmp_path, variants):
                for r in results.values())
 
 
+@pytest.mark.slow
 def test_stall_between_benchmarks_blames_the_next_and_runs_the_rest(tmp_path, variants):
     target = variants[2].name
     _, results, elapsed, leaked, _ = execute(tmp_path, variants, "stall_before", target)
@@ -150,6 +151,7 @@ def test_stall_between_benchmarks_blames_the_next_and_runs_the_rest(tmp_path, va
     assert len(results) == len(variants)
 
 
+@pytest.mark.slow
 def test_hang_inside_a_benchmark_and_after_the_last_result(tmp_path, variants):
     target = variants[1].name
     (tmp_path / "a").mkdir()
@@ -230,6 +232,7 @@ def standin_bench(bench, tmp_path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_cli_run_prints_each_failure_with_its_reproduce_line(standin_bench, tmp_path, variants):
     crash = variants[2].name
     env = dict(os.environ, STANDIN_MODE="abort", STANDIN_TARGET=crash, STANDIN_PIDS=str(tmp_path / "pids"),
@@ -247,6 +250,7 @@ def test_cli_run_prints_each_failure_with_its_reproduce_line(standin_bench, tmp_
     assert Path(words[-4]).name == "benanza_bench" and Path(words[-4]).is_absolute()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_run_leaves_no_process_and_no_temp_folder(standin_bench, tmp_path, variants, sig):
     tmp = tmp_path / "tmp"
@@ -278,6 +282,7 @@ def test_killed_run_leaves_no_process_and_no_temp_folder(standin_bench, tmp_path
         assert len(kept) >= 3 and hang not in kept  # what was measured before the signal is kept
 
 
+@pytest.mark.slow
 def test_sigterm_of_db_serve_stops_datasette(tmp_path):
     """`db serve` becomes Datasette (exec), so a signal to it reaches the server itself."""
     pytest.importorskip("datasette")

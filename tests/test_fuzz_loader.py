@@ -152,6 +152,7 @@ def seeds() -> list[onnx.ModelProto]:
     return out
 
 
+@pytest.mark.slow
 def test_loader_raises_only_benanza_errors_under_mutation(seeds, tmp_path, monkeypatch):
     monkeypatch.setattr(processor, "SYMBOLIC_SECONDS", 5.0)
     rng = random.Random(SEED)

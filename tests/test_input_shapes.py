@@ -37,6 +37,7 @@ def one_error_line(r) -> str:
     return next(ln for ln in lines if ln.startswith("error:"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["onnxruntime", "torch"])
 def test_profile_runs_a_dynamic_sequence_model_at_the_given_shape(tmp_path, dynamic_gpt, framework):
     out = tmp_path / "bundle"
@@ -57,6 +58,7 @@ def test_profile_runs_a_dynamic_sequence_model_at_the_given_shape(tmp_path, dyna
     assert sum(len(g.nodes) for g in match.groups) >= len(m.nodes) // 2
 
 
+@pytest.mark.slow
 def test_profile_without_the_shape_of_a_symbolic_dim_is_one_error(tmp_path, dynamic_gpt):
     r = CliRunner().invoke(main, ["profile", str(dynamic_gpt), "--out", str(tmp_path / "b")])
     line = one_error_line(r)

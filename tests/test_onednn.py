@@ -69,7 +69,7 @@ def test_full_expansion_counts(manifest):
     by_family: dict[str, list[Variant]] = {}
     for v in variants:
         by_family.setdefault(v.layer_key.split(":")[0], []).append(v)
-    fusions = {f["layer"]: f["pattern"] for f in manifest.fusions}
+    fusions = {f.layer: f.pattern for f in manifest.fusions}
     assert sorted(fusions.values()) == ["bias_relu", "bn_relu"]
     per_conv = len(CONV_ALGOS) * len(DTYPES) * len(SPATIAL_LAYOUTS)
     assert len(by_family["conv"]) == 2 * per_conv * 2  # two convs, each unfused + its fused pattern
@@ -139,7 +139,7 @@ def test_build_and_run_every_variant_reports_a_status(manifest, tmp_path):
 
     from benanza.cli import main
 
-    model = Path(manifest.models[0]["path"])
+    model = Path(manifest.models[0].path)
     for dtype in ("f32", "bf16") if cpu_has_bf16() else ("f32",):
         r = CliRunner().invoke(main, ["analyze", str(model), "--system", "ci", "--db", str(db), "--dtype", dtype,
                                       "--json"])

@@ -192,6 +192,7 @@ def _assert_fused_as_the_oracle_says(model, match, oracle) -> None:
         assert got == want, (fused, groups[fused].op)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,opset", CASES)
 def test_ort_fused_ops_cost_the_layers_they_replace(profiled, name, opset):
     path, bundle, optimized = profiled(name, opset)

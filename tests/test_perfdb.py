@@ -105,6 +105,7 @@ def _writer(path: str, offset: int, n: int) -> None:
             db.insert_results(SYSTEM, [result(variant(offset + i))])
 
 
+@pytest.mark.slow
 def test_two_concurrent_writer_processes_lose_nothing(tmp_path):
     path = str(tmp_path / "c.db")
     PerfDB(path).close()
@@ -159,6 +160,7 @@ def test_cli_info_list_export(tmp_path):
     assert bad.exit_code == 1 and "csv or .parquet" in bad.output
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("importlib").util.find_spec("datasette") is None,
                     reason="Datasette not installed (pip install 'benanza[serve]')")
 def test_db_serve_shows_the_results_in_a_web_page(tmp_path):

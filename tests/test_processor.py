@@ -269,6 +269,14 @@ def test_generate_cli_reports_each_bad_file_and_continues(tmp_path, save):
         {"layer": conv2["key"], "pattern": "bn_relu", "count": 1},
     ]
 
+    # the typed manifest reads back to itself, and writes back the same bytes
+    from benanza.manifest import FusionCount, read_manifest, write_manifest
+
+    back = read_manifest(out)
+    assert back.fusions[0] == FusionCount(GOLDEN["conv1"], "bias_relu", 1)
+    assert back.models[0].stats.layers == 9 and back.models[0].path == str(good)
+    assert json.loads((write_manifest(back, tmp_path / "again")).read_text()) == manifest
+
 
 def test_symbolic_inference_fills_what_onnx_inference_leaves_unknown(save):
     # ONNX does not know ONNX Runtime's contrib ops; symbolic inference does

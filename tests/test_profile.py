@@ -38,6 +38,7 @@ def convnet_file(save):
     return save(helpers.conv_net(), "convnet.onnx")
 
 
+@pytest.mark.slow
 def test_profile_onnxruntime_bundle(tmp_path, convnet_file):
     out = profile_model(ProfileSpec(str(convnet_file), "onnxruntime", str(tmp_path / "b"), batch_size=2,
                                     warmup=1, iterations=7, trace_iterations=3))
@@ -56,6 +57,7 @@ def test_profile_onnxruntime_bundle(tmp_path, convnet_file):
     assert prof.measured_ms == pytest.approx(index["latency_ms"]["trimmed_mean"])
 
 
+@pytest.mark.slow
 def test_profile_cli(tmp_path, convnet_file):
     r = CliRunner().invoke(main, ["profile", str(convnet_file), "--out", str(tmp_path / "p"), "--iterations", "3",
                                   "--warmup", "0", "--trace-iterations", "2"])
@@ -86,6 +88,7 @@ def test_torch_framework_without_torch_is_said_plainly(monkeypatch):
         check_framework("torch", "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _torch_ok(), reason="torch is not installed (pip install torch)")
 def test_profile_torch(tmp_path, convnet_file):
     out = profile_model(ProfileSpec(str(convnet_file), "torch", str(tmp_path / "t"), batch_size=2, iterations=3,
@@ -127,6 +130,7 @@ def _big_conv(save):
                 "bigconv.onnx")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _torch_ok(), reason="torch is not installed (pip install torch)")
 def test_latency_is_timed_without_loggers_and_logs_come_from_a_second_run(tmp_path, save, monkeypatch):
     monkeypatch.setenv("ONEDNN_VERBOSE", "1")  # even a user's own setting stays out of the timed run

@@ -43,6 +43,7 @@ ZOO = ("lenet", "squeezenet-v1.1", "inception-v1", "resnet18-v1", "mobilenet-v2"
        "bvlc-googlenet", "resnet50-v2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_model_matches_onnxruntime(name):
     from benanza.zoo import MODELS
@@ -339,6 +340,7 @@ def test_transformer_exports_match_onnxruntime(tmp_path_factory, name, opset):
     _compare(onnx.load(str(export(name, opset, tmp_path_factory.mktemp("tx")))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["encoder", "gpt", "vit", "mbv3"])
 @pytest.mark.parametrize("opset", [18, 23])
 def test_dynamo_exports_match_onnxruntime(tmp_path_factory, name, opset):
@@ -347,6 +349,7 @@ def test_dynamo_exports_match_onnxruntime(tmp_path_factory, name, opset):
     _compare(onnx.load(str(export(name, opset, tmp_path_factory.mktemp("dynamo"), exporter="dynamo"))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["encoder", "gpt"])
 @pytest.mark.parametrize("opset", [18, 23])
 def test_dynamo_exports_with_a_dynamic_sequence_match_onnxruntime(tmp_path_factory, name, opset):

@@ -194,6 +194,7 @@ def test_pure_views_are_free_not_uncovered(exported, backend):
 
 # --- MatMul with a broadcast weight ---------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("a", "b", "key", "macs"), [
     ((128, 1, 256), (256, 768), "matmul:a128x256_b256x768", 128 * 256 * 768),
     ((197, 1, 768), (768, 2304), "matmul:a197x768_b768x2304", 197 * 768 * 2304),  # ViT-B/16's qkv
@@ -378,6 +379,7 @@ def coverage_row(name: str, exporter: str, opset: int, counts: tuple[int, ...]) 
             f"{onednn} ({onednn / running:.0%}) | {cudnn} ({cudnn / running:.0%}) |")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "exporter", "opset"), sorted(COVERAGE))
 def test_exported_model_coverage(exported, name, exporter, opset):
     from pathlib import Path
@@ -404,6 +406,7 @@ def test_exported_model_coverage(exported, name, exporter, opset):
     assert got[3] >= 0.95 * len(running)  # issue 10's target, over the layers that run
 
 
+@pytest.mark.slow
 def test_generate_reports_the_folded_layers(exported, tmp_path):
     path = exported("gpt", 18, "dynamo", True)
     r = CliRunner().invoke(main, ["generate", str(path), "--input-shape", f"x=1x{SEQ}x{D_MODEL}", "--out",
@@ -430,6 +433,7 @@ def _every_value(path, feed: dict) -> dict:
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "exporter", "opset"), [("gpt", "torchscript", 17), ("encoder", "torchscript", 14),
                                                          ("gpt", "dynamic", 18), ("encoder", "dynamic", 18)])
 def test_folded_layers_are_exactly_the_constants_given_the_shapes(exported, name, exporter, opset):
@@ -472,6 +476,7 @@ def test_folded_layers_show_as_folded_not_uncovered(exported):
     assert only_folded and not only_folded & {u.layer.key for u in unique_layers([m])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "exporter", "opset", "pattern"), [
     ("encoder", "dynamo", 18, "sdpa_qk_scale"), ("vit", "dynamo", 18, "sdpa_qk_scale"),
     ("gpt", "dynamo", 18, "sdpa_qk_scale_mask"), ("gpt", "dynamic", 18, "sdpa_qk_scale_mask"),

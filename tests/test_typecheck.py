@@ -1,4 +1,5 @@
-"""The package stays mypy-clean under the [tool.mypy] settings in pyproject.toml."""
+"""The package stays mypy-clean under the [tool.mypy] settings in pyproject.toml, its core
+modules under --strict, and it tells type checkers so (py.typed)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,36 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: mypy brings tomli, the same parser
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
+needs_mypy = pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
+                                reason="mypy is not installed (pip install -e '.[test]')")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
-                    reason="mypy is not installed (pip install -e '.[test]')")
+@needs_mypy
 def test_mypy_clean():
     # from the repository root, so mypy reads pyproject.toml and checks files = ["benanza"]
-    done = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@needs_mypy
+def test_strict_modules_pass_mypy_strict():
+    """The per-module flags in pyproject.toml stand for --strict: the listed modules pass it."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    (strict,) = [o for o in config["overrides"] if o.get("disallow_untyped_defs")]
+    files = [str(Path(*m.split(".")).with_suffix(".py")) for m in strict["module"]]
+    assert "benanza/records.py" in files and "benanza/processor.py" in files
+    done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", *files], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_package_is_marked_typed():
+    # hatch ships every file under benanza/ in the wheel, this marker included
+    assert (ROOT / "benanza" / "py.typed").is_file()

@@ -16,6 +16,7 @@ import onnx
 import pytest
 
 from benanza import zoo
+from benanza.errors import UsageError
 from benanza.processor import load_model, model_stats
 
 # Table I of the paper, transcribed independently of the registry: id -> (MACs, layers).
@@ -93,7 +94,7 @@ def test_registry_order_and_fields():
 
 def test_get_lookup():
     assert zoo.get("ResNet50-v1.onnx").id == 17
-    with pytest.raises(KeyError):
+    with pytest.raises(UsageError, match="unknown zoo model 'resnet51-v1'; known: "):
         zoo.get("resnet51-v1")
 
 
@@ -109,6 +110,7 @@ def test_deviations_are_documented():
 
 
 # ----------------------------------------------------------------------------- per model
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_layer_count(reports, name):
     m = zoo.get(name)
@@ -116,6 +118,7 @@ def test_layer_count(reports, name):
     assert abs(m.expected_layers - m.paper_layers) <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_macs(reports, name):
     m = zoo.get(name)
@@ -125,6 +128,7 @@ def test_macs(reports, name):
         assert abs(macs - m.paper_macs) / m.paper_macs < 0.05, (macs, m.paper_macs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_valid_onnx(reports, name):
     r = reports[name]
@@ -135,6 +139,7 @@ def test_valid_onnx(reports, name):
     assert r["n_outputs"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_single_input_with_symbolic_batch(reports, name):
     ((_, elem, dims),) = reports[name]["inputs"]
@@ -143,17 +148,20 @@ def test_single_input_with_symbolic_batch(reports, name):
     assert tuple(dims[1:]) == zoo.get(name).input_shape
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_reshapes_are_batch_agnostic(reports, name):
     assert reports[name]["bad_reshapes"] == []
 
 
+@pytest.mark.slow
 def test_resnet_v1_total_layers(reports):
     v1 = [m.name for m in zoo.MODELS if re.fullmatch(r"resnet\d+-v1", m.name)]
     assert len(v1) == 5
     assert sum(reports[n]["summary"].layers for n in v1) == 1229
 
 
+@pytest.mark.slow
 def test_structure_highlights(reports):
     s = {n: r["summary"] for n, r in reports.items()}
     ops = {n: dict(r.ops) for n, r in s.items()}
@@ -168,6 +176,7 @@ def test_structure_highlights(reports):
 
 
 # ----------------------------------------------------------------------------- runtime
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ORT_MODELS)
 def test_runs_in_onnxruntime(name):
     ort = pytest.importorskip("onnxruntime")
@@ -210,6 +219,6 @@ def test_build_all_writes_files(tmp_path):
 
 
 def test_build_all_rejects_unknown_names(tmp_path):
-    with pytest.raises(KeyError):
+    with pytest.raises(UsageError, match="unknown zoo model 'no-such-model'"):
         zoo.build_all(tmp_path, names=["lenet", "no-such-model"])
     assert not list(tmp_path.iterdir())  # validated before building anything

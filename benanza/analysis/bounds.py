@@ -17,7 +17,7 @@ from ..fusion import FusionMatch
 from ..generator import get_backend
 from ..layers import Layer, Model
 from ..problems import Problem, layer_key
-from ..records import Result, Status
+from ..records import Result, Status, StrEnum
 
 # Results of one problem in one dtype: what a layer analysed in that dtype can use.
 ResultIndex = Mapping[tuple[Problem, str], list[Result]]
@@ -34,7 +34,7 @@ class Choice:
         return float(self.result.median_ms)  # type: ignore[arg-type]
 
 
-class LayerStatus:
+class LayerStatus(StrEnum):
     OK = "ok"
     MISSING = "missing"  # the library covers it, the database has no OK result
     NOT_COVERED = "not_covered"  # no library call runs this layer type
@@ -49,7 +49,7 @@ class LayerRow:
     name: str
     op: str
     key: str
-    status: str
+    status: LayerStatus
     latency_ms: float  # 0 unless status is OK
     variant: str = ""  # the benchmark name chosen
     algo: str = ""

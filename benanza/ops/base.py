@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import NodeError
 from .grammar import Problem
 
 if TYPE_CHECKING:
@@ -149,11 +150,15 @@ class Family:
 
 # --- helpers the builders share ------------------------------------------------------------
 
-def required(view: NodeView, i: int) -> TensorSpec:
-    """An input the family cannot do without; ONNX lets only optional inputs be omitted."""
+def required(view: NodeView, i: int, rank: int | None = None) -> TensorSpec:
+    """An input the family cannot do without; ONNX lets only optional inputs be omitted.
+    ``rank``: the dims the family needs where ONNX's own checks do not hold it to them (a
+    Conv weight once ``kernel_shape`` is given)."""
     t = view.inputs[i]
     if t is None:
-        raise ValueError(f"required input {i} of {view.op} is omitted")
+        raise NodeError(f"required input {i} is omitted")
+    if rank is not None and len(t.shape) != rank:
+        raise NodeError(f"input {i} has {len(t.shape)} dims, {view.op} here needs {rank}")
     return t
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, present, required
+from ..errors import NodeError
 from .grammar import F, Problem, windowed
 
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -34,7 +35,7 @@ def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], st
 
 
 def _conv_build(view: NodeView) -> Problem:
-    x, w = required(view, 0), required(view, 1)
+    x, w = required(view, 0), required(view, 1, rank=4)
     y = view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
@@ -44,7 +45,7 @@ def _conv_build(view: NodeView) -> Problem:
     d = tuple(a.get("dilations") or (1, 1))
     pt, pl, pb, pr = explicit_pads(a, (ih, iw), k, s, d)
     return ConvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
-                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=int(a.get("group", 1)),
+                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=group(a, ic),
                        bias=present(view, 2))
 
 
@@ -52,11 +53,11 @@ def _deconv_build(view: NodeView) -> Problem:
     """ONNX ConvTranspose. Its begin pads are the given ones (or auto_pad's/output_shape's
     split of the total); its end pads are what makes the inferred output come out, so
     output_padding and output_shape need no fields of their own."""
-    x, w = required(view, 0), required(view, 1)
+    x, w = required(view, 0), required(view, 1, rank=4)
     y = view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
-    g = int(a.get("group", 1))
+    g = group(a, ic)
     k = tuple(a.get("kernel_shape") or w.shape[2:])
     s = tuple(a.get("strides") or (1, 1))
     d = tuple(a.get("dilations") or (1, 1))
@@ -165,6 +166,13 @@ class ConvParams:
     dw: int
     g: int
 
+
+
+def group(attrs: dict, channels: int) -> int:
+    g = int(attrs.get("group", 1))
+    if g < 1 or channels % g:
+        raise NodeError(f"group {g} does not divide the {channels} input channels")
+    return g
 
 def onednn_row(p: _Conv2d, api: str) -> ConvParams:
     return ConvParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, oc=p.oc, oh=p.oh, ow=p.ow, kh=p.kh, kw=p.kw, sh=p.sh,

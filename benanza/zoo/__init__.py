@@ -23,6 +23,7 @@ from pathlib import Path
 
 import onnx
 
+from ..errors import UsageError
 from . import _caffe, _caffe2, _cntk, _gluon, _mxnet, _winml
 from ._builder import IR_VERSION, OPSET
 
@@ -191,7 +192,7 @@ def get(name: str) -> ZooModel:
     try:
         return _BY_NAME[key]
     except KeyError:
-        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(names())}") from None
+        raise UsageError(f"unknown zoo model {name!r}; known: {', '.join(names())}") from None
 
 
 def _select(names_: Iterable[str] | None) -> Iterator[ZooModel]:
