@@ -10,6 +10,7 @@ The binary never outlives Benanza (``children``).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -223,6 +224,20 @@ def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = 
                          f"generate into another folder (--out)")
     build_dir = project / "build"
     build_dir.mkdir(exist_ok=True)
+    # Runs sharing a bench dir (several on one machine, or Slurm nodes over a shared file
+    # system) build one at a time: two CMakes in one folder corrupt each other, and a binary
+    # executed while another process links it fails with ETXTBSY. The lock dies with its
+    # holder, so a killed build never blocks the next one.
+    with (build_dir / "benanza-build.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s: waiting for another `benanza run` to finish building it", project)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(project, build_dir, jobs, cmake_args)
+
+
+def _build_locked(project: Path, build_dir: Path, jobs: int | None, cmake_args: tuple[str, ...]) -> Path:
     logfile = build_dir / "benanza-build.log"
     configure = ["cmake", "-S", str(project), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *cmake_args]
     if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():

@@ -300,3 +300,31 @@ def test_sigterm_of_db_serve_stops_datasette(tmp_path):
     while time.monotonic() < deadline and any(alive(k) for k in kids):
         time.sleep(0.1)
     assert not [k for k in kids if alive(k)], "a child of `benanza db serve` outlived it"
+
+
+# --- concurrent runs on one bench dir ------------------------------------------------------
+
+def test_concurrent_runs_on_an_unbuilt_bench_dir_build_once_and_store_every_row(tmp_path, save):
+    """Four `benanza run` on a bench dir nobody built yet (as Slurm nodes sharing one folder):
+    they build one at a time (no CMake collision, no binary executed while being linked),
+    and every process stores each variant of the real oneDNN project exactly once."""
+    from helpers import io, model
+    from onnx import helper
+
+    tiny = save(model([helper.make_node("Relu", ["x"], ["y"], name="r")], [io("x", [1, 4, 8, 8])],
+                      [io("y", [1, 4, 8, 8])]), name="tiny.onnx")
+    cli = str(Path(sys.executable).parent / "benanza")
+    bench = tmp_path / "B"
+    subprocess.run([cli, "generate", str(tiny), "--backend", "onednn", "--out", str(bench)], check=True,
+                   capture_output=True, timeout=120)
+    names = {v["name"] for v in json.loads((bench / "onednn" / "variants.json").read_text())["variants"]}
+    db = tmp_path / "x.db"
+    procs = [subprocess.Popen([cli, "run", "--system", f"s{i}", "--bench-dir", str(bench), "--backend", "onednn",
+                               "--db", str(db), "--min-time", "0.01", "--repetitions", "1", "--remeasure", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err
+    with PerfDB(db, readonly=True) as pdb:
+        rows = list(pdb.db.conn.execute("SELECT system, variant, status FROM results"))
+    assert sorted(rows) == sorted((f"s{i}", n, "ok") for i in range(4) for n in names)
