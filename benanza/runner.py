@@ -603,7 +603,9 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
         parsed = None
     data = parsed if isinstance(parsed, dict) else None
     named = data.get("name") if data is not None else None
-    name = named if isinstance(named, str) and named in batch.by_name else current
+    # The line belongs to the running benchmark whatever it names: taking another name would
+    # store a result for a benchmark that has not run and drop that one's real result later.
+    name = current if current is not None else named if isinstance(named, str) and named in batch.by_name else None
     if name is None or name in batch.finished:
         if name is None:
             log.warning("ignoring a result line for no benchmark of this run: %.200s", line)
@@ -616,7 +618,8 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
             if name in kernels:
                 data["cupti"] = kernels.pop(name)
             try:
-                batch.store_result(parse_result(batch.by_name[name], batch.system.name, data), data)
+                batch.store_result(parse_result(batch.by_name[name], batch.system.name, data,
+                                                max_ms=batch.options.timeout * 1e3), data)
                 return
             except MalformedResult as exc:
                 problem = str(exc)
@@ -649,6 +652,15 @@ def _number(data: dict, key: str) -> float | None:
     return float(value)
 
 
+def _time(key: str, value: object, max_ms: float, zero: bool = False) -> float:
+    """A time in ms: finite, positive (``zero``: or 0) and at most ``max_ms`` (the benchmark
+    ran within the runner's timeout, so no call of it took longer)."""
+    ms = _number({key: value}, key)
+    if ms is None or ms < 0 or (ms == 0 and not zero) or ms > max_ms:
+        raise MalformedResult(f"{key} is {value!r}, not a time between 0 and {max_ms:g} ms")
+    return ms
+
+
 def _count(data: dict, key: str) -> int:
     """A non-negative whole number (Google Benchmark counters arrive as doubles)."""
     value = _number(data, key)
@@ -659,8 +671,9 @@ def _count(data: dict, key: str) -> int:
     return int(value)
 
 
-def parse_result(variant: Variant, system: str, data: dict) -> Result:
-    """A Result from one BENANZA_RESULT line of the runtime; MalformedResult if it is not one."""
+def parse_result(variant: Variant, system: str, data: dict, max_ms: float = math.inf) -> Result:
+    """A Result from one BENANZA_RESULT line of the runtime; MalformedResult if it is not one
+    (``max_ms``: the longest time a call of it can have taken)."""
     try:
         status = Status(data["status"])
     except KeyError:
@@ -673,12 +686,20 @@ def parse_result(variant: Variant, system: str, data: dict) -> Result:
     for key in ("message", "implementation"):
         if not isinstance(data.get(key, ""), str):
             raise MalformedResult(f"{key} is {data[key]!r}, not a string")
-    median, mean, stddev, fastest = (_number(data, k) for k in ("median_ms", "mean_ms", "stddev_ms", "min_ms"))
+    median, mean, stddev, fastest = (None if data.get(k) is None else _time(k, data[k], max_ms, zero=k == "stddev_ms")
+                                     for k in ("median_ms", "mean_ms", "stddev_ms", "min_ms"))
     if status is Status.OK and median is None:
         raise MalformedResult("status ok without median_ms")
+    if median is not None and fastest is not None and fastest > median:
+        raise MalformedResult(f"min_ms {fastest!r} exceeds median_ms {median!r}")
+    for key in counters:
+        _number(counters, key)  # stored as JSON: NaN or text would make the column unreadable
     metrics = {k: v for k, v in counters.items() if k != "workspace_bytes"}
     if "times_ms" in data:
-        metrics["times_ms"] = data["times_ms"]
+        times = data["times_ms"]
+        if not isinstance(times, list):
+            raise MalformedResult(f"times_ms is {times!r}, not a list")
+        metrics["times_ms"] = [_time("times_ms", t, max_ms) for t in times]
     if "cupti" in data:
         metrics["cupti"] = data["cupti"]
     return Result(variant=variant, system=system, status=status, message=data.get("message", ""),

@@ -63,7 +63,13 @@ for n in names:
         bad = {{0: "{{not json", 1: json.dumps(dict(result, status="excellent")),
                2: json.dumps({{k: v for k, v in result.items() if k != "status"}}),
                3: json.dumps(dict(result, median_ms="fast")), 4: json.dumps(dict(result, iterations=-3)),
-               5: json.dumps([n])}}[target.split(",").index(n)]
+               5: json.dumps([n]), 6: json.dumps(dict(result, median_ms=-4.999)),
+               7: json.dumps(dict(result, name=names[-1])), 8: json.dumps(dict(result, times_ms="abc")),
+               9: json.dumps(dict(result, times_ms=[float("nan"), -1])),
+               10: json.dumps(dict(result, median_ms=1e308)),
+               11: json.dumps(dict(result, counters={{"workspace_bytes": 0.0, "flops": float("inf")}})),
+               12: json.dumps(dict(result, min_ms=0.7))}}[target.split(",").index(n)
+                                                          + int(os.environ.get("STANDIN_OFFSET", "0"))]
         emit(b"BENANZA_RESULT", bad)
         continue
     emit(b"BENANZA_RESULT", json.dumps(result))
@@ -117,10 +123,11 @@ def pids(path: Path) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
-def execute(tmp_path: Path, variants, mode: str, target: str = "", timeout: float = 2.0):
+def execute(tmp_path: Path, variants, mode: str, target: str = "", timeout: float = 2.0, offset: int = 0):
     binary = make_standin(tmp_path)
     pid_file = tmp_path / "pids"
-    env = dict(os.environ, STANDIN_MODE=mode, STANDIN_TARGET=target, STANDIN_PIDS=str(pid_file))
+    env = dict(os.environ, STANDIN_MODE=mode, STANDIN_TARGET=target, STANDIN_PIDS=str(pid_file),
+               STANDIN_OFFSET=str(offset))
     system = System("box", "onednn", "stand-in", (("threads", "1"),))
     summary = RunSummary(system, "onednn", tmp_path / "r.db", total=len(variants), already=0)
     started = time.monotonic()
@@ -195,6 +202,30 @@ def test_malformed_result_lines_fail_their_variant_and_keep_the_line(tmp_path, v
     with PerfDB(tmp_path / "r.db", readonly=True) as db:
         raw = [json.loads(x[0]) for x in db.db.conn.execute("SELECT raw FROM results")]
     assert sum(1 for r in raw if r.get("line", "").startswith("BENANZA_RESULT {not json")) == 1
+
+
+def test_implausible_result_fields_fail_their_variant_and_keep_the_line(tmp_path, variants):
+    """Lines that parse but cannot be a measurement: each fails the running benchmark with the
+    line kept; the benchmark another line named keeps its own real result."""
+    bad = [v.name for v in variants[:5]]
+    other = variants[-1].name
+    cases = ["median_ms is -4.999", f"names {other!r}, not the running benchmark", "times_ms is 'abc'",
+             "times_ms is nan", "median_ms is 1e+308"]
+    summary, results, _, leaked, _ = execute(tmp_path, variants, "malformed", ",".join(bad), offset=6)
+    assert summary.failed == 5 and not leaked and len(results) == len(variants)
+    for name, why in zip(bad, cases):
+        assert results[name].status is Status.FAILED and why in results[name].message, results[name].message
+    assert results[other].status is Status.OK and results[other].median_ms == 0.5
+    (tmp_path / "b").mkdir()
+    summary, results, _, _, _ = execute(tmp_path / "b", variants, "malformed", ",".join(bad[:2]), offset=11)
+    assert "flops is inf" in results[bad[0]].message and "min_ms 0.7 exceeds median_ms 0.5" in results[bad[1]].message
+    with PerfDB(tmp_path / "r.db", readonly=True) as db:
+        rows = list(db.db.conn.execute("SELECT metrics, raw, median_ms FROM results"))
+    for metrics, raw, median in rows:  # every stored column is valid JSON, every time positive
+        json.loads(metrics, parse_constant=lambda c: pytest.fail(f"{c} stored"))
+        json.loads(raw, parse_constant=lambda c: pytest.fail(f"{c} stored"))
+        assert median is None or median > 0
+    assert sum("BENANZA_RESULT" in json.loads(raw).get("line", "") for _, raw, _ in rows) == 5
 
 
 def test_crash_fails_only_its_benchmark_with_a_reproduce_line(tmp_path, variants):
