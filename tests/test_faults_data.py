@@ -1,0 +1,108 @@
+"""Fault suite, data side: damaged databases, unwritable outputs, hostile profile bundles.
+
+Every case runs the `benanza` command a user would run and must end in one clean line (or
+succeed with what can be read), never a traceback or a hang, and must lose no good row.
+The database comes from the real pipeline: `benanza generate` variants of a saved model, run
+by the stand-in benchmark binary of test_faults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import onnx
+import pytest
+from faultprobe import benanza
+from helpers import conv_net
+from test_faults import execute
+
+from benanza.generator import GenOptions, generate, read_variants
+from benanza.manifest import build_manifest, write_manifest
+from benanza.perfdb import PerfDB
+from benanza.processor import load_model, unique_layers
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """A folder with conv.onnx and r.db: every variant of it measured ok on system `box`."""
+    root = tmp_path_factory.mktemp("measured")
+    onnx.save(conv_net(), root / "conv.onnx")
+    models = [load_model(root / "conv.onnx", batch_size=1)]
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, root / "bench")
+    generate(manifest, "onednn", root / "bench", GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
+    variants = read_variants(root / "bench" / "onednn")
+    (root / "run").mkdir()
+    execute(root / "run", variants, "")
+    shutil.move(root / "run" / "r.db", root / "r.db")
+    with PerfDB(root / "r.db") as db:
+        db.record_models(manifest)
+    return root
+
+
+CORRUPTIONS = {  # what a damaged or hand-edited file holds: SQL, and the row problem it reports
+    "stack": ("UPDATE systems SET stack = '{oops'", "stack is not JSON"),
+    "metrics": ("UPDATE results SET metrics = 'nope' WHERE id = 1", "metrics is not JSON"),
+    "metrics_nan": ("UPDATE results SET metrics = '{\"x\": NaN}' WHERE id = 1", "metrics is not JSON"),
+    "status": ("UPDATE results SET status = 'weird' WHERE id = 2", "unknown status 'weird'"),
+    "median_text": ("UPDATE results SET median_ms = 'fast' WHERE id = 3", "median_ms is 'fast'"),
+    "median_negative": ("UPDATE results SET median_ms = -4.999 WHERE id = 4", "median_ms is -4.999"),
+}
+
+
+def corrupt(measured: Path, tmp_path: Path, case: str) -> Path:
+    db = tmp_path / f"{case}.db"
+    shutil.copy(measured / "r.db", db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(CORRUPTIONS[case][0])
+    conn.close()
+    return db
+
+
+def corrupt_row_probes(measured: Path, tmp_path: Path, case: str):
+    """The reading commands and a merge over one damaged database."""
+    db = corrupt(measured, tmp_path, case)
+    target = tmp_path / f"merged-{case}.db"
+    return db, target, {
+        "info": benanza("db", "info", "--db", str(db)),
+        "list": benanza("db", "list", "--db", str(db), "--system", "box", env=dict(os.environ, COLUMNS="4000")),
+        "analyze": benanza("analyze", str(measured / "conv.onnx"), "--system", "box", "--db", str(db), "--json"),
+        "merge": benanza("db", "merge", str(target), str(db)),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_corrupt_rows_are_named_the_rest_is_read_and_merge_refuses(measured, tmp_path, case):
+    with PerfDB(measured / "r.db", readonly=True) as db:
+        good = {r.variant.name: r.median_ms for r in db.results("box")}
+    path, target, probes = corrupt_row_probes(measured, tmp_path, case)
+    why = CORRUPTIONS[case][1]
+    for what, p in probes.items():
+        assert not p.traceback and not p.hung, (what, p.err)
+    merge = probes["merge"]
+    assert merge.clean_error and why in merge.error and str(path) in merge.error
+    with PerfDB(target, readonly=True) as merged:  # nothing of the damaged file came in
+        assert merged.counts()[3].rows == 0
+    if case == "stack":  # the system itself is unreadable: named, then not found
+        assert all(why in p.err for p in probes.values())
+        assert probes["info"].rc == 0 and probes["list"].clean_error
+        return
+    (bad_id,) = {"metrics": 1, "metrics_nan": 1, "status": 2, "median_text": 3, "median_negative": 4}[case],
+    with sqlite3.connect(path) as conn:
+        (bad_name,) = conn.execute("SELECT variant FROM results WHERE id = ?", (bad_id,)).fetchone()
+    conn.close()
+    listed = probes["list"]
+    assert listed.rc == 0 and f"id {bad_id} ({why}" in listed.err
+    shown = {ln.split("│")[1].strip() for ln in listed.out.splitlines() if ln.startswith("│")}
+    assert shown == set(good) - {bad_name}  # every good row, and only those
+    with PerfDB(path, readonly=True) as db:
+        assert {r.variant.name: r.median_ms for r in db.results("box")} == {
+            n: ms for n, ms in good.items() if n != bad_name}
+    analysis = probes["analyze"]
+    assert analysis.rc == 0 and f"id {bad_id} ({why}" in analysis.err
+    json.loads(analysis.out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))
+    assert "-4.999" not in analysis.out
