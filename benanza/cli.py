@@ -38,6 +38,18 @@ def print_warning(message: object) -> None:
     err_console.print(Text.assemble(("warning:", "yellow"), f" {message}"), highlight=False, soft_wrap=True)
 
 
+def echo_json(doc: object) -> None:
+    """``doc`` as JSON on stdout; a stdout that cannot take it (a full disk, a closed pipe)
+    is one error line."""
+    try:
+        click.echo(json.dumps(doc, indent=1))
+        sys.stdout.flush()
+    except OSError as exc:
+        # what stays buffered would fail again at exit, after the error line
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise BenanzaError(f"cannot write to standard output ({exc.strerror or exc})") from None
+
+
 class _Group(click.Group):
     """Converts library errors into one clean line at the boundary, never a traceback."""
 
@@ -257,8 +269,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         write_manifest(manifest, out_dir)
         generated = [generate_backend(manifest, name, out_dir, opts) for name, opts in options.items() if opts]
     if as_json:
-        click.echo(json.dumps({"models": [s.to_json() for s in stats], "total": total.to_json()},
-                              indent=1))
+        echo_json({"models": [s.to_json() for s in stats], "total": total.to_json()})
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
         _print_stats(stats, total)
         console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
@@ -540,13 +551,15 @@ def db_export(db_path: str | None, out_path: str, system_name: str | None, all_r
 
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         frame = pdb.results_frame(system_name, latest=not all_rows)
+    from .outputs import write_with
+
     if out_path.endswith(".parquet"):
         try:
-            frame.to_parquet(out_path, index=False)
+            write_with(out_path, lambda tmp: frame.to_parquet(tmp, index=False))
         except ImportError as exc:
             raise UsageError(f"Parquet export needs pyarrow: pip install pyarrow ({exc})") from None
     elif out_path.endswith(".csv"):
-        frame.to_csv(out_path, index=False)
+        write_with(out_path, lambda tmp: frame.to_csv(tmp, index=False))
     else:
         raise UsageError(f"{out_path}: choose a .csv or .parquet file name")
     console.print(f"{len(frame)} rows → {out_path}", highlight=False)
@@ -1001,7 +1014,7 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         path = write_report(csv_path, layers_csv(analyses))
         err_console.print(f"layers: {path}", highlight=False)
     if as_json:
-        click.echo(json.dumps(document(analyses), indent=1))
+        echo_json(document(analyses))
         return
     for a in analyses:
         print_analysis(a, console, max_layers=limit)

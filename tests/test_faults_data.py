@@ -106,3 +106,72 @@ def test_corrupt_rows_are_named_the_rest_is_read_and_merge_refuses(measured, tmp
     assert analysis.rc == 0 and f"id {bad_id} ({why}" in analysis.err
     json.loads(analysis.out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))
     assert "-4.999" not in analysis.out
+
+
+# --- outputs that cannot be written -----------------------------------------------------
+
+def _small_files(limit: int = 512):
+    """The child's files stop growing at ``limit`` bytes (EFBIG, as a full disk's ENOSPC)."""
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def output_probes(measured: Path, tmp_path: Path) -> dict:
+    """Every output the reading and generating commands write, where it cannot be written."""
+    import subprocess
+
+    from faultprobe import CLI, Probe
+
+    model = str(measured / "conv.onnx")
+    # a rollback-journal copy: a WAL database's reader needs a 32 KiB -shm file the size limit forbids
+    shutil.copy(measured / "r.db", tmp_path / "r.db")
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        conn.execute("PRAGMA journal_mode=delete")
+    conn.close()
+    db = str(tmp_path / "r.db")
+    afile = tmp_path / "a-file"
+    afile.write_text("not a folder")
+    full = tmp_path / "full"
+    full.mkdir()
+    analyze = ("analyze", model, "--system", "box", "--db", db)
+
+    def small(*args: str) -> Probe:
+        done = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=120,
+                              preexec_fn=_small_files(), check=False)
+        return Probe(args, done.returncode, done.stdout, done.stderr)
+
+    def to_dev_full(*args: str) -> Probe:
+        with open("/dev/full", "w") as out:
+            done = subprocess.run([CLI, *args], stdout=out, stderr=subprocess.PIPE, text=True, timeout=120,
+                                  check=False)
+        return Probe(args, done.returncode, "", done.stderr)
+
+    return {
+        "generate under /dev/null": (benanza("generate", model, "--out", "/dev/null/x"), "/dev/null/x"),
+        "generate under a file": (benanza("generate", model, "--out", str(afile / "x")), str(afile / "x")),
+        "generate, disk full": (small("generate", model, "--out", str(full / "g")), str(full / "g")),
+        "--report under /dev/null": (benanza(*analyze, "--report", "/dev/null/r.html"), "/dev/null/r.html"),
+        "--report, disk full": (small(*analyze, "--report", str(full / "r.html")), str(full / "r.html")),
+        "--csv, disk full": (small(*analyze, "--csv", str(full / "r.csv")), str(full / "r.csv")),
+        "--json to a full stdout": (to_dev_full(*analyze, "--json"), "standard output"),
+        "generate --json to a full stdout": (to_dev_full("generate", model, "--out", str(tmp_path / "g2"),
+                                                         "--json"), "standard output"),
+        "db export, disk full": (small("db", "export", "--db", db, "--out", str(full / "e.csv")),
+                                 str(full / "e.csv")),
+        "db export under /dev/null": (benanza("db", "export", "--db", db, "--out", "/dev/null/e.csv"),
+                                      "/dev/null/e.csv"),
+    }
+
+
+def test_unwritable_outputs_are_one_line_and_leave_no_temp_file(measured, tmp_path):
+    probes = output_probes(measured, tmp_path)
+    for case, (p, named) in probes.items():
+        assert p.clean_error and named in p.error, (case, p.err)
+    assert "is a file, not a folder" in probes["generate under a file"][0].error
+    assert "File too large" in probes["--report, disk full"][0].error
+    left = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    assert left == []
+    assert not (tmp_path / "full" / "r.html").exists() and not (tmp_path / "full" / "e.csv").exists()

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..analyzer import MATH_EXACT, Analysis, analyze
 from ..errors import BenanzaError
 from ..generator import get_backend
+from ..outputs import write_text
 from ..parsers import ExecutionProfile
 from ..parsers.bundle import check_model
 from ..processor import load_model
@@ -113,12 +114,7 @@ def _run(cmd: str) -> None:
 
 
 def write_report(path: str | Path, html: str) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(p)
-    return p
+    return write_text(path, html)
 
 
 __all__: Sequence[str] = ("SweepRequest", "resolve_system", "run_sweep", "write_report")
