@@ -175,3 +175,81 @@ def test_unwritable_outputs_are_one_line_and_leave_no_temp_file(measured, tmp_pa
     left = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
     assert left == []
     assert not (tmp_path / "full" / "r.html").exists() and not (tmp_path / "full" / "e.csv").exists()
+
+
+# --- hostile profile bundles --------------------------------------------------------------
+
+NSYS_STANDIN = """#!{python}
+# `nsys export --type sqlite --force-overwrite true --output OUT REPORT`: an export as nsys writes it
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_parsers import make_nsys_sqlite
+make_nsys_sqlite(Path(sys.argv[sys.argv.index("--output") + 1]))
+"""
+
+
+def make_bundle(folder: Path, **fields) -> Path:
+    folder.mkdir(parents=True)
+    index = {"schema_version": 2, "model": "conv", "framework": "onnxruntime", "device": "cpu", "batch_size": 1,
+             "latency_ms": {"trimmed_mean": 1.0, "p50": 1.0, "p90": 1.0, "mean": 1.0, "min": 1.0, "max": 1.0},
+             "files": {}, "notes": [], **fields}
+    (folder / "profile.json").write_text(json.dumps(index))
+    return folder
+
+
+def bundle_probes(measured: Path, tmp_path: Path) -> dict:
+    """Each hostile bundle, analysed with `nsys` on PATH; the value: the probe and the bundle."""
+    import sys
+
+    from benanza.parsers.bundle import model_identity
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nsys").write_text(NSYS_STANDIN.format(python=sys.executable, tests=str(Path(__file__).parent)))
+    (bin_dir / "nsys").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "r.nsys-rep").write_bytes(b"\0" * 64)
+    identity = model_identity(measured / "conv.onnx", 1)
+    bundles = {
+        "nsys report": make_bundle(tmp_path / "rep", model_identity=identity, files={"nsys": "nsys.nsys-rep"}),
+        "nsys path out of the bundle": make_bundle(tmp_path / "esc", files={"nsys": "../outside/r.nsys-rep"}),
+        "absolute trace path": make_bundle(tmp_path / "abs", files={"trace": "/etc/shadow"}),
+        "symlink out of the bundle": make_bundle(tmp_path / "link", files={"trace": "t.json"}),
+        "model_identity -1": make_bundle(tmp_path / "ident", model_identity=-1),
+        "notes 0": make_bundle(tmp_path / "notes", notes=0),
+        "batch_size text": make_bundle(tmp_path / "batch", batch_size="one"),
+        "deeply nested index": make_bundle(tmp_path / "deep"),
+        "no model_identity": make_bundle(tmp_path / "noid"),
+    }
+    (tmp_path / "rep" / "nsys.nsys-rep").write_bytes(b"\0" * 64)
+    (tmp_path / "link" / "t.json").symlink_to(outside / "r.nsys-rep")
+    (tmp_path / "deep" / "profile.json").write_text("[" * 100_000 + "]" * 100_000)
+    return {case: (benanza("analyze", str(measured / "conv.onnx"), "--system", "box", "--db", str(measured / "r.db"),
+                           "--profile", str(folder), "--json", env=env), folder)
+            for case, folder in bundles.items()}
+
+
+def test_hostile_bundles_are_one_line_and_reading_never_writes(measured, tmp_path):
+    probes = bundle_probes(measured, tmp_path)
+    expected = {
+        "nsys path out of the bundle": "names nsys file '../outside/r.nsys-rep', which is outside the bundle",
+        "absolute trace path": "names trace file '/etc/shadow', which is outside the bundle",
+        "symlink out of the bundle": "names trace file 't.json', which is outside the bundle",
+        "model_identity -1": "model_identity is '-1', not an object",
+        "notes 0": "notes is '0', not a list",
+        "batch_size text": "batch_size is 'one', not a whole number",
+        "deeply nested index": "nested deeper than Python's JSON reader goes",
+    }
+    for case, why in expected.items():
+        p, folder = probes[case]
+        assert p.clean_error and why in p.error and str(folder / "profile.json") in p.error, (case, p.err)
+    rep, folder = probes["nsys report"]
+    assert rep.rc == 0, rep.err
+    assert sorted(p.name for p in folder.iterdir()) == ["nsys.nsys-rep", "profile.json"]  # no export beside it
+    assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == ["r.nsys-rep"]
+    noid, _ = probes["no model_identity"]
+    (analysis,) = json.loads(noid.out)["analyses"]
+    assert noid.rc == 0 and any("cannot verify that it ran the model analysed" in w for w in analysis["warnings"])
