@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import BenanzaError
+from .escape import printable
 from .records import UNSTABLE_RSD
 
 if TYPE_CHECKING:
@@ -26,16 +27,28 @@ if TYPE_CHECKING:
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
 # markup=False: names and paths come from files and users; `[/]` or `[link=...]` in a node
 # name must print as itself. What is styled on purpose is built as Text.
-console = Console(width=_WIDTH, markup=False)
-err_console = Console(stderr=True, width=_WIDTH, markup=False)
+
+
+class _Terminal(Console):
+    """Every string printed, names from models, logs and databases included, shows its
+    control characters escaped: a node name must not drive the user's terminal."""
+
+    def render_str(self, text: str, **kwargs) -> Text:  # type: ignore[override]
+        return super().render_str(printable(text), **kwargs)
+
+
+console = _Terminal(width=_WIDTH, markup=False)
+err_console = _Terminal(stderr=True, width=_WIDTH, markup=False)
 
 
 def print_error(message: object) -> None:
-    err_console.print(Text.assemble(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), f" {printable(str(message))}"), highlight=False,
+                      soft_wrap=True)
 
 
 def print_warning(message: object) -> None:
-    err_console.print(Text.assemble(("warning:", "yellow"), f" {message}"), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("warning:", "yellow"), f" {printable(str(message))}"), highlight=False,
+                      soft_wrap=True)
 
 
 def echo_json(doc: object) -> None:

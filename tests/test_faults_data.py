@@ -253,3 +253,58 @@ def test_hostile_bundles_are_one_line_and_reading_never_writes(measured, tmp_pat
     noid, _ = probes["no model_identity"]
     (analysis,) = json.loads(noid.out)["analyses"]
     assert noid.rc == 0 and any("cannot verify that it ran the model analysed" in w for w in analysis["warnings"])
+
+
+# --- names that would drive the terminal ------------------------------------------------------
+
+TERMINAL_NAMES = {"conv1": "c\x1b]52;c;aGk=\x07", "relu1": "r\x1b[2J", "conv2": "k\u202eevil", "bn2": "b\x9b31m"}
+
+
+def _on_a_tty(*args: str) -> tuple[int, bytes]:
+    """`benanza ARGS` with stdout and stderr on a pseudo-terminal (rich styles for a TTY)."""
+    import pty
+    import subprocess
+
+    from faultprobe import CLI
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([CLI, *args], stdout=follower, stderr=follower, env=dict(os.environ, COLUMNS="300"))
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    return proc.wait(timeout=60), out
+
+
+def terminal_probes(tmp_path: Path) -> dict:
+    """analyze's table, on a TTY and piped, for a model whose node names hold terminal commands."""
+    m = conv_net()
+    for node in m.graph.node:
+        node.name = TERMINAL_NAMES.get(node.name, node.name)
+    onnx.save(m, tmp_path / "evil.onnx")
+    models = [load_model(tmp_path / "evil.onnx", batch_size=1)]
+    manifest = build_manifest(models, unique_layers(models))
+    generate(manifest, "onednn", tmp_path / "bench", GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
+    execute(tmp_path, read_variants(tmp_path / "bench" / "onednn"), "")
+    args = ("analyze", str(tmp_path / "evil.onnx"), "--system", "box", "--db", str(tmp_path / "r.db"))
+    return {"tty": _on_a_tty(*args), "pipe": benanza(*args, env=dict(os.environ, COLUMNS="300"))}
+
+
+def test_control_characters_in_names_print_escaped(tmp_path):
+    probes = terminal_probes(tmp_path)
+    rc, raw = probes["tty"]
+    piped = probes["pipe"]
+    assert rc == 0 and piped.rc == 0, piped.err
+    for out in (raw, piped.out.encode()):
+        for name in TERMINAL_NAMES.values():
+            # the command never reaches the terminal; its escaped form does
+            assert name.encode() not in out and name[1:].encode() not in out
+        for shown in ("c\\x1b]52;c;aGk=\\x07", "r\\x1b[2J", "k\\u202eevil", "b\\x9b31m"):
+            assert shown.encode() in out, shown
