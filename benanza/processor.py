@@ -705,8 +705,21 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         raise ModelError(p, f"cannot be processed ({type(exc).__name__}: {_first_line(exc)})") from None
 
 
+def _check_utf8(graph: onnx.GraphProto, p: Path) -> None:
+    """protobuf hands a string field that is not UTF-8 over as bytes, which would travel into
+    the manifest, the database and the terminal as something else than a name."""
+    named = [(f"node {i}", n.name, n.op_type, n.domain, *n.input, *n.output) for i, n in enumerate(graph.node)]
+    named += [("a graph input, output or weight", t.name)
+              for t in [*graph.input, *graph.output, *graph.initializer, *graph.value_info]]
+    for where, *strings in named:
+        bad = next((s for s in strings if isinstance(s, bytes)), None)
+        if bad is not None:
+            raise ModelError(p, f"{where} has a name that is not valid UTF-8: {bad!r}")
+
+
 def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | None) -> Model:
     batch_size = opts.batch_size
+    _check_utf8(model.graph, p)
     opset = default_opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
