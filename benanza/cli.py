@@ -605,15 +605,21 @@ def db_serve(db_path: str | None, port: int, host: str) -> None:
     import importlib.util
 
     from .errors import UsageError
-    from .perfdb import PerfDB, resolve_db_path
+    from .perfdb import SCHEMA_VERSION, PerfDB, check_idle_file, resolve_db_path, writer_active
 
     if importlib.util.find_spec("datasette") is None:
         raise UsageError("`benanza db serve` needs Datasette: pip install 'benanza[serve]'")
-    path = resolve_db_path(db_path)
-    PerfDB(path, readonly=True).close()  # validate before handing it over
+    # absolute: a file named like a flag (`./--root`) stays a file name
+    path = resolve_db_path(db_path).absolute()
+    # Immutable: neither the check nor Datasette creates -shm/-wal files beside it. Only a WAL
+    # that a writer is still filling needs a read-only connection (that creates them) to be read.
+    live = writer_active(path)
+    if live or check_idle_file(path) < SCHEMA_VERSION:
+        PerfDB(path, readonly=True).close()  # validates (and migrates an older schema)
+    files = ["--", str(path)] if live else ["--immutable", str(path)]
     # exec, not a child process: a signal to `benanza db serve` must stop the server itself
-    os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", str(path), "--host", host,
-                              "--port", str(port)])
+    os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", "--host", host, "--port", str(port),
+                              *files])
 
 
 @db.command("lookup")

@@ -569,6 +569,26 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def writer_active(path: Path) -> bool:
+    """Whether a WAL holds commits not yet in the main file: a writer is running (or died)."""
+    wal = path.with_name(path.name + "-wal")
+    return wal.exists() and wal.stat().st_size > 0
+
+
+def check_idle_file(path: Path) -> int:
+    """The schema version of a database no writer is using, validated without creating its
+    -shm/-wal files (a read-only connection to a WAL database creates and leaves them)."""
+    if not path.is_file():
+        raise DatabaseError(path, "no such database file")
+    conn = sqlite3.connect("file:" + urllib.parse.quote(str(path.resolve())) + "?immutable=1", uri=True)
+    try:
+        return _check_schema(conn, path, readonly=True)
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseError(path, _sqlite_problem(exc)) from None
+    finally:
+        conn.close()
+
+
 def _check_schema(conn: sqlite3.Connection, path: Path, readonly: bool) -> int:
     """The file's schema version, validated; 0 for an empty file that may still get a schema.
 

@@ -308,3 +308,46 @@ def test_control_characters_in_names_print_escaped(tmp_path):
             assert name.encode() not in out and name[1:].encode() not in out
         for shown in ("c\\x1b]52;c;aGk=\\x07", "r\\x1b[2J", "k\\u202eevil", "b\\x9b31m"):
             assert shown.encode() in out, shown
+
+
+# --- db serve ------------------------------------------------------------------------------------
+
+def serve_probe(measured: Path, tmp_path: Path) -> dict:
+    """`db serve --db ./--root` in the database's folder: what it served, printed and left."""
+    import signal
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from faultprobe import CLI
+
+    shutil.copy(measured / "r.db", tmp_path / "--root")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([CLI, "db", "serve", "--db", "./--root", "--port", str(port)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    served = None
+    deadline = time.monotonic() + 60
+    while served is None and time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/--root/results.json?_shape=array&_size=max",
+                                        timeout=5) as r:
+                served = json.loads(r.read())
+        except OSError:
+            time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    return {"served": served, "output": out, "left": sorted(p.name for p in tmp_path.iterdir())}
+
+
+def test_db_serve_of_a_file_named_like_a_flag_serves_it_immutable(measured, tmp_path):
+    probe = serve_probe(measured, tmp_path)
+    with sqlite3.connect(measured / "r.db") as conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM results ORDER BY id")]
+    conn.close()
+    assert probe["served"] is not None, probe["output"]
+    assert sorted(r["id"] for r in probe["served"]) == ids  # the file itself, every row
+    assert "auth-token" not in probe["output"]  # `--root` was never Datasette's flag
+    assert probe["left"] == ["--root"]  # no -shm/-wal beside it
