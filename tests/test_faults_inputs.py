@@ -24,3 +24,40 @@ def test_invalid_utf8_node_name_is_one_line(tmp_path):
     p = benanza("generate", str(path), "--out", str(tmp_path / "out"), "--backend", "none")
     assert p.clean_error and p.error == f"error: {path}: node 0 has a name that is not valid UTF-8: b'\\xff\\xfeQQ'"
     assert not (tmp_path / "out" / "layers.json").exists()
+
+
+# --- campaign submit ---------------------------------------------------------------------------
+
+def campaign_probes(tmp_path: Path) -> dict:
+    """`campaign submit` where sbatch has no cluster (an empty slurm.conf: it refuses at once)."""
+    import os
+
+    import onnx
+
+    good, corrupt = tmp_path / "conv.onnx", tmp_path / "corrupt.onnx"
+    onnx.save(conv_net(), good)
+    corrupt.write_bytes(b"garbage, not a protobuf")
+    (tmp_path / "slurm.conf").write_text("")
+    env = dict(os.environ, SLURM_CONF=str(tmp_path / "slurm.conf"))
+    return {
+        "setup line": benanza("campaign", "submit", str(good), "--dir", str(tmp_path / "D1"), "--system",
+                              "a:partition=x", "--slurm", "setup=echo one", "--slurm", "setup=echo two", env=env),
+        "corrupt model, unknown system": benanza("campaign", "submit", str(corrupt), "--dir", str(tmp_path / "D2"),
+                                                 "--system", "a:partition=x", env=env),
+        "additional_parameters": benanza("campaign", "submit", str(good), "--dir", str(tmp_path / "D3"), "--system",
+                                         "a:partition=x", "--slurm", "additional_parameters=x", env=env),
+    }
+
+
+def test_campaign_submit_errors_are_one_line_and_bad_models_never_reach_sbatch(tmp_path):
+    probes = campaign_probes(tmp_path)
+    setup = probes["setup line"]
+    # the setup lines reached the sbatch script; sbatch's own complaint is in the one error line
+    assert setup.clean_error and setup.err.count("\n") == 1 and "sbatch refused the job: sbatch:" in setup.error
+    (script,) = (tmp_path / "D1" / "slurm").glob(".submission_file_*.sh")
+    assert "# setup\necho one\necho two\n" in script.read_text()
+    bad = probes["corrupt model, unknown system"]
+    assert bad.clean_error and str(tmp_path / "corrupt.onnx") in bad.error and "sbatch" not in bad.err
+    assert not list((tmp_path / "D2").rglob("*.sh"))  # nothing was written for sbatch
+    extra = probes["additional_parameters"]
+    assert extra.clean_error and "additional_parameters is a mapping" in extra.error
