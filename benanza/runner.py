@@ -214,14 +214,21 @@ def _bench_env(backend: str, threads: int, options: RunOptions) -> dict[str, str
 
 # --- build -------------------------------------------------------------------------------
 
+# What CMake and ninja take for syntax inside a path, whatever the quoting: ';' splits lists,
+# a backslash starts an escape (CMake then builds in a sibling folder), '"' ends a string, and '$(' /
+# '${' / '$<' expand (ninja: "bad $-escape"). A '$' before anything else passes through.
+_CMAKE_UNSAFE = re.compile(r'[;"\\]|\$[({<]')
+
+
 def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = ()) -> Path:
     """Configures (Release) and builds the generated CMake project; returns the binary."""
     if not (project / "CMakeLists.txt").is_file():
         raise BuildError(f"{project}: no generated CMake project here; run `benanza generate` first")
-    if ";" in str(project.absolute()) or ";" in str(project.resolve()):
-        # CMake splits paths on ';' (its list separator), in its own modules too.
-        raise BuildError(f"{project}: CMake cannot build in a folder whose path contains ';'; "
-                         f"generate into another folder (--out)")
+    for path in (str(project.absolute()), str(project.resolve())):
+        bad = _CMAKE_UNSAFE.search(path)
+        if bad:
+            raise BuildError(f"{project}: CMake cannot build in a folder whose path contains {bad.group()!r} "
+                             f"(CMake and ninja read it as syntax); generate into another folder (--out)")
     build_dir = project / "build"
     build_dir.mkdir(exist_ok=True)
     # Runs sharing a bench dir (several on one machine, or Slurm nodes over a shared file

@@ -61,3 +61,32 @@ def test_campaign_submit_errors_are_one_line_and_bad_models_never_reach_sbatch(t
     assert not list((tmp_path / "D2").rglob("*.sh"))  # nothing was written for sbatch
     extra = probes["additional_parameters"]
     assert extra.clean_error and "additional_parameters is a mapping" in extra.error
+
+
+# --- bench folders CMake cannot build in ----------------------------------------------------------
+
+CMAKE_SYNTAX = ['a"b', "a\\b", "a$(b)", "a${b}", "a$<b>", "a;b"]
+
+
+def bench_path_probes(tmp_path: Path) -> dict:
+    import onnx
+
+    onnx.save(conv_net(), tmp_path / "conv.onnx")
+    out = {}
+    for name in CMAKE_SYNTAX:
+        bench = tmp_path / name / "B"
+        gen = benanza("generate", str(tmp_path / "conv.onnx"), "--backend", "onednn", "--out", str(bench))
+        assert gen.rc == 0, gen.err
+        out[name] = benanza("run", "--system", "s", "--bench-dir", str(bench), "--backend", "onednn",
+                            "--db", str(tmp_path / "x.db"))
+    return out
+
+
+def test_bench_paths_cmake_reads_as_syntax_are_refused_before_cmake_runs(tmp_path):
+    probes = bench_path_probes(tmp_path)
+    for name, p in probes.items():
+        bad = {'a"b': '"', "a\\b": "\\", "a$(b)": "$(", "a${b}": "${", "a$<b>": "$<", "a;b": ";"}[name]
+        assert p.clean_error and f"path contains {bad!r}" in p.error, (name, p.err)
+        assert not (tmp_path / name / "B" / "onednn" / "build").exists()  # CMake never ran
+    # nothing was written beside the folders (CMake once built `a\b` in a sibling `a/b`)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*CMAKE_SYNTAX, "conv.onnx"])
