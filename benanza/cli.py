@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sqlite3
 import sys
@@ -49,6 +50,17 @@ def print_error(message: object) -> None:
 def print_warning(message: object) -> None:
     err_console.print(Text.assemble(("warning:", "yellow"), f" {printable(str(message))}"), highlight=False,
                       soft_wrap=True)
+
+
+class FiniteRange(click.FloatRange):
+    """A float range that also refuses nan and inf (which pass every comparison a range makes,
+    or are no number to time, store or print as JSON)."""
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def echo_json(doc: object) -> None:
@@ -328,15 +340,15 @@ def db_option(f):
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
 @click.option("--dry-run", is_flag=True, help="Show what would run, build and run nothing.")
 @click.option("--force", is_flag=True, help="Re-run benchmarks already measured on this system and stack.")
-@click.option("--min-time", type=click.FloatRange(min=0.0, min_open=True), default=0.2, show_default=True,
+@click.option("--min-time", type=FiniteRange(min=0.0, min_open=True), default=0.2, show_default=True,
               help="Seconds per repetition (Google Benchmark min time; oneDNN only: cuDNN sizes each "
                    "repetition to about 1 ms of GPU time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (oneDNN); default all cores.")
-@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
+@click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
-@click.option("--max-rsd", type=click.FloatRange(min=0.0, min_open=True), default=UNSTABLE_RSD, show_default=True,
+@click.option("--max-rsd", type=FiniteRange(min=0.0, min_open=True), default=UNSTABLE_RSD, show_default=True,
               help="Relative stddev (stddev / median of the repetitions) above which a result is unstable.")
 @click.option("--remeasure", type=click.IntRange(min=0), default=2, show_default=True,
               help="Times an unstable result is measured again; what stays unstable is flagged.")
@@ -421,7 +433,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
               help="Seed of the input generator (both the benchmarks and the reference use it).")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="oneDNN threads.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
-@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=600.0, show_default=True,
+@click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=600.0, show_default=True,
               help="Seconds the benchmarks may take in all.")
 @click.option("--show-ok", is_flag=True, help="Also print a line for every benchmark that passed.")
 def check_command(models: tuple[str, ...], bench_dir: str, batch_size: int, input_shape: tuple[str, ...],
@@ -722,7 +734,7 @@ def campaign_dir_option(f):
 
 
 def wait_options(f):
-    f = click.option("--poll", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+    f = click.option("--poll", type=FiniteRange(min=0.1), default=10.0, show_default=True,
                      help="Seconds between looks at the queue while waiting.")(f)
     f = click.option("--wait/--no-wait", default=True, show_default=True,
                      help="Wait for the jobs, merging each system's results as its job ends.")(f)
@@ -744,10 +756,10 @@ def wait_options(f):
 @click.option("--dtype", "dtypes", multiple=True, metavar="DT", help="Data types (default: the backend's).")
 @click.option("--layout", "layouts", multiple=True, metavar="L", help="Layouts (nchw, nhwc, any).")
 @click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")
-@click.option("--min-time", type=click.FloatRange(min=0.0, min_open=True), default=0.2, show_default=True,
+@click.option("--min-time", type=FiniteRange(min=0.0, min_open=True), default=0.2, show_default=True,
               help="Seconds per repetition (Google Benchmark min time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
+@click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @wait_options
 def campaign_submit(models: tuple[str, ...], root: str, systems: tuple[str, ...], slurm_params: tuple[str, ...],
@@ -878,7 +890,7 @@ class _ProfileCommand(click.Command):
 @click.option("--model", "command_model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --command: the ONNX file of the network the command runs; the analyzer then "
                    "checks a bundle is of the model it analyses.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--timeout", type=FiniteRange(min=0, min_open=True), default=None,
               help="With --command: seconds each of its two runs may take before it is killed [default: none].")
 def profile(model: str | None, framework: str, batch_size: int, input_shape: tuple[str, ...], warmup: int,
             iterations: int, trace_iterations: int, device: str, out_dir: str | None, nsys: bool,
@@ -986,7 +998,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
               help="Batch size (repeatable: a sweep) [default: 1].")
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
               help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")
-@click.option("--measured-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--measured-ms", type=FiniteRange(min=0, min_open=True), default=None,
               help="Measured model latency, when no profile gives one.")
 @click.option("--generate-missing", is_flag=True, help="Generate and run the benchmarks the database lacks.")
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON (docs/analyze-json.md).")

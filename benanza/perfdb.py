@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import shlex
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -39,6 +40,7 @@ DEFAULT_PATH = Path("perfdb") / "benanza.db"
 ENV_VAR = "BENANZA_DB"
 _BUSY_MS = 60_000
 _RETRY_SECONDS = 120.0
+_FULL_BYTES = 1 << 20  # less free space than this: a failed write is the disk being full
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -155,7 +157,7 @@ class PerfDB:
         except OSError as exc:
             raise DatabaseError(self.path, f"cannot create the database ({exc.strerror or exc})") from None
         except sqlite3.DatabaseError as exc:
-            raise DatabaseError(self.path, _sqlite_problem(exc)) from None
+            raise DatabaseError(self.path, _sqlite_problem(exc, self.path)) from None
 
     def _migrate_for_reading(self) -> None:
         """An older schema is migrated in place (as any opening for writing does), then read;
@@ -197,7 +199,7 @@ class PerfDB:
                 return out
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise DatabaseError(self.path, _sqlite_problem(exc)) from None
+                    raise DatabaseError(self.path, _sqlite_problem(exc, self.path, writing=True)) from None
                 if time.monotonic() > deadline:
                     raise DatabaseError(self.path, f"still locked by another writer after "
                                                    f"{_RETRY_SECONDS:.0f}s ({exc})") from None
@@ -205,7 +207,7 @@ class PerfDB:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except sqlite3.DatabaseError as exc:
-                raise DatabaseError(self.path, _sqlite_problem(exc)) from None
+                raise DatabaseError(self.path, _sqlite_problem(exc, self.path, writing=True)) from None
 
     def _init_schema(self) -> None:
         version = _check_schema(self.db.conn, self.path, readonly=False)
@@ -584,7 +586,7 @@ def check_idle_file(path: Path) -> int:
     try:
         return _check_schema(conn, path, readonly=True)
     except sqlite3.DatabaseError as exc:
-        raise DatabaseError(path, _sqlite_problem(exc)) from None
+        raise DatabaseError(path, _sqlite_problem(exc, path)) from None
     finally:
         conn.close()
 
@@ -628,16 +630,28 @@ def _stored_version(path: Path) -> int:
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        raise DatabaseError(path, _sqlite_problem(exc)) from None
+        raise DatabaseError(path, _sqlite_problem(exc, path)) from None
 
 
-def _sqlite_problem(exc: sqlite3.Error) -> str:
+def _sqlite_problem(exc: sqlite3.Error, path: Path, writing: bool = False) -> str:
+    """``writing``: the error came from a write to a database that opened fine."""
     text = str(exc)
+    if "disk is full" in text or _disk_full(path):  # "disk I/O error" when no -shm file can be made
+        return f"cannot write: the disk holding it is full ({text})"
     if "readonly" in text or "read-only" in text:
         return f"cannot write: the file or its folder is read-only ({text})"
     if "unable to open" in text:
         return f"cannot open ({text}): check that the folder exists and is accessible"
+    if writing and "malformed" not in text and "not a database" not in text:
+        return f"cannot write ({text})"
     return f"not a usable SQLite database ({text})"
+
+
+def _disk_full(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path.absolute().parent).free < _FULL_BYTES
+    except OSError:
+        return False
 
 
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",

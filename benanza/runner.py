@@ -33,7 +33,7 @@ from . import children
 from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
-from .perfdb import PerfDB, resolve_db_path
+from .perfdb import DatabaseError, PerfDB, resolve_db_path
 from .records import UNSTABLE_RSD, Result, Status, System, Variant
 from .system import default_threads, detect_system, probe_gpu, runnable_tasks
 
@@ -307,6 +307,7 @@ class _Store:
         self.pending: list[tuple[Result, dict]] = []
         self.last = time.monotonic()
         self.final: dict[str, Result] = {}  # the latest outcome per variant name
+        self.stored = 0  # measurements written
 
     def add(self, result: Result, raw: dict) -> None:
         rsd = result.rsd
@@ -326,8 +327,14 @@ class _Store:
 
     def flush(self) -> None:
         if self.pending:
-            self.db.insert_measurements(self.system, self.pending, command=self.command)
-            self.pending = []
+            pending, self.pending = self.pending, []
+            try:
+                self.db.insert_measurements(self.system, pending, command=self.command)
+            except DatabaseError as exc:
+                raise DatabaseError(exc.path, f"{exc.problem}; {self.stored} results of this run were stored before "
+                                              f"it, the {len(pending)} measured since were not: run the same "
+                                              f"command again to measure them") from None
+            self.stored += len(pending)
         self.last = time.monotonic()
 
 

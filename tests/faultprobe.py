@@ -29,12 +29,12 @@ class Probe:
     @property
     def clean_error(self) -> bool:
         """Failed with exactly one `error:` line and nothing that looks like a stack."""
-        errors = [ln for ln in self.err.splitlines() if ln.startswith("error:")]
+        errors = [ln for ln in self.err.splitlines() if ln.lower().startswith("error:")]  # click: "Error:"
         return self.rc not in (0, None) and not self.traceback and len(errors) == 1
 
     @property
     def error(self) -> str:
-        return next((ln for ln in self.err.splitlines() if ln.startswith("error:")), "")
+        return next((ln for ln in self.err.splitlines() if ln.lower().startswith("error:")), "")
 
 
 def benanza(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict | None = None,

@@ -359,3 +359,38 @@ def test_concurrent_runs_on_an_unbuilt_bench_dir_build_once_and_store_every_row(
     with PerfDB(db, readonly=True) as pdb:
         rows = list(pdb.db.conn.execute("SELECT system, variant, status FROM results"))
     assert sorted(rows) == sorted((f"s{i}", n, "ok") for i in range(4) for n in names)
+
+
+# --- a database that stops taking writes mid-run ---------------------------------------------------
+
+FULL_RUN = """
+import json, os, resource, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_faults import execute
+from benanza.errors import BenanzaError
+from benanza.generator import read_variants
+from benanza.perfdb import PerfDB
+from benanza.records import System
+tmp = Path({tmp!r})
+variants = read_variants({bench!r})[:6]
+with PerfDB(tmp / "r.db") as db:  # created, then files may not grow: the run's writes fail
+    db.upsert_system(System("box", "onednn", "stand-in", (("threads", "1"),)))
+    db.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+resource.setrlimit(resource.RLIMIT_FSIZE, (32768, 32768))  # the -shm fits, the WAL not a run
+try:
+    execute(tmp, variants, "")
+except BenanzaError as exc:
+    print(exc)
+"""
+
+
+def test_database_that_stops_taking_writes_says_what_was_stored(bench, tmp_path):
+    script = FULL_RUN.format(tests=str(Path(__file__).parent), tmp=str(tmp_path), bench=str(bench / "onednn"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    with PerfDB(tmp_path / "r.db", readonly=True) as db:
+        stored = db.counts()[3].rows
+    assert done.stdout.strip() == (f"{tmp_path / 'r.db'}: cannot write (disk I/O error); {stored} results of this "
+                                   f"run were stored before it, the 6 measured since were not: run the same "
+                                   f"command again to measure them")

@@ -90,3 +90,22 @@ def test_bench_paths_cmake_reads_as_syntax_are_refused_before_cmake_runs(tmp_pat
         assert not (tmp_path / name / "B" / "onednn" / "build").exists()  # CMake never ran
     # nothing was written beside the folders (CMake once built `a\b` in a sibling `a/b`)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*CMAKE_SYNTAX, "conv.onnx"])
+
+
+# --- numbers that are no numbers --------------------------------------------------------------------
+
+def number_probes(tmp_path: Path) -> dict:
+    import onnx
+
+    onnx.save(conv_net(), tmp_path / "conv.onnx")
+    analyze = ("analyze", str(tmp_path / "conv.onnx"), "--system", "box", "--db", str(tmp_path / "none.db"))
+    run = ("run", "--system", "s", "--bench-dir", str(tmp_path / "none"), "--db", str(tmp_path / "none.db"))
+    return {f"{opt} {v}": benanza(*(analyze if opt == "--measured-ms" else run), opt, v, "--json"
+                                  if opt == "--measured-ms" else "--dry-run")
+            for opt in ("--measured-ms", "--timeout", "--min-time", "--max-rsd") for v in ("nan", "inf", "1e400")}
+
+
+def test_non_finite_numbers_are_usage_errors(tmp_path):
+    for case, p in number_probes(tmp_path).items():
+        assert p.rc == 2 and p.clean_error and "is not a finite number" in p.error, (case, p.err)
+        assert not (tmp_path / "none.db").exists()
