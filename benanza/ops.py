@@ -115,12 +115,27 @@ def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], st
     return [int(p) for p in (attrs.get("pads") or [0] * 2 * n)]
 
 
+def _check_groups(op: str, ic: int, g: int, w_shape: tuple[int, ...], per_group_axis: int) -> None:
+    """A model that splits channels into groups that do not divide them has no valid meaning;
+    a benchmark of it would only fail when run."""
+    if g < 1 or ic % g:
+        raise ValueError(f"{op} group={g} does not divide its {ic} input channels")
+    if per_group_axis == 1 and w_shape[1] * g != ic:
+        raise ValueError(f"{op} weights of shape {list(w_shape)} take {w_shape[1] * g} input channels "
+                         f"in {g} groups, the input has {ic}")
+    if per_group_axis == 0 and w_shape[0] != ic:
+        raise ValueError(f"{op} weights of shape {list(w_shape)} take {w_shape[0]} input channels, the input has {ic}")
+
+
 def _conv_build(view: NodeView) -> Problem:
     x, w = _input(view, 0), _input(view, 1)
     y = view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
     oc, _, kh, kw = w.shape
+    _check_groups("Conv", ic, int(a.get("group", 1)), w.shape, 1)
+    if oc % int(a.get("group", 1)):
+        raise ValueError(f"Conv group={a.get('group')} does not divide its {oc} output channels")
     k = tuple(a.get("kernel_shape") or (kh, kw))
     s = tuple(a.get("strides") or (1, 1))
     d = tuple(a.get("dilations") or (1, 1))
@@ -139,6 +154,7 @@ def _deconv_build(view: NodeView) -> Problem:
     a = view.attrs
     mb, ic, ih, iw = x.shape
     g = int(a.get("group", 1))
+    _check_groups("ConvTranspose", ic, g, w.shape, 0)
     k = tuple(a.get("kernel_shape") or w.shape[2:])
     s = tuple(a.get("strides") or (1, 1))
     d = tuple(a.get("dilations") or (1, 1))

@@ -723,6 +723,13 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     opset = default_opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
+    # Newer than the installed ONNX knows: its operators' meaning (and shapes) are unknown here.
+    if opset > onnx.defs.onnx_opset_version():
+        raise ModelError(p, f"opset {opset} is newer than the installed ONNX {onnx.__version__} knows "
+                            f"(at most {onnx.defs.onnx_opset_version()})")
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelError(p, f"IR version {model.ir_version} is newer than the installed ONNX {onnx.__version__} "
+                            f"reads (at most {onnx.IR_VERSION})")
     _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)

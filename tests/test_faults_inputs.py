@@ -109,3 +109,45 @@ def test_non_finite_numbers_are_usage_errors(tmp_path):
     for case, p in number_probes(tmp_path).items():
         assert p.rc == 2 and p.clean_error and "is not a finite number" in p.error, (case, p.err)
         assert not (tmp_path / "none.db").exists()
+
+
+# --- models that are not valid ONNX -----------------------------------------------------------------
+
+def invalid_models(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Models ONNX itself defines as invalid, each with the problem the error must name."""
+    import numpy as np
+    import onnx
+    from helpers import io, model, tensor
+    from onnx import helper, numpy_helper
+
+    def save(m, name: str) -> Path:
+        onnx.save(m, tmp_path / name)
+        return tmp_path / name
+
+    opset99, ir = conv_net(), conv_net()
+    opset99.opset_import[0].version = 99
+    ir.ir_version = 2**62
+    conv = lambda g, w: model([helper.make_node("Conv", ["x", "W"], ["y"], group=g, name="c")],  # noqa: E731
+                              [io("x", [1, 3, 8, 8])], [io("y", None)], [tensor("W", w)])
+    deconv = model([helper.make_node("ConvTranspose", ["x", "W"], ["y"], group=2, name="d")], [io("x", [1, 3, 8, 8])],
+                   [io("y", None)], [tensor("W", (3, 2, 3, 3))])
+    expand = model([helper.make_node("Expand", ["x", "s"], ["y"], name="e")], [io("x", [1])], [io("y", None)],
+                   [numpy_helper.from_array(np.array([10**13], np.int64), "s")])
+    return {
+        "Conv group=2 over 3 channels": (save(conv(2, (4, 1, 3, 3)), "group.onnx"),
+                                         "Conv group=2 does not divide its 3 input channels"),
+        "Conv weights for other channels": (save(conv(1, (4, 2, 3, 3)), "weights.onnx"),
+                                            "take 2 input channels in 1 groups, the input has 3"),
+        "ConvTranspose group=2 over 3 channels": (save(deconv, "deconv.onnx"),
+                                                  "divisible by group for ConvTranspose. C=3 group=2"),
+        "opset 99": (save(opset99, "opset99.onnx"), "opset 99 is newer than the installed ONNX"),
+        "IR version 2^62": (save(ir, "ir.onnx"), f"IR version {2**62} is newer than the installed ONNX"),
+        "Expand to 10^13 elements": (save(expand, "expand.onnx"), "has a dim of 10000000000000"),
+    }
+
+
+def test_invalid_models_are_refused_at_generate_not_at_run(tmp_path):
+    for case, (path, why) in invalid_models(tmp_path).items():
+        p = benanza("generate", str(path), "--backend", "onednn", "--out", str(tmp_path / path.stem))
+        assert p.clean_error and str(path) in p.error and why in p.error, (case, p.err)
+        assert not (tmp_path / path.stem / "onednn").exists()  # no benchmark that could fail later
