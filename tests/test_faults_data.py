@@ -351,3 +351,27 @@ def test_db_serve_of_a_file_named_like_a_flag_serves_it_immutable(measured, tmp_
     assert sorted(r["id"] for r in probe["served"]) == ids  # the file itself, every row
     assert "auth-token" not in probe["output"]  # `--root` was never Datasette's flag
     assert probe["left"] == ["--root"]  # no -shm/-wal beside it
+
+
+def test_nsys_collection_keeps_the_report_drops_the_raw_stream_and_applies_the_umask(tmp_path):
+    """A real nsys run (CPU: it leaves the raw .qdstrm), collected into a bundle as `profile --nsys` does."""
+    import subprocess
+
+    from benanza.profiler import _collect_nsys
+
+    done = subprocess.run(["nsys", "profile", "--trace=osrt", "--sample=none", "--cpuctxsw=none",
+                           "--force-overwrite=true", "-o", str(tmp_path / "nsys"), "true"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert (tmp_path / "nsys.qdstrm").exists() or (tmp_path / "nsys.nsys-rep").exists(), done.stdout + done.stderr
+    for made in tmp_path.glob("nsys.*"):
+        made.chmod(0o666)  # as nsys leaves them in a bundle
+    files: dict = {}
+    notes: list = []
+    old = os.umask(0o027)
+    try:
+        _collect_nsys(tmp_path, files, notes)
+    finally:
+        os.umask(old)
+    assert files == {"nsys": "nsys.nsys-rep"} and notes == []
+    assert sorted(p.name for p in tmp_path.glob("nsys.*")) == ["nsys.nsys-rep"]
+    assert (tmp_path / "nsys.nsys-rep").stat().st_mode & 0o777 == 0o640
