@@ -335,29 +335,42 @@ def test_sigterm_of_db_serve_stops_datasette(tmp_path):
 
 # --- concurrent runs on one bench dir ------------------------------------------------------
 
-def test_concurrent_runs_on_an_unbuilt_bench_dir_build_once_and_store_every_row(tmp_path, save):
-    """Four `benanza run` on a bench dir nobody built yet (as Slurm nodes sharing one folder):
-    they build one at a time (no CMake collision, no binary executed while being linked),
-    and every process stores each variant of the real oneDNN project exactly once."""
+def concurrent_runs(tmp_path: Path, save) -> tuple[list, list[tuple], set[str]]:
+    """Four `benanza run` at once on a bench dir nobody built yet (as Slurm nodes sharing one
+    folder): their probes, the rows stored, and the variant names generated."""
+    from faultprobe import CLI, Probe
     from helpers import io, model
     from onnx import helper
 
     tiny = save(model([helper.make_node("Relu", ["x"], ["y"], name="r")], [io("x", [1, 4, 8, 8])],
                       [io("y", [1, 4, 8, 8])]), name="tiny.onnx")
-    cli = str(Path(sys.executable).parent / "benanza")
     bench = tmp_path / "B"
-    subprocess.run([cli, "generate", str(tiny), "--backend", "onednn", "--out", str(bench)], check=True,
+    subprocess.run([CLI, "generate", str(tiny), "--backend", "onednn", "--out", str(bench)], check=True,
                    capture_output=True, timeout=120)
     names = {v["name"] for v in json.loads((bench / "onednn" / "variants.json").read_text())["variants"]}
     db = tmp_path / "x.db"
-    procs = [subprocess.Popen([cli, "run", "--system", f"s{i}", "--bench-dir", str(bench), "--backend", "onednn",
-                               "--db", str(db), "--min-time", "0.01", "--repetitions", "1", "--remeasure", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
-    for p in procs:
-        _, err = p.communicate(timeout=900)
-        assert p.returncode == 0, err
+    args = [("run", "--system", f"s{i}", "--bench-dir", str(bench), "--backend", "onednn", "--db", str(db),
+             "--min-time", "0.01", "--repetitions", "1", "--remeasure", "0") for i in range(4)]
+    procs = [subprocess.Popen([CLI, *a], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in args]
+    probes = []
+    for a, p in zip(args, procs):
+        try:
+            out, err = p.communicate(timeout=900)
+            probes.append(Probe(a, p.returncode, out, err))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            probes.append(Probe(a, None, *p.communicate()))
     with PerfDB(db, readonly=True) as pdb:
         rows = list(pdb.db.conn.execute("SELECT system, variant, status FROM results"))
+    return probes, rows, names
+
+
+def test_concurrent_runs_on_an_unbuilt_bench_dir_build_once_and_store_every_row(tmp_path, save):
+    """They build one at a time (no CMake collision, no binary executed while being linked),
+    and every process stores each variant of the real oneDNN project exactly once."""
+    probes, rows, names = concurrent_runs(tmp_path, save)
+    for p in probes:
+        assert p.rc == 0, p.err
     assert sorted(rows) == sorted((f"s{i}", n, "ok") for i in range(4) for n in names)
 
 
@@ -385,12 +398,17 @@ except BenanzaError as exc:
 """
 
 
-def test_database_that_stops_taking_writes_says_what_was_stored(bench, tmp_path):
+def full_database_run(bench: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """A run whose database stops taking writes; what it printed, and the results it kept."""
     script = FULL_RUN.format(tests=str(Path(__file__).parent), tmp=str(tmp_path), bench=str(bench / "onednn"))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     with PerfDB(tmp_path / "r.db", readonly=True) as db:
-        stored = db.counts()[3].rows
+        return done, db.counts()[3].rows
+
+
+def test_database_that_stops_taking_writes_says_what_was_stored(bench, tmp_path):
+    done, stored = full_database_run(bench, tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert done.stdout.strip() == (f"{tmp_path / 'r.db'}: cannot write (disk I/O error); {stored} results of this "
                                    f"run were stored before it, the 6 measured since were not: run the same "
                                    f"command again to measure them")

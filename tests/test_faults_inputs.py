@@ -127,8 +127,10 @@ def invalid_models(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     opset99, ir = conv_net(), conv_net()
     opset99.opset_import[0].version = 99
     ir.ir_version = 2**62
-    conv = lambda g, w: model([helper.make_node("Conv", ["x", "W"], ["y"], group=g, name="c")],  # noqa: E731
-                              [io("x", [1, 3, 8, 8])], [io("y", None)], [tensor("W", w)])
+    def conv(g: int, w: tuple[int, ...]):
+        return model([helper.make_node("Conv", ["x", "W"], ["y"], group=g, name="c")], [io("x", [1, 3, 8, 8])],
+                     [io("y", None)], [tensor("W", w)])
+
     deconv = model([helper.make_node("ConvTranspose", ["x", "W"], ["y"], group=2, name="d")], [io("x", [1, 3, 8, 8])],
                    [io("y", None)], [tensor("W", (3, 2, 3, 3))])
     expand = model([helper.make_node("Expand", ["x", "s"], ["y"], name="e")], [io("x", [1])], [io("y", None)],
