@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 # Piped or logged output has no terminal width; Rich would fall back to 80 columns and cut
 # model names and keys. COLUMNS still wins when set.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
-# markup=False: names and paths come from files and users; `[/]` or `[link=...]` in a node
-# name must print as itself. What is styled on purpose is built as Text.
 
 
 class _Terminal(Console):
@@ -38,6 +36,8 @@ class _Terminal(Console):
         return super().render_str(printable(text), **kwargs)
 
 
+# markup=False: names and paths come from files and users; `[/]` or `[link=...]` in a node
+# name must print as itself. What is styled on purpose is built as Text.
 console = _Terminal(width=_WIDTH, markup=False)
 err_console = _Terminal(stderr=True, width=_WIDTH, markup=False)
 
@@ -572,12 +572,11 @@ def _reproduce(metrics: dict) -> str:
 def db_export(db_path: str | None, out_path: str, system_name: str | None, all_rows: bool) -> None:
     """Results joined with variants and layers, as CSV or Parquet (pandas; pyarrow for Parquet)."""
     from .errors import UsageError
+    from .outputs import write_with
     from .perfdb import PerfDB, resolve_db_path
 
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         frame = pdb.results_frame(system_name, latest=not all_rows)
-    from .outputs import write_with
-
     if out_path.endswith(".parquet"):
         try:
             write_with(out_path, lambda tmp: frame.to_parquet(tmp, index=False))

@@ -263,8 +263,7 @@ class PerfDB:
         bad = [b for b in bad if (table, b) not in self._reported]  # each one once per command
         self._reported.update((table, b) for b in bad)
         if bad:
-            log.warning("%s: %d corrupt %s row(s) left out: %s%s", self.path, len(bad), table,
-                        "; ".join(bad[:5]), " …" if len(bad) > 5 else "")
+            log.warning("%s: %d corrupt %s row(s) left out: %s", self.path, len(bad), table, _first_few(bad))
         return good
 
     def systems(self) -> list[System]:
@@ -526,8 +525,12 @@ def _refuse_corrupt_rows(path: Path, label: Path) -> None:
     finally:
         conn.close()
     if bad:
-        raise DatabaseError(label, f"{len(bad)} corrupt row(s), nothing merged: {'; '.join(bad[:5])}"
-                                   f"{' …' if len(bad) > 5 else ''}; delete or repair them in this file first")
+        raise DatabaseError(label, f"{len(bad)} corrupt row(s), nothing merged: {_first_few(bad)}; delete or "
+                                   f"repair them in this file first")
+
+
+def _first_few(items: list[str], n: int = 5) -> str:
+    return "; ".join(items[:n]) + (" …" if len(items) > n else "")
 
 
 def _current_schema_copy(path: Path, tmp: Path) -> Path:
