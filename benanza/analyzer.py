@@ -333,6 +333,7 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         a.warnings.append(f"the profile ran batch size {profile.batch_size}, the analysis uses "
                           f"{model.batch_size}: ratios compare different work")
     a.notes = list(profile.notes)
+    a.warnings.extend(profile.warnings)
     if profile.trace is not None and profile.trace.ops:
         view = _framework_view(a, model, profile, by_key, weight, matches, graph)
         if any(g.nodes for g in view.match.groups):

@@ -24,6 +24,8 @@ submitit's checkpointing, so it resumes by itself.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -77,15 +79,27 @@ def _slurm_value(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
+# submitit parameters that are lists of lines: each KEY=VALUE adds one line
+_LINE_LISTS = ("setup", "teardown", "srun_args")
+
+
 def parse_slurm_params(items: tuple[str, ...] | list[str], what: str = "--slurm") -> tuple[tuple[str, Any], ...]:
     """``KEY=VALUE`` strings (submitit's Slurm parameters: partition, time, gres, ...)."""
-    out = []
+    out: list[tuple[str, Any]] = []
+    lines: dict[str, tuple[str, ...]] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise UsageError(f"{what} {item!r}: expected KEY=VALUE (e.g. time=120, gres=gpu:1)")
-        out.append((key.strip(), _slurm_value(value.strip())))
-    return tuple(out)
+        if key == "additional_parameters":
+            raise UsageError(f"{what} {item!r}: additional_parameters is a mapping; give each sbatch option "
+                             f"as its own KEY=VALUE instead")
+        if key in _LINE_LISTS:
+            lines[key] = (*lines.get(key, ()), value.strip())
+        else:
+            out.append((key, _slurm_value(value.strip())))
+    return tuple(out) + tuple(lines.items())
 
 
 @dataclass(frozen=True)
@@ -419,18 +433,24 @@ class _Wanted:
         self._manifest: Manifest | None = None
         self._variants: dict[str, list[Variant]] = {}
 
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            loaded = [load_model(p, batch_size=self.spec.batch_size) for p in self.spec.models]
+            self._manifest = build_manifest(loaded, unique_layers(loaded))
+        return self._manifest
+
     def variants(self, backend: str) -> list[Variant]:
         if backend not in self._variants:
-            if self._manifest is None:
-                loaded = [load_model(p, batch_size=self.spec.batch_size) for p in self.spec.models]
-                self._manifest = build_manifest(loaded, unique_layers(loaded))
-            self._variants[backend] = expand_variants(self._manifest, get_backend(backend), self.spec.gen)
+            self._variants[backend] = expand_variants(self.manifest(), get_backend(backend), self.spec.gen)
         return self._variants[backend]
 
 
 def plan(camp: Campaign) -> list[SystemPlan]:
     """Per system: complete, active (job in the queue) or to submit, from the merged database."""
     wanted = _Wanted(camp.spec)
+    # Models are processed here, on the login node: a model that cannot be read never reaches
+    # sbatch, whatever the database knows.
+    wanted.manifest()
     out = []
     with PerfDB(camp.spec.db) as db:
         for s in camp.spec.systems:
@@ -455,7 +475,7 @@ def _executor(camp: Campaign, system: SystemSpec) -> submitit.SlurmExecutor:
         ex = submitit.SlurmExecutor(folder=str(camp.folder.slurm / "%j"))
     except RuntimeError as exc:  # no srun on PATH
         raise CampaignError(f"cannot submit to Slurm: {exc}") from None
-    params = dict(camp.spec.slurm) | dict(system.slurm)
+    params = {k: list(v) if k in _LINE_LISTS else v for k, v in (dict(camp.spec.slurm) | dict(system.slurm)).items()}
     params.setdefault("job_name", f"benanza-{system.name}")
     try:
         ex.update_parameters(**params)
@@ -474,11 +494,13 @@ def submit(camp: Campaign, plans: list[SystemPlan]) -> list[SystemPlan]:
         system = camp.spec.system(p.system)
         ex = _executor(camp, system)
         try:
-            job = ex.submit(SystemJob(str(camp.folder.root), camp.spec, system))
+            # submitit prints sbatch's stderr before raising: it belongs in the one error line
+            with contextlib.redirect_stderr(io.StringIO()):
+                job = ex.submit(SystemJob(str(camp.folder.root), camp.spec, system))
         except submitit.core.utils.FailedJobError as exc:  # what submitit raises when sbatch fails
-            why = str(exc).strip().splitlines()
+            why = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
             raise CampaignError(f"system {system.name}: sbatch refused the job: "
-                                f"{why[-1] if why else 'no message'}") from None
+                                f"{' / '.join(why[-4:]) if why else 'no message'}") from None
         camp.jobs.setdefault(system.name, []).append(JobRecord(job.job_id, _now(), p.missing))
         camp.save()
         log.info("system %s: submitted Slurm job %s", system.name, job.job_id)

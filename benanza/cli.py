@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import sqlite3
 import sys
@@ -18,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import BenanzaError
+from .escape import printable
 from .records import UNSTABLE_RSD
 
 if TYPE_CHECKING:
@@ -26,18 +28,53 @@ if TYPE_CHECKING:
 # Piped or logged output has no terminal width; Rich would fall back to 80 columns and cut
 # model names and keys. COLUMNS still wins when set.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+
+
+class _Terminal(Console):
+    """Every string printed, names from models, logs and databases included, shows its
+    control characters escaped: a node name must not drive the user's terminal."""
+
+    def render_str(self, text: str, **kwargs) -> Text:  # type: ignore[override]
+        return super().render_str(printable(text), **kwargs)
+
+
 # markup=False: names and paths come from files and users; `[/]` or `[link=...]` in a node
 # name must print as itself. What is styled on purpose is built as Text.
-console = Console(width=_WIDTH, markup=False)
-err_console = Console(stderr=True, width=_WIDTH, markup=False)
+console = _Terminal(width=_WIDTH, markup=False)
+err_console = _Terminal(stderr=True, width=_WIDTH, markup=False)
 
 
 def print_error(message: object) -> None:
-    err_console.print(Text.assemble(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), f" {printable(str(message))}"), highlight=False,
+                      soft_wrap=True)
 
 
 def print_warning(message: object) -> None:
-    err_console.print(Text.assemble(("warning:", "yellow"), f" {message}"), highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("warning:", "yellow"), f" {printable(str(message))}"), highlight=False,
+                      soft_wrap=True)
+
+
+class FiniteRange(click.FloatRange):
+    """A float range that also refuses nan and inf (which pass every comparison a range makes,
+    or are no number to time, store or print as JSON)."""
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def echo_json(doc: object) -> None:
+    """``doc`` as JSON on stdout; a stdout that cannot take it (a full disk, a closed pipe)
+    is one error line."""
+    try:
+        click.echo(json.dumps(doc, indent=1))
+        sys.stdout.flush()
+    except OSError as exc:
+        # what stays buffered would fail again at exit, after the error line
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise BenanzaError(f"cannot write to standard output ({exc.strerror or exc})") from None
 
 
 # Exit status of a bug in Benanza (sysexits' EX_SOFTWARE), apart from 1 for bad input.
@@ -302,9 +339,8 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         write_manifest(manifest, out_dir)
         generated = [generate_backend(manifest, name, out_dir, opts) for name, opts in options.items() if opts]
     if as_json:
-        click.echo(json.dumps({"models": [{**s.to_json(), **execution_json(m)} for s, m in zip(stats, loaded)],
-                               "total": total.to_json()},
-                              indent=1))
+        echo_json({"models": [{**s.to_json(), **execution_json(m)} for s, m in zip(stats, loaded)],
+                   "total": total.to_json()})
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
         _print_stats(stats, total, names)
         for m in loaded:
@@ -358,15 +394,15 @@ def db_option(f):
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
 @click.option("--dry-run", is_flag=True, help="Show what would run, build and run nothing.")
 @click.option("--force", is_flag=True, help="Re-run benchmarks already measured on this system and stack.")
-@click.option("--min-time", type=click.FloatRange(min=0.0, min_open=True), default=0.2, show_default=True,
+@click.option("--min-time", type=FiniteRange(min=0.0, min_open=True), default=0.2, show_default=True,
               help="Seconds per repetition (Google Benchmark min time; oneDNN only: cuDNN sizes each "
                    "repetition to about 1 ms of GPU time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (oneDNN); default all cores.")
-@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
+@click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
-@click.option("--max-rsd", type=click.FloatRange(min=0.0, min_open=True), default=UNSTABLE_RSD, show_default=True,
+@click.option("--max-rsd", type=FiniteRange(min=0.0, min_open=True), default=UNSTABLE_RSD, show_default=True,
               help="Relative stddev (stddev / median of the repetitions) above which a result is unstable.")
 @click.option("--remeasure", type=click.IntRange(min=0), default=2, show_default=True,
               help="Times an unstable result is measured again; what stays unstable is flagged.")
@@ -558,7 +594,7 @@ def _peaks_line(p) -> str:
               help="Seed of the input generator (both the benchmarks and the reference use it).")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="oneDNN threads.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
-@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=600.0, show_default=True,
+@click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=600.0, show_default=True,
               help="Seconds the benchmarks may take in all.")
 @click.option("--show-ok", is_flag=True, help="Also print a line for every benchmark that passed.")
 def check_command(models: tuple[str, ...], bench_dir: str, batch_size: int, input_shape: tuple[str, ...],
@@ -698,17 +734,18 @@ def _reproduce(metrics: dict) -> str:
 def db_export(db_path: str | None, out_path: str, system_name: str | None, all_rows: bool) -> None:
     """Results joined with variants and layers, as CSV or Parquet (pandas; pyarrow for Parquet)."""
     from .errors import UsageError
+    from .outputs import write_with
     from .perfdb import PerfDB, resolve_db_path
 
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         frame = pdb.results_frame(system_name, latest=not all_rows)
     if out_path.endswith(".parquet"):
         try:
-            frame.to_parquet(out_path, index=False)
+            write_with(out_path, lambda tmp: frame.to_parquet(tmp, index=False))
         except ImportError as exc:
             raise UsageError(f"Parquet export needs pyarrow: pip install pyarrow ({exc})") from None
     elif out_path.endswith(".csv"):
-        frame.to_csv(out_path, index=False)
+        write_with(out_path, lambda tmp: frame.to_csv(tmp, index=False))
     else:
         raise UsageError(f"{out_path}: choose a .csv or .parquet file name")
     console.print(f"{len(frame)} rows → {out_path}", highlight=False)
@@ -741,15 +778,21 @@ def db_serve(db_path: str | None, port: int, host: str) -> None:
     import importlib.util
 
     from .errors import UsageError
-    from .perfdb import PerfDB, resolve_db_path
+    from .perfdb import SCHEMA_VERSION, PerfDB, check_idle_file, resolve_db_path, writer_active
 
     if importlib.util.find_spec("datasette") is None:
         raise UsageError("`benanza db serve` needs Datasette: pip install 'benanza[serve]'")
-    path = resolve_db_path(db_path)
-    PerfDB(path, readonly=True).close()  # validate before handing it over
+    # absolute: a file named like a flag (`./--root`) stays a file name
+    path = resolve_db_path(db_path).absolute()
+    # Immutable: neither the check nor Datasette creates -shm/-wal files beside it. Only a WAL
+    # that a writer is still filling needs a read-only connection (that creates them) to be read.
+    live = writer_active(path)
+    if live or check_idle_file(path) < SCHEMA_VERSION:
+        PerfDB(path, readonly=True).close()  # validates (and migrates an older schema)
+    files = ["--", str(path)] if live else ["--immutable", str(path)]
     # exec, not a child process: a signal to `benanza db serve` must stop the server itself
-    os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", str(path), "--host", host,
-                              "--port", str(port)])
+    os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", "--host", host, "--port", str(port),
+                              *files])
 
 
 @db.command("lookup")
@@ -855,7 +898,7 @@ def campaign_dir_option(f):
 
 
 def wait_options(f):
-    f = click.option("--poll", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+    f = click.option("--poll", type=FiniteRange(min=0.1), default=10.0, show_default=True,
                      help="Seconds between looks at the queue while waiting.")(f)
     f = click.option("--wait/--no-wait", default=True, show_default=True,
                      help="Wait for the jobs, merging each system's results as its job ends.")(f)
@@ -877,10 +920,10 @@ def wait_options(f):
 @click.option("--dtype", "dtypes", multiple=True, metavar="DT", help="Data types (default: the backend's).")
 @click.option("--layout", "layouts", multiple=True, metavar="L", help="Layouts (nchw, nhwc, any).")
 @click.option("--no-fusion", is_flag=True, help="Do not generate fused-layer variants.")
-@click.option("--min-time", type=click.FloatRange(min=0.0, min_open=True), default=0.2, show_default=True,
+@click.option("--min-time", type=FiniteRange(min=0.0, min_open=True), default=0.2, show_default=True,
               help="Seconds per repetition (Google Benchmark min time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=300.0, show_default=True,
+@click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @wait_options
 def campaign_submit(models: tuple[str, ...], root: str, systems: tuple[str, ...], slurm_params: tuple[str, ...],
@@ -1013,7 +1056,7 @@ class _ProfileCommand(click.Command):
 @click.option("--model", "command_model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --command: the ONNX file of the network the command runs; the analyzer then "
                    "checks a bundle is of the model it analyses.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--timeout", type=FiniteRange(min=0, min_open=True), default=None,
               help="With --command: seconds each of its two runs may take before it is killed [default: none].")
 def profile(model: str | None, framework: str, batch_size: int, input_shape: tuple[str, ...],
             input_value: tuple[str, ...], input_data: str | None, warmup: int,
@@ -1126,7 +1169,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
               help="Concrete shape of an input whose non-batch dims are symbolic (repeatable).")
 @value_options
-@click.option("--measured-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--measured-ms", type=FiniteRange(min=0, min_open=True), default=None,
               help="Measured model latency, when no profile gives one.")
 @click.option("--generate-missing", is_flag=True, help="Generate and run the benchmarks the database lacks.")
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON (docs/analyze-json.md).")
@@ -1178,7 +1221,7 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         path = write_report(csv_path, layers_csv(analyses))
         err_console.print(f"layers: {path}", highlight=False)
     if as_json:
-        click.echo(json.dumps(document(analyses), indent=1))
+        echo_json(document(analyses))
         return
     for a in analyses:
         print_analysis(a, console, max_layers=limit, depth=depth)

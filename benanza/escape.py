@@ -32,3 +32,15 @@ def cmake_quoted(text: str) -> str:
     """A CMake quoted argument whose value is ``text`` exactly: no variable is expanded
     (``$`` is escaped), and other characters, UTF-8 included, stand as they are."""
     return '"' + "".join(_CMAKE_ESCAPES.get(ch, ch) for ch in text) + '"'
+
+
+# Bidirectional overrides and isolates reorder what a terminal shows (a name can look like another).
+_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal: control characters (ESC starts a command: clear the screen, set
+    the clipboard, rename the window) and bidi overrides as ``\\x1b``/``\\u202e`` escapes; line
+    breaks and tabs stay, they are layout."""
+    return "".join(ch if ch in "\n\t" or not (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ord(ch) in _BIDI)
+                   else f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" for ch in text)

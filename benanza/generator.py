@@ -19,6 +19,7 @@ import importlib
 import json
 import shutil
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +29,7 @@ from .errors import BenanzaError
 from .escape import c_string, cmake_quoted
 from .layers import Layer, UniqueLayer
 from .manifest import Manifest
+from .outputs import make_folder, write_text, write_with
 from .records import Variant
 from .resources import runtime_dir, templates_dir
 
@@ -116,8 +118,7 @@ def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -
 def generate(manifest: Manifest, backend_name: str, out_root: str | Path,
              options: GenOptions = GenOptions()) -> Generated:
     backend = get_backend(backend_name)
-    out_dir = Path(out_root) / backend_name
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_folder(Path(out_root) / backend_name)
     variants = expand_variants(manifest, backend, options)
     files = backend.render(manifest, variants, template_env(backend_name), out_dir, options)
     write_variants(out_dir, backend_name, variants, options)
@@ -128,7 +129,7 @@ def write_if_changed(path: Path, text: str) -> Path:
     """Write a generated file only when its content changed: unchanged sources keep their
     mtime, so a rebuild after regeneration recompiles only what differs."""
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+        write_text(path, text)
     return path
 
 
@@ -141,9 +142,9 @@ def copy_runtime(dest: Path, parts: tuple[str, ...]) -> list[Path]:
         for src in sorted(src_root.rglob("*")):
             if src.is_file() and "__pycache__" not in src.parts:
                 target = dest / part / src.relative_to(src_root)
-                target.parent.mkdir(parents=True, exist_ok=True)
+                make_folder(target.parent)
                 if not target.exists() or target.read_bytes() != src.read_bytes():
-                    shutil.copyfile(src, target)
+                    write_with(target, partial(shutil.copyfile, src))
                 files.append(target)
     return files
 
@@ -152,8 +153,7 @@ def write_variants(out_dir: Path, backend: str, variants: list[Variant], options
     path = out_dir / VARIANTS_NAME
     data = {"backend": backend, "options": asdict(options),
             "variants": [v.to_json() for v in variants]}
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path
+    return write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 def read_variants(out_dir: str | Path) -> list[Variant]:

@@ -11,6 +11,7 @@ from typing import Any
 from .errors import FileProblem
 from .fusion import match_fusions
 from .layers import Model, UniqueLayer
+from .outputs import write_text
 from .processor import ModelStats, model_stats
 
 MANIFEST_VERSION = 2  # 2: layers carry typed problems (keys parse back), no params
@@ -77,13 +78,7 @@ def build_manifest(models: list[Model], uniques: list[UniqueLayer]) -> Manifest:
 
 
 def write_manifest(manifest: Manifest, out_dir: str | Path) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=False) + "\n")
-    tmp.replace(path)  # never leave a half-written manifest behind
-    return path
+    return write_text(Path(out_dir) / MANIFEST_NAME, json.dumps(manifest.to_json(), indent=1, sort_keys=False) + "\n")
 
 
 def read_manifest(path: str | Path) -> Manifest:

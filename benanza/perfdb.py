@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shlex
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -23,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
-from .errors import FileProblem
+from .errors import FileProblem, LayerKeyError
 from .layers import Layer
 from .manifest import Manifest
 from .peaks import Peak, Peaks
@@ -57,12 +59,18 @@ DEFAULT_PATH = Path("perfdb") / "benanza.db"
 ENV_VAR = "BENANZA_DB"
 _BUSY_MS = 60_000
 _RETRY_SECONDS = 120.0
+_FULL_BYTES = 1 << 20  # less free space than this: a failed write is the disk being full
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 class DatabaseError(FileProblem):
     """A database that cannot be opened, is not Benanza's, or is newer than this Benanza."""
+
+
+class BadRow(ValueError):
+    """A stored row whose columns cannot be read back (edited or damaged outside Benanza)."""
 
 
 def resolve_db_path(cli_value: str | None) -> Path:
@@ -158,6 +166,7 @@ class PerfDB:
     def __init__(self, path: str | Path, *, readonly: bool = False):
         self.path = Path(path)
         self.readonly = readonly
+        self._reported: set[tuple[str, str]] = set()
         try:
             if readonly:
                 self.db = sqlite_utils.Database(_connect_readonly(self.path))
@@ -173,7 +182,7 @@ class PerfDB:
         except OSError as exc:
             raise DatabaseError(self.path, f"cannot create the database ({exc.strerror or exc})") from None
         except sqlite3.DatabaseError as exc:
-            raise DatabaseError(self.path, _sqlite_problem(exc)) from None
+            raise DatabaseError(self.path, _sqlite_problem(exc, self.path)) from None
 
     def _migrate_for_reading(self) -> None:
         """An older schema is migrated in place (as any opening for writing does), then read;
@@ -215,7 +224,7 @@ class PerfDB:
                 return out
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise DatabaseError(self.path, _sqlite_problem(exc)) from None
+                    raise DatabaseError(self.path, _sqlite_problem(exc, self.path, writing=True)) from None
                 if time.monotonic() > deadline:
                     raise DatabaseError(self.path, f"still locked by another writer after "
                                                    f"{_RETRY_SECONDS:.0f}s ({exc})") from None
@@ -223,7 +232,7 @@ class PerfDB:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except sqlite3.DatabaseError as exc:
-                raise DatabaseError(self.path, _sqlite_problem(exc)) from None
+                raise DatabaseError(self.path, _sqlite_problem(exc, self.path, writing=True)) from None
 
     def _init_schema(self) -> None:
         version = _check_schema(self.db.conn, self.path, readonly=False)
@@ -266,10 +275,26 @@ class PerfDB:
 
         self._retry(write)
 
+    def _readable(self, table: str, rows: Iterable[T], read: Callable[[T], S],
+                  label: Callable[[T], object]) -> list[S]:
+        """``read`` of every row; a row it cannot read is left out and named in one warning, so
+        one damaged row never costs the rest of the database."""
+        good, bad = [], []
+        for row in rows:
+            try:
+                good.append(read(row))
+            except BadRow as exc:
+                bad.append(f"{label(row)} ({exc})")
+        bad = [b for b in bad if (table, b) not in self._reported]  # each one once per command
+        self._reported.update((table, b) for b in bad)
+        if bad:
+            log.warning("%s: %d corrupt %s row(s) left out: %s", self.path, len(bad), table, _first_few(bad))
+        return good
+
     def systems(self) -> list[System]:
         rows = self.db.conn.execute(
-            "SELECT name, backend, device, stack FROM systems ORDER BY name, last_used DESC").fetchall()
-        return [_system(r) for r in rows]
+            "SELECT name, backend, device, stack, stack_id FROM systems ORDER BY name, last_used DESC").fetchall()
+        return self._readable("systems", rows, lambda r: _system(r[:4]), lambda r: f"stack_id {r[4]!r}")
 
     def system(self, name: str, backend: str | None = None, stack: str | None = None) -> System | None:
         """The stack most recently used under ``name`` (and ``backend``); ``stack`` picks one by its
@@ -285,14 +310,15 @@ class PerfDB:
             if len(rows) > 1:
                 raise DatabaseError(self.path, f"stack {stack!r} of system {name!r} is ambiguous: "
                                                f"{', '.join(r[4] for r in rows)}")
-        return _system(rows[0][:4]) if rows else None
+        systems = self._readable("systems", rows, lambda r: _system(r[:4]), lambda r: f"stack_id {r[4]!r}")
+        return systems[0] if systems else None
 
     def stacks(self, name: str) -> list[tuple[System, str, str]]:
         """Every stack stored under ``name``, newest first, with its first and last use."""
         rows = self.db.conn.execute(
-            "SELECT name, backend, device, stack, first_seen, last_used FROM systems WHERE name = ? "
+            "SELECT name, backend, device, stack, first_seen, last_used, stack_id FROM systems WHERE name = ? "
             "ORDER BY last_used DESC, rowid DESC", (name,)).fetchall()
-        return [(_system(r[:4]), r[4], r[5]) for r in rows]
+        return self._readable("systems", rows, lambda r: (_system(r[:4]), r[4], r[5]), lambda r: f"stack_id {r[6]!r}")
 
     # --- peaks ---------------------------------------------------------------------------
 
@@ -405,7 +431,8 @@ class PerfDB:
             args += keys
         cur = self.db.conn.execute(sql + " ORDER BY r.layer_key, r.variant", args)
         names = [d[0] for d in cur.description]
-        return [_result(dict(zip(names, row))) for row in cur.fetchall()]
+        rows = [dict(zip(names, row)) for row in cur.fetchall()]
+        return self._readable("results", rows, _result, lambda d: f"id {d['id']}")
 
     def measured(self, system: System) -> set[str]:
         """Variant names whose latest result on exactly this system+stack is ok or unsupported.
@@ -482,7 +509,9 @@ class PerfDB:
         if not Path(other).is_file():
             raise DatabaseError(other, "no such database file")
         with tempfile.TemporaryDirectory(prefix="benanza-merge-") as tmp:
-            return self._merge_attached(_current_schema_copy(Path(other), Path(tmp)), str(other))
+            src = _current_schema_copy(Path(other), Path(tmp))
+            _refuse_corrupt_rows(src, Path(other))
+            return self._merge_attached(src, str(other))
 
     def _merge_attached(self, src_path: Path, label: str) -> dict[str, int]:
         added: dict[str, int] = {}
@@ -535,6 +564,35 @@ class PerfDB:
             "SELECT table_name, pk, source, row FROM merge_conflicts ORDER BY id").fetchall()]
 
 
+def _refuse_corrupt_rows(path: Path, label: Path) -> None:
+    """A merge copies rows as they are: a damaged one would spread to every merged database."""
+    conn = _connect_readonly(path)
+    try:
+        bad = []
+        for stack_id, *row in conn.execute("SELECT stack_id, name, backend, device, stack FROM systems"):
+            try:
+                _system(row)
+            except BadRow as exc:
+                bad.append(f"systems stack_id {stack_id!r} ({exc})")
+        cur = conn.execute("SELECT * FROM results ORDER BY id")
+        names = [d[0] for d in cur.description]
+        for row in cur:
+            d = dict(zip(names, row))
+            try:
+                _result_columns(d)
+            except BadRow as exc:
+                bad.append(f"results id {d['id']} ({exc})")
+    finally:
+        conn.close()
+    if bad:
+        raise DatabaseError(label, f"{len(bad)} corrupt row(s), nothing merged: {_first_few(bad)}; delete or "
+                                   f"repair them in this file first")
+
+
+def _first_few(items: list[str], n: int = 5) -> str:
+    return "; ".join(items[:n]) + (" …" if len(items) > n else "")
+
+
 def _current_schema_copy(path: Path, tmp: Path) -> Path:
     """``path`` itself when its schema is current, else a migrated copy under ``tmp``; the
     source is validated read-only and never written."""
@@ -576,6 +634,26 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def writer_active(path: Path) -> bool:
+    """Whether a WAL holds commits not yet in the main file: a writer is running (or died)."""
+    wal = path.with_name(path.name + "-wal")
+    return wal.exists() and wal.stat().st_size > 0
+
+
+def check_idle_file(path: Path) -> int:
+    """The schema version of a database no writer is using, validated without creating its
+    -shm/-wal files (a read-only connection to a WAL database creates and leaves them)."""
+    if not path.is_file():
+        raise DatabaseError(path, "no such database file")
+    conn = sqlite3.connect("file:" + urllib.parse.quote(str(path.resolve())) + "?immutable=1", uri=True)
+    try:
+        return _check_schema(conn, path, readonly=True)
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseError(path, _sqlite_problem(exc, path)) from None
+    finally:
+        conn.close()
+
+
 def _check_schema(conn: sqlite3.Connection, path: Path, readonly: bool) -> int:
     """The file's schema version, validated; 0 for an empty file that may still get a schema.
 
@@ -615,16 +693,28 @@ def _stored_version(path: Path) -> int:
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        raise DatabaseError(path, _sqlite_problem(exc)) from None
+        raise DatabaseError(path, _sqlite_problem(exc, path)) from None
 
 
-def _sqlite_problem(exc: sqlite3.Error) -> str:
+def _sqlite_problem(exc: sqlite3.Error, path: Path, writing: bool = False) -> str:
+    """``writing``: the error came from a write to a database that opened fine."""
     text = str(exc)
+    if "disk is full" in text or _disk_full(path):  # "disk I/O error" when no -shm file can be made
+        return f"cannot write: the disk holding it is full ({text})"
     if "readonly" in text or "read-only" in text:
         return f"cannot write: the file or its folder is read-only ({text})"
     if "unable to open" in text:
         return f"cannot open ({text}): check that the folder exists and is accessible"
+    if writing and "malformed" not in text and "not a database" not in text:
+        return f"cannot write ({text})"
     return f"not a usable SQLite database ({text})"
+
+
+def _disk_full(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path.absolute().parent).free < _FULL_BYTES
+    except OSError:
+        return False
 
 
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
@@ -689,9 +779,26 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
 
 # --- row conversion ----------------------------------------------------------------------
 
+def _json(text: object, what: str) -> dict:
+    """A JSON object column; BadRow for anything else (NaN included: it is not JSON)."""
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    try:
+        value = json.loads(text, parse_constant=refuse)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise BadRow(f"{what} is not JSON: {str(text)[:60]!r}") from None
+    if not isinstance(value, dict):
+        raise BadRow(f"{what} is not a JSON object: {str(text)[:60]!r}")
+    return value
+
+
 def _system(row) -> System:
     name, backend, device, stack = row
-    return System(name, backend, device, tuple(sorted(json.loads(stack).items())))
+    items = _json(stack, "stack").items()
+    if not all(isinstance(v, str) for _, v in items):
+        raise BadRow(f"stack holds values that are not strings: {stack[:60]!r}")
+    return System(name, backend, device, tuple(sorted(items)))
 
 
 def _layer_row(layer: Layer) -> dict:
@@ -713,14 +820,41 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
             "timestamp": r.timestamp or now(), "rsd": r.rsd, "unstable": int(r.unstable)}
 
 
+def _result_columns(d: dict) -> tuple[Status, dict]:
+    """Checks a results row's own columns as a run writes them; its status and metrics."""
+    try:
+        status = Status(d["status"])
+    except ValueError:
+        raise BadRow(f"unknown status {d['status']!r}") from None
+    for key in ("median_ms", "mean_ms", "stddev_ms", "min_ms"):
+        x = d[key]
+        if x is not None and (isinstance(x, (bool, str, bytes)) or not math.isfinite(x) or x < 0
+                              or (x == 0 and key != "stddev_ms")):
+            raise BadRow(f"{key} is {x!r}, not a time in ms")
+    for key in ("iterations", "repetitions", "workspace_bytes"):
+        if not isinstance(d[key], int) or d[key] < 0:
+            raise BadRow(f"{key} is {d[key]!r}, not a count")
+    if status is Status.OK and d["median_ms"] is None:
+        raise BadRow("status ok without median_ms")
+    for key in ("system", "message", "implementation", "timestamp"):
+        if not isinstance(d[key], str):
+            raise BadRow(f"{key} is {d[key]!r}, not text")
+    try:
+        parse_layer_key(d["layer_key"])
+    except (LayerKeyError, TypeError, AttributeError):
+        raise BadRow(f"layer_key {d['layer_key']!r} does not parse") from None
+    return status, _json(d["metrics"], "metrics")
+
+
 def _result(d: dict) -> Result:
     # The row's dtype column is the variant's; rows written before variants were keyed by their
     # own dtype hold an f16 variant under the layer's ``…_f32`` key, which this reads correctly.
+    status, metrics = _result_columns(d)
     problem, _ = parse_layer_key(d["layer_key"])
     variant = Variant(problem, d["backend"], d["api"], d["algo"], d["dtype"], d["layout"], d["math"], d["fusion"])
-    return Result(variant=variant, system=d["system"], status=Status(d["status"]), message=d["message"],
+    return Result(variant=variant, system=d["system"], status=status, message=d["message"],
                   median_ms=d["median_ms"], mean_ms=d["mean_ms"], stddev_ms=d["stddev_ms"],
                   min_ms=d["min_ms"], iterations=d["iterations"], repetitions=d["repetitions"],
                   workspace_bytes=d["workspace_bytes"], implementation=d["implementation"],
-                  metrics=json.loads(d["metrics"]), timestamp=d["timestamp"], unstable=bool(d["unstable"]))
+                  metrics=metrics, timestamp=d["timestamp"], unstable=bool(d["unstable"]))
 

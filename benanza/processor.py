@@ -297,16 +297,6 @@ def _shape_proxy(model: onnx.ModelProto) -> onnx.ModelProto:
     return proxy
 
 
-def _check_names(model: onnx.ModelProto, path: Path) -> None:
-    """Protobuf hands a string field that is not valid UTF-8 back as bytes (or raises on reading
-    it): refused here, before code written for names compares or sorts them."""
-    g = model.graph
-    names = [n for node in g.node for n in (node.name, node.op_type, node.domain, *node.input, *node.output)]
-    names += [v.name for v in (*g.input, *g.output, *g.value_info, *g.initializer)]
-    if any(isinstance(n, bytes) for n in names):
-        raise ModelError(path, "a name in the model is not valid UTF-8 (corrupt file?)")
-
-
 def _check_claimed_sizes(model: onnx.ModelProto, path: Path) -> None:
     """Refuses shape inputs and tensors whose rank no library takes, before inference
     spends minutes and gigabytes on them."""
@@ -744,12 +734,31 @@ def load_model(source: str | Path | onnx.ModelProto, batch_size: int = 1,
         raise ModelError(p, "a name or string in the model is not valid UTF-8 (corrupt file?)") from None
 
 
+def _check_utf8(graph: onnx.GraphProto, p: Path) -> None:
+    """protobuf hands a string field that is not UTF-8 over as bytes, which would travel into
+    the manifest, the database and the terminal as something else than a name."""
+    named = [(f"node {i}", n.name, n.op_type, n.domain, *n.input, *n.output) for i, n in enumerate(graph.node)]
+    named += [("a graph input, output or weight", t.name)
+              for t in [*graph.input, *graph.output, *graph.initializer, *graph.value_info]]
+    for where, *strings in named:
+        bad = next((s for s in strings if isinstance(s, bytes)), None)
+        if bad is not None:
+            raise ModelError(p, f"{where} has a name that is not valid UTF-8: {bad!r}")
+
+
 def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | None) -> Model:
     batch_size = opts.batch_size
+    _check_utf8(model.graph, p)
     opset = default_opset(model)
     if opset < 1:
         raise ModelError(p, "model imports no default-domain opset")
-    _check_names(model, p)
+    # Newer than the installed ONNX knows: its operators' meaning (and shapes) are unknown here.
+    if opset > onnx.defs.onnx_opset_version():
+        raise ModelError(p, f"opset {opset} is newer than the installed ONNX {onnx.__version__} knows "
+                            f"(at most {onnx.defs.onnx_opset_version()})")
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelError(p, f"IR version {model.ir_version} is newer than the installed ONNX {onnx.__version__} "
+                            f"reads (at most {onnx.IR_VERSION})")
     _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)

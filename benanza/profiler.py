@@ -379,8 +379,15 @@ def _collect_nsys(out: Path, files: dict, notes: list[str]) -> None:
             subprocess.run([str(importer), "-i", str(qdstrm)], capture_output=True, text=True)
     if rep.exists():
         files["nsys"] = rep.name
+        qdstrm.unlink(missing_ok=True)  # the raw stream the report was imported from (tens of MB)
     else:
         notes.append("nsys ran but produced no .nsys-rep (see child.stderr); the Nsight view is absent")
+    # nsys writes its files with modes of its own (group- or world-writable): give them the
+    # user's umask like every other file of the bundle
+    mask = os.umask(0)
+    os.umask(mask)
+    for made in out.glob("nsys.*"):
+        made.chmod(0o666 & ~mask)
 
 
 # --- profile --command: the user's own application ---------------------------------------------

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from .analysis.bounds import Bounds
 from .analyzer import Analysis
+from .escape import printable
 from .report_modules import folded_layers, folded_parallel, icicle_svg, modules_json, print_module_tree
 
 SCHEMA_VERSION = 1
@@ -189,7 +190,7 @@ def _ms(x: float | None) -> str:
 
 def _row(table: Table, *cells: str) -> None:
     """Cells hold names from model files and logs: plain text, never rich markup."""
-    table.add_row(*(Text(c) for c in cells))
+    table.add_row(*(Text(printable(c)) for c in cells))
 
 
 LAYER_COLUMNS = ("model", "system", "backend", "dtype", "batch_size", "index", "name", "op", "key", "status",
@@ -218,7 +219,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
                       + ", ".join(f"{k} {v}" for k, v in a.stack.stack if k not in ("cpu",)) + f"); math {a.math}",
                       highlight=False, markup=False, soft_wrap=True)
-    t = Table("", "sequential", "parallel", title=Text(title))
+    t = Table("", "sequential", "parallel", title=Text(printable(title)))
     _row(t, "lower bound (ms)" + (" [PARTIAL]" if a.bounds.partial else ""),
               _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms))
     measured = sum(1 for r in a.rows if r.status == "ok")
@@ -327,7 +328,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(f"between library calls: {bc.name} ({bc.kind}) ×{bc.count}, {bc.total_ms:.4g} ms"
                       + (f" at {bc.backtrace[0]}" if bc.backtrace else ""), highlight=False, markup=False)
     for w in a.warnings:
-        console.print(Text.assemble(("warning:", "yellow"), f" {w}"), soft_wrap=True)
+        console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"), soft_wrap=True)
     for n in a.notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
 

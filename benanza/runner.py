@@ -10,6 +10,7 @@ The binary never outlives Benanza (``children``).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -33,7 +34,7 @@ from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
 from .peaks import GEMM_TYPES, Peaks
-from .perfdb import PerfDB, resolve_db_path
+from .perfdb import DatabaseError, PerfDB, resolve_db_path
 from .records import UNSTABLE_RSD, Result, Status, System, Variant
 from .system import default_threads, detect_system, probe_gpu, runnable_tasks
 
@@ -232,18 +233,40 @@ def _bench_env(backend: str, threads: int, options: RunOptions) -> dict[str, str
 
 # --- build -------------------------------------------------------------------------------
 
+# What CMake and ninja take for syntax inside a path, whatever the quoting: ';' splits lists,
+# a backslash starts an escape (CMake then builds in a sibling folder), '"' ends a string, and '$(' /
+# '${' / '$<' expand (ninja: "bad $-escape"). A '$' before anything else passes through.
+_CMAKE_UNSAFE = re.compile(r'[;"\\]|\$[({<]')
+
+
 def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = (),
           build_dir: Path | None = None, binary: str = BINARY) -> Path:
     """Configures (Release) and builds the generated CMake project (in ``project/build`` unless
     ``build_dir`` is given); returns the binary."""
     if not (project / "CMakeLists.txt").is_file():
         raise BuildError(f"{project}: no generated CMake project here; run `benanza generate` first")
-    if ";" in str(project.absolute()) or ";" in str(project.resolve()):
-        # CMake splits paths on ';' (its list separator), in its own modules too.
-        raise BuildError(f"{project}: CMake cannot build in a folder whose path contains ';'; "
-                         f"generate into another folder (--out)")
+    for path in (str(project.absolute()), str(project.resolve())):
+        bad = _CMAKE_UNSAFE.search(path)
+        if bad:
+            raise BuildError(f"{project}: CMake cannot build in a folder whose path contains {bad.group()!r} "
+                             f"(CMake and ninja read it as syntax); generate into another folder (--out)")
     build_dir = build_dir or project / "build"
     build_dir.mkdir(exist_ok=True)
+    # Runs sharing a bench dir (several on one machine, or Slurm nodes over a shared file
+    # system) build one at a time: two CMakes in one folder corrupt each other, and a binary
+    # executed while another process links it fails with ETXTBSY. The lock dies with its
+    # holder, so a killed build never blocks the next one.
+    with (build_dir / "benanza-build.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s: waiting for another `benanza run` to finish building it", project)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(project, build_dir, jobs, cmake_args, binary)
+
+
+def _build_locked(project: Path, build_dir: Path, jobs: int | None, cmake_args: tuple[str, ...],
+                  binary: str) -> Path:
     logfile = build_dir / "benanza-build.log"
     configure = ["cmake", "-S", str(project), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *cmake_args]
     if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
@@ -306,6 +329,7 @@ class _Store:
         self.pending: list[tuple[Result, dict]] = []
         self.last = time.monotonic()
         self.final: dict[str, Result] = {}  # the latest outcome per variant name
+        self.stored = 0  # measurements written
 
     def add(self, result: Result, raw: dict) -> None:
         rsd = result.rsd
@@ -325,8 +349,14 @@ class _Store:
 
     def flush(self) -> None:
         if self.pending:
-            self.db.insert_measurements(self.system, self.pending, command=self.command)
-            self.pending = []
+            pending, self.pending = self.pending, []
+            try:
+                self.db.insert_measurements(self.system, pending, command=self.command)
+            except DatabaseError as exc:
+                raise DatabaseError(exc.path, f"{exc.problem}; {self.stored} results of this run were stored before "
+                                              f"it, the {len(pending)} measured since were not: run the same "
+                                              f"command again to measure them") from None
+            self.stored += len(pending)
         self.last = time.monotonic()
 
 
@@ -609,7 +639,9 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
         parsed = None
     data = parsed if isinstance(parsed, dict) else None
     named = data.get("name") if data is not None else None
-    name = named if isinstance(named, str) and named in batch.by_name else current
+    # The line belongs to the running benchmark whatever it names: taking another name would
+    # store a result for a benchmark that has not run and drop that one's real result later.
+    name = current if current is not None else named if isinstance(named, str) and named in batch.by_name else None
     if name is None or name in batch.finished:
         if name is None:
             log.warning("ignoring a result line for no benchmark of this run: %.200s", line)
@@ -622,7 +654,8 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
             if name in kernels:
                 data["cupti"] = kernels.pop(name)
             try:
-                batch.store_result(parse_result(batch.by_name[name], batch.system.name, data), data)
+                batch.store_result(parse_result(batch.by_name[name], batch.system.name, data,
+                                                max_ms=batch.options.timeout * 1e3), data)
                 return
             except MalformedResult as exc:
                 problem = str(exc)
@@ -655,6 +688,15 @@ def _number(data: dict, key: str) -> float | None:
     return float(value)
 
 
+def _time(key: str, value: object, max_ms: float, zero: bool = False) -> float:
+    """A time in ms: finite, positive (``zero``: or 0) and at most ``max_ms`` (the benchmark
+    ran within the runner's timeout, so no call of it took longer)."""
+    ms = _number({key: value}, key)
+    if ms is None or ms < 0 or (ms == 0 and not zero) or ms > max_ms:
+        raise MalformedResult(f"{key} is {value!r}, not a time between 0 and {max_ms:g} ms")
+    return ms
+
+
 def _count(data: dict, key: str) -> int:
     """A non-negative whole number (Google Benchmark counters arrive as doubles)."""
     value = _number(data, key)
@@ -665,8 +707,9 @@ def _count(data: dict, key: str) -> int:
     return int(value)
 
 
-def parse_result(variant: Variant, system: str, data: dict) -> Result:
-    """A Result from one BENANZA_RESULT line of the runtime; MalformedResult if it is not one."""
+def parse_result(variant: Variant, system: str, data: dict, max_ms: float = math.inf) -> Result:
+    """A Result from one BENANZA_RESULT line of the runtime; MalformedResult if it is not one
+    (``max_ms``: the longest time a call of it can have taken)."""
     try:
         status = Status(data["status"])
     except KeyError:
@@ -679,12 +722,20 @@ def parse_result(variant: Variant, system: str, data: dict) -> Result:
     for key in ("message", "implementation"):
         if not isinstance(data.get(key, ""), str):
             raise MalformedResult(f"{key} is {data[key]!r}, not a string")
-    median, mean, stddev, fastest = (_number(data, k) for k in ("median_ms", "mean_ms", "stddev_ms", "min_ms"))
+    median, mean, stddev, fastest = (None if data.get(k) is None else _time(k, data[k], max_ms, zero=k == "stddev_ms")
+                                     for k in ("median_ms", "mean_ms", "stddev_ms", "min_ms"))
     if status is Status.OK and median is None:
         raise MalformedResult("status ok without median_ms")
+    if median is not None and fastest is not None and fastest > median:
+        raise MalformedResult(f"min_ms {fastest!r} exceeds median_ms {median!r}")
+    for key in counters:
+        _number(counters, key)  # stored as JSON: NaN or text would make the column unreadable
     metrics = {k: v for k, v in counters.items() if k != "workspace_bytes"}
     if "times_ms" in data:
-        metrics["times_ms"] = data["times_ms"]
+        times = data["times_ms"]
+        if not isinstance(times, list):
+            raise MalformedResult(f"times_ms is {times!r}, not a list")
+        metrics["times_ms"] = [_time("times_ms", t, max_ms) for t in times]
     if "cupti" in data:
         metrics["cupti"] = data["cupti"]
     return Result(variant=variant, system=system, status=status, message=data.get("message", ""),

@@ -18,6 +18,7 @@ from .errors import BenanzaError
 from .generator import GenOptions, generate, get_backend
 from .layers import Model
 from .manifest import build_manifest, write_manifest
+from .outputs import write_text
 from .parsers import ExecutionProfile
 from .parsers.bundle import check_model
 from .processor import load_model, unique_layers
@@ -133,12 +134,7 @@ def measure_missing(models: Sequence[Model], bench_dir: str | Path, system_name:
 
 
 def write_report(path: str | Path, html: str) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(p)
-    return p
+    return write_text(path, html)
 
 
 __all__: Sequence[str] = ("SweepRequest", "measure_missing", "resolve_system", "run_sweep", "write_report")

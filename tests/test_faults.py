@@ -63,7 +63,13 @@ for n in names:
         bad = {{0: "{{not json", 1: json.dumps(dict(result, status="excellent")),
                2: json.dumps({{k: v for k, v in result.items() if k != "status"}}),
                3: json.dumps(dict(result, median_ms="fast")), 4: json.dumps(dict(result, iterations=-3)),
-               5: json.dumps([n])}}[target.split(",").index(n)]
+               5: json.dumps([n]), 6: json.dumps(dict(result, median_ms=-4.999)),
+               7: json.dumps(dict(result, name=names[-1])), 8: json.dumps(dict(result, times_ms="abc")),
+               9: json.dumps(dict(result, times_ms=[float("nan"), -1])),
+               10: json.dumps(dict(result, median_ms=1e308)),
+               11: json.dumps(dict(result, counters={{"workspace_bytes": 0.0, "flops": float("inf")}})),
+               12: json.dumps(dict(result, min_ms=0.7))}}[target.split(",").index(n)
+                                                          + int(os.environ.get("STANDIN_OFFSET", "0"))]
         emit(b"BENANZA_RESULT", bad)
         continue
     emit(b"BENANZA_RESULT", json.dumps(result))
@@ -117,10 +123,11 @@ def pids(path: Path) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
-def execute(tmp_path: Path, variants, mode: str, target: str = "", timeout: float = 2.0):
+def execute(tmp_path: Path, variants, mode: str, target: str = "", timeout: float = 2.0, offset: int = 0):
     binary = make_standin(tmp_path)
     pid_file = tmp_path / "pids"
-    env = dict(os.environ, STANDIN_MODE=mode, STANDIN_TARGET=target, STANDIN_PIDS=str(pid_file))
+    env = dict(os.environ, STANDIN_MODE=mode, STANDIN_TARGET=target, STANDIN_PIDS=str(pid_file),
+               STANDIN_OFFSET=str(offset))
     system = System("box", "onednn", "stand-in", (("threads", "1"),))
     summary = RunSummary(system, "onednn", tmp_path / "r.db", total=len(variants), already=0)
     started = time.monotonic()
@@ -197,6 +204,30 @@ def test_malformed_result_lines_fail_their_variant_and_keep_the_line(tmp_path, v
     with PerfDB(tmp_path / "r.db", readonly=True) as db:
         raw = [json.loads(x[0]) for x in db.db.conn.execute("SELECT raw FROM results")]
     assert sum(1 for r in raw if r.get("line", "").startswith("BENANZA_RESULT {not json")) == 1
+
+
+def test_implausible_result_fields_fail_their_variant_and_keep_the_line(tmp_path, variants):
+    """Lines that parse but cannot be a measurement: each fails the running benchmark with the
+    line kept; the benchmark another line named keeps its own real result."""
+    bad = [v.name for v in variants[:5]]
+    other = variants[-1].name
+    cases = ["median_ms is -4.999", f"names {other!r}, not the running benchmark", "times_ms is 'abc'",
+             "times_ms is nan", "median_ms is 1e+308"]
+    summary, results, _, leaked, _ = execute(tmp_path, variants, "malformed", ",".join(bad), offset=6)
+    assert summary.failed == 5 and not leaked and len(results) == len(variants)
+    for name, why in zip(bad, cases):
+        assert results[name].status is Status.FAILED and why in results[name].message, results[name].message
+    assert results[other].status is Status.OK and results[other].median_ms == 0.5
+    (tmp_path / "b").mkdir()
+    summary, results, _, _, _ = execute(tmp_path / "b", variants, "malformed", ",".join(bad[:2]), offset=11)
+    assert "flops is inf" in results[bad[0]].message and "min_ms 0.7 exceeds median_ms 0.5" in results[bad[1]].message
+    with PerfDB(tmp_path / "r.db", readonly=True) as db:
+        rows = list(db.db.conn.execute("SELECT metrics, raw, median_ms FROM results"))
+    for metrics, raw, median in rows:  # every stored column is valid JSON, every time positive
+        json.loads(metrics, parse_constant=lambda c: pytest.fail(f"{c} stored"))
+        json.loads(raw, parse_constant=lambda c: pytest.fail(f"{c} stored"))
+        assert median is None or median > 0
+    assert sum("BENANZA_RESULT" in json.loads(raw).get("line", "") for _, raw, _ in rows) == 5
 
 
 def test_crash_fails_only_its_benchmark_with_a_reproduce_line(tmp_path, variants):
@@ -305,3 +336,84 @@ def test_sigterm_of_db_serve_stops_datasette(tmp_path):
     while time.monotonic() < deadline and any(alive(k) for k in kids):
         time.sleep(0.1)
     assert not [k for k in kids if alive(k)], "a child of `benanza db serve` outlived it"
+
+
+# --- concurrent runs on one bench dir ------------------------------------------------------
+
+def concurrent_runs(tmp_path: Path, save) -> tuple[list, list[tuple], set[str]]:
+    """Four `benanza run` at once on a bench dir nobody built yet (as Slurm nodes sharing one
+    folder): their probes, the rows stored, and the variant names generated."""
+    from faultprobe import CLI, Probe
+    from helpers import io, model
+    from onnx import helper
+
+    tiny = save(model([helper.make_node("Relu", ["x"], ["y"], name="r")], [io("x", [1, 4, 8, 8])],
+                      [io("y", [1, 4, 8, 8])]), name="tiny.onnx")
+    bench = tmp_path / "B"
+    subprocess.run([CLI, "generate", str(tiny), "--backend", "onednn", "--out", str(bench)], check=True,
+                   capture_output=True, timeout=120)
+    names = {v["name"] for v in json.loads((bench / "onednn" / "variants.json").read_text())["variants"]}
+    db = tmp_path / "x.db"
+    args = [("run", "--system", f"s{i}", "--bench-dir", str(bench), "--backend", "onednn", "--db", str(db),
+             "--min-time", "0.01", "--repetitions", "1", "--remeasure", "0") for i in range(4)]
+    procs = [subprocess.Popen([CLI, *a], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in args]
+    probes = []
+    for a, p in zip(args, procs):
+        try:
+            out, err = p.communicate(timeout=900)
+            probes.append(Probe(a, p.returncode, out, err))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            probes.append(Probe(a, None, *p.communicate()))
+    with PerfDB(db, readonly=True) as pdb:
+        rows = list(pdb.db.conn.execute("SELECT system, variant, status FROM results"))
+    return probes, rows, names
+
+
+def test_concurrent_runs_on_an_unbuilt_bench_dir_build_once_and_store_every_row(tmp_path, save):
+    """They build one at a time (no CMake collision, no binary executed while being linked),
+    and every process stores each variant of the real oneDNN project exactly once."""
+    probes, rows, names = concurrent_runs(tmp_path, save)
+    for p in probes:
+        assert p.rc == 0, p.err
+    assert sorted(rows) == sorted((f"s{i}", n, "ok") for i in range(4) for n in names)
+
+
+# --- a database that stops taking writes mid-run ---------------------------------------------------
+
+FULL_RUN = """
+import json, os, resource, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_faults import execute
+from benanza.errors import BenanzaError
+from benanza.generator import read_variants
+from benanza.perfdb import PerfDB
+from benanza.records import System
+tmp = Path({tmp!r})
+variants = read_variants({bench!r})[:6]
+with PerfDB(tmp / "r.db") as db:  # created, then files may not grow: the run's writes fail
+    db.upsert_system(System("box", "onednn", "stand-in", (("threads", "1"),)))
+    db.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+resource.setrlimit(resource.RLIMIT_FSIZE, (32768, 32768))  # the -shm fits, the WAL not a run
+try:
+    execute(tmp, variants, "")
+except BenanzaError as exc:
+    print(exc)
+"""
+
+
+def full_database_run(bench: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """A run whose database stops taking writes; what it printed, and the results it kept."""
+    script = FULL_RUN.format(tests=str(Path(__file__).parent), tmp=str(tmp_path), bench=str(bench / "onednn"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    with PerfDB(tmp_path / "r.db", readonly=True) as db:
+        return done, db.counts()[3].rows
+
+
+def test_database_that_stops_taking_writes_says_what_was_stored(bench, tmp_path):
+    done, stored = full_database_run(bench, tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.strip() == (f"{tmp_path / 'r.db'}: cannot write (disk I/O error); {stored} results of this "
+                                   f"run were stored before it, the 6 measured since were not: run the same "
+                                   f"command again to measure them")

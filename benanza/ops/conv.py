@@ -45,7 +45,7 @@ def _conv_build(view: NodeView) -> Problem:
     d = tuple(a.get("dilations") or (1, 1))
     pt, pl, pb, pr = explicit_pads(a, (ih, iw), k, s, d)
     return ConvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
-                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=group(a, ic),
+                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=group(a, ic, w.shape, 1),
                        bias=present(view, 2))
 
 
@@ -57,7 +57,7 @@ def _deconv_build(view: NodeView) -> Problem:
     y = view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
-    g = group(a, ic)
+    g = group(a, ic, w.shape, 0)
     k = tuple(a.get("kernel_shape") or w.shape[2:])
     s = tuple(a.get("strides") or (1, 1))
     d = tuple(a.get("dilations") or (1, 1))
@@ -168,10 +168,19 @@ class ConvParams:
 
 
 
-def group(attrs: dict, channels: int) -> int:
+def group(attrs: dict, channels: int, weight: tuple[int, ...], in_axis: int) -> int:
+    """The group count, checked against the input's channels and the weight's (their input
+    channels per group on axis 1 for Conv, all of them on axis 0 for ConvTranspose): groups that
+    do not divide the channels have no meaning, and a benchmark of them would only fail when run."""
     g = int(attrs.get("group", 1))
     if g < 1 or channels % g:
         raise NodeError(f"group {g} does not divide the {channels} input channels")
+    taken = weight[1] * g if in_axis == 1 else weight[0]
+    if taken != channels:
+        raise NodeError(f"weights of shape {list(weight)} take {taken} input channels in {g} groups, "
+                        f"the input has {channels}")
+    if in_axis == 1 and weight[0] % g:
+        raise NodeError(f"group {g} does not divide the {weight[0]} output channels")
     return g
 
 def onednn_row(p: _Conv2d, api: str) -> ConvParams:

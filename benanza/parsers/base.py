@@ -145,6 +145,8 @@ def load_json(path: str | Path, what: str) -> object:
         raise ProfileFormatError(p, f"empty file; expected {what}")
     try:
         return json.loads(text)
+    except RecursionError:
+        raise ProfileFormatError(p, f"not valid {what} JSON: nested deeper than Python's JSON reader goes") from None
     except json.JSONDecodeError as exc:
         # a JSON document that does not end in its closing bracket was cut off while written
         hint = " (file looks truncated)" if not text.rstrip().endswith(("]", "}")) else ""

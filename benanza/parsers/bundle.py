@@ -105,6 +105,7 @@ class ExecutionProfile:
     nsys: FrameworkTrace | None = None
     library_calls: dict[str, list[LibraryCall]] = field(default_factory=dict)  # by library
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what makes the analysis of it doubtful
     identity: dict | None = None  # model_identity() of the profiled model, when the bundle has it
     library_versions: dict[str, str] = field(default_factory=dict)  # e.g. {"onednn": "3.12.0"} from its log
     library_threads: dict[str, int] = field(default_factory=dict)  # e.g. {"onednn": 2}, when its log says
@@ -134,6 +135,7 @@ class ExecutionProfile:
         for lib, calls in other.library_calls.items():
             self.library_calls.setdefault(lib, []).extend(calls)
         self.notes.extend(other.notes)
+        self.warnings.extend(other.warnings)
 
 
 def _sniff(path: Path) -> str:
@@ -188,6 +190,25 @@ def load_file(path: str | Path, kind: str | None = None) -> ExecutionProfile:
     return prof
 
 
+_FIELD_TYPES: dict[str, tuple[type, str]] = {
+    "model_identity": (dict, "an object"), "notes": (list, "a list"), "framework": (str, "text"),
+    "framework_version": (str, "text"), "device": (str, "text"), "model": (str, "text"),
+    "batch_size": (int, "a whole number")}
+
+
+def _check_fields(index: Path, data: dict) -> None:
+    """The index's fields have the types the analysis reads them as (null: absent)."""
+    for key, (kind, what) in _FIELD_TYPES.items():
+        value = data.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise ProfileFormatError(index, f"{key} is {str(value)[:80]!r}, not {what}")
+    if not all(isinstance(n, str) for n in data.get("notes") or []):
+        raise ProfileFormatError(index, "notes holds entries that are not text")
+    identity = data.get("model_identity")
+    if identity is not None and not isinstance(identity.get("graph_sha256"), str):
+        raise ProfileFormatError(index, "model_identity has no graph_sha256 text")
+
+
 _FILE_KINDS = {"trace": None, "cudnn_log": "cudnn", "cublas_log": "cublas", "onednn_log": "onednn",
                "nsys": "nsys"}
 
@@ -200,13 +221,14 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
         raise ProfileFormatError(index, f"not a Benanza profile index (schema_version "
                                         f"{data.get('schema_version') if isinstance(data, dict) else None!r}, "
                                         f"expected 1 or {BUNDLE_SCHEMA_VERSION})")
+    _check_fields(index, data)
     notes = list(data.get("notes", []))
+    warnings = []
     if data["schema_version"] == 1:
-        notes.append("a version 1 bundle: its latency was timed with the library loggers on (an overestimate) "
-                     "and it names no model identity, so it cannot be checked against the analysed model")
-    elif not data.get("model_identity"):  # `profile --command` without --model
-        notes.append("the profile names no ONNX model (`benanza profile --command` without --model), so Benanza "
-                     "cannot verify that it ran the model analysed")
+        notes.append("a version 1 bundle: its latency was timed with the library loggers on (an overestimate)")
+    if not data.get("model_identity"):  # version 1, or `profile --command` without --model
+        warnings.append("the profile bundle names no ONNX model, so Benanza cannot verify that it ran the model "
+                        "analysed")
     try:
         latency = LatencyStats.from_json(data["latency_ms"]) if data.get("latency_ms") else None
     except KeyError as exc:
@@ -219,11 +241,14 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     prof = ExecutionProfile(
         path=str(root), framework=data.get("framework", ""), framework_version=data.get("framework_version", ""),
         device=data.get("device", ""), batch_size=data.get("batch_size"), model=data.get("model", ""),
-        latency=latency, notes=notes, identity=data.get("model_identity"))
+        latency=latency, notes=notes, warnings=warnings, identity=data.get("model_identity"))
     for name, rel in sorted(files.items()):
         if name not in _FILE_KINDS:
             continue
         file = root / rel
+        if not file.resolve().is_relative_to(root.resolve()):
+            # an index is input: it must not make an analysis read (or nsys export beside) other files
+            raise ProfileFormatError(index, f"names {name} file {rel!r}, which is outside the bundle folder")
         if not file.is_file():
             raise ProfileFormatError(index, f"names {name} file '{rel}', which is missing from the bundle")
         kind = _FILE_KINDS[name] or _sniff(file)

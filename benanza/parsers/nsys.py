@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 from pathlib import Path
 
 from .base import ApiEvent, FrameworkTrace, KernelEvent, ProfileFormatError, Span
@@ -25,19 +26,19 @@ def parse_nsys(path: str | Path) -> FrameworkTrace:
     """Parse ``.sqlite`` directly; export ``.nsys-rep``/``.qdrep`` first (needs ``nsys``)."""
     p = Path(path)
     if p.suffix in (".nsys-rep", ".qdrep"):
-        p = export_sqlite(p)
+        # reading never writes beside its input (a bundle may be read-only or shared)
+        with tempfile.TemporaryDirectory(prefix="benanza-nsys-") as tmp:
+            return parse_nsys_sqlite(export_sqlite(p, Path(tmp)))
     return parse_nsys_sqlite(p)
 
 
-def export_sqlite(report: Path) -> Path:
+def export_sqlite(report: Path, folder: Path) -> Path:
     nsys = shutil.which("nsys")
     if nsys is None:
         raise ProfileFormatError(report, "reading a .nsys-rep needs Nsight Systems' `nsys` on PATH "
                                          "(scripts/install-nsys.sh installs it), or pass the .sqlite "
                                          "from `nsys export --type sqlite` instead")
-    out = report.with_suffix(".sqlite")
-    if out.exists() and out.stat().st_mtime >= report.stat().st_mtime:
-        return out
+    out = folder / (report.stem + ".sqlite")
     proc = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
                            "--output", str(out), str(report)], capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():
