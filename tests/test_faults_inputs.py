@@ -137,7 +137,7 @@ def invalid_models(tmp_path: Path) -> dict[str, tuple[Path, str]]:
                    [numpy_helper.from_array(np.array([10**13], np.int64), "s")])
     return {
         "Conv group=2 over 3 channels": (save(conv(2, (4, 1, 3, 3)), "group.onnx"),
-                                         "Conv group=2 does not divide its 3 input channels"),
+                                         "node 'c' (Conv): group 2 does not divide the 3 input channels"),
         "Conv weights for other channels": (save(conv(1, (4, 2, 3, 3)), "weights.onnx"),
                                             "take 2 input channels in 1 groups, the input has 3"),
         "ConvTranspose group=2 over 3 channels": (save(deconv, "deconv.onnx"),
