@@ -43,6 +43,9 @@ def analysis_json(a: Analysis) -> dict:
                                                 "components": dict(a.stack.stack)},
         "math": a.math,
         "unstable_layers": [r.index for r in a.unstable_rows],
+        # every figure below rests on results measured under contention (`analyze --allow-contended`)
+        "contended": bool(a.contended),
+        "contended_layers": [r.index for r in a.contended_rows],
         "measured_ms": _r(m), "measured_source": a.measured_source or None,
         "bounds": _bounds_json(a.bounds, m),
         "speedup": {"sequential": _speedup(a.br_sequential), "parallel": _speedup(a.br_parallel)},
@@ -50,7 +53,8 @@ def analysis_json(a: Analysis) -> dict:
                     "latency_ms": _r(r.latency_ms), "variant": r.variant or None, "algo": r.algo or None,
                     "implementation": r.implementation or None, "critical": r.critical,
                     "failed_variants": r.failed_variants,
-                    "unstable": r.status == "ok" and r.variant in a.unstable} for r in a.rows],
+                    "unstable": r.status == "ok" and r.variant in a.unstable, "contended": r.contended}
+                   for r in a.rows],
         "edges": [list(e) for e in a.edges],
         "coverage": {
             "layers": len(a.rows), "not_covered": [r.index for r in a.not_covered],
@@ -81,6 +85,11 @@ def analysis_json(a: Analysis) -> dict:
         "heuristic": _heuristic_json(a),
         "warnings": a.warnings, "notes": a.notes,
     }
+    if a.contended:  # each bounds object says so itself, wherever a reader takes it from
+        for b in (out["bounds"], out["fusion"]["bounds"], out["joint"], *out["tensor_cores"]["bounds"].values(),
+                  (out["framework"] or {}).get("bounds_same_fusions"), (out["heuristic"] or {}).get("bounds")):
+            if b is not None:
+                b["contended"] = True
     return out
 
 
@@ -165,7 +174,7 @@ def _row(table: Table, *cells: str) -> None:
 
 
 LAYER_COLUMNS = ("model", "system", "backend", "dtype", "batch_size", "index", "name", "op", "key", "status",
-                 "latency_ms", "variant", "algo", "implementation", "critical", "failed_variants")
+                 "latency_ms", "variant", "algo", "implementation", "critical", "failed_variants", "contended")
 
 
 def layers_csv(analyses: Sequence[Analysis]) -> str:
@@ -177,7 +186,7 @@ def layers_csv(analyses: Sequence[Analysis]) -> str:
         for r in a.rows:
             writer.writerow([a.model, a.system, a.backend, a.dtype, a.batch_size, r.index, r.name, r.op, r.key,
                              r.status, repr(r.latency_ms) if r.status == "ok" else "", r.variant, r.algo,
-                             r.implementation, int(r.critical), r.failed_variants])
+                             r.implementation, int(r.critical), r.failed_variants, int(r.contended)])
     return buf.getvalue()
 
 
@@ -188,7 +197,11 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
         console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
                       + ", ".join(f"{k} {v}" for k, v in a.stack.stack if k not in ("cpu",)) + f"); math {a.math}",
                       highlight=False, markup=False, soft_wrap=True)
-    t = Table("", "sequential", "parallel", title=Text(title))
+    # Printed only when asked for (--allow-contended): then every column of figures says so.
+    tag = " (CONTENDED)" if a.contended else ""
+    if a.contended:
+        title += f" — CONTENDED: {len(a.contended)} results were measured while other processes took the CPU"
+    t = Table("", "sequential" + tag, "parallel" + tag, title=Text(title))
     _row(t, "lower bound (ms)" + (" [PARTIAL]" if a.bounds.partial else ""),
               _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms))
     measured = sum(1 for r in a.rows if r.status == "ok")
@@ -213,16 +226,18 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
     console.print(t)
 
     rows = a.rows if not max_layers or len(a.rows) <= max_layers else sorted(a.rows, key=lambda r: -r.latency_ms)[:max_layers]
-    lt = Table("#", "layer", "type", "latency ms", "variant", "path", title=(
+    lt = Table("#", "layer", "type", "latency ms" + tag, "variant", "path", title=(
         "layers" if rows is a.rows else f"the {max_layers} slowest of {len(a.rows)} layers"))
     for r in rows:
-        lat = _ms(r.latency_ms) if r.status == "ok" else r.status.replace("_", " ")
+        lat = _ms(r.latency_ms) + (" contended" if r.contended else "") if r.status == "ok" \
+            else r.status.replace("_", " ")
         variant = f"{r.algo}" + (f" [{r.implementation}]" if r.implementation else "")
         _row(lt, str(r.index), r.name, r.op, lat, variant, "●" if r.critical else "")
     console.print(lt)
 
     if a.modules:
-        mt = Table("fork", "join", "branches", "layers", "sequential ms", "parallel ms", title="parallel modules")
+        mt = Table("fork", "join", "branches", "layers", "sequential ms" + tag, "parallel ms" + tag,
+                   title="parallel modules")
         for p in a.modules:
             _row(mt, a.rows[p.fork].name, a.rows[p.join].name, str(p.branches), str(len(p.nodes)),
                        _ms(p.sequential_ms), _ms(p.parallel_ms))
@@ -295,7 +310,7 @@ def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
     t = Table("model", "system", "batch", "seq ms", "par ms", "fused seq ms", "joint ms", "measured ms",
               "BR seq", "BR par", title="sweep")
     for a in analyses:
-        _row(t, a.model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
+        _row(t, a.model + (" (CONTENDED)" if a.contended else ""), a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
                   _ms(a.fusion.bounds.sequential_ms), _ms(a.joint.parallel_ms if a.joint else None),
                   _ms(a.measured_ms), _ms(a.br_sequential), _ms(a.br_parallel))
     console.print(t)
