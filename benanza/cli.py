@@ -475,9 +475,8 @@ def _print_threads(summary) -> None:
     """Say how many threads the benchmarks use when the run chose them."""
     free = summary.free
     if free is not None and summary.backend == "onednn":
-        busy = f", {free.allowed - free.free} busy with other work" if free.free < free.allowed else ""
-        err_console.print(f"threads: {summary.threads} (the cores free now: {free.idle:.1f} of {free.allowed} idle"
-                          f"{busy}); --threads N sets them", highlight=False)
+        err_console.print(f"threads: {summary.threads}, the cores other work left free when the run started "
+                          f"({free.idle:.1f} of {free.allowed} idle); --threads N sets them", highlight=False)
 
 
 def _print_gave_up(summary, max_failures: int) -> None:

@@ -7,7 +7,8 @@ Two things, both read by the runner while a benchmark runs:
   sample, not a slower average), with the median and the spread kept for reporting;
 - the contention the benchmark ran under: the share of its threads' runnable time they spent
   waiting for a CPU (the kernel's per-thread ``schedstat`` run delay), or the share of the CPUs'
-  time the hypervisor stole, whichever is larger.
+  time the hypervisor stole, whichever is larger; and how often its threads were preempted,
+  which says whether a call as short as the estimator is likely to have run untouched.
 """
 
 from __future__ import annotations
@@ -55,32 +56,68 @@ def summarize(percentiles: list[float], count: int) -> SampleSummary:
 
 # --- contention -----------------------------------------------------------------------------
 
+# A contended benchmark's estimator is still kept when at least this share of its calls is
+# expected to have run without a preemption: the low percentile then lies among clean calls.
+MIN_CLEAN_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ThreadClock:
+    run_ns: int  # on a CPU
+    wait_ns: int  # runnable, waiting for a CPU
+    preempted: int  # involuntary context switches
+
+
 @dataclass(frozen=True)
 class CpuClock:
-    """A process's threads' time on a CPU and waiting for one, and the steal time of the CPUs
-    it may run on, at one moment."""
+    """A process's threads' scheduler counters, and the steal time of the CPUs it may run on,
+    at one moment."""
 
-    run_ns: int
-    wait_ns: int
+    threads: dict[int, ThreadClock]
     steal_ticks: int
     total_ticks: int
 
 
-def _thread_times(pid: int) -> tuple[int, int] | None:
-    """Summed (on-CPU, run-queue wait) nanoseconds of the process's live threads."""
-    run = wait = 0
+@dataclass(frozen=True)
+class Contention:
+    """What other work cost one benchmark while it ran."""
+
+    waited: float  # share of its threads' runnable time spent waiting for a CPU
+    stolen: float  # share of its CPUs' time the hypervisor gave to other guests
+    preemptions_per_s: float  # summed over its threads: per second of each one's runnable time
+
+    @property
+    def share(self) -> float:
+        """The larger of the two losses: what is compared with --max-contention."""
+        return max(self.waited, self.stolen)
+
+    def clean_share(self, call_ms: float) -> float:
+        """Expected share of calls of ``call_ms`` that no preemption touched: every thread must
+        keep its CPU for the whole call, and preemptions arrive at the measured rate."""
+        return math.exp(-self.preemptions_per_s * call_ms / 1000.0)
+
+    def spoils(self, call_ms: float | None, max_share: float) -> bool:
+        """Whether a result whose clean calls take ``call_ms`` (its estimator; None: no
+        per-call samples) cannot be trusted: it lost more than ``max_share`` of its time, and
+        either the loss was stolen time (no preemption count sees it), there are no per-call
+        samples, or too few calls are expected to be clean for the low percentile to be one."""
+        if self.share <= max_share:
+            return False
+        return self.stolen > max_share or call_ms is None or self.clean_share(call_ms) < MIN_CLEAN_SHARE
+
+
+def _thread_clock(pid: int, tid: str) -> ThreadClock | None:
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        sched = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
     except OSError:
+        return None  # the thread ended meanwhile
+    preempted = next((int(line.split()[1]) for line in status.splitlines()
+                      if line.startswith("nonvoluntary_ctxt_switches")), 0)
+    try:
+        return ThreadClock(int(sched[0]), int(sched[1]), preempted)
+    except (IndexError, ValueError):
         return None
-    for tid in tasks:
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-            run += int(fields[0])
-            wait += int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue  # the thread ended meanwhile
-    return run, wait
 
 
 def _cpu_ticks(cpus: set[int]) -> tuple[int, int, int]:
@@ -108,23 +145,34 @@ def _allowed_cpus() -> set[int]:
 def cpu_clock(pid: int) -> CpuClock | None:
     """The clock of process ``pid`` now; None where the kernel keeps no schedstat (not Linux,
     or CONFIG_SCHED_INFO off): then no contention is measured."""
-    times = _thread_times(pid)
-    if times is None:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    threads = {int(t): c for t in tids if (c := _thread_clock(pid, t)) is not None}
+    if not threads:
         return None
     _, steal, total = _cpu_ticks(_allowed_cpus())
-    return CpuClock(times[0], times[1], steal, total)
+    return CpuClock(threads, steal, total)
 
 
-def contention(before: CpuClock | None, after: CpuClock | None) -> float | None:
-    """Share of the interval the benchmark lost to other work: its threads' run-queue wait over
-    their runnable time, or the stolen share of the CPUs' time, whichever is larger."""
+def contention(before: CpuClock | None, after: CpuClock | None) -> Contention | None:
+    """What other work cost the process between two clocks (threads born in between count from
+    zero; threads that ended in between are not seen)."""
     if before is None or after is None:
         return None
-    run, wait = after.run_ns - before.run_ns, after.wait_ns - before.wait_ns
+    run = wait = 0
+    rate = 0.0
+    for tid, now in after.threads.items():
+        then = before.threads.get(tid, ThreadClock(0, 0, 0))
+        d_run, d_wait = now.run_ns - then.run_ns, now.wait_ns - then.wait_ns
+        run, wait = run + d_run, wait + d_wait
+        if d_run + d_wait > 0:
+            rate += (now.preempted - then.preempted) / ((d_run + d_wait) * 1e-9)
     ticks = after.total_ticks - before.total_ticks
     stolen = (after.steal_ticks - before.steal_ticks) / ticks if ticks > 0 else 0.0
     waited = wait / (run + wait) if run + wait > 0 else 0.0
-    return max(0.0, min(1.0, max(waited, stolen)))
+    return Contention(min(1.0, max(0.0, waited)), min(1.0, max(0.0, stolen)), max(0.0, rate))
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ CREATE TABLE IF NOT EXISTS results (
   implementation TEXT NOT NULL, metrics TEXT NOT NULL, raw TEXT NOT NULL, command TEXT NOT NULL,
   timestamp TEXT NOT NULL, rsd REAL, unstable INTEGER NOT NULL DEFAULT 0, low_ms REAL,
   sample_median_ms REAL, sample_iqr_ms REAL, samples INTEGER NOT NULL DEFAULT 0, contention REAL,
-  contended INTEGER NOT NULL DEFAULT 0);
+  clean_share REAL, contended INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS results_lookup ON results(system, dtype, layer_key);
 CREATE INDEX IF NOT EXISTS results_stack ON results(stack_id, variant);
 CREATE TABLE IF NOT EXISTS models (
@@ -104,7 +104,7 @@ _RESULT_COLUMNS = ("system", "stack_id", "variant", "layer_key", "dtype", "statu
                    "median_ms", "mean_ms", "stddev_ms", "min_ms", "iterations", "repetitions",
                    "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp", "rsd",
                    "unstable", "low_ms", "sample_median_ms", "sample_iqr_ms", "samples", "contention",
-                   "contended")
+                   "clean_share", "contended")
 
 # Per table: primary-key columns, and the columns whose difference under one key is a merge
 # conflict (bookkeeping stamps such as last_used are not).
@@ -406,7 +406,7 @@ class PerfDB:
         sql = ("SELECT r.id, r.system, r.stack_id, s.device, r.layer_key, l.family, l.op, r.variant, "
                "v.backend, v.api, v.algo, r.dtype, v.layout, v.math, v.fusion, r.status, r.message, "
                "r.median_ms, r.mean_ms, r.stddev_ms, r.min_ms, r.rsd, r.unstable, r.low_ms, r.sample_median_ms, "
-               "r.sample_iqr_ms, r.samples, r.contention, r.contended, r.iterations, r.repetitions, "
+               "r.sample_iqr_ms, r.samples, r.contention, r.clean_share, r.contended, r.iterations, r.repetitions, "
                "r.workspace_bytes, r.implementation, l.flops, l.bytes, r.metrics, r.command, r.timestamp "
                "FROM results r JOIN variants v ON v.name = r.variant "
                "LEFT JOIN layers l ON l.key = r.layer_key LEFT JOIN systems s ON s.stack_id = r.stack_id "
@@ -648,7 +648,8 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
     contention it was measured under (docs/measurement.md). Older rows have neither: their
     bound is their median, as before, and their contention is unknown (NULL), not zero."""
     for column in ("low_ms REAL", "sample_median_ms REAL", "sample_iqr_ms REAL",
-                   "samples INTEGER NOT NULL DEFAULT 0", "contention REAL", "contended INTEGER NOT NULL DEFAULT 0"):
+                   "samples INTEGER NOT NULL DEFAULT 0", "contention REAL", "clean_share REAL",
+                   "contended INTEGER NOT NULL DEFAULT 0"):
         conn.execute(f"ALTER TABLE results ADD COLUMN {column}")
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
@@ -678,7 +679,7 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
             "raw": json.dumps(raw or {}, sort_keys=True), "command": command,
             "timestamp": r.timestamp or now(), "rsd": r.rsd, "unstable": int(r.unstable), "low_ms": r.low_ms,
             "sample_median_ms": r.sample_median_ms, "sample_iqr_ms": r.sample_iqr_ms, "samples": r.samples,
-            "contention": r.contention, "contended": int(r.contended)}
+            "contention": r.contention, "clean_share": r.clean_share, "contended": int(r.contended)}
 
 
 def _result(d: dict) -> Result:
@@ -692,5 +693,6 @@ def _result(d: dict) -> Result:
                   workspace_bytes=d["workspace_bytes"], implementation=d["implementation"],
                   metrics=json.loads(d["metrics"]), timestamp=d["timestamp"], unstable=bool(d["unstable"]),
                   low_ms=d["low_ms"], sample_median_ms=d["sample_median_ms"], sample_iqr_ms=d["sample_iqr_ms"],
-                  samples=d["samples"], contention=d["contention"], contended=bool(d["contended"]))
+                  samples=d["samples"], contention=d["contention"], clean_share=d["clean_share"],
+                  contended=bool(d["contended"]))
 

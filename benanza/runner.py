@@ -31,8 +31,8 @@ from . import children
 from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
-from .measurement import (MAX_CONTENTION, CpuClock, FreeCores, SampleSummary, contention, cpu_clock, free_cores,
-                          summarize)
+from .measurement import (MAX_CONTENTION, Contention, CpuClock, FreeCores, SampleSummary, contention, cpu_clock,
+                          free_cores, summarize)
 from .perfdb import PerfDB, resolve_db_path
 from .records import UNSTABLE_RSD, Result, Status, System, Variant
 from .system import detect_system, probe_gpu
@@ -299,14 +299,17 @@ class _Store:
         self.last = time.monotonic()
         self.final: dict[str, Result] = {}  # the latest outcome per variant name
 
-    def add(self, result: Result, raw: dict) -> None:
+    def add(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
+        """Buffers one result, flagged unstable or contended (``lost``: what other work cost it
+        while it ran; None when not measured)."""
         rsd = result.rsd
         if rsd is not None and rsd > self.max_rsd:
             result = replace(result, unstable=True)
-        if result.ok:
+        if result.ok and lost is not None:
+            clean = lost.clean_share(result.low_ms) if result.low_ms is not None else None
+            result = replace(result, contention=lost.share, clean_share=clean)
             self.measured += 1
-            if (self.max_contention is not None and result.contention is not None
-                    and result.contention > self.max_contention):
+            if self.max_contention is not None and lost.spoils(result.low_ms, self.max_contention):
                 result = replace(result, contended=True)
                 self.contended += 1
         self.pending.append((result, raw))
@@ -440,11 +443,11 @@ class _Batch:
                            f"--benchmark_min_time={self.options.min_time:g}",
                            f"--benchmark_repetitions={self.options.repetitions}"])
 
-    def store_result(self, result: Result, raw: dict) -> None:
+    def store_result(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
         if result.status is Status.FAILED:
             line = self.reproduce(result.variant.name)
             result = replace(result, metrics={**result.metrics, "reproduce": line})
-        self.store.add(result, raw)
+        self.store.add(result, raw, lost)
         self.finished.add(result.variant.name)
         self.notify(result.variant.name, result.status)
 
@@ -569,7 +572,7 @@ def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
 
 
 def _take_result(line: str, payload: str, current: str | None, kernels: dict[str, object],
-                 batch: _Batch, lost: float | None = None) -> None:
+                 batch: _Batch, lost: Contention | None = None) -> None:
     """Stores one result line, with the share of its time ``lost`` to other work; a malformed
     one fails its benchmark (or the running one) and keeps the line, so one bad line never costs
     the run."""
@@ -592,8 +595,7 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
             if name in kernels:
                 data["cupti"] = kernels.pop(name)
             try:
-                result = parse_result(batch.by_name[name], batch.system.name, data)
-                batch.store_result(replace(result, contention=lost) if result.ok else result, data)
+                batch.store_result(parse_result(batch.by_name[name], batch.system.name, data), data, lost)
                 return
             except MalformedResult as exc:
                 problem = str(exc)
