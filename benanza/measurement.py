@@ -13,6 +13,7 @@ Two things, both read by the runner while a benchmark runs:
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -49,7 +50,7 @@ def summarize(percentiles: list[float], count: int) -> SampleSummary:
     bad = [x for x in percentiles if not (math.isfinite(x) and x >= 0)]
     if bad:
         raise ValueError(f"percentile {bad[0]!r} is not a finite non-negative time")
-    if any(b < a for a, b in zip(percentiles, percentiles[1:])):
+    if any(b < a for a, b in itertools.pairwise(percentiles)):
         raise ValueError("percentiles decrease")
     return SampleSummary(percentiles[LOW_PERCENTILE], percentiles[50], percentiles[75] - percentiles[25], count)
 
