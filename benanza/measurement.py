@@ -60,6 +60,10 @@ def summarize(percentiles: list[float], count: int) -> SampleSummary:
 # A contended benchmark's estimator is still kept when at least this share of its calls is
 # expected to have run without a preemption: the low percentile then lies among clean calls.
 MIN_CLEAN_SHARE = 0.5
+# Below this much CPU time between a benchmark's first and last line, a waiting share is one
+# accident of scheduling rather than a measurement of the machine (every real benchmark runs
+# --min-time per repetition; only a stand-in that answers at once is this short).
+MIN_RUN_NS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ def cpu_clock(pid: int) -> CpuClock | None:
 
 def contention(before: CpuClock | None, after: CpuClock | None) -> Contention | None:
     """What other work cost the process between two clocks (threads born in between count from
-    zero; threads that ended in between are not seen)."""
+    zero; threads that ended in between are not seen); None when it ran too little to tell."""
     if before is None or after is None:
         return None
     run = wait = 0
@@ -170,6 +174,8 @@ def contention(before: CpuClock | None, after: CpuClock | None) -> Contention | 
         run, wait = run + d_run, wait + d_wait
         if d_run + d_wait > 0:
             rate += (now.preempted - then.preempted) / ((d_run + d_wait) * 1e-9)
+    if run < MIN_RUN_NS:
+        return None
     ticks = after.total_ticks - before.total_ticks
     stolen = (after.steal_ticks - before.steal_ticks) / ticks if ticks > 0 else 0.0
     waited = wait / (run + wait) if run + wait > 0 else 0.0
