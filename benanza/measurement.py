@@ -89,7 +89,7 @@ class Contention:
 
     waited: float  # share of its threads' runnable time spent waiting for a CPU
     stolen: float  # share of its CPUs' time the hypervisor gave to other guests
-    preemptions_per_s: float  # summed over its threads: per second of each one's runnable time
+    preemptions_per_s: float  # summed over its threads: per second of each one's time on a CPU
 
     @property
     def share(self) -> float:
@@ -98,7 +98,8 @@ class Contention:
 
     def clean_share(self, call_ms: float) -> float:
         """Expected share of calls of ``call_ms`` that no preemption touched: every thread must
-        keep its CPU for the whole call, and preemptions arrive at the measured rate."""
+        keep its CPU for the whole call, and each loses it at its measured rate per second of
+        running (a call needs ``call_ms`` of running, however long the waits between)."""
         return math.exp(-self.preemptions_per_s * call_ms / 1000.0)
 
     def spoils(self, call_ms: float | None, max_share: float) -> bool:
@@ -172,8 +173,8 @@ def contention(before: CpuClock | None, after: CpuClock | None) -> Contention | 
         then = before.threads.get(tid, ThreadClock(0, 0, 0))
         d_run, d_wait = now.run_ns - then.run_ns, now.wait_ns - then.wait_ns
         run, wait = run + d_run, wait + d_wait
-        if d_run + d_wait > 0:
-            rate += (now.preempted - then.preempted) / ((d_run + d_wait) * 1e-9)
+        if d_run > 0:
+            rate += (now.preempted - then.preempted) / (d_run * 1e-9)
     if run < MIN_RUN_NS:
         return None
     ticks = after.total_ticks - before.total_ticks

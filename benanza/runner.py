@@ -148,8 +148,9 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     project = bench_dir / backend
     manifest = read_manifest(bench_dir)
     variants = _select(read_variants(project), options.filter)
-    free = None if options.threads else free_cores()
-    threads = options.threads or free.free  # type: ignore[union-attr]
+    # CPU threads: what the user gave, else the cores other work leaves free now (GPU runs use none)
+    free = free_cores() if backend == "onednn" and not options.threads else None
+    threads = free.free if free is not None else options.threads or 1
     path = Path(db_path) if db_path else resolve_db_path(None)
     started = time.monotonic()
 
