@@ -7,7 +7,7 @@ Two things, both read by the runner while a benchmark runs:
   sample, not a slower average), with the median and the spread kept for reporting;
 - the contention the benchmark ran under: the share of its threads' runnable time they spent
   waiting for a CPU (the kernel's per-thread ``schedstat`` run delay), or the share of the CPUs'
-  time the hypervisor stole, whichever is larger; and how often its threads were preempted,
+  time the hypervisor stole, whichever is larger; and how often its threads lost their CPU,
   which says whether a call as short as the estimator is likely to have run untouched.
 """
 
@@ -58,8 +58,12 @@ def summarize(percentiles: list[float], count: int) -> SampleSummary:
 # --- contention -----------------------------------------------------------------------------
 
 # A contended benchmark's estimator is still kept when at least this share of its calls is
-# expected to have run without a preemption: the low percentile then lies among clean calls.
+# expected to have run without a thread losing its CPU, and at least half of them were in fact
+# close to the low percentile (the median within SPREAD_CLEAN of it), over at least MIN_SAMPLES
+# calls: the low percentile then lies among clean calls.
 MIN_CLEAN_SHARE = 0.5
+SPREAD_CLEAN = 1.5
+MIN_SAMPLES = 20
 # Below this much CPU time between a benchmark's first and last line, a waiting share is one
 # accident of scheduling rather than a measurement of the machine (every real benchmark runs
 # --min-time per repetition; only a stand-in that answers at once is this short).
@@ -70,7 +74,7 @@ MIN_RUN_NS = 1_000_000
 class ThreadClock:
     run_ns: int  # on a CPU
     wait_ns: int  # runnable, waiting for a CPU
-    preempted: int  # involuntary context switches
+    slices: int  # times it was put on a CPU (after a preemption or a sleep)
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,10 @@ class Contention:
 
     waited: float  # share of its threads' runnable time spent waiting for a CPU
     stolen: float  # share of its CPUs' time the hypervisor gave to other guests
-    preemptions_per_s: float  # summed over its threads: per second of each one's time on a CPU
+    # times a thread was put back on a CPU, summed over the threads, per second of each one's
+    # time on a CPU: every one may have held up a call (a preempted thread, or one woken late
+    # from an OpenMP barrier)
+    switches_per_s: float
 
     @property
     def share(self) -> float:
@@ -97,33 +104,29 @@ class Contention:
         return max(self.waited, self.stolen)
 
     def clean_share(self, call_ms: float) -> float:
-        """Expected share of calls of ``call_ms`` that no preemption touched: every thread must
-        keep its CPU for the whole call, and each loses it at its measured rate per second of
-        running (a call needs ``call_ms`` of running, however long the waits between)."""
-        return math.exp(-self.preemptions_per_s * call_ms / 1000.0)
+        """Expected share of calls of ``call_ms`` during which no thread left its CPU: each
+        leaves it at its measured rate per second of running (a call needs ``call_ms`` of
+        running, however long the waits between)."""
+        return math.exp(-self.switches_per_s * call_ms / 1000.0)
 
-    def spoils(self, call_ms: float | None, max_share: float) -> bool:
-        """Whether a result whose clean calls take ``call_ms`` (its estimator; None: no
-        per-call samples) cannot be trusted: it lost more than ``max_share`` of its time, and
-        either the loss was stolen time (no preemption count sees it), there are no per-call
-        samples, or too few calls are expected to be clean for the low percentile to be one."""
+    def spoils(self, samples: SampleSummary | None, max_share: float) -> bool:
+        """Whether a result with these per-call ``samples`` (None: none) cannot be trusted: it
+        lost more than ``max_share`` of its time, and the loss was stolen time (no scheduler
+        count sees it), or there are no or too few samples, or too few calls are expected to be
+        clean, or more than half of them were far above the low percentile."""
         if self.share <= max_share:
             return False
-        return self.stolen > max_share or call_ms is None or self.clean_share(call_ms) < MIN_CLEAN_SHARE
+        return (self.stolen > max_share or samples is None or samples.count < MIN_SAMPLES
+                or self.clean_share(samples.low_ms) < MIN_CLEAN_SHARE
+                or samples.median_ms > SPREAD_CLEAN * samples.low_ms)
 
 
 def _thread_clock(pid: int, tid: str) -> ThreadClock | None:
     try:
         sched = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-    except OSError:
+        return ThreadClock(int(sched[0]), int(sched[1]), int(sched[2]))
+    except (OSError, IndexError, ValueError):
         return None  # the thread ended meanwhile
-    preempted = next((int(line.split()[1]) for line in status.splitlines()
-                      if line.startswith("nonvoluntary_ctxt_switches")), 0)
-    try:
-        return ThreadClock(int(sched[0]), int(sched[1]), preempted)
-    except (IndexError, ValueError):
-        return None
 
 
 def _cpu_ticks(cpus: set[int]) -> tuple[int, int, int]:
@@ -174,7 +177,7 @@ def contention(before: CpuClock | None, after: CpuClock | None) -> Contention | 
         d_run, d_wait = now.run_ns - then.run_ns, now.wait_ns - then.wait_ns
         run, wait = run + d_run, wait + d_wait
         if d_run > 0:
-            rate += (now.preempted - then.preempted) / (d_run * 1e-9)
+            rate += (now.slices - then.slices) / (d_run * 1e-9)
     if run < MIN_RUN_NS:
         return None
     ticks = after.total_ticks - before.total_ticks

@@ -127,7 +127,7 @@ class Result:
     sample_iqr_ms: float | None = None
     samples: int = 0
     # Share of the benchmark's runnable time lost to other work while it ran (None: not
-    # measured); the share of its calls expected to have run without a preemption; and whether
+    # measured); the share of its calls expected to have run without a thread losing its CPU; and whether
     # it stayed spoiled by contention after the re-measurements: a contended result never
     # enters a bound unless the analysis is asked to label it so.
     contention: float | None = None

@@ -310,7 +310,10 @@ class _Store:
             clean = lost.clean_share(result.low_ms) if result.low_ms is not None else None
             result = replace(result, contention=lost.share, clean_share=clean)
             self.measured += 1
-            if self.max_contention is not None and lost.spoils(result.low_ms, self.max_contention):
+            samples = (SampleSummary(result.low_ms, result.sample_median_ms or result.low_ms,
+                                     result.sample_iqr_ms or 0.0, result.samples)
+                       if result.low_ms is not None else None)
+            if self.max_contention is not None and lost.spoils(samples, self.max_contention):
                 result = replace(result, contended=True)
                 self.contended += 1
         self.pending.append((result, raw))
