@@ -342,12 +342,12 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     more than --max-contention of their time to other processes is measured again after the
     others, and flagged contended if it stays so (`analyze` then refuses its bound).
     """
+    import shlex
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from . import runner
     from .children import sigterm_interrupts
-    import shlex
-
     from .perfdb import remeasure_flags, resolve_db_path
 
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,

@@ -229,8 +229,10 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60) -> None:
     lt = Table("#", "layer", "type", "latency ms" + tag, "variant", "path", title=(
         "layers" if rows is a.rows else f"the {max_layers} slowest of {len(a.rows)} layers"))
     for r in rows:
-        lat = _ms(r.latency_ms) + (" contended" if r.contended else "") if r.status == "ok" \
-            else r.status.replace("_", " ")
+        if r.status == "ok":
+            lat = _ms(r.latency_ms) + (" contended" if r.contended else "")
+        else:
+            lat = r.status.replace("_", " ")
         variant = f"{r.algo}" + (f" [{r.implementation}]" if r.implementation else "")
         _row(lt, str(r.index), r.name, r.op, lat, variant, "●" if r.critical else "")
     console.print(lt)
@@ -310,7 +312,8 @@ def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
     t = Table("model", "system", "batch", "seq ms", "par ms", "fused seq ms", "joint ms", "measured ms",
               "BR seq", "BR par", title="sweep")
     for a in analyses:
-        _row(t, a.model + (" (CONTENDED)" if a.contended else ""), a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
+        model = a.model + (" (CONTENDED)" if a.contended else "")
+        _row(t, model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
                   _ms(a.fusion.bounds.sequential_ms), _ms(a.joint.parallel_ms if a.joint else None),
                   _ms(a.measured_ms), _ms(a.br_sequential), _ms(a.br_parallel))
     console.print(t)
