@@ -13,8 +13,9 @@ Then `benanza analyze` on each. The target: sequential bound busy ÷ quiet ≤ 1
 model, or a refusal (exit status 3: the bound rests on contended results). For comparison it
 also prints what today's estimator would have given: the same bound from each chosen variant's
 `median_ms` (the median of the repetitions' means), and the estimator's cost: the run times,
-the re-measurements, and the per-call clock's share of a call (Google Benchmark's per-iteration
-time vs the samples' median).
+the re-measurements, and an upper estimate of the per-call clock's share of a call (Google
+Benchmark's per-iteration time vs the timed calls' median, over the quiet phase's uncontended
+results).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from benanza.measurement import MAX_CONTENTION
 from benanza.zoo import build_all
 
 BENANZA = str(Path(sys.executable).parent / "benanza")
@@ -59,11 +61,12 @@ def median_bound(db: Path, analysis: dict) -> float:
 
 
 def clock_share(db: Path) -> float | None:
-    """Median over results of (Google Benchmark's per-iteration time − the samples' median) /
-    the samples' median: what timing each call adds to a call."""
+    """Median over uncontended results of (Google Benchmark's per-iteration time − the timed calls'
+    median) / the calls' median: an upper estimate of what timing each call adds to a call (it
+    also holds the calls' mean-over-median skew, which a quiet machine keeps small)."""
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT median_ms, sample_median_ms FROM results WHERE status = 'ok' "
-                            "AND sample_median_ms > 0").fetchall()
+                            "AND sample_median_ms > 0 AND coalesce(contention, 0) <= ?", (MAX_CONTENTION,)).fetchall()
     return statistics.median((m - s) / s for m, s in rows) if rows else None
 
 
@@ -140,7 +143,8 @@ def main() -> None:
               f"busy {b.get('sequential_ms', 'refused')} ms ({b['run_s']} s, load {b['loadavg_before']}); "
               f"busy/quiet {row.get('busy_over_quiet', '—')} (median estimator "
               f"{row.get('median_estimator_busy_over_quiet', '—')}); contended results {q['contended']}/"
-              f"{b['contended']}; per-call clock adds {q['clock_share'] or 0:.1%} → {row['verdict']}", flush=True)
+              f"{b['contended']}; per-call clock adds "
+              f"{'—' if q['clock_share'] is None else format(q['clock_share'], '.1%')} → {row['verdict']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 
