@@ -474,9 +474,16 @@ def _print_failures(failures) -> None:
 def _print_threads(summary) -> None:
     """Say how many threads the benchmarks use when the run chose them."""
     free = summary.free
-    if free is not None and summary.backend == "onednn":
+    if free is None or summary.backend != "onednn":
+        return
+    idle = f"{free.idle:.1f} of {free.allowed} cores idle now"
+    if summary.threads_kept:
+        busy = "; other work may contend, and what it spoils is re-measured" if free.free < summary.threads else ""
+        err_console.print(f"threads: {summary.threads}, those of the stack already measured under "
+                          f"{summary.system.name!r} ({idle}{busy}); --threads N sets them", highlight=False)
+    else:
         err_console.print(f"threads: {summary.threads}, the cores other work left free when the run started "
-                          f"({free.idle:.1f} of {free.allowed} idle); --threads N sets them", highlight=False)
+                          f"({idle}); --threads N sets them", highlight=False)
 
 
 def _print_gave_up(summary, max_failures: int) -> None:

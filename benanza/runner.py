@@ -35,7 +35,7 @@ from .measurement import (MAX_CONTENTION, Contention, CpuClock, FreeCores, Sampl
                           free_cores, summarize)
 from .perfdb import PerfDB, resolve_db_path
 from .records import UNSTABLE_RSD, Result, Status, System, Variant
-from .system import detect_system, probe_gpu
+from .system import cpu_model, detect_system, probe_gpu
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class RunSummary:
     still_contended: list[str] = field(default_factory=list)
     threads: int = 0  # the benchmarks' CPU threads
     free: FreeCores | None = None  # the cores found free at the start, when threads were not given
+    threads_kept: bool = False  # threads not given: those of the stack already measured under the name
     context: dict = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
 
@@ -148,10 +149,13 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     project = bench_dir / backend
     manifest = read_manifest(bench_dir)
     variants = _select(read_variants(project), options.filter)
-    # CPU threads: what the user gave, else the cores other work leaves free now (GPU runs use none)
-    free = free_cores() if backend == "onednn" and not options.threads else None
-    threads = free.free if free is not None else options.threads or 1
     path = Path(db_path) if db_path else resolve_db_path(None)
+    # CPU threads (GPU runs use none): what the user gave; else those of the stack this name
+    # already measured on this CPU, so an interrupted or incremental run continues it; else the
+    # cores other work leaves free now.
+    free = free_cores() if backend == "onednn" and not options.threads else None
+    kept = _stack_threads(path, system_name) if free is not None else None
+    threads = options.threads or kept or (free.free if free is not None else 1)
     started = time.monotonic()
 
     if options.dry_run:
@@ -162,7 +166,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         else:
             with PerfDB(path, readonly=True) as db:
                 summary = _plan(db, system, variants, options, path)
-        summary.threads, summary.free = threads, free
+        summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
         return summary
 
     binary = build(project, options.build_jobs, options.cmake_args)
@@ -177,13 +181,27 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         else:
             summary = _plan(db, system, variants, options, path)
         summary.context = context
-        summary.threads, summary.free = threads, free
+        summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
         by_name = {v.name: v for v in variants}
         todo = [by_name[n] for n in summary.to_run]
         if todo:
             _execute(binary, todo, env, options, db, system, summary, progress)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _stack_threads(path: Path, system_name: str) -> int | None:
+    """The threads of the newest oneDNN stack stored under ``system_name`` for this CPU, if it
+    fits the cores this process may use."""
+    if not path.is_file():
+        return None
+    with PerfDB(path, readonly=True) as db:
+        system = db.system(system_name, "onednn")
+    stack = dict(system.stack) if system is not None else {}
+    threads = stack.get("threads", "")
+    if stack.get("cpu") != cpu_model() or not threads.isdigit() or int(threads) > len(os.sched_getaffinity(0)):
+        return None
+    return int(threads)
 
 
 def _select(variants: list[Variant], pattern: str | None) -> list[Variant]:

@@ -321,6 +321,11 @@ def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench)
         (system,) = pdb.systems()
         results = pdb.results(system)
     assert dict(system.stack)["threads"] == str(threads)
+    again = CliRunner().invoke(main, ["run", "--system", "box", "--backend", "onednn", "--bench-dir", str(work),
+                                      "--db", str(db), "--min-time", "0.01", "--repetitions", "2"])
+    assert again.exit_code == 0, again.output  # whatever the load now: the same stack, nothing to measure
+    assert f"threads: {threads}, those of the stack already measured under 'box'" in again.output
+    assert "0 stored" in again.output
     ok = [r for r in results if r.ok]
     assert ok
     for r in ok:
