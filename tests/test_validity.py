@@ -115,9 +115,10 @@ def kernel(fields: list[str]) -> str:
 
 
 def db_best(d: Path, key: str, fusion: str = "none", layout: str | None = None, impl: str | None = None) -> float:
-    """The fastest OK result (each variant's latest measurement: re-measured ones have several)."""
-    query = ("SELECT min(r.median_ms) FROM results r JOIN variants v ON v.name = r.variant WHERE r.system = ? "
-             "AND r.layer_key = ? AND r.status = 'ok' AND v.fusion = ? "
+    """The fastest OK result (each variant's latest measurement: re-measured ones have several), by
+    the latency a bound uses: the calls' low percentile where they were timed, else the median."""
+    query = ("SELECT min(coalesce(r.low_ms, r.median_ms)) FROM results r JOIN variants v ON v.name = r.variant "
+             "WHERE r.system = ? AND r.layer_key = ? AND r.status = 'ok' AND v.fusion = ? "
              "AND r.id IN (SELECT max(id) FROM results GROUP BY system, variant)")
     args: list = [SYSTEM, key, fusion]
     if layout:
