@@ -193,6 +193,16 @@ class Analysis:
         return f"{name} in {module}" if module and module not in name.replace("/", ".") else name
     # the roofline of the bound's layers from the stack's peaks (None: no peaks stored)
     speed_of_light: SpeedOfLight | None = None
+    # Variant names whose result stayed contended: every figure this analysis computes may rest
+    # on one (a contended variant not chosen may truly be the fastest), so the CLI refuses to
+    # print them unless asked to label them (docs/measurement.md).
+    contended: frozenset[str] = frozenset()
+    remeasure_command: str = ""  # re-measures the contended results
+
+    @property
+    def contended_rows(self) -> list[LayerRow]:
+        """Layers of the bound chosen from results of which one was measured under contention."""
+        return [r for r in self.rows if r.status == LayerStatus.OK and r.contended]
 
     @property
     def unstable_rows(self) -> list[LayerRow]:
@@ -229,7 +239,7 @@ class Analysis:
 
 
 def _fusion_uses(applied: list[tuple[FusionMatch, Result]], weight: dict[int, float]) -> list[FusionUse]:
-    return [FusionUse(m.pattern.name, m.nodes, sum(weight[i] for i in m.nodes), float(r.median_ms),  # type: ignore[arg-type]
+    return [FusionUse(m.pattern.name, m.nodes, sum(weight[i] for i in m.nodes), float(r.latency_ms),  # type: ignore[arg-type]
                       r.variant.name) for m, r in applied]
 
 
@@ -268,7 +278,8 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
                         list(model.edges), bounds,
                         parallel_modules(graph, weight), fusion, TensorCoreView(tc, total, names, tc_bounds),
                         joint, joint_label, stack=stack, math=math,
-                        unstable=frozenset(r.variant.name for r in results if r.unstable))
+                        unstable=frozenset(r.variant.name for r in results if r.unstable),
+                        contended=frozenset(r.variant.name for r in results if r.ok and r.contended))
     if model.scope_source != OP_TYPES:  # an op-type "module" says nothing the layer's type does not
         analysis.layer_module = {i: p[-1] for i, p in layer_paths(model)[0].items() if p}
     analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
@@ -322,7 +333,7 @@ def profitable_fusions(rows: list[LayerRow], matches: list[FusionMatch], by_key,
     _, candidates = fused_weights(rows, matches, by_key, dtype, layouts)
     # only comparable when every layer of the pattern has its own measured latency
     slower = [(m, r) for m, r in candidates if set(m.nodes) <= ok
-              and float(r.median_ms) >= sum(unfused[i] for i in m.nodes)]  # type: ignore[arg-type]
+              and float(r.latency_ms) >= sum(unfused[i] for i in m.nodes)]  # type: ignore[arg-type]
     dropped = {id(m) for m, _ in slower}
     weight, applied = fused_weights(rows, [m for m in matches if id(m) not in dropped], by_key, dtype, layouts)
     return weight, applied, slower
@@ -356,6 +367,10 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         lib = LibraryView(library, len(calls), alignment, [], profile.library_versions.get(library, ""),
                           stack.get(library, ""), profile.library_threads.get(library),
                           int(stack["threads"]) if stack.get("threads", "").isdigit() else None)
+        if lib.threads_differ:
+            a.warnings.append(f"{_threads_said(lib)}: the bound and the framework's times compare different "
+                              f"thread counts (benchmark with `benanza run --threads {lib.framework_threads}` "
+                              f"to compare them at equal threads)")
         if lib.versions_differ:
             a.notes.append(f"the framework's {library} is {lib.framework_version}, the benchmarks' "
                            f"{lib.benchmark_version}: implementation names do not compare across versions, so Q3 "
@@ -445,6 +460,12 @@ def _warn(a: Analysis) -> None:
                           f"(their repetitions stayed too far apart after re-measurement; `benanza run "
                           f"--force --filter` on an idle machine replaces them): "
                           + ", ".join(a.at(r.index) for r in unstable[:5]) + (", …" if len(unstable) > 5 else ""))
+    if a.contended:
+        rows = a.contended_rows
+        measured = sum(1 for r in a.rows if r.status == LayerStatus.OK)
+        a.warnings.append(f"CONTENDED: {len(rows)} of the bound's {measured} measured layers ({len(a.contended)} results "
+                          f"in all, fused and other dtypes included) were measured while other processes took the "
+                          f"CPU, so every figure here may be inflated: " + contended_names(a))
     slower = a.fusion.unprofitable
     if slower:
         a.warnings.append(f"Q5: {len(slower)} fusions measured no faster than their unfused layers and are not "
@@ -474,6 +495,13 @@ def _warn(a: Analysis) -> None:
                        f"outputs are constants once the input shapes are fixed)")
     for w in a.warnings:
         log.info(w)  # the caller presents warnings; this keeps them in -v logs too
+
+
+def contended_names(a: Analysis, shown: int = 5) -> str:
+    """The layers whose bound rests on a contended result, for a one-line message."""
+    rows = a.contended_rows
+    names = [a.at(r.index) for r in rows[:shown]] + (["…"] if len(rows) > shown else [])
+    return ", ".join(names) or "fused or other-dtype results only"
 
 
 def _threads_said(lib: LibraryView) -> str:

@@ -46,6 +46,7 @@ from . import runner
 from .errors import BenanzaError, UsageError
 from .generator import GenOptions, expand_variants, generate, get_backend
 from .manifest import Manifest, build_manifest, write_manifest
+from .measurement import MAX_CONTENTION
 from .perfdb import PerfDB
 from .processor import load_model, unique_layers
 from .records import Variant
@@ -162,6 +163,7 @@ class CampaignSpec:
     repetitions: int = 3
     timeout: float = 300.0  # seconds one benchmark may take
     slurm: tuple[tuple[str, Any], ...] = DEFAULT_SLURM  # for every system's job
+    max_contention: float = MAX_CONTENTION  # docs/measurement.md
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.systems]
@@ -182,7 +184,7 @@ class CampaignSpec:
         return {"models": list(self.models), "systems": [s.to_json() for s in self.systems], "db": self.db,
                 "batch_size": self.batch_size, "gen": asdict(self.gen), "min_time": self.min_time,
                 "repetitions": self.repetitions, "timeout": self.timeout,
-                "slurm": [list(kv) for kv in self.slurm]}
+                "slurm": [list(kv) for kv in self.slurm], "max_contention": self.max_contention}
 
     @classmethod
     def from_json(cls, d: dict) -> CampaignSpec:
@@ -192,7 +194,7 @@ class CampaignSpec:
                          extra=tuple((k, v) for k, v in g["extra"]))
         return cls(tuple(d["models"]), tuple(SystemSpec.from_json(s) for s in d["systems"]), d["db"],
                    d["batch_size"], gen, d["min_time"], d["repetitions"], d["timeout"],
-                   tuple((k, v) for k, v in d["slurm"]))
+                   tuple((k, v) for k, v in d["slurm"]), d.get("max_contention", MAX_CONTENTION))
 
 
 # --- the job that runs on a node ----------------------------------------------------------
@@ -237,8 +239,9 @@ class SystemJob(submitit.helpers.Checkpointable):
         report.write("building")
         job = f"slurm job {os.environ.get('SLURM_JOB_ID', '?')}, run {os.environ.get('SLURM_RESTART_COUNT', '0')}"
         options = runner.RunOptions(
-            min_time=self.spec.min_time, repetitions=self.spec.repetitions, threads=self.system.threads,
-            timeout=self.spec.timeout, build_jobs=default_threads(),
+            min_time=self.spec.min_time, repetitions=self.spec.repetitions,
+            threads=self.system.threads or default_threads(),  # a Slurm job owns its CPUs: all of them
+            timeout=self.spec.timeout, build_jobs=default_threads(), max_contention=self.spec.max_contention,
             command=f"benanza campaign {self.root} system {name} ({job})")
         summary = runner.run(bench, name, backend, folder.shard(name), options, progress=report.step)
         if summary.interrupted:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from .errors import BenanzaError
 from .escape import printable
+from .measurement import MAX_CONTENTION
 from .records import UNSTABLE_RSD
 
 if TYPE_CHECKING:
@@ -398,14 +399,20 @@ def db_option(f):
               help="Seconds per repetition (Google Benchmark min time; oneDNN only: cuDNN sizes each "
                    "repetition to about 1 ms of GPU time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (oneDNN); default all cores.")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="CPU threads (oneDNN); default: the cores other work leaves free when the run starts.")
 @click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
 @click.option("--max-rsd", type=FiniteRange(min=0.0, min_open=True), default=UNSTABLE_RSD, show_default=True,
               help="Relative stddev (stddev / median of the repetitions) above which a result is unstable.")
 @click.option("--remeasure", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Times an unstable result is measured again; what stays unstable is flagged.")
+              help="Times an unstable or contended result is measured again, after the others; what stays "
+                   "so is flagged.")
+@click.option("--max-contention", type=FiniteRange(min=0.0, max=1.0), default=MAX_CONTENTION,
+              show_default=True,
+              help="Share of a CPU benchmark's runnable time its threads may wait for a CPU (or have stolen) "
+                   "before its result is contended (docs/measurement.md).")
 @click.option("--max-failures", type=click.IntRange(min=1), default=3, show_default=True,
               help="A variant that failed this many runs in a row is skipped (--force retries it).")
 @click.option("--l2", type=click.Choice(["flush", "hot"]), default="flush", show_default=True,
@@ -415,29 +422,35 @@ def db_option(f):
               help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
-        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_failures: int, l2: str,
-        measure_peaks: bool) -> None:
+        timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
+        l2: str, measure_peaks: bool) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
     are skipped (unless --force); failed ones are retried. Results are stored as they
     arrive: Ctrl-C keeps them and a re-run continues where it stopped. A benchmark that
     crashes or hangs is stored as failed. A result whose repetitions disagree by more than
-    --max-rsd is measured again, and flagged unstable if it stays so.
+    --max-rsd is measured again, and flagged unstable if it stays so; one whose threads lost
+    more than --max-contention of their time to other processes is measured again after the
+    others, and flagged contended if it stays so (`analyze` then refuses its bound).
     """
+    import shlex
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from . import runner
     from .children import sigterm_interrupts
-    from .perfdb import resolve_db_path
+    from .perfdb import remeasure_flags, resolve_db_path
 
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
                                 command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
-                                remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks)
+                                remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks,
+                                max_contention=max_contention)
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)
+        _print_threads(summary)
         for name in summary.to_run:
             console.print(name, highlight=False, soft_wrap=True)
         console.print(f"{summary.backend} on {summary.system.device}: {len(summary.to_run)} of "
@@ -465,6 +478,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
 
             with sigterm_interrupts():
                 summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
+    _print_threads(summary)
     _print_failures(summary.failures)
     console.print(f"{summary.backend} on {summary.system.device} (stack {summary.system.stack_id}): "
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
@@ -472,8 +486,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                   f"{summary.seconds:.1f}s → {path}", highlight=False)
     if summary.remeasured or summary.unstable:
         err_console.print(
-            f"{summary.remeasured} unstable results re-measured; {summary.unstable} still vary by more than "
-            f"{max_rsd:.0%} (relative stddev) and are flagged unstable in the database", highlight=False)
+            f"{summary.remeasured} unstable or contended results re-measured; {summary.unstable} still vary by "
+            f"more than {max_rsd:.0%} (relative stddev) and are flagged unstable in the database", highlight=False)
     _print_gave_up(summary, max_failures)
     if summary.peaks is not None:
         err_console.print(f"peaks of this stack measured and stored: {_peaks_line(summary.peaks)}", highlight=False)
@@ -481,11 +495,14 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     elif summary.peaks_error:
         print_warning(f"the stack's peaks were not measured ({summary.peaks_error}): analyses of it have no "
                       f"speed-of-light bound")
-    if summary.contended > 0.1:
+    if summary.still_contended:
         print_warning(
-            f"other processes competed for the CPU during "
-            f"{summary.contended:.0%} of the run: latencies may be inflated (on a small machine by "
-            f"whole scheduler quanta). Re-run on an idle machine with --force to replace them.")
+            f"{len(summary.still_contended)} results lost more than {max_contention:.0%} of their time to other "
+            f"processes in every measurement ({summary.contended:.0%} of this run's measurements did) and are "
+            f"stored as contended; `benanza analyze` gives no bound resting on them. When the machine is "
+            f"idle: " + shlex.join(["benanza", "run", "--system", system_name, "--backend", summary.backend,
+                                    "--bench-dir", bench_dir, "--db", str(path),
+                                    *remeasure_flags(summary.still_contended, summary.threads)]))
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)
@@ -649,6 +666,21 @@ def _print_failures(failures) -> None:
     if len(failures) > _FAILURES_SHOWN:
         err_console.print(f"… and {len(failures) - _FAILURES_SHOWN} more failures: `benanza db list --status "
                           f"failed` shows them, their results' metrics hold the reproduce lines", highlight=False)
+
+
+def _print_threads(summary) -> None:
+    """Say how many threads the benchmarks use when the run chose them."""
+    free = summary.free
+    if free is None or summary.backend != "onednn":
+        return
+    idle = f"{free.idle:.1f} of {free.allowed} cores idle now"
+    if summary.threads_kept:
+        busy = "; other work may contend, and what it spoils is re-measured" if free.free < summary.threads else ""
+        err_console.print(f"threads: {summary.threads}, those of the stack already measured under "
+                          f"{summary.system.name!r} ({idle}{busy}); --threads N sets them", highlight=False)
+    else:
+        err_console.print(f"threads: {summary.threads}, the cores other work left free when the run started "
+                          f"({idle}); --threads N sets them", highlight=False)
 
 
 def _print_gave_up(summary, max_failures: int) -> None:
@@ -1181,11 +1213,14 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
               help="Layers shown in the terminal table (the slowest first when cut); 0: all.")
 @click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
               help="Levels of the module tree shown in the terminal (docs/modules.md).")
+@click.option("--allow-contended", is_flag=True,
+              help="Print the analysis even when it rests on results measured under contention, every figure "
+                   "labelled contended (without it: one line saying what to re-measure, exit status 3).")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
             backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
             input_shape: tuple[str, ...], input_value: tuple[str, ...], input_data: str | None,
             measured_ms: float | None, generate_missing: bool, as_json: bool, report_path: str | None,
-            csv_path: str | None, limit: int, depth: int) -> None:
+            csv_path: str | None, limit: int, depth: int, allow_contended: bool) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
@@ -1214,6 +1249,17 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         check_model(prof, model)  # a profile of another model is the first thing to hear about
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         analyses = run_sweep(req, pdb, prof)
+    refused = [a for a in analyses if a.contended]
+    if refused and not allow_contended:
+        from .analyzer import contended_names
+
+        # A bound inflated by other processes reads as a real one: no figure, one line each.
+        for a in refused:
+            print_error(f"{a.model} on {a.system} (batch {a.batch_size}): no bound printed: {len(a.contended_rows)} "
+                        f"layers ({contended_names(a)}; {len(a.contended)} results in all) were measured while other "
+                        f"processes took the CPU. Re-measure them on an idle machine: {a.remeasure_command} "
+                        f"(or pass --allow-contended to print the figures labelled contended)")
+        sys.exit(3)
     if report_path:
         path = write_report(report_path, render_html(analyses))
         err_console.print(f"report: {path}", highlight=False)

@@ -21,11 +21,13 @@ import logging
 import os
 import shlex
 import subprocess
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import BenanzaError
+from .measurement import contention, cpu_clock
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,8 @@ class Peaks:
     command: str = ""
     source: str = "measured"
     levels: tuple[tuple[str, int], ...] = ()  # (cache level, capacity in bytes across the threads)
-    # Share of samples, while measuring, in which more tasks were runnable than the threads
-    # (runner.ContentionMonitor): peaks measured on a busy machine are low, so the roofs are.
+    # Share of the program's runnable time its threads waited for a CPU or had stolen while
+    # measuring (measurement.contention): peaks measured on a busy machine are low, so the roofs are.
     contended: float = 0.0
 
     def gemm(self, dtype: str) -> Peak | None:
@@ -213,16 +215,37 @@ def _build(backend: str, cmake_args: tuple[str, ...]) -> Path:
         return build(src, cmake_args=cmake_args, build_dir=folder / "build", binary=BINARY)
 
 
-def _run(binary: Path, args: list[str], env: dict[str, str]) -> str:
+def _run(binary: Path, args: list[str], env: dict[str, str]) -> tuple[str, float]:
+    """The program's output, and the share of its threads' runnable time they waited for a CPU
+    (or had stolen) while it measured: other work there lowers every peak."""
     try:
-        done = subprocess.run([str(binary), *args], capture_output=True, text=True, env=env, timeout=_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise PeaksError(f"{binary}: did not finish in {_TIMEOUT:g}s") from None
+        proc = subprocess.Popen([str(binary), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env)
     except OSError as exc:
         raise PeaksError(f"{binary}: cannot run ({exc})") from None
-    if done.returncode != 0:
-        raise PeaksError(f"{binary}: exited with status {done.returncode}: {done.stderr.strip()[-400:]}")
-    return done.stdout
+    first = last = cpu_clock(proc.pid)
+    stop = threading.Event()
+
+    def sample() -> None:  # the clock of a process that exited cannot be read: keep the latest
+        nonlocal last
+        while not stop.wait(0.05):
+            last = cpu_clock(proc.pid) or last
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise PeaksError(f"{binary}: did not finish in {_TIMEOUT:g}s") from None
+    finally:
+        stop.set()
+        sampler.join()
+    if proc.returncode != 0:
+        raise PeaksError(f"{binary}: exited with status {proc.returncode}: {err.strip()[-400:]}")
+    lost = contention(first, last)
+    return out, lost.share if lost is not None else 0.0
 
 
 def parse_output(text: str, source: str) -> tuple[dict, list[Peak], list[tuple[str, str]]]:
@@ -261,7 +284,7 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
             command: str = "") -> tuple[dict, Peaks]:
     """Builds (once) and runs the peaks program; its context line (the library it linked) and
     the peaks."""
-    from .runner import ContentionMonitor, check_device
+    from .runner import check_device
     from .system import default_threads
 
     check_device(backend)
@@ -277,12 +300,7 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
             *(f"--level={lvl}:{n}" for lvl, n in sets)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     log.info("measuring peaks: %s", shlex.join([str(binary), *args]))
-    monitor = ContentionMonitor(threads, interval=0.05)
-    monitor.start()
-    try:
-        output = _run(binary, args, env)
-    finally:
-        contended = monitor.stop()
+    output, contended = _run(binary, args, env)
     context, peaks, unsupported = parse_output(output, str(binary))
     # the program's working set is the requested one rounded to whole doubles: label by nearest
     peaks = [p if p.kind == "gemm" else Peak(p.kind, p.value, p.size, level=label[min(label, key=lambda n: abs(n - p.size))])

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 import sqlite3
@@ -54,7 +55,7 @@ sqlite_utils = _import_sqlite_utils()
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_PATH = Path("perfdb") / "benanza.db"
 ENV_VAR = "BENANZA_DB"
 _BUSY_MS = 60_000
@@ -107,7 +108,9 @@ CREATE TABLE IF NOT EXISTS results (
   message TEXT NOT NULL, median_ms REAL, mean_ms REAL, stddev_ms REAL, min_ms REAL,
   iterations INTEGER NOT NULL, repetitions INTEGER NOT NULL, workspace_bytes INTEGER NOT NULL,
   implementation TEXT NOT NULL, metrics TEXT NOT NULL, raw TEXT NOT NULL, command TEXT NOT NULL,
-  timestamp TEXT NOT NULL, rsd REAL, unstable INTEGER NOT NULL DEFAULT 0);
+  timestamp TEXT NOT NULL, rsd REAL, unstable INTEGER NOT NULL DEFAULT 0, low_ms REAL,
+  sample_median_ms REAL, sample_iqr_ms REAL, samples INTEGER NOT NULL DEFAULT 0, contention REAL,
+  clean_share REAL, contended INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS results_lookup ON results(system, dtype, layer_key);
 CREATE INDEX IF NOT EXISTS results_stack ON results(stack_id, variant);
 CREATE TABLE IF NOT EXISTS models (
@@ -133,7 +136,8 @@ _TABLES = frozenset({"meta", "systems", "layers", "variants", "results", "models
 _RESULT_COLUMNS = ("system", "stack_id", "variant", "layer_key", "dtype", "status", "message",
                    "median_ms", "mean_ms", "stddev_ms", "min_ms", "iterations", "repetitions",
                    "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp", "rsd",
-                   "unstable")
+                   "unstable", "low_ms", "sample_median_ms", "sample_iqr_ms", "samples", "contention",
+                   "clean_share", "contended")
 
 # Per table: primary-key columns, and the columns whose difference under one key is a merge
 # conflict (bookkeeping stamps such as last_used are not).
@@ -241,6 +245,9 @@ class PerfDB:
         conn = self.db.conn
         if version == 1:
             _migrate_v1(conn)
+            version = 2
+        if version == 2:
+            _migrate_v2(conn)
             return
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
@@ -485,7 +492,8 @@ class PerfDB:
             where = (where + " AND " if where else "WHERE ") + f"r.id IN ({inner})"
         sql = ("SELECT r.id, r.system, r.stack_id, s.device, r.layer_key, l.family, l.op, r.variant, "
                "v.backend, v.api, v.algo, r.dtype, v.layout, v.math, v.fusion, r.status, r.message, "
-               "r.median_ms, r.mean_ms, r.stddev_ms, r.min_ms, r.rsd, r.unstable, r.iterations, r.repetitions, "
+               "r.median_ms, r.mean_ms, r.stddev_ms, r.min_ms, r.rsd, r.unstable, r.low_ms, r.sample_median_ms, "
+               "r.sample_iqr_ms, r.samples, r.contention, r.clean_share, r.contended, r.iterations, r.repetitions, "
                "r.workspace_bytes, r.implementation, l.flops, l.bytes, r.metrics, r.command, r.timestamp "
                "FROM results r JOIN variants v ON v.name = r.variant "
                "LEFT JOIN layers l ON l.key = r.layer_key LEFT JOIN systems s ON s.stack_id = r.stack_id "
@@ -720,7 +728,7 @@ def _disk_full(path: Path) -> bool:
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
                     batch_size: int = 1, db: str | None = None, dtype: str | None = None,
                     input_shapes: Iterable[tuple[str, tuple[int, ...]]] = (),
-                    generate_flags: Iterable[str] = ()) -> str:
+                    generate_flags: Iterable[str] = (), run_flags: Iterable[str] = ()) -> str:
     """The exact shell command that generates and runs the benchmarks a lookup missed: the same
     input shapes the models were processed with, the dtype the analysis asked for, and the
     variant options (``generate_flags``) the lookup expected."""
@@ -735,7 +743,15 @@ def missing_command(models: Iterable[str], system: str, backend: str, *, bench_d
     run = ["benanza", "run", "--system", system, "--backend", backend, "--bench-dir", bench_dir]
     if db:
         run += ["--db", db]
-    return shlex.join(gen) + " && " + shlex.join(run)
+    return shlex.join(gen) + " && " + shlex.join([*run, *run_flags])
+
+
+def remeasure_flags(variants: Iterable[str], threads: int | None = None) -> list[str]:
+    """The `benanza run` flags that measure exactly these variants again (at ``threads``, the
+    stack's, so the new results land on the same stack)."""
+    names = sorted(set(variants))
+    flags = ["--force", "--filter", "^(?:" + "|".join(re.escape(n) for n in names) + ")$"]
+    return flags + (["--threads", str(threads)] if threads else [])
 
 
 # --- schema migration --------------------------------------------------------------------
@@ -774,6 +790,17 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     for stmt in _SCHEMA.split(";"):  # the tables v1 lacked
         if stmt.strip():
             conn.execute(stmt)
+    conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    """v2 → v3 in the caller's transaction: each result's per-call sample summary and the
+    contention it was measured under (docs/measurement.md). Older rows have neither: their
+    bound is their median, as before, and their contention is unknown (NULL), not zero."""
+    for column in ("low_ms REAL", "sample_median_ms REAL", "sample_iqr_ms REAL",
+                   "samples INTEGER NOT NULL DEFAULT 0", "contention REAL", "clean_share REAL",
+                   "contended INTEGER NOT NULL DEFAULT 0"):
+        conn.execute(f"ALTER TABLE results ADD COLUMN {column}")
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
@@ -817,7 +844,9 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
             "repetitions": r.repetitions, "workspace_bytes": r.workspace_bytes,
             "implementation": r.implementation, "metrics": json.dumps(r.metrics, sort_keys=True),
             "raw": json.dumps(raw or {}, sort_keys=True), "command": command,
-            "timestamp": r.timestamp or now(), "rsd": r.rsd, "unstable": int(r.unstable)}
+            "timestamp": r.timestamp or now(), "rsd": r.rsd, "unstable": int(r.unstable), "low_ms": r.low_ms,
+            "sample_median_ms": r.sample_median_ms, "sample_iqr_ms": r.sample_iqr_ms, "samples": r.samples,
+            "contention": r.contention, "clean_share": r.clean_share, "contended": int(r.contended)}
 
 
 def _result_columns(d: dict) -> tuple[Status, dict]:
@@ -856,5 +885,8 @@ def _result(d: dict) -> Result:
                   median_ms=d["median_ms"], mean_ms=d["mean_ms"], stddev_ms=d["stddev_ms"],
                   min_ms=d["min_ms"], iterations=d["iterations"], repetitions=d["repetitions"],
                   workspace_bytes=d["workspace_bytes"], implementation=d["implementation"],
-                  metrics=metrics, timestamp=d["timestamp"], unstable=bool(d["unstable"]))
+                  metrics=metrics, timestamp=d["timestamp"], unstable=bool(d["unstable"]),
+                  low_ms=d["low_ms"], sample_median_ms=d["sample_median_ms"], sample_iqr_ms=d["sample_iqr_ms"],
+                  samples=d["samples"], contention=d["contention"], clean_share=d["clean_share"],
+                  contended=bool(d["contended"]))
 

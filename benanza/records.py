@@ -178,10 +178,31 @@ class Result:
     # Dispersion stayed above the run's threshold after the bounded re-measurements: the
     # median is stored, and every analysis that uses it says so.
     unstable: bool = False
+    # The per-call samples the runtime timed (CPU backends; docs/measurement.md): the low
+    # percentile a bound uses, their median and interquartile range, and how many there were.
+    low_ms: float | None = None
+    sample_median_ms: float | None = None
+    sample_iqr_ms: float | None = None
+    samples: int = 0
+    # Share of the benchmark's runnable time lost to other work while it ran (None: not
+    # measured); the share of its calls expected to have run without a thread losing its CPU; and whether
+    # it stayed spoiled by contention after the re-measurements: a contended result never
+    # enters a bound unless the analysis is asked to label it so.
+    contention: float | None = None
+    clean_share: float | None = None
+    contended: bool = False
 
     @property
     def ok(self) -> bool:
         return self.status is Status.OK and self.median_ms is not None
+
+    @property
+    def latency_ms(self) -> float | None:
+        """The latency a bound uses: the samples' low percentile where the runtime timed each
+        call, else (older results, GPU backends) the median of the repetitions."""
+        if not self.ok:
+            return None
+        return self.low_ms if self.low_ms is not None else self.median_ms
 
     @property
     def rsd(self) -> float | None:

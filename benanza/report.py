@@ -45,6 +45,9 @@ def analysis_json(a: Analysis) -> dict:
                                                 "components": dict(a.stack.stack)},
         "math": a.math,
         "unstable_layers": [r.index for r in a.unstable_rows],
+        # every figure below rests on results measured under contention (`analyze --allow-contended`)
+        "contended": bool(a.contended),
+        "contended_layers": [r.index for r in a.contended_rows],
         "measured_ms": _r(m), "measured_source": a.measured_source or None,
         "bounds": _bounds_json(a.bounds, m),
         "speedup": {"sequential": _speedup(a.br_sequential), "parallel": _speedup(a.br_parallel)},
@@ -52,7 +55,8 @@ def analysis_json(a: Analysis) -> dict:
                     "latency_ms": _r(r.latency_ms), "variant": r.variant or None, "algo": r.algo or None,
                     "implementation": r.implementation or None, "critical": r.critical,
                     "failed_variants": r.failed_variants,
-                    "unstable": r.status == "ok" and r.variant in a.unstable} for r in a.rows],
+                    "unstable": r.status == "ok" and r.variant in a.unstable, "contended": r.contended}
+                   for r in a.rows],
         "edges": [list(e) for e in a.edges],
         "module_source": a.module_source or None,
         "modules": None if a.tree is None else modules_json(a.tree),
@@ -86,6 +90,11 @@ def analysis_json(a: Analysis) -> dict:
         "speed_of_light": _speed_of_light_json(a),
         "warnings": a.warnings, "notes": a.notes,
     }
+    if a.contended:  # each bounds object says so itself, wherever a reader takes it from
+        for b in (out["bounds"], out["fusion"]["bounds"], out["joint"], *out["tensor_cores"]["bounds"].values(),
+                  (out["framework"] or {}).get("bounds_same_fusions"), (out["heuristic"] or {}).get("bounds")):
+            if b is not None:
+                b["contended"] = True
     return out
 
 
@@ -194,7 +203,7 @@ def _row(table: Table, *cells: str) -> None:
 
 
 LAYER_COLUMNS = ("model", "system", "backend", "dtype", "batch_size", "index", "name", "op", "key", "status",
-                 "latency_ms", "variant", "algo", "implementation", "critical", "failed_variants")
+                 "latency_ms", "variant", "algo", "implementation", "critical", "failed_variants", "contended")
 
 
 def layers_csv(analyses: Sequence[Analysis]) -> str:
@@ -206,7 +215,7 @@ def layers_csv(analyses: Sequence[Analysis]) -> str:
         for r in a.rows:
             writer.writerow([a.model, a.system, a.backend, a.dtype, a.batch_size, r.index, r.name, r.op, r.key,
                              r.status, repr(r.latency_ms) if r.status == "ok" else "", r.variant, r.algo,
-                             r.implementation, int(r.critical), r.failed_variants])
+                             r.implementation, int(r.critical), r.failed_variants, int(r.contended)])
     return buf.getvalue()
 
 
@@ -219,7 +228,11 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
                       + ", ".join(f"{k} {v}" for k, v in a.stack.stack if k not in ("cpu",)) + f"); math {a.math}",
                       highlight=False, markup=False, soft_wrap=True)
-    t = Table("", "sequential", "parallel", title=Text(printable(title)))
+    # Printed only when asked for (--allow-contended): then every column of figures says so.
+    tag = " (CONTENDED)" if a.contended else ""
+    if a.contended:
+        title += f" — CONTENDED: {len(a.contended)} results were measured while other processes took the CPU"
+    t = Table("", "sequential" + tag, "parallel" + tag, title=Text(printable(title)))
     _row(t, "lower bound (ms)" + (" [PARTIAL]" if a.bounds.partial else ""),
               _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms))
     measured = sum(1 for r in a.rows if r.status == "ok")
@@ -251,10 +264,13 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
     cut = bool(max_layers) and len(folded) > max_layers
     rows = sorted(folded, key=lambda f: -f[0].latency_ms)[:max_layers] if cut else folded
     shown = f"the {max_layers} slowest of {len(folded)} layers" if cut else "layers"
-    lt = Table("#", "layer", "module", "×", "type", "latency ms", "variant", "path", title=shown + (
+    lt = Table("#", "layer", "module", "×", "type", "latency ms" + tag, "variant", "path", title=shown + (
         f" ({len(a.rows)} with repeats)" if len(folded) < len(a.rows) else ""))
     for r, count, module in rows:
-        lat = _ms(r.latency_ms) if r.status == "ok" else r.status.replace("_", " ")
+        if r.status == "ok":
+            lat = _ms(r.latency_ms) + (" contended" if r.contended else "")
+        else:
+            lat = r.status.replace("_", " ")
         variant = f"{r.algo}" + (f" [{r.implementation}]" if r.implementation else "")
         _row(lt, str(r.index), r.name, module, str(count) if count > 1 else "", r.op, lat, variant,
              "●" if r.critical else "")
@@ -264,7 +280,8 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         _print_speed_of_light(a, console)
 
     if a.modules:
-        mt = Table("fork", "join", "×", "branches", "layers", "sequential ms", "parallel ms", title="parallel modules")
+        mt = Table("fork", "join", "×", "branches", "layers", "sequential ms" + tag, "parallel ms" + tag,
+                   title="parallel modules")
         for p, count in folded_parallel(a):
             _row(mt, a.rows[p.fork].name, a.rows[p.join].name, str(count) if count > 1 else "", str(p.branches),
                  str(len(p.nodes)), _ms(p.sequential_ms), _ms(p.parallel_ms))
@@ -361,7 +378,8 @@ def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
     t = Table("model", "system", "batch", "seq ms", "par ms", "fused seq ms", "joint ms", "measured ms",
               "BR seq", "BR par", title="sweep")
     for a in analyses:
-        _row(t, a.model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
+        model = a.model + (" (CONTENDED)" if a.contended else "")
+        _row(t, model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
                   _ms(a.fusion.bounds.sequential_ms), _ms(a.joint.parallel_ms if a.joint else None),
                   _ms(a.measured_ms), _ms(a.br_sequential), _ms(a.br_parallel))
     console.print(t)

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -33,10 +32,12 @@ from . import children
 from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
+from .measurement import (MAX_CONTENTION, Contention, CpuClock, FreeCores, SampleSummary, contention, cpu_clock,
+                          free_cores, summarize)
 from .peaks import GEMM_TYPES, Peaks
 from .perfdb import DatabaseError, PerfDB, resolve_db_path
 from .records import UNSTABLE_RSD, Result, Status, System, Variant
-from .system import default_threads, detect_system, probe_gpu, runnable_tasks
+from .system import cpu_model, detect_system, probe_gpu
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class RunOptions:
     force: bool = False  # re-run variants already measured on this system+stack
     min_time: float = 0.2  # seconds per repetition (Google Benchmark --benchmark_min_time)
     repetitions: int = 3
-    threads: int | None = None  # CPU threads (oneDNN: OMP_NUM_THREADS); default all cores
+    threads: int | None = None  # CPU threads (oneDNN: OMP_NUM_THREADS); default the cores free at the start
     timeout: float = 300.0  # seconds one benchmark may run before it is killed
     build_jobs: int | None = None
     cmake_args: tuple[str, ...] = ()
@@ -69,7 +70,9 @@ class RunOptions:
     env: tuple[tuple[str, str], ...] = ()  # extra environment for the benchmark binary
     l2: str = "flush"  # cuDNN: flush the L2 cache before each timed call, or time it "hot"
     max_rsd: float = UNSTABLE_RSD  # relative stddev above which a result is unstable
-    remeasure: int = 2  # extra measurements of a result while it is unstable
+    remeasure: int = 2  # extra measurements of a result while it is unstable or contended
+    # share of a benchmark's runnable time lost to other work above which its result is contended
+    max_contention: float = MAX_CONTENTION
     max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
     peaks: bool = True  # measure the stack's peaks (benanza.peaks) when the database has none
 
@@ -95,13 +98,17 @@ class RunSummary:
     unsupported: int = 0
     failed: int = 0
     unstable: int = 0  # ok, but still above max_rsd after every re-measurement (flagged in the DB)
-    remeasured: int = 0  # extra measurements of unstable results
+    remeasured: int = 0  # extra measurements of unstable or contended results
     gave_up: list[str] = field(default_factory=list)  # failed max_failures times in a row: skipped
     interrupted: bool = False
     seconds: float = 0.0
-    # Share of samples, while benchmarks ran, in which more tasks were runnable than the
-    # benchmark's threads plus the sampler: other work competed for the CPU.
+    # Share of this run's CPU measurements that lost more than max_contention of their time to
+    # other work, and the results still contended after the re-measurements (flagged in the DB).
     contended: float = 0.0
+    still_contended: list[str] = field(default_factory=list)
+    threads: int = 0  # the benchmarks' CPU threads
+    free: FreeCores | None = None  # the cores found free at the start, when threads were not given
+    threads_kept: bool = False  # threads not given: those of the stack already measured under the name
     context: dict = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     peaks: Peaks | None = None  # measured by this run (the stack had none)
@@ -147,17 +154,25 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     project = bench_dir / backend
     manifest = read_manifest(bench_dir)
     variants = _select(read_variants(project), options.filter)
-    threads = options.threads or default_threads()
     path = Path(db_path) if db_path else resolve_db_path(None)
+    # CPU threads (GPU runs use none): what the user gave; else those of the stack this name
+    # already measured on this CPU, so an interrupted or incremental run continues it; else the
+    # cores other work leaves free now.
+    free = free_cores() if backend == "onednn" and not options.threads else None
+    kept = _stack_threads(path, system_name) if free is not None else None
+    threads = options.threads or kept or (free.free if free is not None else 1)
     started = time.monotonic()
 
     if options.dry_run:
         # Nothing is built, so the stack is what the machine reports, not the binary's context.
         system = detect_system(system_name, backend, threads=threads)
         if options.force or not path.exists():
-            return RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
-        with PerfDB(path, readonly=True) as db:
-            return _plan(db, system, variants, options, path)
+            summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
+        else:
+            with PerfDB(path, readonly=True) as db:
+                summary = _plan(db, system, variants, options, path)
+        summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
+        return summary
 
     binary = build(project, options.build_jobs, options.cmake_args)
     env = _bench_env(backend, threads, options)
@@ -171,6 +186,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         else:
             summary = _plan(db, system, variants, options, path)
         summary.context = context
+        summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
         by_name = {v.name: v for v in variants}
         todo = [by_name[n] for n in summary.to_run]
         if todo:
@@ -192,6 +208,20 @@ def _measure_peaks(db: PerfDB, system: System, threads: int, options: RunOptions
         log.warning("peaks not measured: %s", exc)
         return
     db.store_peaks(system, summary.peaks)
+
+
+def _stack_threads(path: Path, system_name: str) -> int | None:
+    """The threads of the newest oneDNN stack stored under ``system_name`` for this CPU, if it
+    fits the cores this process may use."""
+    if not path.is_file():
+        return None
+    with PerfDB(path, readonly=True) as db:
+        system = db.system(system_name, "onednn")
+    stack = dict(system.stack) if system is not None else {}
+    threads = stack.get("threads", "")
+    if stack.get("cpu") != cpu_model() or not threads.isdigit() or int(threads) > len(os.sched_getaffinity(0)):
+        return None
+    return int(threads)
 
 
 def _select(variants: list[Variant], pattern: str | None) -> list[Variant]:
@@ -324,17 +354,31 @@ def binary_context(binary: Path, env: dict[str, str]) -> dict:
 class _Store:
     """Buffers results and writes them in small transactions as they arrive."""
 
-    def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float):
+    def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float, max_contention: float | None):
         self.db, self.system, self.command, self.max_rsd = db, system, command, max_rsd
+        self.max_contention = max_contention  # None: contention does not flag (GPU timing)
+        self.measured = self.contended = 0  # this run's OK measurements, and those contended
         self.pending: list[tuple[Result, dict]] = []
         self.last = time.monotonic()
         self.final: dict[str, Result] = {}  # the latest outcome per variant name
         self.stored = 0  # measurements written
 
-    def add(self, result: Result, raw: dict) -> None:
+    def add(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
+        """Buffers one result, flagged unstable or contended (``lost``: what other work cost it
+        while it ran; None when not measured)."""
         rsd = result.rsd
         if rsd is not None and rsd > self.max_rsd:
             result = replace(result, unstable=True)
+        if result.ok and lost is not None:
+            clean = lost.clean_share(result.low_ms) if result.low_ms is not None else None
+            result = replace(result, contention=lost.share, clean_share=clean)
+            self.measured += 1
+            samples = (SampleSummary(result.low_ms, result.sample_median_ms or result.low_ms,
+                                     result.sample_iqr_ms or 0.0, result.samples)
+                       if result.low_ms is not None else None)
+            if self.max_contention is not None and lost.spoils(samples, self.max_contention):
+                result = replace(result, contended=True)
+                self.contended += 1
         self.pending.append((result, raw))
         self.final[result.variant.name] = result
         if len(self.pending) >= _FLUSH_EVERY:
@@ -362,32 +406,36 @@ class _Store:
 
 def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: RunOptions, db: PerfDB,
              system: System, summary: RunSummary, progress: Callable[[Progress], None] | None) -> None:
-    """Runs ``todo``, then re-measures the unstable results (at most ``options.remeasure`` times
-    each); every measurement is stored, the last one of a variant is what analyses use."""
+    """Runs ``todo``, then re-measures the unstable and the contended results (at most
+    ``options.remeasure`` times each, after every other benchmark of the round: later, not
+    while the same neighbour still runs); every measurement is stored, the last one of a
+    variant is what analyses use."""
     by_name = {v.name: v for v in todo}
-    store = _Store(db, system, options.command, options.max_rsd)
-    monitor = ContentionMonitor(int(dict(system.stack).get("threads", "1")))
-    monitor.start()
+    # GPU times come from device events, which a busy host does not stretch (the harness
+    # counts the repetitions the host could have delayed): contention flags CPU results only.
+    store = _Store(db, system, options.command, options.max_rsd,
+                   options.max_contention if system.backend == "onednn" else None)
     try:
         with children.sigterm_interrupts():
             batch = [v.name for v in todo]
             for attempt in range(options.remeasure + 1):
                 if attempt:
-                    log.info("re-measuring %d unstable results (attempt %d of %d)", len(batch), attempt,
-                             options.remeasure)
+                    log.info("re-measuring %d unstable or contended results (attempt %d of %d)", len(batch),
+                             attempt, options.remeasure)
                     summary.remeasured += len(batch)
                 _run_all(binary, batch, env, options, system, store, by_name, progress)
-                batch = [n for n in batch if store.final[n].unstable]
+                batch = [n for n in batch if store.final[n].unstable or store.final[n].contended]
                 if not batch:
                     break
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the child is gone, what was measured is kept
         summary.interrupted = True
     finally:
-        summary.contended = monitor.stop()
+        summary.contended = store.contended / store.measured if store.measured else 0.0
         store.flush()
         for status in Status:
             setattr(summary, status.value, sum(r.status is status for r in store.final.values()))
         summary.unstable = sum(r.unstable for r in store.final.values())
+        summary.still_contended = sorted(n for n, r in store.final.items() if r.contended)
         summary.failures = [Failure(n, r.message, r.metrics["reproduce"]) for n, r in store.final.items()
                             if r.status is Status.FAILED and "reproduce" in r.metrics]
 
@@ -404,41 +452,6 @@ def _run_all(binary: Path, names: list[str], env: dict[str, str], options: RunOp
     while remaining:
         _run_batch(binary, remaining, env, options, system, store, by_name, finished, notify)
         remaining = [n for n in remaining if n not in finished]
-
-
-class ContentionMonitor:
-    """Samples how many tasks are runnable while benchmarks run.
-
-    On a small machine one busy neighbour process costs a multi-threaded benchmark whole
-    scheduler quanta (milliseconds) at every barrier, which inflates latencies far beyond
-    their noise; this makes such runs visible instead of silently stored as the bound.
-    """
-
-    def __init__(self, threads: int, interval: float = 0.2,
-                 read: Callable[[], int | None] = runnable_tasks):
-        self.allowed = threads + 1  # the benchmark's threads and this sampler
-        self.interval = interval
-        self.read = read
-        self.samples = 0
-        self.busy = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            n = self.read()
-            if n is not None:
-                self.samples += 1
-                self.busy += n > self.allowed
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> float:
-        """Ends sampling; the share of samples with more runnable tasks than allowed."""
-        self._stop.set()
-        self._thread.join()
-        return self.busy / self.samples if self.samples else 0.0
 
 
 # While the binary is silent this long after exiting, a grandchild holds its stdout open;
@@ -503,11 +516,11 @@ class _Batch:
                            f"--benchmark_min_time={self.options.min_time:g}",
                            f"--benchmark_repetitions={self.options.repetitions}"])
 
-    def store_result(self, result: Result, raw: dict) -> None:
+    def store_result(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
         if result.status is Status.FAILED:
             line = self.reproduce(result.variant.name)
             result = replace(result, metrics={**result.metrics, "reproduce": line})
-        self.store.add(result, raw)
+        self.store.add(result, raw, lost)
         self.finished.add(result.variant.name)
         self.notify(result.variant.name, result.status)
 
@@ -592,6 +605,7 @@ def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
     ended (None between benchmarks), or ``_TimedOut`` when it fell silent and was killed."""
     current: str | None = None
     started = False
+    clock: CpuClock | None = None  # the child's CPU clock when the running benchmark started
     last = time.monotonic()  # the last sign of life
     exited: float | None = None
     kernels: dict[str, object] = {}  # CUPTI mode: kernel records, ahead of the result
@@ -617,6 +631,7 @@ def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
         tag, _, payload = line.rstrip("\n").partition(" ")
         if tag == "BENANZA_START":
             current, started = payload, True
+            clock = cpu_clock(proc.pid)
             batch.notify(current, None)
         elif tag == "BENANZA_METRICS":
             try:
@@ -625,14 +640,15 @@ def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
             except (ValueError, TypeError, KeyError, AttributeError):
                 log.warning("ignoring a malformed metrics line: %.200s", line)
         elif tag == "BENANZA_RESULT":
-            _take_result(line, payload, current, kernels, batch)
+            _take_result(line, payload, current, kernels, batch, contention(clock, cpu_clock(proc.pid)))
             current = None
 
 
 def _take_result(line: str, payload: str, current: str | None, kernels: dict[str, object],
-                 batch: _Batch) -> None:
-    """Stores one result line; a malformed one fails its benchmark (or the running one) and
-    keeps the line, so one bad line never costs the run."""
+                 batch: _Batch, lost: Contention | None = None) -> None:
+    """Stores one result line, with the share of its time ``lost`` to other work; a malformed
+    one fails its benchmark (or the running one) and keeps the line, so one bad line never costs
+    the run."""
     try:
         parsed = json.loads(payload)
     except ValueError:
@@ -655,7 +671,7 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
                 data["cupti"] = kernels.pop(name)
             try:
                 batch.store_result(parse_result(batch.by_name[name], batch.system.name, data,
-                                                max_ms=batch.options.timeout * 1e3), data)
+                                                max_ms=batch.options.timeout * 1e3), data, lost)
                 return
             except MalformedResult as exc:
                 problem = str(exc)
@@ -730,6 +746,7 @@ def parse_result(variant: Variant, system: str, data: dict, max_ms: float = math
         raise MalformedResult(f"min_ms {fastest!r} exceeds median_ms {median!r}")
     for key in counters:
         _number(counters, key)  # stored as JSON: NaN or text would make the column unreadable
+    sampled = _samples(data) if status is Status.OK else None
     metrics = {k: v for k, v in counters.items() if k != "workspace_bytes"}
     if "times_ms" in data:
         times = data["times_ms"]
@@ -742,4 +759,21 @@ def parse_result(variant: Variant, system: str, data: dict, max_ms: float = math
                   iterations=_count(data, "iterations"), repetitions=_count(data, "repetitions"),
                   workspace_bytes=_count(counters, "workspace_bytes"),
                   implementation=data.get("implementation", ""), metrics=metrics, timestamp=_now(),
-                  median_ms=median, mean_ms=mean, stddev_ms=stddev, min_ms=fastest)
+                  median_ms=median, mean_ms=mean, stddev_ms=stddev, min_ms=fastest,
+                  low_ms=sampled.low_ms if sampled else None, sample_median_ms=sampled.median_ms if sampled else None,
+                  sample_iqr_ms=sampled.iqr_ms if sampled else None, samples=sampled.count if sampled else 0)
+
+
+def _samples(data: dict) -> SampleSummary | None:
+    """The summary of the per-call samples a result line carries (None for a runtime that sends
+    none: the bound then uses the median)."""
+    if "sample_percentiles_ms" not in data:
+        return None
+    percentiles = data["sample_percentiles_ms"]
+    if not isinstance(percentiles, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                    for x in percentiles):
+        raise MalformedResult(f"sample_percentiles_ms is {str(percentiles)[:80]}, not a list of numbers")
+    try:
+        return summarize([float(x) for x in percentiles], _count(data, "samples"))
+    except ValueError as exc:
+        raise MalformedResult(f"sample_percentiles_ms: {exc}") from None

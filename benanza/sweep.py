@@ -59,7 +59,7 @@ def _profile_for(profile: ExecutionProfile | None, batch: int, single: bool) -> 
 
 def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) -> list[Analysis]:
     """``db`` is a ``benanza.perfdb.PerfDB``."""
-    from .perfdb import missing_command
+    from .perfdb import missing_command, remeasure_flags
 
     if profile is not None:
         check_model(profile, req.model)
@@ -94,6 +94,13 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                                 stack=system, math=req.math, peaks=db.peaks(system))
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
+            if a.contended:
+                threads = dict(system.stack).get("threads", "")
+                a.remeasure_command = missing_command(
+                    [req.model], name, system.backend, batch_size=batch, db=str(db.path),
+                    input_shapes=req.input_shapes,
+                    run_flags=remeasure_flags(a.contended, int(threads) if threads.isdigit() else None))
+                a.warnings.append(f"to re-measure the contended results when the machine is idle: {a.remeasure_command}")
             others = [s for s, _, _ in db.stacks(name) if s.backend == system.backend and s != system]
             if others:
                 a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "

@@ -188,15 +188,6 @@ def compiler_version() -> str:
     return out.splitlines()[0].strip() if out else "unknown"
 
 
-def runnable_tasks() -> int | None:
-    """Tasks runnable on the machine right now (the kernel's procs_running), or None off Linux."""
-    try:
-        with open("/proc/loadavg") as f:
-            return int(f.read().split()[3].split("/")[0])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 

@@ -83,10 +83,11 @@ JSON_MS = {"rel": 1e-6, "abs": 5.001e-7}
 
 
 def best_by_key(db: Path, system: str, dtype: str) -> dict[str, float]:
-    """Per stored layer key: the fastest OK unfused result (latest measurement per variant)."""
+    """Per stored layer key: the fastest OK unfused result (latest measurement per variant), by
+    the samples' low percentile where the runtime timed each call, else the median."""
     with sqlite3.connect(db) as conn:
         return dict(conn.execute(
-            "SELECT r.layer_key, min(r.median_ms) FROM results r JOIN variants v ON v.name = r.variant "
+            "SELECT r.layer_key, min(coalesce(r.low_ms, r.median_ms)) FROM results r JOIN variants v ON v.name = r.variant "
             "WHERE r.system = ? AND r.dtype = ? AND r.status = 'ok' AND v.fusion = 'none' "
             "AND r.id IN (SELECT max(id) FROM results GROUP BY system, variant) GROUP BY r.layer_key",
             (system, dtype)).fetchall())

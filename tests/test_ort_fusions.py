@@ -243,8 +243,9 @@ def perf_db(tmp_path_factory, profiled, offline) -> Path:
     db = out / "perf.db"
     models = (str(profiled("encoder", 14)[0]), str(offline(*BERT)[0]))
     cli("generate", *models, "--out", str(out / "bench"), "--backend", "onednn", "--dtype", "f32")
+    # the figures of the pipeline are checked here, not how quiet the machine is (test_measurement)
     cli("run", "--bench-dir", str(out / "bench"), "--system", "ci-cpu", "--db", str(db), "--backend", "onednn",
-        "--min-time", "0.01", "--repetitions", "1", "--threads", "1")
+        "--min-time", "0.01", "--repetitions", "1", "--threads", "1", "--max-contention", "1")
     return db
 
 
@@ -292,7 +293,7 @@ def test_end_to_end_costs_onnxruntimes_fused_ops(perf_db, profiled, offline, flo
     groups = replaced_nodes(onnx.load(str(path)), ran_graph, renamed)
     ran = {n.name for n in ran_graph.graph.node} | set().union(*groups.values())
     with sqlite3.connect(perf_db) as con:
-        rows = con.execute("SELECT r.layer_key, v.fusion, MIN(r.median_ms) FROM results r "
+        rows = con.execute("SELECT r.layer_key, v.fusion, MIN(coalesce(r.low_ms, r.median_ms)) FROM results r "
                            "JOIN variants v ON v.name = r.variant WHERE r.status = 'ok' AND r.dtype = 'f32' "
                            "GROUP BY r.layer_key, v.fusion").fetchall()
     fastest = {(key, fusion): ms for key, fusion, ms in rows}

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from benanza.cli import main
-from benanza.perfdb import DEFAULT_PATH, PerfDB, DatabaseError, missing_command, resolve_db_path
+from benanza.perfdb import DEFAULT_PATH, SCHEMA_VERSION, PerfDB, DatabaseError, missing_command, resolve_db_path
 from benanza.records import Result, Status, System, Variant
 
 SYSTEM = System("box", "onednn", "Test CPU", (("onednn", "2.6.3"), ("threads", "2")))
@@ -275,7 +275,7 @@ def test_v1_database_migrates_without_losing_rows(tmp_path):
     raw.close()
     assert len(shared) == 1  # v1: A and B under one stack id
     with PerfDB(path) as db:
-        assert db.schema_version == 2
+        assert db.schema_version == SCHEMA_VERSION  # v1 → v2 → v3 in one opening
         after = db.db.execute("SELECT system, variant, status, median_ms, timestamp FROM results ORDER BY id").fetchall()
         assert after == before
         assert {s.name for s in db.systems()} == {"A", "B"}

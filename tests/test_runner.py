@@ -152,36 +152,6 @@ for n in names:
         assert r.metrics["cupti"]["kernels"][0]["name"] == "relu_kernel"
 
 
-def test_contention_monitor_sees_competing_processes():
-    from benanza.runner import ContentionMonitor
-
-    spin = "import time\nend = time.time() + 3\nwhile time.time() < end: pass\n"
-    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
-    try:
-        time.sleep(0.3)
-        monitor = ContentionMonitor(threads=1, interval=0.05)
-        monitor.start()
-        time.sleep(1.5)
-        busy = monitor.stop()
-    finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
-    assert monitor.samples >= 10
-    assert busy > 0.5  # three spinning processes beside a 1-thread benchmark
-
-
-def test_contention_monitor_threshold_counts_benchmark_threads_and_sampler():
-    from benanza.runner import ContentionMonitor
-
-    readings = iter([2, 3, 4, 3, None, 2] + [2] * 1000)
-    monitor = ContentionMonitor(threads=2, interval=0.01, read=lambda: next(readings))
-    monitor.start()
-    time.sleep(0.2)
-    share = monitor.stop()
-    assert monitor.busy == 1 and share == 1 / monitor.samples  # only the reading of 4 exceeds 2 + 1
-
-
 def _stand_in(path: Path, script: str) -> Path:
     """A benchmark binary speaking the runtime's line protocol; ``script`` prints per name ``n``."""
     path.write_text(f"""#!{sys.executable}

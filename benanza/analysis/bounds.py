@@ -31,7 +31,7 @@ class Choice:
 
     @property
     def latency_ms(self) -> float:
-        return float(self.result.median_ms)  # type: ignore[arg-type]
+        return float(self.result.latency_ms)  # type: ignore[arg-type]
 
 
 class LayerStatus(StrEnum):
@@ -56,6 +56,9 @@ class LayerRow:
     implementation: str = ""
     critical: bool = False
     failed_variants: int = 0  # variants of this layer that failed or were unsupported
+    # some variant the best was chosen from was measured under contention: its true latency may
+    # be below the chosen one's, so the row's latency is no floor (docs/measurement.md)
+    contended: bool = False
 
 
 def covered(layer: Layer, backend: str) -> bool:
@@ -75,12 +78,19 @@ def layer_results(by_problem: ResultIndex, layer: Layer, dtype: str) -> list[Res
     return list(by_problem.get((layer.problem, layer.in_dtype(dtype)), []))
 
 
+def candidates(results: Iterable[Result], dtype: str, fusion: str = "none",
+               layouts: tuple[str, ...] = ()) -> list[Result]:
+    """The OK results of a layer a bound chooses from for the dtype (and layouts, when given)."""
+    return [r for r in results if r.ok and r.variant.dtype == dtype and r.variant.fusion == fusion
+            and (not layouts or r.variant.layout in layouts)]
+
+
 def best(results: Iterable[Result], dtype: str, fusion: str = "none",
          layouts: tuple[str, ...] = ()) -> Result | None:
-    """Fastest OK result of a layer for the dtype (and layouts, when given)."""
-    ok = [r for r in results if r.ok and r.variant.dtype == dtype and r.variant.fusion == fusion
-          and (not layouts or r.variant.layout in layouts)]
-    return min(ok, key=lambda r: (r.median_ms, r.variant.name)) if ok else None
+    """Fastest OK result of a layer for the dtype (and layouts, when given), by the latency a
+    bound uses (Result.latency_ms)."""
+    ok = candidates(results, dtype, fusion, layouts)
+    return min(ok, key=lambda r: (r.latency_ms, r.variant.name)) if ok else None
 
 
 def layer_rows(model: Model, by_problem: ResultIndex, backend: str, dtype: str,
@@ -105,15 +115,16 @@ def layer_rows(model: Model, by_problem: ResultIndex, backend: str, dtype: str,
             continue
         results = layer_results(by_problem, layer, dtype)
         chosen = best(results, dt, layouts=layouts)
+        contended = any(r.contended for r in candidates(results, dt, layouts=layouts))
         failed = sum(1 for r in results if r.status is not Status.OK)
         if chosen is None:
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.MISSING, 0.0,
                                  failed_variants=failed))
         else:
-            median = cast(float, chosen.median_ms)  # best() picks OK results only: they have one
+            latency = cast(float, chosen.latency_ms)  # best() picks OK results only: they have one
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.OK,
-                                 float(median), chosen.variant.name, chosen.variant.algo,
-                                 chosen.implementation, failed_variants=failed))
+                                 float(latency), chosen.variant.name, chosen.variant.algo,
+                                 chosen.implementation, failed_variants=failed, contended=contended))
     return rows
 
 
@@ -168,7 +179,7 @@ def fused_weights(rows: list[LayerRow], matches: Iterable[FusionMatch], by_probl
                      layouts=layouts)
         if fused is None:
             continue
-        weight[m.nodes[0]] = float(fused.median_ms)  # type: ignore[arg-type]
+        weight[m.nodes[0]] = float(fused.latency_ms)  # type: ignore[arg-type]
         for i in m.nodes[1:]:
             weight[i] = 0.0
         applied.append((m, fused))

@@ -146,7 +146,7 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
         results = [r for r in measured if (not layout or r.variant.layout == layout)
                    and _computes(bias, post_ops, r.variant)]
         # one computation, possibly under two fusion names (an unfused conv with its bias and "bias")
-        fastest = min(results, key=lambda r: (float(r.median_ms), r.variant.name), default=None)  # type: ignore[arg-type]
+        fastest = min(results, key=lambda r: (float(r.latency_ms), r.variant.name), default=None)  # type: ignore[arg-type]
         algo = counts.most_common(1)[0][0]
         framework_ms = statistics.median(times[index]) if index in times else None
         if fastest is None:
@@ -157,10 +157,10 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
                                   post_ops=post_ops, bound_ms=bound.get(index)))
             continue
         same = [r for r in results if _norm(algo) in (_norm(r.variant.algo), _norm(r.implementation))]
-        match = min(same, key=lambda r: float(r.median_ms)) if same and same_version else None  # type: ignore[arg-type]
+        match = min(same, key=lambda r: float(r.latency_ms)) if same and same_version else None  # type: ignore[arg-type]
         noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
-        out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.median_ms),  # type: ignore[arg-type]
-                              fastest.implementation or fastest.variant.algo, float(fastest.median_ms),  # type: ignore[arg-type]
+        out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
+                              fastest.implementation or fastest.variant.algo, float(fastest.latency_ms),  # type: ignore[arg-type]
                               framework_ms, layout, noise, post_ops, fastest.variant.fusion, bound.get(index)))
     return out
 
@@ -225,12 +225,12 @@ def heuristic_choices(model: Model, by_problem: ResultIndex, dtype: str, weight:
         if fastest is None:
             continue
         group = [r for r in results if (r.variant.layout, r.variant.math) == (fastest.variant.layout, fastest.variant.math)]
-        by_algo = {r.variant.algo: float(r.median_ms) for r in group}  # type: ignore[arg-type]
+        by_algo = {r.variant.algo: float(r.latency_ms) for r in group}  # type: ignore[arg-type]
         heuristic = _algo_name(fastest.metrics, "heuristic_algo", algos)
         find = _algo_name(fastest.metrics, "find_algo", algos)
         out.append(HeuristicChoice(node.index, node.name, fastest.variant.layout, fastest.variant.math,
                                    heuristic, by_algo.get(heuristic), find, by_algo.get(find),
-                                   fastest.variant.algo, float(fastest.median_ms)))  # type: ignore[arg-type]
+                                   fastest.variant.algo, float(fastest.latency_ms)))  # type: ignore[arg-type]
     if not out:
         return None
     weights = dict(weight)

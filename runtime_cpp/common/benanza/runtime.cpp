@@ -60,11 +60,17 @@ CheckSettings& check_settings() {
   return s;
 }
 
+std::vector<double>& samples() {
+  static std::vector<double> s;
+  return s;
+}
+
 void announce(const std::string& name) {
   // Google Benchmark calls the body several times (iteration estimate, repetitions); the
   // marker goes out once, so a crash is pinned on the benchmark that was running.
   if (name == current_name()) return;
   current_name() = name;
+  samples().clear();
   emit("BENANZA_START", name);
   inject_fault(name);
 }
@@ -110,6 +116,22 @@ Stats stats_of(std::vector<double> xs) {
   for (double x : xs) ss += (x - mean) * (x - mean);
   double stddev = n > 1 ? std::sqrt(ss / (n - 1)) : 0.0;
   return {median, mean, stddev, xs.front()};
+}
+
+// The 0th, 1st, ..., 100th percentiles of the samples (linear interpolation between order
+// statistics): a fixed-size summary from which the runner reads its low estimator, the median
+// and the spread, however many calls were timed.
+std::string percentiles_json(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  std::string arr = "[";
+  const double last = static_cast<double>(xs.size() - 1);
+  for (int p = 0; p <= 100; ++p) {
+    const double at = last * p / 100.0;
+    const size_t lo = static_cast<size_t>(at);
+    const size_t hi = std::min(lo + 1, xs.size() - 1);
+    arr += (p ? "," : "") + json_number(xs[lo] + (at - static_cast<double>(lo)) * (xs[hi] - xs[lo]));
+  }
+  return arr + "]";
 }
 
 std::string context_json(const benchmark::BenchmarkReporter::Context* ctx) {
@@ -164,6 +186,10 @@ class LineReporter : public benchmark::BenchmarkReporter {
       std::string arr = "[";
       for (size_t i = 0; i < times.size(); ++i) arr += (i ? "," : "") + json_number(times[i]);
       o.raw("times_ms", arr + "]");
+      if (!samples().empty()) {
+        o.add("samples", static_cast<int64_t>(samples().size()));
+        o.raw("sample_percentiles_ms", percentiles_json(samples()));
+      }
     }
     // The last repetition's counters: one a backend accumulates over repetitions is complete there.
     JsonObject counters;
@@ -200,6 +226,8 @@ void mark_failed(benchmark::State& state, const std::string& message) {
 }
 
 void set_implementation(benchmark::State& state, const std::string& impl) { state.SetLabel(impl); }
+
+void record_sample(double ms) { samples().push_back(ms); }
 
 void set_workspace(benchmark::State& state, uint64_t bytes) {
   state.counters["workspace_bytes"] = benchmark::Counter(static_cast<double>(bytes));

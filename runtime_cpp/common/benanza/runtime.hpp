@@ -7,6 +7,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -45,6 +46,24 @@ void mark_failed(benchmark::State& state, const std::string& message);
 void set_implementation(benchmark::State& state, const std::string& impl);
 // Scratch memory the call needed, reported as the `workspace_bytes` counter.
 void set_workspace(benchmark::State& state, uint64_t bytes);
+
+// One timed call of the benchmark now running, in milliseconds. Its result line carries the
+// percentiles of all the samples it recorded (every repetition pooled): the bound's estimator
+// is a low percentile of them (docs/measurement.md).
+void record_sample(double ms);
+
+// The timing loop of a benchmark that blocks until its work is done (CPU libraries): each call
+// is timed on its own, so a call a descheduled thread stalled for a scheduler quantum is one slow
+// sample among many clean ones instead of raising the repetition's average.
+template <class F>
+void time_each_call(benchmark::State& state, F&& call) {
+  using Clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    call();
+    record_sample(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+}
 
 // Untimed calls before measuring so JIT, first-touch page faults and caches are settled.
 constexpr int kWarmupCalls = 3;

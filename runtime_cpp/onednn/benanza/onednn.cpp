@@ -280,7 +280,7 @@ void measure(benchmark::State& st, const Config& cfg, const std::function<Prepar
     mark_failed(st, std::string("execute: ") + e.what());
     return;
   }
-  for (auto _ : st) run();
+  time_each_call(st, run);
   set_implementation(st, p.impl);
   set_workspace(st, p.scratchpad);
 }

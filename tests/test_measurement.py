@@ -1,0 +1,347 @@
+"""Measurements on a busy machine (docs/measurement.md): the per-call estimator, the contention
+signal against real competing processes, the runner's re-measure and `contended` flag, and the
+analyzer's refusal, through stand-in binaries that speak the runtime's protocol and the real
+oneDNN pipeline.
+
+The competing processes are busy loops pinned with ``os.sched_setaffinity`` to the core the
+benchmark is pinned to; each one ends by itself within a minute and is killed in ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from helpers import conv_net
+
+from benanza.analyzer import analyze
+from benanza.cli import main
+from benanza.generator import GenOptions, generate, read_variants
+from benanza.manifest import build_manifest, write_manifest
+from benanza.measurement import (
+    MIN_CLEAN_SHARE,
+    contention,
+    cpu_clock,
+    free_cores,
+    summarize,
+)
+from benanza.perfdb import PerfDB
+from benanza.processor import load_model, unique_layers
+from benanza.records import Status, System
+from benanza.runner import (
+    MalformedResult,
+    RunOptions,
+    RunSummary,
+    _execute,
+    parse_result,
+)
+
+CPU = min(os.sched_getaffinity(0))  # the core the benchmark and its competitors share
+
+# Speaks the runtime's protocol: every call is timed on its own (wall clock) around a fixed
+# amount of real work, the result line carries the percentiles of all samples the way
+# runtime.cpp computes them. STANDIN_STALL_EVERY=k adds a 5 ms sleep (a scheduler quantum) inside
+# every k-th call's window; the calls' own CPU time goes to STANDIN_LOG, an oracle for a call
+# nothing interrupted (a spinning call's CPU time is its wall time when nothing preempts it).
+STANDIN = r'''#!{python}
+import json, os, sys, time
+if "--benanza_context" in sys.argv:
+    print("BENANZA_CONTEXT", json.dumps({{"custom": {{}}}}), flush=True)
+    sys.exit(0)
+os.sched_setaffinity(0, {{int(os.environ["STANDIN_CPU"])}})
+spin, calls = int(os.environ["STANDIN_SPIN"]), int(os.environ["STANDIN_CALLS"])
+stall_every = int(os.environ.get("STANDIN_STALL_EVERY", "0"))
+def percentiles(xs):
+    xs = sorted(xs)
+    out = []
+    for p in range(101):
+        at = (len(xs) - 1) * p / 100
+        lo = int(at)
+        hi = min(lo + 1, len(xs) - 1)
+        out.append(xs[lo] + (at - lo) * (xs[hi] - xs[lo]))
+    return out
+names = open(next(a for a in sys.argv if a.startswith("--benanza_names=")).split("=", 1)[1]).read().split()
+log = open(os.environ["STANDIN_LOG"], "a")
+for n in names:
+    print("BENANZA_START", n, flush=True)
+    samples, cpu = [], []
+    for i in range(calls):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        x = 0
+        for k in range(spin):
+            x += k
+        if stall_every and i % stall_every == 0:
+            time.sleep(0.005)
+        samples.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.thread_time() - c0) * 1e3)
+    mean = sum(samples) / len(samples)
+    log.write(json.dumps({{"name": n, "cpu_ms": cpu, "samples_ms": samples}}) + "\n")
+    log.flush()
+    print("BENANZA_RESULT", json.dumps({{"name": n, "status": "ok", "median_ms": mean, "mean_ms": mean,
+          "stddev_ms": 0.0, "min_ms": mean, "iterations": calls, "repetitions": 1, "samples": calls,
+          "sample_percentiles_ms": percentiles(samples), "counters": {{}}}}), flush=True)
+'''
+
+
+@contextmanager
+def competitors(count: int, cpu: int = CPU) -> Iterator[list[subprocess.Popen]]:
+    """``count`` busy loops pinned to ``cpu``, each ending by itself after a minute."""
+    loop = f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + 60\nwhile time.time() < end: pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(count)]
+    try:
+        time.sleep(0.3)  # pinned and spinning
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bench")
+    models = [load_model(conv_net(), batch_size=1, name="conv_net")]
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, root)
+    generate(manifest, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
+    return root
+
+
+def spin_per_ms() -> int:
+    """Loop turns of the stand-in's spin per millisecond of CPU time on this machine."""
+    c0 = time.thread_time()
+    x = 0
+    for k in range(200_000):
+        x += k
+    return int(200_000 / ((time.thread_time() - c0) * 1e3))
+
+
+def run_standin(tmp_path: Path, bench: Path, call_ms: float, calls: int, stall_every: int = 0,
+                remeasure: int = 1, variants: int | None = None) -> tuple[RunSummary, dict, list[dict]]:
+    binary = tmp_path / "benanza_bench"
+    binary.write_text(STANDIN.format(python=sys.executable))
+    binary.chmod(0o755)
+    chosen = read_variants(bench / "onednn")[:variants]
+    log = tmp_path / "calls.jsonl"
+    env = dict(os.environ, STANDIN_CPU=str(CPU), STANDIN_SPIN=str(int(spin_per_ms() * call_ms)),
+               STANDIN_CALLS=str(calls), STANDIN_STALL_EVERY=str(stall_every), STANDIN_LOG=str(log))
+    system = System("box", "onednn", "stand-in", (("threads", "1"),))
+    summary = RunSummary(system, "onednn", tmp_path / "r.db", total=len(chosen), already=0)
+    with PerfDB(tmp_path / "r.db") as db:
+        _execute(binary, chosen, env, RunOptions(timeout=120, remeasure=remeasure), db, system, summary, None)
+        results = {r.variant.name: r for r in db.results("box")}
+    calls_log = [json.loads(line) for line in log.read_text().splitlines()]
+    return summary, results, calls_log
+
+
+# --- the estimator ------------------------------------------------------------------------------
+
+def test_summary_reads_the_runtimes_percentiles_like_numpy():
+    rng = np.random.default_rng(0)
+    xs = list(rng.gamma(2.0, 0.01, 997) + 0.05)
+    pct = list(np.percentile(xs, range(101)))  # numpy's default is runtime.cpp's linear interpolation
+    s = summarize(pct, len(xs))
+    assert s.low_ms == pytest.approx(np.percentile(xs, 10))
+    assert s.median_ms == pytest.approx(statistics.median(xs))
+    assert s.iqr_ms == pytest.approx(np.percentile(xs, 75) - np.percentile(xs, 25))
+    assert s.count == 997
+
+
+@pytest.mark.parametrize("bad, problem", [
+    ({"sample_percentiles_ms": [0.1] * 100, "samples": 5}, "100 percentiles, not 101"),
+    ({"sample_percentiles_ms": [0.2] + [0.1] * 100, "samples": 5}, "percentiles decrease"),
+    ({"sample_percentiles_ms": [0.1] * 101}, "sample count 0"),
+    ({"sample_percentiles_ms": "fast", "samples": 5}, "not a list of numbers"),
+])
+def test_a_malformed_sample_summary_is_a_malformed_result(bench, bad, problem):
+    variant = read_variants(bench / "onednn")[0]
+    line = {"name": variant.name, "status": "ok", "median_ms": 0.1} | bad
+    with pytest.raises(MalformedResult, match=problem):
+        parse_result(variant, "box", line)
+
+
+def test_the_bound_uses_the_clean_calls_of_a_benchmark_with_quantum_stalls(tmp_path, bench):
+    """Every third call of a 0.2 ms computation sleeps 5 ms (a descheduled thread): the median of
+    the repetitions' means is several times the work; the bound is a call nothing interrupted."""
+    summary, results, calls = run_standin(tmp_path, bench, call_ms=0.2, calls=300, stall_every=3)
+    assert summary.ok == len(results) and not summary.still_contended
+    by_name = {c["name"]: c for c in calls}  # the last measurement of each
+    model = load_model(conv_net(), batch_size=1, name="conv_net")
+    a = analyze(model, results.values(), "box", "onednn")
+    assert not a.contended
+    for row in a.rows:
+        if row.status != "ok":
+            continue
+        r = results[row.variant]
+        log = by_name[row.variant]
+        clean = sorted(s for i, s in enumerate(log["samples_ms"]) if i % 3)  # the calls without a sleep
+        work = statistics.median(log["cpu_ms"])  # the oracle: CPU time of one call's computation
+        assert row.latency_ms == r.low_ms
+        assert clean[0] <= r.low_ms <= statistics.median(clean)
+        assert 0.7 * work <= r.low_ms <= 1.5 * work
+        assert r.median_ms > 2 * r.low_ms  # what the bound used to be: the stalls' share included
+        assert r.samples == 300 and r.sample_median_ms <= 1.5 * work  # two calls in three are clean
+
+
+# --- contention ----------------------------------------------------------------------------------
+
+def test_contention_signal_sees_competitors_pinned_to_the_benchmarks_core():
+    spin = f"import os, time\nos.sched_setaffinity(0, {{{CPU}}})\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+    with competitors(2):
+        bench_proc = subprocess.Popen([sys.executable, "-c", spin])
+        try:
+            time.sleep(0.3)
+            before = cpu_clock(bench_proc.pid)
+            time.sleep(1.5)
+            lost = contention(before, cpu_clock(bench_proc.pid))
+        finally:
+            bench_proc.kill()
+            bench_proc.wait()
+    assert lost is not None
+    # three spinning tasks on one core (and whatever else this machine runs there): the benchmark
+    # waits at least about two thirds of its runnable time
+    assert 0.4 < lost.waited < 1.0 and lost.share >= lost.waited
+    assert lost.switches_per_s > 10  # it loses its core again and again, a quantum at a time
+    assert lost.clean_share(0.01) > MIN_CLEAN_SHARE > lost.clean_share(50.0)
+
+
+def test_a_benchmark_stalled_in_every_call_is_flagged_and_refused(tmp_path, bench):
+    """20 ms calls on a core two busy loops share: every call loses quanta, in every measurement
+    (the first four variants: conv1's)."""
+    with competitors(2):
+        summary, results, _ = run_standin(tmp_path, bench, call_ms=20, calls=25, remeasure=1, variants=4)
+    ok = [r for r in results.values() if r.ok]
+    assert len(ok) == 4 and all(r.samples == 25 for r in ok)
+    assert all(r.contended and r.contention > 0.3 and r.clean_share < MIN_CLEAN_SHARE for r in ok)
+    assert summary.remeasured == len(ok)  # measured again after the others, still contended
+    assert sorted(summary.still_contended) == sorted(r.variant.name for r in ok)
+    with sqlite3.connect(tmp_path / "r.db") as conn:  # every measurement is kept, flagged
+        assert conn.execute("SELECT count(*) FROM results WHERE contended = 1").fetchone()[0] == 2 * len(ok)
+
+    model_path = tmp_path / "conv_net.onnx"
+    import onnx
+
+    onnx.save(conv_net(), str(model_path))
+    args = ["analyze", str(model_path), "--system", "box", "--db", str(tmp_path / "r.db")]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 3
+    (line,) = [ln for ln in refused.output.splitlines() if ln.strip()]
+    assert line.startswith("error: conv_net on box (batch 1): no bound printed:")
+    assert "conv1" in line and "--force --filter" in line and "--allow-contended" in line
+    assert "lower bound" not in refused.output
+
+    labelled = CliRunner().invoke(main, [*args, "--allow-contended", "--json"])
+    assert labelled.exit_code == 0, labelled.output
+    (a,) = json.loads(labelled.stdout)["analyses"]
+    assert a["contended"] and a["bounds"]["contended"] and a["fusion"]["bounds"]["contended"]
+    assert all(la["contended"] for la in a["layers"] if la["status"] == "ok")
+    shown = CliRunner().invoke(main, [*args, "--allow-contended"])
+    assert shown.exit_code == 0 and "sequential (CONTENDED)" in shown.output
+
+
+def test_short_calls_keep_their_estimator_under_the_same_contention(tmp_path, bench):
+    """The same competitors, 0.1 ms calls: most calls run between two losses of the core, so the low
+    percentile is a clean call and the result is kept, its contention recorded."""
+    with competitors(2):
+        summary, results, calls = run_standin(tmp_path, bench, call_ms=0.1, calls=2000, remeasure=0)
+    by_name = {c["name"]: c for c in calls}
+    for r in results.values():
+        work = statistics.median(by_name[r.variant.name]["cpu_ms"])
+        assert r.contention > 0.3 and r.clean_share >= MIN_CLEAN_SHARE and not r.contended
+        assert 0.7 * work <= r.low_ms <= 1.5 * work
+    assert summary.contended == 0 and not summary.still_contended
+
+
+def test_free_cores_leaves_out_cores_busy_loops_hold():
+    cpus = sorted(os.sched_getaffinity(0))
+    loops = []
+    try:
+        for cpu in cpus:  # one busy loop on every core this process may use
+            spin = f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+            loops.append(subprocess.Popen([sys.executable, "-c", spin]))
+        time.sleep(0.3)
+        free = free_cores(window=1.0)
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    assert free.allowed == len(cpus) and free.free == 1 and free.idle < 0.5
+
+
+# --- perfdb ---------------------------------------------------------------------------------------
+
+def test_a_v2_database_gains_the_sample_and_contention_columns(tmp_path, bench):
+    variant = read_variants(bench / "onednn")[0]
+    system = System("box", "onednn", "cpu", (("threads", "1"),))
+    path = tmp_path / "old.db"
+    from benanza.records import Result
+
+    with PerfDB(path) as db:
+        db.insert_results(system, [Result(variant, "box", Status.OK, median_ms=0.5, iterations=1, repetitions=1)])
+    with sqlite3.connect(path) as conn:  # what schema 2 had
+        for col in ("low_ms", "sample_median_ms", "sample_iqr_ms", "samples", "contention", "clean_share",
+                    "contended"):
+            conn.execute(f"ALTER TABLE results DROP COLUMN {col}")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    with PerfDB(path, readonly=True) as db:
+        (r,) = db.results("box")
+        assert db.schema_version == 3
+    assert r.median_ms == 0.5 and r.low_ms is None and r.latency_ms == 0.5  # the old bound: its median
+    assert r.contention is None and not r.contended
+
+
+# --- the real pipeline -----------------------------------------------------------------------------
+
+def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench):
+    """generate → build → run → DB → analyze with the oneDNN runtime: each result's low percentile
+    is one of its timed calls, below its repetitions' means, and the bound is made of them."""
+    import shutil
+
+    work = tmp_path / "bench"
+    shutil.copytree(bench, work)
+    db = tmp_path / "r.db"
+    out = CliRunner().invoke(main, ["run", "--system", "box", "--backend", "onednn", "--bench-dir", str(work),
+                                    "--db", str(db), "--min-time", "0.01", "--repetitions", "2",
+                                    "--max-contention", "1"])
+    assert out.exit_code == 0, out.output
+    assert "threads: " in out.output and "cores other work left free" in out.output
+    threads = int(out.output.split("threads: ", 1)[1].split(",", 1)[0])
+    with PerfDB(db, readonly=True) as pdb:
+        (system,) = pdb.systems()
+        results = pdb.results(system)
+    assert dict(system.stack)["threads"] == str(threads)
+    again = CliRunner().invoke(main, ["run", "--system", "box", "--backend", "onednn", "--bench-dir", str(work),
+                                      "--db", str(db), "--min-time", "0.01", "--repetitions", "2"])
+    assert again.exit_code == 0, again.output  # whatever the load now: the same stack, nothing to measure
+    assert f"threads: {threads}, those of the stack already measured under 'box'" in again.output
+    assert "0 stored" in again.output
+    ok = [r for r in results if r.ok]
+    assert ok
+    for r in ok:
+        assert r.samples >= r.iterations * r.repetitions  # every timed call, the runs that sized them too
+        assert 0 < r.low_ms <= r.sample_median_ms and r.sample_iqr_ms >= 0
+        assert r.low_ms <= min(r.metrics["times_ms"])  # a repetition's mean includes its slow calls
+        assert r.contention is not None and 0 <= r.contention <= 1 and 0 < r.clean_share <= 1
+    model_path = tmp_path / "conv_net.onnx"
+    import onnx
+
+    onnx.save(conv_net(), str(model_path))
+    shown = CliRunner().invoke(main, ["analyze", str(model_path), "--system", "box", "--db", str(db), "--json"])
+    assert shown.exit_code == 0, shown.output
+    (a,) = json.loads(shown.stdout)["analyses"]
+    by_variant = {r.variant.name: r for r in ok}
+    rows = [la for la in a["layers"] if la["status"] == "ok"]
+    assert rows and all(la["latency_ms"] == pytest.approx(by_variant[la["variant"]].low_ms, rel=1e-5, abs=1e-6)
+                        for la in rows)
+    assert not a["contended"]
