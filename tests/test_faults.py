@@ -132,8 +132,9 @@ def execute(tmp_path: Path, variants, mode: str, target: str = "", timeout: floa
     summary = RunSummary(system, "onednn", tmp_path / "r.db", total=len(variants), already=0)
     started = time.monotonic()
     with PerfDB(tmp_path / "r.db") as db:
-        _execute(binary, variants, env, RunOptions(timeout=timeout, min_time=0.01, repetitions=1), db,
-                 system, summary, None)
+        # max_contention 1: a loaded test machine must not re-measure (and so re-number) these rows
+        options = RunOptions(timeout=timeout, min_time=0.01, repetitions=1, max_contention=1.0)
+        _execute(binary, variants, env, options, db, system, summary, None)
         results = {r.variant.name: r for r in db.results("box")}
     elapsed = time.monotonic() - started
     leaked = [p for p in pids(pid_file) if alive(p)]
