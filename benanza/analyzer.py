@@ -11,14 +11,33 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from .analysis.bounds import (Bounds, LayerRow, LayerStatus, ParallelModule, bounds_from_weights, fused_weights,
-                              index_results, layer_rows, parallel_modules)
+from .analysis.bounds import (
+    Bounds,
+    LayerRow,
+    LayerStatus,
+    ParallelModule,
+    bounds_from_weights,
+    fused_weights,
+    index_results,
+    layer_rows,
+    parallel_modules,
+)
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
 from .analysis.modules import MeasuredGroup, ModuleStats, layer_paths, module_tree
+from .analysis.questions import (
+    AlgoChoice,
+    BetweenCalls,
+    HeuristicChoice,
+    IdleGap,
+    LayerOverhead,
+    algorithm_choices,
+    between_library_calls,
+    heuristic_choices,
+    kernel_gaps,
+    layer_overheads,
+    tensor_core_kernels,
+)
 from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
-from .analysis.questions import (AlgoChoice, BetweenCalls, HeuristicChoice, IdleGap, LayerOverhead,
-                                 algorithm_choices, between_library_calls, heuristic_choices, kernel_gaps,
-                                 layer_overheads, tensor_core_kernels)
 from .fusion import FusionMatch, match_fusions
 from .layers import Model
 from .parsers import ExecutionProfile

@@ -40,8 +40,16 @@ from .fusion import match_fusions
 from .generator import read_variants
 from .layers import Model
 from .ops.registry import FAMILIES
-from .problems import (COMMUTATIVE, AttentionProblem, BinaryProblem, ConvProblem, CopyProblem, GemmProblem,
-                       MatMulProblem, broadcast)
+from .problems import (
+    COMMUTATIVE,
+    AttentionProblem,
+    BinaryProblem,
+    ConvProblem,
+    CopyProblem,
+    GemmProblem,
+    MatMulProblem,
+    broadcast,
+)
 from .records import Variant
 from .runner import build
 

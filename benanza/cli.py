@@ -312,8 +312,13 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
-    from .shapes_by_execution import (execution_json, input_values_per_model, load_input_data, shape_notes,
-                                      uncosted_notes)
+    from .shapes_by_execution import (
+        execution_json,
+        input_values_per_model,
+        load_input_data,
+        shape_notes,
+        uncosted_notes,
+    )
 
     names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
     if len(names) != 1:
@@ -730,8 +735,8 @@ def db_list(db_path: str | None, system_name: str, backend: str | None, stack: s
     """The latest result of every variant measured on one stack of a system."""
     import re
 
-    from .sweep import resolve_system
     from .perfdb import PerfDB, resolve_db_path
+    from .sweep import resolve_system
 
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
         system = resolve_system(pdb, system_name, backend, stack)
@@ -1229,13 +1234,13 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     fusions), the algorithms the framework used vs the best, its calls vs the expected ones,
     and its time per layer.
     """
-    from .sweep import SweepRequest, run_sweep, write_report
     from .parsers import load_profile
     from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
     from .processor import parse_input_shapes
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
     from .shapes_by_execution import input_values_per_model
+    from .sweep import SweepRequest, run_sweep, write_report
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),

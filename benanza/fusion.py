@@ -9,8 +9,8 @@ entry in ``PATTERNS``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .layers import Layer, Model, Node
 from .ops.binary import BinaryProblem

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .ops.grammar import (FLOAT_DTYPES, LayerKey, Problem, format_dims, format_number, key_hash, layer_key,
-                          parse_key)
+from .ops.grammar import FLOAT_DTYPES, LayerKey, Problem, format_dims, format_number, key_hash, layer_key, parse_key
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -118,7 +117,7 @@ class Layer:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Layer":
+    def from_json(cls, d: dict[str, Any]) -> Layer:
         """The problem comes back from the key (``parse_layer_key`` inverts ``layer_key``)."""
         from .ops.registry import parse_layer_key  # the registry builds on these records
 
@@ -247,7 +246,7 @@ class UniqueLayer:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "UniqueLayer":
+    def from_json(cls, d: dict[str, Any]) -> UniqueLayer:
         return cls(
             Layer.from_json(d),
             [Occurrence(o["model"], o["node"], o["index"]) for o in d.get("occurrences", [])],

@@ -21,10 +21,11 @@ import sqlite3
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 from .errors import FileProblem, LayerKeyError
 from .layers import Layer
@@ -204,7 +205,7 @@ class PerfDB:
     def close(self) -> None:
         self.db.conn.close()
 
-    def __enter__(self) -> "PerfDB":
+    def __enter__(self) -> PerfDB:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -28,10 +28,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
 
 from .children import kill_group, popen
 from .errors import BenanzaError, ModelError, UsageError

@@ -115,12 +115,12 @@ class Variant:
         return {"name": self.name, "layer_key": self.layer_key} | {f: str(getattr(self, f)) for f in _VARIANT_FIELDS}
 
     @classmethod
-    def from_json(cls, d: dict[str, str]) -> "Variant":
+    def from_json(cls, d: dict[str, str]) -> Variant:
         return cls.of_key(d["layer_key"], **{f: d[f] for f in _VARIANT_FIELDS})
 
     @classmethod
     def of_key(cls, key: str, backend: str, api: str, algo: str = "default", dtype: str | None = None,
-               layout: str = "nchw", math: str = "default", fusion: str = "none") -> "Variant":
+               layout: str = "nchw", math: str = "default", fusion: str = "none") -> Variant:
         """The variant of a layer key; its dtype is the key's (a different ``dtype`` is an error)."""
         problem, key_dtype = parse_layer_key(key)
         if dtype not in (None, key_dtype):
@@ -128,7 +128,7 @@ class Variant:
         return cls(problem, backend, api, algo, key_dtype, layout, math, fusion)
 
     @classmethod
-    def from_name(cls, name: str) -> "Variant":
+    def from_name(cls, name: str) -> Variant:
         """Inverse of ``name``; ignores segments Google Benchmark appends (manual_time, repeats)."""
         parts = name.split("/")
         fields_ = dict(p.split("=", 1) for p in parts[1:] if "=" in p)

@@ -32,8 +32,17 @@ from . import children
 from .errors import BenanzaError, UsageError
 from .generator import read_variants
 from .manifest import read_manifest
-from .measurement import (MAX_CONTENTION, Contention, CpuClock, FreeCores, SampleSummary, contention, cpu_clock,
-                          free_cores, summarize)
+from .measurement import (
+    MAX_CONTENTION,
+    Contention,
+    CpuClock,
+    FreeCores,
+    SampleSummary,
+    contention,
+    cpu_clock,
+    free_cores,
+    summarize,
+)
 from .peaks import GEMM_TYPES, Peaks
 from .perfdb import DatabaseError, PerfDB, resolve_db_path
 from .records import UNSTABLE_RSD, Result, Status, System, Variant

@@ -21,10 +21,10 @@ from .manifest import build_manifest, write_manifest
 from .outputs import write_text
 from .parsers import ExecutionProfile
 from .parsers.bundle import check_model
-from .processor import load_model, unique_layers
-from .shapes_by_execution import load_input_data, shape_notes, uncosted_notes
 from .problems import layer_key
+from .processor import load_model, unique_layers
 from .records import System
+from .shapes_by_execution import load_input_data, shape_notes, uncosted_notes
 
 if TYPE_CHECKING:
     from .runner import RunSummary

@@ -29,12 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from benanza.sweep import SweepRequest, run_sweep
 from benanza.generator import GenOptions, expand_variants, get_backend
 from benanza.manifest import build_manifest
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model, unique_layers
 from benanza.records import Result, Status, System
+from benanza.sweep import SweepRequest, run_sweep
 from benanza.zoo import build_all
 
 MODEL = "densenet-121"

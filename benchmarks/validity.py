@@ -30,13 +30,13 @@ from pathlib import Path
 
 from bench_onednn_all import benchmark_onednn
 
-from benanza.sweep import SweepRequest, run_sweep
 from benanza.analyzer import Analysis
 from benanza.errors import BenanzaError
 from benanza.parsers import load_bundle
 from benanza.parsers.bundle import INDEX_NAME
 from benanza.perfdb import PerfDB
 from benanza.profiler import ProfileSpec, profile_model
+from benanza.sweep import SweepRequest, run_sweep
 from benanza.system import cpu_flags, cpu_isa, cpu_model, default_threads
 from benanza.zoo import build_all
 

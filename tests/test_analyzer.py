@@ -8,13 +8,13 @@ import json
 import re
 from pathlib import Path
 
+import helpers
 import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-import helpers
 from benanza.analysis.bounds import critical_path, parallel_modules
 from benanza.analysis.matching import align_calls
 from benanza.analysis.questions import TENSOR_CORE_RE

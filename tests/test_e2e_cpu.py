@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from test_bounds_e2e import JSON_MS
-
 from test_report import dump_dom, needs_chromium
 
 pytestmark = pytest.mark.slow

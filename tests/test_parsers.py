@@ -7,9 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from benanza.parsers import (ConvSignature, GemmSignature, ProfileFormatError, load_file, parse_cublas_log,
-                             parse_cudnn_log, parse_kineto_trace, parse_nsys, parse_nsys_sqlite,
-                             parse_onednn_verbose, parse_ort_profile)
+from benanza.parsers import (
+    ConvSignature,
+    GemmSignature,
+    ProfileFormatError,
+    load_file,
+    parse_cublas_log,
+    parse_cudnn_log,
+    parse_kineto_trace,
+    parse_nsys,
+    parse_nsys_sqlite,
+    parse_onednn_verbose,
+    parse_ort_profile,
+)
 
 FIX = Path(__file__).parent / "fixtures"
 CONV1 = ConvSignature(mb=1, ic=3, ih=8, iw=8, oc=8, kh=3, kw=3, sh=1, sw=1, ph=1, pw=1, dh=1, dw=1, g=1)

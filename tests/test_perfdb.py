@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from benanza.cli import main
-from benanza.perfdb import DEFAULT_PATH, SCHEMA_VERSION, PerfDB, DatabaseError, missing_command, resolve_db_path
+from benanza.perfdb import DEFAULT_PATH, SCHEMA_VERSION, DatabaseError, PerfDB, missing_command, resolve_db_path
 from benanza.records import Result, Status, System, Variant
 
 SYSTEM = System("box", "onednn", "Test CPU", (("onednn", "2.6.3"), ("threads", "2")))

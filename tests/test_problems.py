@@ -8,6 +8,7 @@ import re
 import numpy as np
 import onnxruntime as ort
 import pytest
+from helpers import io, model, tensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
@@ -15,7 +16,6 @@ from onnx import helper
 from benanza import problems as P
 from benanza.errors import LayerKeyError
 from benanza.processor import load_model
-from helpers import io, model, tensor
 
 # --- parse(format(p)) == p for every family ---------------------------------------------------
 
@@ -233,9 +233,10 @@ def test_integer_layers_are_covered_by_neither_library():
 
 
 def test_layers_json_round_trips_typed_problems(tmp_path):
+    from helpers import conv_net
+
     from benanza.manifest import build_manifest, read_manifest, write_manifest
     from benanza.processor import unique_layers
-    from helpers import conv_net
 
     m = load_model(conv_net(), name="c")
     manifest = build_manifest([m], unique_layers([m]))

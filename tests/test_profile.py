@@ -7,11 +7,11 @@ import shutil
 import sys
 import time
 
+import helpers
 import pytest
 from click.testing import CliRunner
 
 import benanza
-import helpers
 from benanza.cli import main
 from benanza.errors import UsageError
 from benanza.parsers import latency_stats, load_profile

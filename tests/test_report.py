@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from test_analyzer import FIX, inception_like, ok, results_for
 
 from benanza.analyzer import analyze
 from benanza.parsers import load_file
 from benanza.processor import load_model
 from benanza.report import SCHEMA_VERSION, dag_layout, document, print_analysis, render_html
-from test_analyzer import FIX, inception_like, ok, results_for
 
 DOC = Path(__file__).parent.parent / "docs" / "analyze-json.md"
 

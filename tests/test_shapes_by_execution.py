@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 import warnings
+from collections import Counter
 
 import numpy as np
 import onnx

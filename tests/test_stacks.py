@@ -13,7 +13,6 @@ import helpers
 import pytest
 from click.testing import CliRunner
 
-from benanza.sweep import SweepRequest, run_sweep
 from benanza.cli import main
 from benanza.errors import BenanzaError
 from benanza.generator import GenOptions, expand_variants, get_backend
@@ -21,6 +20,7 @@ from benanza.manifest import build_manifest
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model, unique_layers
 from benanza.records import Result, Status, System, Variant
+from benanza.sweep import SweepRequest, run_sweep
 
 CPU = (("compiler", "c++ 12"), ("cpu", "Test CPU"), ("threads", "2"))
 OLD = System("box", "onednn", "Test CPU", tuple(sorted(CPU + (("onednn", "2.6.3"),))))

@@ -3,14 +3,13 @@ its profiler ranges exactly as the processor names layers."""
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper, numpy_helper
-
-import helpers
 from helpers import io, tensor
+from onnx import helper, numpy_helper
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the torch executor cannot run")
 

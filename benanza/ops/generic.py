@@ -3,8 +3,8 @@ no library call runs it), and a Cast to the type it already has (computes nothin
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Collection
 
 import numpy as np
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -230,7 +231,7 @@ class Problem:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     @classmethod
-    def parse_tokens(cls, key: LayerKey, text: str) -> "Problem":
+    def parse_tokens(cls, key: LayerKey, text: str) -> Problem:
         pairs = list(key.pairs())
         claimed = [False] * len(pairs)
         values: dict[str, Any] = {}

@@ -6,8 +6,9 @@ problem)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from .base import (
     CudnnLowering,

@@ -1,7 +1,16 @@
 """Parsers of model execution profiles: one module per format, typed records out."""
 
-from .base import (ApiEvent, ConvSignature, FrameworkTrace, GemmSignature, KernelEvent, LibraryCall,
-                   OpEvent, ProfileFormatError, Span)
+from .base import (
+                   ApiEvent,
+                   ConvSignature,
+                   FrameworkTrace,
+                   GemmSignature,
+                   KernelEvent,
+                   LibraryCall,
+                   OpEvent,
+                   ProfileFormatError,
+                   Span,
+)
 from .bundle import ExecutionProfile, LatencyStats, latency_stats, load_bundle, load_file, load_profile
 from .cublas_log import parse_cublas_log
 from .cudnn_log import parse_cudnn_log

@@ -67,7 +67,7 @@ class LatencyStats:
                 "samples": list(self.samples_ms)}
 
     @classmethod
-    def from_json(cls, d: dict) -> "LatencyStats":
+    def from_json(cls, d: dict) -> LatencyStats:
         """KeyError names a missing field; ValueError/TypeError a value that is not a number."""
         tm, p50, p90, mean, lo, hi = (float(d[k]) for k in ("trimmed_mean", "p50", "p90", "mean", "min", "max"))
         return cls(tm, p50, p90, mean, lo, hi, tuple(float(x) for x in d.get("samples", ())))
@@ -118,7 +118,7 @@ class ExecutionProfile:
         runs = self.trace.runs if self.trace else []
         return latency_stats([r.dur_us / 1000.0 for r in runs]).trimmed_mean_ms if runs else None
 
-    def merge(self, other: "ExecutionProfile") -> None:
+    def merge(self, other: ExecutionProfile) -> None:
         """Fold a second source (e.g. a separately captured log) into this profile."""
         for name in ("framework", "framework_version", "device", "model"):
             if not getattr(self, name):

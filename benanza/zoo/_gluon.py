@@ -7,7 +7,7 @@ Export conventions reproduced: Conv2D(use_bias=False) + BatchNormalization + Rel
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import onnx
 
