@@ -1,5 +1,6 @@
 """The package stays mypy-clean under the [tool.mypy] settings in pyproject.toml, its core
-modules under --strict, and it tells type checkers so (py.typed)."""
+modules under --strict, and it tells type checkers so (py.typed); the tree stays ruff-clean
+under [tool.ruff]."""
 
 from __future__ import annotations
 
@@ -43,3 +44,11 @@ def test_strict_modules_pass_mypy_strict():
 def test_package_is_marked_typed():
     # hatch ships every file under benanza/ in the wheel, this marker included
     assert (ROOT / "benanza" / "py.typed").is_file()
+
+
+def test_ruff_clean():
+    """The lint rules in pyproject.toml ([tool.ruff]: pyflakes, pycodestyle, isort, bugbear,
+    pyupgrade) hold over the package, the tests, the benchmarks and the scripts."""
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "benanza", "tests", "benchmarks", "scripts"],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
