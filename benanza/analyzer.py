@@ -410,7 +410,8 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         a.kernel_gaps = kernel_gaps(kernels_from)
 
 
-def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches, graph) -> FrameworkView:
+def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches,
+                    graph) -> FrameworkView:
     tm = match_trace(model, profile.trace)  # type: ignore[arg-type]
     groups = tm.node_group()
     done = [m for m in matches
@@ -482,9 +483,9 @@ def _warn(a: Analysis) -> None:
     if a.contended:
         rows = a.contended_rows
         measured = sum(1 for r in a.rows if r.status == LayerStatus.OK)
-        a.warnings.append(f"CONTENDED: {len(rows)} of the bound's {measured} measured layers ({len(a.contended)} results "
-                          f"in all, fused and other dtypes included) were measured while other processes took the "
-                          f"CPU, so every figure here may be inflated: " + contended_names(a))
+        a.warnings.append(f"CONTENDED: {len(rows)} of the bound's {measured} measured layers "
+                          f"({len(a.contended)} results in all, fused and other dtypes included) were measured while "
+                          f"other processes took the CPU, so every figure here may be inflated: " + contended_names(a))
     slower = a.fusion.unprofitable
     if slower:
         a.warnings.append(f"Q5: {len(slower)} fusions measured no faster than their unfused layers and are not "

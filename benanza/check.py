@@ -454,8 +454,8 @@ def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
     for name, value in ref.values(sorted(set(kept_names))).items():
         inits.append(numpy_helper.from_array(value, name))
     graph = helper.make_graph(
-        [protos[pos] for pos in ordered], "check", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-                          for n, v in feeds.items()],
+        [protos[pos] for pos in ordered], "check",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in feeds.items()],
         [helper.make_empty_tensor_value_info(o) for o in spec.outputs], inits)
     m = helper.make_model(graph, opset_imports=list(ref.proto_model.opset_import))
     m.ir_version = ref.proto_model.ir_version

@@ -42,8 +42,8 @@ _LIBC = _libc()
 def die_with_parent(parent: int) -> None:
     """In a freshly forked child: ask the kernel for SIGKILL when the parent dies.
 
-    Runs between fork and exec (``preexec_fn``). ``parent`` is the pid that forked: if it died before the request took effect, the child
-    has been re-parented already and exits at once.
+    Runs between fork and exec (``preexec_fn``). ``parent`` is the pid that forked: if it died
+    before the request took effect, the child has been re-parented already and exits at once.
     """
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

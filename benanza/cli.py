@@ -299,12 +299,14 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
               help="CUPTI metric to record per kernel in --cupti mode (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON on stdout.")
 def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape: tuple[str, ...],
-             input_value: tuple[str, ...], input_data: str | None, backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
-             no_fusion: bool, cupti: bool, cupti_metrics: tuple[str, ...], as_json: bool) -> None:
+             input_value: tuple[str, ...], input_data: str | None, backend: str, dtypes: tuple[str, ...],
+             layouts: tuple[str, ...], maths: tuple[str, ...], no_fusion: bool, cupti: bool,
+             cupti_metrics: tuple[str, ...], as_json: bool) -> None:
     """Process ONNX models into their unique layers and write the benchmark manifest.
 
     Prints, per model, its layers, unique layers and, for each backend generated, the share of
-    its running layers that backend's benchmarks cost, plus the union across models, and writes OUT/layers.json (keys, parameters, shapes, occurrences).
+    its running layers that backend's benchmarks cost, plus the union across models, and writes
+    OUT/layers.json (keys, parameters, shapes, occurrences).
     A file that cannot be processed gets one error line; the others are still processed and
     the exit status is non-zero.
     """
@@ -582,7 +584,8 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
                   title=Text(f"{system.device}, {threads} threads (stack {system.stack_id})"))
     for p in measured.peaks:
         if p.kind == "gemm":
-            table.add_row(Text(f"GEMM {p.dtype}"), f"{p.value / 1e12:.3f} TFLOP/s", f"{p.size}³", Text(p.implementation))
+            table.add_row(Text(f"GEMM {p.dtype}"), f"{p.value / 1e12:.3f} TFLOP/s", f"{p.size}³",
+                          Text(p.implementation))
     for dtype, message in measured.unsupported:
         table.add_row(Text(f"GEMM {dtype}"), "not run", "", Text(message))
     for p in measured.ladder:
@@ -1069,7 +1072,8 @@ class _ProfileCommand(click.Command):
 @main.command(cls=_ProfileCommand)
 @click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option("--framework", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime",
-              show_default=True, help="Framework to run the model in (torch: Benanza's eager executor of the ONNX graph).")
+              show_default=True,
+              help="Framework to run the model in (torch: Benanza's eager executor of the ONNX graph).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1xD2x..",
               help="Concrete shape of an input whose non-batch dims are symbolic (repeatable), as for "
@@ -1245,8 +1249,8 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
                        input_values=tuple(sorted(input_values_per_model(input_value, [model])[model].items())),
-                       input_data=input_data, measured_ms=measured_ms, generate_missing=generate_missing, backend=backend,
-                       stack=stack, math=math)
+                       input_data=input_data, measured_ms=measured_ms, generate_missing=generate_missing,
+                       backend=backend, stack=stack, math=math)
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")
     prof = load_profile(list(profiles))

@@ -303,7 +303,8 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
     output, contended = _run(binary, args, env)
     context, peaks, unsupported = parse_output(output, str(binary))
     # the program's working set is the requested one rounded to whole doubles: label by nearest
-    peaks = [p if p.kind == "gemm" else Peak(p.kind, p.value, p.size, level=label[min(label, key=lambda n: abs(n - p.size))])
+    peaks = [p if p.kind == "gemm"
+             else Peak(p.kind, p.value, p.size, level=label[min(label, key=lambda n: abs(n - p.size))])
              for p in peaks]
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return context, Peaks(tuple(peaks), tuple(unsupported), threads, stamp, command,

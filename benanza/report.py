@@ -290,7 +290,8 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(f"Q5 fusion: {a.fusion.matches} patterns found, {len(a.fusion.applied)} profitable fused "
                       f"benchmarks, {a.fusion.layers_fused} layers fused, {len(a.fusion.unprofitable)} unprofitable "
                       f"(fused no faster than unfused, not applied); sequential bound "
-                      f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms", highlight=False, markup=False)
+                      f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms",
+                      highlight=False, markup=False)
         for u in a.fusion.unprofitable:
             console.print(f"  unprofitable: {u.pattern} at {a.rows[u.nodes[0]].name}: fused {_ms(u.fused_ms)} ms vs "
                           f"unfused {_ms(u.unfused_ms)} ms", highlight=False, markup=False)
@@ -491,7 +492,8 @@ def _charts(a: Analysis) -> list[str]:
             ("sequential", 1 / a.br_sequential if a.br_sequential else None),
             ("parallel", 1 / a.br_parallel if a.br_parallel else None),
             ("with fusion", a.measured_ms / a.fusion.bounds.sequential_ms if a.fusion.bounds.sequential_ms else None),
-            (a.joint_label or "joint", a.measured_ms / a.joint.parallel_ms if a.joint and a.joint.parallel_ms else None),
+            (a.joint_label or "joint",
+             a.measured_ms / a.joint.parallel_ms if a.joint and a.joint.parallel_ms else None),
         ], unit="×"))
     return [c for c in charts if c]
 

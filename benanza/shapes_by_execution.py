@@ -230,8 +230,8 @@ def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, valu
     if deciding and (not shape if floating else numel <= DECIDING_MAX_ELEMENTS):
         example = ",".join(["V"] * numel) if numel <= 4 else "V1,V2,…"
         raise ShapeError(path, f"input '{inp.name}' ({DTYPE_NAMES.get(elem, elem)}, {shown}) decides shapes or "
-                               f"branches static inference cannot resolve: give its value with --input-value {inp.name}={example} "
-                               f"(or real inputs with --input-data FILE.npz)")
+                               f"branches static inference cannot resolve: give its value with "
+                               f"--input-value {inp.name}={example} (or real inputs with --input-data FILE.npz)")
     if floating:
         return np.random.default_rng(SEED).standard_normal(shape).astype(np_type)
     return np.zeros(shape, np_type)

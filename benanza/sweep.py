@@ -100,7 +100,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                     [req.model], name, system.backend, batch_size=batch, db=str(db.path),
                     input_shapes=req.input_shapes,
                     run_flags=remeasure_flags(a.contended, int(threads) if threads.isdigit() else None))
-                a.warnings.append(f"to re-measure the contended results when the machine is idle: {a.remeasure_command}")
+                a.warnings.append(f"to re-measure the contended results when the machine is idle: "
+                                  f"{a.remeasure_command}")
             others = [s for s, _, _ in db.stacks(name) if s.backend == system.backend and s != system]
             if others:
                 a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "

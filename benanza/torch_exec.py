@@ -564,7 +564,8 @@ def _conv_transpose(ctx: Ctx, x: list[Value]) -> Tensor:
     mode = a.get("auto_pad", "NOTSET") or "NOTSET"
     if a.get("output_shape") or mode in ("SAME_UPPER", "SAME_LOWER"):
         # the pads that give the requested size: the spec's total_padding, split by auto_pad
-        want = list(a["output_shape"])[-n:] if a.get("output_shape") else [i * s for i, s in zip(inp.shape[2:], strides)]
+        want = (list(a["output_shape"])[-n:] if a.get("output_shape")
+                else [i * s for i, s in zip(inp.shape[2:], strides)])
         total = [f - o for f, o in zip(full, want)]
         if any(t < 0 for t in total):
             raise ctx.unsupported("an output_shape larger than the full transposed convolution")

@@ -67,7 +67,8 @@ def main() -> None:
     out = {
         "cases": len(cases), "processed": len(models), "refused": sum(refused.values()),
         "refused_by_reason": dict(refused.most_common()), "shapes_by_execution": executed,
-        "if_branches_taken": branched, "loops_unrolled": unrolled, "uncosted_nodes": total.uncosted, "running_layers": total.running_layers,
+        "if_branches_taken": branched, "loops_unrolled": unrolled, "uncosted_nodes": total.uncosted,
+        "running_layers": total.running_layers,
         "covered_pct": {b.backend: round(b.covered_pct, 1) for b in total.backends},
         "slowest_s": round(slowest[0], 3), "slowest_case": slowest[1],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

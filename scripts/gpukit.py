@@ -338,7 +338,7 @@ class Device:
             done = subprocess.run(cmd, env=self.env, check=False, capture_output=True, text=True, timeout=limit,
                                   cwd=REPO)
         except subprocess.TimeoutExpired:
-            raise KitError(f"{what}: not finished within the {limit:.0f} s left to this call; call again", 75)
+            raise KitError(f"{what}: not finished within the {limit:.0f} s left to this call; call again", 75) from None
         if log is not None:
             log.write_text(done.stdout + done.stderr)
         if done.returncode != 0:

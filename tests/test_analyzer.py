@@ -280,7 +280,8 @@ def test_onednn_log_against_model(convnet):
     ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize64x32x64", True),
     ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", True),
     ("cutlass_tensorop_f16_s16816gemm_f16_256x128_32x3_nn_align8", True),
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", True),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
+     "execute_segment_k_off_kernel__5x_cublas", True),
     ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_h161616gemm_32x32_128x2_nn_align8>", True),
     ("volta_sgemm_128x64_nn", False),
     ("implicit_convolve_sgemm", False),

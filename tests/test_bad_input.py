@@ -49,9 +49,9 @@ def files(tmp_path: Path) -> dict[str, str]:
     empty_dir = tmp_path / "nothing"
     empty_dir.mkdir()
     PerfDB(tmp_path / "real.db").close()
-    return {"db": str(tmp_path / "real.db"), "net": str(net), "corrupt": str(corrupt), "truncated": str(truncated), "notdb": str(notdb),
-            "missing": str(tmp_path / "missing.onnx"), "dir": str(empty_dir), "out": str(tmp_path / "out"),
-            "nodb": str(tmp_path / "none.db")}
+    return {"db": str(tmp_path / "real.db"), "net": str(net), "corrupt": str(corrupt), "truncated": str(truncated),
+            "notdb": str(notdb), "missing": str(tmp_path / "missing.onnx"), "dir": str(empty_dir),
+            "out": str(tmp_path / "out"), "nodb": str(tmp_path / "none.db")}
 
 
 MODEL_COMMANDS = [
@@ -133,7 +133,8 @@ def test_a_corrupt_manifest(files, text, problem):
 
 @pytest.mark.parametrize("args, named", [
     (["generate", "{net}", "--out", "{out}", "--input-shape", "x=abc"], "--input-shape 'x=abc'"),
-    (["generate", "{net}", "--out", "{out}", "--input-shape", "nosuch=1x2"], "--input-shape nosuch: no given model has such an input"),
+    (["generate", "{net}", "--out", "{out}", "--input-shape", "nosuch=1x2"],
+     "--input-shape nosuch: no given model has such an input"),
     (["profile", "{net}", "--out", "{out}", "--input-shape", "nosuch=1x2"], "names no graph input: nosuch"),
     (["db", "export", "--db", "{db}", "--out", "{out}.txt"], "{out}.txt: choose a .csv or .parquet file name"),
     (["db", "list", "--db", "{db}", "--system", "nobody"], "'nobody'"),

@@ -87,7 +87,8 @@ def best_by_key(db: Path, system: str, dtype: str) -> dict[str, float]:
     the samples' low percentile where the runtime timed each call, else the median."""
     with sqlite3.connect(db) as conn:
         return dict(conn.execute(
-            "SELECT r.layer_key, min(coalesce(r.low_ms, r.median_ms)) FROM results r JOIN variants v ON v.name = r.variant "
+            "SELECT r.layer_key, min(coalesce(r.low_ms, r.median_ms)) FROM results r "
+            "JOIN variants v ON v.name = r.variant "
             "WHERE r.system = ? AND r.dtype = ? AND r.status = 'ok' AND v.fusion = 'none' "
             "AND r.id IN (SELECT max(id) FROM results GROUP BY system, variant) GROUP BY r.layer_key",
             (system, dtype)).fetchall())

@@ -114,7 +114,8 @@ def test_torch_profile_maps_layers_and_names_onednn_algorithms(workdir, model):
     for x in algos.values():
         assert f",convolution,{x['used']}," in log  # the implementation torch's oneDNN reported
         assert x["best"] and x["best_ms"] > 0
-    conv_times = [float(line.split(",")[-1]) for line in log.splitlines() if ",exec," in line and ",convolution," in line]
+    conv_times = [float(line.split(",")[-1]) for line in log.splitlines()
+                  if ",exec," in line and ",convolution," in line]
     lo, hi = min(conv_times) - JSON_MS["abs"], max(conv_times) + JSON_MS["abs"]  # the JSON's 6-decimal rounding
     assert all(lo <= x["framework_ms"] <= hi for x in algos.values())  # the log's own times
     if lib["framework_version"] == lib["benchmark_version"]:

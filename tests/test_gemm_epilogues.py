@@ -221,7 +221,8 @@ def _runtime_line(v: Variant) -> dict:
         rank = cudnn.LT_ALGOS.index(v.algo)
         if rank >= 5:
             return {"name": v.name, "status": "unsupported", "implementation": "",
-                    "message": f"cublasLtMatmulAlgoGetHeuristic offered 5 algorithms for this GEMM, none of rank {rank}"}
+                    "message": f"cublasLtMatmulAlgoGetHeuristic offered 5 algorithms for this GEMM, "
+                               f"none of rank {rank}"}
         ms = (1.0 if v.fusion == "mm_bias_relu" else 0.002) + 0.001 * _unit(v.name)
         line["counters"] |= {"algo": rank, "heuristic_algos": 5, "workspace_bytes": 1 << 20}
     if v.math == "tf32_allowed":

@@ -97,7 +97,8 @@ for n in names:
 @contextmanager
 def competitors(count: int, cpu: int = CPU) -> Iterator[list[subprocess.Popen]]:
     """``count`` busy loops pinned to ``cpu``, each ending by itself after a minute."""
-    loop = f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + 60\nwhile time.time() < end: pass\n"
+    loop = (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
+            f"end = time.time() + 60\nwhile time.time() < end: pass\n")
     procs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(count)]
     try:
         time.sleep(0.3)  # pinned and spinning
@@ -197,7 +198,8 @@ def test_the_bound_uses_the_clean_calls_of_a_benchmark_with_quantum_stalls(tmp_p
 # --- contention ----------------------------------------------------------------------------------
 
 def test_contention_signal_sees_competitors_pinned_to_the_benchmarks_core():
-    spin = f"import os, time\nos.sched_setaffinity(0, {{{CPU}}})\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+    spin = (f"import os, time\nos.sched_setaffinity(0, {{{CPU}}})\n"
+            f"end = time.time() + 30\nwhile time.time() < end: pass\n")
     with competitors(2):
         bench_proc = subprocess.Popen([sys.executable, "-c", spin])
         try:
@@ -268,7 +270,8 @@ def test_free_cores_leaves_out_cores_busy_loops_hold():
     loops = []
     try:
         for cpu in cpus:  # one busy loop on every core this process may use
-            spin = f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+            spin = (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
+                    f"end = time.time() + 30\nwhile time.time() < end: pass\n")
             loops.append(subprocess.Popen([sys.executable, "-c", spin]))
         time.sleep(0.3)
         free = free_cores(window=1.0)

@@ -51,7 +51,8 @@ def small_cnn(path: Path, c: int = 8, hw: int = 16) -> Path:
              _init("bf", (10,)), _init("wm", (10, 6))]
     for i, node in enumerate(nodes):
         node.name = f"{node.op_type.lower()}{i}"
-    graph = helper.make_graph(nodes, "small_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
+    graph = helper.make_graph(nodes, "small_cnn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
     return path

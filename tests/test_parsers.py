@@ -241,7 +241,8 @@ def test_nsys_sqlite_tables(tmp_path):
     kinds = [a.kind for a in t.api_calls]
     assert kinds.count("cudnn") == 2 and kinds.count("cuda_runtime") == 3 and kinds.count("nvtx") == 1
     wait = next(a for a in t.api_calls if a.name == "cudaStreamWaitEvent")
-    assert wait.backtrace == ("at::native::cudnn_convolution (libtorch_cuda.so)", "pthread_mutex_lock (libtorch_cuda.so)")
+    assert wait.backtrace == ("at::native::cudnn_convolution (libtorch_cuda.so)",
+                              "pthread_mutex_lock (libtorch_cuda.so)")
     assert wait.thread == 4242
     assert len(t.runs) == 1 and t.runs[0].dur_us == pytest.approx(500.0)
 

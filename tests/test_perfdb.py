@@ -239,7 +239,8 @@ def test_a_lookup_never_mixes_backends_or_stacks(tmp_path):
 def test_failed_results_are_retried_until_they_failed_too_often(tmp_path):
     with PerfDB(tmp_path / "a.db") as db:
         ok, unsup, flaky = variant(1), variant(2), variant(3)
-        db.insert_results(SYSTEM, [result(ok), result(unsup, None, Status.UNSUPPORTED), result(flaky, None, Status.FAILED)])
+        db.insert_results(SYSTEM, [result(ok), result(unsup, None, Status.UNSUPPORTED),
+                                   result(flaky, None, Status.FAILED)])
         assert db.missing(SYSTEM, [ok, unsup, flaky]) == [flaky]  # unsupported stays measured
         db.insert_results(SYSTEM, [result(flaky, None, Status.FAILED)] * 2)
         assert db.failure_streaks(SYSTEM) == {flaky.name: 3}
@@ -276,7 +277,8 @@ def test_v1_database_migrates_without_losing_rows(tmp_path):
     assert len(shared) == 1  # v1: A and B under one stack id
     with PerfDB(path) as db:
         assert db.schema_version == SCHEMA_VERSION  # v1 → v2 → v3 in one opening
-        after = db.db.execute("SELECT system, variant, status, median_ms, timestamp FROM results ORDER BY id").fetchall()
+        after = db.db.execute(
+            "SELECT system, variant, status, median_ms, timestamp FROM results ORDER BY id").fetchall()
         assert after == before
         assert {s.name for s in db.systems()} == {"A", "B"}
         a, b = db.system("A"), db.system("B")

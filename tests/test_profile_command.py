@@ -188,7 +188,8 @@ def test_without_model_the_analyzer_says_it_cannot_verify(work):
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems not installed (scripts/install-nsys.sh)")
 def test_under_nsys_the_measure_blocks_are_nvtx_ranges(tmp_path):
     code = ("import torch, benanza\nx, w = torch.randn(2, 64, 56, 56), torch.randn(64, 64, 3, 3)\n"
-            "for _ in range(3):\n    with benanza.measure('conv'):\n        torch.nn.functional.conv2d(x, w, padding=1)")
+            "for _ in range(3):\n    with benanza.measure('conv'):\n"
+            "        torch.nn.functional.conv2d(x, w, padding=1)")
     benanza_cli("profile", "--out", "n", "--nsys", "--warmup", "1", "--", sys.executable, "-c", code, cwd=tmp_path)
     index = json.loads((tmp_path / "n" / "profile.json").read_text())
     assert index["files"].get("nsys") == "nsys.nsys-rep", index["notes"]
@@ -214,7 +215,8 @@ def test_a_failing_command_names_its_exit_status_last_line_and_output(tmp_path):
     line = one_error_line(tmp_path, "--command",
                           f"{sys.executable} -c \"import sys; print('x', file=sys.stderr); sys.exit('bad input')\"")
     stderr = tmp_path / "b" / "command-timed.stderr"
-    assert line.startswith("error: `") and "failed in the timed run (exit 1): bad input (full output: b/command-timed.stderr)" in line
+    assert (line.startswith("error: `")
+            and "failed in the timed run (exit 1): bad input (full output: b/command-timed.stderr)" in line)
     assert stderr.read_text().endswith("bad input\n")
 
 

@@ -89,8 +89,8 @@ def test_interrupted_run_keeps_results_and_resumes(bench, tmp_path):
     # A hanging benchmark late in the list holds the run so it can be interrupted mid-way.
     hang_at = run(bench, "ci", "onednn", db, RunOptions(dry_run=True)).to_run[total // 2]
     env = dict(os.environ, BENANZA_FAULT_HANG=hang_at)
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "benanza"), "run", "--system", "ci", "--backend", "onednn",
-                             "--bench-dir", str(bench), "--db", str(db), "--min-time", "0.01",
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "benanza"), "run", "--system", "ci",
+                             "--backend", "onednn", "--bench-dir", str(bench), "--db", str(db), "--min-time", "0.01",
                              "--repetitions", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -137,8 +137,10 @@ import json, sys
 names = open(sys.argv[1].split("=", 1)[1]).read().split()
 for n in names:
     print("BENANZA_START", n, flush=True)
-    print("BENANZA_METRICS", json.dumps({{"name": n, "profile": {{"kernels": [{{"name": "relu_kernel", "duration_ns": 1200}}]}}}}), flush=True)
-    print("BENANZA_RESULT", json.dumps({{"name": n, "status": "ok", "median_ms": 0.01, "iterations": 10, "repetitions": 1}}), flush=True)
+    print("BENANZA_METRICS", json.dumps({{"name": n, "profile": {{"kernels": [{{"name": "relu_kernel", \
+"duration_ns": 1200}}]}}}}), flush=True)
+    print("BENANZA_RESULT", json.dumps({{"name": n, "status": "ok", "median_ms": 0.01, "iterations": 10, \
+"repetitions": 1}}), flush=True)
 """)
     fake.chmod(0o755)
     system = System("gpu-box", "cudnn", "stand-in", (("cuda", "13.0"),))

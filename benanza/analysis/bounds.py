@@ -166,8 +166,8 @@ def bounds_from_weights(graph: nx.DiGraph, weight: Mapping[int, float], partial:
     return Bounds(sum(weight.values()), length, tuple(path), partial)
 
 
-def fused_weights(rows: list[LayerRow], matches: Iterable[FusionMatch], by_problem: ResultIndex,
-                  dtype: str, layouts: tuple[str, ...] = ()) -> tuple[dict[int, float], list[tuple[FusionMatch, Result]]]:
+def fused_weights(rows: list[LayerRow], matches: Iterable[FusionMatch], by_problem: ResultIndex, dtype: str,
+                  layouts: tuple[str, ...] = ()) -> tuple[dict[int, float], list[tuple[FusionMatch, Result]]]:
     """Node weights with each matched pattern's fused latency on its conv, 0 on the fused tail.
 
     A pattern whose fused benchmark is missing or failed keeps the unfused latencies (§III-D4).

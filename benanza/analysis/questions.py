@@ -224,7 +224,8 @@ def heuristic_choices(model: Model, by_problem: ResultIndex, dtype: str, weight:
         fastest = best(results, node.layer.in_dtype(dtype))
         if fastest is None:
             continue
-        group = [r for r in results if (r.variant.layout, r.variant.math) == (fastest.variant.layout, fastest.variant.math)]
+        group = [r for r in results
+                 if (r.variant.layout, r.variant.math) == (fastest.variant.layout, fastest.variant.math)]
         by_algo = {r.variant.algo: float(r.latency_ms) for r in group}  # type: ignore[arg-type]
         heuristic = _algo_name(fastest.metrics, "heuristic_algo", algos)
         find = _algo_name(fastest.metrics, "find_algo", algos)

@@ -66,7 +66,8 @@ cudnnGetConvolutionForwardAlgorithm_v7 and cudnnFindConvolutionForwardAlgorithm 
 ``heuristic_algos`` (how many it offered), ``lt_algo_id``, ``lt_tile_id``, ``lt_stages_id``,
 ``lt_splitk`` (the algorithm's configuration) and ``waves``. Timing counters
 (runtime_cpp/cudnn/harness.cpp): ``calls`` per repetition, ``l2_flushed`` (1: the L2 cache was
-flushed before every call, 0: hot-cache timing, ``BENANZA_L2=hot``), ``host_bound_reps``. In CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernels.
+flushed before every call, 0: hot-cache timing, ``BENANZA_L2=hot``), ``host_bound_reps``. In
+CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernels.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .base import ProfileFormatError
 
-_FIELD = re.compile(r"^(?P<name>[^:=]+?):\s*(?:type=(?P<type>[^;:]*?))?\s*(?:;\s*val=(?P<val>.*?))?;?\s*(?P<nest>:)?\s*$")
+_FIELD = re.compile(r"^(?P<name>[^:=]+?):\s*(?:type=(?P<type>[^;:]*?))?\s*"
+                    r"(?:;\s*val=(?P<val>.*?))?;?\s*(?P<nest>:)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def parse_blocks(text: str, path: str | Path, header: re.Pattern, what: str) -> 
 
 def int_list(text: str) -> tuple[int, ...]:
     """``[1,3,224,224]`` → (1, 3, 224, 224); scalars give a 1-tuple; garbage gives ()."""
-    nums = re.findall(r"-?\d+", text.split("(")[0]) if text.strip().startswith("[") else re.findall(r"^-?\d+", text.strip())
+    nums = (re.findall(r"-?\d+", text.split("(")[0]) if text.strip().startswith("[")
+            else re.findall(r"^-?\d+", text.strip()))
     return tuple(int(n) for n in nums)
 
 

@@ -234,7 +234,8 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     except KeyError as exc:
         raise ProfileFormatError(index, f"latency_ms lacks the {exc.args[0]!r} field") from None
     except (TypeError, ValueError, AttributeError):
-        raise ProfileFormatError(index, f"latency_ms is not a latency record: {str(data['latency_ms'])[:200]}") from None
+        raise ProfileFormatError(index, f"latency_ms is not a latency record: "
+                                        f"{str(data['latency_ms'])[:200]}") from None
     files = data.get("files") or {}
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise ProfileFormatError(index, "files is not a map of kinds to file names")
