@@ -108,7 +108,12 @@ class Variant:
 
     @property
     def name(self) -> str:
-        return self.layer_key + "".join(f"/{f}={getattr(self, f)}" for f in _VARIANT_FIELDS)
+        # kept once made (the record is frozen): analyses and runs look variants up by name
+        cached: str | None = self.__dict__.get("_name")
+        if cached is None:
+            cached = self.layer_key + "".join(f"/{f}={getattr(self, f)}" for f in _VARIANT_FIELDS)
+            object.__setattr__(self, "_name", cached)
+        return cached
 
     def to_json(self) -> dict[str, str]:
         """The ``variants`` table row (and variants.json entry): name, layer_key and the fields."""

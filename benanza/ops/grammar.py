@@ -206,7 +206,15 @@ class Problem:
         return inputs + outputs
 
     def text(self) -> str:
-        """The key without its dtype (``format_problem``)."""
+        """The key without its dtype (``format_problem``). Kept on the record once printed: a
+        problem is frozen, and an analysis asks for the keys of thousands of variants."""
+        cached: str | None = self.__dict__.get("_text")
+        if cached is None:
+            cached = self._format()
+            object.__setattr__(self, "_text", cached)
+        return cached
+
+    def _format(self) -> str:
         tokens: list[str] = []
         for spec in self.KEY:
             values = [getattr(self, f.attr) for f in spec]
