@@ -518,17 +518,25 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
 class _ProgressLines:
     """``run``'s progress as a line every ``every`` seconds (and at the last benchmark) when stderr
     is not a terminal: benchmarks done, their statuses, time spent and an estimate of the time left
-    (the mean time per benchmark since the first one started, the build excluded, times those left)."""
+    (the mean time per benchmark since the pass's first one started, the build excluded, times
+    those left). A pass that re-measures unstable or contended results counts on its own."""
 
     def __init__(self, counts: dict[str, int], every: float = 30.0, clock=None) -> None:
         import time
 
         self.counts, self.every, self.clock = counts, every, clock or time.monotonic
         self.started = self.last = self.clock()
-        self.first: float | None = None  # when the first benchmark started
+        self.first: float | None = None  # when the pass's first benchmark started
+        self.total: int | None = None  # the pass's benchmarks
+        self.done = 0
+        self.label = "run"
 
     def step(self, p) -> None:
         now = self.clock()
+        if self.total is not None and (p.total != self.total or p.done < self.done):  # the next pass
+            self.label, self.first = "re-measure", None
+            self.counts.update(dict.fromkeys(self.counts, 0))
+        self.total, self.done = p.total, p.done
         if self.first is None:
             self.first = now
         if p.status is not None:
@@ -539,14 +547,16 @@ class _ProgressLines:
         spent = now - self.started
         left = (now - self.first) / p.done * (p.total - p.done) if p.done else 0.0
         c = self.counts
-        err_console.print(f"run: {p.done}/{p.total} benchmarks (ok {c['ok']}, unsupported {c['unsupported']}, "
-                          f"failed {c['failed']}), {_duration(spent)} spent, about {_duration(left)} left",
-                          highlight=False, soft_wrap=True)
+        err_console.print(f"{self.label}: {p.done}/{p.total} benchmarks (ok {c['ok']}, unsupported "
+                          f"{c['unsupported']}, failed {c['failed']}), {_duration(spent)} spent, about "
+                          f"{_duration(left)} left", highlight=False, soft_wrap=True)
 
 
 def _duration(seconds: float) -> str:
     s = round(seconds)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 @main.command()
 @click.option("--system", "system_name", required=True, metavar="NAME",
               help="Name the peaks are stored under, with the detected stack (as `benanza run`).")

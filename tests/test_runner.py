@@ -266,3 +266,9 @@ def test_progress_lines_when_not_a_terminal(monkeypatch):
         "run: 2/4 benchmarks (ok 1, unsupported 1, failed 0), 1m40s spent, about 40s left",  # 40 s for 2
         "run: 4/4 benchmarks (ok 2, unsupported 1, failed 1), 1m55s spent, about 0s left",
     ]
+    # a second pass re-measures what stayed unstable or contended: counted on its own
+    now[0] = 216.0
+    lines.step(Progress(0, 1, "x", None))
+    now[0] = 218.0
+    lines.step(Progress(1, 1, "x", Status.OK))
+    assert printed[-1] == "re-measure: 1/1 benchmarks (ok 1, unsupported 0, failed 0), 1m58s spent, about 0s left"
