@@ -113,7 +113,7 @@ def _speed_of_light_json(a: Analysis) -> dict | None:
                         "roofline_ms": _r(f.floor_ms)} for f in sol.impossible],
         "no_compute_roof": list(sol.no_compute_roof),
         "layers": [{"index": r.index, "flops": r.roof.flops, "bytes": r.roof.bytes,
-                    "roofline_ms": _r(r.roof.ms, 9), "compute_ms": _r(r.roof.compute_ms, 9),
+                    "roofline_ms": _r(r.sol_ms, 9), "compute_ms": _r(r.roof.compute_ms, 9),
                     "memory_ms": _r(r.roof.memory_ms, 9), "level": r.roof.level, "bound_by": r.roof.bound_by,
                     "intensity": _r(r.roof.intensity, 4), "latency_ms": _r(r.latency_ms),
                     "sol_fraction": _r(r.sol_fraction, 4), "left_ms": _r(r.left_ms),
@@ -370,7 +370,7 @@ def _print_speed_of_light(a: Analysis, console: Console, top: int = 10) -> None:
     for r in rows:
         row = a.rows[r.index]
         _row(t, str(r.index), row.name, row.op, f"{r.roof.bound_by} ({r.roof.level})" if r.roof.bound_by == "memory"
-             else r.roof.bound_by, _ms(r.roof.intensity), _ms(r.roof.ms), _ms(r.latency_ms),
+             else r.roof.bound_by, _ms(r.roof.intensity), _ms(r.sol_ms), _ms(r.latency_ms),
              f"{r.sol_fraction:.0%}" if r.sol_fraction is not None else "—", _ms(r.left_ms))
     console.print(t)
 

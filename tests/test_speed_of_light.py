@@ -74,6 +74,26 @@ def test_memory_roof_skips_what_a_strided_window_never_reads():
     assert rf.compute_ms is None  # no bf16 GEMM peak in PEAKS: held to its memory roof only
 
 
+def test_the_defect_floor_is_the_fastest_bandwidth_and_winograd_skips_the_compute_roof():
+    """What no kernel can beat (the `impossible` check) holds the bytes to the fastest bandwidth
+    measured anywhere: a GEMM that streams its 1 MiB of weights faster than the ladder's copy of
+    that size (a copy also writes) is no defect. Winograd does fewer multiplications than the
+    layer's FLOPs count: its speed of light and its floor are memory only."""
+    from benanza.records import Variant
+
+    layer = only_layer([helper.make_node("Gemm", ["a", "b"], ["y"], transB=1)], [io("a", [1, 512])],
+                       [io("y", None)], [tensor("b", (512, 512))])
+    rf = roof(layer, "f32", PEAKS)
+    assert rf is not None and rf.bytes == 4 * (512 + 512 * 512 + 512)
+    assert rf.memory_ms == pytest.approx(1e3 * rf.bytes / 1e11)  # beyond 1 MiB: the DRAM copy's 100 GB/s
+    variant = Variant(layer.problem, "onednn", "inner_product")
+    assert rf.floor_ms(variant, "gemm:jit") == pytest.approx(max(1e3 * layer.flops / 1e11, 1e3 * rf.bytes / 4e11))
+    assert rf.floor_ms(variant, "gemm:jit") < rf.memory_ms  # 1.5× the copy's speed would not be flagged
+    wino = Variant(layer.problem, "onednn", "convolution", algo="winograd")
+    assert rf.sol_ms("winograd", "") == rf.memory_ms and rf.floor_ms(wino, "") == rf.fastest_memory_ms
+    assert rf.sol_ms("direct", "brgconv:avx512_core") == rf.ms
+
+
 def test_bandwidth_of_a_working_set_ignores_a_dip_below_a_larger_one():
     dip = Peaks((Peak("bandwidth", 4e11, 1024), Peak("bandwidth", 5e10, 4000), Peak("bandwidth", 1e11, 1 << 20)))
     assert dip.bandwidth_for(8000).value == 1e11 and dip.bandwidth_for(100).value == 4e11

@@ -3,10 +3,15 @@ model bound over those times, and the results no kernel can have produced.
 
 A layer's roofline time is max(FLOPs / GEMM peak of its dtype, compulsory bytes / bandwidth),
 where the bandwidth is that of the largest measured working set not above the layer's bytes
-(a layer that fits in a cache is held to that cache). A result more than 10% faster than the
-roofline time of its own variant is a measurement defect, not a lower bound: it is flagged
-``impossible`` and kept out of the bound. Algorithms that compute fewer multiplications than
-the direct count (Winograd, FFT) are held to the memory roof only.
+(a layer that fits in a cache is held to that cache). Algorithms that compute fewer
+multiplications than the direct count (Winograd, FFT) are held to the memory roof only, in the
+speed-of-light bound as in the check below.
+
+A result more than 10% faster than what no kernel can beat is a measurement defect, not a lower
+bound: it is flagged ``impossible`` and kept out of the bound. That floor takes the fastest
+bandwidth measured anywhere (the smallest working set's): the ladder's streaming copies read and
+write, while a kernel that mostly reads (a GEMM's weights) can stream faster than a copy of its
+size, and a defect (an empty timed region) is far below either.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class Roof:
     compute_ms: float | None  # None: no measured GEMM peak in this dtype
     memory_ms: float
     level: str  # the cache level (or DRAM) whose bandwidth is the memory roof
+    fastest_memory_ms: float  # the bytes at the fastest bandwidth measured (the defect check's floor)
 
     @property
     def ms(self) -> float:
@@ -54,12 +60,18 @@ class Roof:
         """FLOPs per compulsory byte."""
         return self.flops / self.bytes if self.bytes else None
 
+    def _computes_fewer(self, algo: str, implementation: str) -> bool:
+        text = f"{algo} {implementation}".lower()
+        return any(w in text for w in _FEWER_MULTIPLIES)
+
+    def sol_ms(self, algo: str, implementation: str) -> float:
+        """The speed of light of a kernel of this algorithm and implementation."""
+        return self.memory_ms if self._computes_fewer(algo, implementation) else self.ms
+
     def floor_ms(self, variant: Variant, implementation: str) -> float:
-        """What a result of ``variant`` cannot beat."""
-        text = f"{variant.algo} {implementation}".lower()
-        if any(w in text for w in _FEWER_MULTIPLIES):
-            return self.memory_ms
-        return self.ms
+        """What a result of ``variant`` cannot beat, whatever cache holds its data."""
+        compute = 0.0 if self._computes_fewer(variant.algo, implementation) else (self.compute_ms or 0.0)
+        return max(compute, self.fastest_memory_ms)
 
 
 @dataclass(frozen=True)
@@ -68,16 +80,17 @@ class LayerRoof:
     roof: Roof
     latency_ms: float | None  # the bound's latency for the layer (its best possible kernel)
     impossible: tuple[str, ...]  # variants of the layer flagged impossible
+    sol_ms: float  # the roofline time of the best kernel's algorithm (Roof.sol_ms)
 
     @property
     def sol_fraction(self) -> float | None:
-        """The share of speed of light the best kernel reaches (roofline time / its latency)."""
-        return self.roof.ms / self.latency_ms if self.latency_ms else None
+        """The share of speed of light the best kernel reaches (its roofline time / its latency)."""
+        return self.sol_ms / self.latency_ms if self.latency_ms else None
 
     @property
     def left_ms(self) -> float:
         """Milliseconds between the best kernel and speed of light."""
-        return max(0.0, (self.latency_ms or 0.0) - self.roof.ms)
+        return max(0.0, (self.latency_ms or 0.0) - self.sol_ms)
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,8 @@ def roof(layer: Layer, dtype: str, peaks: Peaks) -> Roof | None:
         return None
     gemm = peaks.gemm(dtype)
     compute = 1e3 * layer.flops / gemm.value if gemm is not None else None
-    return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level)
+    fastest = max(p.value for p in peaks.ladder)
+    return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level, 1e3 * nbytes / fastest)
 
 
 def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[Result], list[ImpossibleResult]]:
@@ -166,8 +180,8 @@ def speed_of_light(model: Model, rows: list[LayerRow], graph: nx.DiGraph, dtype:
         if rf.compute_ms is None and layer.flops:
             unroofed.add(dt)
         flagged = tuple(v for key, vs in by_key.items() if _same_problem(key, layer) for v in vs)
-        out.append(LayerRoof(row.index, rf, row.latency_ms, flagged))
-    weight: Mapping[int, float] = {r.index: r.roof.ms for r in out}
+        out.append(LayerRoof(row.index, rf, row.latency_ms, flagged, rf.sol_ms(row.algo, row.implementation)))
+    weight: Mapping[int, float] = {r.index: r.sol_ms for r in out}
     length, path = critical_path(graph, weight)
     return SpeedOfLight(peaks, tuple(out), math.fsum(weight.values()), length, tuple(path), tuple(impossible),
                         tuple(sorted(unroofed)))
