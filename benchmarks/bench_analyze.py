@@ -9,24 +9,20 @@ FLOPs and bytes (so the chosen variants and critical path are structured like a 
 one variant in seven is stored as unsupported. No real benchmark ran; the numbers measure the
 analyzer, never a machine.
 
-    python benchmarks/bench_analyze.py [--repeat 5] [--json out.json] [--compare OTHER_CHECKOUT]
-
-``--compare`` also times the same command from another checkout's ``benanza`` package (e.g. a
-``git worktree`` of an older commit), alternating with this one run by run, so a busy machine
-weighs on both alike.
+    python benchmarks/bench_analyze.py [--repeat 5] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from benanza.generator import GenOptions, expand_variants, get_backend
@@ -53,7 +49,7 @@ def synthetic_results(model_path: Path) -> list[Result]:
             out.append(Result(v, SYSTEM.name, Status.UNSUPPORTED, "synthetic: unsupported"))
             continue
         work = (layer.flops / 50e9 + layer.bytes / 20e9) * 1e3 if layer else 0.01
-        factor = 1.0 + (hash(v.algo) % 5) * 0.1 + (0.3 if v.dtype != "f32" else 0.0)
+        factor = 1.0 + (zlib.crc32(v.algo.encode()) % 5) * 0.1 + (0.3 if v.dtype != "f32" else 0.0)
         out.append(Result(v, SYSTEM.name, Status.OK, median_ms=work * factor + 0.002, mean_ms=work * factor,
                           iterations=100, repetitions=1, implementation=f"synthetic:{v.algo}"))
     return out
@@ -63,7 +59,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", dest="json_out")
-    ap.add_argument("--compare", metavar="CHECKOUT", help="Also time the command from this checkout's package.")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -79,31 +74,22 @@ def main() -> int:
             t = time.perf_counter()
             (a,) = run_sweep(req, db)
             lib.append(time.perf_counter() - t)
-        argv = ["analyze", str(model_path), "--system", SYSTEM.name, "--db", str(root / "bench.db"), "--json"]
-        trees = {"this": Path(__file__).resolve().parent.parent}
-        if args.compare:
-            trees["compare"] = Path(args.compare).resolve()
-        cli: dict[str, list[float]] = {k: [] for k in trees}
-        cli_cpu: dict[str, list[float]] = {k: [] for k in trees}
+        cli, cli_cpu = [], []
+        cmd = [str(Path(sys.executable).parent / "benanza"), "analyze", str(model_path), "--system", SYSTEM.name,
+               "--db", str(root / "bench.db"), "--json"]
         for _ in range(args.repeat):
-            for which, tree in trees.items():
-                # the console script's own call, with the package imported from ``tree``
-                cmd = [sys.executable, "-c", "import sys; from benanza.cli import main; sys.exit(main())", *argv]
-                before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                t = time.perf_counter()
-                subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(tree)})
-                cli[which].append(time.perf_counter() - t)
-                after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                cli_cpu[which].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    # the whole command, interpreter start and imports included; CPU time is robust to a busy machine
-    timed = {which: {"median": statistics.median(cli[which]), "min": min(cli[which]),
-                     "cpu_median": statistics.median(cli_cpu[which])} for which in trees}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True)
+            cli.append(time.perf_counter() - t)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cli_cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     report = {"model": MODEL, "layers": nodes, "results_in_db": len(results),
               "analyze_library_s": {"median": statistics.median(lib), "min": min(lib)},
-              "analyze_cli_s": timed["this"],
+              # the whole command, interpreter start and imports included; CPU time is robust to a busy machine
+              "analyze_cli_s": {"median": statistics.median(cli), "min": min(cli),
+                                "cpu_median": statistics.median(cli_cpu)},
               "target_s": 2.0, "sequential_ms": a.bounds.sequential_ms, "parallel_ms": a.bounds.parallel_ms}
-    if args.compare:
-        report["analyze_cli_s_compare"] = {"checkout": str(trees["compare"]), **timed["compare"]}
     print(json.dumps(report, indent=1))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=1))
