@@ -16,6 +16,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -343,12 +344,15 @@ def _time_limit(seconds: float, path: Path, what: str) -> Iterator[None]:
         raise _Expired()
 
     previous = signal.signal(signal.SIGALRM, expire)
+    started = time.monotonic()
     try:
         signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
             yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if time.monotonic() - started > seconds:  # the alarm landed in a bare ``except:`` that swallowed it
+            raise _Expired()
     except _Expired:  # also an alarm landing between the block's end and the timer's reset
         raise ShapeError(path, f"{what} took longer than {seconds:g}s; the model's shapes are too "
                                f"irregular to resolve (give concrete shapes with --input-shape)") from None

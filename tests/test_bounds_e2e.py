@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 
 import onnx
@@ -82,16 +83,22 @@ def analyze_json(d: Path, model: Path, dtype: str) -> dict:
 JSON_MS = {"rel": 1e-6, "abs": 5.001e-7}
 
 
-def best_by_key(db: Path, system: str, dtype: str) -> dict[str, float]:
+def best_by_key(db: Path, system: str, dtype: str, exclude: Iterable[str] = ()) -> dict[str, float]:
     """Per stored layer key: the fastest OK unfused result (latest measurement per variant), by
-    the samples' low percentile where the runtime timed each call, else the median."""
+    the samples' low percentile where the runtime timed each call, else the median; ``exclude``:
+    variant names kept out (results an analysis flagged impossible against the machine's peaks)."""
+    out = set(exclude)
     with sqlite3.connect(db) as conn:
-        return dict(conn.execute(
-            "SELECT r.layer_key, min(coalesce(r.low_ms, r.median_ms)) FROM results r "
+        rows = conn.execute(
+            "SELECT r.layer_key, r.variant, coalesce(r.low_ms, r.median_ms) FROM results r "
             "JOIN variants v ON v.name = r.variant "
             "WHERE r.system = ? AND r.dtype = ? AND r.status = 'ok' AND v.fusion = 'none' "
-            "AND r.id IN (SELECT max(id) FROM results GROUP BY system, variant) GROUP BY r.layer_key",
-            (system, dtype)).fetchall())
+            "AND r.id IN (SELECT max(id) FROM results GROUP BY system, variant)", (system, dtype)).fetchall()
+    best: dict[str, float] = {}
+    for key, variant, ms in rows:
+        if variant not in out:
+            best[key] = min(ms, best.get(key, ms))
+    return best
 
 
 def node_keys(bench: Path, model: str, dtype: str) -> dict[str, str]:

@@ -134,7 +134,9 @@ def test_bounds_equal_the_database(workdir, model):
     (a,) = json.loads(benanza("analyze", f"models/{model}.onnx", "--system", "ci-cpu", "--db", "perf.db",
                               "--json", cwd=workdir))["analyses"]
     keys = node_keys(workdir / "bench", model, "f32")
-    best = best_by_key(workdir / "perf.db", "ci-cpu", "f32")
+    # a result the analysis found faster than the machine's peaks allow is kept out of the bound
+    flagged = [f["variant"] for f in (a["speed_of_light"] or {}).get("impossible", [])]
+    best = best_by_key(workdir / "perf.db", "ci-cpu", "f32", exclude=flagged)
     weight = {name: best.get(key, 0.0) for name, key in keys.items()}
     assert not a["bounds"]["partial"]
     assert a["bounds"]["sequential_ms"] == pytest.approx(sum(weight.values()), **JSON_MS)

@@ -568,7 +568,7 @@ def test_dynamo_export_with_a_dynamic_sequence_is_costed_on_onednn(tmp_path, exp
     applied = {u.pattern: u for u in a.fusion.applied + a.fusion.unprofitable}
     assert {"sdpa_qk_scale_mask", "gelu_erf"} <= set(applied)
     for name in ("sdpa_qk_scale_mask", "gelu_erf"):  # one problem each: its best fused result
-        assert applied[name].fused_ms == pytest.approx(min(r.median_ms for r in results if r.variant.fusion == name))
+        assert applied[name].fused_ms == pytest.approx(min(r.latency_ms for r in results if r.variant.fusion == name))
     # the causal mask at 24 keys, the scores over 24×24
     (att,) = [u for u in applied.values() if u.pattern == "sdpa_qk_scale_mask"]
     assert m.nodes[att.nodes[0]].layer.outputs[0].shape == (1, 4, SEQ + 8, SEQ + 8)
@@ -637,7 +637,7 @@ def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     a = analyze(m, results, "ci", "onednn")
     applied = {u.pattern: u for u in a.fusion.applied}
     assert set(applied) == {"mm_bias_gelu", "mm_bias"}
-    best_fused = {f: min(r.median_ms for r in results if r.variant.fusion == f) for f in applied}
+    best_fused = {f: min(r.latency_ms for r in results if r.variant.fusion == f) for f in applied}
     for f, u in applied.items():
         assert u.fused_ms == pytest.approx(best_fused[f])
         assert u.unfused_ms == pytest.approx(sum(a.rows[i].latency_ms for i in u.nodes))
@@ -696,11 +696,11 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
                for ln in execs)
     a = analyze(m, results, "ci", "onednn")
     used = [u for u in a.fusion.applied if u.pattern == "layernorm"]
-    fused_ms = min(r.median_ms for r in results if r.variant.fusion == "layernorm")
+    fused_ms = min(r.latency_ms for r in results if r.variant.fusion == "layernorm")
     assert len(used) == 2 and all(u.fused_ms == pytest.approx(fused_ms) and len(u.nodes) == 9 for u in used)
     (g,) = [u for u in a.fusion.applied if u.pattern == "gelu_erf"]
     assert len(g.nodes) == 5 and g.fused_ms == pytest.approx(
-        min(r.median_ms for r in results if r.variant.fusion == "gelu_erf"))
+        min(r.latency_ms for r in results if r.variant.fusion == "gelu_erf"))
 
 
 # --- data movement without a oneDNN primitive: labelled reorder copies ------------------------
@@ -895,7 +895,7 @@ def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     a = analyze(m, results, "ci", "onednn")
     (use,) = [u for u in a.fusion.applied + a.fusion.unprofitable if u.pattern == "sdpa_scale_mask"]
     assert use.nodes == (0, 1, 2, 3, 4)
-    assert use.fused_ms == pytest.approx(min(r.median_ms for r in results if r.variant.fusion == "sdpa_scale_mask"))
+    assert use.fused_ms == pytest.approx(min(r.latency_ms for r in results if r.variant.fusion == "sdpa_scale_mask"))
     assert use.unfused_ms == pytest.approx(sum(a.rows[i].latency_ms for i in use.nodes))
 
 
