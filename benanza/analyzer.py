@@ -210,8 +210,9 @@ class Analysis:
         dynamo exporter's ``node_MatMul_3`` is ``layers.0.qkv``'s)."""
         name, module = self.rows[index].name, self.layer_module.get(index, "")
         return f"{name} in {module}" if module and module not in name.replace("/", ".") else name
-    # the roofline of the bound's layers from the stack's peaks (None: no peaks stored)
+    # the roofline of the bound's layers from the stack's peaks (None: no peaks stored, or not trusted)
     speed_of_light: SpeedOfLight | None = None
+    peaks_contended: float | None = None  # the share lost to other work of stored peaks not trusted
     # Variant names whose result stayed contended: every figure this analysis computes may rest
     # on one (a contended variant not chosen may truly be the fastest), so the CLI refuses to
     # print them unless asked to label them (docs/measurement.md).
@@ -267,6 +268,9 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
             stack: System | None = None, math: str = MATH_EXACT, peaks: Peaks | None = None) -> Analysis:
     results = [r for r in results if r.variant.backend == backend and admits_math(r.variant, math)]
     impossible: list[ImpossibleResult] = []
+    contended_peaks = peaks.contended if peaks is not None and not peaks.trusted else None
+    if contended_peaks is not None:  # roofs too low to judge by: no speed of light rather than a wrong one
+        peaks = None
     if peaks is not None:  # a result beyond its roofline is a defect: it never enters a bound
         results, impossible = screen(results, model, peaks)
     by_key = index_results(results)
@@ -304,6 +308,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
     if peaks is not None:
         analysis.speed_of_light = speed_of_light(model, rows, graph, dtype, peaks, impossible)
+    analysis.peaks_contended = contended_peaks
     if measured_ms is not None:
         analysis.measured_ms, analysis.measured_source = measured_ms, "--measured-ms"
     elif profile is not None and profile.measured_ms is not None:
@@ -453,6 +458,12 @@ def model_ops(a: Analysis, nodes: tuple[int, ...]) -> list[str]:
 
 def _warn_speed_of_light(a: Analysis) -> None:
     sol = a.speed_of_light
+    if a.peaks_contended is not None:
+        a.warnings.append(f"the stack's peaks were measured while other processes took {a.peaks_contended:.0%} of "
+                          f"their time: they are too low to judge by, so there is no speed-of-light bound and no "
+                          f"result is checked against a roof; `benanza peaks --system {a.system}` on an idle machine "
+                          f"replaces them")
+        return
     if sol is None:
         how = (f"`benanza peaks --system {a.system}` measures them" if a.backend in GEMM_TYPES
                else f"this version measures no {a.backend} peaks")

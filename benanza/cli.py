@@ -606,9 +606,9 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
 
 
 def _warn_contended_peaks(p) -> None:
-    if p.contended > 0.1:
+    if not p.trusted:
         print_warning(f"other processes competed for the CPU during {p.contended:.0%} of the measurement: the "
-                      f"peaks are low, so roofs are too, and results may be wrongly flagged impossible. Re-run "
+                      f"peaks are too low to judge by, so analyses give no speed-of-light bound from them. Re-run "
                       f"`benanza peaks` on an idle machine to replace them.")
 
 

@@ -60,6 +60,10 @@ class Peak:
         return f"gemm_{self.dtype}" if self.kind == "gemm" else f"bandwidth_{self.size}"
 
 
+# Peaks measured with more of their time lost to other work than this are not used as roofs.
+MAX_CONTENDED = 0.1
+
+
 @dataclass(frozen=True)
 class Peaks:
     """The peaks of one system+stack, as measured (or a datasheet's, ``source``)."""
@@ -74,6 +78,12 @@ class Peaks:
     # Share of the program's runnable time its threads waited for a CPU or had stolen while
     # measuring (measurement.contention): peaks measured on a busy machine are low, so the roofs are.
     contended: float = 0.0
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the roofs may judge results: peaks measured while other work took more than
+        ``MAX_CONTENDED`` of the program's time are too low, and would flag real kernels."""
+        return self.contended <= MAX_CONTENDED
 
     def gemm(self, dtype: str) -> Peak | None:
         return next((p for p in self.peaks if p.kind == "gemm" and p.dtype == dtype), None)

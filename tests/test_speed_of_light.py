@@ -261,3 +261,22 @@ def test_gpu_peaks_without_a_gpu_fail_with_one_line(tmp_path):
         pytest.fail("measured GPU peaks: this version has no GPU peaks program")
     assert done.stderr.startswith("error: no CUDA device found") and "Traceback" not in done.stderr
     assert not (tmp_path / "p.db").exists()
+
+
+def test_peaks_measured_under_contention_judge_nothing():
+    """Peaks a busy machine measured are low (seen: f32 202 GFLOP/s at 64% contention where the
+    idle machine gives 455), so their roofs would flag real kernels and leave the bound partial:
+    such peaks give no speed of light and flag nothing, and the analysis says why."""
+    from test_analyzer import results_for
+
+    from benanza.analyzer import analyze
+
+    m = load_model(conv_net(), name="net")
+    fast = results_for(m, ms_of=lambda n: 1e-9)  # beyond any roof of PEAKS
+    flagged = analyze(m, fast, "box", "onednn", peaks=PEAKS)
+    assert flagged.speed_of_light is not None and flagged.speed_of_light.impossible
+    busy = replace(PEAKS, contended=0.64)
+    a = analyze(m, fast, "box", "onednn", peaks=busy)
+    assert a.speed_of_light is None and not a.missing
+    assert a.bounds.sequential_ms == pytest.approx(1e-9 * sum(1 for n in m.nodes if n.layer.onednn_primitive))
+    assert any("measured while other processes took 64%" in w for w in a.warnings)
