@@ -445,12 +445,13 @@ def step_install(d: Device) -> None:
     say(f"install: Google Benchmark {manifest['benchmark']} built with this machine's compiler into {prefix}")
 
     nvcc = d.call([str(d.python), "-c", ("from benanza.toolchain import cuda_toolkit as c, nvcc_version as v; "
-                                         "t = c(); print(t.nvcc if t else '', v(t.nvcc) if t else '')")],
+                                         "t = c(); print(t.nvcc, v(t.nvcc), t.cudart) if t else print()")],
                   "nvcc discovery").split()
-    if len(nvcc) != 2 or nvcc[1].split(".")[0] != "13":
+    if len(nvcc) != 3 or nvcc[1].split(".")[0] != "13":
         raise KitError(f"nvcc: {' '.join(nvcc) or 'not found'}; the image's cuDNN/cuBLAS wheels are CUDA 13 "
                        f"builds and need a CUDA 13 nvcc ($CUDA_HOME, /usr/local/cuda or PATH)", 3)
     (d.state / "nvcc").write_text(nvcc[0] + "\n")
+    (d.state / "cudart").write_text(nvcc[2] + "\n")
     print(d.call([str(d.python), "-m", "benanza.toolchain", "--cudnn", "--check"], "toolchain check"), end="")
     d.stamp("install").parent.mkdir(parents=True, exist_ok=True)
     d.stamp("install").write_text(digest)
@@ -483,7 +484,11 @@ def configure(d: Device, project: Path) -> dict[str, str]:
     """Configures a generated project where and as `benanza run` builds it (runner.build)."""
     build = project / "build"
     gen = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "CMakeCache.txt").exists() else []
-    d.call(["cmake", "-S", str(project), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *gen],
+    # the CUDA runtime benanza.toolchain found beside that nvcc, named for CMake: FindCUDAToolkit
+    # looks beside the compiler's own root, where a toolkit may ship only the versioned soname
+    cudart = d.state / "cudart"
+    runtime = [f"-DCUDA_cudart_LIBRARY={cudart.read_text().strip()}"] if cudart.is_file() else []
+    d.call(["cmake", "-S", str(project), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *gen, *runtime],
            f"cmake configure of {project}", log=d.state / f"configure-{project.parent.name}.log")
     cache = {}
     for line in (build / "CMakeCache.txt").read_text().splitlines():
