@@ -487,7 +487,8 @@ def configure(d: Device, project: Path) -> dict[str, str]:
     # the CUDA runtime benanza.toolchain found beside that nvcc, named for CMake: FindCUDAToolkit
     # looks beside the compiler's own root, where a toolkit may ship only the versioned soname
     cudart = d.state / "cudart"
-    runtime = [f"-DCUDA_cudart_LIBRARY={cudart.read_text().strip()}"] if cudart.is_file() else []
+    found = Path(cudart.read_text().strip()) if cudart.is_file() else None
+    runtime = [f"-DCUDA_cudart_LIBRARY={found}", f"-DCUDA_CUDART={found}"] if found and found.is_file() else []
     d.call(["cmake", "-S", str(project), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *gen, *runtime],
            f"cmake configure of {project}", log=d.state / f"configure-{project.parent.name}.log")
     cache = {}

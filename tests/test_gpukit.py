@@ -141,9 +141,6 @@ def _fake_image(root: Path) -> tuple[Path, Path, Path]:
     nvcc = cuda / "bin" / "nvcc"
     nvcc.write_text(f'#!/bin/sh\nexec "{real_nvcc.nvcc}" "$@"\n')
     nvcc.chmod(0o755)
-    # a system install's layout around it: headers and libraries (here the machine's, linked)
-    (cuda / "include").symlink_to(real_nvcc.include)
-    (cuda / "lib64").symlink_to(real_nvcc.lib)
     return python, site, cuda
 
 

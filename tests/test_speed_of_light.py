@@ -193,7 +193,8 @@ configure_file(standin.py benanza_bench COPYONLY FILE_PERMISSIONS OWNER_READ OWN
 def test_result_beyond_its_roof_is_flagged_and_kept_out_of_the_bound(tmp_path, save):
     """conv_net generated for oneDNN; a stand-in binary reports one conv variant at 0.1 ns (an
     empty timed region) and 0.5 ms for the rest; `benanza run` stores them and the stack's real
-    peaks; `benanza analyze` flags that result, and the conv's bound is the other variants'."""
+    peaks, which the test then replaces with PEAKS (a busy machine's may not be trusted to judge);
+    `benanza analyze` flags that result, and the conv's bound is the other variants'."""
     path = save(conv_net())
     models = [load_model(path, batch_size=1, name="conv_net")]
     manifest = build_manifest(models, unique_layers(models))
@@ -210,6 +211,12 @@ def test_result_beyond_its_roof_is_flagged_and_kept_out_of_the_bound(tmp_path, s
                           "--db", str(db), "--threads", "1"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "peaks of this stack measured and stored" in run.stderr
+    # judged by fixed peaks: those a loaded test machine measures may be too contended to judge by
+    from benanza.perfdb import PerfDB
+
+    with PerfDB(db) as pdb:
+        ((system, _, _),) = pdb.stacks("box")
+        pdb.store_peaks(system, PEAKS)
     out = subprocess.run([benanza, "analyze", str(path), "--system", "box", "--db", str(db), "--json"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
