@@ -141,10 +141,6 @@ def _fake_image(root: Path) -> tuple[Path, Path, Path]:
     nvcc = cuda / "bin" / "nvcc"
     nvcc.write_text(f'#!/bin/sh\nexec "{real_nvcc.nvcc}" "$@"\n')
     nvcc.chmod(0o755)
-    # and its runtime where a system install has it, under the unversioned name (PyPI's wheels,
-    # this machine's toolkit in a clean room, ship only the versioned soname)
-    (cuda / "lib64").mkdir()
-    (cuda / "lib64" / "libcudart.so").symlink_to(real_nvcc.cudart)
     return python, site, cuda
 
 
