@@ -66,3 +66,17 @@ def conv_net(weights_as: str = "initializer", opset: int = 13) -> onnx.ModelProt
         helper.make_node("Softmax", ["logits"], ["y"], axis=1, name="softmax"),
     ]
     return model(nodes, [io("x", ["N", 3, 8, 8])], [io("y", None)], inits, opset=opset)
+
+
+def generated_conv_net(root):
+    """`benanza generate` output in ``root`` (manifest and oneDNN f32 NCHW variants, no fusions)
+    for conv_net: the small real model the fault and measurement tests run."""
+    from benanza.generator import GenOptions, generate
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.processor import load_model, unique_layers
+
+    models = [load_model(conv_net(), batch_size=1, name="conv_net")]
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, root)
+    generate(manifest, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
+    return root

@@ -19,12 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import conv_net
+from helpers import generated_conv_net
 
-from benanza.generator import GenOptions, generate
-from benanza.manifest import build_manifest, write_manifest
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
 from benanza.records import Status, System
 from benanza.runner import RunOptions, RunSummary, _execute, _regex_literal
 
@@ -93,12 +90,7 @@ def make_standin(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory) -> Path:
     """`benanza generate` output (manifest + oneDNN variants) for a small real model."""
-    root = tmp_path_factory.mktemp("bench")
-    models = [load_model(conv_net(), batch_size=1, name="conv_net")]
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, root)
-    generate(manifest, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
-    return root
+    return generated_conv_net(tmp_path_factory.mktemp("bench"))
 
 
 @pytest.fixture(scope="module")

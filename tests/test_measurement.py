@@ -23,12 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import conv_net
+from helpers import conv_net, generated_conv_net
 
 from benanza.analyzer import analyze
 from benanza.cli import main
-from benanza.generator import GenOptions, generate, read_variants
-from benanza.manifest import build_manifest, write_manifest
+from benanza.generator import read_variants
 from benanza.measurement import (
     MIN_CLEAN_SHARE,
     contention,
@@ -37,7 +36,7 @@ from benanza.measurement import (
     summarize,
 )
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import Status, System
 from benanza.runner import (
     MalformedResult,
@@ -111,12 +110,7 @@ def competitors(count: int, cpu: int = CPU) -> Iterator[list[subprocess.Popen]]:
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("bench")
-    models = [load_model(conv_net(), batch_size=1, name="conv_net")]
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, root)
-    generate(manifest, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
-    return root
+    return generated_conv_net(tmp_path_factory.mktemp("bench"))
 
 
 def spin_per_ms() -> int:
