@@ -147,7 +147,8 @@ def test_campaign_two_systems_merge_resume_and_nothing_twice(slurm, zoo_model, t
     a, b, gpu = reports["sys-a"], reports["sys-b"], reports["sys-gpu"]
     assert a.outcome == "completed" and a.summary.device == cpu_model() and a.summary.backend == "onednn"
     assert a.summary.total == len(wanted) and a.summary.already == 0 and a.added_results == len(wanted)
-    assert b.outcome == "completed" and _scontrol(job_b)["Restarts"] == "1"
+    assert b.outcome == "completed", (b.state, b.message, b.log_tail)
+    assert _scontrol(job_b)["Restarts"] == "1"
     assert b.summary.already == stuck and b.added_results == len(wanted)
     assert b.summary.ok + b.summary.unsupported + b.summary.failed == len(wanted) - stuck
     assert any(p[1].state == "RUNNING" and 0 < p[1].done < p[1].total for p in seen)
