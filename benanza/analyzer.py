@@ -22,6 +22,7 @@ from .analysis.bounds import (
     layer_rows,
     parallel_modules,
 )
+from .analysis.floors import Floors, resource_floors
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
 from .analysis.modules import MeasuredGroup, ModuleStats, layer_paths, module_tree
 from .analysis.questions import (
@@ -210,6 +211,9 @@ class Analysis:
         dynamo exporter's ``node_MatMul_3`` is ``layers.0.qkv``'s)."""
         name, module = self.rows[index].name, self.layer_module.get(index, "")
         return f"{name} in {module}" if module and module not in name.replace("/", ".") else name
+    # the resource floors under the parallel bound (analysis/floors.py); ``bounds.parallel_ms`` is
+    # the critical path raised to the highest of them
+    floors: Floors | None = None
     # the roofline of the bound's layers from the stack's peaks (None: no peaks stored, or not trusted)
     speed_of_light: SpeedOfLight | None = None
     peaks_contended: float | None = None  # the share lost to other work of stored peaks not trusted
@@ -265,20 +269,33 @@ def _fusion_uses(applied: list[tuple[FusionMatch, Result]], weight: dict[int, fl
 
 def analyze(model: Model, results: Iterable[Result], system: str, backend: str, dtype: str = "f32",
             profile: ExecutionProfile | None = None, measured_ms: float | None = None,
-            stack: System | None = None, math: str = MATH_EXACT, peaks: Peaks | None = None) -> Analysis:
+            stack: System | None = None, math: str = MATH_EXACT, peaks: Peaks | None = None,
+            one_thread: Iterable[Result] | None = None) -> Analysis:
+    """``one_thread``: the results of the same stack at one thread, for the work floor (a stack
+    of one thread is its own)."""
     results = [r for r in results if r.variant.backend == backend and admits_math(r.variant, math)]
     impossible: list[ImpossibleResult] = []
     contended_peaks = peaks.contended if peaks is not None and not peaks.trusted else None
     if contended_peaks is not None:  # roofs too low to judge by: no speed of light rather than a wrong one
         peaks = None
+    threads = _threads(stack) if backend in GEMM_TYPES else None
+    single = None if one_thread is None else [r for r in one_thread
+                                              if r.variant.backend == backend and admits_math(r.variant, math)]
     if peaks is not None:  # a result beyond its roofline is a defect: it never enters a bound
         results, impossible = screen(results, model, peaks)
+        if single is not None:
+            single, _ = screen(single, model, peaks)
     by_key = index_results(results)
     graph = model.dag()
     rows = layer_rows(model, by_key, backend, dtype)
     weight = {r.index: r.latency_ms for r in rows}
     partial = any(r.status == LayerStatus.MISSING for r in rows)
     bounds = bounds_from_weights(graph, weight, partial)
+    absent = (f"the stack's peaks were measured while other processes took {contended_peaks:.0%} of their time"
+              if contended_peaks is not None else "no peaks are stored for this stack")
+    floors = resource_floors(model, rows, dtype, bounds.parallel_ms, peaks, absent, threads,
+                             results if threads == 1 else single)
+    bounds = replace(bounds, parallel_ms=floors.parallel_ms)
     on_path = set(bounds.critical_path)
     rows = [replace(r, critical=r.index in on_path) for r in rows]
 
@@ -302,7 +319,8 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
                         parallel_modules(graph, weight), fusion, TensorCoreView(tc, total, names, tc_bounds),
                         joint, joint_label, stack=stack, math=math,
                         unstable=frozenset(r.variant.name for r in results if r.unstable),
-                        contended=frozenset(r.variant.name for r in results if r.ok and r.contended))
+                        contended=frozenset(r.variant.name for r in results if r.ok and r.contended),
+                        floors=floors)
     if model.scope_source != OP_TYPES:  # an op-type "module" says nothing the layer's type does not
         analysis.layer_module = {i: p[-1] for i, p in layer_paths(model)[0].items() if p}
     analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
@@ -322,6 +340,11 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     _warn(analysis)
     _explain_bound(analysis)
     return analysis
+
+
+def _threads(stack: System | None) -> int | None:
+    threads = dict(stack.stack).get("threads", "") if stack is not None else ""
+    return int(threads) if threads.isdigit() and int(threads) > 0 else None
 
 
 def _heuristic(model: Model, graph, by_key, dtype: str, weight: dict[int, float],
@@ -482,8 +505,20 @@ def _warn_speed_of_light(a: Analysis) -> None:
                        f"layers' roofline is their memory roof only")
 
 
+def _note_floors(a: Analysis) -> None:
+    f = a.floors
+    if f is None:
+        return
+    memory = next((x for x in f.floors if x.name == "memory"), None)
+    if memory is not None and memory.ms > a.bounds.sequential_ms:
+        a.notes.append(f"the memory floor ({memory.ms:.4g} ms) is above the sequential bound "
+                       f"({a.bounds.sequential_ms:.4g} ms): each layer's benchmark ran with its own weights in cache, "
+                       f"while one run of the model streams them from memory")
+
+
 def _warn(a: Analysis) -> None:
     _warn_speed_of_light(a)
+    _note_floors(a)
     unstable = a.unstable_rows
     if unstable:
         measured = sum(1 for r in a.rows if r.status == LayerStatus.OK)
@@ -598,6 +633,13 @@ def _explain_bound(a: Analysis) -> None:
     if a.bounds.parallel_ms <= m:
         reasons.append(f"the framework may run independent branches concurrently: the critical-path bound "
                        f"({a.bounds.parallel_ms:.4g} ms) is below the measured latency")
+    floors = a.floors
+    floor = floors.binding if floors is not None else None
+    if floors is not None and floor is not None and a.bounds.parallel_ms > m:
+        reasons.append(f"the {floor.name} floor ({floor.ms:.4g} ms: {floor.detail}) raised the parallel bound above "
+                       f"the critical path ({floors.critical_path_ms:.4g} ms): the framework did less of that work "
+                       f"than the floor counts (weights it kept in cache, fused or skipped layers) or the rate the "
+                       f"floor assumes is below what this machine attains (peaks measured while it was busy)")
     v = a.framework
     if v is not None:
         if v.bounds_same_fusions.sequential_ms < a.bounds.sequential_ms:
