@@ -627,8 +627,10 @@ def _explain_bound(a: Analysis) -> None:
     m = a.measured_ms
     if m is None or not (a.bounds.sequential_ms > m or a.bounds.parallel_ms > m):
         return
+    seq_above, par_above = a.bounds.sequential_ms > m, a.bounds.parallel_ms > m
     which = (f"both bounds ({a.bounds.sequential_ms:.4g} ms sequential, {a.bounds.parallel_ms:.4g} ms parallel)"
-             if a.bounds.parallel_ms > m else f"the sequential bound ({a.bounds.sequential_ms:.4g} ms)")
+             if seq_above and par_above else f"the sequential bound ({a.bounds.sequential_ms:.4g} ms)" if seq_above
+             else f"the parallel bound ({a.bounds.parallel_ms:.4g} ms)")
     reasons = []
     if a.bounds.parallel_ms <= m:
         reasons.append(f"the framework may run independent branches concurrently: the critical-path bound "
@@ -670,5 +672,5 @@ def _explain_bound(a: Analysis) -> None:
     if not reasons:
         reasons.append("no layer was seen faster than its benchmark: the benchmarks and the framework ran "
                        "under different conditions (threads, frequency, a busy machine)")
-    a.warnings.append(f"bound above measured: {which} exceed{'s' if a.bounds.parallel_ms <= m else ''} the "
+    a.warnings.append(f"bound above measured: {which} exceed{'' if seq_above and par_above else 's'} the "
                       f"measured {m:.4g} ms ({a.measured_source or 'measured'}); likely because: " + "; ".join(reasons))

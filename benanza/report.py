@@ -104,7 +104,7 @@ def _floors_json(a: Analysis) -> dict | None:
     if f is None:
         return None
     return {"critical_path_ms": _r(f.critical_path_ms), "parallel_ms": _r(f.parallel_ms), "binds": f.binds,
-            "floors": [{"name": x.name, "ms": _r(x.ms), "amount": x.amount, "rate": x.rate, "layers": x.layers,
+            "floors": [{"name": x.name, "ms": _r(x.ms, 9), "amount": x.amount, "rate": x.rate, "layers": x.layers,
                         "detail": x.detail} for x in f.floors],
             "absent": list(f.absent)}
 

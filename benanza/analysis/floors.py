@@ -155,8 +155,8 @@ def work_floor(model: Model, rows: list[LayerRow], dtype: str, threads: int | No
     if not threads:
         return "work floor: the stack names no CPU threads (a GPU stack: this version measures no SM floor)"
     if one_thread is None:
-        return (f"work floor: no single-thread results of this stack (a layer's single-thread time is its work; "
-                f"`benanza run --threads 1` under the same system name measures them)")
+        return ("work floor: no single-thread results of this stack (a layer's single-thread time is its work; "
+                "`benanza run --threads 1` under the same system name measures them)")
     index = index_results(one_thread)
     work: list[float] = []
     counted = sum(1 for r in rows if r.status == LayerStatus.OK)
