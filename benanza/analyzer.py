@@ -234,6 +234,13 @@ class Analysis:
         return [r for r in self.rows if r.status == LayerStatus.OK and r.variant in self.unstable]
 
     @property
+    def reference_rows(self) -> list[LayerRow]:
+        """Layers of the bound whose best variant ran the library's reference code (oneDNN's
+        ``ref:…`` implementations, alone or in a chain): no optimized kernel took them."""
+        return [r for r in self.rows if r.status == LayerStatus.OK
+                and any(part.strip().startswith("ref") for part in r.implementation.split(" + "))]
+
+    @property
     def missing(self) -> list[LayerRow]:
         return [r for r in self.rows if r.status == LayerStatus.MISSING]
 
@@ -532,6 +539,15 @@ def _warn(a: Analysis) -> None:
         a.warnings.append(f"CONTENDED: {len(rows)} of the bound's {measured} measured layers "
                           f"({len(a.contended)} results in all, fused and other dtypes included) were measured while "
                           f"other processes took the CPU, so every figure here may be inflated: " + contended_names(a))
+    reference = a.reference_rows
+    if reference:
+        ms = sum(r.latency_ms for r in reference)
+        a.warnings.append(
+            f"{len(reference)} layers rest on {a.backend}'s reference code, not an optimized kernel (no variant "
+            f"benchmarked for them ran one), {ms:.4g} ms of the {a.bounds.sequential_ms:.4g} ms bound: a framework's "
+            f"own kernels can be far faster there, and the bound is then no floor: "
+            + ", ".join(f"{a.at(r.index)} ({r.op}, {r.implementation})" for r in reference[:5])
+            + (", …" if len(reference) > 5 else ""))
     slower = a.fusion.unprofitable
     if slower:
         a.warnings.append(f"Q5: {len(slower)} fusions measured no faster than their unfused layers and are not "

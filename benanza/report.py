@@ -38,6 +38,7 @@ def _speedup(br: float | None) -> float | None:
 
 def analysis_json(a: Analysis) -> dict:
     m = a.measured_ms
+    reference = set(a.reference_rows)
     out: dict = {
         "model": a.model, "model_path": a.model_path, "system": a.system, "backend": a.backend,
         "dtype": a.dtype, "batch_size": a.batch_size,
@@ -55,7 +56,8 @@ def analysis_json(a: Analysis) -> dict:
                     "latency_ms": _r(r.latency_ms), "variant": r.variant or None, "algo": r.algo or None,
                     "implementation": r.implementation or None, "critical": r.critical,
                     "failed_variants": r.failed_variants,
-                    "unstable": r.status == "ok" and r.variant in a.unstable, "contended": r.contended}
+                    "unstable": r.status == "ok" and r.variant in a.unstable, "contended": r.contended,
+                    "reference": r in reference}
                    for r in a.rows],
         "edges": [list(e) for e in a.edges],
         "module_source": a.module_source or None,

@@ -84,7 +84,8 @@ tag activation_tag(Layout l) {
     case Layout::nchw: return tag::nchw;
     case Layout::nhwc: return tag::nhwc;
     case Layout::any: return has_avx512() ? tag::nChw16c : tag::nChw8c;
-    case Layout::plain: return tag::nchw;
+    case Layout::plain:
+    case Layout::axis_inner: return tag::nchw;  // never asked for: only softmax uses it
   }
   return tag::nchw;
 }
@@ -683,6 +684,20 @@ Prepared make_matmul(const MatmulParams& m, const Config& cfg) {
 
 // --- softmax -----------------------------------------------------------------------------
 
+// The dims of ``shape`` laid out with ``axis`` innermost, the others in their order outside it.
+memory::desc axis_inner_md(const Dims& shape, int axis, DType dtype) {
+  size_t at = static_cast<size_t>(axis);
+  Dims strides(shape.size());
+  strides.at(at) = 1;
+  int64_t stride = shape.at(at);
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (i == at) continue;
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return memory::desc(shape, data_type(dtype), strides);
+}
+
 Prepared make_softmax(const SoftmaxParams& s, const Config& cfg) {
   Dims shape = s.shape;
   int axis = s.axis;
@@ -694,15 +709,25 @@ Prepared make_softmax(const SoftmaxParams& s, const Config& cfg) {
   }
   auto data = plain_md(shape, cfg.dtype);
   auto alg = std::string(s.alg) == "logsoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
+  auto over = cfg.layout == Layout::axis_inner ? axis_inner_md(shape, axis, cfg.dtype) : data;
   auto attr = base_attr();
   auto pk = prop_kind::forward_inference;
 #if BENANZA_DNNL3
-  dnnl::softmax_forward::primitive_desc pd(engine(), pk, alg, data, data, axis, attr);
+  dnnl::softmax_forward::primitive_desc pd(engine(), pk, alg, over, over, axis, attr);
 #else
-  dnnl::softmax_v2_forward::desc d(pk, alg, data, data, axis);
+  dnnl::softmax_v2_forward::desc d(pk, alg, over, over, axis);
   dnnl::softmax_v2_forward::primitive_desc pd(d, attr, engine());
 #endif
-  return prepare<Softmax>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+  if (cfg.layout != Layout::axis_inner) return prepare<Softmax>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+  // The tensor arrives and leaves row-major, as the model's neighbours hand it over: the two
+  // reorders are part of the cost, the softmax runs in place between them.
+  dnnl::reorder::primitive_desc to(engine(), data, engine(), over, base_attr());
+  Prepared chain = prepare<dnnl::reorder>(to, {{DNNL_ARG_FROM, data}});
+  memory inner = chain.dst();
+  chain.then(prepare<Softmax>(pd, {}, {{DNNL_ARG_SRC, inner}, {DNNL_ARG_DST, inner}}));
+  dnnl::reorder::primitive_desc back(engine(), over, engine(), data, base_attr());
+  chain.then(prepare<dnnl::reorder>(back, {}, {{DNNL_ARG_FROM, inner}}));
+  return chain;
 }
 
 // --- attention: oneDNN's primitive chain ------------------------------------------------
