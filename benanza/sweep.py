@@ -83,7 +83,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                                   f"no command can fill this bound on system {name!r}")
             elif a.missing:
                 cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path),
-                                      dtype=req.dtype, input_shapes=req.input_shapes)
+                                      dtype=req.dtype, input_shapes=req.input_shapes, input_values=req.input_values,
+                                      input_data=req.input_data)
                 if req.generate_missing:
                     log.info("filling %d missing benchmarks: %s", len(a.missing), cmd)
                     measure_missing([model], "out/bench", name, system.backend, db.path,
@@ -99,7 +100,7 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                 threads = dict(system.stack).get("threads", "")
                 a.remeasure_command = missing_command(
                     [req.model], name, system.backend, batch_size=batch, db=str(db.path),
-                    input_shapes=req.input_shapes,
+                    input_shapes=req.input_shapes, input_values=req.input_values, input_data=req.input_data,
                     run_flags=remeasure_flags(a.contended, int(threads) if threads.isdigit() else None))
                 a.warnings.append(f"to re-measure the contended results when the machine is idle: "
                                   f"{a.remeasure_command}")
