@@ -207,18 +207,18 @@ def floors_row(name: str, a: dict, layers_lines: int, seconds: float) -> str:
             + (f"{m:.4g} | {b['br_parallel']:.3g}" if m else "— | —") + f" | {layers_lines} | {seconds:.1f} |")
 
 
-def modules_rows(module: dict, depth: int = 2) -> list[str]:
+def modules_rows(module: dict, depth: int = 2, indent: str = "") -> list[str]:
     """Two levels of the tree, a run of identical siblings shown once with its count."""
     out = []
     for c in module.get("children", []):
         if c["repeat_of"] is not None:
             continue
         measured = c["measured_ms"]
-        out.append(f"| {'.'.join(c['path'])}{' ×' + str(c['repeats']) if c['repeats'] > 1 else ''} | "
+        out.append(f"| {indent}{c['path'][-1]}{' ×' + str(c['repeats']) if c['repeats'] > 1 else ''} | "
                    f"{len(c['layers'])} | {c['sequential_ms']:.4g} | {c['parallel_ms']:.4g} | "
                    + (f"{measured:.4g}" if measured is not None else "—") + " |")
         if depth > 1:
-            out += modules_rows(c, depth - 1)
+            out += modules_rows(c, depth - 1, indent + "  ")
     return out
 
 
@@ -252,28 +252,29 @@ def main() -> None:
     from benanza.perfdb import PerfDB
 
     with PerfDB(db, readonly=True) as pdb:
-        stack = next(s for s, _, _ in pdb.stacks(args.system) if dict(s.stack).get("threads") == str(args.threads))
-        peaks = pdb.peaks(stack)
-    print(f"stack {stack.stack_id}: {dict(stack.stack)}")
-    if peaks is not None:
-        dram, gemm = peaks.dram, peaks.gemm("f32")
-        print(f"peaks: {peaks.contended:.0%} of their time taken by other processes "
-              f"({'trusted' if peaks.trusted else 'NOT trusted: no memory or compute floor'}); "
-              f"caches {dict(peaks.levels)}; DRAM {dram.value / 1e9 if dram else 0:.3g} GB/s; "
-              f"f32 GEMM {gemm.value / 1e9 if gemm else 0:.4g} GFLOP/s")
-    print("\n| model | layers | critical path ms | memory floor ms | compute floor ms | work floor ms | binds | "
-          "parallel bound ms | sequential ms | ORT ms | BR par | terminal lines | analyze s |")
-    print("| --- | ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        stacks = {int(dict(s.stack)["threads"]): (s, pdb.peaks(s)) for s, _, _ in pdb.stacks(args.system)}
     details = []
-    for name, (path, flags) in models.items():
-        common = [str(path), "--system", args.system, "--db", db, "--stack", stack.stack_id, "--profile",
-                  str(work / "prof" / name), "--allow-contended", *flags]
-        out, seconds = sh("analyze", *common, "--json", cwd=work)
-        (a,) = json.loads(out)["analyses"]
-        text, _ = sh("analyze", *common, cwd=work)
-        (work / f"{name}.txt").write_text(text)
-        print(floors_row(name, a, len(text.splitlines()), seconds))
-        details.append((name, a))
+    for threads in sorted({1, args.threads}):
+        stack, peaks = stacks[threads]
+        print(f"\nstack {stack.stack_id}: {dict(stack.stack)}")
+        if peaks is not None:
+            dram, gemm = peaks.dram, peaks.gemm("f32")
+            print(f"peaks: {peaks.contended:.0%} of their time taken by other processes "
+                  f"({'trusted' if peaks.trusted else 'NOT trusted: no memory or compute floor'}); "
+                  f"caches {dict(peaks.levels)}; DRAM {dram.value / 1e9 if dram else 0:.3g} GB/s; "
+                  f"f32 GEMM {gemm.value / 1e9 if gemm else 0:.4g} GFLOP/s")
+        print("\n| model | layers | critical path ms | memory floor ms | compute floor ms | work floor ms | binds | "
+              "parallel bound ms | sequential ms | ORT ms | BR par | terminal lines | analyze s |")
+        print("| --- | ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, (path, flags) in models.items():
+            common = [str(path), "--system", args.system, "--db", db, "--stack", stack.stack_id, "--profile",
+                      str(work / "prof" / name), "--allow-contended", *flags]
+            out, seconds = sh("analyze", *common, "--json", cwd=work)
+            (a,) = json.loads(out)["analyses"]
+            text, _ = sh("analyze", *common, cwd=work)
+            (work / f"{name}-{threads}t.txt").write_text(text)
+            print(floors_row(f"{name} ({threads}t)", a, len(text.splitlines()), seconds))
+            details.append((f"{name} ({threads}t)", a))
     for name, a in details:
         print(f"\n{name}: floors")
         for x in a["floors"]["floors"]:
