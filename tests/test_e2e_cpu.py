@@ -74,7 +74,8 @@ def test_bounds_and_ratio(workdir, model):
 
 def test_inception_has_parallel_modules(workdir):
     a = analyze(workdir, "inception-v1")
-    assert a["bounds"]["parallel_ms"] < a["bounds"]["sequential_ms"]
+    # the branches shorten the critical path (a one-thread stack's work floor may bind over it)
+    assert a["floors"]["critical_path_ms"] < a["bounds"]["sequential_ms"]
     assert len(a["parallel_modules"]) >= 9  # one per inception module
     assert all(m["branches"] == 4 for m in a["parallel_modules"][:9])
 
