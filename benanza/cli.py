@@ -570,9 +570,11 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
 
     GEMM throughput per data type the library runs here (f32, bf16, int8: what the CPU lacks is
     reported as the library's refusal), and streaming bandwidth from the L1 cache to main
-    memory. `benanza analyze` holds every layer to these roofs (docs/speed-of-light.md).
+    memory; on a GPU (cudnn) cuBLAS GEMMs (f32, tf32, f16, bf16, int8) and device-memory
+    bandwidth inside and beyond L2, beside the GPU's datasheet figures where it is a known one.
+    `benanza analyze` holds every layer to these roofs (docs/speed-of-light.md).
     """
-    from .peaks import measure
+    from .peaks import datasheet_for, measure
     from .perfdb import PerfDB, resolve_db_path
     from .runner import _stack_overrides, check_device, resolve_backend
     from .system import default_threads, detect_system
@@ -585,24 +587,47 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
         context, measured = measure(backend, threads, command=" ".join(["benanza", *sys.argv[1:]]))
         system = detect_system(system_name, backend, threads=threads, overrides=_stack_overrides(backend, context))
         db.store_peaks(system, measured)
+    sheet = datasheet_for(system.device) if backend == "cudnn" else None
     if as_json:
         click.echo(json.dumps({"system": system_name, "stack_id": system.stack_id, "device": system.device,
-                               **measured.to_json()}, indent=1))
+                               **measured.to_json(), "datasheet": _datasheet_json(sheet)}, indent=1))
         _warn_contended_peaks(measured)
         return
-    table = Table("peak", "value", "size", "implementation / level",
-                  title=Text(f"{system.device}, {threads} threads (stack {system.stack_id})"))
+    who = f"{threads} threads" if backend == "onednn" else backend
+    columns = ["peak", "value", "size", "implementation / level"] + ([f"datasheet ({sheet.name})"] if sheet else [])
+    table = Table(*columns, title=Text(f"{system.device}, {who} (stack {system.stack_id})"))
+
+    def reference(dtype: str = "", level: str = "") -> list[str]:
+        """The datasheet's figure beside a measured peak (a column only when the GPU is known)."""
+        if sheet is None:
+            return []
+        if dtype:
+            value = sheet.gemm(dtype)
+            return [f"{value:g} TFLOP/s" if value else "—"]
+        return [f"{sheet.memory_gb_s:g} GB/s" if level == "DRAM" else ""]
+
     for p in measured.peaks:
         if p.kind == "gemm":
             table.add_row(Text(f"GEMM {p.dtype}"), f"{p.value / 1e12:.3f} TFLOP/s", f"{p.size}³",
-                          Text(p.implementation))
+                          Text(p.implementation), *reference(dtype=p.dtype))
     for dtype, message in measured.unsupported:
-        table.add_row(Text(f"GEMM {dtype}"), "not run", "", Text(message))
+        table.add_row(Text(f"GEMM {dtype}"), "not run", "", Text(message), *reference(dtype=dtype))
     for p in measured.ladder:
-        table.add_row(Text("bandwidth"), f"{p.value / 1e9:.1f} GB/s", f"{p.size / 2**20:.3g} MiB", p.level)
+        table.add_row(Text("bandwidth"), f"{p.value / 1e9:.1f} GB/s", f"{p.size / 2**20:.3g} MiB", p.level,
+                      *reference(level=p.level))
     console.print(table)
+    if sheet:
+        console.print(f"datasheet figures: {sheet.source} (dense, boost clock): a reference, not a roof",
+                      highlight=False)
     console.print(f"stored in {path}", highlight=False)
     _warn_contended_peaks(measured)
+
+
+def _datasheet_json(sheet) -> dict | None:
+    if sheet is None:
+        return None
+    return {"name": sheet.name, "source": sheet.source, "tflops": dict(sheet.tflops),
+            "memory_bytes_per_s": sheet.memory_gb_s * 1e9, "l2_bytes": int(sheet.l2_mb * 2**20)}
 
 
 def _warn_contended_peaks(p) -> None:

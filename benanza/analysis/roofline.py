@@ -134,14 +134,15 @@ def tensor_bytes(layer: Layer, dtype: str) -> tuple[int, int]:
     return sum(spec_bytes(t, dtype) for t in layer.inputs), sum(spec_bytes(t, dtype) for t in layer.outputs)
 
 
-def roof(layer: Layer, dtype: str, peaks: Peaks) -> Roof | None:
-    """The layer's roofline computed in ``dtype``; None without any bandwidth peak."""
+def roof(layer: Layer, dtype: str, peaks: Peaks, math: str = "default") -> Roof | None:
+    """The layer's roofline computed in ``dtype`` under ``math`` (the variant's math mode: it
+    decides whether fp32 data may use TF32 Tensor Cores); None without any bandwidth peak."""
     inputs, outputs = tensor_bytes(layer, dtype)
     nbytes = layer.problem.compulsory_bytes(inputs, outputs)
     bandwidth = peaks.bandwidth_for(nbytes)
     if bandwidth is None:
         return None
-    gemm = peaks.gemm(dtype)
+    gemm = peaks.compute_peak(dtype, math)
     compute = 1e3 * layer.flops / gemm.value if gemm is not None else None
     fastest = max(p.value for p in peaks.ladder)
     return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level, 1e3 * nbytes / fastest)
@@ -155,9 +156,9 @@ def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[
     for r in results:
         layer = layers.get((r.variant.problem, r.variant.dtype))
         if r.ok and layer is not None:
-            key = (r.variant.problem, r.variant.dtype)
+            key = (r.variant.problem, r.variant.dtype, r.variant.math)
             if key not in roofs:
-                roofs[key] = roof(layer, r.variant.dtype, peaks)
+                roofs[key] = roof(layer, r.variant.dtype, peaks, r.variant.math)
             rf = roofs[key]
             if rf is not None:
                 floor = rf.floor_ms(r.variant, r.implementation)
@@ -183,7 +184,7 @@ def speed_of_light(model: Model, rows: list[LayerRow], graph: nx.DiGraph, dtype:
             continue
         layer = model.nodes[row.index].layer
         dt = layer.in_dtype(dtype)
-        rf = roof(layer, dt, peaks)
+        rf = roof(layer, dt, peaks, row.math)
         if rf is None:
             continue
         if rf.compute_ms is None and layer.flops:
