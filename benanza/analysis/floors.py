@@ -122,29 +122,34 @@ def memory_floor(model: Model, rows: list[LayerRow], dtype: str, peaks: Peaks) -
 
 
 def compute_floor(model: Model, rows: list[LayerRow], dtype: str, peaks: Peaks) -> Floor | str:
-    """FLOPs of each dtype with a GEMM peak at that peak; the dtype that takes longest (a model
-    is analysed in one float dtype; integer layers have no peak and are left out)."""
-    by_dtype: dict[str, list[LayerRow]] = {}
+    """FLOPs at the GEMM peak each layer's kernel can reach (its dtype and math: fp32 allowed TF32
+    is held to the faster of the two), grouped by that peak; the group that takes longest (kernels
+    of different peaks may run on different units at once; integer layers have none, left out)."""
+    groups: dict[str, tuple[float, list[LayerRow]]] = {}
+    without: set[str] = set()
     for row in rows:
         layer = model.nodes[row.index].layer
-        if row.status == LayerStatus.OK and layer.flops and not computes_fewer(row.algo, row.implementation):
-            by_dtype.setdefault(layer.in_dtype(dtype), []).append(row)
-    floors = []
-    for dt, members in sorted(by_dtype.items()):
-        peak = peaks.gemm(dt)
-        if peak is None:
+        if row.status != LayerStatus.OK or not layer.flops or computes_fewer(row.algo, row.implementation):
             continue
+        dt = layer.in_dtype(dtype)
+        peak = peaks.compute_peak(dt, row.math)
+        if peak is None:
+            without.add(dt)
+            continue
+        groups.setdefault(peak.dtype, (peak.value, []))[1].append(row)
+    floors = []
+    for name, (value, members) in sorted(groups.items()):
         flops = [model.nodes[r.index].layer.flops for r in members]
         seen = [f / (r.latency_ms / 1e3) for f, r in zip(flops, members) if r.latency_ms > 0]
-        rate = max([peak.value, *seen])
-        raised = f", raised to {_rate(rate, 'FLOP/s')} that a layer reached" if rate > peak.value else ""
+        rate = max([value, *seen])
+        raised = f", raised to {_rate(rate, 'FLOP/s')} that a layer reached" if rate > value else ""
         total = sum(flops)
         floors.append(Floor(COMPUTE, 1e3 * total / rate, total, rate,
-                            f"{total / 1e9:.4g} GFLOP in {dt} at the GEMM peak {_rate(peak.value, 'FLOP/s')}{raised}",
+                            f"{total / 1e9:.4g} GFLOP at the {name} GEMM peak {_rate(value, 'FLOP/s')}{raised}",
                             len(members)))
     if not floors:
-        have = ", ".join(sorted(by_dtype)) or "none"
-        return f"compute floor: no GEMM peak measured in the dtypes of the bound's layers with FLOPs ({have})"
+        return (f"compute floor: no GEMM peak measured in the dtypes of the bound's layers with FLOPs "
+                f"({', '.join(sorted(without)) or 'none'})")
     return max(floors, key=lambda f: f.ms)
 
 
