@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 from benanza.peaks import Peak, Peaks
 from benanza.perfdb import PerfDB
 
-pytestmark = pytest.mark.slow  # builds and runs oneDNN benchmarks
+slow = pytest.mark.slow  # builds and runs oneDNN benchmarks
 
 SEQ, DIM = 16, 64
 LLC = 20_000  # the stored peaks' last-level cache: above each projection's weights, below their sum
@@ -123,6 +123,7 @@ def check_floors(a: dict, weights, stored: Peaks, work_ms: float, threads: int) 
     assert f["parallel_ms"] == pytest.approx(parallel, abs=tolerance)
 
 
+@slow
 def test_on_one_thread_the_work_floor_binds(measured):
     """One thread runs one layer at a time: the branches side by side gain nothing, and the
     parallel bound is the sequential one, though the critical path leaves two projections out."""
@@ -138,6 +139,7 @@ def test_on_one_thread_the_work_floor_binds(measured):
     assert a["bounds"]["parallel_ms"] == pytest.approx(seq, rel=1e-4)
 
 
+@slow
 def test_the_work_floor_of_two_threads_comes_from_the_one_thread_stack(measured):
     d, path, weights, stacks = measured
     stored = peaks(bandwidth=1e12)
@@ -148,6 +150,7 @@ def test_the_work_floor_of_two_threads_comes_from_the_one_thread_stack(measured)
     assert floor_of(a, "work")["layers"] == sum(1 for r in a["layers"] if r["status"] == "ok")
 
 
+@slow
 def test_memory_floor_binds_and_a_floor_above_the_measurement_is_said(measured):
     """Memory 1/3 as fast as the sum of the layers needs: one pass over the weights beyond the
     cache outlasts every layer, the parallel bound is the memory floor, above the sequential bound
@@ -179,6 +182,7 @@ def test_memory_floor_binds_and_a_floor_above_the_measurement_is_said(measured):
     assert "memory floor (ms) <b>binds</b>" in page and "critical path, without the floors" in page
 
 
+@slow
 def test_no_trusted_peaks_no_memory_or_compute_floor(measured):
     d, path, _, stacks = measured
     a = analyze(d, path, stacks["2"], peaks(bandwidth=1e3, contended=0.5))
@@ -191,6 +195,7 @@ def test_no_trusted_peaks_no_memory_or_compute_floor(measured):
                                                        abs=1e-6)
 
 
+@slow
 def test_weights_without_a_peak_table_entry_for_levels_say_so(measured):
     """Peaks stored without cache sizes (an older version's) give no memory floor, with the reason."""
     d, path, _, stacks = measured
@@ -199,3 +204,38 @@ def test_weights_without_a_peak_table_entry_for_levels_say_so(measured):
     assert "memory" not in {f["name"] for f in a["floors"]["floors"]}
     assert any("name no cache sizes" in x for x in a["floors"]["absent"])
     assert np.isfinite(a["bounds"]["parallel_ms"])
+
+
+@pytest.mark.parametrize("math", ["exact", "tf32"])
+def test_a_gpu_stack_has_memory_and_compute_floors_and_no_work_floor(math, save):
+    """A cuDNN stack's peaks (GEMM per type, device copies beyond L2, the L2's size): the weights
+    beyond L2 over the device memory's bandwidth, the FLOPs at the peak of each layer's math (fp32
+    allowed TF32: the faster TF32 peak), and no work floor (no CPU threads), said."""
+    from test_analyzer import results_for
+
+    from benanza.analyzer import analyze
+    from benanza.processor import load_model
+    from benanza.records import Result, System, Variant
+
+    onnx_model, weights = block()
+    m = load_model(save(onnx_model, "block.onnx"), name="block")
+    results = results_for(m, ms_of=lambda n: 0.01, backend="cudnn")
+    if math == "tf32":
+        results = [Result(Variant(r.variant.problem, "cudnn", "api", dtype="f32", math="tf32_allowed"), "sys",
+                          r.status, median_ms=r.median_ms) for r in results]
+    gpu = Peaks((Peak("gemm", 2e13, 4096, dtype="f32"), Peak("gemm", 5e14, 4096, dtype="tf32"),
+                 Peak("bandwidth", 6e12, 1 << 20, level="L2"), Peak("bandwidth", 3e12, 1 << 28, level="DRAM")),
+                levels=(("L2", LLC),))
+    stack = System("h100", "cudnn", "NVIDIA H100", (("cudnn", "9.0"),))
+    a = analyze(m, results, "h100", "cudnn", peaks=gpu, stack=stack, math=math)
+    assert not a.not_covered and not a.missing
+    assert a.floors is not None
+    got = {f.name: f for f in a.floors.floors}
+    streamed = sum(numpy_helper.to_array(w).nbytes for w in weights) - LLC
+    assert got["memory"].amount == streamed and got["memory"].ms == pytest.approx(1e3 * streamed / 3e12)
+    peak = 5e14 if math == "tf32" else 2e13
+    assert got["compute"].amount == hand_flops() and got["compute"].ms == pytest.approx(1e3 * hand_flops() / peak)
+    assert "work" not in got and any(x.startswith("work floor: the stack names no CPU threads")
+                                     for x in a.floors.absent)
+    assert a.bounds.parallel_ms == pytest.approx(max(a.floors.critical_path_ms, got["memory"].ms,
+                                                     got["compute"].ms))
