@@ -638,6 +638,20 @@ def _warn_calls(a: Analysis, lib: LibraryView) -> None:
                        f"call's layout ({', '.join(f'{c.name} {c.layout}' for c in other[:4])}); not judged")
 
 
+# How a framework can beat a floor (a floor is a lower bound too: raised above a measurement, it
+# is said, with these).
+_FLOOR_BEATEN = {
+    "memory": "the framework streamed fewer weight bytes than the floor counts (kept more of them cached, skipped "
+              "layers) or the stored memory bandwidth is below what this machine attains (peaks measured while it "
+              "was busy)",
+    "compute": "the framework computed fewer FLOPs than the layers count (fused or skipped layers, Winograd-like "
+               "algorithms) or the stored GEMM peak is below what this machine attains (peaks measured while it "
+               "was busy)",
+    "work": "the framework ran more threads than the stack's, or its kernels did the layers' work in less time than "
+            "the one-thread benchmarks",
+}
+
+
 def _explain_bound(a: Analysis) -> None:
     """A bound above the measured latency is never silent: one warning with every cause seen."""
     m = a.measured_ms
@@ -655,9 +669,7 @@ def _explain_bound(a: Analysis) -> None:
     floor = floors.binding if floors is not None else None
     if floors is not None and floor is not None and a.bounds.parallel_ms > m:
         reasons.append(f"the {floor.name} floor ({floor.ms:.4g} ms: {floor.detail}) raised the parallel bound above "
-                       f"the critical path ({floors.critical_path_ms:.4g} ms): the framework did less of that work "
-                       f"than the floor counts (weights it kept in cache, fused or skipped layers) or the rate the "
-                       f"floor assumes is below what this machine attains (peaks measured while it was busy)")
+                       f"the critical path ({floors.critical_path_ms:.4g} ms): {_FLOOR_BEATEN[floor.name]}")
     v = a.framework
     if v is not None:
         if v.bounds_same_fusions.sequential_ms < a.bounds.sequential_ms:

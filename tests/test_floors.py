@@ -172,6 +172,7 @@ def test_memory_floor_binds_and_a_floor_above_the_measurement_is_said(measured):
     assert any("memory floor" in n and "above the sequential bound" in n for n in a["notes"])
     (warning,) = [w for w in a["warnings"] if w.startswith("bound above measured")]
     assert "the memory floor" in warning and "raised the parallel bound above the critical path" in warning
+    assert "streamed fewer weight bytes than the floor counts" in warning
     text = cli("analyze", str(path), "--system", "box", "--db", str(d / "perf.db"), "--stack", stacks["2"].stack_id,
                "--measured-ms", measured_ms).stdout
     assert "the memory floor binds" in text and "critical path, without the floors" in text
