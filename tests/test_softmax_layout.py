@@ -1,6 +1,7 @@
 """A softmax over a non-innermost axis (YOLOv8n's DFL head: axis 1 of 1×16×4×2100) gets only
-oneDNN's reference code in its row-major layout. The `axis_inner` variant reorders the tensor so
-the axis is innermost, runs the optimized kernel, and reorders back, all timed: checked end to end
+oneDNN's reference code in its row-major layout, and so does a reduction over such an axis. The
+`axis_inner` variant reorders the tensor so the axis is innermost, runs the optimized kernel (and
+reorders a softmax back), all timed: checked end to end
 on a model built here (generate → `benanza check` against ONNX Runtime → `benanza run` → the
 implementation names oneDNN reports → `benanza analyze`)."""
 
@@ -33,10 +34,12 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def dfl_head():
-    """The DFL head's Softmax over the 16 bins (axis 1), and one over the last axis beside it."""
+    """The DFL head's Softmax over the 16 bins (axis 1), one over the last axis beside it, and a
+    mean over the bins (a reduction over a non-innermost axis)."""
     nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=1, name="dfl_softmax"),
-             helper.make_node("Softmax", ["y"], ["z"], axis=-1, name="last_softmax")]
-    return model(nodes, [io("x", DFL)], [io("z", None)])
+             helper.make_node("Softmax", ["y"], ["z"], axis=-1, name="last_softmax"),
+             helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1, name="bins_mean")]
+    return model(nodes, [io("x", DFL)], [io("z", None), io("m", None)])
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,8 @@ def test_the_axis_inner_variant_computes_the_softmax(measured):
     text = out.stdout + out.stderr
     inner = [line for line in text.splitlines() if "axis_inner" in line]
     assert inner and all(line.startswith("ok") for line in inner), text[-3000:]
-    assert "3 ok, 0 mismatch" in text  # both variants of the axis-1 softmax and the last-axis one
+    # both variants of the axis-1 softmax and of the mean, and the last-axis softmax
+    assert "5 ok, 0 mismatch" in text
 
 
 def test_oneDNN_runs_its_optimized_kernel_only_with_the_axis_innermost(measured):
@@ -67,7 +71,7 @@ def test_oneDNN_runs_its_optimized_kernel_only_with_the_axis_innermost(measured)
         results = db.results("box")
     by_layout = {}
     for r in results:
-        if r.ok and "axis1" in r.variant.layer_key:
+        if r.ok and "softmax_in1x16x4x2100_axis1" in r.variant.layer_key:
             by_layout[r.variant.layout] = r
     assert set(by_layout) == {"plain", "axis_inner"}, [r.variant.name for r in results]
     # the names oneDNN reports: its reference code in the row-major layout; a reorder, an optimized
@@ -76,6 +80,10 @@ def test_oneDNN_runs_its_optimized_kernel_only_with_the_axis_innermost(measured)
     parts = by_layout["axis_inner"].implementation.split(" + ")
     assert len(parts) == 3 and not any(p.startswith("ref") for p in parts), parts
     assert parts[1].startswith("jit"), parts
+    mean = {r.variant.layout: r for r in results if r.ok and r.variant.problem.family == "reduce"}
+    assert set(mean) == {"plain", "axis_inner"} and mean["plain"].implementation.startswith("ref")
+    parts = mean["axis_inner"].implementation.split(" + ")  # a reorder, then a JIT reduction
+    assert len(parts) == 2 and parts[1].startswith("jit"), parts
     last = [r for r in results if r.ok and "axis3" in r.variant.layer_key]
     assert [r.variant.layout for r in last] == ["plain"]  # already innermost: no second variant
     assert not last[0].implementation.startswith("ref")
@@ -102,4 +110,4 @@ def test_a_layer_left_to_the_reference_code_is_named(measured, tmp_path):
     dfl = next(r for r in an["layers"] if r["name"] == "dfl_softmax")
     assert dfl["implementation"].startswith("ref") and dfl["reference"]
     (said,) = [w for w in an["warnings"] if "reference code" in w]
-    assert "dfl_softmax (Softmax, ref" in said and "last_softmax" not in said
+    assert "dfl_softmax (Softmax, ref" in said and "bins_mean (ReduceMean, ref" in said and "last_softmax" not in said
