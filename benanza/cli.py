@@ -895,7 +895,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     from .manifest import build_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
     from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
-    from .shapes_by_execution import input_values_per_model, load_input_data
+    from .shapes_by_execution import input_values_per_model, load_input_data, parse_input_value
     from .sweep import measure_missing
 
     path = resolve_db_path(db_path)
@@ -934,7 +934,9 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     flags = [*(f"--dtype={d}" for d in dtypes), *(f"--layout={x}" for x in layouts),
              *(f"--math={m}" for m in maths), *(["--no-fusion"] if no_fusion else [])]
     cmd = missing_command(models, system_name, backend, bench_dir=bench_dir, batch_size=batch_size,
-                          db=db_path, input_shapes=sorted(shapes.items()), generate_flags=flags)
+                          db=db_path, input_shapes=sorted(shapes.items()),
+                          input_values=[parse_input_value(v) for v in input_value], input_data=input_data,
+                          generate_flags=flags)
     err_console.print(f"{len(absent)} of {len(wanted)} benchmarks missing on {system_name}; to measure them:\n"
                       f"  {cmd}", highlight=False, soft_wrap=True)
     if not generate_missing:

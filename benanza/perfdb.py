@@ -751,16 +751,22 @@ def _disk_full(path: Path) -> bool:
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
                     batch_size: int = 1, db: str | None = None, dtype: str | None = None,
                     input_shapes: Iterable[tuple[str, tuple[int, ...]]] = (),
+                    input_values: Iterable[tuple[str, tuple[float, ...]]] = (), input_data: str | None = None,
                     generate_flags: Iterable[str] = (), run_flags: Iterable[str] = ()) -> str:
     """The exact shell command that generates and runs the benchmarks a lookup missed: the same
-    input shapes the models were processed with, the dtype the analysis asked for, and the
-    variant options (``generate_flags``) the lookup expected."""
+    input shapes, input values and input data the models were processed with (they decide the
+    shapes by execution and the branches taken, so the layers), the dtype the analysis asked for,
+    and the variant options (``generate_flags``) the lookup expected."""
     models = [str(m) for m in models]
     gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend, *generate_flags]
     if batch_size != 1:
         gen += ["--batch-size", str(batch_size)]
     for name, shape in input_shapes:
         gen += ["--input-shape", f"{name}={'x'.join(str(d) for d in shape)}"]
+    for name, values in input_values:
+        gen += ["--input-value", f"{name}={','.join(f'{v:.17g}' for v in values)}"]
+    if input_data is not None:
+        gen += ["--input-data", input_data]
     if dtype is not None:
         gen += ["--dtype", dtype]
     run = ["benanza", "run", "--system", system, "--backend", backend, "--bench-dir", bench_dir]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from ..layers import FLOAT_DTYPES, Layer, Model
+from ..layers import FLOAT_DTYPES, Layer, Model, TensorSpec
 from ..ops.base import ELEMENT_SIZE
 from ..peaks import Peaks
 from ..records import Result, Variant
@@ -65,17 +65,13 @@ class Roof:
         """FLOPs per compulsory byte."""
         return self.flops / self.bytes if self.bytes else None
 
-    def _computes_fewer(self, algo: str, implementation: str) -> bool:
-        text = f"{algo} {implementation}".lower()
-        return any(w in text for w in _FEWER_MULTIPLIES)
-
     def sol_ms(self, algo: str, implementation: str) -> float:
         """The speed of light of a kernel of this algorithm and implementation."""
-        return self.memory_ms if self._computes_fewer(algo, implementation) else self.ms
+        return self.memory_ms if computes_fewer(algo, implementation) else self.ms
 
     def floor_ms(self, variant: Variant, implementation: str) -> float:
         """What a result of ``variant`` cannot beat, whatever cache holds its data."""
-        compute = 0.0 if self._computes_fewer(variant.algo, implementation) else (self.compute_ms or 0.0)
+        compute = 0.0 if computes_fewer(variant.algo, implementation) else (self.compute_ms or 0.0)
         return max(compute / COMPUTE_SLACK, self.fastest_memory_ms)
 
 
@@ -121,13 +117,21 @@ class SpeedOfLight:
         return sum(r.latency_ms or 0.0 for r in self.layers if r.roof.bound_by == "memory")
 
 
-def tensor_bytes(layer: Layer, dtype: str) -> tuple[int, int]:
-    """The layer's (input, output) bytes computed in ``dtype``: float tensors in its size."""
-    def size(dt: str) -> int:
-        return ELEMENT_SIZE.get(dtype if dt in FLOAT_DTYPES else dt, 4)
+def computes_fewer(algo: str, implementation: str) -> bool:
+    """Whether a kernel of this algorithm and implementation does fewer multiplications than the
+    layer's FLOP count (Winograd, FFT)."""
+    text = f"{algo} {implementation}".lower()
+    return any(w in text for w in _FEWER_MULTIPLIES)
 
-    return (sum(t.numel * size(t.dtype) for t in layer.inputs),
-            sum(t.numel * size(t.dtype) for t in layer.outputs))
+
+def spec_bytes(t: TensorSpec, dtype: str) -> int:
+    """A tensor's bytes computed in ``dtype``: a float tensor in its size, others in their own."""
+    return t.numel * ELEMENT_SIZE.get(dtype if t.dtype in FLOAT_DTYPES else t.dtype, 4)
+
+
+def tensor_bytes(layer: Layer, dtype: str) -> tuple[int, int]:
+    """The layer's (input, output) bytes computed in ``dtype``."""
+    return sum(spec_bytes(t, dtype) for t in layer.inputs), sum(spec_bytes(t, dtype) for t in layer.outputs)
 
 
 def roof(layer: Layer, dtype: str, peaks: Peaks, math: str = "default") -> Roof | None:
