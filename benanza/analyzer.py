@@ -22,7 +22,7 @@ from .analysis.bounds import (
     layer_rows,
     parallel_modules,
 )
-from .analysis.floors import Floors, resource_floors
+from .analysis.floors import COMPUTE, MEMORY, Floors, resource_floors
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
 from .analysis.modules import MeasuredGroup, ModuleStats, layer_paths, module_tree
 from .analysis.questions import (
@@ -332,7 +332,10 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
         analysis.layer_module = {i: p[-1] for i, p in layer_paths(model)[0].items() if p}
     analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
     if peaks is not None:
-        analysis.speed_of_light = speed_of_light(model, rows, graph, dtype, peaks, impossible)
+        sol = speed_of_light(model, rows, graph, dtype, peaks, impossible)
+        # the roofline's critical path has the same shared resources under it as the bound's
+        shared = [f.ms for f in floors.floors if f.name in (MEMORY, COMPUTE)]
+        analysis.speed_of_light = replace(sol, parallel_ms=max([sol.parallel_ms, *shared]))
     analysis.peaks_contended = contended_peaks
     if measured_ms is not None:
         analysis.measured_ms, analysis.measured_source = measured_ms, "--measured-ms"

@@ -167,6 +167,8 @@ def test_memory_floor_binds_and_a_floor_above_the_measurement_is_said(measured):
     work = sum(r["latency_ms"] for r in single["layers"] if r["status"] == "ok")
     check_floors(a, weights, slow, work, 2)
     assert a["floors"]["binds"] == "memory"
+    # the roofline's critical path sits on the same floor (one run streams the weights either way)
+    assert a["speed_of_light"]["parallel_ms"] == pytest.approx(floor_of(a, "memory")["ms"], rel=1e-4)
     assert a["bounds"]["parallel_ms"] == pytest.approx(3 * seq, rel=1e-3)
     assert a["speedup"]["parallel"] == pytest.approx(float(measured_ms) / a["bounds"]["parallel_ms"], rel=1e-3)
     assert any("memory floor" in n and "above the sequential bound" in n for n in a["notes"])

@@ -72,8 +72,8 @@ class Floors:
 def weights(model: Model, rows: list[LayerRow], dtype: str) -> dict[int, dict[str, int]]:
     """Per layer of the bound (status ok), the constant tensors it must read whole each run and
     their bytes in ``dtype``: its weights, and what folded layers computed from them at load
-    time. A copy (Gather, Slice, Expand, …) reads only what it writes, which of its constant it
-    is this analysis cannot say: its constants are left out (the floor stays a floor)."""
+    time. A copy (Gather, Slice, Expand, …) reads only the part of its constant it writes, and
+    which part this analysis cannot say: its constants are left out (the floor stays a floor)."""
     folded = {t: (n, k) for n in model.nodes if n.folded and len(n.layer.outputs) == len(n.outputs)
               for k, t in enumerate(n.outputs)}
     out: dict[int, dict[str, int]] = {}
