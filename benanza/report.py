@@ -158,7 +158,18 @@ def _framework_json(a: Analysis) -> dict | None:
                    for o in v.overheads],
         "gaps": [{"after": x, "before": y, "gap_us": _r(g, 3)} for x, y, g in v.match.gaps],
         "explanations": v.explanations,
+        "kernels": [_choice_json(c) for c in v.kernels],
+        "kernel_gain_ms": _r(v.kernel_gain_ms),
     }
+
+
+def _choice_json(c) -> dict:
+    return {"node": c.node, "name": c.name, "used": c.used, "layout": c.layout or None,
+            "post_ops": list(c.post_ops), "fusion": c.fusion or None, "comparable": c.comparable,
+            "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best or None,
+            "best_ms": _r(c.best_ms), "bound_ms": _r(c.bound_ms), "gain_ms": _r(c.gain_ms),
+            "suboptimal": c.suboptimal, "above_framework": c.above_framework,
+            "explanation": c.explanation or None}
 
 
 def _library_json(v) -> dict:
@@ -173,13 +184,7 @@ def _library_json(v) -> dict:
         "api_counts": {k: {"expected": e, "logged": g} for k, (e, g) in al.api_counts.items()},
         "framework_version": v.framework_version or None, "benchmark_version": v.benchmark_version or None,
         "framework_threads": v.framework_threads, "benchmark_threads": v.benchmark_threads,
-        "algorithms": [{"node": c.node, "name": c.name, "used": c.used, "layout": c.layout or None,
-                        "post_ops": list(c.post_ops), "fusion": c.fusion or None, "comparable": c.comparable,
-                        "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best or None,
-                        "best_ms": _r(c.best_ms), "bound_ms": _r(c.bound_ms), "gain_ms": _r(c.gain_ms),
-                        "suboptimal": c.suboptimal, "above_framework": c.above_framework,
-                        "explanation": c.explanation or None}
-                       for c in v.algorithms],
+        "algorithms": [_choice_json(c) for c in v.algorithms],
         "not_comparable": len(v.not_comparable),
         "algorithm_gain_ms": _r(v.algorithm_gain_ms),
     }
@@ -308,14 +313,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                       f"{len(al.missing)} expected layers missing, {len(al.extra)} extra calls, "
                       f"{len(al.out_of_order)} out of order", highlight=False, markup=False)
         if v.algorithms:
-            at = Table("layer", "layout", "fusion", "used", "used ms", "framework ms", "best", "best ms",
-                       "bound ms", "gain ms", title=Text(f"Q3 {v.library} algorithms"))
-            for c in v.algorithms:
-                fusion = c.fusion or ("+".join(c.post_ops) + " (no benchmark)" if c.post_ops else "no benchmark")
-                _row(at, c.name, c.layout or "?", fusion, c.used, _ms(c.used_ms), _ms(c.framework_ms),
-                     c.best or "not comparable", _ms(c.best_ms),
-                     _ms(c.bound_ms) + (" > framework" if c.above_framework else ""), _ms(c.gain_ms))
-            console.print(at)
+            console.print(_choices_table(f"Q3 {v.library} algorithms", v.algorithms))
             if v.versions_differ:
                 console.print(f"Q3: not judged: the framework's {v.library} {v.framework_version} is not the "
                               f"benchmarks' {v.benchmark_version} (framework ms: its own per-call time)",
@@ -339,6 +337,12 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                       highlight=False, markup=False)
         for e in f.explanations:
             console.print(f"  • {e}", highlight=False, markup=False)
+        if f.kernels:
+            console.print(_choices_table(f"Q3 {f.framework} kernels (its own fastest variant)", f.kernels))
+            judged = sum(1 for c in f.kernels if c.comparable)
+            console.print(f"Q3: {len(f.suboptimal)} of {judged} {f.framework} ops ran a slower variant than its "
+                          f"fastest (a measured gain beyond the noise), {f.kernel_gain_ms:.4g} ms to gain",
+                          highlight=False, markup=False)
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
                       highlight=False, markup=False)
@@ -349,6 +353,17 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"), soft_wrap=True)
     for n in a.notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _choices_table(title: str, choices) -> Table:
+    t = Table("layer", "layout", "fusion", "used", "used ms", "framework ms", "best", "best ms", "bound ms",
+              "gain ms", title=Text(title))
+    for c in choices:
+        fusion = c.fusion or ("+".join(c.post_ops) + " (no benchmark)" if c.post_ops else "no benchmark")
+        _row(t, c.name, c.layout or "?", fusion, c.used, _ms(c.used_ms), _ms(c.framework_ms),
+             c.best or "not comparable", _ms(c.best_ms),
+             _ms(c.bound_ms) + (" > framework" if c.above_framework else ""), _ms(c.gain_ms))
+    return t
 
 
 def _print_speed_of_light(a: Analysis, console: Console, top: int = 10) -> None:

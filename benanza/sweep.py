@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .analyzer import MATH_EXACT, Analysis, analyze
 from .errors import BenanzaError
-from .generator import GenOptions, generate, get_backend
+from .generator import BACKEND_MODULES, GenOptions, generate, get_backend
 from .layers import Model
 from .manifest import build_manifest, write_manifest
 from .outputs import write_text
@@ -72,8 +72,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
         keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype(d))
                        for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
         for name in req.systems:
-            system = resolve_system(db, name, req.backend, req.stack)
             prof = _profile_for(profile, batch, single)
+            system = resolve_system(db, name, req.backend or native_backend(db, name, prof), req.stack)
             measured = req.measured_ms if single else None
             a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
                         stack=system, math=req.math, peaks=db.peaks(system))
@@ -113,6 +113,16 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
     return out
 
 
+def native_backend(db, name: str, profile: ExecutionProfile | None) -> str | None:
+    """Against a framework's profile, the framework's own backend when the database holds its
+    results under ``name``: the bound is then one its kernels can reach, and Q3 judges them."""
+    trace = profile.trace if profile is not None else None
+    framework = (profile.framework or trace.framework) if profile is not None and trace is not None else ""
+    if framework in BACKEND_MODULES and db.system(name, framework) is not None:
+        return framework
+    return None
+
+
 def resolve_system(db, name: str, backend: str | None, stack: str | None) -> System:
     """The one system+stack an analysis reads: ``stack`` when given, else the newest stack of
     ``backend`` (else of the name's most recently used backend) stored under ``name``."""
@@ -137,7 +147,7 @@ def measure_missing(models: Sequence[Model], bench_dir: str | Path, system_name:
 
     manifest = build_manifest(list(models), unique_layers(list(models)))
     write_manifest(manifest, bench_dir)
-    generate(manifest, backend, bench_dir, options)
+    generate(manifest, backend, bench_dir, options, models)
     return runner.run(bench_dir, system_name, backend, db_path, runner.RunOptions(command=command))
 
 

@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BenanzaError
 from ..layers import DTYPE_NAMES, Layer, Model, UniqueLayer
 from ..outputs import make_folder, write_text, write_with
+from ..parsers.base import FrameworkTrace
+from ..parsers.ort import parse_ort_profile
 from ..problems import ConvProblem
 from ..records import Variant
 from .base import Backend, Command, Device
@@ -395,47 +397,38 @@ def _measure(path: Path, level: str, threads: int, min_time: float, repetitions:
             sess.run(None, feeds)
             n += 1
         counts.append(n)
-    profile = sess.end_profiling()
+    profile = Path(sess.end_profiling())
     try:
-        events = json.loads(Path(profile).read_text())
+        trace = parse_ort_profile(profile)
     finally:
-        Path(profile).unlink(missing_ok=True)
-    return _per_call(events, counts, domains)
+        profile.unlink(missing_ok=True)
+    return _per_call(trace, counts, domains)
 
 
-def _per_call(events: list[dict], counts: list[int], domains: dict[str, str]) -> _Timed:
-    """Each timed run()'s kernel time from ORT's profile: its kernel events lie within its
-    ``model_run`` event; the warm-up runs come first and are left out."""
-    import bisect
-
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session"
-                  and e.get("name") == "model_run")
-    if len(runs) != WARMUP_CALLS + sum(counts):
-        raise RuntimeError(f"the profile holds {len(runs)} runs, {WARMUP_CALLS + sum(counts)} were made")
-    starts = [r[0] for r in runs]
-    kernel = [0] * len(runs)
-    reorder = [0] * len(runs)
+def _per_call(trace: FrameworkTrace, counts: list[int], domains: dict[str, str]) -> _Timed:
+    """Each timed run()'s kernel time from ORT's profile (the parser puts each kernel in the
+    ``model_run`` it lies in); the warm-up runs come first and are left out."""
+    if len(trace.runs) != WARMUP_CALLS + sum(counts):
+        raise RuntimeError(f"the profile holds {len(trace.runs)} runs, {WARMUP_CALLS + sum(counts)} were made")
+    kernel = [0.0] * len(trace.runs)
+    reorder = [0.0] * len(trace.runs)
     ran: dict[str, None] = {}
-    for e in events:
-        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+    for e in trace.ops:
+        if e.run < 0:
             continue
-        i = bisect.bisect_right(starts, e["ts"]) - 1
-        if i < 0 or e["ts"] > runs[i][1]:
-            continue
-        args = e.get("args", {})
-        if args.get("op_name") in REORDER_OPS:
-            reorder[i] += e["dur"]
+        if e.op in REORDER_OPS:
+            reorder[e.run] += e.span.dur_us
         else:
-            kernel[i] += e["dur"]
-            domain = domains.get(e["name"].removesuffix("_kernel_time"), "")
-            ran.setdefault(f"{args.get('provider', PROVIDER)}:{domain + '.' if domain else ''}{args.get('op_name')}")
+            kernel[e.run] += e.span.dur_us
+            domain = domains.get(e.name, "")
+            ran.setdefault(f"{e.provider or PROVIDER}:{domain + '.' if domain else ''}{e.op}")
     timed, at = [], WARMUP_CALLS
     for n in counts:
         timed.append([kernel[i] / 1e3 for i in range(at, at + n)])
         at += n
-    tail = range(WARMUP_CALLS, len(runs))
+    tail = range(WARMUP_CALLS, len(trace.runs))
     return _Timed(timed, [reorder[i] / 1e3 for i in tail],
-                  [(runs[i][1] - runs[i][0] - kernel[i] - reorder[i]) / 1e3 for i in tail], "+".join(ran))
+                  [(trace.runs[i].dur_us - kernel[i] - reorder[i]) / 1e3 for i in tail], "+".join(ran))
 
 
 def _result(name: str, t: _Timed) -> dict[str, Any]:
