@@ -173,7 +173,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
 
     if options.dry_run:
         # Nothing is built, so the stack is what the machine reports, not the binary's context.
-        system = detect_system(system_name, backend, threads=threads)
+        system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(None))
         if options.force or not path.exists():
             summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
         else:

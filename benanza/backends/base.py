@@ -85,8 +85,9 @@ class Backend(ABC):
         """The measuring child's environment beyond the runner's own (``threads``: CPU threads)."""
         return {}
 
-    def stack_overrides(self, context: dict) -> dict[str, str]:
-        """Stack entries from the child's context line: the versions it actually loaded."""
+    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+        """Stack entries from the child's context line: the versions it actually loaded (None: a
+        dry run, which builds and starts nothing: what is known without the program)."""
         return {}
 
 
@@ -101,6 +102,6 @@ class CMakeBackend(Backend):
 
         return Command((str(build(project, options.build_jobs, options.cmake_args).resolve()),))
 
-    def stack_overrides(self, context: dict) -> dict[str, str]:
-        custom = context.get("custom", {})
+    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+        custom = (context or {}).get("custom", {})
         return {k: custom[v] for k, v in self.context_versions.items() if custom.get(v)}

@@ -146,8 +146,9 @@ class OnnxRuntimeBackend(Backend):
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
         return {THREADS_ENV: str(threads), "PYTHONPATH": path}
 
-    def stack_overrides(self, context: dict) -> dict[str, str]:
-        custom = context.get("custom", {})
+    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+        # the child runs this interpreter's onnxruntime: a dry run knows its version too
+        custom = context["custom"] if context is not None else _context(0)["custom"]
         return {k: str(custom[v]) for k, v in (("onnxruntime", "onnxruntime_version"),
                                                  ("execution_provider", "execution_provider")) if custom.get(v)}
 
