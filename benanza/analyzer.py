@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from .analysis.across_stack import AcrossStack
 from .analysis.bounds import (
     Bounds,
     LayerRow,
@@ -209,6 +210,9 @@ class Analysis:
     kernel_gaps: list[IdleGap] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the profile says it could not capture
+    # the split of the measured time against the vendor library's bound (analysis.across_stack);
+    # set by the driver when the database holds both for the system
+    across_stack: AcrossStack | None = None
     heuristic: HeuristicAnalysis | None = None
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)

@@ -88,6 +88,7 @@ def analysis_json(a: Analysis) -> dict:
         "kernel_gaps": [{"after": g.after, "before": g.before, "gap_us": _r(g.mean_us, 3)} for g in a.kernel_gaps],
         "heuristic": _heuristic_json(a),
         "speed_of_light": _speed_of_light_json(a),
+        "across_stack": _across_stack_json(a),
         "warnings": a.warnings, "notes": a.notes,
     }
     if a.contended:  # each bounds object says so itself, wherever a reader takes it from
@@ -161,6 +162,20 @@ def _framework_json(a: Analysis) -> dict | None:
         "kernels": [_choice_json(c) for c in v.kernels],
         "kernel_gain_ms": _r(v.kernel_gain_ms),
     }
+
+
+def _across_stack_json(a: Analysis) -> dict | None:
+    x = a.across_stack
+    if x is None:
+        return None
+    return {"framework": x.framework, "vendor": x.vendor, "vendor_stack": x.vendor_stack,
+            "measured_ms": _r(x.measured_ms), "native_bound_ms": _r(x.native_bound_ms),
+            "vendor_bound_ms": _r(x.vendor_bound_ms), "framework_overhead_ms": _r(x.framework_overhead_ms),
+            "kernel_headroom_ms": _r(x.kernel_headroom_ms), "partial": x.partial,
+            "layers": [{"index": la.index, "name": la.name, "op": la.op, "native_ms": _r(la.native_ms),
+                        "vendor_ms": _r(la.vendor_ms), "framework_ms": _r(la.framework_ms),
+                        "kernel_headroom_ms": _r(la.kernel_headroom_ms),
+                        "framework_overhead_ms": _r(la.framework_overhead_ms)} for la in x.layers]}
 
 
 def _choice_json(c) -> dict:
@@ -343,6 +358,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
             console.print(f"Q3: {len(f.suboptimal)} of {judged} {f.framework} ops ran a slower variant than its "
                           f"fastest (a measured gain beyond the noise), {f.kernel_gain_ms:.4g} ms to gain",
                           highlight=False, markup=False)
+    _print_across_stack(a, console)
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
                       highlight=False, markup=False)
@@ -353,6 +369,28 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"), soft_wrap=True)
     for n in a.notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_across_stack(a: Analysis, console: Console, top: int = 10) -> None:
+    x = a.across_stack
+    if x is None:
+        return
+    bound = f"{x.framework} kernels' bound {x.native_bound_ms:.4g} ms"
+    measured = (f"measured {x.measured_ms:.4g} ms = {bound} + framework overhead {x.framework_overhead_ms:.4g} ms; "
+                if x.measured_ms is not None and x.framework_overhead_ms is not None else f"{bound}; ")
+    console.print(f"across the stack: {measured}kernel headroom {x.kernel_headroom_ms:.4g} ms to the {x.vendor} "
+                  f"bound {x.vendor_bound_ms:.4g} ms (stack {x.vendor_stack})"
+                  + (" (partial: layers without results are left out)" if x.partial else ""),
+                  highlight=False, markup=False, soft_wrap=True)
+    rows = sorted((la for la in x.layers if la.kernel_headroom_ms is not None),
+                  key=lambda la: -abs(la.kernel_headroom_ms or 0.0))[:top]
+    if rows:
+        t = Table("layer", "op", f"{x.framework} ms", f"{x.vendor} ms", "headroom ms", "framework ms", "overhead ms",
+                  title=Text(f"across the stack: the {len(rows)} layers with the largest kernel headroom"))
+        for la in rows:
+            _row(t, la.name, la.op, _ms(la.native_ms), _ms(la.vendor_ms), _ms(la.kernel_headroom_ms),
+                 _ms(la.framework_ms), _ms(la.framework_overhead_ms))
+        console.print(t)
 
 
 def _choices_table(title: str, choices) -> Table:

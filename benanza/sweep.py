@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .analysis.across_stack import across_stack
 from .analyzer import MATH_EXACT, Analysis, analyze
 from .errors import BenanzaError
 from .generator import BACKEND_MODULES, GenOptions, generate, get_backend
@@ -107,10 +108,30 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                 a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "
                                f"({', '.join(s.stack_id for s in others)}); this analysis uses only stack "
                                f"{system.stack_id} (choose another with --stack)")
+            _split_across_stack(a, model, db, name, keys, req)
             a.notes.extend(shape_notes(model))
             a.warnings.extend(uncosted_notes(model))  # missing from the bound
             out.append(a)
     return out
+
+
+def _split_across_stack(a: Analysis, model: Model, db, name: str, keys: list[str], req: SweepRequest) -> None:
+    """For an analysis against a framework's own backend: the split against the vendor library's
+    bound, when the database holds that library's results for the same system."""
+    vendor_backend = get_backend(a.backend).vendor
+    vendor = db.system(name, vendor_backend) if vendor_backend is not None else None
+    if vendor is None or a.stack is None:
+        return
+    v = analyze(model, db.results(vendor, keys), name, vendor.backend, req.dtype, None, None, stack=vendor,
+                math=req.math, peaks=db.peaks(vendor))
+    a.across_stack = across_stack(a, v)
+    ours, theirs = dict(a.stack.stack).get("threads"), dict(vendor.stack).get("threads")
+    if ours != theirs:
+        a.warnings.append(f"across the stack: the {a.backend} results ran on {ours} threads, the {vendor.backend} "
+                          f"ones (stack {vendor.stack_id}) on {theirs}: the kernel headroom compares unequal threads")
+    if v.missing:
+        a.warnings.append(f"across the stack: {len(v.missing)} layers have no {vendor.backend} result: its bound, "
+                          f"and the kernel headroom, leave them out")
 
 
 def native_backend(db, name: str, profile: ExecutionProfile | None) -> str | None:

@@ -206,3 +206,42 @@ def test_a_crash_and_a_hang_cost_only_their_benchmark(measured, tmp_path):
     assert failed[hang].message == "timed out after 5s"
     assert "-m benanza.backends.ort" in failed[crash].reproduce
     assert summary.ok == summary.total - 2 > 0
+
+
+def _best_low_ms(db: Path, backend: str, layer_key: str) -> float | None:
+    """The bound's latency of a layer, recomputed in SQL: the lowest low percentile among the
+    newest OK unfused results of the layer's variants on the backend."""
+    con = sqlite3.connect(db)
+    row = con.execute(
+        "SELECT MIN(r.low_ms) FROM results r JOIN variants v ON v.name = r.variant "
+        "WHERE v.backend = ? AND r.layer_key = ? AND v.fusion = 'none' AND r.status = 'ok' "
+        "AND r.id = (SELECT MAX(id) FROM results WHERE variant = r.variant)", (backend, layer_key)).fetchone()
+    con.close()
+    return row[0]
+
+
+@pytest.mark.slow
+def test_across_stack_split_recomputed_from_sql(measured):
+    """With oneDNN's results stored for the same system (and newer), an analysis against ORT's
+    profile still reads ORT's own backend, and splits the measured time: framework overhead =
+    measured − ORT bound, kernel headroom = ORT bound − oneDNN bound, per layer from SQL."""
+    path, bench, db, profile = measured
+    invoke("generate", str(path), "--backend", "onednn", "--dtype", "f32", "--no-fusion", "--out", str(bench))
+    invoke("run", "--system", SYSTEM, "--backend", "onednn", "--bench-dir", str(bench), "--db", str(db),
+           "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1", "--no-peaks")
+    doc = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--profile", str(profile),
+                            "--json", "--allow-contended"))
+    a = doc["analyses"][0]
+    assert a["backend"] == "onnxruntime"
+    x = a["across_stack"]
+    assert (x["framework"], x["vendor"], x["partial"]) == ("onnxruntime", "onednn", False)
+    keys = {la["index"]: la["key"] for la in a["layers"]}
+    for la in x["layers"]:
+        assert la["native_ms"] == pytest.approx(_best_low_ms(db, "onnxruntime", keys[la["index"]]), rel=1e-3)
+        assert la["vendor_ms"] == pytest.approx(_best_low_ms(db, "onednn", keys[la["index"]]), rel=1e-3)
+        assert la["kernel_headroom_ms"] == pytest.approx(la["native_ms"] - la["vendor_ms"], abs=1e-5)
+    assert x["native_bound_ms"] == pytest.approx(sum(la["native_ms"] for la in x["layers"]), rel=1e-3)
+    assert x["vendor_bound_ms"] == pytest.approx(sum(la["vendor_ms"] for la in x["layers"]), rel=1e-3)
+    assert x["kernel_headroom_ms"] == pytest.approx(x["native_bound_ms"] - x["vendor_bound_ms"], abs=1e-5)
+    assert x["framework_overhead_ms"] == pytest.approx(x["measured_ms"] - x["native_bound_ms"], abs=1e-5)
+    assert x["measured_ms"] == a["measured_ms"]

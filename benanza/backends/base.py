@@ -57,6 +57,9 @@ class Backend(ABC):
     name: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]]  # what its benchmarks can compute in
     device: ClassVar[Device]
+    # a framework's own backend: the vendor library whose bound its kernels are held to (the
+    # across-stack split); None for a vendor library's backend
+    vendor: ClassVar[str | None] = None
 
     @abstractmethod
     def covers(self, layer: Layer) -> bool:

@@ -82,6 +82,7 @@ class OnnxRuntimeBackend(Backend):
     name = NAME
     dtypes = DTYPES
     device = Device.CPU
+    vendor = "onednn"
 
     def covers(self, layer: Layer) -> bool:
         """ORT runs every node of the model: every layer that computes something is covered."""
