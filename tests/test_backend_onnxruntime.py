@@ -245,3 +245,20 @@ def test_across_stack_split_recomputed_from_sql(measured):
     assert x["kernel_headroom_ms"] == pytest.approx(x["native_bound_ms"] - x["vendor_bound_ms"], abs=1e-5)
     assert x["framework_overhead_ms"] == pytest.approx(x["measured_ms"] - x["native_bound_ms"], abs=1e-5)
     assert x["measured_ms"] == a["measured_ms"]
+
+
+def test_layers_are_cut_from_the_model_files(tmp_path):
+    """The subgraphs come from the models' own files: an in-memory model, or a generate without
+    the models, is one clear error, not a benchmark of something else."""
+    from benanza.errors import BenanzaError
+    from benanza.generator import generate
+    from benanza.manifest import build_manifest
+    from benanza.processor import load_model, unique_layers
+
+    models = [load_model(small_net(), name="in-memory")]
+    manifest = build_manifest(models, unique_layers(models))
+    with pytest.raises(BenanzaError, match="generate it from the models"):
+        generate(manifest, "onnxruntime", tmp_path)
+    with pytest.raises(BenanzaError, match="^in-memory: the onnxruntime backend reads each layer's node from its "
+                                           "model file, which does not load"):
+        generate(manifest, "onnxruntime", tmp_path, GenOptions(), models)

@@ -179,14 +179,14 @@ def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionM
     layers unfused, or the fusion pattern its layers form) in the layout the op ran in (ORT's
     NCHWc, by the name its transform gives the node, or the model's own), vs the fastest variant
     computing the same in any layout. An op over layers no pattern names is listed, never judged."""
-    patterns = {tuple(m.nodes): m.pattern.name for m in fusions}
+    patterns = {tuple(sorted(m.nodes)): m.pattern.name for m in fusions}
     bound = bound or {}
     out = []
     for g in trace.groups:
         if not g.nodes:
             continue
         node = model.nodes[g.nodes[0]]
-        fusion = "none" if len(g.nodes) == 1 else patterns.get(tuple(g.nodes), "")
+        fusion = "none" if len(g.nodes) == 1 else patterns.get(tuple(sorted(g.nodes)), "")
         measured = [r for r in layer_results(by_problem, node.layer, dtype)
                     if r.ok and r.variant.dtype == node.layer.in_dtype(dtype)]
         if not measured:
