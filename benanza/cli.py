@@ -632,37 +632,49 @@ def _peaks_line(p) -> str:
 @click.argument("models", nargs=-1, required=True, type=click.Path())
 @click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder `benanza generate --out` wrote for these models.")
+@click.option("--backend", type=click.Choice(["onednn", "onnxruntime"]), default="onednn", show_default=True,
+              help="Whose benchmarks to check (onnxruntime: ORT at each variant's optimization level against "
+                   "onnx's reference evaluator).")
 @batch_options
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**24 - 1), default=0, show_default=True,
               help="Seed of the input generator (both the benchmarks and the reference use it).")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="oneDNN threads.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="oneDNN (onnxruntime: intra-op) threads.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
 @click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=600.0, show_default=True,
               help="Seconds the benchmarks may take in all.")
 @click.option("--show-ok", is_flag=True, help="Also print a line for every benchmark that passed.")
-def check_command(models: tuple[str, ...], bench_dir: str, batch_size: int, input_shape: tuple[str, ...],
-                  name_filter: str | None, seed: int, threads: int, jobs: int | None, timeout: float,
-                  show_ok: bool) -> None:
+def check_command(models: tuple[str, ...], bench_dir: str, backend: str, batch_size: int,
+                  input_shape: tuple[str, ...], name_filter: str | None, seed: int, threads: int, jobs: int | None,
+                  timeout: float, show_ok: bool) -> None:
     """Check what the oneDNN benchmarks compute (benchdnn's correctness mode).
 
     Each benchmark runs once on inputs from a seeded generator and its outputs are compared with
     ONNX Runtime running the same layer, or the fusion pattern's nodes, taken from MODELS (the
-    models the benchmarks were generated from) on the same inputs. One line per mismatch, with
-    the command that reproduces it; exit status 1 when any benchmark mismatched or failed.
+    models the benchmarks were generated from) on the same inputs; with --backend onnxruntime,
+    each variant's subgraph at its optimization level (fusions, NCHWc) against the same nodes run
+    unoptimized. One line per mismatch, with the command that reproduces it; exit status 1 when
+    any benchmark mismatched or failed.
     """
     import shlex
 
-    from .check import CheckOptions, CheckStatus, check
+    from .check import CheckOptions, CheckStatus, check, check_onnxruntime
     from .processor import input_shapes_per_model, load_model
 
-    per_model = input_shapes_per_model(input_shape, models)
-    # the check maps layers back onto each file's own graph: an If stays one node there
-    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p], take_branches=False) for p in models]
     command = shlex.join(["benanza", "check", *models, "--bench-dir", bench_dir, "--batch-size", str(batch_size),
-                          *(f"--input-shape={s}" for s in input_shape)])
-    results = check(bench_dir, loaded, CheckOptions(filter=name_filter, seed=seed, threads=threads,
-                                                      timeout=timeout, build_jobs=jobs, command=command))
+                          *(f"--input-shape={s}" for s in input_shape), *(["--backend", backend]
+                                                                          if backend != "onednn" else [])])
+    options = CheckOptions(filter=name_filter, seed=seed, threads=threads, timeout=timeout, build_jobs=jobs,
+                           command=command)
+    if backend == "onnxruntime":  # its subgraphs were cut from MODELS at generate time, with their constants
+        results = check_onnxruntime(bench_dir, options)
+    else:
+        per_model = input_shapes_per_model(input_shape, models)
+        # the check maps layers back onto each file's own graph: an If stays one node there
+        loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p], take_branches=False)
+                  for p in models]
+        results = check(bench_dir, loaded, options)
     for r in results:
         if r.status is CheckStatus.MISMATCH:
             err_console.print(f"mismatch: {r.name}: {r.compared}: error {r.error:.3g} > {r.tolerance:g} at "

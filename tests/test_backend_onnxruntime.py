@@ -7,6 +7,7 @@ time in ORT's own profile of the whole model, read here straight from the profil
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import statistics
 from pathlib import Path
@@ -262,3 +263,27 @@ def test_layers_are_cut_from_the_model_files(tmp_path):
     with pytest.raises(BenanzaError, match="^in-memory: the onnxruntime backend reads each layer's node from its "
                                            "model file, which does not load"):
         generate(manifest, "onnxruntime", tmp_path, GenOptions(), models)
+
+
+def test_check_compares_each_level_with_the_unoptimized_nodes(measured):
+    """`check --backend onnxruntime`: every variant (fused, NCHWc) computes what the model's
+    nodes compute; and a variant whose subgraph is not what it claims is caught."""
+    path, bench, _, _ = measured
+    out = CliRunner().invoke(main, ["check", str(path), "--bench-dir", str(bench), "--backend", "onnxruntime"])
+    assert out.exit_code == 0, out.output
+    index = json.loads((bench / "onnxruntime" / "benchmarks.json").read_text())
+    assert f"checked {len(index)} benchmarks (seed 0): {len(index)} ok, 0 mismatch" in out.stdout
+
+
+def test_check_catches_a_wrong_result(measured, monkeypatch):
+    """The runtime's fault hook BENANZA_FAULT_PERTURB puts one wrong input element into the
+    benchmarked run of a variant: the check names the mismatch, its element and a reproduce line."""
+    from benanza.check import CheckOptions, CheckStatus, check_onnxruntime
+
+    _, bench, _, _ = measured
+    name = _variant(bench, "conv:mb1_ic16", algo="all", fusion="bias_relu")
+    monkeypatch.setenv("BENANZA_FAULT_PERTURB", name)
+    results = {r.name: r for r in check_onnxruntime(bench, CheckOptions(filter="conv:mb1_ic16"))}
+    assert results[name].status is CheckStatus.MISMATCH and "element" in results[name].where
+    assert results[name].reproduce.endswith(f"--filter '^{re.escape(name)}$'")
+    assert all(r.status is CheckStatus.OK for n, r in results.items() if n != name)

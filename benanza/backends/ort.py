@@ -66,7 +66,9 @@ LAYOUTS = ("nchw", "any")  # the model's own layout (nchw, or plain below 4-D), 
 PROVIDER = "CPUExecutionProvider"
 INDEX_NAME = "benchmarks.json"
 # the optimization level each variant's algo names (onnxruntime.GraphOptimizationLevel members)
-LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+# ("none": no graph optimization at all, the reference `benanza check` compares them with)
+LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+          "all": "ORT_ENABLE_ALL"}
 # kernels the NCHWc transform adds at a subgraph's edges: layout changes, not the layer's work
 REORDER_OPS = ("ReorderInput", "ReorderOutput")
 THREADS_ENV = "BENANZA_ORT_THREADS"
@@ -350,7 +352,7 @@ def _feeds(sess: Any) -> dict[str, Any]:
     for i in sess.get_inputs():
         kind = i.type.removeprefix("tensor(").removesuffix(")")  # ORT's names: float, float16, int64 ...
         if kind == "bfloat16":
-            raise _Refused("numpy has no bf16 to feed this subgraph's inputs with")
+            raise Refused("numpy has no bf16 to feed this subgraph's inputs with")
         dtype = np.dtype({"float": "float32", "double": "float64"}.get(kind, kind))
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
         # integers and booleans get zeros: valid indices, sizes and masks
@@ -358,11 +360,12 @@ def _feeds(sess: Any) -> dict[str, Any]:
     return out
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """The EP has no kernel for this variant (stored as unsupported, with ORT's words)."""
 
 
-def _session(path: Path, level: str, threads: int, tmp: str) -> Any:
+def _session(path: Path, level: str, threads: int, tmp: str | None) -> Any:
+    """The variant's session; ``tmp``: profile it there (its kernel times, its optimized graph)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -370,18 +373,25 @@ def _session(path: Path, level: str, threads: int, tmp: str) -> Any:
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.enable_profiling = True
-    opts.profile_file_prefix = os.path.join(tmp, "profile")
-    # the graph ORT made of it: its nodes' domains tell an NCHWc kernel from the plain one
-    opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+    if tmp is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(tmp, "profile")
+        # the graph ORT made of it: its nodes' domains tell an NCHWc kernel from the plain one
+        opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
     opts.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), opts, providers=[PROVIDER])
     except Exception as exc:  # noqa: BLE001 - ORT's Python errors share no base class
         text = str(exc)
         if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
-            raise _Refused(text.strip().splitlines()[0][:500]) from None
+            raise Refused(text.strip().splitlines()[0][:500]) from None
         raise
+
+
+def run_once(path: Path, level: str, threads: int, feeds: dict[str, Any]) -> list[Any]:
+    """The subgraph's outputs as ORT computes them at ``level`` (``benanza check``); ``Refused``
+    when the EP has no kernel for it."""
+    return list(_session(path, level, threads, None).run(None, feeds))
 
 
 def _measure(path: Path, level: str, threads: int, min_time: float, repetitions: int, tmp: str) -> _Timed:
@@ -466,7 +476,7 @@ def _run_one(project: Path, name: str, entry: dict[str, str], threads: int, min_
     with tempfile.TemporaryDirectory(prefix="benanza-ort-") as tmp:
         try:
             timed = _measure(project / entry["model"], entry["level"], threads, min_time, repetitions, tmp)
-        except _Refused as exc:
+        except Refused as exc:
             return {"name": name, "status": "unsupported", "message": str(exc)}
         except Exception as exc:  # noqa: BLE001 - ORT's errors share no base class; the runner stores it
             return {"name": name, "status": "failed", "message": f"{type(exc).__name__}: {str(exc)[:500]}"}
