@@ -231,20 +231,22 @@ def _run_for(source: _Source, names: list[str]) -> dict[str, onnx.TensorProto]:
     m.CopyFrom(source.proto)
     known = {o.name for o in m.graph.output}
     m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in known)
-    feeds = {}
     rng = np.random.default_rng(0)
-    for inp in m.graph.input:
-        if inp.name in source.inits:
-            continue
-        dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
-        shape = source.model.input_shapes[inp.name]
-        feeds[inp.name] = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
+        feeds = {}
+        for inp in m.graph.input:
+            if inp.name in source.inits:
+                continue
+            dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+            shape = source.model.input_shapes[inp.name]
+            feeds[inp.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
+                               else np.zeros(shape, dtype))
         sess = ort.InferenceSession(m.SerializeToString(), opts, providers=[PROVIDER])
         values = sess.run(names, feeds)
-    except Exception as exc:  # noqa: BLE001 - ORT raises many kinds; the layers needing these are said so
+    except Exception as exc:  # noqa: BLE001 - ORT raises many kinds; the layers needing these are said so (an
+        # input without a concrete shape, or a run that fails, leaves them without values)
         log.warning("%s: the run computing its shape constants failed (%s)", source.model.path, exc)
         return {}
     return {n: numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, values)}
