@@ -180,17 +180,10 @@ def variant_options(f):
 
 def offered(backend: str) -> dict[str, tuple[str, ...]]:
     """The values each variant option takes on a backend."""
-    if backend == "cudnn":
-        from .backends import cudnn
+    from .generator import get_backend
 
-        return {"--dtype": cudnn.DTYPES, "--layout": cudnn.LAYOUTS, "--math": cudnn.MATHS}
-    if backend == "onnxruntime":
-        from .backends import ort
-
-        return {"--dtype": ort.DTYPES, "--layout": ort.LAYOUTS, "--math": ()}
-    from .backends import onednn
-
-    return {"--dtype": onednn.DTYPES, "--layout": onednn.SPATIAL_LAYOUTS, "--math": ()}
+    b = get_backend(backend)
+    return {"--dtype": b.dtypes, "--layout": b.layouts, "--math": b.maths}
 
 
 def gen_options_for(backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],

@@ -56,6 +56,8 @@ class Command:
 class Backend(ABC):
     name: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]]  # what its benchmarks can compute in
+    layouts: ClassVar[tuple[str, ...]]  # what --layout takes
+    maths: ClassVar[tuple[str, ...]] = ()  # what --math takes
     device: ClassVar[Device]
     # a framework's own backend: the vendor library whose bound its kernels are held to (the
     # across-stack split); None for a vendor library's backend

@@ -269,6 +269,8 @@ class _Part:
 class CudnnBackend(CMakeBackend):
     name = NAME
     dtypes = DTYPES
+    layouts = LAYOUTS
+    maths = MATHS
     device = Device.GPU
     context_versions = {"cudnn": "cudnn_version", "cublas": "cublas_version"}
 

@@ -86,6 +86,7 @@ def fused_config(problem: Problem, fusion: str) -> Fused:
 class OneDNNBackend(CMakeBackend):
     name = NAME
     dtypes = DTYPES
+    layouts = SPATIAL_LAYOUTS
     device = Device.CPU
     context_versions = {"onednn": "onednn_version"}
 

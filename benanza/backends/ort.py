@@ -83,6 +83,7 @@ def _own_layout(layer: Layer) -> str:
 class OnnxRuntimeBackend(Backend):
     name = NAME
     dtypes = DTYPES
+    layouts = LAYOUTS
     device = Device.CPU
     vendor = "onednn"
 
