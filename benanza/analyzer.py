@@ -23,6 +23,7 @@ from .analysis.bounds import (
     layer_rows,
     parallel_modules,
 )
+from .analysis.floors import Floors, resource_floors
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
 from .analysis.modules import MeasuredGroup, ModuleStats, layer_paths, module_tree
 from .analysis.questions import (
@@ -226,6 +227,9 @@ class Analysis:
         dynamo exporter's ``node_MatMul_3`` is ``layers.0.qkv``'s)."""
         name, module = self.rows[index].name, self.layer_module.get(index, "")
         return f"{name} in {module}" if module and module not in name.replace("/", ".") else name
+    # the resource floors under the parallel bound (analysis/floors.py); ``bounds.parallel_ms`` is
+    # the critical path raised to the highest of them
+    floors: Floors | None = None
     # the roofline of the bound's layers from the stack's peaks (None: no peaks stored, or not trusted)
     speed_of_light: SpeedOfLight | None = None
     peaks_contended: float | None = None  # the share lost to other work of stored peaks not trusted
@@ -244,6 +248,13 @@ class Analysis:
     def unstable_rows(self) -> list[LayerRow]:
         """Layers of the bound whose chosen result stayed unstable when measured."""
         return [r for r in self.rows if r.status == LayerStatus.OK and r.variant in self.unstable]
+
+    @property
+    def reference_rows(self) -> list[LayerRow]:
+        """Layers of the bound whose best variant ran the library's reference code (oneDNN's
+        ``ref:…`` implementations, alone or in a chain): no optimized kernel took them."""
+        return [r for r in self.rows if r.status == LayerStatus.OK
+                and any(part.strip().startswith("ref") for part in r.implementation.split(" + "))]
 
     @property
     def missing(self) -> list[LayerRow]:
@@ -281,20 +292,33 @@ def _fusion_uses(applied: list[tuple[FusionMatch, Result]], weight: dict[int, fl
 
 def analyze(model: Model, results: Iterable[Result], system: str, backend: str, dtype: str = "f32",
             profile: ExecutionProfile | None = None, measured_ms: float | None = None,
-            stack: System | None = None, math: str = MATH_EXACT, peaks: Peaks | None = None) -> Analysis:
+            stack: System | None = None, math: str = MATH_EXACT, peaks: Peaks | None = None,
+            one_thread: Iterable[Result] | None = None) -> Analysis:
+    """``one_thread``: the results of the same stack at one thread, for the work floor (a stack
+    of one thread is its own)."""
     results = [r for r in results if r.variant.backend == backend and admits_math(r.variant, math)]
     impossible: list[ImpossibleResult] = []
     contended_peaks = peaks.contended if peaks is not None and not peaks.trusted else None
     if contended_peaks is not None:  # roofs too low to judge by: no speed of light rather than a wrong one
         peaks = None
+    threads = _threads(stack) if backend in GEMM_TYPES else None
+    single = None if one_thread is None else [r for r in one_thread
+                                              if r.variant.backend == backend and admits_math(r.variant, math)]
     if peaks is not None:  # a result beyond its roofline is a defect: it never enters a bound
         results, impossible = screen(results, model, peaks)
+        if single is not None:
+            single, _ = screen(single, model, peaks)
     by_key = index_results(results)
     graph = model.dag()
     rows = layer_rows(model, by_key, backend, dtype)
     weight = {r.index: r.latency_ms for r in rows}
     partial = any(r.status == LayerStatus.MISSING for r in rows)
     bounds = bounds_from_weights(graph, weight, partial)
+    absent = (f"the stack's peaks were measured while other processes took {contended_peaks:.0%} of their time"
+              if contended_peaks is not None else "no peaks are stored for this stack")
+    floors = resource_floors(model, rows, dtype, bounds.parallel_ms, peaks, absent, threads,
+                             results if threads == 1 else single)
+    bounds = replace(bounds, parallel_ms=floors.parallel_ms)
     on_path = set(bounds.critical_path)
     rows = [replace(r, critical=r.index in on_path) for r in rows]
 
@@ -318,7 +342,8 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
                         parallel_modules(graph, weight), fusion, TensorCoreView(tc, total, names, tc_bounds),
                         joint, joint_label, stack=stack, math=math,
                         unstable=frozenset(r.variant.name for r in results if r.unstable),
-                        contended=frozenset(r.variant.name for r in results if r.ok and r.contended))
+                        contended=frozenset(r.variant.name for r in results if r.ok and r.contended),
+                        floors=floors)
     if model.scope_source != OP_TYPES:  # an op-type "module" says nothing the layer's type does not
         analysis.layer_module = {i: p[-1] for i, p in layer_paths(model)[0].items() if p}
     analysis.heuristic = _heuristic(model, graph, by_key, dtype, weight, partial)
@@ -338,6 +363,11 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     _warn(analysis)
     _explain_bound(analysis)
     return analysis
+
+
+def _threads(stack: System | None) -> int | None:
+    threads = dict(stack.stack).get("threads", "") if stack is not None else ""
+    return int(threads) if threads.isdigit() and int(threads) > 0 else None
 
 
 def _heuristic(model: Model, graph, by_key, dtype: str, weight: dict[int, float],
@@ -501,8 +531,20 @@ def _warn_speed_of_light(a: Analysis) -> None:
                        f"layers' roofline is their memory roof only")
 
 
+def _note_floors(a: Analysis) -> None:
+    f = a.floors
+    if f is None:
+        return
+    memory = next((x for x in f.floors if x.name == "memory"), None)
+    if memory is not None and memory.ms > a.bounds.sequential_ms:
+        a.notes.append(f"the memory floor ({memory.ms:.4g} ms) is above the sequential bound "
+                       f"({a.bounds.sequential_ms:.4g} ms): each layer's benchmark ran with its own weights in cache, "
+                       f"while one run of the model streams them from memory")
+
+
 def _warn(a: Analysis) -> None:
     _warn_speed_of_light(a)
+    _note_floors(a)
     unstable = a.unstable_rows
     if unstable:
         measured = sum(1 for r in a.rows if r.status == LayerStatus.OK)
@@ -516,6 +558,15 @@ def _warn(a: Analysis) -> None:
         a.warnings.append(f"CONTENDED: {len(rows)} of the bound's {measured} measured layers "
                           f"({len(a.contended)} results in all, fused and other dtypes included) were measured while "
                           f"other processes took the CPU, so every figure here may be inflated: " + contended_names(a))
+    reference = a.reference_rows
+    if reference:
+        ms = sum(r.latency_ms for r in reference)
+        a.warnings.append(
+            f"{len(reference)} layers rest on {a.backend}'s reference code, not an optimized kernel (no variant "
+            f"benchmarked for them ran one), {ms:.4g} ms of the {a.bounds.sequential_ms:.4g} ms bound: a framework's "
+            f"own kernels can be far faster there, and the bound is then no floor: "
+            + ", ".join(f"{a.at(r.index)} ({r.op}, {r.implementation})" for r in reference[:5])
+            + (", …" if len(reference) > 5 else ""))
     slower = a.fusion.unprofitable
     if slower:
         a.warnings.append(f"Q5: {len(slower)} fusions measured no faster than their unfused layers and are not "
@@ -606,17 +657,38 @@ def _warn_calls(a: Analysis, lib: LibraryView) -> None:
                        f"call's layout ({', '.join(f'{c.name} {c.layout}' for c in other[:4])}); not judged")
 
 
+# How a framework can beat a floor (a floor is a lower bound too: raised above a measurement, it
+# is said, with these).
+_FLOOR_BEATEN = {
+    "memory": "the framework streamed fewer weight bytes than the floor counts (kept more of them cached, skipped "
+              "layers) or the stored memory bandwidth is below what this machine attains (peaks measured while it "
+              "was busy)",
+    "compute": "the framework computed fewer FLOPs than the layers count (fused or skipped layers, Winograd-like "
+               "algorithms) or the stored GEMM peak is below what this machine attains (peaks measured while it "
+               "was busy)",
+    "work": "the framework ran more threads than the stack's, or its kernels did the layers' work in less time than "
+            "the one-thread benchmarks",
+}
+
+
 def _explain_bound(a: Analysis) -> None:
     """A bound above the measured latency is never silent: one warning with every cause seen."""
     m = a.measured_ms
     if m is None or not (a.bounds.sequential_ms > m or a.bounds.parallel_ms > m):
         return
+    seq_above, par_above = a.bounds.sequential_ms > m, a.bounds.parallel_ms > m
     which = (f"both bounds ({a.bounds.sequential_ms:.4g} ms sequential, {a.bounds.parallel_ms:.4g} ms parallel)"
-             if a.bounds.parallel_ms > m else f"the sequential bound ({a.bounds.sequential_ms:.4g} ms)")
+             if seq_above and par_above else f"the sequential bound ({a.bounds.sequential_ms:.4g} ms)" if seq_above
+             else f"the parallel bound ({a.bounds.parallel_ms:.4g} ms)")
     reasons = []
     if a.bounds.parallel_ms <= m:
         reasons.append(f"the framework may run independent branches concurrently: the critical-path bound "
                        f"({a.bounds.parallel_ms:.4g} ms) is below the measured latency")
+    floors = a.floors
+    floor = floors.binding if floors is not None else None
+    if floors is not None and floor is not None and a.bounds.parallel_ms > m:
+        reasons.append(f"the {floor.name} floor ({floor.ms:.4g} ms: {floor.detail}) raised the parallel bound above "
+                       f"the critical path ({floors.critical_path_ms:.4g} ms): {_FLOOR_BEATEN[floor.name]}")
     v = a.framework
     if v is not None:
         if v.bounds_same_fusions.sequential_ms < a.bounds.sequential_ms:
@@ -647,5 +719,5 @@ def _explain_bound(a: Analysis) -> None:
     if not reasons:
         reasons.append("no layer was seen faster than its benchmark: the benchmarks and the framework ran "
                        "under different conditions (threads, frequency, a busy machine)")
-    a.warnings.append(f"bound above measured: {which} exceed{'s' if a.bounds.parallel_ms <= m else ''} the "
+    a.warnings.append(f"bound above measured: {which} exceed{'' if seq_above and par_above else 's'} the "
                       f"measured {m:.4g} ms ({a.measured_source or 'measured'}); likely because: " + "; ".join(reasons))

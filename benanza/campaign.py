@@ -532,6 +532,10 @@ def collect(camp: Campaign) -> list[JobReport]:
         job: submitit.SlurmJob = submitit.SlurmJob(folder=str(camp.folder.slurm / "%j"), job_id=rec.job_id)
         summary: JobSummary | None = None
         state = slurm_state(rec.job_id)
+        if state in _ACTIVE:
+            # A result file now is an earlier run's: a requeued job's first run may write one
+            # (Slurm's SIGTERM for the requeue interrupts the runner before submitit exits).
+            continue
         if job.paths.result_pickle.exists():
             try:
                 summary = job.result()
@@ -539,8 +543,8 @@ def collect(camp: Campaign) -> list[JobReport]:
             except submitit.core.utils.UncompletedJobError as exc:  # the job's exception, with its trace
                 rec.outcome = "failed"
                 rec.message = _job_error(exc)
-        elif state in _ACTIVE or state == "COMPLETED":
-            continue  # still running, or its result file is not visible yet on this filesystem
+        elif state == "COMPLETED":
+            continue  # its result file is not visible yet on this filesystem
         else:
             rec.outcome = "failed"
             rec.message = (f"job ended as {state} without a result" if state else

@@ -570,10 +570,12 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
 
     GEMM throughput per data type the library runs here (f32, bf16, int8: what the CPU lacks is
     reported as the library's refusal), and streaming bandwidth from the L1 cache to main
-    memory. `benanza analyze` holds every layer to these roofs (docs/speed-of-light.md).
+    memory; on a GPU (cudnn) cuBLAS GEMMs (f32, tf32, f16, bf16, int8) and device-memory
+    bandwidth inside and beyond L2, beside the GPU's datasheet figures where it is a known one.
+    `benanza analyze` holds every layer to these roofs (docs/speed-of-light.md).
     """
     from .generator import get_backend
-    from .peaks import measure
+    from .peaks import datasheet_for, measure
     from .perfdb import PerfDB, resolve_db_path
     from .runner import check_device, resolve_backend
     from .system import default_threads, detect_system
@@ -587,24 +589,47 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
         overrides = get_backend(backend).stack_overrides(context)
         system = detect_system(system_name, backend, threads=threads, overrides=overrides)
         db.store_peaks(system, measured)
+    sheet = datasheet_for(system.device) if backend == "cudnn" else None
     if as_json:
         click.echo(json.dumps({"system": system_name, "stack_id": system.stack_id, "device": system.device,
-                               **measured.to_json()}, indent=1))
+                               **measured.to_json(), "datasheet": _datasheet_json(sheet)}, indent=1))
         _warn_contended_peaks(measured)
         return
-    table = Table("peak", "value", "size", "implementation / level",
-                  title=Text(f"{system.device}, {threads} threads (stack {system.stack_id})"))
+    who = f"{threads} threads" if backend == "onednn" else backend
+    columns = ["peak", "value", "size", "implementation / level"] + ([f"datasheet ({sheet.name})"] if sheet else [])
+    table = Table(*columns, title=Text(f"{system.device}, {who} (stack {system.stack_id})"))
+
+    def reference(dtype: str = "", level: str = "") -> list[str]:
+        """The datasheet's figure beside a measured peak (a column only when the GPU is known)."""
+        if sheet is None:
+            return []
+        if dtype:
+            value = sheet.gemm(dtype)
+            return [f"{value:g} TFLOP/s" if value else "—"]
+        return [f"{sheet.memory_gb_s:g} GB/s" if level == "DRAM" else ""]
+
     for p in measured.peaks:
         if p.kind == "gemm":
             table.add_row(Text(f"GEMM {p.dtype}"), f"{p.value / 1e12:.3f} TFLOP/s", f"{p.size}³",
-                          Text(p.implementation))
+                          Text(p.implementation), *reference(dtype=p.dtype))
     for dtype, message in measured.unsupported:
-        table.add_row(Text(f"GEMM {dtype}"), "not run", "", Text(message))
+        table.add_row(Text(f"GEMM {dtype}"), "not run", "", Text(message), *reference(dtype=dtype))
     for p in measured.ladder:
-        table.add_row(Text("bandwidth"), f"{p.value / 1e9:.1f} GB/s", f"{p.size / 2**20:.3g} MiB", p.level)
+        table.add_row(Text("bandwidth"), f"{p.value / 1e9:.1f} GB/s", f"{p.size / 2**20:.3g} MiB", p.level,
+                      *reference(level=p.level))
     console.print(table)
+    if sheet:
+        console.print(f"datasheet figures: {sheet.source} (dense, boost clock): a reference, not a roof",
+                      highlight=False)
     console.print(f"stored in {path}", highlight=False)
     _warn_contended_peaks(measured)
+
+
+def _datasheet_json(sheet) -> dict | None:
+    if sheet is None:
+        return None
+    return {"name": sheet.name, "source": sheet.source, "tflops": dict(sheet.tflops),
+            "memory_bytes_per_s": sheet.memory_gb_s * 1e9, "l2_bytes": int(sheet.l2_mb * 2**20)}
 
 
 def _warn_contended_peaks(p) -> None:
@@ -884,7 +909,7 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     from .manifest import build_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
     from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
-    from .shapes_by_execution import input_values_per_model, load_input_data
+    from .shapes_by_execution import input_values_per_model, load_input_data, parse_input_value
     from .sweep import measure_missing
 
     path = resolve_db_path(db_path)
@@ -923,7 +948,9 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     flags = [*(f"--dtype={d}" for d in dtypes), *(f"--layout={x}" for x in layouts),
              *(f"--math={m}" for m in maths), *(["--no-fusion"] if no_fusion else [])]
     cmd = missing_command(models, system_name, backend, bench_dir=bench_dir, batch_size=batch_size,
-                          db=db_path, input_shapes=sorted(shapes.items()), generate_flags=flags)
+                          db=db_path, input_shapes=sorted(shapes.items()),
+                          input_values=[parse_input_value(v) for v in input_value], input_data=input_data,
+                          generate_flags=flags)
     err_console.print(f"{len(absent)} of {len(wanted)} benchmarks missing on {system_name}; to measure them:\n"
                       f"  {cmd}", highlight=False, soft_wrap=True)
     if not generate_missing:

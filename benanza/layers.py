@@ -146,6 +146,7 @@ class Node:
     inputs: tuple[str, ...]  # non-constant tensor names consumed
     outputs: tuple[str, ...]
     constant_inputs: tuple[str, ...] = ()  # weights and other constants (not data edges)
+    constant_specs: tuple[TensorSpec, ...] = ()  # their shapes and types, in the same order
     # Its outputs are constants once the input shapes are fixed (shape arithmetic, a causal mask
     # built from a Shape): frameworks fold it at load time, so nothing runs here and it costs 0.
     # Never set on a free layer (a view or identity is free whatever its inputs are).

@@ -21,6 +21,7 @@ import logging
 import os
 import shlex
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -32,7 +33,9 @@ from .measurement import contention, cpu_clock
 log = logging.getLogger(__name__)
 
 BINARY = "benanza_peaks"
-GEMM_TYPES = {"onednn": ("f32", "bf16", "s8")}  # what each backend's program can ask its library for
+# what each backend's program can ask its library for (cuDNN's: cuBLAS, "tf32" being fp32 data
+# on Tensor Cores)
+GEMM_TYPES = {"onednn": ("f32", "bf16", "s8"), "cudnn": ("f32", "tf32", "f16", "bf16", "s8")}
 _SECONDS = 0.15  # measuring time per peak: the whole run stays within a few seconds
 _DRAM_FACTOR = 4  # the largest working set, in last-level caches
 _MIN_DRAM = 64 << 20
@@ -88,6 +91,14 @@ class Peaks:
     def gemm(self, dtype: str) -> Peak | None:
         return next((p for p in self.peaks if p.kind == "gemm" and p.dtype == dtype), None)
 
+    def compute_peak(self, dtype: str, math: str = "default") -> Peak | None:
+        """The GEMM peak a kernel of ``dtype`` under ``math`` can reach: fp32 data whose math
+        allows TF32 (cuDNN/cuBLAS ``tf32_allowed``) may run on Tensor Cores, so its roof is the
+        faster of the f32 and tf32 peaks; a kernel held to the f32 one would look impossible."""
+        found = [p for d in ((dtype, "tf32") if dtype == "f32" and math == "tf32_allowed" else (dtype,))
+                 if (p := self.gemm(d)) is not None]
+        return max(found, key=lambda p: p.value) if found else None
+
     @property
     def ladder(self) -> list[Peak]:
         return sorted((p for p in self.peaks if p.kind == "bandwidth"), key=lambda p: p.size)
@@ -124,6 +135,55 @@ class Peaks:
                 "dram_bytes_per_s": self.dram.value if self.dram else None,
                 "llc_bytes_per_s": self.llc.value if self.llc else None,
                 "caches": {name: size for name, size in self.levels}}
+
+
+# --- datasheets --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Datasheet:
+    """A GPU's published peaks (dense, no structured sparsity; boost clocks): a reference beside
+    what was measured, never a roof (a datasheet figure is not what a given board attains)."""
+
+    name: str
+    match: tuple[str, ...]  # lower-case words that all appear in the device name CUDA reports
+    tflops: tuple[tuple[str, float], ...]  # (GEMM type as in GEMM_TYPES, TFLOP/s or TOP/s)
+    memory_gb_s: float
+    l2_mb: float
+    source: str
+
+    def gemm(self, dtype: str) -> float | None:
+        return dict(self.tflops).get(dtype)
+
+
+# NVIDIA's product datasheets; more specific names first (an "H100 PCIe" also says "H100").
+DATASHEETS = (
+    Datasheet("H100 PCIe", ("h100", "pcie"), (("f32", 51.2), ("tf32", 378.0), ("f16", 756.0), ("bf16", 756.0),
+                                              ("s8", 1513.0)), 2000.0, 50, "NVIDIA H100 Tensor Core GPU datasheet"),
+    Datasheet("H100 NVL", ("h100", "nvl"), (("f32", 60.0), ("tf32", 417.5), ("f16", 835.5), ("bf16", 835.5),
+                                            ("s8", 1670.5)), 3900.0, 50, "NVIDIA H100 Tensor Core GPU datasheet"),
+    Datasheet("H100 SXM", ("h100",), (("f32", 66.9), ("tf32", 494.7), ("f16", 989.4), ("bf16", 989.4),
+                                      ("s8", 1978.9)), 3350.0, 50, "NVIDIA H100 Tensor Core GPU datasheet"),
+    Datasheet("H200 SXM", ("h200",), (("f32", 66.9), ("tf32", 494.7), ("f16", 989.4), ("bf16", 989.4),
+                                      ("s8", 1978.9)), 4800.0, 50, "NVIDIA H200 Tensor Core GPU datasheet"),
+    Datasheet("A100 PCIe 80GB", ("a100", "pcie", "80gb"), (("f32", 19.5), ("tf32", 156.0), ("f16", 312.0),
+                                                           ("bf16", 312.0), ("s8", 624.0)), 1935.0, 40,
+              "NVIDIA A100 Tensor Core GPU datasheet"),
+    Datasheet("A100 SXM 80GB", ("a100", "80gb"), (("f32", 19.5), ("tf32", 156.0), ("f16", 312.0), ("bf16", 312.0),
+                                                  ("s8", 624.0)), 2039.0, 40, "NVIDIA A100 Tensor Core GPU datasheet"),
+    Datasheet("A100 40GB", ("a100",), (("f32", 19.5), ("tf32", 156.0), ("f16", 312.0), ("bf16", 312.0),
+                                       ("s8", 624.0)), 1555.0, 40, "NVIDIA A100 Tensor Core GPU datasheet"),
+    Datasheet("L40S", ("l40s",), (("f32", 91.6), ("tf32", 183.0), ("f16", 362.05), ("bf16", 362.05),
+                                  ("s8", 733.0)), 864.0, 96, "NVIDIA L40S datasheet"),
+    Datasheet("V100 SXM2", ("v100",), (("f32", 15.7), ("f16", 125.0)), 900.0, 6, "NVIDIA Tesla V100 datasheet"),
+    Datasheet("T4", ("tesla t4",), (("f32", 8.1), ("f16", 65.0), ("s8", 130.0)), 320.0, 4,
+              "NVIDIA T4 datasheet"),
+)
+
+
+def datasheet_for(device: str) -> Datasheet | None:
+    """The datasheet of the GPU CUDA names ``device`` (e.g. "NVIDIA H100 80GB HBM3"), if known."""
+    words = device.lower()
+    return next((d for d in DATASHEETS if all(w in words for w in d.match)), None)
 
 
 # --- what the CPU has ---------------------------------------------------------------------------
@@ -212,7 +272,8 @@ def _build(backend: str, cmake_args: tuple[str, ...]) -> Path:
     if not (src / "CMakeLists.txt").is_file():
         raise PeaksError(f"{src}: no peaks program for the {backend} backend")
     digest = hashlib.sha256()
-    for path in sorted(p for p in src.rglob("*") if p.is_file()) + [runtime_dir() / "common/benanza/json.hpp"]:
+    shared = [runtime_dir() / "common/benanza/json.hpp", *sorted((runtime_dir() / "cmake").glob("*.cmake"))]
+    for path in sorted(p for p in src.rglob("*") if p.is_file()) + shared:
         digest.update(path.read_bytes())
     digest.update(json.dumps(cmake_args).encode())
     folder = _cache_root() / f"{backend}-{digest.hexdigest()[:12]}"
@@ -301,6 +362,8 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
     if backend not in GEMM_TYPES:
         raise PeaksError(f"peaks of the {backend} backend are not measured by this version (only "
                          f"{', '.join(GEMM_TYPES)}); see docs/speed-of-light.md")
+    if backend == "cudnn":
+        return _measure_gpu(cmake_args, command)
     threads = threads or default_threads()
     levels = cache_levels(threads)
     sets = working_sets(levels, _mem_available())
@@ -319,3 +382,20 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return context, Peaks(tuple(peaks), tuple(unsupported), threads, stamp, command,
                          levels=tuple((c.name, c.total) for c in levels), contended=contended)
+
+
+def _measure_gpu(cmake_args: tuple[str, ...], command: str) -> tuple[dict, Peaks]:
+    """The GPU's peaks: the program sizes its bandwidth ladder from the device's own L2 size and
+    labels each working set itself (L2, or DRAM for device memory beyond it). Times are the
+    device's (CUDA events), so the host's load does not enter them: ``contended`` stays 0."""
+    if not any(a.startswith("-DBENANZA_PYTHON=") for a in cmake_args):
+        cmake_args = (*cmake_args, f"-DBENANZA_PYTHON={sys.executable}")
+    binary = _build("cudnn", cmake_args)
+    args = [f"--gemm={','.join(GEMM_TYPES['cudnn'])}", f"--seconds={_SECONDS:g}", "--ladder"]
+    log.info("measuring peaks: %s", shlex.join([str(binary), *args]))
+    output, _ = _run(binary, args, dict(os.environ))
+    context, peaks, unsupported = parse_output(output, str(binary))
+    l2 = context.get("custom", {}).get("l2_bytes", "")
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return context, Peaks(tuple(peaks), tuple(unsupported), None, stamp, command,
+                          levels=(("L2", int(l2)),) if l2.isdigit() else ())

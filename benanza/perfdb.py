@@ -544,6 +544,7 @@ class PerfDB:
                 before = self.db[table].count
                 conn.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM src.{table}")
                 added[table] = self.db[table].count - before
+            added["peaks"] = _merge_peaks(conn, label, stamp, conflicts)
             conn.execute("UPDATE systems SET last_used = max(last_used, (SELECT s.last_used FROM "
                          "src.systems s WHERE s.stack_id = systems.stack_id)) WHERE stack_id IN "
                          "(SELECT stack_id FROM src.systems)")
@@ -571,6 +572,27 @@ class PerfDB:
         """Rows merges kept aside: (table, key as JSON, source file, row as JSON)."""
         return [tuple(r) for r in self.db.conn.execute(  # type: ignore[misc]
             "SELECT table_name, pk, source, row FROM merge_conflicts ORDER BY id").fetchall()]
+
+
+def _merge_peaks(conn: sqlite3.Connection, label: str, stamp: str, conflicts: list[tuple[str, str, str]]) -> int:
+    """A stack's peaks are one measurement, replaced whole: they come from the source only for
+    stacks that have none here, never mixed in row by row. The source's differing peaks of a
+    stack measured here too are kept in ``merge_conflicts``, as other tables' rows are."""
+    if not conn.execute("SELECT 1 FROM src.sqlite_master WHERE type = 'table' AND name = 'peaks'").fetchone():
+        return 0
+    conn.execute(_SCHEMA.split(";")[_PEAKS_STATEMENT])
+    cur = conn.execute("SELECT s.* FROM src.peaks s WHERE s.stack_id IN (SELECT stack_id FROM peaks) AND NOT EXISTS "
+                       "(SELECT 1 FROM peaks t WHERE t.stack_id = s.stack_id AND t.name = s.name AND t.value = s.value "
+                       "AND t.measured_at = s.measured_at)")
+    names = [d[0] for d in cur.description]
+    for row in cur.fetchall():
+        d = dict(zip(names, row))
+        key, blob = json.dumps([d["stack_id"], d["name"]]), json.dumps(d, sort_keys=True)
+        if conn.execute("INSERT OR IGNORE INTO merge_conflicts(table_name, pk, source, row, merged_at) "
+                        "VALUES (?,?,?,?,?)", ("peaks", key, label, blob, stamp)).rowcount:
+            conflicts.append(("peaks", key, blob))
+    return conn.execute("INSERT INTO peaks SELECT * FROM src.peaks WHERE stack_id NOT IN "
+                        "(SELECT stack_id FROM peaks)").rowcount
 
 
 def _refuse_corrupt_rows(path: Path, label: Path) -> None:
@@ -729,16 +751,22 @@ def _disk_full(path: Path) -> bool:
 def missing_command(models: Iterable[str], system: str, backend: str, *, bench_dir: str = "out/bench",
                     batch_size: int = 1, db: str | None = None, dtype: str | None = None,
                     input_shapes: Iterable[tuple[str, tuple[int, ...]]] = (),
+                    input_values: Iterable[tuple[str, tuple[float, ...]]] = (), input_data: str | None = None,
                     generate_flags: Iterable[str] = (), run_flags: Iterable[str] = ()) -> str:
     """The exact shell command that generates and runs the benchmarks a lookup missed: the same
-    input shapes the models were processed with, the dtype the analysis asked for, and the
-    variant options (``generate_flags``) the lookup expected."""
+    input shapes, input values and input data the models were processed with (they decide the
+    shapes by execution and the branches taken, so the layers), the dtype the analysis asked for,
+    and the variant options (``generate_flags``) the lookup expected."""
     models = [str(m) for m in models]
     gen = ["benanza", "generate", *models, "--out", bench_dir, "--backend", backend, *generate_flags]
     if batch_size != 1:
         gen += ["--batch-size", str(batch_size)]
     for name, shape in input_shapes:
         gen += ["--input-shape", f"{name}={'x'.join(str(d) for d in shape)}"]
+    for name, values in input_values:
+        gen += ["--input-value", f"{name}={','.join(f'{v:.17g}' for v in values)}"]
+    if input_data is not None:
+        gen += ["--input-data", input_data]
     if dtype is not None:
         gen += ["--dtype", dtype]
     run = ["benanza", "run", "--system", system, "--backend", backend, "--bench-dir", bench_dir]

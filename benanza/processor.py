@@ -835,8 +835,9 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
             if t:
                 producer[t] = index
         nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
-                          tuple(i for i in proto.input if i and i in consts), constant and not layer.free,
-                          node_scope(proto, scopes, model.functions)))
+                          tuple(i for i in proto.input if i and i in consts),
+                          tuple(s for s, c in zip(view.inputs, view.constant) if c and s is not None),
+                          constant and not layer.free, node_scope(proto, scopes, model.functions)))
     if uncosted and not nodes:
         first = uncosted[0]
         raise ShapeError(p, f"no node can be costed: node {first.name!r} ({first.op}): {first.reason}")

@@ -596,44 +596,55 @@ def _random_feed(inputs, shapes: dict[str, tuple[int, ...]]) -> dict:
     return feed
 
 
-def _ort_model_bytes(path: str, notes: list[str]) -> bytes:
-    """The model, with its IR version lowered when this ONNX Runtime is older than the file.
+def _ort_session(path: str, notes: list[str], providers: list[str], options=None):
+    """One ONNX Runtime session of the model, given its path: ORT reads the weights, external data
+    included, itself (a model past 2 GB cannot be serialized to bytes, and a copy in this process
+    would double its memory).
 
-    ORT states the highest IR version it reads only in its load error, so probe once.
+    ORT states the highest IR version it reads only in its load error, which it raises before
+    reading any weight: then the model's graph (without its weights) is lowered to that version,
+    handed over as bytes, or, when its weights are external data, written beside the file so
+    the references resolve.
     """
     import re
 
     import onnx
     import onnxruntime as ort
 
-    model = onnx.load(path)
-    data = model.SerializeToString()
     try:
-        ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-        return data
+        return ort.InferenceSession(path, options, providers=providers)
     except Exception as exc:  # noqa: BLE001 - ORT raises its own Fail type
         m = re.search(r"Unsupported model IR version: \d+, max supported IR version: (\d+)", str(exc))
         if m is None:
             raise ModelError(path, f"onnxruntime cannot load the model: {exc}") from None
         max_ir = int(m.group(1))
+    model = onnx.load(path, load_external_data=False)
     notes.append(f"model IR version {model.ir_version} lowered to {max_ir} for onnxruntime {ort.__version__}")
     model.ir_version = max_ir
-    return model.SerializeToString()
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    lowered = Path(path).with_name(f".{Path(path).stem}.ir{max_ir}.benanza.onnx")
+    try:
+        onnx.save(model, str(lowered))
+        return ort.InferenceSession(str(lowered), options, providers=providers)
+    except OSError as exc:
+        raise ModelError(path, f"cannot write the IR-lowered copy beside it for onnxruntime ({exc})") from None
+    finally:
+        lowered.unlink(missing_ok=True)
 
 
 def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> dict:
     import onnxruntime as ort
 
-    data = _ort_model_bytes(spec.model, notes)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if spec.device == "cuda" else ["CPUExecutionProvider"]
     if phase == TIMED:
-        sess = ort.InferenceSession(data, providers=providers)
+        sess = _ort_session(spec.model, notes, providers)
         feed = _with_given(_random_feed(sess.get_inputs(), dict(spec.input_shapes)), spec)
         return {"samples_ms": _time_runs(lambda: sess.run(None, feed), spec), "providers": sess.get_providers()}
     so = ort.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(out / "ort_profile")
-    traced = ort.InferenceSession(data, so, providers=providers)
+    traced = _ort_session(spec.model, notes, providers, so)
     feed = _with_given(_random_feed(traced.get_inputs(), dict(spec.input_shapes)), spec)
     for _ in range(spec.trace_iterations):
         with measure("benanza_run"):  # an NVTX range per run for nsys

@@ -52,6 +52,9 @@ class Layout(StrEnum):
     NHWC = "nhwc"
     ANY = "any"  # oneDNN picks (blocked)
     PLAIN = "plain"  # oneDNN: a family without spatial layouts (dense row-major)
+    # oneDNN: a row-major tensor reordered so the op's axis is innermost, and back (a softmax over
+    # another axis, which only oneDNN's reference code takes row-major)
+    AXIS_INNER = "axis_inner"
 
 
 class Math(StrEnum):

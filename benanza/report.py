@@ -38,6 +38,7 @@ def _speedup(br: float | None) -> float | None:
 
 def analysis_json(a: Analysis) -> dict:
     m = a.measured_ms
+    reference = set(a.reference_rows)
     out: dict = {
         "model": a.model, "model_path": a.model_path, "system": a.system, "backend": a.backend,
         "dtype": a.dtype, "batch_size": a.batch_size,
@@ -55,7 +56,8 @@ def analysis_json(a: Analysis) -> dict:
                     "latency_ms": _r(r.latency_ms), "variant": r.variant or None, "algo": r.algo or None,
                     "implementation": r.implementation or None, "critical": r.critical,
                     "failed_variants": r.failed_variants,
-                    "unstable": r.status == "ok" and r.variant in a.unstable, "contended": r.contended}
+                    "unstable": r.status == "ok" and r.variant in a.unstable, "contended": r.contended,
+                    "reference": r in reference}
                    for r in a.rows],
         "edges": [list(e) for e in a.edges],
         "module_source": a.module_source or None,
@@ -88,6 +90,7 @@ def analysis_json(a: Analysis) -> dict:
         "kernel_gaps": [{"after": g.after, "before": g.before, "gap_us": _r(g.mean_us, 3)} for g in a.kernel_gaps],
         "heuristic": _heuristic_json(a),
         "speed_of_light": _speed_of_light_json(a),
+        "floors": _floors_json(a),
         "across_stack": _across_stack_json(a),
         "warnings": a.warnings, "notes": a.notes,
     }
@@ -97,6 +100,16 @@ def analysis_json(a: Analysis) -> dict:
             if b is not None:
                 b["contended"] = True
     return out
+
+
+def _floors_json(a: Analysis) -> dict | None:
+    f = a.floors
+    if f is None:
+        return None
+    return {"critical_path_ms": _r(f.critical_path_ms), "parallel_ms": _r(f.parallel_ms), "binds": f.binds,
+            "floors": [{"name": x.name, "ms": _r(x.ms, 9), "amount": x.amount, "rate": x.rate, "layers": x.layers,
+                        "detail": x.detail} for x in f.floors],
+            "absent": list(f.absent)}
 
 
 def _speed_of_light_json(a: Analysis) -> dict | None:
@@ -266,6 +279,8 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
             _row(t, f"{label} (ms)", _ms(b.sequential_ms), _ms(b.parallel_ms))
     if a.joint is not None:
         _row(t, a.joint_label + " (ms)", "", _ms(a.joint.parallel_ms))
+    if a.floors is not None and a.floors.binding is not None:
+        _row(t, "critical path, without the floors (ms)", "", _ms(a.floors.critical_path_ms))
     if a.speed_of_light is not None:
         _row(t, "speed of light, roofline of the same layers (ms)", _ms(a.speed_of_light.sequential_ms),
              _ms(a.speed_of_light.parallel_ms))
@@ -278,6 +293,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
             seq, par = a.framework.bounds_same_fusions.ratio(a.measured_ms)
             _row(t, f"ratio vs bound with {a.framework.framework}'s fusions", _ms(seq), _ms(par))
     console.print(t)
+    _print_floors(a, console)
     print_module_tree(a, console, depth)
 
     folded = folded_layers(a, a.rows)
@@ -369,6 +385,23 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"), soft_wrap=True)
     for n in a.notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_floors(a: Analysis, console: Console) -> None:
+    f = a.floors
+    if f is None:
+        return
+    b = f.binding
+    head = (f"parallel bound {_ms(f.parallel_ms)} ms: the {b.name} floor binds ({b.detail}), above the critical path's "
+            f"{_ms(f.critical_path_ms)} ms" if b is not None else
+            f"parallel bound {_ms(f.parallel_ms)} ms: the critical path binds, above every resource floor")
+    console.print(head, highlight=False, markup=False, soft_wrap=True)
+    for x in f.floors:
+        if x is not b:
+            console.print(f"  {x.name} floor {_ms(x.ms)} ms: {x.detail}", highlight=False, markup=False,
+                          soft_wrap=True)
+    for why in f.absent:
+        console.print(f"  no {why}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_across_stack(a: Analysis, console: Console, top: int = 10) -> None:
@@ -529,8 +562,10 @@ def bar_chart(title: str, bars: Sequence[tuple[str, float | None]], unit: str = 
 
 def _charts(a: Analysis) -> list[str]:
     bars: list[tuple[str, float | None]] = [
-        ("sequential bound", a.bounds.sequential_ms), ("parallel bound", a.bounds.parallel_ms),
-        ("sequential bound with fusion", a.fusion.bounds.sequential_ms)]
+        ("sequential bound", a.bounds.sequential_ms), ("parallel bound", a.bounds.parallel_ms)]
+    if a.floors is not None:
+        bars += [("critical path", a.floors.critical_path_ms)] + [(f"{f.name} floor", f.ms) for f in a.floors.floors]
+    bars += [("sequential bound with fusion", a.fusion.bounds.sequential_ms)]
     if a.framework is not None:
         bars.append((f"bound with {a.framework.framework}'s fusions", a.framework.bounds_same_fusions.sequential_ms))
     bars += [(f"{k} sequential bound", b.sequential_ms) for k, b in a.tensor_cores.bounds.items() if k != a.dtype]

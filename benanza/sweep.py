@@ -24,7 +24,7 @@ from .parsers import ExecutionProfile
 from .parsers.bundle import check_model
 from .problems import layer_key
 from .processor import load_model, unique_layers
-from .records import System
+from .records import Result, System
 from .shapes_by_execution import load_input_data, shape_notes, uncosted_notes
 
 if TYPE_CHECKING:
@@ -77,14 +77,15 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
             system = resolve_system(db, name, req.backend or native_backend(db, name, prof), req.stack)
             measured = req.measured_ms if single else None
             a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
-                        stack=system, math=req.math, peaks=db.peaks(system))
+                        stack=system, math=req.math, peaks=db.peaks(system), one_thread=_one_thread(db, system, keys))
             dtypes = get_backend(system.backend).dtypes
             if a.missing and req.dtype not in dtypes:
                 a.warnings.append(f"the {system.backend} backend benchmarks {', '.join(dtypes)}, not {req.dtype}: "
                                   f"no command can fill this bound on system {name!r}")
             elif a.missing:
                 cmd = missing_command([req.model], name, system.backend, batch_size=batch, db=str(db.path),
-                                      dtype=req.dtype, input_shapes=req.input_shapes)
+                                      dtype=req.dtype, input_shapes=req.input_shapes, input_values=req.input_values,
+                                      input_data=req.input_data)
                 if req.generate_missing:
                     log.info("filling %d missing benchmarks: %s", len(a.missing), cmd)
                     measure_missing([model], "out/bench", name, system.backend, db.path,
@@ -92,14 +93,15 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                     # the run stores under the stack this machine has now
                     system = resolve_system(db, name, system.backend, req.stack)
                     a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
-                                stack=system, math=req.math, peaks=db.peaks(system))
+                                stack=system, math=req.math, peaks=db.peaks(system),
+                                one_thread=_one_thread(db, system, keys))
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
             if a.contended:
                 threads = dict(system.stack).get("threads", "")
                 a.remeasure_command = missing_command(
                     [req.model], name, system.backend, batch_size=batch, db=str(db.path),
-                    input_shapes=req.input_shapes,
+                    input_shapes=req.input_shapes, input_values=req.input_values, input_data=req.input_data,
                     run_flags=remeasure_flags(a.contended, int(threads) if threads.isdigit() else None))
                 a.warnings.append(f"to re-measure the contended results when the machine is idle: "
                                   f"{a.remeasure_command}")
@@ -141,6 +143,18 @@ def native_backend(db, name: str, profile: ExecutionProfile | None) -> str | Non
     framework = (profile.framework or trace.framework) if profile is not None and trace is not None else ""
     if framework in BACKEND_MODULES and db.system(name, framework) is not None:
         return framework
+    return None
+
+
+def _one_thread(db, system: System, keys: list[str]) -> list[Result] | None:
+    """The results of ``system``'s stack at one thread (the work floor's single-thread times):
+    those of the stack stored under the same name whose components differ in threads only."""
+    want = dict(system.stack, threads="1")
+    if "threads" not in dict(system.stack) or want == dict(system.stack):
+        return None
+    for other, _, _ in db.stacks(system.name):
+        if other.backend == system.backend and other.device == system.device and dict(other.stack) == want:
+            return db.results(other, keys)
     return None
 
 

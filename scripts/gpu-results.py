@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from benanza.backends.cudnn import CONV_ALGOS, CUDNN_MATH_TYPES
+from benanza.peaks import Peaks, datasheet_for
 from benanza.perfdb import PerfDB
 from benanza.records import Result, Status
 
@@ -123,6 +124,33 @@ def models(analyses: list[dict]) -> list[str]:
 SKIPPED = "gpukit: smoke skipped: "
 
 
+def peaks(measured: Peaks | None, device: str) -> list[str]:
+    """What cuBLAS and device copies attained (`benanza run` measures them once per stack), beside
+    the GPU's datasheet: the share of its published peak this board and stack reach."""
+    lines = ["## Peaks (speed of light)", ""]
+    if measured is None:
+        return lines + ["No peaks stored for this stack (`benanza peaks --backend cudnn` measures them).", ""]
+    sheet = datasheet_for(device)
+    rows = []
+    for p in measured.peaks:
+        if p.kind == "gemm":
+            ref = sheet.gemm(p.dtype) if sheet else None
+            rows.append([f"GEMM {p.dtype}", f"{p.value / 1e12:.1f} TFLOP/s", f"{p.size}³",
+                         f"{ref:g} TFLOP/s" if ref else "—", _ratio(p.value / 1e12 / ref) if ref else "—"])
+    for dtype, message in measured.unsupported:
+        rows.append([f"GEMM {dtype}", "not run: " + message.replace("|", "\\|")[:100], "", "", ""])
+    for p in measured.ladder:
+        ref = sheet.memory_gb_s if sheet and p.level == "DRAM" else None
+        rows.append([f"bandwidth {p.level}", f"{p.value / 1e9:.0f} GB/s", f"{p.size / 2**20:.3g} MiB",
+                     f"{ref:g} GB/s" if ref else "—", _ratio(p.value / 1e9 / ref) if ref else "—"])
+    lines += _table(["peak", "measured", "size", f"datasheet ({sheet.name})" if sheet else "datasheet",
+                     "measured / datasheet"], rows)
+    if sheet:
+        lines += [f"Datasheet: {sheet.source} (dense, boost clock), a reference only; the roofs are the measured "
+                  f"peaks.", ""]
+    return lines
+
+
 def smoke(path: Path | None) -> list[str]:
     lines = ["## Smoke run under compute-sanitizer (every family)", ""]
     if path is None or not path.is_file():
@@ -160,13 +188,15 @@ def main() -> int:
             print(f"gpu-results: {args.db}: no system {args.system!r}", file=sys.stderr)
             return 1
         results = db.results(args.system)
+        measured = db.peaks(system)
     analyses = [a for path in args.analyses for a in json.loads(path.read_text())["analyses"]]
     lines = [f"# Benanza on {system.device}", "",
              "Written by `scripts/gpukit.py device report` (docs/gpu.md) from the measurements of that campaign.",
              ""]
     lines += _table(["component", "version"], [[k, v] for k, v in system.stack])
     lines += [f"- {n}" for n in args.note] + ([""] if args.note else [])
-    lines += campaign(results, args.campaign_seconds) + models(analyses) + algorithms(results) + smoke(args.smoke)
+    lines += campaign(results, args.campaign_seconds) + peaks(measured, system.device) + models(analyses)
+    lines += algorithms(results) + smoke(args.smoke)
     args.out.write_text("\n".join(lines))
     print(f"gpu-results: wrote {args.out}")
     return 0

@@ -248,3 +248,23 @@ def test_system_spec_parsing_and_bad_input():
                       ("x:backend=rocm", "unknown backend"), ("x:threads=0", "threads")):
         out = runner.invoke(main, ["campaign", "submit", __file__, "--dir", "unused", "--system", bad])
         assert out.exit_code == 1 and says in out.output and "Traceback" not in out.output, out.output
+
+
+def test_a_requeued_jobs_earlier_result_is_not_its_outcome(tmp_path, monkeypatch):
+    """Slurm's SIGTERM for a requeue can interrupt the runner before submitit exits, so the first
+    run writes an error result; while Slurm runs the job again that file is not the job's end."""
+    import submitit
+
+    sys_a = cmp.SystemSpec("sys-a", "onednn", 1, (("partition", "sys-a"),))
+    camp = cmp.Campaign.create(tmp_path / "c", cmp.CampaignSpec(models=("m.onnx",), db=str(tmp_path / "t.db"),
+                                                                systems=(sys_a,)))
+    camp.jobs["sys-a"] = [cmp.JobRecord("41", "2026-11-25T00:00:00", None)]
+    job = submitit.SlurmJob(folder=str(camp.folder.slurm / "%j"), job_id="41")
+    job.paths.result_pickle.parent.mkdir(parents=True)
+    submitit.core.utils.cloudpickle_dump(("error", "CampaignError: system sys-a: interrupted after 3 results"),
+                                         job.paths.result_pickle)
+    states = iter(["PENDING", "RUNNING", "FAILED"])
+    monkeypatch.setattr(cmp, "slurm_state", lambda job_id: next(states))
+    assert cmp.collect(camp) == [] and cmp.collect(camp) == []
+    (report,) = cmp.collect(camp)  # Slurm says it ended: now the file is its result
+    assert report.outcome == "failed" and report.state == "FAILED" and "interrupted after 3" in report.message

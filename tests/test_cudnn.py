@@ -737,11 +737,17 @@ def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save):
     g = generate(manifest, "cudnn", tmp_path / "bench", GenOptions(dtypes=("f32",), layouts=("nchw",)))
     binary = _build(g.out_dir)
     db_path = tmp_path / "gpu.db"
-    system = System("ci-gpu", "cudnn", "no device", (("cuda", "13"),))
+    # named as CUDA names an H100, so the page sets the stored peaks beside that GPU's datasheet
+    system = System("ci-gpu", "cudnn", "NVIDIA H100 80GB HBM3", (("cuda", "13"),))
     summary = RunSummary(system, "cudnn", db_path, total=len(g.variants), already=0)
+    from benanza.peaks import Peak, Peaks
+
     with PerfDB(db_path) as db:
         db.record_models(manifest)
         db.upsert_system(system)
+        db.store_peaks(system, Peaks((Peak("gemm", 700e12, 8192, dtype="f16"),
+                                      Peak("bandwidth", 3.0e12, 400 << 20, level="DRAM")),
+                                     (("s8", "cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED"),)))
         _execute(binary, g.variants, dict(os.environ), RunOptions(timeout=120, repetitions=1), db, system,
                  summary, None)
     assert summary.failed == len(g.variants)
@@ -768,3 +774,7 @@ def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save):
     assert f"| cr | f32 | 0.500 | 0.000 | 0.000 | 0.00 | 0.00 | yes | {missing} | 0 |" in text
     assert "cudaErrorInsufficientDriver" in text or "cudaErrorNoDevice" in text
     assert "No convolution results." in text
+    # measured / datasheet, recomputed: 700 of H100 SXM's 989.4 dense f16 TFLOP/s, 3000 of its 3350 GB/s
+    assert "| GEMM f16 | 700.0 TFLOP/s | 8192³ | 989.4 TFLOP/s | 0.71 |" in text
+    assert "| bandwidth DRAM | 3000 GB/s | 400 MiB | 3350 GB/s | 0.90 |" in text
+    assert "| GEMM s8 | not run: cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED |" in text

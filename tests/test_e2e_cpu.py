@@ -74,7 +74,8 @@ def test_bounds_and_ratio(workdir, model):
 
 def test_inception_has_parallel_modules(workdir):
     a = analyze(workdir, "inception-v1")
-    assert a["bounds"]["parallel_ms"] < a["bounds"]["sequential_ms"]
+    # the branches shorten the critical path (a one-thread stack's work floor may bind over it)
+    assert a["floors"]["critical_path_ms"] < a["bounds"]["sequential_ms"]
     assert len(a["parallel_modules"]) >= 9  # one per inception module
     assert all(m["branches"] == 4 for m in a["parallel_modules"][:9])
 
@@ -129,7 +130,7 @@ def test_torch_profile_maps_layers_and_names_onednn_algorithms(workdir, model):
 @pytest.mark.parametrize("model", MODELS)
 def test_bounds_equal_the_database(workdir, model):
     """Real oneDNN measurements: the bounds equal an independent SQL query and a DP over the ONNX edges."""
-    from test_bounds_e2e import best_by_key, longest_path, node_keys
+    from test_bounds_e2e import best_by_key, floored, longest_path, node_keys
 
     (a,) = json.loads(benanza("analyze", f"models/{model}.onnx", "--system", "ci-cpu", "--db", "perf.db",
                               "--json", cwd=workdir))["analyses"]
@@ -140,5 +141,5 @@ def test_bounds_equal_the_database(workdir, model):
     weight = {name: best.get(key, 0.0) for name, key in keys.items()}
     assert not a["bounds"]["partial"]
     assert a["bounds"]["sequential_ms"] == pytest.approx(sum(weight.values()), **JSON_MS)
-    assert a["bounds"]["parallel_ms"] == pytest.approx(longest_path(workdir / "models" / f"{model}.onnx", weight),
-                                                       **JSON_MS)
+    assert a["bounds"]["parallel_ms"] == pytest.approx(
+        floored(a, longest_path(workdir / "models" / f"{model}.onnx", weight)), **JSON_MS)

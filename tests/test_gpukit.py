@@ -121,7 +121,7 @@ def test_commands_name_the_calls_in_order_with_the_carry():
 def _fake_image(root: Path) -> tuple[Path, Path, Path]:
     """A venv shaped like the image's /opt/torch/.venv: its own site-packages with the cu13 wheel
     folders (this machine's, linked), the test environment's packages behind them (a .pth), and
-    nvcc at a CUDA_HOME of its own that is this machine's CUDA 13.0 compiler."""
+    a CUDA_HOME of its own, a system install of this machine's CUDA 13.0 compiler."""
     from benanza.toolchain import cuda_toolkit, nvcc_version
 
     real_nvcc = cuda_toolkit()
@@ -136,12 +136,28 @@ def _fake_image(root: Path) -> tuple[Path, Path, Path]:
     for wheel_dir in ("cudnn", "cu13"):
         (site / "nvidia" / wheel_dir).symlink_to(ours / "nvidia" / wheel_dir)
     (site / "zz-test-env.pth").write_text(f"{ours}\n")
-    cuda = root / "usr" / "local" / "cuda"
+    return python, site, _system_install(real_nvcc, root / "usr" / "local" / "cuda")
+
+
+def _system_install(real, cuda: Path) -> Path:
+    """A CUDA home laid out as NVIDIA's installer lays it out (the image's /usr/local/cuda), made
+    of this machine's toolkit, which may be PyPI's wheels: nvcc finds its tree from its own file's
+    folder, so nvcc and its profile are copies here and the rest links; lib64/ holds the libraries
+    with the unversioned libcudart.so a system install has (the wheels ship only the soname)."""
     (cuda / "bin").mkdir(parents=True)
-    nvcc = cuda / "bin" / "nvcc"
-    nvcc.write_text(f'#!/bin/sh\nexec "{real_nvcc.nvcc}" "$@"\n')
-    nvcc.chmod(0o755)
-    return python, site, cuda
+    for entry in real.nvcc.parent.iterdir():
+        if entry.name in ("nvcc", "nvcc.profile"):
+            shutil.copy2(entry, cuda / "bin" / entry.name)
+        else:
+            (cuda / "bin" / entry.name).symlink_to(entry.resolve())
+    for name in ("include", "nvvm"):
+        (cuda / name).symlink_to((real.root / name).resolve())
+    (cuda / "lib64").mkdir()
+    for entry in real.lib.iterdir():
+        (cuda / "lib64" / entry.name).symlink_to(entry.resolve())
+    if not (cuda / "lib64" / "libcudart.so").exists():
+        (cuda / "lib64" / "libcudart.so").symlink_to(real.cudart.resolve())
+    return cuda
 
 
 @pytest.mark.slow

@@ -170,3 +170,50 @@ def test_a_bundle_of_another_model_is_refused(tmp_path, convnet_file, save):
     same = CliRunner().invoke(main, ["analyze", str(convnet_file), "--system", "nobody", "--profile", str(out),
                                      "--db", str(tmp_path / "p.db")])
     assert same.exit_code == 1 and "p.db: no such database file" in same.output
+
+
+def test_onnxruntime_gets_the_path_and_opens_one_session(tmp_path, monkeypatch):
+    """ORT is handed the file, never its bytes (a model past 2 GB cannot be serialized; its
+    external data ORT reads itself), and one session opens per run: for a file ORT reads as it
+    is, and for one whose IR version it must lower (written beside the file, then removed, so
+    the external data resolves)."""
+    from pathlib import Path
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from helpers import io, model, tensor
+    from onnx import helper
+
+    from benanza import profiler
+
+    weights = tensor("W", (64, 32))
+    opened: list = []
+    real = ort.InferenceSession
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, what, *args, **kwargs):
+            super().__init__(what, *args, **kwargs)
+            opened.append(what)
+
+    monkeypatch.setattr(ort, "InferenceSession", Counting)
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    expected = x @ onnx.numpy_helper.to_array(weights)
+    for ir in (8, 100):  # 100: newer than this ORT reads
+        m = model([helper.make_node("MatMul", ["x", "W"], ["y"])], [io("x", [2, 64])], [io("y", None)], [weights],
+                  ir_version=ir)
+        path = tmp_path / f"ext{ir}.onnx"
+        onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=f"w{ir}.bin",
+                  size_threshold=0)
+        assert (tmp_path / f"w{ir}.bin").stat().st_size == 64 * 32 * 4
+        opened.clear()
+        notes: list[str] = []
+        sess = profiler._ort_session(str(path), notes, ["CPUExecutionProvider"])
+        (y,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(y, expected, rtol=1e-5)
+        assert len(opened) == 1 and isinstance(opened[0], str), opened
+        if ir == 8:
+            assert opened == [str(path)] and notes == []
+        else:
+            assert "lowered" in notes[0] and Path(opened[0]).parent == tmp_path and not Path(opened[0]).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ext100.onnx", "ext8.onnx", "w100.bin", "w8.bin"]

@@ -192,8 +192,9 @@ def test_unstable_results_are_remeasured_and_what_stays_noisy_is_flagged(tmp_pat
     system = System("ci", "onednn", "stand-in", (("threads", "1"),))
     summary = RunSummary(system, "onednn", tmp_path / "r.db", total=3, already=0)
     with PerfDB(tmp_path / "r.db") as db:
-        _execute(fake, [noisy, settles, calm], dict(os.environ), RunOptions(timeout=30, remeasure=2, max_rsd=0.1),
-                 db, system, summary, None)
+        # stability alone: a loaded machine's contention must not add re-measurements of its own
+        _execute(fake, [noisy, settles, calm], dict(os.environ),
+                 RunOptions(timeout=30, remeasure=2, max_rsd=0.1, max_contention=1.0), db, system, summary, None)
         latest = {r.variant: r for r in db.results(system)}
         rows = dict(db.db.execute("SELECT variant, count(*) FROM results GROUP BY variant").fetchall())
     assert rows == {noisy.name: 3, settles.name: 2, calm.name: 1}  # bounded: 1 + 2 re-measurements

@@ -453,3 +453,30 @@ def test_an_input_read_only_through_its_shape_needs_no_value(tmp_path):
     path = tmp_path / "by_shape.onnx"
     onnx.save(m, str(path))
     assert load_model(path).control_flow == {"If_2": "then"}
+
+
+def test_the_command_that_fills_a_bound_keeps_the_input_values(tmp_path, monkeypatch):
+    """The database holds the then branch only; `analyze --input-value cond=0` bounds the else
+    branch, finds it missing, and prints the command that fills it: that command must process the
+    model with the same value (another value takes another branch, other layers)."""
+    import shlex
+
+    from test_analyzer import _db_with
+
+    path = _if_model(tmp_path)
+    db_path = tmp_path / "p.db"
+    _db_with(db_path, load_model(path, input_values={"cond": (1.0,)}), ms_of=lambda n: 1.0)
+    r = CliRunner().invoke(main, ["analyze", str(path), "--system", "cpu-a", "--db", str(db_path), "--json",
+                                  "--input-value", "cond=0"])
+    assert r.exit_code == 0, r.output
+    (doc,) = json.loads(r.stdout)["analyses"]
+    (said,) = [w for w in doc["warnings"] if w.startswith("to fill the missing benchmarks run: ")]
+    generate_cmd = shlex.split(said.split(": ", 1)[1].split(" && ")[0])
+    assert generate_cmd[:2] == ["benanza", "generate"] and "--input-value" in generate_cmd
+    monkeypatch.chdir(tmp_path)
+    g = CliRunner().invoke(main, generate_cmd[1:])
+    assert g.exit_code == 0, g.output
+    generated = {la["key"] for la in json.loads((tmp_path / "out" / "bench" / "layers.json").read_text())["layers"]}
+    wanted = {n.layer.key for n in load_model(path, input_values={"cond": (0.0,)}).nodes}
+    assert wanted <= generated
+    assert wanted != {n.layer.key for n in load_model(path, input_values={"cond": (1.0,)}).nodes}

@@ -287,3 +287,103 @@ def test_peaks_measured_under_contention_judge_nothing():
     assert a.speed_of_light is None and not a.missing
     assert a.bounds.sequential_ms == pytest.approx(1e-9 * sum(1 for n in m.nodes if n.layer.onednn_primitive))
     assert any("measured while other processes took 64%" in w for w in a.warnings)
+
+
+# A GPU's peaks as `benanza peaks --backend cudnn` stores them: TF32 Tensor Cores 8× the FMA units.
+GPU_PEAKS = Peaks((Peak("gemm", 5e13, 8192, dtype="f32"), Peak("gemm", 4e14, 8192, dtype="tf32"),
+                   Peak("gemm", 8e14, 8192, dtype="f16"), Peak("bandwidth", 8e12, 12 << 20, level="L2"),
+                   Peak("bandwidth", 3e12, 400 << 20, level="DRAM")), levels=(("L2", 50 << 20),))
+
+
+def test_fp32_allowed_tf32_is_held_to_the_tensor_core_roof_and_only_then():
+    """cuDNN/cuBLAS with `tf32_allowed` run fp32 data on TF32 Tensor Cores: a real result there
+    beats the f32 FMA roof many times over and must not be called impossible; the same time
+    under `fma` (no Tensor Cores) cannot be true."""
+    from test_analyzer import ok
+
+    from benanza.analysis.roofline import screen
+    from benanza.records import Variant
+
+    m = load_model(model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], [io("x", [32, 256, 56, 56])],
+                         [io("y", None)], [tensor("W", (256, 256, 3, 3))]), name="conv")
+    layer = m.nodes[0].layer
+    fma, tf32 = roof(layer, "f32", GPU_PEAKS, "fma"), roof(layer, "f32", GPU_PEAKS, "tf32_allowed")
+    assert fma.compute_ms == pytest.approx(1e3 * layer.flops / 5e13)
+    assert tf32.compute_ms == pytest.approx(1e3 * layer.flops / 4e14)
+    assert GPU_PEAKS.compute_peak("f16", "tensor_op").dtype == "f16"
+    assert GPU_PEAKS.compute_peak("bf16", "tensor_op") is None  # not measured: held to memory only
+    ms = 1.5 * tf32.compute_ms  # what a TF32 kernel reaches: 8/1.5 ≈ 5× under the FMA roof
+    results = []
+    for math in ("tf32_allowed", "fma"):
+        r = ok(layer, ms, backend="cudnn")
+        results.append(replace(r, variant=Variant(layer.problem, "cudnn", "cudnnConvolutionForward", "implicit_gemm",
+                                                  "f32", "nchw", math)))
+    kept, flagged = screen(results, m, GPU_PEAKS)
+    assert [r.variant.math for r in kept] == ["tf32_allowed"]
+    assert [f.variant for f in flagged] == [results[1].variant.name]
+
+
+@pytest.mark.parametrize(("device", "sheet"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB"), ("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("NVIDIA L40S", "L40S"),
+    ("Tesla V100-SXM2-16GB", "V100 SXM2"),
+    ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", None), ("no CUDA device", None)])
+def test_datasheet_of_the_name_cuda_reports(device, sheet):
+    from benanza.peaks import datasheet_for
+
+    found = datasheet_for(device)
+    assert (found.name if found else None) == sheet
+
+
+def test_datasheets_are_dense_figures_in_their_published_ratios():
+    """Published dense (no-sparsity) figures: 16-bit Tensor Core throughput twice TF32's, int8
+    twice 16-bit's, wherever a GPU has them (a sparse figure slipped in breaks the ratio)."""
+    from benanza.peaks import DATASHEETS
+
+    for d in DATASHEETS:
+        t = dict(d.tflops)
+        if "tf32" in t:
+            assert t["f16"] == pytest.approx(2 * t["tf32"], rel=0.02) and t["bf16"] == t["f16"], d.name
+        if "s8" in t and "tf32" in t:
+            assert t["s8"] == pytest.approx(2 * t["f16"], rel=0.02), d.name
+        assert t["f32"] < t["f16"] and d.memory_gb_s > 100
+
+
+@pytest.mark.slow
+def test_gpu_peaks_program_builds_against_the_wheels_and_says_why_it_cannot_run(tmp_path, monkeypatch):
+    """The program the GPU trip runs compiles here (nvcc and cuBLAS from the wheels setup.sh
+    installs); without a device it stops with one line, measuring nothing."""
+    from benanza.peaks import _build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    binary = _build("cudnn", (f"-DBENANZA_PYTHON={sys.executable}",))
+    done = subprocess.run([str(binary), "--gemm=f32,tf32", "--ladder"], capture_output=True, text=True, timeout=60)
+    if done.returncode == 0:
+        pytest.skip("this machine has a CUDA device: the program measured it")
+    assert done.returncode == 3 and done.stdout == ""
+    assert done.stderr.startswith("benanza_peaks: no usable CUDA device: ") and len(done.stderr.splitlines()) == 1
+
+
+def test_merge_brings_peaks_of_stacks_it_lacks_and_never_mixes_a_stack_s_set(tmp_path):
+    from benanza.perfdb import PerfDB
+    from benanza.records import System
+
+    a, b = System("box", "onednn", "cpu", (("threads", "1"),)), System("gpu", "cudnn", "H100", (("cudnn", "9"),))
+    remeasured = Peaks((Peak("gemm", 2e11, 512, dtype="f32"), Peak("bandwidth", 5e10, 1 << 20, level="DRAM")),
+                       (), 1, "2026-01-02T00:00:00+00:00", "benanza peaks")
+    with PerfDB(tmp_path / "team.db") as team:
+        team.store_peaks(a, PEAKS)
+    with PerfDB(tmp_path / "shard.db") as shard:
+        shard.upsert_system(a)
+        shard.upsert_system(b)
+        shard.store_peaks(a, remeasured)
+        shard.store_peaks(b, GPU_PEAKS)
+    with PerfDB(tmp_path / "team.db") as team:
+        added = team.merge_from(tmp_path / "shard.db")
+        again = team.merge_from(tmp_path / "shard.db")
+        assert set(team.peaks(a).peaks) == set(PEAKS.peaks)  # this database's measurement of a stack wins, whole
+        assert set(team.peaks(b).peaks) == set(GPU_PEAKS.peaks)
+        kept = [c for c in team.conflicts() if c[0] == "peaks"]
+    assert added["peaks"] == len(GPU_PEAKS.peaks) and again["peaks"] == 0 and again["conflicts"] == 0
+    assert len(kept) == len(remeasured.peaks) == added["conflicts"]

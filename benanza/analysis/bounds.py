@@ -59,6 +59,7 @@ class LayerRow:
     # some variant the best was chosen from was measured under contention: its true latency may
     # be below the chosen one's, so the row's latency is no floor (docs/measurement.md)
     contended: bool = False
+    math: str = "default"  # the chosen variant's math mode (its roof: fp32 on TF32 Tensor Cores or not)
 
 
 def covered(layer: Layer, backend: str) -> bool:
@@ -124,7 +125,8 @@ def layer_rows(model: Model, by_problem: ResultIndex, backend: str, dtype: str,
             latency = cast(float, chosen.latency_ms)  # best() picks OK results only: they have one
             rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.OK,
                                  float(latency), chosen.variant.name, chosen.variant.algo,
-                                 chosen.implementation, failed_variants=failed, contended=contended))
+                                 chosen.implementation, failed_variants=failed, contended=contended,
+                                 math=chosen.variant.math))
     return rows
 
 

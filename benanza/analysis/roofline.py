@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from ..layers import FLOAT_DTYPES, Layer, Model
+from ..layers import FLOAT_DTYPES, Layer, Model, TensorSpec
 from ..ops.base import ELEMENT_SIZE
 from ..peaks import Peaks
 from ..records import Result, Variant
@@ -65,17 +65,13 @@ class Roof:
         """FLOPs per compulsory byte."""
         return self.flops / self.bytes if self.bytes else None
 
-    def _computes_fewer(self, algo: str, implementation: str) -> bool:
-        text = f"{algo} {implementation}".lower()
-        return any(w in text for w in _FEWER_MULTIPLIES)
-
     def sol_ms(self, algo: str, implementation: str) -> float:
         """The speed of light of a kernel of this algorithm and implementation."""
-        return self.memory_ms if self._computes_fewer(algo, implementation) else self.ms
+        return self.memory_ms if computes_fewer(algo, implementation) else self.ms
 
     def floor_ms(self, variant: Variant, implementation: str) -> float:
         """What a result of ``variant`` cannot beat, whatever cache holds its data."""
-        compute = 0.0 if self._computes_fewer(variant.algo, implementation) else (self.compute_ms or 0.0)
+        compute = 0.0 if computes_fewer(variant.algo, implementation) else (self.compute_ms or 0.0)
         return max(compute / COMPUTE_SLACK, self.fastest_memory_ms)
 
 
@@ -121,23 +117,32 @@ class SpeedOfLight:
         return sum(r.latency_ms or 0.0 for r in self.layers if r.roof.bound_by == "memory")
 
 
+def computes_fewer(algo: str, implementation: str) -> bool:
+    """Whether a kernel of this algorithm and implementation does fewer multiplications than the
+    layer's FLOP count (Winograd, FFT)."""
+    text = f"{algo} {implementation}".lower()
+    return any(w in text for w in _FEWER_MULTIPLIES)
+
+
+def spec_bytes(t: TensorSpec, dtype: str) -> int:
+    """A tensor's bytes computed in ``dtype``: a float tensor in its size, others in their own."""
+    return t.numel * ELEMENT_SIZE.get(dtype if t.dtype in FLOAT_DTYPES else t.dtype, 4)
+
+
 def tensor_bytes(layer: Layer, dtype: str) -> tuple[int, int]:
-    """The layer's (input, output) bytes computed in ``dtype``: float tensors in its size."""
-    def size(dt: str) -> int:
-        return ELEMENT_SIZE.get(dtype if dt in FLOAT_DTYPES else dt, 4)
-
-    return (sum(t.numel * size(t.dtype) for t in layer.inputs),
-            sum(t.numel * size(t.dtype) for t in layer.outputs))
+    """The layer's (input, output) bytes computed in ``dtype``."""
+    return sum(spec_bytes(t, dtype) for t in layer.inputs), sum(spec_bytes(t, dtype) for t in layer.outputs)
 
 
-def roof(layer: Layer, dtype: str, peaks: Peaks) -> Roof | None:
-    """The layer's roofline computed in ``dtype``; None without any bandwidth peak."""
+def roof(layer: Layer, dtype: str, peaks: Peaks, math: str = "default") -> Roof | None:
+    """The layer's roofline computed in ``dtype`` under ``math`` (the variant's math mode: it
+    decides whether fp32 data may use TF32 Tensor Cores); None without any bandwidth peak."""
     inputs, outputs = tensor_bytes(layer, dtype)
     nbytes = layer.problem.compulsory_bytes(inputs, outputs)
     bandwidth = peaks.bandwidth_for(nbytes)
     if bandwidth is None:
         return None
-    gemm = peaks.gemm(dtype)
+    gemm = peaks.compute_peak(dtype, math)
     compute = 1e3 * layer.flops / gemm.value if gemm is not None else None
     fastest = max(p.value for p in peaks.ladder)
     return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level, 1e3 * nbytes / fastest)
@@ -151,9 +156,9 @@ def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[
     for r in results:
         layer = layers.get((r.variant.problem, r.variant.dtype))
         if r.ok and layer is not None:
-            key = (r.variant.problem, r.variant.dtype)
+            key = (r.variant.problem, r.variant.dtype, r.variant.math)
             if key not in roofs:
-                roofs[key] = roof(layer, r.variant.dtype, peaks)
+                roofs[key] = roof(layer, r.variant.dtype, peaks, r.variant.math)
             rf = roofs[key]
             if rf is not None:
                 floor = rf.floor_ms(r.variant, r.implementation)
@@ -179,7 +184,7 @@ def speed_of_light(model: Model, rows: list[LayerRow], graph: nx.DiGraph, dtype:
             continue
         layer = model.nodes[row.index].layer
         dt = layer.in_dtype(dtype)
-        rf = roof(layer, dt, peaks)
+        rf = roof(layer, dt, peaks, row.math)
         if rf is None:
             continue
         if rf.compute_ms is None and layer.flops:

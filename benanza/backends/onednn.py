@@ -57,7 +57,7 @@ def _dtypes(options: GenOptions) -> list[str]:
 def _layouts(problem: Problem, family: OnednnLowering, options: GenOptions) -> list[str]:
     spatial = family.spatial or (family.spatial_if is not None and family.spatial_if(problem))
     if not spatial:
-        return ["plain"]
+        return ["plain", *(family.layouts(problem) if family.layouts is not None else ())]
     return [lay for lay in (options.layouts or SPATIAL_LAYOUTS) if lay in SPATIAL_LAYOUTS]
 
 
@@ -164,7 +164,7 @@ class _Table:
 
 
 def _row(v: Variant, index: int, f: Fused) -> str:
-    layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any") else "plain"
+    layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any", "axis_inner") else "plain"
     flags = ", ".join(f".{name} = {_cbool(getattr(f, name))}" for name in ("bias", "relu", "gelu", "attention",
                                                                         "scale", "mask"))
     cfg = (f"{{.dtype = bo::DType::{v.dtype}, .layout = bo::Layout::{layout}, "

@@ -82,6 +82,8 @@ class OnednnLowering:
     # so ``benanza check`` feeds the ONNX reference the same values; None: check has no
     # reference for the family, or builds the feeds itself (check.py's adapters)
     fills: Callable[[Any], tuple[int, ...]] | None = None
+    # a non-spatial family's layouts besides ``plain`` for a problem (the softmax axis innermost)
+    layouts: Callable[[Any], tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,14 @@ class ReduceProblem(Problem):
 
 
 
+def _axes_inner(p: ReduceProblem) -> tuple[str, ...]:
+    """oneDNN's optimized reductions take the reduced axes innermost; over others of a row-major
+    tensor only its reference code runs (a mean over axis 1 of 1×16×4×2100: 2.8 ms ``ref:any``).
+    ``axis_inner``: reordered with the axes innermost and reduced there, the reorder timed."""
+    rank = len(p.shape)
+    return ("axis_inner",) if p.axes != tuple(range(rank - len(p.axes), rank)) else ()
+
+
 # --- recognition ---------------------------------------------------------------------------
 
 _REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min",
@@ -115,5 +123,5 @@ REDUCE = Family("reduce", ReduceProblem, tuple(_REDUCE), _reduce_build, lambda v
                                                           _cudnn_row)},
                 onednn=OnednnLowering("reduce", False,
                                       lambda p, api: ReduceParams(alg=p.alg, shape=p.shape, axes=p.axes),
-                                      fills=lambda p: (0,)))
+                                      fills=lambda p: (0,), layouts=_axes_inner))
 FAMILIES = (REDUCE,)

@@ -84,7 +84,8 @@ tag activation_tag(Layout l) {
     case Layout::nchw: return tag::nchw;
     case Layout::nhwc: return tag::nhwc;
     case Layout::any: return has_avx512() ? tag::nChw16c : tag::nChw8c;
-    case Layout::plain: return tag::nchw;
+    case Layout::plain:
+    case Layout::axis_inner: return tag::nchw;  // never asked for: only softmax uses it
   }
   return tag::nchw;
 }
@@ -683,6 +684,24 @@ Prepared make_matmul(const MatmulParams& m, const Config& cfg) {
 
 // --- softmax -----------------------------------------------------------------------------
 
+// The dims of ``shape`` laid out with ``axes`` innermost (in their order), the others in their
+// order outside them.
+memory::desc axes_inner_md(const Dims& shape, const Dims& axes, DType dtype) {
+  Dims strides(shape.size());
+  int64_t stride = 1;
+  for (size_t k = axes.size(); k-- > 0;) {
+    size_t at = static_cast<size_t>(axes[k]);
+    strides.at(at) = stride;
+    stride *= shape.at(at);
+  }
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (std::find(axes.begin(), axes.end(), static_cast<int64_t>(i)) != axes.end()) continue;
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return memory::desc(shape, data_type(dtype), strides);
+}
+
 Prepared make_softmax(const SoftmaxParams& s, const Config& cfg) {
   Dims shape = s.shape;
   int axis = s.axis;
@@ -694,15 +713,25 @@ Prepared make_softmax(const SoftmaxParams& s, const Config& cfg) {
   }
   auto data = plain_md(shape, cfg.dtype);
   auto alg = std::string(s.alg) == "logsoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
+  auto over = cfg.layout == Layout::axis_inner ? axes_inner_md(shape, {axis}, cfg.dtype) : data;
   auto attr = base_attr();
   auto pk = prop_kind::forward_inference;
 #if BENANZA_DNNL3
-  dnnl::softmax_forward::primitive_desc pd(engine(), pk, alg, data, data, axis, attr);
+  dnnl::softmax_forward::primitive_desc pd(engine(), pk, alg, over, over, axis, attr);
 #else
-  dnnl::softmax_v2_forward::desc d(pk, alg, data, data, axis);
+  dnnl::softmax_v2_forward::desc d(pk, alg, over, over, axis);
   dnnl::softmax_v2_forward::primitive_desc pd(d, attr, engine());
 #endif
-  return prepare<Softmax>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+  if (cfg.layout != Layout::axis_inner) return prepare<Softmax>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+  // The tensor arrives and leaves row-major, as the model's neighbours hand it over: the two
+  // reorders are part of the cost, the softmax runs in place between them.
+  dnnl::reorder::primitive_desc to(engine(), data, engine(), over, base_attr());
+  Prepared chain = prepare<dnnl::reorder>(to, {{DNNL_ARG_FROM, data}});
+  memory inner = chain.dst();
+  chain.then(prepare<Softmax>(pd, {}, {{DNNL_ARG_SRC, inner}, {DNNL_ARG_DST, inner}}));
+  dnnl::reorder::primitive_desc back(engine(), over, engine(), data, base_attr());
+  chain.then(prepare<dnnl::reorder>(back, {}, {{DNNL_ARG_FROM, inner}}));
+  return chain;
 }
 
 // --- attention: oneDNN's primitive chain ------------------------------------------------
@@ -847,9 +876,34 @@ algorithm reduce_alg(const std::string& a) {
 float reduce_p(const std::string& a) { return a == "sumabs" ? 1.f : a == "sqrtsumsq" ? 2.f : 0.f; }
 
 Prepared make_reduce(const ReduceParams& r, const Config& cfg) {
+  Dims shape = r.shape;
   Dims out = r.shape;
   for (int64_t a : r.axes) out.at(static_cast<size_t>(a)) = 1;  // keepdims: the same bytes either way
-  auto src = plain_md(r.shape, cfg.dtype), dst = plain_md(out, cfg.dtype);
+  auto plain = plain_md(shape, cfg.dtype);
+  Prepared chain;
+  memory moved;
+  if (cfg.layout == Layout::axis_inner) {
+    // Reordered with the reduced axes innermost, then reduced as the plain tensor of the permuted
+    // dims over its last ones: oneDNN's optimized reductions take those; the output (reduced
+    // dims of size 1) has the row-major bytes either way.
+    Dims order;
+    for (size_t i = 0; i < shape.size(); ++i)
+      if (std::find(r.axes.begin(), r.axes.end(), static_cast<int64_t>(i)) == r.axes.end())
+        order.push_back(static_cast<int64_t>(i));
+    for (int64_t a : r.axes) order.push_back(a);
+    dnnl::reorder::primitive_desc to(engine(), plain, engine(), axes_inner_md(shape, r.axes, cfg.dtype),
+                                     base_attr());
+    chain = prepare<dnnl::reorder>(to, {{DNNL_ARG_FROM, plain}});
+    Dims permuted, permuted_out;
+    for (int64_t i : order) {
+      permuted.push_back(shape.at(static_cast<size_t>(i)));
+      permuted_out.push_back(out.at(static_cast<size_t>(i)));
+    }
+    shape = permuted;
+    out = permuted_out;
+    moved = memory(plain_md(shape, cfg.dtype), engine(), chain.dst().get_data_handle());
+  }
+  auto src = plain_md(shape, cfg.dtype), dst = plain_md(out, cfg.dtype);
   const float p = reduce_p(r.alg);
   auto attr = base_attr();
 #if BENANZA_DNNL3
@@ -858,7 +912,9 @@ Prepared make_reduce(const ReduceParams& r, const Config& cfg) {
   dnnl::reduction::desc d(reduce_alg(r.alg), src, dst, p, 0.f);
   dnnl::reduction::primitive_desc pd(d, attr, engine());
 #endif
-  return prepare<dnnl::reduction>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+  if (cfg.layout != Layout::axis_inner) return prepare<dnnl::reduction>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+  chain.then(prepare<dnnl::reduction>(pd, {}, {{DNNL_ARG_SRC, moved}}));
+  return chain;
 }
 
 // --- transpose: a reorder into the permuted layout ---------------------------------------

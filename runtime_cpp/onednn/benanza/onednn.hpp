@@ -20,7 +20,8 @@ using Dims = std::vector<int64_t>;
 enum class DType { f32, bf16 };
 // plain: row-major of any rank; nchw/nhwc: 4-d activations; any: the library's choice
 // (blocked nChw8c/nChw16c), which is what oneDNN-native frameworks keep between layers.
-enum class Layout { plain, nchw, nhwc, any };
+// axis_inner: a row-major tensor reordered to put an op's axis innermost and back (softmax)
+enum class Layout { plain, nchw, nhwc, any, axis_inner };
 enum class ConvAlgo { none, direct, winograd, automatic };
 
 // One variant's configuration. `bias`, `relu` and `gelu` describe the fused computation

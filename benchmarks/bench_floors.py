@@ -1,0 +1,293 @@
+"""The parallel bound against its resource floors, and the module tree beside ONNX Runtime's time
+per module, on ResNet-50 v1 and Inception-v1 (the zoo), a BERT-style encoder and a Llama-shaped
+decode step (both made here in torch and exported with the TorchScript exporter, whose node names
+carry the module paths).
+
+Everything runs through the real commands: `benanza generate` (oneDNN, f32, layout any),
+`benanza run` at one thread and at ``--threads`` under one system name (two stacks: the one-thread
+stack gives the work floor; each run measures its stack's peaks), `benanza profile --framework
+onnxruntime`, and `benanza analyze --json` of the ``--threads`` stack. Printed: a Markdown table per
+model (critical path, each floor or why it is absent, which binds, the parallel and sequential
+bounds, ONNX Runtime's latency), the module tree's top level (bound, critical path, ORT's time per
+module), the terminal lines of `benanza analyze`, and the machine's load while it ran (the load
+average, and the share of the peaks' time other processes took: peaks above 10% are not trusted
+and give no memory or compute floor).
+
+    python benchmarks/bench_floors.py [--work out/bench_floors] [--threads 2] [--models ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENANZA = str(Path(sys.executable).parent / "benanza")
+ZOO = ("resnet50-v1", "inception-v1")
+MADE = ("bert-encoder", "llama-decode")
+# The Llama-shaped decode step: Llama's layout (RMSNorm, grouped-query attention over a KV cache,
+# a SiLU-gated MLP, untied embedding and head) at a size this machine's benchmarks run in minutes;
+# 8 layers of 1024 make 622 MB of f32 weights, past a few hundred MB of last-level cache.
+LLAMA = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2816, "vocab": 32000, "cache": 128}
+BERT = {"layers": 4, "hidden": 256, "heads": 4, "ffn": 1024, "seq": 128}
+
+
+def sh(*args: str, cwd: Path) -> tuple[str, float]:
+    start = time.monotonic()
+    done = subprocess.run([BENANZA, *args], cwd=cwd, capture_output=True, text=True,
+                          env=dict(os.environ, COLUMNS="200"))
+    if done.returncode not in (0, 3):
+        sys.exit(f"benanza {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout, time.monotonic() - start
+
+
+def make_models(out: Path, names: list[str]) -> dict[str, tuple[Path, list[str]]]:
+    """Each model's file and the extra `--input-shape`/`--input-value` flags it needs (none)."""
+    from benanza.zoo import build_all
+
+    out.mkdir(parents=True, exist_ok=True)
+    zoo = [n for n in names if n in ZOO]
+    if zoo:
+        build_all(out, names=zoo)
+    files = {n: out / f"{n}.onnx" for n in zoo}
+    if "bert-encoder" in names:
+        files["bert-encoder"] = _export(_bert(), (_randn(1, BERT["seq"], BERT["hidden"]),), out / "bert-encoder.onnx")
+    if "llama-decode" in names:
+        c = LLAMA
+        import torch
+
+        past = torch.zeros(c["layers"], 2, 1, c["kv_heads"], c["cache"], c["hidden"] // c["heads"])
+        files["llama-decode"] = _export(_llama(), (torch.tensor([[7]]), past), out / "llama-decode.onnx")
+    return {n: (p, []) for n, p in files.items()}
+
+
+def _randn(*shape: int):
+    import torch
+
+    return torch.randn(*shape)
+
+
+def _export(module, args: tuple, path: Path) -> Path:
+    import torch
+
+    if not path.exists():
+        with torch.no_grad():
+            torch.onnx.export(module.eval(), args, str(path), opset_version=17, dynamo=False)
+    return path
+
+
+def _bert():
+    import torch
+    from torch import nn
+
+    c = BERT
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            d = c["hidden"]
+            self.query, self.key, self.value, self.output = (nn.Linear(d, d) for _ in range(4))
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.up, self.down = nn.Linear(d, c["ffn"]), nn.Linear(c["ffn"], d)
+
+        def heads(self, t):
+            return t.view(1, c["seq"], c["heads"], -1).permute(0, 2, 1, 3)
+
+        def forward(self, x):
+            q, k, v = self.heads(self.query(x)), self.heads(self.key(x)), self.heads(self.value(x))
+            p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(c["hidden"] // c["heads"]), -1)
+            h = self.ln1(self.output((p @ v).permute(0, 2, 1, 3).reshape(1, c["seq"], -1)) + x)
+            return self.ln2(self.down(nn.functional.gelu(self.up(h))) + h)
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(c["layers"]))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    torch.manual_seed(0)
+    return Encoder()
+
+
+def _llama():
+    import torch
+    from torch import nn
+
+    c = LLAMA
+    hd = c["hidden"] // c["heads"]
+
+    class RMSNorm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(c["hidden"]))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            d, kv = c["hidden"], c["kv_heads"] * hd
+            self.q_proj, self.k_proj = nn.Linear(d, d, bias=False), nn.Linear(d, kv, bias=False)
+            self.v_proj, self.o_proj = nn.Linear(d, kv, bias=False), nn.Linear(d, d, bias=False)
+
+        def forward(self, x, past_k, past_v):
+            q = self.q_proj(x).view(1, 1, c["heads"], hd).transpose(1, 2)
+            k = torch.cat([past_k, self.k_proj(x).view(1, 1, c["kv_heads"], hd).transpose(1, 2)], 2)
+            v = torch.cat([past_v, self.v_proj(x).view(1, 1, c["kv_heads"], hd).transpose(1, 2)], 2)
+            group = c["heads"] // c["kv_heads"]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), -1)
+            return self.o_proj((p @ v).transpose(1, 2).reshape(1, 1, c["hidden"]))
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            d, f = c["hidden"], c["ffn"]
+            self.gate_proj, self.up_proj = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False)
+            self.down_proj = nn.Linear(f, d, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class DecoderLayer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.input_layernorm, self.self_attn = RMSNorm(), Attention()
+            self.post_attention_layernorm, self.mlp = RMSNorm(), MLP()
+
+        def forward(self, x, past_k, past_v):
+            x = x + self.self_attn(self.input_layernorm(x), past_k, past_v)
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens = nn.Embedding(c["vocab"], c["hidden"])
+            self.layers = nn.ModuleList(DecoderLayer() for _ in range(c["layers"]))
+            self.norm = RMSNorm()
+
+        def forward(self, ids, past):
+            x = self.embed_tokens(ids)
+            for i, layer in enumerate(self.layers):
+                x = layer(x, past[i, 0], past[i, 1])
+            return self.norm(x)
+
+    class CausalLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.lm_head = Model(), nn.Linear(c["hidden"], c["vocab"], bias=False)
+
+        def forward(self, ids, past):
+            return self.lm_head(self.model(ids, past))
+
+    torch.manual_seed(0)
+    return CausalLM()
+
+
+def floors_row(name: str, a: dict, layers_lines: int, seconds: float) -> str:
+    f = a["floors"]
+    got = {x["name"]: x for x in f["floors"]}
+
+    def cell(kind: str) -> str:  # an absent floor's reason is listed under the table
+        return f"{got[kind]['ms']:.4g}" if kind in got else "—"
+
+    b, m = a["bounds"], a["measured_ms"]
+    return (f"| {name} | {len(a['layers'])} | {f['critical_path_ms']:.4g} | {cell('memory')} | {cell('compute')} | "
+            f"{cell('work')} | **{f['binds']}** | {b['parallel_ms']:.4g} | {b['sequential_ms']:.4g} | "
+            + (f"{m:.4g} | {b['br_parallel']:.3g}" if m else "— | —") + f" | {layers_lines} | {seconds:.1f} |")
+
+
+def modules_rows(module: dict, depth: int = 2, indent: str = "") -> list[str]:
+    """Two levels of the tree, a run of identical siblings shown once with its count."""
+    out = []
+    for c in module.get("children", []):
+        if c["repeat_of"] is not None:
+            continue
+        measured = c["measured_ms"]
+        out.append(f"| {indent}{c['path'][-1]}{' ×' + str(c['repeats']) if c['repeats'] > 1 else ''} | "
+                   f"{len(c['layers'])} | {c['sequential_ms']:.4g} | {c['parallel_ms']:.4g} | "
+                   + (f"{measured:.4g}" if measured is not None else "—") + " |")
+        if depth > 1:
+            out += modules_rows(c, depth - 1, indent + "  ")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", default="out/bench_floors")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", nargs="*", default=list(ZOO + MADE), choices=list(ZOO + MADE))
+    ap.add_argument("--min-time", default="0.02")
+    ap.add_argument("--system", default="bench-floors")
+    args = ap.parse_args()
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    load = [os.getloadavg()[0]]
+    models = make_models(work / "models", args.models)
+    db = str(work / "perf.db")
+    timings: dict[str, float] = {}
+    for name, (path, flags) in models.items():
+        bench = work / "bench" / name
+        _, timings[f"generate {name}"] = sh("generate", str(path), "--out", str(bench), "--backend", "onednn",
+                                            "--dtype", "f32", "--layout", "any", "--no-fusion", *flags, cwd=work)
+        for threads in ("1", str(args.threads)):
+            _, timings[f"run {name} {threads}t"] = sh(
+                "run", "--bench-dir", str(bench), "--system", args.system, "--db", db, "--backend", "onednn",
+                "--threads", threads, "--min-time", args.min_time, "--repetitions", "1", "--max-contention", "1",
+                cwd=work)
+            load.append(os.getloadavg()[0])
+        _, timings[f"profile {name}"] = sh("profile", str(path), "--framework", "onnxruntime", "--out",
+                                           str(work / "prof" / name), "--warmup", "3", "--iterations", "20",
+                                           "--trace-iterations", "3", *flags, cwd=work)
+    from benanza.perfdb import PerfDB
+
+    with PerfDB(db, readonly=True) as pdb:
+        stacks = {int(dict(s.stack)["threads"]): (s, pdb.peaks(s)) for s, _, _ in pdb.stacks(args.system)}
+    details = []
+    for threads in sorted({1, args.threads}):
+        stack, peaks = stacks[threads]
+        print(f"\nstack {stack.stack_id}: {dict(stack.stack)}")
+        if peaks is not None:
+            dram, gemm = peaks.dram, peaks.gemm("f32")
+            print(f"peaks: {peaks.contended:.0%} of their time taken by other processes "
+                  f"({'trusted' if peaks.trusted else 'NOT trusted: no memory or compute floor'}); "
+                  f"caches {dict(peaks.levels)}; DRAM {dram.value / 1e9 if dram else 0:.3g} GB/s; "
+                  f"f32 GEMM {gemm.value / 1e9 if gemm else 0:.4g} GFLOP/s")
+        print("\n| model | layers | critical path ms | memory floor ms | compute floor ms | work floor ms | binds | "
+              "parallel bound ms | sequential ms | ORT ms | BR par | terminal lines | analyze s |")
+        print("| --- | ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, (path, flags) in models.items():
+            common = [str(path), "--system", args.system, "--db", db, "--stack", stack.stack_id, "--profile",
+                      str(work / "prof" / name), "--allow-contended", *flags]
+            out, seconds = sh("analyze", *common, "--json", cwd=work)
+            (a,) = json.loads(out)["analyses"]
+            text, _ = sh("analyze", *common, cwd=work)
+            (work / f"{name}-{threads}t.txt").write_text(text)
+            print(floors_row(f"{name} ({threads}t)", a, len(text.splitlines()), seconds))
+            details.append((f"{name} ({threads}t)", a))
+    for name, a in details:
+        print(f"\n{name}: floors")
+        for x in a["floors"]["floors"]:
+            print(f"- {x['name']} {x['ms']:.4g} ms: {x['detail']}")
+        for w in a["floors"]["absent"]:
+            print(f"- no {w}")
+        print(f"\n{name} ({a['module_source']}): top level of the module tree\n")
+        print("| module | layers | bound ms | critical path ms | ORT ms |\n| --- | ---: | ---: | ---: | ---: |")
+        print("\n".join(modules_rows(a["modules"])))
+    load.append(os.getloadavg()[0])
+    print(f"\nload average (1 min) over the run: {min(load):.2f}–{max(load):.2f} on {os.cpu_count()} CPUs")
+    print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+
+
+if __name__ == "__main__":
+    main()
