@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from .analysis.across_stack import AcrossStack
 from .analysis.bounds import (
     Bounds,
     LayerRow,
@@ -36,6 +37,7 @@ from .analysis.questions import (
     heuristic_choices,
     kernel_gaps,
     layer_overheads,
+    native_kernel_choices,
     tensor_core_kernels,
 )
 from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
@@ -97,6 +99,17 @@ class FrameworkView:
     fusions_applied: list[FusionUse]
     overheads: list[LayerOverhead]
     explanations: list[str]
+    # Q3 against the framework's own backend (the analysis reads its results): per op, the
+    # kernel it ran vs the fastest variant of the same computation
+    kernels: list[AlgoChoice] = field(default_factory=list)
+
+    @property
+    def suboptimal(self) -> list[AlgoChoice]:
+        return [c for c in self.kernels if c.suboptimal]
+
+    @property
+    def kernel_gain_ms(self) -> float:
+        return sum(c.gain_ms or 0.0 for c in self.suboptimal)
 
     @property
     def inserted_ms(self) -> float:
@@ -198,6 +211,9 @@ class Analysis:
     kernel_gaps: list[IdleGap] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the profile says it could not capture
+    # the split of the measured time against the vendor library's bound (analysis.across_stack);
+    # set by the driver when the database holds both for the system
+    across_stack: AcrossStack | None = None
     heuristic: HeuristicAnalysis | None = None
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
@@ -462,6 +478,9 @@ def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key
     view = FrameworkView(profile.framework or profile.trace.framework, tm, same,  # type: ignore[union-attr]
                          _fusion_uses(applied, weight), overheads, [])
     view.explanations = _explain(a, view)
+    if view.framework == a.backend:  # the bound is the framework's own kernels: Q3 judges its choices
+        bound = {r.index: r.latency_ms for r in a.rows if r.status == LayerStatus.OK}
+        view.kernels = native_kernel_choices(model, tm, matches, by_key, a.dtype, bound)
     return view
 
 

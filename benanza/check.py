@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import shlex
 import subprocess
@@ -65,6 +66,10 @@ TOLERANCE = {"f32": 1e-5, "bf16": 1e-2}
 # oneDNN's reductions and softmax/normalization sum in another order than the reference, and
 # their exp/erf/rsqrt are polynomial approximations: f32 results differ in the last bits.
 _APPROXIMATE_F32 = 1e-4
+# The onnxruntime backend's subgraphs multiply by the model's own weights, not the generator's
+# exact values: a kernel summing in another order (NCHWc, a fused epilogue) differs in the last
+# bits of the significand (f16: 11 bits).
+_ORT_TOLERANCE = {"f32": _APPROXIMATE_F32, "f16": 1e-3, "bf16": TOLERANCE["bf16"]}
 
 
 class CheckStatus(Enum):
@@ -518,18 +523,73 @@ def check(bench_dir: str | Path, models: list[Model], options: CheckOptions = Ch
     """Builds and runs the oneDNN benchmarks of ``bench_dir`` in check mode and compares every
     output with the reference computed from ``models`` (the models they were generated from)."""
     project = Path(bench_dir) / BACKEND
-    variants = read_variants(project)
-    if options.filter:
-        try:
-            rx = re.compile(options.filter)
-        except re.error as exc:
-            raise UsageError(f"--filter {options.filter!r} is not a regular expression ({exc})") from None
-        variants = [v for v in variants if rx.search(v.name)]
+    variants = _selected(read_variants(project), options)
     binary = build(project, options.build_jobs)
     with tempfile.TemporaryDirectory(prefix="benanza-check-") as tmp:
         statuses, entries = _run_binary(binary, variants, Path(tmp), options)
         refs = [_ModelRef(m) for m in models]
         return [_check_one(v, statuses.get(v.name), entries.get(v.name), refs, options) for v in variants]
+
+
+def _selected(variants: list[Variant], options: CheckOptions) -> list[Variant]:
+    if not options.filter:
+        return variants
+    try:
+        rx = re.compile(options.filter)
+    except re.error as exc:
+        raise UsageError(f"--filter {options.filter!r} is not a regular expression ({exc})") from None
+    return [v for v in variants if rx.search(v.name)]
+
+
+def check_onnxruntime(bench_dir: str | Path, options: CheckOptions = CheckOptions()) -> list[CheckResult]:
+    """The onnxruntime backend's benchmarks: each variant's subgraph (the models' own nodes, cut
+    out at generate time with their constants) run by ONNX Runtime at the variant's optimization
+    level, so through the fused and NCHWc kernels it times, against the same subgraph run node by
+    node with every graph optimization off, on the same generated inputs: what ORT's fusions and
+    layout transforms compute must be what the model's nodes compute. (onnx 1.23's reference
+    evaluator is no oracle here: for an opset-13 BatchNormalization of mean 0, variance 1, scale 1
+    and bias 0, the identity, its outputs differ from the inputs by up to 5%.)"""
+    from .backends import ort as ort_backend
+
+    project = Path(bench_dir) / ort_backend.NAME
+    variants = _selected(read_variants(project), options)
+    index = json.loads((project / ort_backend.INDEX_NAME).read_text())
+    out = []
+    for v in variants:
+        repro = _reproduce(v, options)
+        entry = index.get(v.name, {"unsupported": "not in benchmarks.json (generate again)"})
+        if "unsupported" in entry:
+            out.append(CheckResult(v.name, CheckStatus.NOT_CHECKED, entry["unsupported"], reproduce=repro))
+            continue
+        path = project / entry["model"]
+        m = onnx.load(path)
+        inits = {t.name for t in m.graph.initializer}
+        feeds = {}
+        for k, i in enumerate(x for x in m.graph.input if x.name not in inits):
+            shape = tuple(d.dim_value for d in i.type.tensor_type.shape.dim)
+            dtype = helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+            feeds[i.name] = generated(k, shape, options.seed).astype(dtype) if dtype.kind == "f" else \
+                np.zeros(shape, dtype)
+        compared = f"ONNX Runtime at level {entry['level']} vs unoptimized, on nodes {entry['nodes']}"
+        timed = dict(feeds)
+        if os.environ.get("BENANZA_FAULT_PERTURB") == v.name and timed:  # the runtime's fault hook (tests)
+            first = next(iter(timed))
+            timed[first] = timed[first].copy()
+            timed[first].reshape(-1)[0] += 1
+        try:
+            got = ort_backend.run_once(path, entry["level"], options.threads, timed)
+            want = ort_backend.run_once(path, "none", options.threads, feeds)
+        except ort_backend.Refused as exc:
+            out.append(CheckResult(v.name, CheckStatus.UNSUPPORTED, str(exc), reproduce=repro))
+            continue
+        except Exception as exc:  # noqa: BLE001 - ORT's errors share no base class
+            out.append(CheckResult(v.name, CheckStatus.FAILED, f"{type(exc).__name__}: {str(exc)[:300]}",
+                                   reproduce=repro))
+            continue
+        tol = _ORT_TOLERANCE[v.dtype]
+        status, error, where = _compare([np.asarray(g) for g in got], [np.asarray(w) for w in want], tol)
+        out.append(CheckResult(v.name, status, compared, error, tol, where, repro))
+    return out
 
 
 def _run_binary(binary: Path, variants: list[Variant], tmp: Path, options: CheckOptions

@@ -180,13 +180,10 @@ def variant_options(f):
 
 def offered(backend: str) -> dict[str, tuple[str, ...]]:
     """The values each variant option takes on a backend."""
-    if backend == "cudnn":
-        from .backends import cudnn
+    from .generator import get_backend
 
-        return {"--dtype": cudnn.DTYPES, "--layout": cudnn.LAYOUTS, "--math": cudnn.MATHS}
-    from .backends import onednn
-
-    return {"--dtype": onednn.DTYPES, "--layout": onednn.SPATIAL_LAYOUTS, "--math": ()}
+    b = get_backend(backend)
+    return {"--dtype": b.dtypes, "--layout": b.layouts, "--math": b.maths}
 
 
 def gen_options_for(backend: str, dtypes: tuple[str, ...], layouts: tuple[str, ...], maths: tuple[str, ...],
@@ -291,8 +288,10 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
               show_default=True, help="Folder for layers.json and generated benchmark sources.")
 @batch_options
 @value_options
-@click.option("--backend", type=click.Choice(["all", "cudnn", "onednn", "none"]), default="all",
-              show_default=True, help="Which library's benchmarks to generate ('none': manifest only).")
+@click.option("--backend", type=click.Choice(["all", "cudnn", "onednn", "onnxruntime", "none"]), default="all",
+              show_default=True, help="Which library's benchmarks to generate ('all': cudnn and onednn; "
+                                      "onnxruntime: the layers through ONNX Runtime's own kernels; 'none': "
+                                      "manifest only).")
 @variant_options
 @click.option("--cupti", is_flag=True, help="cuDNN: CUPTI kernel-metrics mode instead of timing.")
 @click.option("--cupti-metric", "cupti_metrics", multiple=True, metavar="NAME",
@@ -310,7 +309,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     A file that cannot be processed gets one error line; the others are still processed and
     the exit status is non-zero.
     """
-    from .generator import BACKEND_MODULES
+    from .generator import LIBRARY_BACKENDS
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
@@ -322,9 +321,9 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         uncosted_notes,
     )
 
-    names = [] if backend == "none" else list(BACKEND_MODULES) if backend == "all" else [backend]
+    names = [] if backend == "none" else list(LIBRARY_BACKENDS) if backend == "all" else [backend]
     if len(names) != 1:
-        check_known(dtypes, layouts, maths, names or list(BACKEND_MODULES))
+        check_known(dtypes, layouts, maths, names or list(LIBRARY_BACKENDS))
     options = {name: gen_options_for(name, dtypes, layouts, maths, not no_fusion, strict=len(names) == 1,
                                      cupti=cupti, cupti_metrics=cupti_metrics) for name in names}
     shapes = input_shapes_per_model(input_shape, models)
@@ -345,12 +344,12 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     if loaded:
         manifest = build_manifest(loaded, uniques)
         write_manifest(manifest, out_dir)
-        generated = [generate_backend(manifest, name, out_dir, opts) for name, opts in options.items() if opts]
+        generated = [generate_backend(manifest, name, out_dir, opts, loaded) for name, opts in options.items() if opts]
     if as_json:
         echo_json({"models": [{**s.to_json(), **execution_json(m)} for s, m in zip(stats, loaded)],
                    "total": total.to_json()})
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
-        _print_stats(stats, total, names)
+        _print_stats(stats, total, [n for n in names if n in LIBRARY_BACKENDS])
         for m in loaded:
             for note in shape_notes(m) + uncosted_notes(m):
                 console.print(f"{m.name}: {note}", highlight=False, soft_wrap=True)
@@ -396,8 +395,8 @@ def db_option(f):
               help="Name the results are stored under (hardware and stack are detected).")
 @click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder `benanza generate --out` wrote.")
-@click.option("--backend", type=click.Choice(["auto", "onednn", "cudnn"]), default="auto", show_default=True,
-              help="auto: cudnn when a CUDA device is present, else onednn.")
+@click.option("--backend", type=click.Choice(["auto", "onednn", "cudnn", "onnxruntime"]), default="auto",
+              show_default=True, help="auto: cudnn when a CUDA device is present, else onednn.")
 @db_option
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
 @click.option("--dry-run", is_flag=True, help="Show what would run, build and run nothing.")
@@ -407,7 +406,8 @@ def db_option(f):
                    "repetition to about 1 ms of GPU time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1),
-              help="CPU threads (oneDNN); default: the cores other work leaves free when the run starts.")
+              help="CPU threads (oneDNN: OpenMP; onnxruntime: intra-op); default: the cores other work leaves "
+                   "free when the run starts.")
 @click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
@@ -574,9 +574,10 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
     bandwidth inside and beyond L2, beside the GPU's datasheet figures where it is a known one.
     `benanza analyze` holds every layer to these roofs (docs/speed-of-light.md).
     """
+    from .generator import get_backend
     from .peaks import datasheet_for, measure
     from .perfdb import PerfDB, resolve_db_path
-    from .runner import _stack_overrides, check_device, resolve_backend
+    from .runner import check_device, resolve_backend
     from .system import default_threads, detect_system
 
     backend = resolve_backend(backend)
@@ -585,7 +586,8 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
     path = resolve_db_path(db_path)
     with PerfDB(path) as db:  # a database that cannot be written is refused before measuring
         context, measured = measure(backend, threads, command=" ".join(["benanza", *sys.argv[1:]]))
-        system = detect_system(system_name, backend, threads=threads, overrides=_stack_overrides(backend, context))
+        overrides = get_backend(backend).stack_overrides(context)
+        system = detect_system(system_name, backend, threads=threads, overrides=overrides)
         db.store_peaks(system, measured)
     sheet = datasheet_for(system.device) if backend == "cudnn" else None
     if as_json:
@@ -648,37 +650,49 @@ def _peaks_line(p) -> str:
 @click.argument("models", nargs=-1, required=True, type=click.Path())
 @click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder `benanza generate --out` wrote for these models.")
+@click.option("--backend", type=click.Choice(["onednn", "onnxruntime"]), default="onednn", show_default=True,
+              help="Whose benchmarks to check (onnxruntime: ORT at each variant's optimization level against "
+                   "onnx's reference evaluator).")
 @batch_options
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**24 - 1), default=0, show_default=True,
               help="Seed of the input generator (both the benchmarks and the reference use it).")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="oneDNN threads.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="oneDNN (onnxruntime: intra-op) threads.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
 @click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=600.0, show_default=True,
               help="Seconds the benchmarks may take in all.")
 @click.option("--show-ok", is_flag=True, help="Also print a line for every benchmark that passed.")
-def check_command(models: tuple[str, ...], bench_dir: str, batch_size: int, input_shape: tuple[str, ...],
-                  name_filter: str | None, seed: int, threads: int, jobs: int | None, timeout: float,
-                  show_ok: bool) -> None:
+def check_command(models: tuple[str, ...], bench_dir: str, backend: str, batch_size: int,
+                  input_shape: tuple[str, ...], name_filter: str | None, seed: int, threads: int, jobs: int | None,
+                  timeout: float, show_ok: bool) -> None:
     """Check what the oneDNN benchmarks compute (benchdnn's correctness mode).
 
     Each benchmark runs once on inputs from a seeded generator and its outputs are compared with
     ONNX Runtime running the same layer, or the fusion pattern's nodes, taken from MODELS (the
-    models the benchmarks were generated from) on the same inputs. One line per mismatch, with
-    the command that reproduces it; exit status 1 when any benchmark mismatched or failed.
+    models the benchmarks were generated from) on the same inputs; with --backend onnxruntime,
+    each variant's subgraph at its optimization level (fusions, NCHWc) against the same nodes run
+    unoptimized. One line per mismatch, with the command that reproduces it; exit status 1 when
+    any benchmark mismatched or failed.
     """
     import shlex
 
-    from .check import CheckOptions, CheckStatus, check
+    from .check import CheckOptions, CheckStatus, check, check_onnxruntime
     from .processor import input_shapes_per_model, load_model
 
-    per_model = input_shapes_per_model(input_shape, models)
-    # the check maps layers back onto each file's own graph: an If stays one node there
-    loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p], take_branches=False) for p in models]
     command = shlex.join(["benanza", "check", *models, "--bench-dir", bench_dir, "--batch-size", str(batch_size),
-                          *(f"--input-shape={s}" for s in input_shape)])
-    results = check(bench_dir, loaded, CheckOptions(filter=name_filter, seed=seed, threads=threads,
-                                                      timeout=timeout, build_jobs=jobs, command=command))
+                          *(f"--input-shape={s}" for s in input_shape), *(["--backend", backend]
+                                                                          if backend != "onednn" else [])])
+    options = CheckOptions(filter=name_filter, seed=seed, threads=threads, timeout=timeout, build_jobs=jobs,
+                           command=command)
+    if backend == "onnxruntime":  # its subgraphs were cut from MODELS at generate time, with their constants
+        results = check_onnxruntime(bench_dir, options)
+    else:
+        per_model = input_shapes_per_model(input_shape, models)
+        # the check maps layers back onto each file's own graph: an If stays one node there
+        loaded = [load_model(p, batch_size=batch_size, input_shapes=per_model[p], take_branches=False)
+                  for p in models]
+        results = check(bench_dir, loaded, options)
     for r in results:
         if r.status is CheckStatus.MISMATCH:
             err_console.print(f"mismatch: {r.name}: {r.compared}: error {r.error:.3g} > {r.tolerance:g} at "
@@ -714,7 +728,7 @@ def _print_failures(failures) -> None:
 def _print_threads(summary) -> None:
     """Say how many threads the benchmarks use when the run chose them."""
     free = summary.free
-    if free is None or summary.backend != "onednn":
+    if free is None:  # given, or a GPU run
         return
     idle = f"{free.idle:.1f} of {free.allowed} cores idle now"
     if summary.threads_kept:
@@ -763,7 +777,7 @@ def db_info(db_path: str | None) -> None:
 @db.command("list")
 @db_option
 @click.option("--system", "system_name", required=True, metavar="NAME")
-@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
+@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime"]), default=None,
               help="Backend [default: that of the system's newest stack].")
 @click.option("--stack", metavar="ID", default=None, help="Stack id or prefix [default: the newest].")
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only variants whose name matches.")
@@ -874,7 +888,7 @@ def db_serve(db_path: str | None, port: int, host: str) -> None:
 @click.argument("models", nargs=-1, required=True, type=click.Path())
 @db_option
 @click.option("--system", "system_name", required=True, metavar="NAME")
-@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
+@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime"]), default=None,
               help="Library [default: the system's, as stored in the database].")
 @batch_options
 @value_options
@@ -1236,7 +1250,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
               help="Performance database [default: $BENANZA_DB, else perfdb/benanza.db].")
 @click.option("--dtype", default="f32", show_default=True, help="Data type of the bound.")
-@click.option("--backend", type=click.Choice(["onednn", "cudnn"]), default=None,
+@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime"]), default=None,
               help="Library whose results the bound uses [default: that of the system's newest stack].")
 @click.option("--stack", metavar="ID", default=None,
               help="Stack id (or prefix, see `benanza db info`) [default: the backend's newest stack].")

@@ -1,15 +1,18 @@
-"""Benchmark generator (paper §III-B): unique layers → variants → C++ sources + CMake project.
+"""Benchmark generator (paper §III-B): unique layers → variants → a backend's project.
 
-A backend is a small module in ``benanza/backends/`` plus a template folder in
-``templates/<backend>/``. It expands each layer of the manifest into the variants its
-library can run (algorithm × dtype × layout × math × fusion) and renders data tables that
-the shared runtime (``runtime_cpp/``) turns into registered Google Benchmarks.
+A backend is a small module in ``benanza/backends/`` implementing ``backends.base.Backend``
+(docs/backends.md). It expands each layer of the manifest into the variants its library or
+framework can run (algorithm × dtype × layout × math × fusion) and renders its project: for
+the vendor libraries, data tables (from ``templates/<backend>/``) that the shared runtime
+(``runtime_cpp/``) turns into registered Google Benchmarks; for a framework, the subgraphs its
+measuring child loads.
 
 Output layout, under the ``--out`` folder::
 
     layers.json                 the unique-layer manifest (processor output)
-    <backend>/CMakeLists.txt    a standalone CMake project
+    <backend>/CMakeLists.txt    a standalone CMake project (C++ backends)
     <backend>/*.cpp|*.cu        generated tables and registrations
+    <backend>/models/*.onnx     the layers' subgraphs (framework backends)
     <backend>/variants.json     every variant generated, by benchmark name
 """
 
@@ -18,20 +21,24 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import jinja2
 
 from .errors import BenanzaError
 from .escape import c_string, cmake_quoted
-from .layers import Layer, UniqueLayer
+from .layers import Model
 from .manifest import Manifest
 from .outputs import make_folder, write_text, write_with
 from .records import Variant
 from .resources import runtime_dir, templates_dir
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
 
 VARIANTS_NAME = "variants.json"
 
@@ -39,7 +46,11 @@ VARIANTS_NAME = "variants.json"
 BACKEND_MODULES = {
     "cudnn": "benanza.backends.cudnn",
     "onednn": "benanza.backends.onednn",
+    "onnxruntime": "benanza.backends.ort",
 }
+# what `generate --backend all` writes: the vendor libraries' benchmarks (a framework's own
+# backend is asked for by name)
+LIBRARY_BACKENDS = ("cudnn", "onednn")
 
 
 @dataclass(frozen=True)
@@ -53,21 +64,6 @@ class GenOptions:
     cupti: bool = False  # cuDNN: fixed-iteration CUPTI kernel-metrics mode instead of timing
     cupti_metrics: tuple[str, ...] = ()
     extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-
-
-class Backend(Protocol):
-    name: str
-    dtypes: tuple[str, ...]  # what its benchmarks can compute in
-
-    def covers(self, layer: Layer) -> bool:
-        """Whether this backend benchmarks the layer; a layer it does not is "not covered"."""
-
-    def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
-        """Every variant of one layer; ``fusions`` are the pattern names the models use on it."""
-
-    def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
-               out_dir: Path, options: GenOptions) -> list[Path]:
-        """Write the backend's sources and CMakeLists.txt into ``out_dir``; return the files."""
 
 
 def get_backend(name: str) -> Backend:
@@ -116,11 +112,12 @@ def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -
 
 
 def generate(manifest: Manifest, backend_name: str, out_root: str | Path,
-             options: GenOptions = GenOptions()) -> Generated:
+             options: GenOptions = GenOptions(), models: Sequence[Model] = ()) -> Generated:
+    """``models``: the processed models the manifest came from (see ``Backend.render``)."""
     backend = get_backend(backend_name)
     out_dir = make_folder(Path(out_root) / backend_name)
     variants = expand_variants(manifest, backend, options)
-    files = backend.render(manifest, variants, template_env(backend_name), out_dir, options)
+    files = backend.render(manifest, variants, template_env(backend_name), out_dir, options, models)
     write_variants(out_dir, backend_name, variants, options)
     return Generated(backend_name, out_dir, variants, files)
 

@@ -91,6 +91,7 @@ def analysis_json(a: Analysis) -> dict:
         "heuristic": _heuristic_json(a),
         "speed_of_light": _speed_of_light_json(a),
         "floors": _floors_json(a),
+        "across_stack": _across_stack_json(a),
         "warnings": a.warnings, "notes": a.notes,
     }
     if a.contended:  # each bounds object says so itself, wherever a reader takes it from
@@ -171,7 +172,32 @@ def _framework_json(a: Analysis) -> dict | None:
                    for o in v.overheads],
         "gaps": [{"after": x, "before": y, "gap_us": _r(g, 3)} for x, y, g in v.match.gaps],
         "explanations": v.explanations,
+        "kernels": [_choice_json(c) for c in v.kernels],
+        "kernel_gain_ms": _r(v.kernel_gain_ms),
     }
+
+
+def _across_stack_json(a: Analysis) -> dict | None:
+    x = a.across_stack
+    if x is None:
+        return None
+    return {"framework": x.framework, "vendor": x.vendor, "vendor_stack": x.vendor_stack,
+            "measured_ms": _r(x.measured_ms), "native_bound_ms": _r(x.native_bound_ms),
+            "vendor_bound_ms": _r(x.vendor_bound_ms), "framework_overhead_ms": _r(x.framework_overhead_ms),
+            "kernel_headroom_ms": _r(x.kernel_headroom_ms), "partial": x.partial,
+            "layers": [{"index": la.index, "name": la.name, "op": la.op, "native_ms": _r(la.native_ms),
+                        "vendor_ms": _r(la.vendor_ms), "framework_ms": _r(la.framework_ms),
+                        "kernel_headroom_ms": _r(la.kernel_headroom_ms),
+                        "framework_overhead_ms": _r(la.framework_overhead_ms)} for la in x.layers]}
+
+
+def _choice_json(c) -> dict:
+    return {"node": c.node, "name": c.name, "used": c.used, "layout": c.layout or None,
+            "post_ops": list(c.post_ops), "fusion": c.fusion or None, "comparable": c.comparable,
+            "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best or None,
+            "best_ms": _r(c.best_ms), "bound_ms": _r(c.bound_ms), "gain_ms": _r(c.gain_ms),
+            "suboptimal": c.suboptimal, "above_framework": c.above_framework,
+            "explanation": c.explanation or None}
 
 
 def _library_json(v) -> dict:
@@ -186,13 +212,7 @@ def _library_json(v) -> dict:
         "api_counts": {k: {"expected": e, "logged": g} for k, (e, g) in al.api_counts.items()},
         "framework_version": v.framework_version or None, "benchmark_version": v.benchmark_version or None,
         "framework_threads": v.framework_threads, "benchmark_threads": v.benchmark_threads,
-        "algorithms": [{"node": c.node, "name": c.name, "used": c.used, "layout": c.layout or None,
-                        "post_ops": list(c.post_ops), "fusion": c.fusion or None, "comparable": c.comparable,
-                        "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best or None,
-                        "best_ms": _r(c.best_ms), "bound_ms": _r(c.bound_ms), "gain_ms": _r(c.gain_ms),
-                        "suboptimal": c.suboptimal, "above_framework": c.above_framework,
-                        "explanation": c.explanation or None}
-                       for c in v.algorithms],
+        "algorithms": [_choice_json(c) for c in v.algorithms],
         "not_comparable": len(v.not_comparable),
         "algorithm_gain_ms": _r(v.algorithm_gain_ms),
     }
@@ -324,14 +344,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                       f"{len(al.missing)} expected layers missing, {len(al.extra)} extra calls, "
                       f"{len(al.out_of_order)} out of order", highlight=False, markup=False)
         if v.algorithms:
-            at = Table("layer", "layout", "fusion", "used", "used ms", "framework ms", "best", "best ms",
-                       "bound ms", "gain ms", title=Text(f"Q3 {v.library} algorithms"))
-            for c in v.algorithms:
-                fusion = c.fusion or ("+".join(c.post_ops) + " (no benchmark)" if c.post_ops else "no benchmark")
-                _row(at, c.name, c.layout or "?", fusion, c.used, _ms(c.used_ms), _ms(c.framework_ms),
-                     c.best or "not comparable", _ms(c.best_ms),
-                     _ms(c.bound_ms) + (" > framework" if c.above_framework else ""), _ms(c.gain_ms))
-            console.print(at)
+            console.print(_choices_table(f"Q3 {v.library} algorithms", v.algorithms))
             if v.versions_differ:
                 console.print(f"Q3: not judged: the framework's {v.library} {v.framework_version} is not the "
                               f"benchmarks' {v.benchmark_version} (framework ms: its own per-call time)",
@@ -355,6 +368,13 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                       highlight=False, markup=False)
         for e in f.explanations:
             console.print(f"  • {e}", highlight=False, markup=False)
+        if f.kernels:
+            console.print(_choices_table(f"Q3 {f.framework} kernels (its own fastest variant)", f.kernels))
+            judged = sum(1 for c in f.kernels if c.comparable)
+            console.print(f"Q3: {len(f.suboptimal)} of {judged} {f.framework} ops ran a slower variant than its "
+                          f"fastest (a measured gain beyond the noise), {f.kernel_gain_ms:.4g} ms to gain",
+                          highlight=False, markup=False)
+    _print_across_stack(a, console)
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
                       highlight=False, markup=False)
@@ -382,6 +402,39 @@ def _print_floors(a: Analysis, console: Console) -> None:
                           soft_wrap=True)
     for why in f.absent:
         console.print(f"  no {why}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_across_stack(a: Analysis, console: Console, top: int = 10) -> None:
+    x = a.across_stack
+    if x is None:
+        return
+    bound = f"{x.framework} kernels' bound {x.native_bound_ms:.4g} ms"
+    measured = (f"measured {x.measured_ms:.4g} ms = {bound} + framework overhead {x.framework_overhead_ms:.4g} ms; "
+                if x.measured_ms is not None and x.framework_overhead_ms is not None else f"{bound}; ")
+    console.print(f"across the stack: {measured}kernel headroom {x.kernel_headroom_ms:.4g} ms to the {x.vendor} "
+                  f"bound {x.vendor_bound_ms:.4g} ms (stack {x.vendor_stack})"
+                  + (" (partial: layers without results are left out)" if x.partial else ""),
+                  highlight=False, markup=False, soft_wrap=True)
+    rows = sorted((la for la in x.layers if la.kernel_headroom_ms is not None),
+                  key=lambda la: -abs(la.kernel_headroom_ms or 0.0))[:top]
+    if rows:
+        t = Table("layer", "op", f"{x.framework} ms", f"{x.vendor} ms", "headroom ms", "framework ms", "overhead ms",
+                  title=Text(f"across the stack: the {len(rows)} layers with the largest kernel headroom"))
+        for la in rows:
+            _row(t, la.name, la.op, _ms(la.native_ms), _ms(la.vendor_ms), _ms(la.kernel_headroom_ms),
+                 _ms(la.framework_ms), _ms(la.framework_overhead_ms))
+        console.print(t)
+
+
+def _choices_table(title: str, choices) -> Table:
+    t = Table("layer", "layout", "fusion", "used", "used ms", "framework ms", "best", "best ms", "bound ms",
+              "gain ms", title=Text(title))
+    for c in choices:
+        fusion = c.fusion or ("+".join(c.post_ops) + " (no benchmark)" if c.post_ops else "no benchmark")
+        _row(t, c.name, c.layout or "?", fusion, c.used, _ms(c.used_ms), _ms(c.framework_ms),
+             c.best or "not comparable", _ms(c.best_ms),
+             _ms(c.bound_ms) + (" > framework" if c.above_framework else ""), _ms(c.gain_ms))
+    return t
 
 
 def _print_speed_of_light(a: Analysis, console: Console, top: int = 10) -> None:

@@ -29,8 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import children
+from .backends.base import Command, Device
 from .errors import BenanzaError, UsageError
-from .generator import read_variants
+from .generator import BACKEND_MODULES, get_backend, read_variants
 from .manifest import read_manifest
 from .measurement import (
     MAX_CONTENTION,
@@ -51,13 +52,13 @@ from .system import cpu_model, detect_system, probe_gpu
 log = logging.getLogger(__name__)
 
 BINARY = "benanza_bench"
-BACKENDS = ("onednn", "cudnn")
+BACKENDS = tuple(BACKEND_MODULES)
 _FLUSH_EVERY = 16  # results per transaction while running
 _FLUSH_SECONDS = 2.0
 
 
 class NoDeviceError(BenanzaError):
-    """The cuDNN backend was asked for on a machine without a CUDA device."""
+    """The backend cannot run on this machine (the cuDNN backend without a CUDA device)."""
 
 
 class BuildError(BenanzaError):
@@ -145,13 +146,10 @@ def resolve_backend(backend: str) -> str:
 
 
 def check_device(backend: str) -> None:
-    """Stops before anything is built when the backend needs a GPU this machine lacks."""
-    if backend != "cudnn":
-        return
-    gpu = probe_gpu()
-    if not gpu.present:
-        raise NoDeviceError(f"no CUDA device found ({gpu.reason}); the cudnn backend needs one. "
-                            f"On this machine `--backend auto` runs onednn.")
+    """Stops before anything is built when the backend cannot run here (a GPU it needs)."""
+    why = get_backend(backend).unavailable()
+    if why is not None:
+        raise NoDeviceError(why)
 
 
 def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path: str | Path | None = None,
@@ -159,6 +157,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     """Builds and runs the missing benchmarks of ``bench_dir`` into the database."""
     backend = resolve_backend(backend)
     check_device(backend)
+    impl = get_backend(backend)
     bench_dir = Path(bench_dir)
     project = bench_dir / backend
     manifest = read_manifest(bench_dir)
@@ -167,14 +166,14 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     # CPU threads (GPU runs use none): what the user gave; else those of the stack this name
     # already measured on this CPU, so an interrupted or incremental run continues it; else the
     # cores other work leaves free now.
-    free = free_cores() if backend == "onednn" and not options.threads else None
-    kept = _stack_threads(path, system_name) if free is not None else None
+    free = free_cores() if impl.device is Device.CPU and not options.threads else None
+    kept = _stack_threads(path, system_name, backend) if free is not None else None
     threads = options.threads or kept or (free.free if free is not None else 1)
     started = time.monotonic()
 
     if options.dry_run:
         # Nothing is built, so the stack is what the machine reports, not the binary's context.
-        system = detect_system(system_name, backend, threads=threads)
+        system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(None))
         if options.force or not path.exists():
             summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
         else:
@@ -183,10 +182,10 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
         return summary
 
-    binary = build(project, options.build_jobs, options.cmake_args)
-    env = _bench_env(backend, threads, options)
+    binary = impl.prepare(project, options)
+    env = {**os.environ, **impl.bench_env(threads, options), **dict(options.env)}
     context = binary_context(binary, env)
-    system = detect_system(system_name, backend, threads=threads, overrides=_stack_overrides(backend, context))
+    system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(context))
     with PerfDB(path) as db:
         db.record_models(manifest)
         db.upsert_system(system)
@@ -219,13 +218,13 @@ def _measure_peaks(db: PerfDB, system: System, threads: int, options: RunOptions
     db.store_peaks(system, summary.peaks)
 
 
-def _stack_threads(path: Path, system_name: str) -> int | None:
-    """The threads of the newest oneDNN stack stored under ``system_name`` for this CPU, if it
-    fits the cores this process may use."""
+def _stack_threads(path: Path, system_name: str, backend: str) -> int | None:
+    """The threads of the newest stack of the CPU ``backend`` stored under ``system_name`` for
+    this CPU, if it fits the cores this process may use."""
     if not path.is_file():
         return None
     with PerfDB(path, readonly=True) as db:
-        system = db.system(system_name, "onednn")
+        system = db.system(system_name, backend)
     stack = dict(system.stack) if system is not None else {}
     threads = stack.get("threads", "")
     if stack.get("cpu") != cpu_model() or not threads.isdigit() or int(threads) > len(os.sched_getaffinity(0)):
@@ -251,23 +250,6 @@ def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptio
     gave_up = sorted(retry - {v.name for v in todo})
     return RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
                       [v.name for v in todo], gave_up=gave_up)
-
-
-def _stack_overrides(backend: str, context: dict) -> dict[str, str]:
-    """Versions the built binary reports about the library it actually linked."""
-    custom = context.get("custom", {})
-    keys = {"onednn": "onednn_version", "cudnn": "cudnn_version", "cublas": "cublas_version"}
-    return {k: custom[v] for k, v in keys.items() if custom.get(v)}
-
-
-def _bench_env(backend: str, threads: int, options: RunOptions) -> dict[str, str]:
-    env = dict(os.environ)
-    if backend == "onednn":
-        env["OMP_NUM_THREADS"] = str(threads)
-    else:
-        env["BENANZA_L2"] = options.l2
-    env.update(dict(options.env))
-    return env
 
 
 # --- build -------------------------------------------------------------------------------
@@ -328,11 +310,11 @@ def _build_locked(project: Path, build_dir: Path, jobs: int | None, cmake_args: 
 _CONTEXT_SECONDS = 60.0
 
 
-def binary_context(binary: Path, env: dict[str, str]) -> dict:
+def binary_context(binary: Command, env: dict[str, str]) -> dict:
     """The binary's context line. Its output goes to files, not pipes: a child that never
     exits or hands its stdout to a grandchild cannot hang this call past its limit."""
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        proc = children.popen([str(binary), "--benanza_context"], stdout=out_f, stderr=err_f, env=env,
+        proc = children.popen([*binary.argv, "--benanza_context"], stdout=out_f, stderr=err_f, env=env,
                               start_new_session=True)
         try:
             rc = proc.wait(timeout=_CONTEXT_SECONDS)
@@ -413,17 +395,18 @@ class _Store:
         self.last = time.monotonic()
 
 
-def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: RunOptions, db: PerfDB,
+def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], options: RunOptions, db: PerfDB,
              system: System, summary: RunSummary, progress: Callable[[Progress], None] | None) -> None:
-    """Runs ``todo``, then re-measures the unstable and the contended results (at most
-    ``options.remeasure`` times each, after every other benchmark of the round: later, not
-    while the same neighbour still runs); every measurement is stored, the last one of a
-    variant is what analyses use."""
+    """Runs ``todo`` with ``binary`` (a built binary's path, or the backend's command), then
+    re-measures the unstable and the contended results (at most ``options.remeasure`` times
+    each, after every other benchmark of the round: later, not while the same neighbour still
+    runs); every measurement is stored, the last one of a variant is what analyses use."""
+    command = binary if isinstance(binary, Command) else Command((str(binary.resolve()),))
     by_name = {v.name: v for v in todo}
     # GPU times come from device events, which a busy host does not stretch (the harness
     # counts the repetitions the host could have delayed): contention flags CPU results only.
-    store = _Store(db, system, options.command, options.max_rsd,
-                   options.max_contention if system.backend == "onednn" else None)
+    cpu = get_backend(system.backend).device is Device.CPU
+    store = _Store(db, system, options.command, options.max_rsd, options.max_contention if cpu else None)
     try:
         with children.sigterm_interrupts():
             batch = [v.name for v in todo]
@@ -432,7 +415,7 @@ def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: Ru
                     log.info("re-measuring %d unstable or contended results (attempt %d of %d)", len(batch),
                              attempt, options.remeasure)
                     summary.remeasured += len(batch)
-                _run_all(binary, batch, env, options, system, store, by_name, progress)
+                _run_all(command, batch, env, options, system, store, by_name, progress)
                 batch = [n for n in batch if store.final[n].unstable or store.final[n].contended]
                 if not batch:
                     break
@@ -449,7 +432,7 @@ def _execute(binary: Path, todo: list[Variant], env: dict[str, str], options: Ru
                             if r.status is Status.FAILED and "reproduce" in r.metrics]
 
 
-def _run_all(binary: Path, names: list[str], env: dict[str, str], options: RunOptions, system: System,
+def _run_all(binary: Command, names: list[str], env: dict[str, str], options: RunOptions, system: System,
              store: _Store, by_name: dict[str, Variant], progress: Callable[[Progress], None] | None) -> None:
     finished: set[str] = set()
 
@@ -507,7 +490,7 @@ class _Lines:
 class _Batch:
     """What one run of the binary needs beside the names: where results go and how it ran."""
 
-    binary: Path
+    binary: Command
     env: dict[str, str]
     options: RunOptions
     system: System
@@ -519,7 +502,7 @@ class _Batch:
     def reproduce(self, name: str) -> str:
         """A shell line that runs this one benchmark the way the runner did (benchdnn-style)."""
         changed = sorted((k, v) for k, v in self.env.items() if os.environ.get(k) != v)
-        return shlex.join([*(f"{k}={v}" for k, v in changed), str(self.binary.resolve()),
+        return shlex.join([*(f"{k}={v}" for k, v in changed), *self.binary.argv,
                            # Google Benchmark appends /real_time or /manual_time to the name
                            f"--benchmark_filter=^{_regex_literal(name)}(/|$)",
                            f"--benchmark_min_time={self.options.min_time:g}",
@@ -547,7 +530,7 @@ def _regex_literal(text: str) -> str:
     return "".join("\\" + c if c in ".[]{}()*+?^$|\\" else c for c in text)
 
 
-def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: RunOptions, system: System,
+def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: RunOptions, system: System,
                store: _Store, by_name: dict[str, Variant], finished: set[str],
                notify: Callable[[str, Status | None], None]) -> None:
     """Runs ``names`` in one process until it ends, crashes, hangs or stalls; records each outcome.
@@ -562,7 +545,7 @@ def _run_batch(binary: Path, names: list[str], env: dict[str, str], options: Run
         names_file.write("\n".join(names) + "\n")
         names_file.flush()
         fd = names_file.fileno()
-        cmd = [str(binary), f"--benanza_names=/dev/fd/{fd}", f"--benchmark_min_time={options.min_time:g}",
+        cmd = [*binary.argv, f"--benanza_names=/dev/fd/{fd}", f"--benchmark_min_time={options.min_time:g}",
                f"--benchmark_repetitions={options.repetitions}"]
         proc = children.popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, pass_fds=(fd,),
                               start_new_session=True)  # Ctrl-C reaches us, not the child

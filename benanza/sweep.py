@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .analysis.across_stack import across_stack
 from .analyzer import MATH_EXACT, Analysis, analyze
 from .errors import BenanzaError
-from .generator import GenOptions, generate, get_backend
+from .generator import BACKEND_MODULES, GenOptions, generate, get_backend
 from .layers import Model
 from .manifest import build_manifest, write_manifest
 from .outputs import write_text
@@ -72,8 +73,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
         keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype(d))
                        for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
         for name in req.systems:
-            system = resolve_system(db, name, req.backend, req.stack)
             prof = _profile_for(profile, batch, single)
+            system = resolve_system(db, name, req.backend or native_backend(db, name, prof), req.stack)
             measured = req.measured_ms if single else None
             a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
                         stack=system, math=req.math, peaks=db.peaks(system), one_thread=_one_thread(db, system, keys))
@@ -109,10 +110,40 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                 a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "
                                f"({', '.join(s.stack_id for s in others)}); this analysis uses only stack "
                                f"{system.stack_id} (choose another with --stack)")
+            _split_across_stack(a, model, db, name, keys, req)
             a.notes.extend(shape_notes(model))
             a.warnings.extend(uncosted_notes(model))  # missing from the bound
             out.append(a)
     return out
+
+
+def _split_across_stack(a: Analysis, model: Model, db, name: str, keys: list[str], req: SweepRequest) -> None:
+    """For an analysis against a framework's own backend: the split against the vendor library's
+    bound, when the database holds that library's results for the same system."""
+    vendor_backend = get_backend(a.backend).vendor
+    vendor = db.system(name, vendor_backend) if vendor_backend is not None else None
+    if vendor is None or a.stack is None:
+        return
+    v = analyze(model, db.results(vendor, keys), name, vendor.backend, req.dtype, None, None, stack=vendor,
+                math=req.math, peaks=db.peaks(vendor))
+    a.across_stack = across_stack(a, v)
+    ours, theirs = dict(a.stack.stack).get("threads"), dict(vendor.stack).get("threads")
+    if ours != theirs:
+        a.warnings.append(f"across the stack: the {a.backend} results ran on {ours} threads, the {vendor.backend} "
+                          f"ones (stack {vendor.stack_id}) on {theirs}: the kernel headroom compares unequal threads")
+    if v.missing:
+        a.warnings.append(f"across the stack: {len(v.missing)} layers have no {vendor.backend} result: its bound, "
+                          f"and the kernel headroom, leave them out")
+
+
+def native_backend(db, name: str, profile: ExecutionProfile | None) -> str | None:
+    """Against a framework's profile, the framework's own backend when the database holds its
+    results under ``name``: the bound is then one its kernels can reach, and Q3 judges them."""
+    trace = profile.trace if profile is not None else None
+    framework = (profile.framework or trace.framework) if profile is not None and trace is not None else ""
+    if framework in BACKEND_MODULES and db.system(name, framework) is not None:
+        return framework
+    return None
 
 
 def _one_thread(db, system: System, keys: list[str]) -> list[Result] | None:
@@ -151,7 +182,7 @@ def measure_missing(models: Sequence[Model], bench_dir: str | Path, system_name:
 
     manifest = build_manifest(list(models), unique_layers(list(models)))
     write_manifest(manifest, bench_dir)
-    generate(manifest, backend, bench_dir, options)
+    generate(manifest, backend, bench_dir, options, models)
     return runner.run(bench_dir, system_name, backend, db_path, runner.RunOptions(command=command))
 
 

@@ -198,8 +198,9 @@ def detect_system(name: str, backend: str, threads: int | None = None,
     built binary reported) replace detected stack entries."""
     # Only what changes results: not the kernel or hostname, which vary across identical CI runners.
     stack: dict[str, str] = {"compiler": compiler_version(), "cpu": cpu_model(), "cpu_isa": cpu_isa()}
-    if backend == "onednn":
-        stack["onednn"] = onednn_version() or "unknown"
+    if backend != "cudnn":  # a CPU backend: its library versions come from its context (overrides)
+        if backend == "onednn":
+            stack["onednn"] = onednn_version() or "unknown"
         stack["threads"] = str(threads or default_threads())
         device = cpu_model()
     else:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..fusion import BY_NAME as FUSION_PATTERNS
+from ..fusion import FusionMatch
 from ..layers import Model
 from ..parsers import ExecutionProfile, FrameworkTrace, LibraryCall
 from ..problems import ConvProblem
@@ -162,6 +163,51 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
         out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
                               fastest.implementation or fastest.variant.algo, float(fastest.latency_ms),  # type: ignore[arg-type]
                               framework_ms, layout, noise, post_ops, fastest.variant.fusion, bound.get(index)))
+    return out
+
+
+# --- Q3 on a framework's own backend: the kernel it ran vs its fastest variant ------------------
+
+# ONNX Runtime names a node its NCHWc transform rewrote after its output plus this suffix
+NCHWC_SUFFIX = "_nchwc"
+
+
+def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionMatch], by_problem: ResultIndex,
+                          dtype: str, bound: Mapping[int, float] | None = None) -> list[AlgoChoice]:
+    """Per framework op that ran model layers, against the benchmarks of the framework's own
+    backend (the same versions by construction): the variant that computes what the op ran (its
+    layers unfused, or the fusion pattern its layers form) in the layout the op ran in (ORT's
+    NCHWc, by the name its transform gives the node, or the model's own), vs the fastest variant
+    computing the same in any layout. An op over layers no pattern names is listed, never judged."""
+    patterns = {tuple(sorted(m.nodes)): m.pattern.name for m in fusions}
+    bound = bound or {}
+    out = []
+    for g in trace.groups:
+        if not g.nodes:
+            continue
+        node = model.nodes[g.nodes[0]]
+        fusion = "none" if len(g.nodes) == 1 else patterns.get(tuple(sorted(g.nodes)), "")
+        measured = [r for r in layer_results(by_problem, node.layer, dtype)
+                    if r.ok and r.variant.dtype == node.layer.in_dtype(dtype)]
+        if not measured:
+            continue  # nothing measured for the layer: the bound's missing-layer warning says so
+        nchwc = g.name.endswith(NCHWC_SUFFIX)
+        same = [r for r in measured if r.variant.fusion == fusion]
+        used = [r for r in same if (r.variant.layout == "any") == nchwc]
+        fastest = min(same, key=lambda r: (float(r.latency_ms), r.variant.name), default=None)  # type: ignore[arg-type]
+        match = min(used, key=lambda r: float(r.latency_ms), default=None)  # type: ignore[arg-type]
+        layout = "any" if nchwc else (match.variant.layout if match is not None else "")
+        name = f"{g.op}{' (NCHWc)' if nchwc else ''}"
+        if fastest is None:
+            out.append(AlgoChoice(g.nodes[0], node.name, name, None, "", None, g.time_ms, layout,
+                                  bound_ms=bound.get(g.nodes[0])))
+            continue
+        noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
+        v = fastest.variant
+        best_name = f"{fastest.implementation or v.algo} ({v.algo}, {v.layout})"
+        out.append(AlgoChoice(g.nodes[0], node.name, name, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
+                              best_name, float(fastest.latency_ms), g.time_ms, layout, noise,  # type: ignore[arg-type]
+                              fusion=fusion, bound_ms=bound.get(g.nodes[0])))
     return out
 
 

@@ -76,9 +76,10 @@ import functools
 import logging
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -86,7 +87,7 @@ from ..errors import BenanzaError
 from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
-from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
+from ..layers import FLOAT_DTYPES, Layer, Model, UniqueLayer
 from ..manifest import Manifest
 from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
@@ -98,6 +99,10 @@ from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..problems import ConvProblem, Problem
 from ..records import Variant
+from .base import CMakeBackend, Device
+
+if TYPE_CHECKING:
+    from ..runner import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -261,9 +266,23 @@ class _Part:
         return f"tables_{self.function}.cpp"
 
 
-class CudnnBackend:
+class CudnnBackend(CMakeBackend):
     name = NAME
     dtypes = DTYPES
+    layouts = LAYOUTS
+    maths = MATHS
+    device = Device.GPU
+    context_versions = {"cudnn": "cudnn_version", "cublas": "cublas_version"}
+
+    def unavailable(self) -> str | None:
+        from ..system import probe_gpu
+
+        gpu = probe_gpu()
+        return None if gpu.present else (f"no CUDA device found ({gpu.reason}); the cudnn backend needs one. "
+                                          f"On this machine `--backend auto` runs onednn.")
+
+    def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
+        return {"BENANZA_L2": options.l2}
 
     def covers(self, layer: Layer) -> bool:
         return covers(layer)
@@ -302,7 +321,7 @@ class CudnnBackend:
         return out + _graph_fusion_variants(layer, fusions, exp)
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
-               out_dir: Path, options: GenOptions) -> list[Path]:
+               out_dir: Path, options: GenOptions, models: Sequence[Model] = ()) -> list[Path]:
         layers: dict[Problem, Layer] = {}
         for u in manifest.layers:  # one table row per problem, whatever dtypes its layers have
             layers.setdefault(u.layer.problem, u.layer)

@@ -13,23 +13,27 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
 from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
-from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
+from ..layers import FLOAT_DTYPES, Layer, Model, UniqueLayer
 from ..manifest import Manifest
 from ..ops.base import OnednnLowering, cpp_literal, row_fields
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..problems import BinaryProblem, ConvProblem, DeconvProblem, MatMulProblem, Problem, ReduceProblem
 from ..records import Variant
+from .base import CMakeBackend, Device
+
+if TYPE_CHECKING:
+    from ..runner import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +83,15 @@ def fused_config(problem: Problem, fusion: str) -> Fused:
     return Fused(bias=p.adds_bias, relu=p.activation == "relu", gelu=p.activation == "gelu")
 
 
-class OneDNNBackend:
+class OneDNNBackend(CMakeBackend):
     name = NAME
     dtypes = DTYPES
+    layouts = SPATIAL_LAYOUTS
+    device = Device.CPU
+    context_versions = {"onednn": "onednn_version"}
+
+    def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(threads)}
 
     def covers(self, layer: Layer) -> bool:
         return covers(layer)
@@ -109,7 +119,7 @@ class OneDNNBackend:
         return out
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
-               out_dir: Path, options: GenOptions) -> list[Path]:
+               out_dir: Path, options: GenOptions, models: Sequence[Model] = ()) -> list[Path]:
         tables: dict[str, _Table] = {}
         for v in variants:
             # a pattern's fused form is benchmarked in another family's table (the LayerNorm

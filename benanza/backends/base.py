@@ -1,0 +1,112 @@
+"""The one base every backend implements (docs/backends.md), as Polygraphy has one runner base.
+
+A backend says three things, and the generator, runner, database and analyzer ask nothing else:
+
+- **which variants a layer has** (``covers``, ``variants``): the choices its library or framework
+  offers for that layer (algorithm, dtype, layout, math, fusion), as ``Variant`` records;
+- **how they are built** (``render``, then ``prepare``): the generated project under
+  ``<bench-dir>/<backend>/``, and what turns it into a program that measures: a CMake build of a
+  C++ binary (``CMakeBackend``), or nothing beyond the generated files for a backend that measures
+  in a Python child process;
+- **how one batch of variants is measured** (``prepare``'s ``Command``): the argv of a child that
+  speaks the runtime's line protocol (``runtime_cpp/common/README.md``: ``--benanza_names``,
+  ``--benanza_context``, ``BENANZA_START`` / ``BENANZA_RESULT`` lines with per-call samples), so the
+  runner's crash isolation, ``--timeout``, resume, re-measurement and contention checks hold for
+  every backend alike; plus the child's environment and the versions its context reports.
+"""
+
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import jinja2
+
+    from ..generator import GenOptions
+    from ..layers import Layer, Model, UniqueLayer
+    from ..manifest import Manifest
+    from ..records import Variant
+    from ..runner import RunOptions
+
+
+class Device(Enum):
+    """Where a backend's benchmarks run: CPU ones take threads, and their results are judged for
+    contention; GPU ones need a CUDA device and are timed by device events."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+@dataclass(frozen=True)
+class Command:
+    """A program that measures a batch: the runner appends the protocol's flags to ``argv``."""
+
+    argv: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return shlex.join(self.argv)
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+    dtypes: ClassVar[tuple[str, ...]]  # what its benchmarks can compute in
+    layouts: ClassVar[tuple[str, ...]]  # what --layout takes
+    maths: ClassVar[tuple[str, ...]] = ()  # what --math takes
+    device: ClassVar[Device]
+    # a framework's own backend: the vendor library whose bound its kernels are held to (the
+    # across-stack split); None for a vendor library's backend
+    vendor: ClassVar[str | None] = None
+
+    @abstractmethod
+    def covers(self, layer: Layer) -> bool:
+        """Whether this backend benchmarks the layer; a layer it does not is "not covered"."""
+
+    @abstractmethod
+    def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
+        """Every variant of one layer; ``fusions`` are the pattern names the models use on it."""
+
+    @abstractmethod
+    def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
+               out_dir: Path, options: GenOptions, models: Sequence[Model] = ()) -> list[Path]:
+        """Write the backend's project into ``out_dir``; return the files. ``models`` are the
+        processed models the manifest came from (a backend that benchmarks their own subgraphs
+        needs them; the others ignore them)."""
+
+    @abstractmethod
+    def prepare(self, project: Path, options: RunOptions) -> Command:
+        """Whatever building the project takes; the command that measures its variants."""
+
+    def unavailable(self) -> str | None:
+        """Why this machine cannot run the backend (None: it can), checked before anything is built."""
+        return None
+
+    def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
+        """The measuring child's environment beyond the runner's own (``threads``: CPU threads)."""
+        return {}
+
+    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+        """Stack entries from the child's context line: the versions it actually loaded (None: a
+        dry run, which builds and starts nothing: what is known without the program)."""
+        return {}
+
+
+class CMakeBackend(Backend):
+    """A backend whose project is a CMake project of C++ benchmarks over ``runtime_cpp``."""
+
+    # stack entry → the context's ``custom`` key naming the library version the binary linked
+    context_versions: ClassVar[dict[str, str]] = {}
+
+    def prepare(self, project: Path, options: RunOptions) -> Command:
+        from ..runner import build
+
+        return Command((str(build(project, options.build_jobs, options.cmake_args).resolve()),))
+
+    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+        custom = (context or {}).get("custom", {})
+        return {k: custom[v] for k, v in self.context_versions.items() if custom.get(v)}

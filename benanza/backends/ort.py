@@ -1,0 +1,520 @@
+"""ONNX Runtime backend: every unique layer, and every fusion pattern, through ORT's own kernels.
+
+A framework's bound, not a vendor library's: each layer is its model's own ONNX node (a fusion
+pattern: its subgraph), cut out of the model with the model's constants, and run in an
+``InferenceSession`` on the CPU execution provider. Variants are the choices an ORT user has
+(docs/backends.md):
+
+- ``algo`` is the graph optimization level: ``basic`` for the node alone, ``extended`` for a
+  pattern's subgraph (where ORT fuses Conv+Relu, MatMul+Add, LayerNorm, GELU ... into one
+  kernel when it can; what it does not fuse runs as its nodes), ``all`` for layer plus
+  NCHWc layout transformation of MLAS (convolutions only, where it applies);
+- ``layout``: ``any`` for level ``all`` (ORT picks its blocked NCHWc layout), else the model's
+  own (``nchw`` for 4-D data, ``plain`` otherwise);
+- ``dtype``: the model's; the EP's refusal (no kernel for it) is stored as unsupported.
+
+Time is ONNX Runtime's own: its profiler's per-node kernel time (``<node>_kernel_time`` events,
+whole microseconds) summed over the kernels of one ``run()``, never ``run()``'s wall time, which
+holds the session's own overhead (kept beside it as the ``run_overhead_ms`` counter). The reorders
+the NCHWc transform puts at the subgraph's edges are not the layer's work inside a model whose
+neighbours share the layout; their time is the ``reorder_ms`` counter.
+
+Building is writing the subgraphs (``models/*.onnx``) and their index (``benchmarks.json``);
+measuring is this module run as a child (``python -m benanza.backends.ort``) that speaks the
+runtime's line protocol, so the runner isolates, times out, resumes and re-measures it as it
+does a C++ binary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BenanzaError
+from ..layers import DTYPE_NAMES, Layer, Model, UniqueLayer
+from ..outputs import make_folder, write_text, write_with
+from ..parsers.base import FrameworkTrace
+from ..parsers.ort import parse_ort_profile
+from ..problems import ConvProblem
+from ..records import Variant
+from .base import Backend, Command, Device
+
+if TYPE_CHECKING:
+    import jinja2
+    import onnx
+
+    from ..generator import GenOptions
+    from ..manifest import Manifest
+    from ..runner import RunOptions
+
+log = logging.getLogger(__name__)
+
+NAME = "onnxruntime"
+DTYPES = ("f32", "f16", "bf16")
+LAYOUTS = ("nchw", "any")  # the model's own layout (nchw, or plain below 4-D), or ORT's NCHWc
+PROVIDER = "CPUExecutionProvider"
+INDEX_NAME = "benchmarks.json"
+# the optimization level each variant's algo names (onnxruntime.GraphOptimizationLevel members)
+# ("none": no graph optimization at all, the reference `benanza check` compares them with)
+LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+          "all": "ORT_ENABLE_ALL"}
+# kernels the NCHWc transform adds at a subgraph's edges: layout changes, not the layer's work
+REORDER_OPS = ("ReorderInput", "ReorderOutput")
+THREADS_ENV = "BENANZA_ORT_THREADS"
+WARMUP_CALLS = 3
+MAX_CALLS = 20000  # per repetition: the profile of one benchmark stays a few MB
+
+
+def _own_layout(layer: Layer) -> str:
+    return "nchw" if any(len(t.shape) >= 4 for t in layer.inputs) else "plain"
+
+
+class OnnxRuntimeBackend(Backend):
+    name = NAME
+    dtypes = DTYPES
+    layouts = LAYOUTS
+    device = Device.CPU
+    vendor = "onednn"
+
+    def covers(self, layer: Layer) -> bool:
+        """ORT runs every node of the model: every layer that computes something is covered."""
+        return not layer.free
+
+    def variants(self, unique: UniqueLayer, fusions: tuple[str, ...], options: GenOptions) -> list[Variant]:
+        layer = unique.layer
+        if not self.covers(layer) or (options.dtypes and layer.dtype not in options.dtypes):
+            return []
+        layouts = options.layouts or LAYOUTS
+        own = _own_layout(layer)
+        nchwc = isinstance(layer.problem, ConvProblem) and "any" in layouts
+        out = []
+        for fusion in ("none", *fusions):
+            if "nchw" in layouts:
+                level = "basic" if fusion == "none" else "extended"
+                out.append(Variant(layer.problem, NAME, layer.op, level, layer.dtype, own, "default", fusion))
+            if nchwc:
+                out.append(Variant(layer.problem, NAME, layer.op, "all", layer.dtype, "any", "default", fusion))
+        return out
+
+    def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
+               out_dir: Path, options: GenOptions, models: Sequence[Model] = ()) -> list[Path]:
+        if variants and not models:
+            raise BenanzaError("the onnxruntime backend cuts each layer out of its model: generate it from the "
+                               "models (`benanza generate MODELS --backend onnxruntime`)")
+        sources = [_Source(m) for m in models]
+        folder = make_folder(out_dir / "models")
+        index: dict[str, dict[str, str]] = {}
+        written: dict[tuple[str, str], dict[str, str]] = {}
+        files = []
+        for v in sorted(variants, key=lambda v: v.name):
+            site = (v.layer_key, v.fusion)
+            if site not in written:
+                entry = written[site] = _subgraph_entry(sources, v, folder)
+                if "model" in entry:
+                    files.append(out_dir / entry["model"])
+            index[v.name] = {**written[site], "level": v.algo}
+        # a subgraph no variant uses any more is stale
+        keep = {out_dir / e["model"] for e in written.values() if "model" in e}
+        for stale in set(folder.glob("*.onnx")) - keep:
+            stale.unlink()
+        files.append(write_text(out_dir / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True) + "\n"))
+        return files
+
+    def prepare(self, project: Path, options: RunOptions) -> Command:
+        if not (project / INDEX_NAME).is_file():
+            raise BenanzaError(f"{project}: no onnxruntime benchmarks here; run `benanza generate MODELS "
+                               f"--backend onnxruntime --out {project.parent}` first")
+        return Command((sys.executable, "-m", __name__, f"--benanza_project={project.resolve()}"))
+
+    def unavailable(self) -> str | None:
+        try:
+            import onnxruntime  # noqa: F401 - only whether it imports
+        except ImportError as exc:
+            return f"the onnxruntime backend needs the onnxruntime package ({exc})"
+        return None
+
+    def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
+        # the child imports this package as the runner did, wherever it is installed
+        root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+        return {THREADS_ENV: str(threads), "PYTHONPATH": path}
+
+    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+        # the child runs this interpreter's onnxruntime: a dry run knows its version too
+        custom = context["custom"] if context is not None else _context(0)["custom"]
+        return {k: str(custom[v]) for k, v in (("onnxruntime", "onnxruntime_version"),
+                                                 ("execution_provider", "execution_provider")) if custom.get(v)}
+
+
+# --- cutting a layer out of its model -------------------------------------------------------
+
+_ELEM_TYPES = {short: code for code, short in DTYPE_NAMES.items()}
+
+
+class _Source:
+    """A processed model with its ONNX graph: the node protos, the real shapes of their
+    tensors, and the values of the constants they read."""
+
+    def __init__(self, model: Model):
+        import onnx
+
+        self.model = model
+        try:
+            self.proto = onnx.load(model.path)
+        except Exception as exc:  # noqa: BLE001 - protobuf and OS errors alike: the file is not readable as a model
+            raise BenanzaError(f"{model.path}: the onnxruntime backend reads each layer's node from its model "
+                               f"file, which does not load ({type(exc).__name__})") from None
+        graph = self.proto.graph
+        self.by_output = {o: n for n in graph.node for o in n.output}
+        self.inits = {t.name: t for t in graph.initializer}
+        self.specs: dict[str, tuple[tuple[int, ...], str]] = {
+            name: (tuple(shape), "") for name, shape in model.input_shapes.items()}
+        for n in model.nodes:
+            for name, spec in zip(n.outputs, n.layer.outputs):
+                self.specs.setdefault(name, (spec.shape, spec.dtype))
+        self.input_types = {i.name: i.type.tensor_type.elem_type for i in graph.input}
+        self._folded: dict[str, onnx.TensorProto] | None = None
+        self._fusions: list | None = None
+
+    def find(self, v: Variant) -> tuple[int, ...] | None:
+        """The model nodes of the variant's first occurrence (its pattern's, for a fusion)."""
+        if v.fusion == "none":
+            return next(((n.index,) for n in self.model.nodes if n.layer.key == v.layer_key), None)
+        if self._fusions is None:
+            from ..fusion import match_fusions
+
+            self._fusions = match_fusions(self.model)
+        return next((m.nodes for m in self._fusions if m.pattern.name == v.fusion and m.conv_key == v.layer_key),
+                    None)
+
+    def computed(self, name: str) -> bool:
+        """Whether a constant input is computed by the model (from shapes), not stored in it."""
+        return name not in self.inits and not (name in self.by_output and self.by_output[name].op_type == "Constant")
+
+    def constants(self, names: list[str]) -> dict[str, onnx.TensorProto]:
+        """Values of the computed constants ``names``: one run of the whole model computes every
+        one the layers read."""
+        if not names:
+            return {}
+        if self._folded is None:
+            self._folded = _run_for(self, sorted({c for n in self.model.nodes for c in n.constant_inputs
+                                                  if self.computed(c)}))
+        missing = [n for n in names if n not in self._folded]
+        if missing:
+            raise _NoSubgraph(f"constant {missing[0]!r} has no value a run of the model computes")
+        return {n: self._folded[n] for n in names}
+
+
+class _NoSubgraph(Exception):
+    """This layer cannot be cut out of its model (the reason is the message)."""
+
+
+def _run_for(source: _Source, names: list[str]) -> dict[str, onnx.TensorProto]:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    if not names:
+        return {}
+    m = onnx.ModelProto()
+    m.CopyFrom(source.proto)
+    known = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in known)
+    rng = np.random.default_rng(0)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        feeds = {}
+        for inp in m.graph.input:
+            if inp.name in source.inits:
+                continue
+            dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+            shape = source.model.input_shapes[inp.name]
+            feeds[inp.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
+                               else np.zeros(shape, dtype))
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=[PROVIDER])
+        values = sess.run(names, feeds)
+    except Exception as exc:  # noqa: BLE001 - ORT raises many kinds; the layers needing these are said so (an
+        # input without a concrete shape, or a run that fails, leaves them without values)
+        log.warning("%s: the run computing its shape constants failed (%s)", source.model.path, exc)
+        return {}
+    return {n: numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, values)}
+
+
+def _subgraph(source: _Source, nodes: tuple[int, ...]) -> onnx.ModelProto:
+    """The model's nodes as a model of their own: what they read from outside is a graph input
+    of its real shape, or the model's constant (an initializer, its Constant node, or the value
+    the model computes from shapes)."""
+    import onnx
+    from onnx import helper
+
+    protos = []
+    for i in nodes:
+        node = source.model.nodes[i]
+        proto = source.by_output.get(node.outputs[0]) if node.outputs else None
+        if proto is None:
+            raise _NoSubgraph(f"node {node.name!r} is not in the model's main graph (a control-flow body)")
+        protos.append(proto)
+    produced = {o for p in protos for o in p.output}
+    constant = {c for i in nodes for c in source.model.nodes[i].constant_inputs}
+    inputs, inits, const_nodes, computed = [], [], [], []
+    seen: set[str] = set()
+    for p in protos:
+        for name in p.input:
+            if not name or name in produced or name in seen:
+                continue
+            seen.add(name)
+            if name in source.inits:
+                inits.append(source.inits[name])
+            elif name in constant and source.computed(name):
+                computed.append(name)
+            elif name in constant:
+                const_nodes.append(source.by_output[name])
+            else:
+                shape, short = source.specs.get(name, ((), ""))
+                elem = source.input_types.get(name) or _ELEM_TYPES.get(short)
+                if not elem or name not in source.specs:
+                    raise _NoSubgraph(f"input {name!r} has no known shape and type")
+                inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
+    inits += list(source.constants(computed).values())
+    outputs = [helper.make_empty_tensor_value_info(o) for o in protos[-1].output if o]
+    graph = helper.make_graph([*const_nodes, *protos], "layer", inputs, outputs, inits)
+    m = helper.make_model(graph, opset_imports=list(source.proto.opset_import))
+    m.ir_version = source.proto.ir_version
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def _subgraph_entry(sources: list[_Source], v: Variant, folder: Path) -> dict[str, str]:
+    """The index entry of a (layer, fusion): its subgraph file, or why there is none."""
+    for source in sources:
+        nodes = source.find(v)
+        if nodes is None:
+            continue
+        try:
+            m = _subgraph(source, nodes)
+        except _NoSubgraph as exc:
+            log.warning("onnxruntime: %s%s: %s", v.layer_key, f" ({v.fusion})" if v.fusion != "none" else "", exc)
+            return {"unsupported": f"not cut out of {source.model.name}: {exc}"}
+        data = m.SerializeToString()
+        digest = hashlib.sha256(f"{v.layer_key}/{v.fusion}".encode()).hexdigest()[:16]
+        path = folder / f"{digest}.onnx"
+        if not path.exists() or path.read_bytes() != data:  # an unchanged subgraph keeps its file
+            write_with(path, partial(Path.write_bytes, data=data))
+        return {"model": f"models/{path.name}", "nodes": ", ".join(source.model.nodes[i].name for i in nodes),
+                "source": source.model.name}
+    return {"unsupported": "no model holds this layer" + (f" in pattern {v.fusion}" if v.fusion != "none" else "")}
+
+
+BACKEND = OnnxRuntimeBackend()
+
+
+# --- the measuring child ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Timed:
+    """The per-call kernel times of one benchmark, in ms, by repetition."""
+
+    reps: list[list[float]]
+    reorder_ms: list[float]
+    overhead_ms: list[float]  # run() beyond its kernels (the session's own work), per call
+    kernels: str  # what ran, e.g. "CPUExecutionProvider:FusedConv"
+
+
+def _emit(tag: str, payload: str) -> None:
+    sys.stdout.write(f"{tag} {payload}\n")
+    sys.stdout.flush()
+
+
+def _context(threads: int) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    from ..system import cpu_model
+
+    return {"cpu_model": cpu_model(), "num_cpus": os.cpu_count(),
+            "custom": {"backend": NAME, "onnxruntime_version": ort.__version__, "execution_provider": PROVIDER,
+                       "intra_op_threads": threads}}
+
+
+def _feeds(sess: Any) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for i in sess.get_inputs():
+        kind = i.type.removeprefix("tensor(").removesuffix(")")  # ORT's names: float, float16, int64 ...
+        if kind == "bfloat16":
+            raise Refused("numpy has no bf16 to feed this subgraph's inputs with")
+        dtype = np.dtype({"float": "float32", "double": "float64"}.get(kind, kind))
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        # integers and booleans get zeros: valid indices, sizes and masks
+        out[i.name] = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
+    return out
+
+
+class Refused(Exception):
+    """The EP has no kernel for this variant (stored as unsupported, with ORT's words)."""
+
+
+def _session(path: Path, level: str, threads: int, tmp: str | None) -> Any:
+    """The variant's session; ``tmp``: profile it there (its kernel times, its optimized graph)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if tmp is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(tmp, "profile")
+        # the graph ORT made of it: its nodes' domains tell an NCHWc kernel from the plain one
+        opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), opts, providers=[PROVIDER])
+    except Exception as exc:  # noqa: BLE001 - ORT's Python errors share no base class
+        text = str(exc)
+        if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
+            raise Refused(text.strip().splitlines()[0][:500]) from None
+        raise
+
+
+def run_once(path: Path, level: str, threads: int, feeds: dict[str, Any]) -> list[Any]:
+    """The subgraph's outputs as ORT computes them at ``level`` (``benanza check``); ``Refused``
+    when the EP has no kernel for it."""
+    return list(_session(path, level, threads, None).run(None, feeds))
+
+
+def _measure(path: Path, level: str, threads: int, min_time: float, repetitions: int, tmp: str) -> _Timed:
+    import onnx
+
+    sess = _session(path, level, threads, tmp)
+    domains = {n.name: n.domain for n in onnx.load(os.path.join(tmp, "optimized.onnx")).graph.node}
+    feeds = _feeds(sess)
+    counts = []
+    for _ in range(WARMUP_CALLS):
+        sess.run(None, feeds)
+    for _ in range(repetitions):
+        n, started = 0, time.perf_counter()
+        while n == 0 or (time.perf_counter() - started < min_time and n < MAX_CALLS):
+            sess.run(None, feeds)
+            n += 1
+        counts.append(n)
+    profile = Path(sess.end_profiling())
+    try:
+        trace = parse_ort_profile(profile)
+    finally:
+        profile.unlink(missing_ok=True)
+    return _per_call(trace, counts, domains)
+
+
+def _per_call(trace: FrameworkTrace, counts: list[int], domains: dict[str, str]) -> _Timed:
+    """Each timed run()'s kernel time from ORT's profile (the parser puts each kernel in the
+    ``model_run`` it lies in); the warm-up runs come first and are left out."""
+    if len(trace.runs) != WARMUP_CALLS + sum(counts):
+        raise RuntimeError(f"the profile holds {len(trace.runs)} runs, {WARMUP_CALLS + sum(counts)} were made")
+    kernel = [0.0] * len(trace.runs)
+    reorder = [0.0] * len(trace.runs)
+    ran: dict[str, None] = {}
+    for e in trace.ops:
+        if e.run < 0:
+            continue
+        if e.op in REORDER_OPS:
+            reorder[e.run] += e.span.dur_us
+        else:
+            kernel[e.run] += e.span.dur_us
+            domain = domains.get(e.name, "")
+            ran.setdefault(f"{e.provider or PROVIDER}:{domain + '.' if domain else ''}{e.op}")
+    timed, at = [], WARMUP_CALLS
+    for n in counts:
+        timed.append([kernel[i] / 1e3 for i in range(at, at + n)])
+        at += n
+    tail = range(WARMUP_CALLS, len(trace.runs))
+    return _Timed(timed, [reorder[i] / 1e3 for i in tail],
+                  [(trace.runs[i].dur_us - kernel[i] - reorder[i]) / 1e3 for i in tail], "+".join(ran))
+
+
+def _result(name: str, t: _Timed) -> dict[str, Any]:
+    """The protocol's result line (runtime_cpp/common/README.md): statistics over the
+    repetitions of the mean per-call time, and the pooled per-call samples' percentiles."""
+    import numpy as np
+
+    means = [float(np.mean(r)) for r in t.reps]
+    pooled = np.array([x for r in t.reps for x in r])
+    median = float(np.median(means))
+    if float(np.median(pooled)) <= 0:
+        return {"name": name, "status": "failed", "implementation": t.kernels,
+                "message": "its kernels ran below the profiler's 1 us resolution in most calls: no time to store"}
+    return {"name": name, "status": "ok", "median_ms": median, "mean_ms": float(np.mean(means)),
+            "stddev_ms": float(np.std(means, ddof=1)) if len(means) > 1 else 0.0, "min_ms": min(means),
+            "iterations": int(pooled.size), "repetitions": len(t.reps), "times_ms": means,
+            "samples": int(pooled.size),
+            "sample_percentiles_ms": [float(x) for x in np.percentile(pooled, np.arange(101))],
+            "implementation": t.kernels,
+            "counters": {"reorder_ms": float(np.median(t.reorder_ms)),
+                         "run_overhead_ms": float(np.median(t.overhead_ms))}}
+
+
+def _run_one(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float,
+             repetitions: int) -> dict[str, Any]:
+    if os.environ.get("BENANZA_FAULT_ABORT") == name:  # the runtime's fault hooks (tests)
+        os.abort()
+    if os.environ.get("BENANZA_FAULT_HANG") == name:
+        while True:
+            time.sleep(3600)
+    if "unsupported" in entry:
+        return {"name": name, "status": "unsupported", "message": entry["unsupported"]}
+    with tempfile.TemporaryDirectory(prefix="benanza-ort-") as tmp:
+        try:
+            timed = _measure(project / entry["model"], entry["level"], threads, min_time, repetitions, tmp)
+        except Refused as exc:
+            return {"name": name, "status": "unsupported", "message": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - ORT's errors share no base class; the runner stores it
+            return {"name": name, "status": "failed", "message": f"{type(exc).__name__}: {str(exc)[:500]}"}
+    return _result(name, timed)
+
+
+def main(argv: list[str]) -> int:
+    """The child: the runtime's flags (``--benanza_project`` names the generated folder)."""
+    flags = {a[2:].partition("=")[0]: a.partition("=")[2] for a in argv if a.startswith("--")}
+    project = Path(flags.get("benanza_project", "."))
+    threads = int(os.environ.get(THREADS_ENV, "1"))
+    if "benanza_context" in flags:
+        _emit("BENANZA_CONTEXT", json.dumps(_context(threads)))
+        return 0
+    index = json.loads((project / INDEX_NAME).read_text())
+    if "benanza_list" in flags:
+        for name in index:
+            print(name)
+        return 0
+    if "benanza_names" in flags:
+        names = [n for n in Path(flags["benanza_names"]).read_text().splitlines() if n]
+    else:
+        rx = re.compile(flags.get("benchmark_filter", ""))
+        names = [n for n in index if rx.search(n)]
+    min_time = float(flags.get("benchmark_min_time", "0.2"))
+    repetitions = int(flags.get("benchmark_repetitions", "3"))
+    for name in names:
+        if name not in index:
+            _emit("BENANZA_RESULT", json.dumps({"name": name, "status": "failed",
+                                                "message": "not in this project's benchmarks.json"}))
+            continue
+        _emit("BENANZA_START", name)
+        _emit("BENANZA_RESULT", json.dumps(_run_one(project, name, index[name], threads, min_time, repetitions)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
