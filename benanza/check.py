@@ -39,6 +39,8 @@ from .fusion import BY_NAME as PATTERNS
 from .fusion import match_fusions
 from .generator import read_variants
 from .layers import Model
+from .ops.cast import WORD_TYPES, CastProblem
+from .ops.quantized import DynQuantProblem, QdqProblem, QMatMulProblem
 from .ops.registry import FAMILIES
 from .problems import (
     COMMUTATIVE,
@@ -61,7 +63,7 @@ BACKEND = "onednn"
 # relative above 1, absolute below). f32: the generator's inputs make products and short sums
 # exact, what remains is the library's exp/erf/rsqrt approximations and summation order; bf16
 # outputs carry its 8-bit significand (2^-8 relative) and the chains' bf16 intermediates.
-TOLERANCE = {"f32": 1e-5, "bf16": 1e-2}
+TOLERANCE = {"f32": 1e-5, "bf16": 1e-2, "u8": 0.0, "i8": 0.0}
 # oneDNN's reductions and softmax/normalization sum in another order than the reference, and
 # their exp/erf/rsqrt are polynomial approximations: f32 results differ in the last bits.
 _APPROXIMATE_F32 = 1e-4
@@ -112,6 +114,28 @@ def generated(stream: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
     return ((z >> np.uint64(56)).astype(np.int64) - 128).astype(np.float32).reshape(shape) / np.float32(128)
+
+
+def as_filled(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A stream's values as the runtime fills a tensor of ``dtype`` (onednn.cpp: fill_as):
+    floats as they are, integers 128·v (shifted by 128 into an unsigned type's range)."""
+    if dtype.kind == "f":
+        return np.asarray(values, dtype)
+    return np.asarray(np.rint(values * 128) + (128 if dtype.kind == "u" else 0), dtype)
+
+
+def as_scales(values: np.ndarray) -> np.ndarray:
+    """A stream's values as the runtime fills quantization scales: 2^floor(4·v)."""
+    return np.asarray(np.exp2(np.floor(4 * values)), np.float32)
+
+
+_NUMPY_TYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i8": np.int8, "u8": np.uint8}
+
+
+def _np_type(short: str) -> np.dtype:
+    if short not in _NUMPY_TYPES:
+        raise _NoReference(f"no NumPy type to feed {short} data to the reference")
+    return np.dtype(_NUMPY_TYPES[short])
 
 
 # --- what one benchmark reads and writes, in the model's terms -----------------------------
@@ -213,12 +237,42 @@ def _unfused(site: _Site, v: Variant, gen) -> _Spec:
                     f"against the op's real outputs")
             return _Spec((0,), {}, list(proto.output), what, dense=True)
         return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
+    if isinstance(p, (CastProblem, QMatMulProblem, QdqProblem)):
+        return _Spec((0,), _integer_feeds(site, p, v, gen), outs, compared)
+    if isinstance(p, DynQuantProblem):  # y, its scale and its zero point
+        return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
     # the other families say which inputs their benchmark fills, in stream order
     family = _FAMILIES.get(p.family)
     fills = family.onednn.fills if family is not None and family.onednn is not None else None
     if fills is not None:
         return _Spec((0,), _fill(site, gen, [(0, i) for i in fills(p)]), outs, compared)
     raise _NoReference(f"no reference adapter for the {p.family} family")
+
+
+def _integer_feeds(site: _Site, p: CastProblem | QMatMulProblem | QdqProblem, v: Variant,
+                   gen) -> dict[tuple[int, int], np.ndarray]:
+    """The inputs of a cast or quantized benchmark, typed as the node reads them, in the
+    runtime's stream order (onednn.cpp: make_cast, make_qmatmul, make_qdq)."""
+    def feed(k: int, i: int, dtype: np.dtype) -> np.ndarray:
+        return as_filled(gen(k, site.in_shape(0, i)), dtype)
+
+    if isinstance(p, CastProblem):
+        return {(0, 0): feed(0, 0, _np_type(WORD_TYPES[p.source]))}
+    if isinstance(p, QMatMulProblem):
+        feeds = {(0, 0): feed(0, 0, _np_type(v.dtype)), (0, 1): feed(1, 1, np.dtype(np.int8 if p.signed_b else np.uint8))}
+        k = 2
+        for i, count in ((2, p.azp), (3, p.bzp)):
+            if count:
+                feeds[(0, i)] = feed(k, i, feeds[(0, i - 2)].dtype)
+                k += 1
+        return feeds
+    qtype = _np_type(WORD_TYPES.get(p.qtype, p.qtype))
+    dequantize = p.family == "dequant"
+    feeds = {(0, 0): feed(0, 0, qtype if dequantize else _np_type(v.dtype)),
+             (0, 1): as_scales(gen(1, site.in_shape(0, 1)))}
+    if p.zp:
+        feeds[(0, 2)] = feed(2, 2, qtype)
+    return feeds
 
 
 def _gemm_feeds(site: _Site, p: GemmProblem, v: Variant, gen) -> dict[tuple[int, int], np.ndarray]:
@@ -465,7 +519,8 @@ def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
 # --- comparing -----------------------------------------------------------------------------
 
 def _read_outputs(entry: dict) -> list[np.ndarray]:
-    """The benchmark's outputs from its check file, as f32 (bf16 widened; u8 booleans as 0/1)."""
+    """The benchmark's outputs from its check file, as f32 (bf16 widened) or, for integer
+    outputs (u8 booleans as 0/1, quantized data, s32 accumulators), f64."""
     data = Path(entry["file"]).read_bytes()
     out, at = [], 0
     for o in entry["outputs"]:
@@ -473,8 +528,8 @@ def _read_outputs(entry: dict) -> list[np.ndarray]:
         at += o["bytes"]
         if o["dtype"] == "bf16":
             arr = (np.frombuffer(raw, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
-        elif o["dtype"] == "u8":
-            arr = np.frombuffer(raw, np.uint8).astype(np.float32)
+        elif o["dtype"] in ("u8", "s8", "s32"):
+            arr = np.frombuffer(raw, {"u8": np.uint8, "s8": np.int8, "s32": np.int32}[o["dtype"]]).astype(np.float64)
         else:
             arr = np.frombuffer(raw, np.float32)
         out.append(arr.reshape(o["dims"]))

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 NAME = "onednn"
 DTYPES = ("f32", "bf16")
+INT8_DTYPES = ("u8", "i8")  # the activations' type of a quantized layer
+_CPP_DTYPE = {"f32": "f32", "bf16": "bf16", "u8": "u8", "i8": "s8"}
 SPATIAL_LAYOUTS = ("nchw", "nhwc", "any")
 CONV_ALGOS = ("direct", "winograd", "auto")
 
@@ -45,7 +47,9 @@ _CPP_ALGO = {"direct": "direct", "winograd": "winograd", "auto": "automatic", "d
 FAMILIES: dict[str, OnednnLowering] = {f.name: f.onednn for f in REGISTRY if f.onednn is not None}
 
 
-def _dtypes(options: GenOptions) -> list[str]:
+def _dtypes(layer: Layer, options: GenOptions) -> list[str]:
+    if layer.dtype in INT8_DTYPES:  # a quantized layer computes in its own integer type only
+        return [layer.dtype]
     asked = options.dtypes or DTYPES
     return [d for d in asked if d in DTYPES]
 
@@ -102,7 +106,7 @@ class OneDNNBackend:
         out = []
         for fusion in fusion_names:
             for algo in algos:
-                for dtype in _dtypes(options):
+                for dtype in _dtypes(layer, options):
                     for layout in _layouts(problem, family, options):
                         out.append(Variant(problem, NAME, layer.onednn_primitive, algo, dtype, layout,
                                            "default", fusion))
@@ -157,7 +161,7 @@ def _row(v: Variant, index: int, f: Fused) -> str:
     layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any") else "plain"
     flags = ", ".join(f".{name} = {_cbool(getattr(f, name))}" for name in ("bias", "relu", "gelu", "attention",
                                                                         "scale", "mask"))
-    cfg = (f"{{.dtype = bo::DType::{v.dtype}, .layout = bo::Layout::{layout}, "
+    cfg = (f"{{.dtype = bo::DType::{_CPP_DTYPE[v.dtype]}, .layout = bo::Layout::{layout}, "
            f".algo = bo::ConvAlgo::{_CPP_ALGO[v.algo]}, {flags}}}")
     return f"{{.name = {c_string(v.name)}, .index = {index}, .config = {cfg}}}"
 
@@ -184,9 +188,11 @@ def initializer(row: Any) -> str:
 
 
 def covers(layer: Layer) -> bool:
-    """Whether this backend benchmarks the layer: a oneDNN primitive on float data that the
+    """Whether this backend benchmarks the layer: a oneDNN primitive on float (or a quantized
+    family's int8) data that the
     runtime has a family for. Everything else is "not covered" by oneDNN, never "missing"."""
-    return layer.onednn_primitive is not None and layer.family in FAMILIES and layer.dtype in FLOAT_DTYPES
+    return (layer.onednn_primitive is not None and layer.family in FAMILIES
+            and (layer.dtype in FLOAT_DTYPES or layer.dtype in INT8_DTYPES))
 
 
 BACKEND = OneDNNBackend()

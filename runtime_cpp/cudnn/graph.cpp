@@ -150,6 +150,9 @@ PointwiseMode pointwise_mode(PointwiseOp op) {
     case PointwiseOp::Abs: return {fe::PointwiseMode_t::ABS, "ABS"};
     case PointwiseOp::Neg: return {fe::PointwiseMode_t::NEG, "NEG"};
     case PointwiseOp::Softplus: return {fe::PointwiseMode_t::SOFTPLUS_FWD, "SOFTPLUS_FWD"};
+    case PointwiseOp::Reciprocal: return {fe::PointwiseMode_t::RECIPROCAL, "RECIPROCAL"};
+    case PointwiseOp::Cos: return {fe::PointwiseMode_t::COS, "COS"};
+    case PointwiseOp::Sin: return {fe::PointwiseMode_t::SIN, "SIN"};
   }
   return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
 }

@@ -206,7 +206,9 @@ struct SdpaLayer {
 
 // One pointwise node. Shapes are right-aligned to `rank` (3..8) dims with leading 1s; `b`
 // broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans.
-enum class PointwiseOp : uint8_t { Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus };
+enum class PointwiseOp : uint8_t {
+  Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin
+};
 
 struct PointwiseLayer {
   PointwiseOp op;

@@ -1,0 +1,195 @@
+"""Quantized (int8) layers as oneDNN runs them: ONNX MatMulInteger (u8/s8 activations, s8
+weights, zero points as oneDNN attributes, s32 accumulators), DynamicQuantizeLinear (the
+activations' per-tensor u8 quantization ONNX Runtime's ``quantize_dynamic`` writes before every
+MatMulInteger: a max and a min reduction, then a reorder with the scale and zero point they give),
+and QuantizeLinear / DequantizeLinear (reorders between float and int8 with per-tensor or
+per-axis scales, as oneDNN applies scales to a reorder).
+
+Scales and zero points are run-time values in every benchmark (oneDNN's run-time attributes), as a
+framework passes them; they are not part of the problems. cuDNN/cuBLASLt int8: not generated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Dims, Family, NodeView, OnednnLowering, const, present, required
+from .cast import TYPE_WORDS
+from .gemm import MatMulProblem, matmul_operands
+from .grammar import F, Problem
+
+INT8 = ("i8", "u8")
+
+
+def _zero_points(view: NodeView, i: int) -> int:
+    """How many zero-point values input ``i`` holds: 0 when it is omitted or a constant 0 (the
+    symmetric quantization of weights), which is the computation without one."""
+    if not present(view, i):
+        return 0
+    v = view.value(i)
+    if v is not None and not v.any():
+        return 0
+    return math.prod(required(view, i).shape)
+
+
+# --- MatMulInteger -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QMatMulProblem(Problem):
+    """ONNX MatMulInteger: A (the layer's type, u8 or i8) times B into int32; ``signed_b``: B is
+    s8; ``azp``/``bzp``: the number of A's/B's zero points (0: none, 1: per tensor, else per
+    row of A / column of B). ``matmulint:a1x64_b64x64_ws1_azp1bzp0_u8``."""
+
+    FAMILY: ClassVar[str] = "matmulint"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("a", "a", "dims"),), (F("b", "b", "dims"),), (F("ws", "signed_b", "bool"),),
+        (F("azp", "azp", "int", 0), F("bzp", "bzp", "int", 0)))
+
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+    signed_b: bool
+    azp: int = 0
+    bzp: int = 0
+
+    def macs(self) -> int:
+        return MatMulProblem(self.a, self.b).macs()  # the same shapes' multiply-adds, in integers
+
+
+def _qmatmul_build(view: NodeView) -> Problem:
+    a, b = matmul_operands(tuple(required(view, 0).shape), tuple(required(view, 1).shape))
+    return QMatMulProblem(a, b, required(view, 1).dtype == "i8", _zero_points(view, 2), _zero_points(view, 3))
+
+
+def _qmatmul_onednn(p: Problem) -> str | None:
+    assert isinstance(p, QMatMulProblem)
+    # oneDNN's zero points are per tensor (A) or per tensor/per output column (B); ONNX's per-row
+    # A zero points have no oneDNN attribute
+    return "matmul" if p.azp <= 1 else None
+
+
+@dataclass(frozen=True)
+class QmatmulParams:
+    """oneDNN QmatmulParams: A in the variant's type, B s8 (``signed_b``) or u8, s32 result."""
+
+    a: Dims
+    b: Dims
+    signed_b: bool
+    azp: int
+    bzp: int
+
+
+# --- DynamicQuantizeLinear -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DynQuantProblem(Problem):
+    """ONNX DynamicQuantizeLinear of a float tensor into u8 with the scale and zero point its
+    range gives: ``dynquant:in1x1x64_f32``. FLOPs: 3 per element (its max, its min, and the
+    quantization's scale-round-shift, counted as one evaluation as an activation is)."""
+
+    FAMILY: ClassVar[str] = "dynquant"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ((F("in", "shape", "dims"),),)
+
+    shape: tuple[int, ...]
+
+    def flops(self) -> int:
+        return 3 * math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class DynquantParams:
+    """oneDNN DynquantParams: reductions to the max and min, then a u8 reorder with their scale
+    and zero point (computed on the host between the calls, as ONNX Runtime's kernel does)."""
+
+    shape: Dims
+
+
+# --- QuantizeLinear / DequantizeLinear ------------------------------------------------------
+
+@dataclass(frozen=True)
+class QdqProblem(Problem):
+    """A reorder between float and an integer type (``qtype``, a type word: ``sbyte``, ``byte``,
+    ``int``) with scales per tensor (``axis`` None) or per slice of ``axis``, and a zero point
+    where ``zp``: ``dequant:sbyte_in64x64_axis1_zp_f32``. FLOPs: one per element."""
+
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("", "qtype", "word"),), (F("in", "shape", "dims"),), (F("axis", "axis", "int", None),),
+        (F("zp", "zp", "flag", False),))
+
+    qtype: str
+    shape: tuple[int, ...]
+    axis: int | None = None
+    zp: bool = False
+
+    def flops(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class QuantProblem(QdqProblem):
+    FAMILY: ClassVar[str] = "quant"
+
+
+@dataclass(frozen=True)
+class DequantProblem(QdqProblem):
+    FAMILY: ClassVar[str] = "dequant"
+
+
+def _qdq_fields(view: NodeView, qtype: str) -> tuple[str, tuple[int, ...], int | None, bool]:
+    shape = tuple(required(view, 0).shape)
+    scale = required(view, 1)
+    axis = int(view.attrs.get("axis", 1)) % max(len(shape), 1) if math.prod(scale.shape) > 1 else None
+    return TYPE_WORDS.get(qtype, "other"), shape, axis, _zero_points(view, 2) > 0
+
+
+def _quant_build(view: NodeView) -> Problem:
+    # the output's type is the zero point's (u8 without one) or opset 21's output_dtype
+    return QuantProblem(*_qdq_fields(view, view.outputs[0].dtype))
+
+
+def _dequant_build(view: NodeView) -> Problem:
+    return DequantProblem(*_qdq_fields(view, required(view, 0).dtype))
+
+
+def _blocked(view: NodeView) -> bool:
+    """Opset 21's blocked quantization (``block_size``) is not modelled."""
+    return not view.attrs.get("block_size", 0)
+
+
+def _qdq_onednn(p: Problem) -> str | None:
+    assert isinstance(p, QdqProblem)
+    return "reorder" if p.qtype in ("sbyte", "byte", "int") else None
+
+
+@dataclass(frozen=True)
+class QdqParams:
+    """oneDNN QdqParams: a reorder between the variant's float type and ``qtype`` (a type word),
+    scales per tensor (``axis`` −1) or per ``axis``; ``dequantize``: from ``qtype``."""
+
+    qtype: str
+    shape: Dims
+    axis: int
+    zp: bool
+    dequantize: bool
+
+
+def _qdq_row(p: QdqProblem, api: str) -> QdqParams:
+    return QdqParams(qtype=p.qtype, shape=p.shape, axis=-1 if p.axis is None else p.axis, zp=p.zp,
+                     dequantize=isinstance(p, DequantProblem))
+
+
+MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_build, onednn_api=_qmatmul_onednn,
+                   onednn=OnednnLowering("qmatmul", False, lambda p, api: QmatmulParams(
+                       a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp)),
+                   int_dtypes=INT8)
+DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
+                  lambda view: DynQuantProblem(tuple(required(view, 0).shape)), onednn_api=const("reduction+reorder"),
+                  onednn=OnednnLowering("dynquant", False, lambda p, api: DynquantParams(shape=p.shape),
+                                        fills=lambda p: (0,)))
+QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_blocked, onednn_api=_qdq_onednn,
+               onednn=OnednnLowering("qdq", False, _qdq_row))
+DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_blocked,
+                 onednn_api=_qdq_onednn, onednn=OnednnLowering("qdq", False, _qdq_row),
+                 dtype=lambda view: view.outputs[0].dtype)
+FAMILIES = (MATMULINT, DYNQUANT, QUANT, DEQUANT)
