@@ -18,6 +18,7 @@ from .ops.conv import ConvProblem
 from .ops.eltwise import EltwiseProblem
 from .ops.gemm import MatMulProblem
 from .ops.grammar import Problem
+from .ops.quantized import QMatMulProblem
 from .ops.reduce import ReduceProblem
 from .ops.softmax import SoftmaxProblem
 
@@ -71,6 +72,13 @@ PATTERNS: tuple[FusionPattern, ...] = (
                   anchor="MatMul"),
     FusionPattern("mm_bias", ("Add",), False, "identity", "MatMul→Add(bias): one GEMM with a bias (a Linear)",
                   anchor="MatMul"),
+    FusionPattern("mmint_scale_bias", ("Cast", "Mul", "Add"), False,
+                  "identity", "MatMulInteger→Cast(float)→Mul(scale)→Add(bias), ONNX Runtime's dynamic quantization: "
+                  "one int8 GEMM with a float result, its scale and bias (ORT's MatMulIntegerToFloat)",
+                  anchor="MatMulInteger", scale=True),
+    FusionPattern("mmint_scale", ("Cast", "Mul"), False, "identity",
+                  "MatMulInteger→Cast(float)→Mul(scale): one int8 GEMM with a float result and its scale",
+                  anchor="MatMulInteger", scale=True),
     FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
                   "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization",
                   anchor="ReduceMean", dag=True),
@@ -122,7 +130,8 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     matches: list[FusionMatch] = []
     for node in model.nodes:
         anchor = node.layer.problem
-        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem, BinaryProblem)):
+        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem, BinaryProblem,
+                                                          QMatMulProblem)):
             continue
         # a GEMM epilogue fuses into a plain GEMM; a batched MatMul only anchors attention
         plain = not isinstance(anchor, MatMulProblem) or (len(anchor.a) == 2 and len(anchor.b) == 2)
@@ -147,6 +156,8 @@ def match_fusions(model: Model) -> list[FusionMatch]:
                 chain.append(nxt[0])
             if ok and pattern.anchor == "MatMul":
                 ok = _gemm_epilogue(anchor, [model.nodes[i] for i in chain[1:]], pattern.activation)
+            if ok and pattern.anchor == "MatMulInteger":
+                ok = _int_gemm_epilogue(model.nodes[chain[0]], [model.nodes[i] for i in chain[1:]])
             if ok:
                 used.update(chain)
                 matches.append(FusionMatch(pattern, tuple(chain), node.layer))
@@ -169,6 +180,28 @@ def _gemm_epilogue(gemm: Problem, tail: list[Node], activation: str) -> bool:
     if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
         return False
     return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == activation for n in tail[1:])
+
+
+def _int_gemm_epilogue(gemm: Node, tail: list[Node]) -> bool:
+    """Whether an integer MatMul's tail is what oneDNN's int8 GEMM computes at once: a Cast of
+    its int32 result to f32, a Mul by one scale (per tensor: the activations' scale times the
+    weights'), and where the pattern has it an Add of a constant bias along the last axis."""
+    out = gemm.layer.outputs[0].shape if gemm.layer.outputs else ()
+    cast, mul = tail[0], tail[1]
+    if not cast.layer.outputs or cast.layer.outputs[0].dtype != "f32":
+        return False
+    scale = mul.layer.problem
+    if not isinstance(scale, BinaryProblem) or len(scale.shapes) != 2 or scale.out != tuple(out) \
+            or min(math.prod(s) for s in scale.shapes) != 1:
+        return False
+    if len(tail) == 2:
+        return True
+    add = tail[2].layer.problem
+    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[2].constant_inputs \
+            or add.out != tuple(out) or not out:
+        return False
+    bias = min(add.shapes, key=math.prod)
+    return math.prod(bias) == out[-1] and bias[-1] == out[-1]
 
 
 def layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:

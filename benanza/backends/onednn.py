@@ -26,6 +26,7 @@ from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, UniqueLayer
 from ..manifest import Manifest
 from ..ops.base import OnednnLowering, cpp_literal, row_fields
+from ..ops.quantized import QMatMulProblem
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..problems import BinaryProblem, ConvProblem, DeconvProblem, MatMulProblem, Problem, ReduceProblem
@@ -80,7 +81,8 @@ def fused_config(problem: Problem, fusion: str) -> Fused:
     p = FUSION_PATTERNS[fusion]
     if p.attention:
         return Fused(attention=True, scale=p.scale, mask=p.mask)
-    return Fused(bias=p.adds_bias, relu=p.activation == "relu", gelu=p.activation == "gelu")
+    # scale: an int8 GEMM's float result scaled (mmint_scale*)
+    return Fused(bias=p.adds_bias, relu=p.activation == "relu", gelu=p.activation == "gelu", scale=p.scale)
 
 
 class OneDNNBackend:
@@ -101,7 +103,7 @@ class OneDNNBackend:
         # conv post-ops, a MatMul's bias/GELU epilogue (fusion.match_fusions only names 2-D
         # MatMuls, which oneDNN runs as one GEMM), and a LayerNorm decomposition from its first
         # ReduceMean
-        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem))
+        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem, QMatMulProblem))
         fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
         for fusion in fusion_names:

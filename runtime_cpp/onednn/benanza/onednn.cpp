@@ -1004,8 +1004,11 @@ memory zero_point_memory(int64_t n, bool is_unsigned) {
   return filled(memory::desc({n}, dt::s32, tag::a), is_unsigned ? Fill::unsigned_int : Fill::signed_int);
 }
 
-// MatMulInteger: oneDNN's int8 matmul (s32 result) with the zero points as attributes. Fills A,
-// B, then A's and B's zero points (streams 0, 1, 2, 3 where present).
+// MatMulInteger: oneDNN's int8 matmul (s32 result) with the zero points as attributes; fused
+// with its Cast→Mul(scale)[→Add(bias)] (`cfg.scale`, `cfg.bias`), an f32 result with one scale
+// (oneDNN 3.x: the weights' scale; 2.x: the output scale) and the bias added after it (a binary
+// post-op: oneDNN 2.x adds a bias argument before its output scale). Fills A, B, A's and B's
+// zero points, the scale, the bias (streams 0, 1, ... where present).
 Prepared make_qmatmul(const QmatmulParams& q, const Config& cfg) {
   MatmulDims d = matmul_dims(MatmulParams{q.a, q.b});
   size_t rank = d.c.size();
@@ -1013,14 +1016,34 @@ Prepared make_qmatmul(const QmatmulParams& q, const Config& cfg) {
   if (q.azp > 1) throw Unsupported("per-row zero points of A");
   if (q.azp) zero_points(attr, DNNL_ARG_SRC, 0);
   if (q.bzp) zero_points(attr, DNNL_ARG_WEIGHTS, q.bzp > 1 ? 1 << (rank - 1) : 0);
+  int scale_arg = 0;
+  if (cfg.scale) {
+#if BENANZA_DNNL3
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
+    scale_arg = DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS;
+#else
+    attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+    scale_arg = DNNL_ARG_ATTR_OUTPUT_SCALES;
+#endif
+  }
+  Dims bias_dims(rank, 1);
+  bias_dims[rank - 1] = d.c[rank - 1];
+  memory::desc bias_md(bias_dims, dt::f32, plain_tag(rank));
+  if (cfg.bias) {
+    dnnl::post_ops po;
+    po.append_binary(algorithm::binary_add, bias_md);
+    attr.set_post_ops(po);
+  }
   auto a = plain_md(d.a, cfg.dtype);
   memory::desc b(d.b, q.signed_b ? dt::s8 : dt::u8, plain_tag(rank));
-  memory::desc c(d.c, dt::s32, plain_tag(rank));
+  memory::desc c(d.c, cfg.scale ? dt::f32 : dt::s32, plain_tag(rank));
   auto pd = matmul_pd<dnnl::matmul::primitive_desc>(a, b, nullptr, c, attr);
   memory ma = filled(pd.src_desc()), mb = filled(pd.weights_desc());
   std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}};
   if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, cfg.dtype == DType::u8)});
   if (q.bzp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_WEIGHTS, zero_point_memory(q.bzp, !q.signed_b)});
+  if (cfg.scale) bound.push_back({scale_arg, filled(memory::desc({1}, dt::f32, tag::a), Fill::scale)});
+  if (cfg.bias) bound.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, filled(bias_md)});
   return prepare<dnnl::matmul>(pd, {}, bound);
 }
 
