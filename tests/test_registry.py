@@ -71,6 +71,8 @@ EXAMPLES = {
     "quant": _view("QuantizeLinear", [_t(4, 64), _t(), _t(dtype="i8")], [_t(4, 64, dtype="i8")],
                    values={2: np.array(3, np.int8)}),
     "dequant": _view("DequantizeLinear", [_t(64, 32, dtype="i8"), _t(32)], [_t(64, 32)]),
+    "matmulnbits": _view("MatMulNBits", [_t(1, 64), _t(32, 2, 16, dtype="u8"), _t(64)], [_t(1, 32)],
+                         {"K": 64, "N": 32, "bits": 4, "block_size": 32}),
 }
 
 

@@ -7,6 +7,8 @@ per-axis scales, as oneDNN applies scales to a reorder).
 
 Scales and zero points are run-time values in every benchmark (oneDNN's run-time attributes), as a
 framework passes them; they are not part of the problems. cuDNN/cuBLASLt int8: not generated.
+ONNX Runtime's 4-bit MatMulNBits is keyed and counted (its MACs and packed weight bytes) but
+no library here runs it.
 """
 
 from __future__ import annotations
@@ -179,6 +181,43 @@ def _qdq_row(p: QdqProblem, api: str) -> QdqParams:
                      dequantize=isinstance(p, DequantProblem))
 
 
+# --- MatMulNBits (ONNX Runtime's com.microsoft 4-bit blocked weights) --------------------------
+
+@dataclass(frozen=True)
+class NbitsMatMulProblem(Problem):
+    """ONNX Runtime's MatMulNBits: A [.., K] (float) times a K×N weight packed in ``bits``-bit
+    blocks of ``block`` along K, each block with its float scale (and zero point where ``zp``),
+    dequantized on the fly: ``matmulnbits:m1_k2048_n2048_bits4_block32_f32``. No library in use
+    runs it (oneDNN's s4/u4 weight decompression came in 3.5; the oneDNN versions here are 2.6
+    and 3.2): a named gap, its work and its bytes (the packed weights, which a decode step is
+    bound by) still counted."""
+
+    FAMILY: ClassVar[str] = "matmulnbits"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("m", "m"), F("k", "k"), F("n", "n")), (F("bits", "bits"), F("block", "block")), (F("zp", "zp", "flag", False),))
+
+    m: int
+    k: int
+    n: int
+    bits: int
+    block: int
+    zp: bool = False
+
+    def macs(self) -> int:
+        return self.m * self.k * self.n
+
+
+def _nbits_build(view: NodeView) -> Problem:
+    a = required(view, 0).shape
+    at = view.attrs
+    return NbitsMatMulProblem(m=math.prod(a[:-1]), k=int(at["K"]), n=int(at["N"]), bits=int(at.get("bits", 4)),
+                              block=int(at["block_size"]), zp=present(view, 3))
+
+
+def _has_nbits_attrs(view: NodeView) -> bool:
+    return all(name in view.attrs for name in ("K", "N", "block_size"))
+
+
 MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_build, onednn_api=_qmatmul_onednn,
                    onednn=OnednnLowering("qmatmul", False, lambda p, api: QmatmulParams(
                        a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp)),
@@ -192,4 +231,5 @@ QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_b
 DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_blocked,
                  onednn_api=_qdq_onednn, onednn=OnednnLowering("qdq", False, _qdq_row),
                  dtype=lambda view: view.outputs[0].dtype)
-FAMILIES = (MATMULINT, DYNQUANT, QUANT, DEQUANT)
+NBITS = Family("matmulnbits", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
+FAMILIES = (MATMULINT, DYNQUANT, QUANT, DEQUANT, NBITS)
