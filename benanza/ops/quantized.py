@@ -42,12 +42,12 @@ def _zero_points(view: NodeView, i: int) -> int:
 class QMatMulProblem(Problem):
     """ONNX MatMulInteger: A (the layer's type, u8 or i8) times B into int32; ``signed_b``: B is
     s8; ``azp``/``bzp``: the number of A's/B's zero points (0: none, 1: per tensor, else per
-    row of A / column of B). ``matmulint:a1x64_b64x64_ws1_azp1bzp0_u8``."""
+    row of A / column of B). ``matmulint:a1x64_b64x64_ws1_azp1_u8``."""
 
     FAMILY: ClassVar[str] = "matmulint"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
         (F("a", "a", "dims"),), (F("b", "b", "dims"),), (F("ws", "signed_b", "bool"),),
-        (F("azp", "azp", "int", 0), F("bzp", "bzp", "int", 0)))
+        (F("azp", "azp", "int", 0),), (F("bzp", "bzp", "int", 0),))
 
     a: tuple[int, ...]
     b: tuple[int, ...]
