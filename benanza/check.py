@@ -259,7 +259,8 @@ def _integer_feeds(site: _Site, p: CastProblem | QMatMulProblem | QdqProblem, v:
     if isinstance(p, CastProblem):
         return {(0, 0): feed(0, 0, _np_type(WORD_TYPES[p.source]))}
     if isinstance(p, QMatMulProblem):
-        feeds = {(0, 0): feed(0, 0, _np_type(v.dtype)), (0, 1): feed(1, 1, np.dtype(np.int8 if p.signed_b else np.uint8))}
+        feeds = {(0, 0): feed(0, 0, _np_type(v.dtype)),
+                 (0, 1): feed(1, 1, np.dtype(np.int8 if p.signed_b else np.uint8))}
         k = 2
         for i, count in ((2, p.azp), (3, p.bzp)):
             if count:

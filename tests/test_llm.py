@@ -11,11 +11,11 @@ import json
 import sqlite3
 from pathlib import Path
 
+import llm_models
 import onnx
 import pytest
 from click.testing import CliRunner
 
-import llm_models
 from benanza.cli import main
 
 pytestmark = pytest.mark.slow  # exports with torch, builds and runs oneDNN benchmarks

@@ -7,14 +7,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+from helpers import io, model
 from onnx import TensorProto, helper, numpy_helper
 
 from benanza.backends import onednn
 from benanza.fusion import match_fusions
 from benanza.ops.registry import parse_layer_key
 from benanza.processor import load_model
-
-from helpers import io, model
 
 M, K, N = 4, 64, 32
 
@@ -91,7 +90,8 @@ def test_int8_layers_get_their_own_type_only() -> None:
 
 def test_qdq_keys_name_type_axis_and_zero_point() -> None:
     w = np.arange(K * N, dtype=np.int8).reshape(K, N)
-    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "xs"), numpy_helper.from_array(np.array(7, np.uint8), "xzp"),
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "xs"),
+             numpy_helper.from_array(np.array(7, np.uint8), "xzp"),
              numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.full(N, 0.01, np.float32), "Ws")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xzp"], ["xq"], name="q"),
              helper.make_node("DequantizeLinear", ["xq", "xs", "xzp"], ["xd"], name="dqx"),

@@ -194,7 +194,8 @@ class NbitsMatMulProblem(Problem):
 
     FAMILY: ClassVar[str] = "matmulnbits"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
-        (F("m", "m"), F("k", "k"), F("n", "n")), (F("bits", "bits"), F("block", "block")), (F("zp", "zp", "flag", False),))
+        (F("m", "m"), F("k", "k"), F("n", "n")), (F("bits", "bits"), F("block", "block")),
+        (F("zp", "zp", "flag", False),))
 
     m: int
     k: int
