@@ -40,7 +40,7 @@ from .fusion import match_fusions
 from .generator import read_variants
 from .layers import Model
 from .ops.cast import WORD_TYPES, CastProblem
-from .ops.quantized import DynQuantProblem, QdqProblem, QMatMulProblem
+from .ops.quantized import DynQuantProblem, QdqProblem, QLinearMatMulProblem, QMatMulProblem
 from .ops.registry import FAMILIES
 from .problems import (
     COMMUTATIVE,
@@ -258,6 +258,16 @@ def _integer_feeds(site: _Site, p: CastProblem | QMatMulProblem | QdqProblem, v:
 
     if isinstance(p, CastProblem):
         return {(0, 0): feed(0, 0, _np_type(WORD_TYPES[p.source]))}
+    if isinstance(p, QLinearMatMulProblem):  # a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp
+        a, b = _np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
+        slots = [(0, a), (3, b)] + [(2, a)] * bool(p.azp) + [(5, b)] * bool(p.bzp)
+        feeds = {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
+        k = len(slots)
+        for i in (1, 4, 6):
+            feeds[(0, i)] = as_scales(gen(k, site.in_shape(0, i)))
+            k += 1
+        feeds[(0, 7)] = feed(k, 7, np.dtype(np.int8 if p.signed_y else np.uint8))
+        return feeds
     if isinstance(p, QMatMulProblem):
         feeds = {(0, 0): feed(0, 0, _np_type(v.dtype)),
                  (0, 1): feed(1, 1, np.dtype(np.int8 if p.signed_b else np.uint8))}

@@ -52,6 +52,14 @@ def test_decode_steps_are_costed(exports, tmp_path) -> None:
         assert stats[name]["backends"]["cudnn"]["covered_pct"] >= 95.0, stats[name]["backends"]["cudnn"]
     # every integer matmul costed: the model's matrix work is all MatMulInteger but attention's
     assert "MatMulInteger" not in int8["backends"]["onednn"]["not_covered"]
+    # docs/quantized.md's table is these numbers
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "quantized.md").read_text()
+    labels = {"torchscript": "TorchScript, opset 17", "dynamo": "dynamo, opset 18", "int8": "int8 (`quantize_dynamic`)"}
+    for kind, path in exports.items():
+        s = stats[path.stem]
+        row = (f"| {labels[kind]} | {s['running_layers']} | {s['backends']['onednn']['covered_pct']:.1f}% | "
+               f"{s['backends']['cudnn']['covered_pct']:.1f}% |")
+        assert row in doc, row
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,19 @@ shapes and byte counts, ONNX Runtime's outputs for the tensors' shapes)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
 from helpers import io, model
 from onnx import TensorProto, helper, numpy_helper
 
 from benanza.backends import onednn
+from benanza.cli import main
 from benanza.fusion import match_fusions
 from benanza.ops.registry import parse_layer_key
 from benanza.processor import load_model
@@ -148,3 +154,53 @@ def test_matmulnbits_is_a_named_gap_with_its_weight_bytes() -> None:
     # the 4-bit weights are half a byte each: K·N/2 bytes, plus A, the scales and Y
     assert layer.bytes == M * k * 4 + k * n // 2 + n * blocks * 4 + y.nbytes
     assert layer.onednn_primitive is None and layer.cudnn_api is None
+
+
+def _static_quantized(tmp: Path) -> dict[str, Path]:
+    """An MLP (MatMul→Relu→MatMul) through ONNX Runtime's static quantization, in both of its
+    formats: QOperator (QuantizeLinear→QLinearMatMul→QLinearMatMul→DequantizeLinear) and QDQ."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.standard_normal((N, 16)).astype(np.float32), "W2")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2")]
+    src = tmp / "mlp.onnx"
+    onnx.save(model(nodes, [io("x", [M, K])], [io("y", [M, 16])], inits, opset=17), src)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal((M, K)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    out = {}
+    for fmt, name in ((QuantFormat.QOperator, "qop"), (QuantFormat.QDQ, "qdq")):
+        out[name] = tmp / f"mlp_{name}.onnx"
+        quantize_static(str(src), str(out[name]), Reader(), quant_format=fmt, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+    return out
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
+def test_static_quantization_costed_and_checked(tmp_path) -> None:
+    paths = _static_quantized(tmp_path)
+    layers = {n.name: n.layer for n in load_model(paths["qop"], name="qop").nodes}
+    qlinear = [la for la in layers.values() if la.op == "QLinearMatMul"]
+    assert [la.key for la in qlinear] == [f"qlinearmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_u8",
+                                          f"qlinearmatmul:a{M}x{N}_b{N}x16_ws1_ys0_u8"]  # ReLU's range: zero point 0
+    assert all(la.macs == la.problem.a[0] * la.problem.a[1] * la.problem.b[1] and onednn.covers(la) for la in qlinear)
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", str(paths["qop"]), str(paths["qdq"]), "--out", str(bench),
+                                  "--backend", "onednn", "--dtype", "f32", "--json"])
+    assert r.exit_code == 0, r.output
+    for m in json.loads(r.output)["models"]:
+        assert m["backends"]["onednn"]["covered_pct"] == 100.0, m
+    r = CliRunner().invoke(main, ["check", str(paths["qop"]), str(paths["qdq"]), "--bench-dir", str(bench),
+                                  "--show-ok"])
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith(("ok:", "mismatch:", "not checked:", "failed:"))]
+    assert len(lines) == 10 and all(ln.startswith("ok:") for ln in lines), r.output
+    assert sum(ln.startswith("ok: qlinearmatmul:") for ln in lines) == 2

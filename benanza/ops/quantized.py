@@ -1,5 +1,6 @@
 """Quantized (int8) layers as oneDNN runs them: ONNX MatMulInteger (u8/s8 activations, s8
-weights, zero points as oneDNN attributes, s32 accumulators), DynamicQuantizeLinear (the
+weights, zero points as oneDNN attributes, s32 accumulators) and QLinearMatMul (the same,
+requantized to int8 with the scales and the output's zero point), DynamicQuantizeLinear (the
 activations' per-tensor u8 quantization ONNX Runtime's ``quantize_dynamic`` writes before every
 MatMulInteger: a max and a min reduction, then a reorder with the scale and zero point they give),
 and QuantizeLinear / DequantizeLinear (reorders between float and int8 with per-tensor or
@@ -59,6 +60,26 @@ class QMatMulProblem(Problem):
         return MatMulProblem(self.a, self.b).macs()  # the same shapes' multiply-adds, in integers
 
 
+@dataclass(frozen=True)
+class QLinearMatMulProblem(QMatMulProblem):
+    """ONNX QLinearMatMul: MatMulInteger's product requantized into u8 (``signed_y`` false) or
+    s8 with the output's scale and zero point; ``bscales``: B's scales (1 per tensor, else per
+    column). ``qlinearmatmul:a1x64_b64x64_ws1_azp1_ys0``."""
+
+    FAMILY: ClassVar[str] = "qlinearmatmul"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = QMatMulProblem.KEY + (
+        (F("ys", "signed_y", "bool"),), (F("bsc", "bscales", "int", 1),))
+
+    signed_y: bool = False
+    bscales: int = 1
+
+
+def _qlinear_matmul_build(view: NodeView) -> Problem:
+    a, b = matmul_operands(tuple(required(view, 0).shape), tuple(required(view, 3).shape))
+    return QLinearMatMulProblem(a, b, required(view, 3).dtype == "i8", _zero_points(view, 2), _zero_points(view, 5),
+                                view.outputs[0].dtype == "i8", math.prod(required(view, 4).shape))
+
+
 def _qmatmul_build(view: NodeView) -> Problem:
     a, b = matmul_operands(tuple(required(view, 0).shape), tuple(required(view, 1).shape))
     return QMatMulProblem(a, b, required(view, 1).dtype == "i8", _zero_points(view, 2), _zero_points(view, 3))
@@ -73,13 +94,24 @@ def _qmatmul_onednn(p: Problem) -> str | None:
 
 @dataclass(frozen=True)
 class QmatmulParams:
-    """oneDNN QmatmulParams: A in the variant's type, B s8 (``signed_b``) or u8, s32 result."""
+    """oneDNN QmatmulParams: A in the variant's type, B s8 (``signed_b``) or u8; the result s32
+    (``out`` "int") or, requantized with the scales of A, B (``bscales`` of them) and the
+    output and the output's zero point, a type word ("byte", "sbyte")."""
 
     a: Dims
     b: Dims
     signed_b: bool
     azp: int
     bzp: int
+    out: str
+    bscales: int
+
+
+def _qmatmul_row(p: QMatMulProblem, api: str) -> QmatmulParams:
+    if isinstance(p, QLinearMatMulProblem):
+        return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp,
+                             out="sbyte" if p.signed_y else "byte", bscales=p.bscales)
+    return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp, out="int", bscales=1)
 
 
 # --- DynamicQuantizeLinear -----------------------------------------------------------------
@@ -220,9 +252,10 @@ def _has_nbits_attrs(view: NodeView) -> bool:
 
 
 MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_build, onednn_api=_qmatmul_onednn,
-                   onednn=OnednnLowering("qmatmul", False, lambda p, api: QmatmulParams(
-                       a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp)),
-                   int_dtypes=INT8)
+                   onednn=OnednnLowering("qmatmul", False, _qmatmul_row), int_dtypes=INT8)
+QLINEARMATMUL = Family("qlinearmatmul", QLinearMatMulProblem, ("QLinearMatMul",), _qlinear_matmul_build,
+                       onednn_api=_qmatmul_onednn, onednn=OnednnLowering("qmatmul", False, _qmatmul_row),
+                       int_dtypes=INT8)
 DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
                   lambda view: DynQuantProblem(tuple(required(view, 0).shape)), onednn_api=const("reduction+reorder"),
                   onednn=OnednnLowering("dynquant", False, lambda p, api: DynquantParams(shape=p.shape),
@@ -233,4 +266,4 @@ DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_buil
                  onednn_api=_qdq_onednn, onednn=OnednnLowering("qdq", False, _qdq_row),
                  dtype=lambda view: view.outputs[0].dtype)
 NBITS = Family("matmulnbits", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
-FAMILIES = (MATMULINT, DYNQUANT, QUANT, DEQUANT, NBITS)
+FAMILIES = (MATMULINT, QLINEARMATMUL, DYNQUANT, QUANT, DEQUANT, NBITS)

@@ -1007,25 +1007,34 @@ memory zero_point_memory(int64_t n, bool is_unsigned) {
 // MatMulInteger: oneDNN's int8 matmul (s32 result) with the zero points as attributes; fused
 // with its Cast→Mul(scale)[→Add(bias)] (`cfg.scale`, `cfg.bias`), an f32 result with one scale
 // (oneDNN 3.x: the weights' scale; 2.x: the output scale) and the bias added after it (a binary
-// post-op: oneDNN 2.x adds a bias argument before its output scale). Fills A, B, A's and B's
-// zero points, the scale, the bias (streams 0, 1, ... where present).
+// post-op: oneDNN 2.x adds a bias argument before its output scale). QLinearMatMul (`out` a
+// byte type): the result requantized with A's, B's and the output's scales (3.x: three scale
+// attributes; 2.x: one output scale sa·sb/sy, computed at creation from the same values) and
+// the output's zero point. Fills A, B, A's and B's zero points, then the scale and the bias, or
+// QLinearMatMul's three scales and its output zero point (streams 0, 1, ... where present).
 Prepared make_qmatmul(const QmatmulParams& q, const Config& cfg) {
   MatmulDims d = matmul_dims(MatmulParams{q.a, q.b});
   size_t rank = d.c.size();
+  const std::string out = q.out;
+  const bool requantized = out != "int";
+  const int column = 1 << (rank - 1);
   auto attr = base_attr();
   if (q.azp > 1) throw Unsupported("per-row zero points of A");
   if (q.azp) zero_points(attr, DNNL_ARG_SRC, 0);
-  if (q.bzp) zero_points(attr, DNNL_ARG_WEIGHTS, q.bzp > 1 ? 1 << (rank - 1) : 0);
-  int scale_arg = 0;
-  if (cfg.scale) {
+  if (q.bzp) zero_points(attr, DNNL_ARG_WEIGHTS, q.bzp > 1 ? column : 0);
+  const int bmask = q.bscales > 1 ? column : 0;
+  if (cfg.scale || requantized) {
 #if BENANZA_DNNL3
-    attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
-    scale_arg = DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS;
+    if (requantized) {
+      attr.set_scales_mask(DNNL_ARG_SRC, 0);
+      attr.set_scales_mask(DNNL_ARG_DST, 0);
+    }
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, bmask);
 #else
-    attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
-    scale_arg = DNNL_ARG_ATTR_OUTPUT_SCALES;
+    attr.set_output_scales(requantized ? bmask : 0, {DNNL_RUNTIME_F32_VAL});
 #endif
   }
+  if (requantized) zero_points(attr, DNNL_ARG_DST, 0);
   Dims bias_dims(rank, 1);
   bias_dims[rank - 1] = d.c[rank - 1];
   memory::desc bias_md(bias_dims, dt::f32, plain_tag(rank));
@@ -1036,13 +1045,38 @@ Prepared make_qmatmul(const QmatmulParams& q, const Config& cfg) {
   }
   auto a = plain_md(d.a, cfg.dtype);
   memory::desc b(d.b, q.signed_b ? dt::s8 : dt::u8, plain_tag(rank));
-  memory::desc c(d.c, cfg.scale ? dt::f32 : dt::s32, plain_tag(rank));
+  dt result = requantized ? type_of_word(out) : cfg.scale ? dt::f32 : dt::s32;
+  memory::desc c(d.c, result, plain_tag(rank));
   auto pd = matmul_pd<dnnl::matmul::primitive_desc>(a, b, nullptr, c, attr);
   memory ma = filled(pd.src_desc()), mb = filled(pd.weights_desc());
   std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}};
   if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, cfg.dtype == DType::u8)});
   if (q.bzp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_WEIGHTS, zero_point_memory(q.bzp, !q.signed_b)});
-  if (cfg.scale) bound.push_back({scale_arg, filled(memory::desc({1}, dt::f32, tag::a), Fill::scale)});
+  auto scale_md = [](int64_t n) { return memory::desc({n}, dt::f32, tag::a); };
+  if (requantized) {
+    memory sa = filled(scale_md(1), Fill::scale), sb = filled(scale_md(q.bscales), Fill::scale);
+    memory sy = filled(scale_md(1), Fill::scale);
+#if BENANZA_DNNL3
+    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, sa});
+    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, sb});
+    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, sy});
+#else
+    memory combined(scale_md(q.bscales), engine());
+    const float* pa = static_cast<float*>(sa.get_data_handle());
+    const float* pb = static_cast<float*>(sb.get_data_handle());
+    const float* py = static_cast<float*>(sy.get_data_handle());
+    auto* pc = static_cast<float*>(combined.get_data_handle());
+    for (int64_t i = 0; i < q.bscales; ++i) pc[i] = pa[0] * pb[i] / py[0];
+    bound.push_back({DNNL_ARG_ATTR_OUTPUT_SCALES, combined});
+#endif
+    bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, zero_point_memory(1, result == dt::u8)});
+  } else if (cfg.scale) {
+#if BENANZA_DNNL3
+    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, filled(scale_md(1), Fill::scale)});
+#else
+    bound.push_back({DNNL_ARG_ATTR_OUTPUT_SCALES, filled(scale_md(1), Fill::scale)});
+#endif
+  }
   if (cfg.bias) bound.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, filled(bias_md)});
   return prepare<dnnl::matmul>(pd, {}, bound);
 }

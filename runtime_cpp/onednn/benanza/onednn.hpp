@@ -73,9 +73,11 @@ struct AttentionParams { Dims q, k, v, mask; bool causal; float scale; };
 // Type words (benanza/ops/cast.py): "float", "int", "sbyte", "byte", ...
 // A Cast: a reorder from `from` into the variant's type.
 struct CastParams { const char* from; Dims shape; };
-// MatMulInteger: A in the variant's type (u8/s8), B s8 or u8, s32 result; zero points (counts:
-// 0 none, 1 per tensor, else per column of B) as run-time attributes.
-struct QmatmulParams { Dims a, b; bool signed_b; int64_t azp, bzp; };
+// MatMulInteger (`out` "int": s32 result) and QLinearMatMul (`out` "byte"/"sbyte": requantized
+// with the scales of A, B (`bscales`: 1 or per column) and the output, and the output's zero
+// point): A in the variant's type (u8/s8), B s8 or u8; zero points (counts: 0 none, 1 per
+// tensor, else per column of B) as run-time attributes.
+struct QmatmulParams { Dims a, b; bool signed_b; int64_t azp, bzp; const char* out; int64_t bscales; };
 // DynamicQuantizeLinear: max and min reductions, then a u8 reorder with the scale and zero point.
 struct DynquantParams { Dims shape; };
 // QuantizeLinear / DequantizeLinear: a reorder between the variant's float type and `qtype`,
