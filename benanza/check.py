@@ -40,7 +40,14 @@ from .fusion import match_fusions
 from .generator import read_variants
 from .layers import Model
 from .ops.cast import WORD_TYPES, CastProblem
-from .ops.quantized import DynQuantProblem, QdqProblem, QLinearMatMulProblem, QMatMulProblem
+from .ops.quantized import (
+    ConvIntProblem,
+    DynQuantProblem,
+    QdqProblem,
+    QLinearConvProblem,
+    QLinearMatMulProblem,
+    QMatMulProblem,
+)
 from .ops.registry import FAMILIES
 from .problems import (
     COMMUTATIVE,
@@ -237,7 +244,7 @@ def _unfused(site: _Site, v: Variant, gen) -> _Spec:
                     f"against the op's real outputs")
             return _Spec((0,), {}, list(proto.output), what, dense=True)
         return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
-    if isinstance(p, (CastProblem, QMatMulProblem, QdqProblem)):
+    if isinstance(p, (CastProblem, QMatMulProblem, QdqProblem, ConvIntProblem)):
         return _Spec((0,), _integer_feeds(site, p, v, gen), outs, compared)
     if isinstance(p, DynQuantProblem):  # y, its scale and its zero point
         return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
@@ -249,16 +256,17 @@ def _unfused(site: _Site, v: Variant, gen) -> _Spec:
     raise _NoReference(f"no reference adapter for the {p.family} family")
 
 
-def _integer_feeds(site: _Site, p: CastProblem | QMatMulProblem | QdqProblem, v: Variant,
+def _integer_feeds(site: _Site, p: CastProblem | QMatMulProblem | QdqProblem | ConvIntProblem, v: Variant,
                    gen) -> dict[tuple[int, int], np.ndarray]:
     """The inputs of a cast or quantized benchmark, typed as the node reads them, in the
-    runtime's stream order (onednn.cpp: make_cast, make_qmatmul, make_qdq)."""
+    runtime's stream order (onednn.cpp: make_cast, make_qmatmul, make_qconv, make_qdq)."""
     def feed(k: int, i: int, dtype: np.dtype) -> np.ndarray:
         return as_filled(gen(k, site.in_shape(0, i)), dtype)
 
     if isinstance(p, CastProblem):
         return {(0, 0): feed(0, 0, _np_type(WORD_TYPES[p.source]))}
-    if isinstance(p, QLinearMatMulProblem):  # a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp
+    if isinstance(p, (QLinearMatMulProblem, QLinearConvProblem)):
+        # x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp[, bias]
         a, b = _np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
         slots = [(0, a), (3, b)] + [(2, a)] * bool(p.azp) + [(5, b)] * bool(p.bzp)
         feeds = {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
@@ -267,7 +275,13 @@ def _integer_feeds(site: _Site, p: CastProblem | QMatMulProblem | QdqProblem, v:
             feeds[(0, i)] = as_scales(gen(k, site.in_shape(0, i)))
             k += 1
         feeds[(0, 7)] = feed(k, 7, np.dtype(np.int8 if p.signed_y else np.uint8))
+        if isinstance(p, QLinearConvProblem) and p.bias:
+            feeds[(0, 8)] = feed(k + 1, 8, np.dtype(np.int32))
         return feeds
+    if isinstance(p, ConvIntProblem):  # x, w, x_zp, w_zp
+        a, b = _np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
+        slots = [(0, a), (1, b)] + [(2, a)] * bool(p.azp) + [(3, b)] * bool(p.bzp)
+        return {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
     if isinstance(p, QMatMulProblem):
         feeds = {(0, 0): feed(0, 0, _np_type(v.dtype)),
                  (0, 1): feed(1, 1, np.dtype(np.int8 if p.signed_b else np.uint8))}

@@ -204,3 +204,66 @@ def test_static_quantization_costed_and_checked(tmp_path) -> None:
     lines = [ln for ln in r.output.splitlines() if ln.startswith(("ok:", "mismatch:", "not checked:", "failed:"))]
     assert len(lines) == 10 and all(ln.startswith("ok:") for ln in lines), r.output
     assert sum(ln.startswith("ok: qlinearmatmul:") for ln in lines) == 2
+
+
+def _cnn(tmp: Path) -> Path:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "B1"),
+             numpy_helper.from_array(rng.standard_normal((16, 4, 3, 3)).astype(np.float32), "W2")]
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["h"], pads=[1, 1, 1, 1], name="c1"),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "W2"], ["y"], pads=[1, 1, 1, 1], group=4, name="c2")]
+    src = tmp / "cnn.onnx"
+    onnx.save(model(nodes, [io("x", [1, 8, 8, 8])], [io("y", [1, 16, 8, 8])], inits, opset=17), src)
+    return src
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
+def test_quantized_convs_costed_and_checked(tmp_path) -> None:
+    """QLinearConv (per-tensor and per-channel weights' scales, a bias, groups) from static
+    quantization and ConvInteger from dynamic quantization, through oneDNN's int8 convolution."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    src = _cnn(tmp_path)
+    rng = np.random.default_rng(1)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    paths = []
+    for per_channel in (False, True):
+        paths.append(tmp_path / f"cnn_q{int(per_channel)}.onnx")
+        quantize_static(str(src), str(paths[-1]), Reader(), quant_format=QuantFormat.QOperator,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel)
+    paths.append(tmp_path / "cnn_dyn.onnx")
+    quantize_dynamic(str(src), str(paths[-1]), weight_type=QuantType.QInt8, op_types_to_quantize=["Conv"])
+    keys = {n.layer.key for p in paths for n in load_model(p).nodes if n.layer.op in ("QLinearConv", "ConvInteger")}
+    conv = "mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1"
+    grouped = "mb1_ic16ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g4"
+    assert keys == {f"qlinearconv:{conv}_bias1_ws1_azp1_ys0_u8", f"qlinearconv:{grouped}_bias0_ws1_ys0_u8",
+                    f"qlinearconv:{conv}_bias1_ws1_azp1_ys0_bsc16_u8", f"qlinearconv:{grouped}_bias0_ws1_ys0_bsc16_u8",
+                    f"convint:{conv}_bias0_ws1_azp1_u8", f"convint:{grouped}_bias0_ws1_azp1_u8"}
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", "onednn",
+                                  "--dtype", "f32", "--json"])
+    assert r.exit_code == 0, r.output
+    for m in json.loads(r.output)["models"]:
+        assert m["backends"]["onednn"]["covered_pct"] == 100.0, m
+    r = CliRunner().invoke(main, ["check", *map(str, paths), "--bench-dir", str(bench), "--show-ok",
+                                  "--filter", "^(qlinearconv|convint):"])
+    assert r.exit_code == 0, r.output
+    # every algorithm and layout oneDNN accepts computes ONNX Runtime's outputs; it has no int8
+    # winograd (6 layers × 3 layouts refused)
+    assert "checked 54 benchmarks (seed 0): 36 ok, 0 mismatch, 0 not checked, 18 unsupported, 0 failed" in r.output
+    assert all("/algo=winograd/" not in ln for ln in r.output.splitlines() if ln.startswith("ok:"))

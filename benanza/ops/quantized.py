@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Dims, Family, NodeView, OnednnLowering, const, present, required
+from .base import Dims, Family, NodeView, OnednnLowering, const, is_4d, present, required
 from .cast import TYPE_WORDS
+from .conv import ConvProblem, conv_fields
 from .gemm import MatMulProblem, matmul_operands
 from .grammar import F, Problem
 
@@ -112,6 +113,93 @@ def _qmatmul_row(p: QMatMulProblem, api: str) -> QmatmulParams:
         return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp,
                              out="sbyte" if p.signed_y else "byte", bscales=p.bscales)
     return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp, out="int", bscales=1)
+
+
+# --- ConvInteger, QLinearConv ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvIntProblem(ConvProblem):
+    """ONNX ConvInteger: a 2-D convolution of int8 data (the layer's type) with s8 (``signed_b``)
+    or u8 weights into int32; ``azp``/``bzp``: the zero points' counts (0: none or a constant
+    0). ``convint:mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias0_ws1_azp1_u8``."""
+
+    FAMILY: ClassVar[str] = "convint"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ConvProblem.KEY + (
+        (F("ws", "signed_b", "bool"),), (F("azp", "azp", "int", 0),), (F("bzp", "bzp", "int", 0),))
+
+    signed_b: bool = True
+    azp: int = 0
+    bzp: int = 0
+
+
+@dataclass(frozen=True)
+class QLinearConvProblem(ConvIntProblem):
+    """ONNX QLinearConv: ConvInteger plus its int32 bias (``bias``), requantized into u8
+    (``signed_y`` false) or s8 with the output's scale and zero point; ``bscales``: the
+    weights' scales (1 per tensor, else per output channel)."""
+
+    FAMILY: ClassVar[str] = "qlinearconv"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ConvIntProblem.KEY + (
+        (F("ys", "signed_y", "bool"),), (F("bsc", "bscales", "int", 1),))
+
+    signed_y: bool = False
+    bscales: int = 1
+
+
+def _convint_build(view: NodeView) -> Problem:
+    fields = conv_fields(view, weight=1, bias=4)  # ConvInteger has no bias (no input 4)
+    return ConvIntProblem(**fields, signed_b=required(view, 1).dtype == "i8",  # type: ignore[arg-type]
+                          azp=_zero_points(view, 2), bzp=_zero_points(view, 3))
+
+
+def _qlinearconv_build(view: NodeView) -> Problem:
+    fields = conv_fields(view, weight=3, bias=8)
+    return QLinearConvProblem(**fields, signed_b=required(view, 3).dtype == "i8",  # type: ignore[arg-type]
+                              azp=_zero_points(view, 2), bzp=_zero_points(view, 5),
+                              signed_y=view.outputs[0].dtype == "i8", bscales=math.prod(required(view, 4).shape))
+
+
+def _qconv_onednn(p: Problem) -> str | None:
+    assert isinstance(p, ConvIntProblem)
+    # oneDNN's convolutions take source zero points only (per tensor); weights' zero points
+    # (ONNX allows them) have no oneDNN attribute
+    return "convolution" if p.azp <= 1 and p.bzp == 0 else None
+
+
+@dataclass(frozen=True)
+class QconvParams:
+    """oneDNN QconvParams: ConvParams' fields, then the int8 weights' signedness, the source's
+    zero point and the result (``out``: "int" s32, or "byte"/"sbyte" requantized with the scales
+    of the source, the weights (``bscales``) and the output, and its zero point). The variant's
+    bias flag says whether QLinearConv adds its int32 bias."""
+
+    mb: int
+    ic: int
+    ih: int
+    iw: int
+    oc: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    g: int
+    signed_b: bool
+    azp: int
+    out: str
+    bscales: int
+
+
+def _qconv_row(p: ConvIntProblem, api: str) -> QconvParams:
+    out, bscales = ("sbyte" if p.signed_y else "byte", p.bscales) if isinstance(p, QLinearConvProblem) else ("int", 1)
+    return QconvParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, oc=p.oc, oh=p.oh, ow=p.ow, kh=p.kh, kw=p.kw, sh=p.sh,
+                       sw=p.sw, pt=p.pt, pl=p.pl, dh=p.dh, dw=p.dw, g=p.g, signed_b=p.signed_b, azp=p.azp, out=out,
+                       bscales=bscales)
 
 
 # --- DynamicQuantizeLinear -----------------------------------------------------------------
@@ -265,5 +353,9 @@ QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_b
 DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_blocked,
                  onednn_api=_qdq_onednn, onednn=OnednnLowering("qdq", False, _qdq_row),
                  dtype=lambda view: view.outputs[0].dtype)
+CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is_4d, onednn_api=_qconv_onednn,
+                 onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
+QLINEARCONV = Family("qlinearconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
+                     onednn_api=_qconv_onednn, onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
 NBITS = Family("matmulnbits", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
-FAMILIES = (MATMULINT, QLINEARMATMUL, DYNQUANT, QUANT, DEQUANT, NBITS)
+FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)

@@ -1,6 +1,7 @@
 #include "benanza/onednn.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -1004,6 +1005,31 @@ memory zero_point_memory(int64_t n, bool is_unsigned) {
   return filled(memory::desc({n}, dt::s32, tag::a), is_unsigned ? Fill::unsigned_int : Fill::signed_int);
 }
 
+memory::desc scales_md(int64_t n) { return memory::desc({n}, dt::f32, tag::a); }
+
+// The scales of a QLinear op (its input's, its weights' (`n`: 1 or per output channel), its
+// output's), filled in that order and bound as oneDNN takes them: 3.x three scale arguments
+// (attributes set by the caller), 2.x one output scale sa·sb/sy (exact: the fills are powers
+// of two). Returns the three memories.
+std::array<memory, 3> bind_requant_scales(std::vector<std::pair<int, memory>>& bound, int64_t n) {
+  memory sa = filled(scales_md(1), Fill::scale), sb = filled(scales_md(n), Fill::scale);
+  memory sy = filled(scales_md(1), Fill::scale);
+#if BENANZA_DNNL3
+  bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, sa});
+  bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, sb});
+  bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, sy});
+#else
+  memory combined(scales_md(n), engine());
+  const float* pa = static_cast<float*>(sa.get_data_handle());
+  const float* pb = static_cast<float*>(sb.get_data_handle());
+  const float* py = static_cast<float*>(sy.get_data_handle());
+  auto* pc = static_cast<float*>(combined.get_data_handle());
+  for (int64_t i = 0; i < n; ++i) pc[i] = pa[0] * pb[i] / py[0];
+  bound.push_back({DNNL_ARG_ATTR_OUTPUT_SCALES, combined});
+#endif
+  return {sa, sb, sy};
+}
+
 // MatMulInteger: oneDNN's int8 matmul (s32 result) with the zero points as attributes; fused
 // with its Cast→Mul(scale)[→Add(bias)] (`cfg.scale`, `cfg.bias`), an f32 result with one scale
 // (oneDNN 3.x: the weights' scale; 2.x: the output scale) and the bias added after it (a binary
@@ -1052,33 +1078,100 @@ Prepared make_qmatmul(const QmatmulParams& q, const Config& cfg) {
   std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}};
   if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, cfg.dtype == DType::u8)});
   if (q.bzp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_WEIGHTS, zero_point_memory(q.bzp, !q.signed_b)});
-  auto scale_md = [](int64_t n) { return memory::desc({n}, dt::f32, tag::a); };
   if (requantized) {
-    memory sa = filled(scale_md(1), Fill::scale), sb = filled(scale_md(q.bscales), Fill::scale);
-    memory sy = filled(scale_md(1), Fill::scale);
-#if BENANZA_DNNL3
-    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, sa});
-    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, sb});
-    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, sy});
-#else
-    memory combined(scale_md(q.bscales), engine());
-    const float* pa = static_cast<float*>(sa.get_data_handle());
-    const float* pb = static_cast<float*>(sb.get_data_handle());
-    const float* py = static_cast<float*>(sy.get_data_handle());
-    auto* pc = static_cast<float*>(combined.get_data_handle());
-    for (int64_t i = 0; i < q.bscales; ++i) pc[i] = pa[0] * pb[i] / py[0];
-    bound.push_back({DNNL_ARG_ATTR_OUTPUT_SCALES, combined});
-#endif
+    bind_requant_scales(bound, q.bscales);
     bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, zero_point_memory(1, result == dt::u8)});
   } else if (cfg.scale) {
 #if BENANZA_DNNL3
-    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, filled(scale_md(1), Fill::scale)});
+    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, filled(scales_md(1), Fill::scale)});
 #else
-    bound.push_back({DNNL_ARG_ATTR_OUTPUT_SCALES, filled(scale_md(1), Fill::scale)});
+    bound.push_back({DNNL_ARG_ATTR_OUTPUT_SCALES, filled(scales_md(1), Fill::scale)});
 #endif
   }
   if (cfg.bias) bound.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, filled(bias_md)});
   return prepare<dnnl::matmul>(pd, {}, bound);
+}
+
+// ConvInteger and QLinearConv: oneDNN's int8 convolution (layouts and algorithm as a float
+// conv's), the source's zero point an attribute (oneDNN has no weights' zero points), the result
+// s32 or requantized as QLinearMatMul's. ONNX adds QLinearConv's int32 bias to the accumulator
+// before requantizing, as oneDNN 2.x does (its output scale scales accumulator + bias); 3.x adds
+// the bias after the source's and weights' scales, so there it is the float sa·sb·B. Fills the
+// source, the weights, its zero point, the three scales, the output's zero point, the bias.
+Prepared make_qconv(const QconvParams& q, const Config& cfg) {
+  const std::string out = q.out;
+  const bool requantized = out != "int";
+  if (cfg.bias && !requantized) throw Unsupported("ConvInteger with a bias");
+  tag t = cfg.layout == Layout::nhwc ? tag::nhwc : cfg.layout == Layout::any ? tag::any : tag::nchw;
+  memory::desc src({q.mb, q.ic, q.ih, q.iw}, data_type(cfg.dtype), t);
+  dt result = requantized ? type_of_word(out) : dt::s32;
+  memory::desc dst({q.mb, q.oc, q.oh, q.ow}, result, t);
+  Dims wdims = q.g > 1 ? Dims{q.g, q.oc / q.g, q.ic / q.g, q.kh, q.kw} : Dims{q.oc, q.ic, q.kh, q.kw};
+  memory::desc wei(wdims, q.signed_b ? dt::s8 : dt::u8, tag::any);
+#if BENANZA_DNNL3
+  memory::desc bias({q.oc}, dt::f32, tag::x);
+#else
+  memory::desc bias({q.oc}, dt::s32, tag::x);
+#endif
+  auto attr = base_attr();
+  if (q.azp > 1) throw Unsupported("per-channel zero points of the input");
+  if (q.azp) zero_points(attr, DNNL_ARG_SRC, 0);
+  if (requantized) {
+#if BENANZA_DNNL3
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, q.bscales > 1 ? (q.g > 1 ? 3 : 1) : 0);  // per output channel
+    attr.set_scales_mask(DNNL_ARG_DST, 0);
+#else
+    // oneDNN 2.x convolutions take no run-time output scales: sa·sb/sy as constants, from the
+    // streams the three scales are filled from (after the source, weights and zero point)
+    uint64_t k = fill_stream() + 2 + (q.azp ? 1 : 0);
+    float sa = fill_as(Fill::scale, fill_value(k, 0)), sy = fill_as(Fill::scale, fill_value(k + 2, 0));
+    std::vector<float> combined(static_cast<size_t>(q.bscales));
+    for (int64_t i = 0; i < q.bscales; ++i)
+      combined[static_cast<size_t>(i)] = sa * fill_as(Fill::scale, fill_value(k + 1, static_cast<uint64_t>(i))) / sy;
+    attr.set_output_scales(q.bscales > 1 ? 1 << 1 : 0, combined);
+#endif
+    zero_points(attr, DNNL_ARG_DST, 0);
+  }
+  memory::dims strides{q.sh, q.sw}, dil{q.dh - 1, q.dw - 1}, pl{q.pt, q.pl};
+  memory::dims pr{end_pad(q.ih, q.oh, q.kh, q.sh, q.dh, q.pt), end_pad(q.iw, q.ow, q.kw, q.sw, q.dw, q.pl)};
+  auto pk = prop_kind::forward_inference;
+  auto alg = conv_alg(cfg.algo);
+  using Conv = dnnl::convolution_forward;
+#if BENANZA_DNNL3
+  auto pd = cfg.bias ? Conv::primitive_desc(engine(), pk, alg, src, wei, bias, dst, strides, dil, pl, pr, attr)
+                     : Conv::primitive_desc(engine(), pk, alg, src, wei, dst, strides, dil, pl, pr, attr);
+#else
+  auto d = cfg.bias ? Conv::desc(pk, alg, src, wei, bias, dst, strides, dil, pl, pr)
+                    : Conv::desc(pk, alg, src, wei, dst, strides, dil, pl, pr);
+  Conv::primitive_desc pd(d, attr, engine());
+#endif
+  memory x = filled(pd.src_desc()), w = filled(pd.weights_desc());
+  std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}};
+  if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, cfg.dtype == DType::u8)});
+  std::array<memory, 3> s;
+  if (requantized) {
+#if BENANZA_DNNL3
+    s = bind_requant_scales(bound, q.bscales);
+#else
+    fill_stream() += 3;  // the scales, already constants of the primitive
+#endif
+    bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, zero_point_memory(1, result == dt::u8)});
+  }
+  if (cfg.bias) {
+    memory b = filled(memory::desc({q.oc}, dt::s32, tag::x));  // ONNX's int32 bias
+#if BENANZA_DNNL3
+    memory bf(bias, engine());
+    const auto* pb = static_cast<int32_t*>(b.get_data_handle());
+    const float* sa = static_cast<float*>(s[0].get_data_handle());
+    const float* sb = static_cast<float*>(s[1].get_data_handle());
+    auto* pf = static_cast<float*>(bf.get_data_handle());
+    for (int64_t i = 0; i < q.oc; ++i) pf[i] = static_cast<float>(pb[i]) * sa[0] * sb[q.bscales > 1 ? i : 0];
+    b = bf;
+#endif
+    bound.push_back({DNNL_ARG_BIAS, b});
+  }
+  return prepare<Conv>(pd, {}, bound);
 }
 
 template <class PD>
@@ -1182,6 +1275,7 @@ BENANZA_BENCH(deconv, ConvParams)
 BENANZA_BENCH(resample, ResampleParams)
 BENANZA_BENCH(cast, CastParams)
 BENANZA_BENCH(qmatmul, QmatmulParams)
+BENANZA_BENCH(qconv, QconvParams)
 BENANZA_BENCH(dynquant, DynquantParams)
 BENANZA_BENCH(qdq, QdqParams)
 

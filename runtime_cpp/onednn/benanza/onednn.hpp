@@ -78,6 +78,16 @@ struct CastParams { const char* from; Dims shape; };
 // point): A in the variant's type (u8/s8), B s8 or u8; zero points (counts: 0 none, 1 per
 // tensor, else per column of B) as run-time attributes.
 struct QmatmulParams { Dims a, b; bool signed_b; int64_t azp, bzp; const char* out; int64_t bscales; };
+// ConvInteger (`out` "int": s32 result) and QLinearConv (`out` "byte"/"sbyte", requantized as
+// QmatmulParams; Config.bias: its int32 bias): ConvParams' fields, the source in the variant's
+// type, weights s8 or u8, the source's zero points (0 none, 1 per tensor).
+struct QconvParams {
+  int64_t mb, ic, ih, iw, oc, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, g;
+  bool signed_b;
+  int64_t azp;
+  const char* out;
+  int64_t bscales;
+};
 // DynamicQuantizeLinear: max and min reductions, then a u8 reorder with the scale and zero point.
 struct DynquantParams { Dims shape; };
 // QuantizeLinear / DequantizeLinear: a reorder between the variant's float type and `qtype`,
@@ -105,6 +115,7 @@ void bench_deconv(benchmark::State&, const ConvParams&, const Config&);
 void bench_resample(benchmark::State&, const ResampleParams&, const Config&);
 void bench_cast(benchmark::State&, const CastParams&, const Config&);
 void bench_qmatmul(benchmark::State&, const QmatmulParams&, const Config&);
+void bench_qconv(benchmark::State&, const QconvParams&, const Config&);
 void bench_dynquant(benchmark::State&, const DynquantParams&, const Config&);
 void bench_qdq(benchmark::State&, const QdqParams&, const Config&);
 
