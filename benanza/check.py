@@ -373,6 +373,9 @@ def _fused(site: _Site, v: Variant, gen) -> _Spec:
         scale = (mul, site.external(mul, protos[mul - 1].output[0]))
         shift = (add, site.external(add, protos[mul].output[0]))
         return _Spec(site.nodes, _fill(site, gen, [(0, 0), scale, shift]), outs, compared)
+    if pattern.name == "rmsnorm":  # x (the Pow's input, second in the match), then the last Mul's scale
+        scale = (last, site.external(last, protos[last - 1].output[0]))
+        return _Spec(site.nodes, _fill(site, gen, [(1, 0), scale]), outs, compared)
     if pattern.name == "gelu_erf":
         return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), outs, compared)
     if pattern.anchor == "MatMulInteger":  # A, B, their zero points, then the Mul's scale and the Add's bias

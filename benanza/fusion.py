@@ -82,6 +82,10 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
                   "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization",
                   anchor="ReduceMean", dag=True),
+    FusionPattern("rmsnorm", ("Pow", "Add", "Sqrt", "Reciprocal", "Mul", "Mul"), False, "identity",
+                  "the RMSNorm decomposition of Llama-style exports (x → Pow(2) → ReduceMean → +ε → Sqrt → "
+                  "Reciprocal or Div(1, ·) → Mul(x) → Mul(scale), or Div(x, ·) → Mul(scale)): one RMS normalization",
+                  anchor="ReduceMean", dag=True),
     FusionPattern("gelu_erf", ("Erf", "Add", "Mul", "Mul"), False, "gelu",
                   "the erf GELU decomposition of opsets < 20 (x/√2 → Erf → +1 → ·x → ·½): one GELU", anchor="Div",
                   dag=True),
@@ -247,6 +251,57 @@ def layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -
     return sorted([start, sub, pow_, second, eps, sqrt, div, scale, shift])
 
 
+def rmsnorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → Pow(x, 2) → ReduceMean (over trailing axes) → Add(ε) → Sqrt → then
+    Reciprocal or Div(1, ·) → Mul(x, ·), or Div(x, ·) → Mul(scale), from its ReduceMean (the
+    anchor, first; the Pow that feeds it next), or None. A Cast to the type it already has
+    between the last two Muls (TorchScript writes Hugging Face's ``.to(dtype)``) is part of it.
+    Every intermediate is read only inside the pattern."""
+    nodes, producer = model.nodes, model.producer
+    mean = nodes[start].layer.problem
+    if not isinstance(mean, ReduceProblem) or mean.alg != "mean" or len(nodes[start].inputs) != 1:
+        return None
+    rank = len(mean.shape)
+    if mean.axes != tuple(range(rank - len(mean.axes), rank)):
+        return None
+    pow_ = producer.get(nodes[start].inputs[0])
+    power = nodes[pow_].layer.problem if pow_ is not None else None
+    if pow_ is None or not isinstance(power, BinaryProblem) or power.alg != "pow" or power.exponent != 2.0 \
+            or consumers[pow_] != [start] or len(nodes[pow_].inputs) != 1:
+        return None
+    x = nodes[pow_].inputs[0]
+
+    def only(i: int | None, ops: tuple[str, ...]) -> int | None:
+        if i is None:
+            return None
+        nxt = consumers[i]
+        return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op in ops else None
+
+    eps = only(start, ("Add",))
+    sqrt = only(eps, ("Sqrt",)) if eps is not None and nodes[eps].constant_inputs else None
+    inv = only(sqrt, ("Reciprocal", "Div"))
+    if eps is None or sqrt is None or inv is None:
+        return None
+    chain = [start, pow_, eps, sqrt, inv]
+    div = nodes[inv]
+    last: int | None = inv
+    if not (div.layer.op == "Div" and div.inputs == (x, nodes[sqrt].outputs[0])):  # not Div(x, rms)
+        if div.layer.op == "Div" and (div.inputs != (nodes[sqrt].outputs[0],) or not div.constant_inputs):
+            return None  # neither Div(1, rms), the reciprocal
+        last = only(inv, ("Mul",))
+        if last is None or set(nodes[last].inputs) != {x, div.outputs[0]}:
+            return None
+        chain.append(last)
+    cast = only(last, ("Cast",))
+    if cast is not None and nodes[cast].layer.free:
+        chain.append(cast)
+        last = cast
+    scale = only(last, ("Mul",))
+    if scale is None or not nodes[scale].constant_inputs:
+        return None
+    return chain + [scale]
+
+
 def gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
     """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
     constants are √2, 1 and ½ in every exporter that writes this form; the dynamo exporter
@@ -363,5 +418,6 @@ def _operand_scales(model: Model, consumers: dict[int, list[int]], matmul: Node)
 
 
 # the public face of the DAG patterns: name → node finder
-NODE_FINDERS: dict[str, NodeFinder] = {"layernorm": layernorm_nodes, "gelu_erf": gelu_nodes}
+NODE_FINDERS: dict[str, NodeFinder] = {"layernorm": layernorm_nodes, "gelu_erf": gelu_nodes,
+                                       "rmsnorm": rmsnorm_nodes}
 NODE_FINDERS.update({p.name: _attention_nodes(p) for p in PATTERNS if p.attention})

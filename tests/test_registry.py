@@ -63,6 +63,7 @@ EXAMPLES = {
                       values={2: np.array([1, 1, 2, 2], np.float32)}),
     "attention": _view("Attention", [_t(1, 2, 8, 16), _t(1, 2, 8, 16), _t(1, 2, 8, 16)], [_t(1, 2, 8, 16)],
                        opset=23),
+    "rmsnorm": _view("RMSNormalization", [_t(2, 6, 32), _t(32)], [_t(2, 6, 32)], opset=23),
     "cast": _view("Cast", [_t(1, 1, 64, dtype="i32")], [_t(1, 1, 64)], {"to": 1}),
     "matmulint": _view("MatMulInteger", [_t(1, 1, 64, dtype="u8"), _t(64, 32, dtype="i8"), _t(dtype="u8"),
                                          _t(dtype="i8")], [_t(1, 1, 32, dtype="i32")],

@@ -188,10 +188,12 @@ struct ReduceLayer {
 
 // Layer normalization, inference (no statistics written): each of `rows` rows of `cols`
 // elements normalised, scaled and (if `bias`) shifted by fp32 parameters of `cols`.
+// `rms`: RMS normalization (the graph API's RMS norm node: no mean, no bias).
 struct LnormLayer {
   int rows, cols;
   double eps;
   bool bias;
+  bool rms;
   Work work;
 };
 

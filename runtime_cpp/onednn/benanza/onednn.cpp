@@ -863,6 +863,16 @@ Prepared make_lnorm(const LnormParams& l, const Config& cfg) {
   auto data = plain_md({outer, inner}, cfg.dtype);
   auto flags = dnnl::normalization_flags::use_scale;
   if (l.bias) flags = flags | dnnl::normalization_flags::use_shift;
+  if (l.rms) {
+    // oneDNN's RMS mode of layer normalization came in 3.4 (compiled against 3.12's headers here;
+    // the 2.6 and 3.2 this project builds with lack it)
+#if DNNL_VERSION_MAJOR > 3 || (DNNL_VERSION_MAJOR == 3 && DNNL_VERSION_MINOR >= 4)
+    flags = flags | dnnl::normalization_flags::rms_norm;
+#else
+    throw Unsupported("RMS normalization: oneDNN " + std::to_string(DNNL_VERSION_MAJOR) + "." +
+                      std::to_string(DNNL_VERSION_MINOR) + " has no RMS mode of layer normalization");
+#endif
+  }
   auto attr = base_attr();
   auto pk = prop_kind::forward_inference;
 #if BENANZA_DNNL3

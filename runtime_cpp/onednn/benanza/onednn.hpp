@@ -59,7 +59,8 @@ struct GemmParams { int64_t m, n, k; bool ta, tb; float alpha, beta; bool has_c;
 struct MatmulParams { Dims a, b; };
 struct SoftmaxParams { const char* alg; Dims shape; int axis; bool flat; };
 struct ConcatParams { int axis; std::vector<Dims> inputs; };
-struct LnormParams { Dims shape; int axis; float eps; bool bias; };
+// rms: RMS normalization (no mean subtracted, no shift), layer normalization's RMS mode
+struct LnormParams { Dims shape; int axis; float eps; bool bias; bool rms; };
 struct ReduceParams { const char* alg; Dims shape; Dims axes; };
 struct TransposeParams { Dims shape; Dims perm; };
 // Data movement as reorders, one per output: `region` reads each output's box of `src` at its
