@@ -17,6 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from benanza.cli import main
+from benanza.fusion import match_fusions
+from benanza.processor import load_model
 
 pytestmark = pytest.mark.slow  # exports with torch, builds and runs oneDNN benchmarks
 
@@ -50,6 +52,10 @@ def test_decode_steps_are_costed(exports, tmp_path) -> None:
         assert set(onednn["not_covered"]) <= {"Cos", "Sin", "Cast", "Gather"}, (name, onednn["not_covered"])
     for name in (exports["torchscript"].stem, exports["dynamo"].stem):
         assert stats[name]["backends"]["cudnn"]["covered_pct"] >= 95.0, stats[name]["backends"]["cudnn"]
+    # every RMSNorm of every export (two per layer and the final one) is one RMS normalization
+    for path in exports.values():
+        matches = [m.pattern.name for m in match_fusions(load_model(path))]
+        assert matches.count("rmsnorm") == 2 * llm_models.LAYERS + 1, (path.name, matches)
     # every integer matmul costed: the model's matrix work is all MatMulInteger but attention's
     assert "MatMulInteger" not in int8["backends"]["onednn"]["not_covered"]
     # docs/quantized.md's table is these numbers
@@ -93,6 +99,23 @@ def test_int8_bound_is_the_database_sum(int8_run) -> None:
     assert {keys[n] for n in ints} <= stored
     # the fused bound runs each MatMulInteger→Cast→Mul(→Add) as one int8 GEMM
     assert a["fusion"] is not None
+    with sqlite3.connect(d / "p.db") as conn:
+        rows = conn.execute("SELECT r.status, r.message, v.fusion FROM results r JOIN variants v ON v.name = r.variant "
+                            "WHERE v.fusion IN ('rmsnorm', 'mmint_scale', 'mmint_scale_bias')").fetchall()
+    fused = {f for _, _, f in rows}
+    assert fused == {"rmsnorm", "mmint_scale", "mmint_scale_bias"}
+    for status, message, fusion in rows:
+        if fusion != "rmsnorm":
+            assert status == "ok", message
+        elif onednn_version(d / "p.db") < (3, 4):  # layer normalization's RMS mode came in oneDNN 3.4
+            assert status == "unsupported" and "has no RMS mode of layer normalization" in message, message
+
+
+def onednn_version(db: Path) -> tuple[int, ...]:
+    """The oneDNN the results were measured with, as the runtime reported it into the stack."""
+    with sqlite3.connect(db) as conn:
+        (stack,) = conn.execute("SELECT stack FROM systems WHERE backend = 'onednn' LIMIT 1").fetchone()
+    return tuple(int(x) for x in json.loads(stack)["onednn"].split(".")[:2])
 
 
 def test_int8_outputs_match_onnx_runtime(int8_run) -> None:
