@@ -4,16 +4,22 @@ one RMS normalization; its FLOPs against an operation count of the decomposition
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
+import onnx
 import pytest
 from helpers import io, model
 from onnx import helper, numpy_helper
+from test_cudnn import NEED_TOOLCHAIN, _build, _lines
 
 from benanza.backends import onednn
 from benanza.fusion import BY_NAME, match_fusions
+from benanza.generator import GenOptions, generate
+from benanza.manifest import build_manifest
 from benanza.ops.norm import RmsnormProblem
 from benanza.ops.registry import PATTERN_LOWERINGS, parse_layer_key
-from benanza.processor import load_model
+from benanza.processor import load_model, unique_layers
 
 ROWS, COLS = 3, 32
 
@@ -82,3 +88,27 @@ def test_rmsnorm_ops_and_their_work() -> None:
     ms = sq.mean(-1, keepdims=True)
     counted = sq.size + (sq.size + ms.size) + ms.size + ms.size + ms.size + x.size + x.size
     assert RmsnormProblem((2, ROWS, COLS), 2, 1e-6).flops() == counted - ms.size
+
+
+@pytest.mark.slow  # builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_cudnn_graphs_of_decoder_ops_validate(tmp_path) -> None:
+    """RMS normalization (the graph API's RMS norm node) and Cos, Sin, Reciprocal (pointwise nodes)
+    built, and accepted by the cuDNN frontend's own validation for an sm_90 GPU (no GPU needed)."""
+    w = numpy_helper.from_array(np.ones(COLS, np.float32), "w")
+    nodes = [helper.make_node("RMSNormalization", ["x", "w"], ["y"], epsilon=1e-6),
+             helper.make_node("Cos", ["y"], ["c"]), helper.make_node("Sin", ["c"], ["s"]),
+             helper.make_node("Reciprocal", ["s"], ["r"])]
+    path = tmp_path / "decoder_ops.onnx"
+    onnx.save(model(nodes, [io("x", [1, ROWS, COLS])], [io("r", None)], [w], opset=23), path)
+    models = [load_model(path)]
+    g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
+    binary = _build(g.out_dir)
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {ln["name"].split("/")[0]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
+    assert set(lines) == {f"{k}_{dt}" for k in (f"rmsnorm:in1x{ROWS}x{COLS}_axis2_eps0.000001",
+                                                 f"eltwise:cos_in1x{ROWS}x{COLS}", f"eltwise:sin_in1x{ROWS}x{COLS}",
+                                                 f"eltwise:reciprocal_in1x{ROWS}x{COLS}") for dt in ("f32", "f16")}
+    assert all(ln["ok"] for ln in lines.values()), lines
