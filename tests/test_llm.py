@@ -22,7 +22,7 @@ from benanza.processor import load_model
 
 pytestmark = pytest.mark.slow  # exports with torch, builds and runs oneDNN benchmarks
 
-QUANTIZED_FAMILIES = ("matmulint", "dynquant", "dequant", "cast")
+QUANTIZED_FAMILIES = ("matmulint", "dynquant", "dequant", "convert")
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,7 @@ def test_dynamic_quantization_is_costed_as_int8_layers() -> None:
     assert onednn.covers(dq) and dq.onednn_primitive == "reduction+reorder"
 
     cast = by_name["cast"]
-    assert cast.key == f"cast:int_in1x{M}x{N}_f32" and cast.dtype == "f32"  # the type it writes
+    assert cast.key == f"convert:int_in1x{M}x{N}_f32" and cast.dtype == "f32"  # the type it writes
     assert cast.bytes == real["acc"].nbytes + real["accf"].nbytes and onednn.covers(cast)
 
     (match,) = match_fusions(processed)
@@ -119,9 +119,10 @@ def test_small_eltwise_ops_and_casts() -> None:
              helper.make_node("Reciprocal", ["c"], ["r"], name="recip"),
              helper.make_node("IsNaN", ["r"], ["nan"], name="isnan"),
              helper.make_node("Cast", ["r"], ["same"], to=TensorProto.FLOAT, name="same"),
-             helper.make_node("Cast", ["idx"], ["idxf"], to=TensorProto.FLOAT, name="cast32")]
+             helper.make_node("Cast", ["idx"], ["idxf"], to=TensorProto.FLOAT, name="cast32"),
+             helper.make_node("Cast", ["r"], ["ri"], to=TensorProto.INT64, name="toint")]
     m = model(nodes, [io("pos", [1, 8], TensorProto.INT64), io("idx", [1, 8], TensorProto.INT32)],
-              [io("s", None), io("nan", None), io("same", None), io("idxf", None)])
+              [io("s", None), io("nan", None), io("same", None), io("idxf", None), io("ri", None)])
     layers = {n.name: n.layer for n in load_model(m, name="ew").nodes}
     assert layers["cos"].key == "eltwise:cos_in1x8_f32" and layers["recip"].key == "eltwise:reciprocal_in1x8_f32"
     # oneDNN: 1/x is its eltwise pow (x^-1); it has no cos/sin; cuDNN: pointwise nodes for all three
@@ -132,9 +133,12 @@ def test_small_eltwise_ops_and_casts() -> None:
     assert layers["isnan"].onednn_primitive is None and layers["isnan"].cudnn_api is None
     assert layers["isnan"].op == "IsNaN"
     # an int64 source has no oneDNN type; int32 does; a Cast to its own type is free
-    assert layers["cast64"].key == "cast:long_in1x8_f32" and not onednn.covers(layers["cast64"])
-    assert layers["cast32"].key == "cast:int_in1x8_f32" and onednn.covers(layers["cast32"])
+    assert layers["cast64"].key == "convert:long_in1x8_f32" and not onednn.covers(layers["cast64"])
+    assert layers["cast32"].key == "convert:int_in1x8_f32" and onednn.covers(layers["cast32"])
     assert layers["same"].free
+    # a Cast into an integer type stays a generic layer, its key the `cast:` one it always had
+    assert layers["toint"].key.startswith("cast:") and layers["toint"].family == "cast"
+    assert parse_layer_key(layers["toint"].key)[0] == layers["toint"].problem
 
 
 def test_matmulnbits_is_a_named_gap_with_its_weight_bytes() -> None:
@@ -149,7 +153,7 @@ def test_matmulnbits_is_a_named_gap_with_its_weight_bytes() -> None:
     y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"A": np.ones((M, k), np.float32)})[0]
     (layer,) = [nd.layer for nd in load_model(m, name="nbits").nodes]
-    assert layer.key == f"matmulnbits:m{M}k{k}n{n}_bits4block{block}_f32"
+    assert layer.key == f"nbitsmatmul:m{M}k{k}n{n}_bits4block{block}_f32"
     assert layer.macs == M * k * y.shape[-1] and layer.flops == 2 * layer.macs
     # the 4-bit weights are half a byte each: K·N/2 bytes, plus A, the scales and Y
     assert layer.bytes == M * k * 4 + k * n // 2 + n * blocks * 4 + y.nbytes
@@ -189,8 +193,8 @@ def test_static_quantization_costed_and_checked(tmp_path) -> None:
     paths = _static_quantized(tmp_path)
     layers = {n.name: n.layer for n in load_model(paths["qop"], name="qop").nodes}
     qlinear = [la for la in layers.values() if la.op == "QLinearMatMul"]
-    assert [la.key for la in qlinear] == [f"qlinearmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_u8",
-                                          f"qlinearmatmul:a{M}x{N}_b{N}x16_ws1_ys0_u8"]  # ReLU's range: zero point 0
+    assert [la.key for la in qlinear] == [f"qmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_u8",
+                                          f"qmatmul:a{M}x{N}_b{N}x16_ws1_ys0_u8"]  # ReLU's range: zero point 0
     assert all(la.macs == la.problem.a[0] * la.problem.a[1] * la.problem.b[1] and onednn.covers(la) for la in qlinear)
     bench = tmp_path / "bench"
     r = CliRunner().invoke(main, ["generate", str(paths["qop"]), str(paths["qdq"]), "--out", str(bench),
@@ -203,7 +207,7 @@ def test_static_quantization_costed_and_checked(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.output.splitlines() if ln.startswith(("ok:", "mismatch:", "not checked:", "failed:"))]
     assert len(lines) == 10 and all(ln.startswith("ok:") for ln in lines), r.output
-    assert sum(ln.startswith("ok: qlinearmatmul:") for ln in lines) == 2
+    assert sum(ln.startswith("ok: qmatmul:") for ln in lines) == 2
 
 
 def _cnn(tmp: Path) -> Path:
@@ -251,8 +255,8 @@ def test_quantized_convs_costed_and_checked(tmp_path) -> None:
     keys = {n.layer.key for p in paths for n in load_model(p).nodes if n.layer.op in ("QLinearConv", "ConvInteger")}
     conv = "mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1"
     grouped = "mb1_ic16ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g4"
-    assert keys == {f"qlinearconv:{conv}_bias1_ws1_azp1_ys0_u8", f"qlinearconv:{grouped}_bias0_ws1_ys0_u8",
-                    f"qlinearconv:{conv}_bias1_ws1_azp1_ys0_bsc16_u8", f"qlinearconv:{grouped}_bias0_ws1_ys0_bsc16_u8",
+    assert keys == {f"qconv:{conv}_bias1_ws1_azp1_ys0_u8", f"qconv:{grouped}_bias0_ws1_ys0_u8",
+                    f"qconv:{conv}_bias1_ws1_azp1_ys0_bsc16_u8", f"qconv:{grouped}_bias0_ws1_ys0_bsc16_u8",
                     f"convint:{conv}_bias0_ws1_azp1_u8", f"convint:{grouped}_bias0_ws1_azp1_u8"}
     bench = tmp_path / "bench"
     r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", "onednn",
@@ -261,7 +265,7 @@ def test_quantized_convs_costed_and_checked(tmp_path) -> None:
     for m in json.loads(r.output)["models"]:
         assert m["backends"]["onednn"]["covered_pct"] == 100.0, m
     r = CliRunner().invoke(main, ["check", *map(str, paths), "--bench-dir", str(bench), "--show-ok",
-                                  "--filter", "^(qlinearconv|convint):"])
+                                  "--filter", "^(qconv|convint):"])
     assert r.exit_code == 0, r.output
     # every algorithm and layout oneDNN accepts computes ONNX Runtime's outputs; it has no int8
     # winograd (6 layers × 3 layouts refused)

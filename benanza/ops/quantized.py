@@ -1,4 +1,6 @@
-"""Quantized (int8) layers as oneDNN runs them: ONNX MatMulInteger (u8/s8 activations, s8
+"""Quantized (int8) layers as oneDNN runs them (family names are none of an ONNX op's, whose
+generic keys stay readable: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
+MatMulNBits): ONNX MatMulInteger (u8/s8 activations, s8
 weights, zero points as oneDNN attributes, s32 accumulators) and QLinearMatMul (the same,
 requantized to int8 with the scales and the output's zero point), DynamicQuantizeLinear (the
 activations' per-tensor u8 quantization ONNX Runtime's ``quantize_dynamic`` writes before every
@@ -65,9 +67,9 @@ class QMatMulProblem(Problem):
 class QLinearMatMulProblem(QMatMulProblem):
     """ONNX QLinearMatMul: MatMulInteger's product requantized into u8 (``signed_y`` false) or
     s8 with the output's scale and zero point; ``bscales``: B's scales (1 per tensor, else per
-    column). ``qlinearmatmul:a1x64_b64x64_ws1_azp1_ys0``."""
+    column). ``qmatmul:a1x64_b64x64_ws1_azp1_ys0``."""
 
-    FAMILY: ClassVar[str] = "qlinearmatmul"
+    FAMILY: ClassVar[str] = "qmatmul"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = QMatMulProblem.KEY + (
         (F("ys", "signed_y", "bool"),), (F("bsc", "bscales", "int", 1),))
 
@@ -138,7 +140,7 @@ class QLinearConvProblem(ConvIntProblem):
     (``signed_y`` false) or s8 with the output's scale and zero point; ``bscales``: the
     weights' scales (1 per tensor, else per output channel)."""
 
-    FAMILY: ClassVar[str] = "qlinearconv"
+    FAMILY: ClassVar[str] = "qconv"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = ConvIntProblem.KEY + (
         (F("ys", "signed_y", "bool"),), (F("bsc", "bscales", "int", 1),))
 
@@ -262,7 +264,7 @@ def _qdq_fields(view: NodeView, qtype: str) -> tuple[str, tuple[int, ...], int |
     shape = tuple(required(view, 0).shape)
     scale = required(view, 1)
     axis = int(view.attrs.get("axis", 1)) % max(len(shape), 1) if math.prod(scale.shape) > 1 else None
-    return TYPE_WORDS.get(qtype, "other"), shape, axis, _zero_points(view, 2) > 0
+    return TYPE_WORDS[qtype], shape, axis, _zero_points(view, 2) > 0
 
 
 def _quant_build(view: NodeView) -> Problem:
@@ -274,9 +276,13 @@ def _dequant_build(view: NodeView) -> Problem:
     return DequantProblem(*_qdq_fields(view, required(view, 0).dtype))
 
 
-def _blocked(view: NodeView) -> bool:
-    """Opset 21's blocked quantization (``block_size``) is not modelled."""
-    return not view.attrs.get("block_size", 0)
+def _qdq_modelled(view: NodeView) -> bool:
+    """Opset 21's blocked quantization (``block_size``) is not modelled, nor a quantized type
+    Benanza has no name for (float8, 4-bit): those stay generic, named by their op."""
+    if not view.outputs or view.attrs.get("block_size", 0):
+        return False
+    quantized = view.outputs[0].dtype if view.op == "QuantizeLinear" else required(view, 0).dtype
+    return quantized in TYPE_WORDS
 
 
 def _qdq_onednn(p: Problem) -> str | None:
@@ -307,12 +313,12 @@ def _qdq_row(p: QdqProblem, api: str) -> QdqParams:
 class NbitsMatMulProblem(Problem):
     """ONNX Runtime's MatMulNBits: A [.., K] (float) times a K×N weight packed in ``bits``-bit
     blocks of ``block`` along K, each block with its float scale (and zero point where ``zp``),
-    dequantized on the fly: ``matmulnbits:m1_k2048_n2048_bits4_block32_f32``. No library in use
+    dequantized on the fly: ``nbitsmatmul:m1_k2048_n2048_bits4_block32_f32``. No library in use
     runs it (oneDNN's s4/u4 weight decompression came in 3.5; the oneDNN versions here are 2.6
     and 3.2): a named gap, its work and its bytes (the packed weights, which a decode step is
     bound by) still counted."""
 
-    FAMILY: ClassVar[str] = "matmulnbits"
+    FAMILY: ClassVar[str] = "nbitsmatmul"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
         (F("m", "m"), F("k", "k"), F("n", "n")), (F("bits", "bits"), F("block", "block")),
         (F("zp", "zp", "flag", False),))
@@ -341,21 +347,21 @@ def _has_nbits_attrs(view: NodeView) -> bool:
 
 MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_build, onednn_api=_qmatmul_onednn,
                    onednn=OnednnLowering("qmatmul", False, _qmatmul_row), int_dtypes=INT8)
-QLINEARMATMUL = Family("qlinearmatmul", QLinearMatMulProblem, ("QLinearMatMul",), _qlinear_matmul_build,
+QLINEARMATMUL = Family("qmatmul", QLinearMatMulProblem, ("QLinearMatMul",), _qlinear_matmul_build,
                        onednn_api=_qmatmul_onednn, onednn=OnednnLowering("qmatmul", False, _qmatmul_row),
                        int_dtypes=INT8)
 DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
                   lambda view: DynQuantProblem(tuple(required(view, 0).shape)), onednn_api=const("reduction+reorder"),
                   onednn=OnednnLowering("dynquant", False, lambda p, api: DynquantParams(shape=p.shape),
                                         fills=lambda p: (0,)))
-QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_blocked, onednn_api=_qdq_onednn,
+QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_qdq_modelled, onednn_api=_qdq_onednn,
                onednn=OnednnLowering("qdq", False, _qdq_row))
-DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_blocked,
+DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_qdq_modelled,
                  onednn_api=_qdq_onednn, onednn=OnednnLowering("qdq", False, _qdq_row),
                  dtype=lambda view: view.outputs[0].dtype)
 CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is_4d, onednn_api=_qconv_onednn,
                  onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
-QLINEARCONV = Family("qlinearconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
+QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
                      onednn_api=_qconv_onednn, onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
-NBITS = Family("matmulnbits", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
+NBITS = Family("nbitsmatmul", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
 FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)
