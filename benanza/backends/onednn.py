@@ -101,8 +101,8 @@ class OneDNNBackend:
         conv = isinstance(problem, ConvProblem)
         algos = CONV_ALGOS if conv else ("default",)
         # conv post-ops, a MatMul's bias/GELU epilogue (fusion.match_fusions only names 2-D
-        # MatMuls, which oneDNN runs as one GEMM), and a LayerNorm decomposition from its first
-        # ReduceMean
+        # MatMuls, which oneDNN runs as one GEMM), a LayerNorm or RMSNorm decomposition from its
+        # ReduceMean, an int8 GEMM's scale and bias
         fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem, QMatMulProblem))
         fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
@@ -191,8 +191,8 @@ def initializer(row: Any) -> str:
 
 def covers(layer: Layer) -> bool:
     """Whether this backend benchmarks the layer: a oneDNN primitive on float (or a quantized
-    family's int8) data that the
-    runtime has a family for. Everything else is "not covered" by oneDNN, never "missing"."""
+    family's int8) data that the runtime has a family for. Everything else is "not covered" by
+    oneDNN, never "missing"."""
     return (layer.onednn_primitive is not None and layer.family in FAMILIES
             and (layer.dtype in FLOAT_DTYPES or layer.dtype in INT8_DTYPES))
 
