@@ -1,17 +1,18 @@
-"""Quantized (int8) layers as oneDNN runs them (family names are none of an ONNX op's, whose
-generic keys stay readable: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
-MatMulNBits): ONNX MatMulInteger (u8/s8 activations, s8
-weights, zero points as oneDNN attributes, s32 accumulators) and QLinearMatMul (the same,
-requantized to int8 with the scales and the output's zero point), DynamicQuantizeLinear (the
-activations' per-tensor u8 quantization ONNX Runtime's ``quantize_dynamic`` writes before every
-MatMulInteger: a max and a min reduction, then a reorder with the scale and zero point they give),
-and QuantizeLinear / DequantizeLinear (reorders between float and int8 with per-tensor or
-per-axis scales, as oneDNN applies scales to a reorder).
+"""Quantized layers as oneDNN runs them: ONNX MatMulInteger (u8/s8 activations, s8 weights, zero
+points as oneDNN attributes, s32 accumulators) and QLinearMatMul (the same, requantized to int8
+with the scales and the output's zero point); ConvInteger and QLinearConv, their convolution
+twins; DynamicQuantizeLinear (the activations' per-tensor u8 quantization ONNX Runtime's
+``quantize_dynamic`` writes before every MatMulInteger: a max and a min reduction, then a reorder
+with the scale and zero point they give); QuantizeLinear / DequantizeLinear (reorders between
+float and int8 with per-tensor or per-axis scales, as oneDNN applies scales to a reorder); and ONNX
+Runtime's 4-bit MatMulNBits, keyed and counted (its MACs and packed weight bytes) though no library
+here runs it.
 
 Scales and zero points are run-time values in every benchmark (oneDNN's run-time attributes), as a
 framework passes them; they are not part of the problems. cuDNN/cuBLASLt int8: not generated.
-ONNX Runtime's 4-bit MatMulNBits is keyed and counted (its MACs and packed weight bytes) but
-no library here runs it.
+Family names are none of an ONNX op's words, so the generic keys earlier versions stored for
+these ops still read: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
+MatMulNBits.
 """
 
 from __future__ import annotations
