@@ -373,6 +373,18 @@ def _fused(site: _Site, v: Variant, gen) -> _Spec:
         scale = (mul, site.external(mul, protos[mul - 1].output[0]))
         shift = (add, site.external(add, protos[mul].output[0]))
         return _Spec(site.nodes, _fill(site, gen, [(0, 0), scale, shift]), outs, compared)
+    if pattern.name == "qdq_matmul":
+        # the runtime's streams (make_qmatmul, a QLinearMatMul): A u8, B s8, A's zero point, A's,
+        # B's and the output's scales, the output's zero point; the model's float weights are the
+        # dequantized B: B times its scale
+        u8 = np.dtype(np.uint8)
+        b = as_filled(gen(1, site.in_shape(0, 1)), np.dtype(np.int8)).astype(np.float32)
+        sb = as_scales(gen(4, ()))
+        feeds = {(1, 0): as_filled(gen(0, site.in_shape(1, 0)), u8), (0, 1): b * sb,
+                 (1, 2): as_filled(gen(2, site.in_shape(1, 2)), u8), (1, 1): as_scales(gen(3, site.in_shape(1, 1))),
+                 (2, 1): as_scales(gen(5, site.in_shape(2, 1))), (2, 2): as_filled(gen(6, site.in_shape(2, 2)), u8)}
+        return _Spec(site.nodes, feeds, outs, compared + " (the weights' dequantization as the s8 values times their "
+                                                      "scale it computes once)")
     if pattern.name == "rmsnorm":  # x (the Pow's input, second in the match), then the last Mul's scale
         scale = (last, site.external(last, protos[last - 1].output[0]))
         return _Spec(site.nodes, _fill(site, gen, [(1, 0), scale]), outs, compared)

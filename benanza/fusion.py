@@ -18,7 +18,7 @@ from .ops.conv import ConvProblem
 from .ops.eltwise import EltwiseProblem
 from .ops.gemm import MatMulProblem
 from .ops.grammar import Problem
-from .ops.quantized import QMatMulProblem
+from .ops.quantized import DequantProblem, QMatMulProblem, QuantProblem
 from .ops.reduce import ReduceProblem
 from .ops.softmax import SoftmaxProblem
 
@@ -79,6 +79,10 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("mmint_scale", ("Cast", "Mul"), False, "identity",
                   "MatMulInteger→Cast(float)→Mul(scale): one int8 GEMM with a float result and its scale",
                   anchor="MatMulInteger", scale=True),
+    FusionPattern("qdq_matmul", ("DequantizeLinear", "QuantizeLinear"), False, "identity",
+                  "DequantizeLinear(u8)→MatMul(·, dequantized s8 weights)→QuantizeLinear(u8), ONNX Runtime's QDQ "
+                  "format: one int8 GEMM requantized into u8 (what ONNX Runtime runs as QLinearMatMul)",
+                  anchor="MatMul", dag=True),
     FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
                   "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization",
                   anchor="ReduceMean", dag=True),
@@ -302,6 +306,31 @@ def rmsnorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> 
     return chain + [scale]
 
 
+def qdq_matmul_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of DequantizeLinear(u8 x) → MatMul(·, W) → QuantizeLinear(u8) from the MatMul
+    (first, then the two), where W is the dequantization of constant s8 weights without a zero
+    point (folded: computed once, at load time) and every scale is per tensor; or None. The
+    MatMul's result is read only by the QuantizeLinear."""
+    nodes, producer = model.nodes, model.producer
+    mm = nodes[start]
+    if not isinstance(mm.layer.problem, MatMulProblem) or len(mm.inputs) != 2:
+        return None
+    x, w = (producer.get(t) for t in mm.inputs)
+    if x is None or w is None or consumers[start] == [] or len(consumers[start]) != 1:
+        return None
+    q = consumers[start][0]
+    quant = nodes[q].layer.problem
+    dqx, dqw = nodes[x].layer.problem, nodes[w].layer.problem
+    if not (isinstance(dqx, DequantProblem) and isinstance(dqw, DequantProblem) and isinstance(quant, QuantProblem)):
+        return None
+    if not nodes[w].folded or nodes[x].folded or consumers[x] != [start]:
+        return None
+    if (dqx.qtype, dqx.axis, dqw.qtype, dqw.axis, dqw.zp, quant.qtype, quant.axis) != \
+            ("byte", None, "sbyte", None, False, "byte", None):
+        return None
+    return [start, x, q]
+
+
 def gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
     """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
     constants are √2, 1 and ½ in every exporter that writes this form; the dynamo exporter
@@ -419,5 +448,5 @@ def _operand_scales(model: Model, consumers: dict[int, list[int]], matmul: Node)
 
 # the public face of the DAG patterns: name → node finder
 NODE_FINDERS: dict[str, NodeFinder] = {"layernorm": layernorm_nodes, "gelu_erf": gelu_nodes,
-                                       "rmsnorm": rmsnorm_nodes}
+                                       "rmsnorm": rmsnorm_nodes, "qdq_matmul": qdq_matmul_nodes}
 NODE_FINDERS.update({p.name: _attention_nodes(p) for p in PATTERNS if p.attention})

@@ -206,8 +206,15 @@ def test_static_quantization_costed_and_checked(tmp_path) -> None:
                                   "--show-ok"])
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.output.splitlines() if ln.startswith(("ok:", "mismatch:", "not checked:", "failed:"))]
-    assert len(lines) == 10 and all(ln.startswith("ok:") for ln in lines), r.output
+    assert len(lines) == 12 and all(ln.startswith("ok:") for ln in lines), r.output
     assert sum(ln.startswith("ok: qmatmul:") for ln in lines) == 2
+    # the QDQ format's DequantizeLinear → MatMul → QuantizeLinear, run as the QLinearMatMul it is
+    qdq = load_model(paths["qdq"], name="qdq")
+    matches = match_fusions(qdq)
+    assert [m.pattern.name for m in matches] == ["qdq_matmul", "qdq_matmul"]
+    assert [[qdq.nodes[i].layer.op for i in m.nodes] for m in matches] == [
+        ["MatMul", "DequantizeLinear", "QuantizeLinear"]] * 2
+    assert sum("/fusion=qdq_matmul:" in ln for ln in lines) == 2
 
 
 def _cnn(tmp: Path) -> Path:

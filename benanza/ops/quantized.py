@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Dims, Family, NodeView, OnednnLowering, const, is_4d, present, required
+from .base import Dims, Family, NodeView, OnednnLowering, PatternLowering, const, is_4d, present, required
 from .cast import TYPE_WORDS
 from .conv import ConvProblem, conv_fields
 from .gemm import MatMulProblem, matmul_operands
@@ -100,7 +100,8 @@ def _qmatmul_onednn(p: Problem) -> str | None:
 class QmatmulParams:
     """oneDNN QmatmulParams: A in the variant's type, B s8 (``signed_b``) or u8; the result s32
     (``out`` "int") or, requantized with the scales of A, B (``bscales`` of them) and the
-    output and the output's zero point, a type word ("byte", "sbyte")."""
+    output and the output's zero point, a type word ("byte", "sbyte"). ``a_type``: A's type word
+    (the ``qdq_matmul`` pattern, benchmarked on its float MatMul's variant), "" for the variant's."""
 
     a: Dims
     b: Dims
@@ -109,13 +110,20 @@ class QmatmulParams:
     bzp: int
     out: str
     bscales: int
+    a_type: str
 
 
 def _qmatmul_row(p: QMatMulProblem, api: str) -> QmatmulParams:
     if isinstance(p, QLinearMatMulProblem):
         return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp,
-                             out="sbyte" if p.signed_y else "byte", bscales=p.bscales)
-    return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp, out="int", bscales=1)
+                             out="sbyte" if p.signed_y else "byte", bscales=p.bscales, a_type="")
+    return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp, out="int", bscales=1, a_type="")
+
+
+def _qdq_matmul_row(p: MatMulProblem, api: str) -> QmatmulParams:
+    """The ``qdq_matmul`` pattern (fusion.qdq_matmul_nodes: u8 activations with a zero point, s8
+    weights without one, per-tensor scales, u8 output) as the QLinearMatMul it is."""
+    return QmatmulParams(a=p.a, b=p.b, signed_b=True, azp=1, bzp=0, out="byte", bscales=1, a_type="byte")
 
 
 # --- ConvInteger, QLinearConv ----------------------------------------------------------------
@@ -365,4 +373,5 @@ CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is
 QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
                      onednn_api=_qconv_onednn, onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
 NBITS = Family("nbitsmatmul", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
+PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),)
 FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)

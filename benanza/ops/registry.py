@@ -41,7 +41,7 @@ _BY_OP = _by_op()
 
 # fusion pattern name → its fused form's lowering (patterns without one run unfused only)
 PATTERN_LOWERINGS: dict[str, PatternLowering] = {
-    p.pattern: p for p in norm.PATTERNS + eltwise.PATTERNS + tuple(
+    p.pattern: p for p in norm.PATTERNS + eltwise.PATTERNS + quantized.PATTERNS + tuple(
         attention.pattern_lowering(f.name, f.scale, f.mask) for f in FUSION_PATTERNS if f.attention)}
 
 

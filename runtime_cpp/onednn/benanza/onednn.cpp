@@ -1079,14 +1079,16 @@ Prepared make_qmatmul(const QmatmulParams& q, const Config& cfg) {
     po.append_binary(algorithm::binary_add, bias_md);
     attr.set_post_ops(po);
   }
-  auto a = plain_md(d.a, cfg.dtype);
+  const std::string a_type = q.a_type;
+  memory::desc a(d.a, a_type.empty() ? data_type(cfg.dtype) : type_of_word(a_type), plain_tag(rank));
+  const bool unsigned_a = dtype_of(a) == dt::u8;
   memory::desc b(d.b, q.signed_b ? dt::s8 : dt::u8, plain_tag(rank));
   dt result = requantized ? type_of_word(out) : cfg.scale ? dt::f32 : dt::s32;
   memory::desc c(d.c, result, plain_tag(rank));
   auto pd = matmul_pd<dnnl::matmul::primitive_desc>(a, b, nullptr, c, attr);
   memory ma = filled(pd.src_desc()), mb = filled(pd.weights_desc());
   std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}};
-  if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, cfg.dtype == DType::u8)});
+  if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, unsigned_a)});
   if (q.bzp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_WEIGHTS, zero_point_memory(q.bzp, !q.signed_b)});
   if (requantized) {
     bind_requant_scales(bound, q.bscales);

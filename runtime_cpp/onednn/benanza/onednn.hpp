@@ -77,8 +77,16 @@ struct CastParams { const char* from; Dims shape; };
 // MatMulInteger (`out` "int": s32 result) and QLinearMatMul (`out` "byte"/"sbyte": requantized
 // with the scales of A, B (`bscales`: 1 or per column) and the output, and the output's zero
 // point): A in the variant's type (u8/s8), B s8 or u8; zero points (counts: 0 none, 1 per
-// tensor, else per column of B) as run-time attributes.
-struct QmatmulParams { Dims a, b; bool signed_b; int64_t azp, bzp; const char* out; int64_t bscales; };
+// tensor, else per column of B) as run-time attributes. `a_type`: A's type word, "" for the
+// variant's (a QDQ pattern is benchmarked on its float MatMul's variant).
+struct QmatmulParams {
+  Dims a, b;
+  bool signed_b;
+  int64_t azp, bzp;
+  const char* out;
+  int64_t bscales;
+  const char* a_type;
+};
 // ConvInteger (`out` "int": s32 result) and QLinearConv (`out` "byte"/"sbyte", requantized as
 // QmatmulParams; Config.bias: its int32 bias): ConvParams' fields, the source in the variant's
 // type, weights s8 or u8, the source's zero points (0 none, 1 per tensor).
