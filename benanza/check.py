@@ -40,6 +40,15 @@ from .fusion import BY_NAME as PATTERNS
 from .fusion import match_fusions
 from .generator import read_variants
 from .layers import Model
+from .ops.cast import WORD_TYPES, CastProblem
+from .ops.quantized import (
+    ConvIntProblem,
+    DynQuantProblem,
+    QdqProblem,
+    QLinearConvProblem,
+    QLinearMatMulProblem,
+    QMatMulProblem,
+)
 from .ops.registry import FAMILIES
 from .problems import (
     COMMUTATIVE,
@@ -62,7 +71,7 @@ BACKEND = "onednn"
 # relative above 1, absolute below). f32: the generator's inputs make products and short sums
 # exact, what remains is the library's exp/erf/rsqrt approximations and summation order; bf16
 # outputs carry its 8-bit significand (2^-8 relative) and the chains' bf16 intermediates.
-TOLERANCE = {"f32": 1e-5, "bf16": 1e-2}
+TOLERANCE = {"f32": 1e-5, "bf16": 1e-2, "u8": 0.0, "i8": 0.0}
 # oneDNN's reductions and softmax/normalization sum in another order than the reference, and
 # their exp/erf/rsqrt are polynomial approximations: f32 results differ in the last bits.
 _APPROXIMATE_F32 = 1e-4
@@ -117,6 +126,28 @@ def generated(stream: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
     return ((z >> np.uint64(56)).astype(np.int64) - 128).astype(np.float32).reshape(shape) / np.float32(128)
+
+
+def as_filled(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A stream's values as the runtime fills a tensor of ``dtype`` (onednn.cpp: fill_as):
+    floats as they are, integers 128·v (shifted by 128 into an unsigned type's range)."""
+    if dtype.kind == "f":
+        return np.asarray(values, dtype)
+    return np.asarray(np.rint(values * 128) + (128 if dtype.kind == "u" else 0), dtype)
+
+
+def as_scales(values: np.ndarray) -> np.ndarray:
+    """A stream's values as the runtime fills quantization scales: 2^floor(4·v)."""
+    return np.asarray(np.exp2(np.floor(4 * values)), np.float32)
+
+
+_NUMPY_TYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i8": np.int8, "u8": np.uint8}
+
+
+def _np_type(short: str) -> np.dtype:
+    if short not in _NUMPY_TYPES:
+        raise _NoReference(f"no NumPy type to feed {short} data to the reference")
+    return np.dtype(_NUMPY_TYPES[short])
 
 
 # --- what one benchmark reads and writes, in the model's terms -----------------------------
@@ -218,12 +249,60 @@ def _unfused(site: _Site, v: Variant, gen) -> _Spec:
                     f"against the op's real outputs")
             return _Spec((0,), {}, list(proto.output), what, dense=True)
         return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
+    if isinstance(p, (CastProblem, QMatMulProblem, QdqProblem, ConvIntProblem)):
+        return _Spec((0,), _integer_feeds(site, p, v, gen), outs, compared)
+    if isinstance(p, DynQuantProblem):  # y, its scale and its zero point
+        return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
     # the other families say which inputs their benchmark fills, in stream order
     family = _FAMILIES.get(p.family)
     fills = family.onednn.fills if family is not None and family.onednn is not None else None
     if fills is not None:
         return _Spec((0,), _fill(site, gen, [(0, i) for i in fills(p)]), outs, compared)
     raise _NoReference(f"no reference adapter for the {p.family} family")
+
+
+def _integer_feeds(site: _Site, p: CastProblem | QMatMulProblem | QdqProblem | ConvIntProblem, v: Variant,
+                   gen) -> dict[tuple[int, int], np.ndarray]:
+    """The inputs of a cast or quantized benchmark, typed as the node reads them, in the
+    runtime's stream order (onednn.cpp: make_cast, make_qmatmul, make_qconv, make_qdq)."""
+    def feed(k: int, i: int, dtype: np.dtype) -> np.ndarray:
+        return as_filled(gen(k, site.in_shape(0, i)), dtype)
+
+    if isinstance(p, CastProblem):
+        return {(0, 0): feed(0, 0, _np_type(WORD_TYPES[p.source]))}
+    if isinstance(p, (QLinearMatMulProblem, QLinearConvProblem)):
+        # x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp[, bias]
+        a, b = _np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
+        slots = [(0, a), (3, b)] + [(2, a)] * bool(p.azp) + [(5, b)] * bool(p.bzp)
+        feeds = {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
+        k = len(slots)
+        for i in (1, 4, 6):
+            feeds[(0, i)] = as_scales(gen(k, site.in_shape(0, i)))
+            k += 1
+        feeds[(0, 7)] = feed(k, 7, np.dtype(np.int8 if p.signed_y else np.uint8))
+        if isinstance(p, QLinearConvProblem) and p.bias:
+            feeds[(0, 8)] = feed(k + 1, 8, np.dtype(np.int32))
+        return feeds
+    if isinstance(p, ConvIntProblem):  # x, w, x_zp, w_zp
+        a, b = _np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
+        slots = [(0, a), (1, b)] + [(2, a)] * bool(p.azp) + [(3, b)] * bool(p.bzp)
+        return {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
+    if isinstance(p, QMatMulProblem):
+        feeds = {(0, 0): feed(0, 0, _np_type(v.dtype)),
+                 (0, 1): feed(1, 1, np.dtype(np.int8 if p.signed_b else np.uint8))}
+        k = 2
+        for i, count in ((2, p.azp), (3, p.bzp)):
+            if count:
+                feeds[(0, i)] = feed(k, i, feeds[(0, i - 2)].dtype)
+                k += 1
+        return feeds
+    qtype = _np_type(WORD_TYPES.get(p.qtype, p.qtype))
+    dequantize = p.family == "dequant"
+    feeds = {(0, 0): feed(0, 0, qtype if dequantize else _np_type(v.dtype)),
+             (0, 1): as_scales(gen(1, site.in_shape(0, 1)))}
+    if p.zp:
+        feeds[(0, 2)] = feed(2, 2, qtype)
+    return feeds
 
 
 def _gemm_feeds(site: _Site, p: GemmProblem, v: Variant, gen) -> dict[tuple[int, int], np.ndarray]:
@@ -299,8 +378,33 @@ def _fused(site: _Site, v: Variant, gen) -> _Spec:
         scale = (mul, site.external(mul, protos[mul - 1].output[0]))
         shift = (add, site.external(add, protos[mul].output[0]))
         return _Spec(site.nodes, _fill(site, gen, [(0, 0), scale, shift]), outs, compared)
+    if pattern.name == "qdq_matmul":
+        # the runtime's streams (make_qmatmul, a QLinearMatMul): A u8, B s8, A's zero point, A's,
+        # B's and the output's scales, the output's zero point; the model's float weights are the
+        # dequantized B: B times its scale
+        u8 = np.dtype(np.uint8)
+        b = as_filled(gen(1, site.in_shape(0, 1)), np.dtype(np.int8)).astype(np.float32)
+        sb = as_scales(gen(4, ()))
+        feeds = {(1, 0): as_filled(gen(0, site.in_shape(1, 0)), u8), (0, 1): b * sb,
+                 (1, 2): as_filled(gen(2, site.in_shape(1, 2)), u8), (1, 1): as_scales(gen(3, site.in_shape(1, 1))),
+                 (2, 1): as_scales(gen(5, site.in_shape(2, 1))), (2, 2): as_filled(gen(6, site.in_shape(2, 2)), u8)}
+        return _Spec(site.nodes, feeds, outs, compared + " (the weights' dequantization as the s8 values times their "
+                                                      "scale it computes once)")
+    if pattern.name == "rmsnorm":  # x (the Pow's input, second in the match), then the last Mul's scale
+        scale = (last, site.external(last, protos[last - 1].output[0]))
+        return _Spec(site.nodes, _fill(site, gen, [(1, 0), scale]), outs, compared)
     if pattern.name == "gelu_erf":
         return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), outs, compared)
+    if pattern.anchor == "MatMulInteger":  # A, B, their zero points, then the Mul's scale and the Add's bias
+        assert isinstance(p, QMatMulProblem)
+        feeds = _integer_feeds(site, p, v, gen)
+        k = len(feeds)
+        scale = (2, site.external(2, protos[1].output[0]))
+        feeds[scale] = as_scales(gen(k, site.in_shape(*scale)))
+        if "Add" in pattern.tail:
+            bias = (3, site.external(3, protos[2].output[0]))
+            feeds[bias] = gen(k + 1, site.in_shape(*bias))
+        return _Spec(site.nodes, feeds, outs, compared)
     if pattern.anchor == "MatMul":  # mm_bias, mm_bias_gelu: A, B, then the Add's bias
         bias = (1, site.external(1, protos[0].output[0]))
         return _Spec(site.nodes, _fill(site, gen, [(0, 0), (0, 1), bias]), outs, compared)
@@ -470,7 +574,8 @@ def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
 # --- comparing -----------------------------------------------------------------------------
 
 def _read_outputs(entry: dict) -> list[np.ndarray]:
-    """The benchmark's outputs from its check file, as f32 (bf16 widened; u8 booleans as 0/1)."""
+    """The benchmark's outputs from its check file, as f32 (bf16 widened) or, for integer
+    outputs (u8 booleans as 0/1, quantized data, s32 accumulators), f64."""
     data = Path(entry["file"]).read_bytes()
     out, at = [], 0
     for o in entry["outputs"]:
@@ -478,8 +583,8 @@ def _read_outputs(entry: dict) -> list[np.ndarray]:
         at += o["bytes"]
         if o["dtype"] == "bf16":
             arr = (np.frombuffer(raw, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
-        elif o["dtype"] == "u8":
-            arr = np.frombuffer(raw, np.uint8).astype(np.float32)
+        elif o["dtype"] in ("u8", "s8", "s32"):
+            arr = np.frombuffer(raw, {"u8": np.uint8, "s8": np.int8, "s32": np.int32}[o["dtype"]]).astype(np.float64)
         else:
             arr = np.frombuffer(raw, np.float32)
         out.append(arr.reshape(o["dims"]))

@@ -18,6 +18,7 @@ from .ops.conv import ConvProblem
 from .ops.eltwise import EltwiseProblem
 from .ops.gemm import MatMulProblem
 from .ops.grammar import Problem
+from .ops.quantized import DequantProblem, QMatMulProblem, QuantProblem
 from .ops.reduce import ReduceProblem
 from .ops.softmax import SoftmaxProblem
 
@@ -71,8 +72,23 @@ PATTERNS: tuple[FusionPattern, ...] = (
                   anchor="MatMul"),
     FusionPattern("mm_bias", ("Add",), False, "identity", "MatMul→Add(bias): one GEMM with a bias (a Linear)",
                   anchor="MatMul"),
+    FusionPattern("mmint_scale_bias", ("Cast", "Mul", "Add"), False,
+                  "identity", "MatMulInteger→Cast(float)→Mul(scale)→Add(bias), ONNX Runtime's dynamic quantization: "
+                  "one int8 GEMM with a float result, its scale and bias (ORT's MatMulIntegerToFloat)",
+                  anchor="MatMulInteger", scale=True),
+    FusionPattern("mmint_scale", ("Cast", "Mul"), False, "identity",
+                  "MatMulInteger→Cast(float)→Mul(scale): one int8 GEMM with a float result and its scale",
+                  anchor="MatMulInteger", scale=True),
+    FusionPattern("qdq_matmul", ("DequantizeLinear", "QuantizeLinear"), False, "identity",
+                  "DequantizeLinear(u8)→MatMul(·, dequantized s8 weights)→QuantizeLinear(u8), ONNX Runtime's QDQ "
+                  "format: one int8 GEMM requantized into u8 (what ONNX Runtime runs as QLinearMatMul)",
+                  anchor="MatMul", dag=True),
     FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
                   "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization",
+                  anchor="ReduceMean", dag=True),
+    FusionPattern("rmsnorm", ("Pow", "Add", "Sqrt", "Reciprocal", "Mul", "Mul"), False, "identity",
+                  "the RMSNorm decomposition of Llama-style exports (x → Pow(2) → ReduceMean → +ε → Sqrt → "
+                  "Reciprocal or Div(1, ·) → Mul(x) → Mul(scale), or Div(x, ·) → Mul(scale)): one RMS normalization",
                   anchor="ReduceMean", dag=True),
     FusionPattern("gelu_erf", ("Erf", "Add", "Mul", "Mul"), False, "gelu",
                   "the erf GELU decomposition of opsets < 20 (x/√2 → Erf → +1 → ·x → ·½): one GELU", anchor="Div",
@@ -122,7 +138,8 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     matches: list[FusionMatch] = []
     for node in model.nodes:
         anchor = node.layer.problem
-        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem, BinaryProblem)):
+        if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem, BinaryProblem,
+                                                          QMatMulProblem)):
             continue
         # a GEMM epilogue fuses into a plain GEMM; a batched MatMul only anchors attention
         plain = not isinstance(anchor, MatMulProblem) or (len(anchor.a) == 2 and len(anchor.b) == 2)
@@ -147,6 +164,8 @@ def match_fusions(model: Model) -> list[FusionMatch]:
                 chain.append(nxt[0])
             if ok and pattern.anchor == "MatMul":
                 ok = _gemm_epilogue(anchor, [model.nodes[i] for i in chain[1:]], pattern.activation)
+            if ok and pattern.anchor == "MatMulInteger":
+                ok = _int_gemm_epilogue(model.nodes[chain[0]], [model.nodes[i] for i in chain[1:]])
             if ok:
                 used.update(chain)
                 matches.append(FusionMatch(pattern, tuple(chain), node.layer))
@@ -169,6 +188,28 @@ def _gemm_epilogue(gemm: Problem, tail: list[Node], activation: str) -> bool:
     if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
         return False
     return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == activation for n in tail[1:])
+
+
+def _int_gemm_epilogue(gemm: Node, tail: list[Node]) -> bool:
+    """Whether an integer MatMul's tail is what oneDNN's int8 GEMM computes at once: a Cast of
+    its int32 result to f32, a Mul by one scale (per tensor: the activations' scale times the
+    weights'), and where the pattern has it an Add of a constant bias along the last axis."""
+    out = gemm.layer.outputs[0].shape if gemm.layer.outputs else ()
+    cast, mul = tail[0], tail[1]
+    if not cast.layer.outputs or cast.layer.outputs[0].dtype != "f32":
+        return False
+    scale = mul.layer.problem
+    if not isinstance(scale, BinaryProblem) or len(scale.shapes) != 2 or scale.out != tuple(out) \
+            or min(math.prod(s) for s in scale.shapes) != 1:
+        return False
+    if len(tail) == 2:
+        return True
+    add = tail[2].layer.problem
+    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[2].constant_inputs \
+            or add.out != tuple(out) or not out:
+        return False
+    bias = min(add.shapes, key=math.prod)
+    return math.prod(bias) == out[-1] and bias[-1] == out[-1]
 
 
 def layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
@@ -212,6 +253,82 @@ def layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -
     if eps is None or scale is None or shift is None or not nodes[shift].constant_inputs:
         return None
     return sorted([start, sub, pow_, second, eps, sqrt, div, scale, shift])
+
+
+def rmsnorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → Pow(x, 2) → ReduceMean (over trailing axes) → Add(ε) → Sqrt → then
+    Reciprocal or Div(1, ·) → Mul(x, ·), or Div(x, ·) → Mul(scale), from its ReduceMean (the
+    anchor, first; the Pow that feeds it next), or None. A Cast to the type it already has
+    between the last two Muls (TorchScript writes Hugging Face's ``.to(dtype)``) is part of it.
+    Every intermediate is read only inside the pattern."""
+    nodes, producer = model.nodes, model.producer
+    mean = nodes[start].layer.problem
+    if not isinstance(mean, ReduceProblem) or mean.alg != "mean" or len(nodes[start].inputs) != 1:
+        return None
+    rank = len(mean.shape)
+    if mean.axes != tuple(range(rank - len(mean.axes), rank)):
+        return None
+    pow_ = producer.get(nodes[start].inputs[0])
+    power = nodes[pow_].layer.problem if pow_ is not None else None
+    if pow_ is None or not isinstance(power, BinaryProblem) or power.alg != "pow" or power.exponent != 2.0 \
+            or consumers[pow_] != [start] or len(nodes[pow_].inputs) != 1:
+        return None
+    x = nodes[pow_].inputs[0]
+
+    def only(i: int | None, ops: tuple[str, ...]) -> int | None:
+        if i is None:
+            return None
+        nxt = consumers[i]
+        return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op in ops else None
+
+    eps = only(start, ("Add",))
+    sqrt = only(eps, ("Sqrt",)) if eps is not None and nodes[eps].constant_inputs else None
+    inv = only(sqrt, ("Reciprocal", "Div"))
+    if eps is None or sqrt is None or inv is None:
+        return None
+    chain = [start, pow_, eps, sqrt, inv]
+    div = nodes[inv]
+    last: int | None = inv
+    if not (div.layer.op == "Div" and div.inputs == (x, nodes[sqrt].outputs[0])):  # not Div(x, rms)
+        if div.layer.op == "Div" and (div.inputs != (nodes[sqrt].outputs[0],) or not div.constant_inputs):
+            return None  # neither Div(1, rms), the reciprocal
+        last = only(inv, ("Mul",))
+        if last is None or set(nodes[last].inputs) != {x, div.outputs[0]}:
+            return None
+        chain.append(last)
+    cast = only(last, ("Cast",))
+    if cast is not None and nodes[cast].layer.free:
+        chain.append(cast)
+        last = cast
+    scale = only(last, ("Mul",))
+    if scale is None or not nodes[scale].constant_inputs:
+        return None
+    return chain + [scale]
+
+
+def qdq_matmul_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of DequantizeLinear(u8 x) → MatMul(·, W) → QuantizeLinear(u8) from the MatMul
+    (first, then the two), where W is the dequantization of constant s8 weights without a zero
+    point (folded: computed once, at load time) and every scale is per tensor; or None. The
+    MatMul's result is read only by the QuantizeLinear."""
+    nodes, producer = model.nodes, model.producer
+    mm = nodes[start]
+    if not isinstance(mm.layer.problem, MatMulProblem) or len(mm.inputs) != 2:
+        return None
+    x, w = (producer.get(t) for t in mm.inputs)
+    if x is None or w is None or consumers[start] == [] or len(consumers[start]) != 1:
+        return None
+    q = consumers[start][0]
+    quant = nodes[q].layer.problem
+    dqx, dqw = nodes[x].layer.problem, nodes[w].layer.problem
+    if not (isinstance(dqx, DequantProblem) and isinstance(dqw, DequantProblem) and isinstance(quant, QuantProblem)):
+        return None
+    if not nodes[w].folded or nodes[x].folded or consumers[x] != [start]:
+        return None
+    if (dqx.qtype, dqx.axis, dqw.qtype, dqw.axis, dqw.zp, quant.qtype, quant.axis) != \
+            ("byte", None, "sbyte", None, False, "byte", None):
+        return None
+    return [start, x, q]
 
 
 def gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
@@ -330,5 +447,6 @@ def _operand_scales(model: Model, consumers: dict[int, list[int]], matmul: Node)
 
 
 # the public face of the DAG patterns: name → node finder
-NODE_FINDERS: dict[str, NodeFinder] = {"layernorm": layernorm_nodes, "gelu_erf": gelu_nodes}
+NODE_FINDERS: dict[str, NodeFinder] = {"layernorm": layernorm_nodes, "gelu_erf": gelu_nodes,
+                                       "rmsnorm": rmsnorm_nodes, "qdq_matmul": qdq_matmul_nodes}
 NODE_FINDERS.update({p.name: _attention_nodes(p) for p in PATTERNS if p.attention})

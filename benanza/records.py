@@ -45,6 +45,9 @@ class Dtype(StrEnum):
     F32 = "f32"
     F16 = "f16"
     BF16 = "bf16"
+    # integer layers of quantized models (oneDNN's int8 primitives): the type of their activations
+    U8 = "u8"
+    I8 = "i8"
 
 
 class Layout(StrEnum):

@@ -834,6 +834,7 @@ def _register() -> dict[str, OpFn]:
         "Exp": _unary(torch.exp), "Log": _unary(torch.log), "Sqrt": _unary(torch.sqrt),
         "Abs": _unary(torch.abs), "Neg": _unary(torch.neg), "Reciprocal": _unary(torch.reciprocal),
         "Floor": _unary(torch.floor), "Ceil": _unary(torch.ceil), "Erf": _unary(torch.erf),
+        "Cos": _unary(torch.cos), "Sin": _unary(torch.sin), "IsNaN": _unary(torch.isnan),
         "Softplus": _unary(F.softplus), "Softsign": _unary(F.softsign),
         "LeakyRelu": lambda ctx, x: F.leaky_relu(x[0], float(ctx.attrs.get("alpha", 0.01))),
         "Elu": lambda ctx, x: F.elu(x[0], float(ctx.attrs.get("alpha", 1.0))),

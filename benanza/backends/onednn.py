@@ -26,6 +26,7 @@ from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, Model, UniqueLayer
 from ..manifest import Manifest
 from ..ops.base import OnednnLowering, cpp_literal, row_fields
+from ..ops.quantized import QMatMulProblem
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..problems import BinaryProblem, ConvProblem, DeconvProblem, MatMulProblem, Problem, ReduceProblem
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 NAME = "onednn"
 DTYPES = ("f32", "bf16")
+INT8_DTYPES = ("u8", "i8")  # the activations' type of a quantized layer
+_CPP_DTYPE = {"f32": "f32", "bf16": "bf16", "u8": "u8", "i8": "s8"}
 SPATIAL_LAYOUTS = ("nchw", "nhwc", "any")
 CONV_ALGOS = ("direct", "winograd", "auto")
 
@@ -49,7 +52,9 @@ _CPP_ALGO = {"direct": "direct", "winograd": "winograd", "auto": "automatic", "d
 FAMILIES: dict[str, OnednnLowering] = {f.name: f.onednn for f in REGISTRY if f.onednn is not None}
 
 
-def _dtypes(options: GenOptions) -> list[str]:
+def _dtypes(layer: Layer, options: GenOptions) -> list[str]:
+    if layer.dtype in INT8_DTYPES:  # a quantized layer computes in its own integer type only
+        return [layer.dtype]
     asked = options.dtypes or DTYPES
     return [d for d in asked if d in DTYPES]
 
@@ -80,7 +85,8 @@ def fused_config(problem: Problem, fusion: str) -> Fused:
     p = FUSION_PATTERNS[fusion]
     if p.attention:
         return Fused(attention=True, scale=p.scale, mask=p.mask)
-    return Fused(bias=p.adds_bias, relu=p.activation == "relu", gelu=p.activation == "gelu")
+    # scale: an int8 GEMM's float result scaled (mmint_scale*)
+    return Fused(bias=p.adds_bias, relu=p.activation == "relu", gelu=p.activation == "gelu", scale=p.scale)
 
 
 class OneDNNBackend(CMakeBackend):
@@ -105,14 +111,14 @@ class OneDNNBackend(CMakeBackend):
         conv = isinstance(problem, ConvProblem)
         algos = CONV_ALGOS if conv else ("default",)
         # conv post-ops, a MatMul's bias/GELU epilogue (fusion.match_fusions only names 2-D
-        # MatMuls, which oneDNN runs as one GEMM), and a LayerNorm decomposition from its first
-        # ReduceMean
-        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem))
+        # MatMuls, which oneDNN runs as one GEMM), a LayerNorm or RMSNorm decomposition from its
+        # ReduceMean, an int8 GEMM's scale and bias
+        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem, QMatMulProblem))
         fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
         for fusion in fusion_names:
             for algo in algos:
-                for dtype in _dtypes(options):
+                for dtype in _dtypes(layer, options):
                     for layout in _layouts(problem, family, options):
                         out.append(Variant(problem, NAME, layer.onednn_primitive, algo, dtype, layout,
                                            "default", fusion))
@@ -167,7 +173,7 @@ def _row(v: Variant, index: int, f: Fused) -> str:
     layout = v.layout if v.layout in ("plain", "nchw", "nhwc", "any", "axis_inner") else "plain"
     flags = ", ".join(f".{name} = {_cbool(getattr(f, name))}" for name in ("bias", "relu", "gelu", "attention",
                                                                         "scale", "mask"))
-    cfg = (f"{{.dtype = bo::DType::{v.dtype}, .layout = bo::Layout::{layout}, "
+    cfg = (f"{{.dtype = bo::DType::{_CPP_DTYPE[v.dtype]}, .layout = bo::Layout::{layout}, "
            f".algo = bo::ConvAlgo::{_CPP_ALGO[v.algo]}, {flags}}}")
     return f"{{.name = {c_string(v.name)}, .index = {index}, .config = {cfg}}}"
 
@@ -194,9 +200,11 @@ def initializer(row: Any) -> str:
 
 
 def covers(layer: Layer) -> bool:
-    """Whether this backend benchmarks the layer: a oneDNN primitive on float data that the
-    runtime has a family for. Everything else is "not covered" by oneDNN, never "missing"."""
-    return layer.onednn_primitive is not None and layer.family in FAMILIES and layer.dtype in FLOAT_DTYPES
+    """Whether this backend benchmarks the layer: a oneDNN primitive on float (or a quantized
+    family's int8) data that the runtime has a family for. Everything else is "not covered" by
+    oneDNN, never "missing"."""
+    return (layer.onednn_primitive is not None and layer.family in FAMILIES
+            and (layer.dtype in FLOAT_DTYPES or layer.dtype in INT8_DTYPES))
 
 
 BACKEND = OneDNNBackend()

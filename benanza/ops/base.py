@@ -149,6 +149,9 @@ class Family:
     # the dtype the layer computes in: its first input's, unless the family says otherwise
     # (Where's first input is its boolean condition; the data it moves is its output's type)
     dtype: Callable[[NodeView], str] = lambda view: view.dtype
+    # integer dtypes the family's library calls compute in (quantized layers); a layer in any
+    # other non-float dtype is covered by no library
+    int_dtypes: tuple[str, ...] = ()
 
 
 # --- helpers the builders share ------------------------------------------------------------

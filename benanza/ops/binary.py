@@ -168,7 +168,7 @@ def _cudnn_row(p: BinaryProblem, api: str) -> BinaryLayer:
 
 _POINTWISE_OPS = {"div": "Div", "pow": "Pow", "eq": "CmpEq", "gt": "CmpGt", "lt": "CmpLt", "erf": "Erf",
                   "gelu": "Gelu", "gelutanh": "GeluTanh", "exp": "Exp", "log": "Log", "abs": "Abs", "neg": "Neg",
-                  "softplus": "Softplus"}
+                  "softplus": "Softplus", "reciprocal": "Reciprocal", "cos": "Cos", "sin": "Sin"}
 
 
 @dataclass(frozen=True)

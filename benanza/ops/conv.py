@@ -35,8 +35,10 @@ def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], st
     return [int(p) for p in (attrs.get("pads") or [0] * 2 * n)]
 
 
-def _conv_build(view: NodeView) -> Problem:
-    x, w = required(view, 0), required(view, 1, rank=4)
+def conv_fields(view: NodeView, weight: int = 1, bias: int = 2) -> dict[str, int | bool]:
+    """A 2-D convolution's fields from its node: input 0, the weights and the bias at the
+    given inputs (a quantized conv has scales and zero points between them)."""
+    x, w = required(view, 0), required(view, weight, rank=4)
     y = view.outputs[0]
     a = view.attrs
     mb, ic, ih, iw = x.shape
@@ -45,9 +47,12 @@ def _conv_build(view: NodeView) -> Problem:
     s = tuple(a.get("strides") or (1, 1))
     d = tuple(a.get("dilations") or (1, 1))
     pt, pl, pb, pr = explicit_pads(a, (ih, iw), k, s, d)
-    return ConvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
-                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=group(a, ic, w.shape, 1),
-                       bias=present(view, 2))
+    return dict(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1], sh=s[0], sw=s[1],
+                pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=group(a, ic, w.shape, 1), bias=present(view, bias))
+
+
+def _conv_build(view: NodeView) -> Problem:
+    return ConvProblem(**conv_fields(view))  # type: ignore[arg-type]
 
 
 def _deconv_build(view: NodeView) -> Problem:

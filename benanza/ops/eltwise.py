@@ -1,5 +1,6 @@
 """Element-wise unary ops: activations (ONNX Relu, Sigmoid, Tanh, Elu, Clip, LeakyRelu, Softplus,
-HardSigmoid, Exp, Log, Abs, Sqrt, Neg, Swish, HardSwish, Gelu, Erf), PRelu and Dropout; and the
+HardSigmoid, Exp, Log, Abs, Sqrt, Neg, Swish, HardSwish, Gelu, Erf, Reciprocal, Cos, Sin), PRelu and
+Dropout; and the
 fused form of the erf GELU decomposition (``gelu_erf`` pattern of ``benanza.fusion``: one GELU
 of its Div's input)."""
 
@@ -106,6 +107,11 @@ _ELTWISE = {
     "HardSwish": ("hardswish", (), None, "eltwise_hardswish"),
     "Gelu": ("gelu", (), None, "eltwise_gelu_erf"),  # approximate="tanh" is alg gelutanh
     "Erf": ("erf", (), None, None),  # oneDNN has no erf alone (its GELU is the erf form)
+    "Reciprocal": ("reciprocal", (), None, "eltwise_pow"),  # oneDNN: 1·x^-1
+    # rotary embeddings' cos/sin of the positions: cuDNN pointwise nodes; oneDNN (2.x and 3.x)
+    # has no trigonometric eltwise algorithm
+    "Cos": ("cos", (), None, None),
+    "Sin": ("sin", (), None, None),
 }
 _CUDNN_ACTIVATION = {alg: mode for alg, _, mode, _ in _ELTWISE.values()}
 
@@ -148,7 +154,8 @@ def _eltwise_build(view: NodeView) -> Problem:
 
 
 # element-wise ops the cuDNN legacy API lacks, each one pointwise node of the graph API
-CUDNN_POINTWISE_UNARY = ("erf", "gelu", "gelutanh", "exp", "log", "abs", "neg", "softplus")
+CUDNN_POINTWISE_UNARY = ("erf", "gelu", "gelutanh", "exp", "log", "abs", "neg", "softplus", "reciprocal", "cos",
+                         "sin")
 
 
 def _cudnn_api(p: Problem) -> str | None:

@@ -96,15 +96,18 @@ def _gemm_onednn_api(p: Problem) -> str:
     return "inner_product" if fc else "matmul"
 
 
-def _matmul_build(view: NodeView) -> Problem:
-    a, b = tuple(required(view, 0).shape), tuple(required(view, 1).shape)
-    # A weight without a batch of its own ([K, N], or [1, K, N]) broadcast over A's leading dims
-    # is one GEMM with M = their product: A's rows lie contiguous, and that is what frameworks
-    # run ([128, 1, 256]×[256, 768] is 128×256×768, not 128 GEMMs with m=1). Only a B with its
-    # own batch makes a batched GEMM.
+def matmul_operands(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A MatMul's operands as the GEMM frameworks run. A weight without a batch of its own
+    ([K, N], or [1, K, N]) broadcast over A's leading dims is one GEMM with M = their product:
+    A's rows lie contiguous, and that is what frameworks run ([128, 1, 256]×[256, 768] is
+    128×256×768, not 128 GEMMs with m=1). Only a B with its own batch makes a batched GEMM."""
     if len(a) >= 2 and len(b) >= 2 and math.prod(b[:-2]) == 1 and (len(a) > 2 or len(b) > 2):
-        a, b = (math.prod(a[:-1]), a[-1]), b[-2:]
-    return MatMulProblem(a, b)
+        return (math.prod(a[:-1]), a[-1]), b[-2:]
+    return a, b
+
+
+def _matmul_build(view: NodeView) -> Problem:
+    return MatMulProblem(*matmul_operands(tuple(required(view, 0).shape), tuple(required(view, 1).shape)))
 
 
 def _matmul_cudnn_api(p: Problem) -> str:

@@ -1,7 +1,8 @@
-"""Normalisations: batch normalization, LRN and layer normalization (ONNX BatchNormalization,
-LRN, LayerNormalization), and the fused form of the LayerNorm decomposition (``layernorm``
-pattern of ``benanza.fusion``: benchmarked as one layer normalization on its first ReduceMean's
-problem)."""
+"""Normalisations: batch normalization, LRN, layer normalization and RMS normalization (ONNX
+BatchNormalization, LRN, LayerNormalization, RMSNormalization; ONNX Runtime's
+SimplifiedLayerNormalization), and the fused forms of the LayerNorm and RMSNorm decompositions
+(``layernorm`` and ``rmsnorm`` patterns of ``benanza.fusion``: benchmarked as one layer or RMS
+normalization on their ReduceMean's problem)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .reduce import ReduceProblem
 
 # the cuDNN graph API's layer norm (runtime_cpp/cudnn/graph.cpp)
 CUDNN_LAYERNORM = "cudnn_frontend.layernorm"
+CUDNN_RMSNORM = "cudnn_frontend.rmsnorm"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,25 @@ class LnormProblem(Problem):
         return (7 if self.bias else 6) * math.prod(self.shape) + 4 * rows
 
 
+@dataclass(frozen=True)
+class RmsnormProblem(Problem):
+    """RMS normalization: x / √(mean(x²) + ε) · scale over the dims from ``axis`` on (opset 23's
+    RMSNormalization, ONNX Runtime's SimplifiedLayerNormalization, the ``rmsnorm`` pattern of
+    Llama-style exports)."""
+
+    FAMILY: ClassVar[str] = "rmsnorm"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("in", "shape", "dims"),), (F("axis", "axis"),), (F("eps", "eps", "float"),))
+
+    shape: tuple[int, ...]
+    axis: int
+    eps: float
+
+    def flops(self) -> int:
+        """Per element: the square, the mean's sum, the normalising multiply and the scale (4);
+        per normalised row: the division by its length, + ε and the reciprocal square root (3)."""
+        return 4 * math.prod(self.shape) + 3 * math.prod(self.shape[:self.axis])
+
 
 # --- recognition ---------------------------------------------------------------------------
 
@@ -126,6 +147,12 @@ def _lrn_build(view: NodeView) -> Problem:
     return LrnProblem(mb=mb, ic=ic, ih=ih, iw=iw, size=int(a["size"]), alpha=f32(a.get("alpha", 1e-4)),
                       beta=f32(a.get("beta", 0.75)), k=f32(a.get("bias", 1.0)))
 
+
+
+def _rmsnorm_build(view: NodeView) -> Problem:
+    shape = tuple(required(view, 0).shape)
+    axis = int(view.attrs.get("axis", -1))
+    return RmsnormProblem(shape, axis + len(shape) if axis < 0 else axis, f32(view.attrs.get("epsilon", 1e-5)))
 
 
 def _lnorm_build(view: NodeView) -> Problem:
@@ -190,30 +217,36 @@ class LrnLayer:
 
 @dataclass(frozen=True)
 class LnormParams:
-    """oneDNN LnormParams."""
+    """oneDNN LnormParams (``rms``: RMS normalization, the RMS mode of a layer normalization)."""
 
     shape: Dims
     axis: int
     eps: float
     bias: bool
+    rms: bool
 
 
 @dataclass(frozen=True)
 class LnormLayer:
-    """cuDNN LnormLayer (graph API): rows × cols, normalised over cols."""
+    """cuDNN LnormLayer (graph API): rows × cols, normalised over cols (``rms``: the RMS norm node)."""
 
     rows: int
     cols: int
     eps: float
     bias: bool
+    rms: bool
 
 
-def _lnorm_onednn(p: LnormProblem, api: str) -> LnormParams:
-    return LnormParams(shape=p.shape, axis=p.axis, eps=p.eps, bias=p.bias)
+def _lnorm_onednn(p: LnormProblem | RmsnormProblem, api: str) -> LnormParams:
+    if isinstance(p, RmsnormProblem):
+        return LnormParams(shape=p.shape, axis=p.axis, eps=p.eps, bias=False, rms=True)
+    return LnormParams(shape=p.shape, axis=p.axis, eps=p.eps, bias=p.bias, rms=False)
 
 
-def _lnorm_cudnn(p: LnormProblem, api: str) -> LnormLayer:
-    return LnormLayer(rows=math.prod(p.shape[:p.axis]), cols=math.prod(p.shape[p.axis:]), eps=p.eps, bias=p.bias)
+def _lnorm_cudnn(p: LnormProblem | RmsnormProblem, api: str) -> LnormLayer:
+    rms = isinstance(p, RmsnormProblem)
+    return LnormLayer(rows=math.prod(p.shape[:p.axis]), cols=math.prod(p.shape[p.axis:]), eps=p.eps,
+                      bias=isinstance(p, LnormProblem) and p.bias, rms=rms)
 
 
 def _decomposition(p: ReduceProblem) -> LnormProblem:
@@ -251,7 +284,23 @@ LNORM = Family("lnorm", LnormProblem, ("LayerNormalization",), _lnorm_build, lam
                cudnn_api=const(CUDNN_LAYERNORM), onednn_api=const("layer_normalization"),
                cudnn={CUDNN_LAYERNORM: CudnnLowering(CUDNN_LNORM, _lnorm_cudnn)},
                onednn=OnednnLowering("lnorm", False, _lnorm_onednn, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)))
-FAMILIES = (BNORM, LRN, LNORM)
+# oneDNN runs it as its layer normalization's RMS mode where the version has one (the runtime
+# decides); cuDNN as the graph API's RMS norm node
+RMSNORM = Family("rmsnorm", RmsnormProblem, ("RMSNormalization", "SimplifiedLayerNormalization"), _rmsnorm_build,
+                 lambda v: len(v.outputs) == 1, cudnn_api=const(CUDNN_RMSNORM),
+                 onednn_api=const("layer_normalization"),
+                 cudnn={CUDNN_RMSNORM: CudnnLowering(CUDNN_LNORM, _lnorm_cudnn)},
+                 onednn=OnednnLowering("lnorm", False, _lnorm_onednn, fills=lambda p: (0, 1)))
+FAMILIES = (BNORM, LRN, LNORM, RMSNORM)
+
+
+def _rms_decomposition(p: ReduceProblem) -> RmsnormProblem:
+    """The RMS normalization the ``rmsnorm`` pattern computes, from its ReduceMean (over
+    trailing axes); its epsilon, an Add of a constant, changes no work: the ONNX default stands in."""
+    return RmsnormProblem(p.shape, p.axes[0], 1e-5)
+
 
 PATTERNS = (PatternLowering("layernorm", onednn=("lnorm", lambda p, api: _lnorm_onednn(_decomposition(p), api)),
-                            cudnn=CudnnLowering(CUDNN_LNORM, lambda p, api: _lnorm_cudnn(_decomposition(p), api))),)
+                            cudnn=CudnnLowering(CUDNN_LNORM, lambda p, api: _lnorm_cudnn(_decomposition(p), api))),
+            PatternLowering("rmsnorm", onednn=("lnorm", lambda p, api: _lnorm_onednn(_rms_decomposition(p), api)),
+                            cudnn=CudnnLowering(CUDNN_LNORM, lambda p, api: _lnorm_cudnn(_rms_decomposition(p), api))))

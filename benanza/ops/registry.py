@@ -15,25 +15,25 @@ import functools
 from ..errors import LayerKeyError
 from ..fusion import PATTERNS as FUSION_PATTERNS
 from ..layers import FLOAT_DTYPES, Layer
-from . import attention, binary, conv, copy, eltwise, gemm, norm, pool, reduce, resample, rnn, softmax
+from . import attention, binary, cast, conv, copy, eltwise, gemm, norm, pool, quantized, reduce, resample, rnn, softmax
 from .base import ELEMENT_SIZE, Family, NodeView, PatternLowering
 from .generic import GenericProblem, generic_family, identity_family
 from .grammar import DTYPE_RE, Problem, parse_key
 
-MODULES = (conv, pool, norm, eltwise, binary, gemm, softmax, reduce, copy, rnn, resample, attention)
+MODULES = (conv, pool, norm, eltwise, binary, gemm, softmax, reduce, copy, rnn, resample, attention, cast, quantized)
 FAMILIES: tuple[Family, ...] = tuple(f for m in MODULES for f in m.FAMILIES)
 PROBLEM_TYPES: dict[str, type[Problem]] = {f.problem.FAMILY: f.problem for f in FAMILIES}
 GENERIC = generic_family(PROBLEM_TYPES)
 SAME_CAST = identity_family(PROBLEM_TYPES)
 
 
-def _by_op() -> dict[str, Family]:
-    table: dict[str, Family] = {}
-    for family in FAMILIES + (SAME_CAST,):
+def _by_op() -> dict[str, tuple[Family, ...]]:
+    """op → the families claiming it, tried in order; an op two families claim is split by
+    their ``when`` (a Cast to its own type is the identity, one into a float type a cast)."""
+    table: dict[str, tuple[Family, ...]] = {}
+    for family in (SAME_CAST,) + FAMILIES:
         for op in family.ops:
-            if op in table:
-                raise AssertionError(f"{op} is claimed by families {table[op].name} and {family.name}")
-            table[op] = family
+            table[op] = table.get(op, ()) + (family,)
     return table
 
 
@@ -41,14 +41,14 @@ _BY_OP = _by_op()
 
 # fusion pattern name → its fused form's lowering (patterns without one run unfused only)
 PATTERN_LOWERINGS: dict[str, PatternLowering] = {
-    p.pattern: p for p in norm.PATTERNS + eltwise.PATTERNS + tuple(
+    p.pattern: p for p in norm.PATTERNS + eltwise.PATTERNS + quantized.PATTERNS + tuple(
         attention.pattern_lowering(f.name, f.scale, f.mask) for f in FUSION_PATTERNS if f.attention)}
 
 
 def family_of(view: NodeView) -> Family:
-    family = _BY_OP.get(view.op)
-    if family is not None and family.when(view):
-        return family
+    for family in _BY_OP.get(view.op, ()):
+        if family.when(view):
+            return family
     return GENERIC
 
 
@@ -67,8 +67,9 @@ def _io_bytes(view: NodeView) -> int:
 def build_layer(view: NodeView) -> Layer:
     """The Layer record of one node: its problem, work and library coverage.
 
-    The benchmarks compute in float types only (cuDNN has no int64 tensors, oneDNN no s64), so
-    integer and boolean layers (shape arithmetic, masks) are covered by neither library.
+    The benchmarks compute in float types, and in int8 where a quantized family says so (cuDNN
+    has no int64 tensors, oneDNN no s64), so other integer and boolean layers (shape arithmetic,
+    masks) are covered by neither library.
     """
     family = family_of(view)
     problem = family.build(view)
@@ -76,7 +77,7 @@ def build_layer(view: NodeView) -> Layer:
     flops = problem.flops()
     elementwise = view.outputs[0].numel if view.outputs else 0
     dtype = family.dtype(view)
-    numeric = dtype in FLOAT_DTYPES
+    numeric = dtype in FLOAT_DTYPES or dtype in family.int_dtypes
     return Layer(
         op=view.op,
         problem=problem,

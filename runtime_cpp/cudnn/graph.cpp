@@ -9,6 +9,7 @@
 // that plan asks for; the result's implementation names the engine config.
 #include <cudnn_frontend.h>
 
+#include <array>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -97,16 +98,23 @@ Spec new_spec(DType io, const std::string& what, int sm) {
 // --- the graphs, one builder per family ---------------------------------------------------
 
 Spec build(const LnormLayer& L, DType t, uint8_t, int sm) {
-  Spec s = new_spec(t, "layernorm", sm);
+  Spec s = new_spec(t, L.rms ? "rmsnorm" : "layernorm", sm);
   const int64_t rows = L.rows, cols = L.cols;
   // the frontend's layout for a layer norm over the trailing axes: rows x cols x 1 x 1
   auto x = s.tensor("X", {rows, cols, 1, 1}, t, false, {cols, 1, cols, cols});
   auto scale = s.tensor("scale", {1, cols, 1, 1}, DType::F32, false, {cols, 1, cols, cols});
   TensorPtr bias = L.bias ? s.tensor("bias", {1, cols, 1, 1}, DType::F32, false, {cols, 1, cols, cols}) : nullptr;
   TensorPtr eps = s.graph->tensor(static_cast<float>(L.eps));  // passed by value
-  auto options =
-      fe::graph::Layernorm_attributes().set_forward_phase(fe::NormFwdPhase_t::INFERENCE).set_epsilon(eps);
-  auto outs = s.graph->layernorm(x, scale, bias, options);
+  std::array<TensorPtr, 3> outs;
+  if (L.rms) {
+    auto options = fe::graph::Rmsnorm_attributes().set_forward_phase(fe::NormFwdPhase_t::INFERENCE).set_epsilon(eps);
+    auto rms = s.graph->rmsnorm(x, scale, options);
+    outs = {rms[0], rms[1], nullptr};
+  } else {
+    auto options =
+        fe::graph::Layernorm_attributes().set_forward_phase(fe::NormFwdPhase_t::INFERENCE).set_epsilon(eps);
+    outs = s.graph->layernorm(x, scale, bias, options);
+  }
   const int64_t uid = static_cast<int64_t>(s.buffers.size()) + 1;
   s.buffers.push_back({uid, rows * cols, t, false});
   outs[0]->set_output(true).set_uid(uid).set_data_type(fe_dtype(t));
@@ -150,6 +158,9 @@ PointwiseMode pointwise_mode(PointwiseOp op) {
     case PointwiseOp::Abs: return {fe::PointwiseMode_t::ABS, "ABS"};
     case PointwiseOp::Neg: return {fe::PointwiseMode_t::NEG, "NEG"};
     case PointwiseOp::Softplus: return {fe::PointwiseMode_t::SOFTPLUS_FWD, "SOFTPLUS_FWD"};
+    case PointwiseOp::Reciprocal: return {fe::PointwiseMode_t::RECIPROCAL, "RECIPROCAL"};
+    case PointwiseOp::Cos: return {fe::PointwiseMode_t::COS, "COS"};
+    case PointwiseOp::Sin: return {fe::PointwiseMode_t::SIN, "SIN"};
   }
   return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
 }

@@ -188,10 +188,12 @@ struct ReduceLayer {
 
 // Layer normalization, inference (no statistics written): each of `rows` rows of `cols`
 // elements normalised, scaled and (if `bias`) shifted by fp32 parameters of `cols`.
+// `rms`: RMS normalization (the graph API's RMS norm node: no mean, no bias).
 struct LnormLayer {
   int rows, cols;
   double eps;
   bool bias;
+  bool rms;
   Work work;
 };
 
@@ -206,7 +208,9 @@ struct SdpaLayer {
 
 // One pointwise node. Shapes are right-aligned to `rank` (3..8) dims with leading 1s; `b`
 // broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans.
-enum class PointwiseOp : uint8_t { Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus };
+enum class PointwiseOp : uint8_t {
+  Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin
+};
 
 struct PointwiseLayer {
   PointwiseOp op;

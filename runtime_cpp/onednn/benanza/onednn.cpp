@@ -1,6 +1,7 @@
 #include "benanza/onednn.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -63,7 +64,14 @@ bool has_avx512() {
          isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx;
 }
 
-dt data_type(DType d) { return d == DType::bf16 ? dt::bf16 : dt::f32; }
+dt data_type(DType d) {
+  switch (d) {
+    case DType::bf16: return dt::bf16;
+    case DType::u8: return dt::u8;
+    case DType::s8: return dt::s8;
+    default: return dt::f32;
+  }
+}
 
 tag plain_tag(size_t rank) {
   switch (rank) {
@@ -116,10 +124,32 @@ uint64_t& fill_stream() {
   return next;
 }
 
+// How a stream's values v (multiples of 1/128 in [-1, 1)) become a tensor's: as they are for
+// float data; integers 128·v, shifted by 128 into u8's range for unsigned data (quantized
+// activations and their zero points); scales 2^floor(4·v) (positive, exact reciprocals), or
+// their reciprocals where oneDNN 2.x wants 1/s.
+enum class Fill { value, signed_int, unsigned_int, scale, inverse_scale };
+
+Fill fill_of(dt t) {
+  if (t == dt::u8) return Fill::unsigned_int;
+  if (t == dt::s8 || t == dt::s32) return Fill::signed_int;
+  return Fill::value;
+}
+
+float fill_as(Fill f, float v) {
+  switch (f) {
+    case Fill::signed_int: return 128.f * v;
+    case Fill::unsigned_int: return 128.f * v + 128.f;
+    case Fill::scale: return std::exp2(std::floor(4.f * v));
+    case Fill::inverse_scale: return std::exp2(-std::floor(4.f * v));
+    default: return v;
+  }
+}
+
 // The generator's values in the row-major order of the target's logical dims, written plainly
 // in f32, then reordered into the target layout and type (blocked layouts get correct zero
 // padding, strided ones their strides).
-memory filled(const memory::desc& target) {
+memory filled(const memory::desc& target, Fill how) {
   memory out(target, engine());
   uint64_t k = fill_stream()++;
   Dims dims = dims_of(target);
@@ -128,12 +158,14 @@ memory filled(const memory::desc& target) {
   memory src(src_md, engine());
   auto* p = static_cast<float*>(src.get_data_handle());
   size_t n = src_md.get_size() / sizeof(float);
-  for (size_t i = 0; i < n; ++i) p[i] = fill_value(k, i);
-  if (k == 0 && n > 0 && perturb_input()) p[n / 2] += 0.5f;  // the test hook: one wrong input element
+  for (size_t i = 0; i < n; ++i) p[i] = fill_as(how, fill_value(k, i));
+  if (k == 0 && n > 0 && perturb_input()) p[n / 2] += how == Fill::value ? 0.5f : 64.f;  // the test hook: one wrong input element
   dnnl::reorder(src, out).execute(stream(), src, out);
   stream().wait();
   return out;
 }
+
+memory filled(const memory::desc& target) { return filled(target, fill_of(dtype_of(target))); }
 
 // The attribute every benchmark uses: scratchpad owned by us, so its size is the workspace.
 dnnl::primitive_attr base_attr() {
@@ -160,7 +192,19 @@ void append_relu(dnnl::primitive_attr& attr) {
 struct Step {
   dnnl::primitive prim;
   std::unordered_map<int, memory> args;
+  // host work between two calls instead of a primitive (a dynamic quantization's scale from
+  // the range its reductions found), run after the calls before it have finished
+  std::function<void()> host;
 };
+
+void run_step(Step& s) {
+  if (s.host) {
+    stream().wait();
+    s.host();
+  } else {
+    s.prim.execute(stream(), s.args);
+  }
+}
 
 // What check mode writes of a benchmark: a memory read in the row-major order of its logical
 // dims, or (`raw`) its buffer as it lies, under `dims` (a Transpose's destination, whose
@@ -192,6 +236,8 @@ const char* dtype_name(dt d) {
     case dt::f32: return "f32";
     case dt::bf16: return "bf16";
     case dt::u8: return "u8";
+    case dt::s8: return "s8";
+    case dt::s32: return "s32";
     default: throw std::runtime_error("check mode: an output of an unexpected data type");
   }
 }
@@ -261,7 +307,7 @@ void measure(benchmark::State& st, const Config& cfg, const std::function<Prepar
     return;
   }
   auto run = [&p] {
-    for (auto& s : p.steps) s.prim.execute(stream(), s.args);
+    for (auto& s : p.steps) run_step(s);
     stream().wait();
   };
   if (check_mode()) {  // one untimed run (the loop's single iteration), its outputs written
@@ -463,6 +509,7 @@ EltAlg eltwise_alg(const EltwiseParams& e) {
   if (a == "log") return {algorithm::eltwise_log, 0.f, 0.f};
   if (a == "abs") return {algorithm::eltwise_abs, 0.f, 0.f};
   if (a == "sqrt") return {algorithm::eltwise_sqrt, 0.f, 0.f};
+  if (a == "reciprocal") return {algorithm::eltwise_pow, 1.f, -1.f};  // 1·x^-1
   if (a == "neg") return {algorithm::eltwise_linear, -1.f, 0.f};
   if (a == "swish") return {algorithm::eltwise_swish, e.alpha, 0.f};
   if (a == "gelu") return {algorithm::eltwise_gelu_erf, 0.f, 0.f};
@@ -845,6 +892,16 @@ Prepared make_lnorm(const LnormParams& l, const Config& cfg) {
   auto data = plain_md({outer, inner}, cfg.dtype);
   auto flags = dnnl::normalization_flags::use_scale;
   if (l.bias) flags = flags | dnnl::normalization_flags::use_shift;
+  if (l.rms) {
+    // oneDNN's RMS mode of layer normalization came in 3.4 (compiled against 3.12's headers here;
+    // the 2.6 and 3.2 this project builds with lack it)
+#if DNNL_VERSION_MAJOR > 3 || (DNNL_VERSION_MAJOR == 3 && DNNL_VERSION_MINOR >= 4)
+    flags = flags | dnnl::normalization_flags::rms_norm;
+#else
+    throw Unsupported("RMS normalization: oneDNN " + std::to_string(DNNL_VERSION_MAJOR) + "." +
+                      std::to_string(DNNL_VERSION_MINOR) + " has no RMS mode of layer normalization");
+#endif
+  }
   auto attr = base_attr();
   auto pk = prop_kind::forward_inference;
 #if BENANZA_DNNL3
@@ -961,6 +1018,305 @@ Prepared make_copy(const CopyParams& c, const Config& cfg) {
   return all;
 }
 
+// --- casts and quantized layers ------------------------------------------------------------
+
+// A type word of benanza/ops/cast.py as oneDNN's data type.
+dt type_of_word(const std::string& w) {
+  if (w == "float") return dt::f32;
+  if (w == "bfloat") return dt::bf16;
+  if (w == "half") return dt::f16;
+  if (w == "int") return dt::s32;
+  if (w == "sbyte") return dt::s8;
+  if (w == "byte") return dt::u8;
+  throw Unsupported("data type " + w + " (oneDNN has no such type)");
+}
+
+Dims at_least_1d(const Dims& d) { return d.empty() ? Dims{1} : d; }
+
+Prepared make_cast(const CastParams& c, const Config& cfg) {
+  Dims shape = at_least_1d(c.shape);
+  memory::desc src(shape, type_of_word(c.from), plain_tag(shape.size()));
+  auto dst = plain_md(shape, cfg.dtype);
+  dnnl::reorder::primitive_desc pd(engine(), src, engine(), dst, base_attr());
+  return prepare<dnnl::reorder>(pd, {{DNNL_ARG_FROM, src}});
+}
+
+// Run-time zero points of `arg` (mask 0: one per tensor), s32 as oneDNN takes them.
+void zero_points(dnnl::primitive_attr& attr, int arg, int mask) {
+#if BENANZA_DNNL3
+  attr.set_zero_points_mask(arg, mask);
+#else
+  attr.set_zero_points(arg, mask, {DNNL_RUNTIME_S32_VAL});
+#endif
+}
+
+// Run-time scales s as ONNX applies them: a dequantization's dst = s·(src − zp) (`on_src`), a
+// quantization's dst = src/s + zp. oneDNN 3.x scales the source by s or divides by the
+// destination's s; 2.x has one output scale, which multiplies: 1/s for a quantization
+// (`*inverse`). Returns the argument the scales' memory binds to.
+int scales(dnnl::primitive_attr& attr, bool on_src, int mask, bool* inverse) {
+#if BENANZA_DNNL3
+  *inverse = false;
+  int arg = on_src ? DNNL_ARG_SRC : DNNL_ARG_DST;
+  attr.set_scales_mask(arg, mask);
+  return DNNL_ARG_ATTR_SCALES | arg;
+#else
+  *inverse = !on_src;
+  attr.set_output_scales(mask, {DNNL_RUNTIME_F32_VAL});
+  return DNNL_ARG_ATTR_OUTPUT_SCALES;
+#endif
+}
+
+memory zero_point_memory(int64_t n, bool is_unsigned) {
+  return filled(memory::desc({n}, dt::s32, tag::a), is_unsigned ? Fill::unsigned_int : Fill::signed_int);
+}
+
+memory::desc scales_md(int64_t n) { return memory::desc({n}, dt::f32, tag::a); }
+
+// The scales of a QLinear op (its input's, its weights' (`n`: 1 or per output channel), its
+// output's), filled in that order and bound as oneDNN takes them: 3.x three scale arguments
+// (attributes set by the caller), 2.x one output scale sa·sb/sy (exact: the fills are powers
+// of two). Returns the three memories.
+std::array<memory, 3> bind_requant_scales(std::vector<std::pair<int, memory>>& bound, int64_t n) {
+  memory sa = filled(scales_md(1), Fill::scale), sb = filled(scales_md(n), Fill::scale);
+  memory sy = filled(scales_md(1), Fill::scale);
+#if BENANZA_DNNL3
+  bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, sa});
+  bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, sb});
+  bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, sy});
+#else
+  memory combined(scales_md(n), engine());
+  const float* pa = static_cast<float*>(sa.get_data_handle());
+  const float* pb = static_cast<float*>(sb.get_data_handle());
+  const float* py = static_cast<float*>(sy.get_data_handle());
+  auto* pc = static_cast<float*>(combined.get_data_handle());
+  for (int64_t i = 0; i < n; ++i) pc[i] = pa[0] * pb[i] / py[0];
+  bound.push_back({DNNL_ARG_ATTR_OUTPUT_SCALES, combined});
+#endif
+  return {sa, sb, sy};
+}
+
+// MatMulInteger: oneDNN's int8 matmul (s32 result) with the zero points as attributes; fused
+// with its Cast→Mul(scale)[→Add(bias)] (`cfg.scale`, `cfg.bias`), an f32 result with one scale
+// (oneDNN 3.x: the weights' scale; 2.x: the output scale) and the bias added after it (a binary
+// post-op: oneDNN 2.x adds a bias argument before its output scale). QLinearMatMul (`out` a
+// byte type): the result requantized with A's, B's and the output's scales (3.x: three scale
+// attributes; 2.x: one output scale sa·sb/sy, computed at creation from the same values) and
+// the output's zero point. Fills A, B, A's and B's zero points, then the scale and the bias, or
+// QLinearMatMul's three scales and its output zero point (streams 0, 1, ... where present).
+Prepared make_qmatmul(const QmatmulParams& q, const Config& cfg) {
+  MatmulDims d = matmul_dims(MatmulParams{q.a, q.b});
+  size_t rank = d.c.size();
+  const std::string out = q.out;
+  const bool requantized = out != "int";
+  const int column = 1 << (rank - 1);
+  auto attr = base_attr();
+  if (q.azp > 1) throw Unsupported("per-row zero points of A");
+  if (q.azp) zero_points(attr, DNNL_ARG_SRC, 0);
+  if (q.bzp) zero_points(attr, DNNL_ARG_WEIGHTS, q.bzp > 1 ? column : 0);
+  const int bmask = q.bscales > 1 ? column : 0;
+  if (cfg.scale || requantized) {
+#if BENANZA_DNNL3
+    if (requantized) {
+      attr.set_scales_mask(DNNL_ARG_SRC, 0);
+      attr.set_scales_mask(DNNL_ARG_DST, 0);
+    }
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, bmask);
+#else
+    attr.set_output_scales(requantized ? bmask : 0, {DNNL_RUNTIME_F32_VAL});
+#endif
+  }
+  if (requantized) zero_points(attr, DNNL_ARG_DST, 0);
+  Dims bias_dims(rank, 1);
+  bias_dims[rank - 1] = d.c[rank - 1];
+  memory::desc bias_md(bias_dims, dt::f32, plain_tag(rank));
+  if (cfg.bias) {
+    dnnl::post_ops po;
+    po.append_binary(algorithm::binary_add, bias_md);
+    attr.set_post_ops(po);
+  }
+  const std::string a_type = q.a_type;
+  memory::desc a(d.a, a_type.empty() ? data_type(cfg.dtype) : type_of_word(a_type), plain_tag(rank));
+  const bool unsigned_a = dtype_of(a) == dt::u8;
+  memory::desc b(d.b, q.signed_b ? dt::s8 : dt::u8, plain_tag(rank));
+  dt result = requantized ? type_of_word(out) : cfg.scale ? dt::f32 : dt::s32;
+  memory::desc c(d.c, result, plain_tag(rank));
+  auto pd = matmul_pd<dnnl::matmul::primitive_desc>(a, b, nullptr, c, attr);
+  memory ma = filled(pd.src_desc()), mb = filled(pd.weights_desc());
+  std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}};
+  if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, unsigned_a)});
+  if (q.bzp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_WEIGHTS, zero_point_memory(q.bzp, !q.signed_b)});
+  if (requantized) {
+    bind_requant_scales(bound, q.bscales);
+    bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, zero_point_memory(1, result == dt::u8)});
+  } else if (cfg.scale) {
+#if BENANZA_DNNL3
+    bound.push_back({DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, filled(scales_md(1), Fill::scale)});
+#else
+    bound.push_back({DNNL_ARG_ATTR_OUTPUT_SCALES, filled(scales_md(1), Fill::scale)});
+#endif
+  }
+  if (cfg.bias) bound.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, filled(bias_md)});
+  return prepare<dnnl::matmul>(pd, {}, bound);
+}
+
+// ConvInteger and QLinearConv: oneDNN's int8 convolution (layouts and algorithm as a float
+// conv's), the source's zero point an attribute (oneDNN has no weights' zero points), the result
+// s32 or requantized as QLinearMatMul's. ONNX adds QLinearConv's int32 bias to the accumulator
+// before requantizing, as oneDNN 2.x does (its output scale scales accumulator + bias); 3.x adds
+// the bias after the source's and weights' scales, so there it is the float sa·sb·B. Fills the
+// source, the weights, its zero point, the three scales, the output's zero point, the bias.
+Prepared make_qconv(const QconvParams& q, const Config& cfg) {
+  const std::string out = q.out;
+  const bool requantized = out != "int";
+  if (cfg.bias && !requantized) throw Unsupported("ConvInteger with a bias");
+  tag t = cfg.layout == Layout::nhwc ? tag::nhwc : cfg.layout == Layout::any ? tag::any : tag::nchw;
+  memory::desc src({q.mb, q.ic, q.ih, q.iw}, data_type(cfg.dtype), t);
+  dt result = requantized ? type_of_word(out) : dt::s32;
+  memory::desc dst({q.mb, q.oc, q.oh, q.ow}, result, t);
+  Dims wdims = q.g > 1 ? Dims{q.g, q.oc / q.g, q.ic / q.g, q.kh, q.kw} : Dims{q.oc, q.ic, q.kh, q.kw};
+  memory::desc wei(wdims, q.signed_b ? dt::s8 : dt::u8, tag::any);
+#if BENANZA_DNNL3
+  memory::desc bias({q.oc}, dt::f32, tag::x);
+#else
+  memory::desc bias({q.oc}, dt::s32, tag::x);
+#endif
+  auto attr = base_attr();
+  if (q.azp > 1) throw Unsupported("per-channel zero points of the input");
+  if (q.azp) zero_points(attr, DNNL_ARG_SRC, 0);
+  if (requantized) {
+#if BENANZA_DNNL3
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, q.bscales > 1 ? (q.g > 1 ? 3 : 1) : 0);  // per output channel
+    attr.set_scales_mask(DNNL_ARG_DST, 0);
+#else
+    // oneDNN 2.x convolutions take no run-time output scales: sa·sb/sy as constants, from the
+    // streams the three scales are filled from (after the source, weights and zero point)
+    uint64_t k = fill_stream() + 2 + (q.azp ? 1 : 0);
+    float sa = fill_as(Fill::scale, fill_value(k, 0)), sy = fill_as(Fill::scale, fill_value(k + 2, 0));
+    std::vector<float> combined(static_cast<size_t>(q.bscales));
+    for (int64_t i = 0; i < q.bscales; ++i)
+      combined[static_cast<size_t>(i)] = sa * fill_as(Fill::scale, fill_value(k + 1, static_cast<uint64_t>(i))) / sy;
+    attr.set_output_scales(q.bscales > 1 ? 1 << 1 : 0, combined);
+#endif
+    zero_points(attr, DNNL_ARG_DST, 0);
+  }
+  memory::dims strides{q.sh, q.sw}, dil{q.dh - 1, q.dw - 1}, pl{q.pt, q.pl};
+  memory::dims pr{end_pad(q.ih, q.oh, q.kh, q.sh, q.dh, q.pt), end_pad(q.iw, q.ow, q.kw, q.sw, q.dw, q.pl)};
+  auto pk = prop_kind::forward_inference;
+  auto alg = conv_alg(cfg.algo);
+  using Conv = dnnl::convolution_forward;
+#if BENANZA_DNNL3
+  auto pd = cfg.bias ? Conv::primitive_desc(engine(), pk, alg, src, wei, bias, dst, strides, dil, pl, pr, attr)
+                     : Conv::primitive_desc(engine(), pk, alg, src, wei, dst, strides, dil, pl, pr, attr);
+#else
+  auto d = cfg.bias ? Conv::desc(pk, alg, src, wei, bias, dst, strides, dil, pl, pr)
+                    : Conv::desc(pk, alg, src, wei, dst, strides, dil, pl, pr);
+  Conv::primitive_desc pd(d, attr, engine());
+#endif
+  memory x = filled(pd.src_desc()), w = filled(pd.weights_desc());
+  std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}};
+  if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, cfg.dtype == DType::u8)});
+  std::array<memory, 3> s;
+  if (requantized) {
+#if BENANZA_DNNL3
+    s = bind_requant_scales(bound, q.bscales);
+#else
+    fill_stream() += 3;  // the scales, already constants of the primitive
+#endif
+    bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, zero_point_memory(1, result == dt::u8)});
+  }
+  if (cfg.bias) {
+    memory b = filled(memory::desc({q.oc}, dt::s32, tag::x));  // ONNX's int32 bias
+#if BENANZA_DNNL3
+    memory bf(bias, engine());
+    const auto* pb = static_cast<int32_t*>(b.get_data_handle());
+    const float* sa = static_cast<float*>(s[0].get_data_handle());
+    const float* sb = static_cast<float*>(s[1].get_data_handle());
+    auto* pf = static_cast<float*>(bf.get_data_handle());
+    for (int64_t i = 0; i < q.oc; ++i) pf[i] = static_cast<float>(pb[i]) * sa[0] * sb[q.bscales > 1 ? i : 0];
+    b = bf;
+#endif
+    bound.push_back({DNNL_ARG_BIAS, b});
+  }
+  return prepare<Conv>(pd, {}, bound);
+}
+
+template <class PD>
+PD reduction_pd(algorithm alg, const memory::desc& src, const memory::desc& dst) {
+#if BENANZA_DNNL3
+  return PD(engine(), alg, src, dst, 0.f, 0.f, base_attr());
+#else
+  return PD(dnnl::reduction::desc(alg, src, dst, 0.f, 0.f), base_attr(), engine());
+#endif
+}
+
+// DynamicQuantizeLinear as ONNX Runtime computes it: the range [min(0, min x), max(0, max x)]
+// (two reductions), scale = range/255 and zero point round(−min/scale) on the host, then the
+// u8 reorder with them as run-time attributes. Outputs: y, its scale and its zero point.
+Prepared make_dynquant(const DynquantParams& q, const Config& cfg) {
+  Dims shape = at_least_1d(q.shape);
+  size_t rank = shape.size();
+  auto src = plain_md(shape, cfg.dtype);
+  memory::desc one(Dims(rank, 1), dt::f32, plain_tag(rank));
+  auto max_pd = reduction_pd<dnnl::reduction::primitive_desc>(algorithm::reduction_max, src, one);
+  auto min_pd = reduction_pd<dnnl::reduction::primitive_desc>(algorithm::reduction_min, src, one);
+  Prepared chain = prepare<dnnl::reduction>(max_pd, {{DNNL_ARG_SRC, src}});
+  memory x = chain.steps[0].args.at(DNNL_ARG_SRC);
+  chain.then(prepare<dnnl::reduction>(min_pd, {}, {{DNNL_ARG_SRC, x}}));
+  memory hi = chain.steps[0].args.at(DNNL_ARG_DST), lo = chain.steps[1].args.at(DNNL_ARG_DST);
+
+  auto attr = base_attr();
+  bool inverse = false;
+  int scale_arg = scales(attr, false, 0, &inverse);
+  zero_points(attr, DNNL_ARG_DST, 0);
+  memory::desc y(shape, dt::u8, plain_tag(rank));
+  dnnl::reorder::primitive_desc pd(engine(), src, engine(), y, attr);
+  memory scale_attr({{1}, dt::f32, tag::a}, engine()), zp_attr({{1}, dt::s32, tag::a}, engine());
+  memory scale_out({{1}, dt::f32, tag::a}, engine()), zp_out({{1}, dt::u8, tag::a}, engine());
+  Step host;
+  host.host = [=]() mutable {
+    float top = std::max(0.f, *static_cast<float*>(hi.get_data_handle()));
+    float bottom = std::min(0.f, *static_cast<float*>(lo.get_data_handle()));
+    float s = (top - bottom) / 255.f;
+    if (s == 0.f) s = 1.f;  // an all-zero tensor: any scale quantizes it to the zero point 0
+    float zp = std::nearbyint(std::min(255.f, std::max(0.f, -bottom / s)));
+    *static_cast<float*>(scale_attr.get_data_handle()) = inverse ? 1.f / s : s;
+    *static_cast<int32_t*>(zp_attr.get_data_handle()) = static_cast<int32_t>(zp);
+    *static_cast<float*>(scale_out.get_data_handle()) = s;
+    *static_cast<uint8_t*>(zp_out.get_data_handle()) = static_cast<uint8_t>(zp);
+  };
+  chain.steps.push_back(std::move(host));
+  chain.then(prepare<dnnl::reorder>(pd, {}, {{DNNL_ARG_FROM, x}, {scale_arg, scale_attr},
+                                             {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, zp_attr}}));
+  chain.outputs = {{chain.dst(), false, {}}, {scale_out, false, {}}, {zp_out, false, {}}};
+  return chain;
+}
+
+// QuantizeLinear / DequantizeLinear: a reorder with run-time scales (per tensor or per `axis`)
+// and zero point. Fills the input, the scales, then the zero points (streams 0, 1, 2).
+Prepared make_qdq(const QdqParams& q, const Config& cfg) {
+  Dims shape = at_least_1d(q.shape);
+  dt it = type_of_word(q.qtype);
+  auto fmd = plain_md(shape, cfg.dtype);
+  memory::desc imd(shape, it, plain_tag(shape.size()));
+  auto attr = base_attr();
+  int mask = q.axis < 0 ? 0 : 1 << q.axis;
+  bool inverse = false;
+  int scale_arg = scales(attr, q.dequantize, mask, &inverse);
+  int zp_of = q.dequantize ? DNNL_ARG_SRC : DNNL_ARG_DST;
+  if (q.zp) zero_points(attr, zp_of, mask);
+  const auto& src = q.dequantize ? imd : fmd;
+  const auto& dst = q.dequantize ? fmd : imd;
+  dnnl::reorder::primitive_desc pd(engine(), src, engine(), dst, attr);
+  int64_t n = q.axis < 0 ? 1 : shape.at(static_cast<size_t>(q.axis));
+  memory x = filled(src);
+  memory s = filled(memory::desc({n}, dt::f32, tag::a), inverse ? Fill::inverse_scale : Fill::scale);
+  std::vector<std::pair<int, memory>> bound{{DNNL_ARG_FROM, x}, {scale_arg, s}};
+  if (q.zp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | zp_of, zero_point_memory(n, it == dt::u8)});
+  return prepare<dnnl::reorder>(pd, {}, bound);
+}
+
 }  // namespace
 
 #define BENANZA_BENCH(family, Params)                                          \
@@ -985,6 +1341,11 @@ BENANZA_BENCH(transpose, TransposeParams)
 BENANZA_BENCH(copy, CopyParams)
 BENANZA_BENCH(deconv, ConvParams)
 BENANZA_BENCH(resample, ResampleParams)
+BENANZA_BENCH(cast, CastParams)
+BENANZA_BENCH(qmatmul, QmatmulParams)
+BENANZA_BENCH(qconv, QconvParams)
+BENANZA_BENCH(dynquant, DynquantParams)
+BENANZA_BENCH(qdq, QdqParams)
 
 void bench_attention(benchmark::State& st, const AttentionParams& p, const Config& c) {
   measure(st, c, [&] { return make_attention_op(p, c); });

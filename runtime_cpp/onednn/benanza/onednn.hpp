@@ -17,7 +17,8 @@ namespace onednn {
 
 using Dims = std::vector<int64_t>;
 
-enum class DType { f32, bf16 };
+// u8/s8: the activations of a quantized layer (its weights' type is in its params)
+enum class DType { f32, bf16, u8, s8 };
 // plain: row-major of any rank; nchw/nhwc: 4-d activations; any: the library's choice
 // (blocked nChw8c/nChw16c), which is what oneDNN-native frameworks keep between layers.
 // axis_inner: a row-major tensor reordered to put an op's axis innermost and back (softmax)
@@ -59,7 +60,8 @@ struct GemmParams { int64_t m, n, k; bool ta, tb; float alpha, beta; bool has_c;
 struct MatmulParams { Dims a, b; };
 struct SoftmaxParams { const char* alg; Dims shape; int axis; bool flat; };
 struct ConcatParams { int axis; std::vector<Dims> inputs; };
-struct LnormParams { Dims shape; int axis; float eps; bool bias; };
+// rms: RMS normalization (no mean subtracted, no shift), layer normalization's RMS mode
+struct LnormParams { Dims shape; int axis; float eps; bool bias; bool rms; };
 struct ReduceParams { const char* alg; Dims shape; Dims axes; };
 struct TransposeParams { Dims shape; Dims perm; };
 // Data movement as reorders, one per output: `region` reads each output's box of `src` at its
@@ -70,6 +72,37 @@ struct CopyParams { const char* op; bool region; Dims src; std::vector<Dims> out
 // empty when there is none; `scale` the one the op applies (1/√D by default).
 struct ResampleParams { const char* alg; Dims in, out; };
 struct AttentionParams { Dims q, k, v, mask; bool causal; float scale; };
+// Type words (benanza/ops/cast.py): "float", "int", "sbyte", "byte", ...
+// A Cast: a reorder from `from` into the variant's type.
+struct CastParams { const char* from; Dims shape; };
+// MatMulInteger (`out` "int": s32 result) and QLinearMatMul (`out` "byte"/"sbyte": requantized
+// with the scales of A, B (`bscales`: 1 or per column) and the output, and the output's zero
+// point): A in the variant's type (u8/s8), B s8 or u8; zero points (counts: 0 none, 1 per
+// tensor, else per column of B) as run-time attributes. `a_type`: A's type word, "" for the
+// variant's (a QDQ pattern is benchmarked on its float MatMul's variant).
+struct QmatmulParams {
+  Dims a, b;
+  bool signed_b;
+  int64_t azp, bzp;
+  const char* out;
+  int64_t bscales;
+  const char* a_type;
+};
+// ConvInteger (`out` "int": s32 result) and QLinearConv (`out` "byte"/"sbyte", requantized as
+// QmatmulParams; Config.bias: its int32 bias): ConvParams' fields, the source in the variant's
+// type, weights s8 or u8, the source's zero points (0 none, 1 per tensor).
+struct QconvParams {
+  int64_t mb, ic, ih, iw, oc, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, g;
+  bool signed_b;
+  int64_t azp;
+  const char* out;
+  int64_t bscales;
+};
+// DynamicQuantizeLinear: max and min reductions, then a u8 reorder with the scale and zero point.
+struct DynquantParams { Dims shape; };
+// QuantizeLinear / DequantizeLinear: a reorder between the variant's float type and `qtype`,
+// run-time scales per tensor (axis -1) or per `axis`, and a run-time zero point where `zp`.
+struct QdqParams { const char* qtype; Dims shape; int axis; bool zp; bool dequantize; };
 
 void bench_conv(benchmark::State&, const ConvParams&, const Config&);
 void bench_pool(benchmark::State&, const PoolParams&, const Config&);
@@ -90,6 +123,11 @@ void bench_attention(benchmark::State&, const AttentionParams&, const Config&);
 // ConvParams of an ONNX ConvTranspose: ih/iw its input, oh/ow its (larger) output.
 void bench_deconv(benchmark::State&, const ConvParams&, const Config&);
 void bench_resample(benchmark::State&, const ResampleParams&, const Config&);
+void bench_cast(benchmark::State&, const CastParams&, const Config&);
+void bench_qmatmul(benchmark::State&, const QmatmulParams&, const Config&);
+void bench_qconv(benchmark::State&, const QconvParams&, const Config&);
+void bench_dynquant(benchmark::State&, const DynquantParams&, const Config&);
+void bench_qdq(benchmark::State&, const QdqParams&, const Config&);
 
 // Registers every row of one family's table.
 template <class P, size_t NP, size_t NR>

@@ -1,0 +1,77 @@
+"""ONNX Cast into a float type, family ``convert`` (the generic layers of other Casts keep
+their ``cast:`` keys; a Cast to the type it already has is the generic module's identity): the
+conversion a model writes around mixed-precision islands (an f32 RMSNorm in an f16 model), the
+position ids turned into floats for rotary embeddings, and the int32 accumulators of an integer
+MatMul turned into floats before their scale.
+
+The layer computes in its output's type (that is the data it writes); the source type is part of
+the problem. oneDNN runs it as a reorder between the two types; it has no 64-bit integers, f64 or
+booleans, so a Cast from those is not covered. cuDNN: not generated (a pointwise identity node
+with two data types would do it; not done).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Dims, Family, NodeView, OnednnLowering, required
+from .generic import same_cast
+from .grammar import FLOAT_DTYPES, F, Problem
+
+# source types a oneDNN reorder reads (oneDNN's data types, in ONNX's short names)
+ONEDNN_SOURCES = ("f32", "bf16", "f16", "i32", "i8", "u8")
+
+# a type as a key word (the grammar's words are letters only): C#'s names of the types
+TYPE_WORDS = {"f32": "float", "f16": "half", "bf16": "bfloat", "f64": "double", "i8": "sbyte", "u8": "byte",
+              "i16": "short", "u16": "ushort", "i32": "int", "u32": "uint", "i64": "long", "u64": "ulong",
+              "b": "bool", "str": "string"}
+WORD_TYPES = {w: t for t, w in TYPE_WORDS.items()}
+
+
+@dataclass(frozen=True)
+class CastProblem(Problem):
+    """A conversion of ``shape`` elements from ``source`` (a type word, ``TYPE_WORDS``) into the
+    layer's type: ``convert:int_in1x1x64_f32``."""
+
+    FAMILY: ClassVar[str] = "convert"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ((F("", "source", "word"),), (F("in", "shape", "dims"),))
+
+    source: str
+    shape: tuple[int, ...]
+
+    def flops(self) -> int:
+        return math.prod(self.shape)  # one conversion per element
+
+
+def _converts(view: NodeView) -> bool:
+    """A Cast into a float type from another type (the same type is the identity family's)."""
+    # a type ONNX has and Benanza has no name for (float8) stays generic: named by its op
+    return (bool(view.outputs) and view.outputs[0].dtype in FLOAT_DTYPES and not same_cast(view)
+            and required(view, 0).dtype in TYPE_WORDS)
+
+
+def _build(view: NodeView) -> Problem:
+    source = required(view, 0)
+    return CastProblem(TYPE_WORDS[source.dtype], tuple(source.shape))
+
+
+def _onednn_api(p: Problem) -> str | None:
+    assert isinstance(p, CastProblem)
+    return "reorder" if WORD_TYPES[p.source] in ONEDNN_SOURCES else None
+
+
+@dataclass(frozen=True)
+class CastParams:
+    """oneDNN CastParams: a reorder from ``from`` (a type word) into the variant's type."""
+
+    from_: str
+    shape: Dims
+
+
+CAST = Family("convert", CastProblem, ("Cast",), _build, when=_converts, onednn_api=_onednn_api,
+              onednn=OnednnLowering("cast", False, lambda p, api: CastParams(from_=p.source, shape=p.shape),
+                                    fills=lambda p: (0,)),
+              dtype=lambda view: view.outputs[0].dtype)
+FAMILIES = (CAST,)

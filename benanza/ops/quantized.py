@@ -1,0 +1,377 @@
+"""Quantized layers as oneDNN runs them: ONNX MatMulInteger (u8/s8 activations, s8 weights, zero
+points as oneDNN attributes, s32 accumulators) and QLinearMatMul (the same, requantized to int8
+with the scales and the output's zero point); ConvInteger and QLinearConv, their convolution
+twins; DynamicQuantizeLinear (the activations' per-tensor u8 quantization ONNX Runtime's
+``quantize_dynamic`` writes before every MatMulInteger: a max and a min reduction, then a reorder
+with the scale and zero point they give); QuantizeLinear / DequantizeLinear (reorders between
+float and int8 with per-tensor or per-axis scales, as oneDNN applies scales to a reorder); and ONNX
+Runtime's 4-bit MatMulNBits, keyed and counted (its MACs and packed weight bytes) though no library
+here runs it.
+
+Scales and zero points are run-time values in every benchmark (oneDNN's run-time attributes), as a
+framework passes them; they are not part of the problems. cuDNN/cuBLASLt int8: not generated.
+Family names are none of an ONNX op's words, so the generic keys earlier versions stored for
+these ops still read: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
+MatMulNBits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Dims, Family, NodeView, OnednnLowering, PatternLowering, const, is_4d, present, required
+from .cast import TYPE_WORDS
+from .conv import ConvProblem, conv_fields
+from .gemm import MatMulProblem, matmul_operands
+from .grammar import F, Problem
+
+INT8 = ("i8", "u8")
+
+
+def _zero_points(view: NodeView, i: int) -> int:
+    """How many zero-point values input ``i`` holds: 0 when it is omitted or a constant 0 (the
+    symmetric quantization of weights), which is the computation without one."""
+    if not present(view, i):
+        return 0
+    v = view.value(i)
+    if v is not None and not v.any():
+        return 0
+    return math.prod(required(view, i).shape)
+
+
+# --- MatMulInteger -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QMatMulProblem(Problem):
+    """ONNX MatMulInteger: A (the layer's type, u8 or i8) times B into int32; ``signed_b``: B is
+    s8; ``azp``/``bzp``: the number of A's/B's zero points (0: none, 1: per tensor, else per
+    row of A / column of B). ``matmulint:a1x64_b64x64_ws1_azp1_u8``."""
+
+    FAMILY: ClassVar[str] = "matmulint"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("a", "a", "dims"),), (F("b", "b", "dims"),), (F("ws", "signed_b", "bool"),),
+        (F("azp", "azp", "int", 0),), (F("bzp", "bzp", "int", 0),))
+
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+    signed_b: bool
+    azp: int = 0
+    bzp: int = 0
+
+    def macs(self) -> int:
+        return MatMulProblem(self.a, self.b).macs()  # the same shapes' multiply-adds, in integers
+
+
+@dataclass(frozen=True)
+class QLinearMatMulProblem(QMatMulProblem):
+    """ONNX QLinearMatMul: MatMulInteger's product requantized into u8 (``signed_y`` false) or
+    s8 with the output's scale and zero point; ``bscales``: B's scales (1 per tensor, else per
+    column). ``qmatmul:a1x64_b64x64_ws1_azp1_ys0``."""
+
+    FAMILY: ClassVar[str] = "qmatmul"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = QMatMulProblem.KEY + (
+        (F("ys", "signed_y", "bool"),), (F("bsc", "bscales", "int", 1),))
+
+    signed_y: bool = False
+    bscales: int = 1
+
+
+def _qlinear_matmul_build(view: NodeView) -> Problem:
+    a, b = matmul_operands(tuple(required(view, 0).shape), tuple(required(view, 3).shape))
+    return QLinearMatMulProblem(a, b, required(view, 3).dtype == "i8", _zero_points(view, 2), _zero_points(view, 5),
+                                view.outputs[0].dtype == "i8", math.prod(required(view, 4).shape))
+
+
+def _qmatmul_build(view: NodeView) -> Problem:
+    a, b = matmul_operands(tuple(required(view, 0).shape), tuple(required(view, 1).shape))
+    return QMatMulProblem(a, b, required(view, 1).dtype == "i8", _zero_points(view, 2), _zero_points(view, 3))
+
+
+def _qmatmul_onednn(p: Problem) -> str | None:
+    assert isinstance(p, QMatMulProblem)
+    # oneDNN's zero points are per tensor (A) or per tensor/per output column (B); ONNX's per-row
+    # A zero points have no oneDNN attribute
+    return "matmul" if p.azp <= 1 else None
+
+
+@dataclass(frozen=True)
+class QmatmulParams:
+    """oneDNN QmatmulParams: A in the variant's type, B s8 (``signed_b``) or u8; the result s32
+    (``out`` "int") or, requantized with the scales of A, B (``bscales`` of them) and the
+    output and the output's zero point, a type word ("byte", "sbyte"). ``a_type``: A's type word
+    (the ``qdq_matmul`` pattern, benchmarked on its float MatMul's variant), "" for the variant's."""
+
+    a: Dims
+    b: Dims
+    signed_b: bool
+    azp: int
+    bzp: int
+    out: str
+    bscales: int
+    a_type: str
+
+
+def _qmatmul_row(p: QMatMulProblem, api: str) -> QmatmulParams:
+    if isinstance(p, QLinearMatMulProblem):
+        return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp,
+                             out="sbyte" if p.signed_y else "byte", bscales=p.bscales, a_type="")
+    return QmatmulParams(a=p.a, b=p.b, signed_b=p.signed_b, azp=p.azp, bzp=p.bzp, out="int", bscales=1, a_type="")
+
+
+def _qdq_matmul_row(p: MatMulProblem, api: str) -> QmatmulParams:
+    """The ``qdq_matmul`` pattern (fusion.qdq_matmul_nodes: u8 activations with a zero point, s8
+    weights without one, per-tensor scales, u8 output) as the QLinearMatMul it is."""
+    return QmatmulParams(a=p.a, b=p.b, signed_b=True, azp=1, bzp=0, out="byte", bscales=1, a_type="byte")
+
+
+# --- ConvInteger, QLinearConv ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvIntProblem(ConvProblem):
+    """ONNX ConvInteger: a 2-D convolution of int8 data (the layer's type) with s8 (``signed_b``)
+    or u8 weights into int32; ``azp``/``bzp``: the zero points' counts (0: none or a constant
+    0). ``convint:mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias0_ws1_azp1_u8``."""
+
+    FAMILY: ClassVar[str] = "convint"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ConvProblem.KEY + (
+        (F("ws", "signed_b", "bool"),), (F("azp", "azp", "int", 0),), (F("bzp", "bzp", "int", 0),))
+
+    signed_b: bool = True
+    azp: int = 0
+    bzp: int = 0
+
+
+@dataclass(frozen=True)
+class QLinearConvProblem(ConvIntProblem):
+    """ONNX QLinearConv: ConvInteger plus its int32 bias (``bias``), requantized into u8
+    (``signed_y`` false) or s8 with the output's scale and zero point; ``bscales``: the
+    weights' scales (1 per tensor, else per output channel)."""
+
+    FAMILY: ClassVar[str] = "qconv"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ConvIntProblem.KEY + (
+        (F("ys", "signed_y", "bool"),), (F("bsc", "bscales", "int", 1),))
+
+    signed_y: bool = False
+    bscales: int = 1
+
+
+def _convint_build(view: NodeView) -> Problem:
+    fields = conv_fields(view, weight=1, bias=4)  # ConvInteger has no bias (no input 4)
+    return ConvIntProblem(**fields, signed_b=required(view, 1).dtype == "i8",  # type: ignore[arg-type]
+                          azp=_zero_points(view, 2), bzp=_zero_points(view, 3))
+
+
+def _qlinearconv_build(view: NodeView) -> Problem:
+    fields = conv_fields(view, weight=3, bias=8)
+    return QLinearConvProblem(**fields, signed_b=required(view, 3).dtype == "i8",  # type: ignore[arg-type]
+                              azp=_zero_points(view, 2), bzp=_zero_points(view, 5),
+                              signed_y=view.outputs[0].dtype == "i8", bscales=math.prod(required(view, 4).shape))
+
+
+def _qconv_onednn(p: Problem) -> str | None:
+    assert isinstance(p, ConvIntProblem)
+    # oneDNN's convolutions take source zero points only (per tensor); weights' zero points
+    # (ONNX allows them) have no oneDNN attribute
+    return "convolution" if p.azp <= 1 and p.bzp == 0 else None
+
+
+@dataclass(frozen=True)
+class QconvParams:
+    """oneDNN QconvParams: ConvParams' fields, then the int8 weights' signedness, the source's
+    zero point and the result (``out``: "int" s32, or "byte"/"sbyte" requantized with the scales
+    of the source, the weights (``bscales``) and the output, and its zero point). The variant's
+    bias flag says whether QLinearConv adds its int32 bias."""
+
+    mb: int
+    ic: int
+    ih: int
+    iw: int
+    oc: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    g: int
+    signed_b: bool
+    azp: int
+    out: str
+    bscales: int
+
+
+def _qconv_row(p: ConvIntProblem, api: str) -> QconvParams:
+    out, bscales = ("sbyte" if p.signed_y else "byte", p.bscales) if isinstance(p, QLinearConvProblem) else ("int", 1)
+    return QconvParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, oc=p.oc, oh=p.oh, ow=p.ow, kh=p.kh, kw=p.kw, sh=p.sh,
+                       sw=p.sw, pt=p.pt, pl=p.pl, dh=p.dh, dw=p.dw, g=p.g, signed_b=p.signed_b, azp=p.azp, out=out,
+                       bscales=bscales)
+
+
+# --- DynamicQuantizeLinear -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DynQuantProblem(Problem):
+    """ONNX DynamicQuantizeLinear of a float tensor into u8 with the scale and zero point its
+    range gives: ``dynquant:in1x1x64_f32``. FLOPs: 3 per element (its max, its min, and the
+    quantization's scale-round-shift, counted as one evaluation as an activation is)."""
+
+    FAMILY: ClassVar[str] = "dynquant"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = ((F("in", "shape", "dims"),),)
+
+    shape: tuple[int, ...]
+
+    def flops(self) -> int:
+        return 3 * math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class DynquantParams:
+    """oneDNN DynquantParams: reductions to the max and min, then a u8 reorder with their scale
+    and zero point (computed on the host between the calls, as ONNX Runtime's kernel does)."""
+
+    shape: Dims
+
+
+# --- QuantizeLinear / DequantizeLinear ------------------------------------------------------
+
+@dataclass(frozen=True)
+class QdqProblem(Problem):
+    """A reorder between float and an integer type (``qtype``, a type word: ``sbyte``, ``byte``,
+    ``int``) with scales per tensor (``axis`` None) or per slice of ``axis``, and a zero point
+    where ``zp``: ``dequant:sbyte_in64x64_axis1_zp_f32``. FLOPs: one per element."""
+
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("", "qtype", "word"),), (F("in", "shape", "dims"),), (F("axis", "axis", "int", None),),
+        (F("zp", "zp", "flag", False),))
+
+    qtype: str
+    shape: tuple[int, ...]
+    axis: int | None = None
+    zp: bool = False
+
+    def flops(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class QuantProblem(QdqProblem):
+    FAMILY: ClassVar[str] = "quant"
+
+
+@dataclass(frozen=True)
+class DequantProblem(QdqProblem):
+    FAMILY: ClassVar[str] = "dequant"
+
+
+def _qdq_fields(view: NodeView, qtype: str) -> tuple[str, tuple[int, ...], int | None, bool]:
+    shape = tuple(required(view, 0).shape)
+    scale = required(view, 1)
+    axis = int(view.attrs.get("axis", 1)) % max(len(shape), 1) if math.prod(scale.shape) > 1 else None
+    return TYPE_WORDS[qtype], shape, axis, _zero_points(view, 2) > 0
+
+
+def _quant_build(view: NodeView) -> Problem:
+    # the output's type is the zero point's (u8 without one) or opset 21's output_dtype
+    return QuantProblem(*_qdq_fields(view, view.outputs[0].dtype))
+
+
+def _dequant_build(view: NodeView) -> Problem:
+    return DequantProblem(*_qdq_fields(view, required(view, 0).dtype))
+
+
+def _qdq_modelled(view: NodeView) -> bool:
+    """Opset 21's blocked quantization (``block_size``) is not modelled, nor a quantized type
+    Benanza has no name for (float8, 4-bit): those stay generic, named by their op."""
+    if not view.outputs or view.attrs.get("block_size", 0):
+        return False
+    quantized = view.outputs[0].dtype if view.op == "QuantizeLinear" else required(view, 0).dtype
+    return quantized in TYPE_WORDS
+
+
+def _qdq_onednn(p: Problem) -> str | None:
+    assert isinstance(p, QdqProblem)
+    return "reorder" if p.qtype in ("sbyte", "byte", "int") else None
+
+
+@dataclass(frozen=True)
+class QdqParams:
+    """oneDNN QdqParams: a reorder between the variant's float type and ``qtype`` (a type word),
+    scales per tensor (``axis`` −1) or per ``axis``; ``dequantize``: from ``qtype``."""
+
+    qtype: str
+    shape: Dims
+    axis: int
+    zp: bool
+    dequantize: bool
+
+
+def _qdq_row(p: QdqProblem, api: str) -> QdqParams:
+    return QdqParams(qtype=p.qtype, shape=p.shape, axis=-1 if p.axis is None else p.axis, zp=p.zp,
+                     dequantize=isinstance(p, DequantProblem))
+
+
+# --- MatMulNBits (ONNX Runtime's com.microsoft 4-bit blocked weights) --------------------------
+
+@dataclass(frozen=True)
+class NbitsMatMulProblem(Problem):
+    """ONNX Runtime's MatMulNBits: A [.., K] (float) times a K×N weight packed in ``bits``-bit
+    blocks of ``block`` along K, each block with its float scale (and zero point where ``zp``),
+    dequantized on the fly: ``nbitsmatmul:m1_k2048_n2048_bits4_block32_f32``. No library in use
+    runs it (oneDNN's s4/u4 weight decompression came in 3.5; the oneDNN versions here are 2.6
+    and 3.2): a named gap, its work and its bytes (the packed weights, which a decode step is
+    bound by) still counted."""
+
+    FAMILY: ClassVar[str] = "nbitsmatmul"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("m", "m"), F("k", "k"), F("n", "n")), (F("bits", "bits"), F("block", "block")),
+        (F("zp", "zp", "flag", False),))
+
+    m: int
+    k: int
+    n: int
+    bits: int
+    block: int
+    zp: bool = False
+
+    def macs(self) -> int:
+        return self.m * self.k * self.n
+
+
+def _nbits_build(view: NodeView) -> Problem:
+    a = required(view, 0).shape
+    at = view.attrs
+    return NbitsMatMulProblem(m=math.prod(a[:-1]), k=int(at["K"]), n=int(at["N"]), bits=int(at.get("bits", 4)),
+                              block=int(at["block_size"]), zp=present(view, 3))
+
+
+def _has_nbits_attrs(view: NodeView) -> bool:
+    return all(name in view.attrs for name in ("K", "N", "block_size"))
+
+
+MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_build, onednn_api=_qmatmul_onednn,
+                   onednn=OnednnLowering("qmatmul", False, _qmatmul_row), int_dtypes=INT8)
+QLINEARMATMUL = Family("qmatmul", QLinearMatMulProblem, ("QLinearMatMul",), _qlinear_matmul_build,
+                       onednn_api=_qmatmul_onednn, onednn=OnednnLowering("qmatmul", False, _qmatmul_row),
+                       int_dtypes=INT8)
+DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
+                  lambda view: DynQuantProblem(tuple(required(view, 0).shape)), onednn_api=const("reduction+reorder"),
+                  onednn=OnednnLowering("dynquant", False, lambda p, api: DynquantParams(shape=p.shape),
+                                        fills=lambda p: (0,)))
+QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_qdq_modelled, onednn_api=_qdq_onednn,
+               onednn=OnednnLowering("qdq", False, _qdq_row))
+DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_qdq_modelled,
+                 onednn_api=_qdq_onednn, onednn=OnednnLowering("qdq", False, _qdq_row),
+                 dtype=lambda view: view.outputs[0].dtype)
+CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is_4d, onednn_api=_qconv_onednn,
+                 onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
+QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
+                     onednn_api=_qconv_onednn, onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
+NBITS = Family("nbitsmatmul", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
+PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),)
+FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)

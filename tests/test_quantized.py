@@ -1,0 +1,280 @@
+"""Quantized layers and the small element-wise ops of decoder models: recognition, keys, work and
+coverage on graphs built with onnx.helper, checked against values computed another way (NumPy's
+shapes and byte counts, ONNX Runtime's outputs for the tensors' shapes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from helpers import io, model
+from onnx import TensorProto, helper, numpy_helper
+
+from benanza.backends import onednn
+from benanza.cli import main
+from benanza.fusion import match_fusions
+from benanza.ops.registry import parse_layer_key
+from benanza.processor import load_model
+
+M, K, N = 4, 64, 32
+
+
+def _quantized_linear() -> onnx.ModelProto:
+    """ONNX Runtime's dynamic quantization of one Linear, as ``quantize_dynamic`` writes it:
+    DynamicQuantizeLinear → MatMulInteger(s8 weights, zero point 0) → Cast → Mul(scales) → Add(bias)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-127, 127, (K, N), dtype=np.int8), "W"),
+             numpy_helper.from_array(np.array(0, np.int8), "Wzp"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "Ws"),
+             numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "bias")]
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xzp"], name="dq"),
+        helper.make_node("Mul", ["xs", "Ws"], ["s"], name="scales"),
+        helper.make_node("MatMulInteger", ["xq", "W", "xzp", "Wzp"], ["acc"], name="mm"),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Mul", ["accf", "s"], ["y0"], name="scale"),
+        helper.make_node("Add", ["y0", "bias"], ["y"], name="add"),
+    ]
+    return model(nodes, [io("x", [1, M, K])], [io("y", None)], inits)
+
+
+def _run(m: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    """ONNX Runtime's values of intermediate tensors (the independent source of their shapes)."""
+    m2 = onnx.ModelProto()
+    m2.CopyFrom(m)
+    del m2.graph.output[:]
+    m2.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
+    sess = ort.InferenceSession(m2.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def test_dynamic_quantization_is_costed_as_int8_layers() -> None:
+    m = _quantized_linear()
+    x = np.random.default_rng(1).standard_normal((1, M, K)).astype(np.float32)
+    real = _run(m, {"x": x}, ["xq", "acc", "accf", "y"])
+    processed = load_model(m, name="qlinear")
+    by_name = {n.name: n.layer for n in processed.nodes}
+
+    mm = by_name["mm"]
+    assert mm.key == f"matmulint:a{M}x{K}_b{K}x{N}_ws1_azp1_u8"  # the weights' zero point 0 is no zero point
+    assert parse_layer_key(mm.key) == (mm.problem, "u8")
+    # the work and bytes of what ONNX Runtime computed: A u8, B s8, A's zero point, s32 result
+    assert mm.macs == real["xq"].shape[-2] * K * real["acc"].shape[-1]
+    assert mm.flops == 2 * mm.macs
+    assert mm.bytes == real["xq"].nbytes + K * N + 1 + 1 + real["acc"].nbytes
+    assert onednn.covers(mm) and mm.onednn_primitive == "matmul" and mm.cudnn_api is None
+
+    dq = by_name["dq"]
+    assert dq.key == f"dynquant:in1x{M}x{K}_f32" and dq.flops == 3 * x.size
+    assert dq.bytes == x.nbytes + real["xq"].nbytes + 4 + 1
+    assert onednn.covers(dq) and dq.onednn_primitive == "reduction+reorder"
+
+    cast = by_name["cast"]
+    assert cast.key == f"convert:int_in1x{M}x{N}_f32" and cast.dtype == "f32"  # the type it writes
+    assert cast.bytes == real["acc"].nbytes + real["accf"].nbytes and onednn.covers(cast)
+
+    (match,) = match_fusions(processed)
+    assert match.pattern.name == "mmint_scale_bias" and match.conv is mm
+    assert [processed.nodes[i].name for i in match.nodes] == ["mm", "cast", "scale", "add"]
+
+
+def test_int8_layers_get_their_own_type_only() -> None:
+    """A quantized layer is benchmarked in its activations' type whatever float types are asked."""
+    from benanza.generator import GenOptions
+    from benanza.layers import UniqueLayer
+
+    processed = load_model(_quantized_linear(), name="qlinear")
+    mm = next(n.layer for n in processed.nodes if n.name == "mm")
+    variants = onednn.BACKEND.variants(UniqueLayer(mm, []), ("mmint_scale_bias",), GenOptions(dtypes=("f32", "bf16")))
+    assert {(v.dtype, v.fusion) for v in variants} == {("u8", "none"), ("u8", "mmint_scale_bias")}
+
+
+def test_qdq_keys_name_type_axis_and_zero_point() -> None:
+    w = np.arange(K * N, dtype=np.int8).reshape(K, N)
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "xs"),
+             numpy_helper.from_array(np.array(7, np.uint8), "xzp"),
+             numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.full(N, 0.01, np.float32), "Ws")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xzp"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xzp"], ["xd"], name="dqx"),
+             helper.make_node("DequantizeLinear", ["W", "Ws"], ["Wd"], axis=1, name="dqw"),
+             helper.make_node("MatMul", ["xd", "Wd"], ["y"], name="mm")]
+    processed = load_model(model(nodes, [io("x", [M, K])], [io("y", None)], inits), name="qdq")
+    keys = {n.name: n.layer.key for n in processed.nodes}
+    assert keys["q"] == f"quant:byte_in{M}x{K}_zp_f32"
+    assert keys["dqx"] == f"dequant:byte_in{M}x{K}_zp_f32"
+    assert keys["dqw"] == f"dequant:sbyte_in{K}x{N}_axis1_f32"  # per-column scales, no zero point
+    for n in processed.nodes:
+        assert parse_layer_key(n.layer.key)[0] == n.layer.problem
+        assert onednn.covers(n.layer), n.name
+
+
+def test_small_eltwise_ops_and_casts() -> None:
+    nodes = [helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT, name="cast64"),
+             helper.make_node("Cos", ["posf"], ["c"], name="cos"), helper.make_node("Sin", ["posf"], ["s"], name="sin"),
+             helper.make_node("Reciprocal", ["c"], ["r"], name="recip"),
+             helper.make_node("IsNaN", ["r"], ["nan"], name="isnan"),
+             helper.make_node("Cast", ["r"], ["same"], to=TensorProto.FLOAT, name="same"),
+             helper.make_node("Cast", ["idx"], ["idxf"], to=TensorProto.FLOAT, name="cast32"),
+             helper.make_node("Cast", ["r"], ["ri"], to=TensorProto.INT64, name="toint")]
+    m = model(nodes, [io("pos", [1, 8], TensorProto.INT64), io("idx", [1, 8], TensorProto.INT32)],
+              [io("s", None), io("nan", None), io("same", None), io("idxf", None), io("ri", None)])
+    layers = {n.name: n.layer for n in load_model(m, name="ew").nodes}
+    assert layers["cos"].key == "eltwise:cos_in1x8_f32" and layers["recip"].key == "eltwise:reciprocal_in1x8_f32"
+    # oneDNN: 1/x is its eltwise pow (x^-1); it has no cos/sin; cuDNN: pointwise nodes for all three
+    assert layers["recip"].onednn_primitive == "eltwise"
+    assert layers["cos"].onednn_primitive is None and layers["sin"].onednn_primitive is None
+    assert {layers[n].cudnn_api for n in ("cos", "sin", "recip")} == {"cudnn_frontend.pointwise"}
+    # IsNaN: no library call on either side, reported under its own op name
+    assert layers["isnan"].onednn_primitive is None and layers["isnan"].cudnn_api is None
+    assert layers["isnan"].op == "IsNaN"
+    # an int64 source has no oneDNN type; int32 does; a Cast to its own type is free
+    assert layers["cast64"].key == "convert:long_in1x8_f32" and not onednn.covers(layers["cast64"])
+    assert layers["cast32"].key == "convert:int_in1x8_f32" and onednn.covers(layers["cast32"])
+    assert layers["same"].free
+    # a Cast into an integer type stays a generic layer, its key the `cast:` one it always had
+    assert layers["toint"].key.startswith("cast:") and layers["toint"].family == "cast"
+    assert parse_layer_key(layers["toint"].key)[0] == layers["toint"].problem
+
+
+def test_matmulnbits_is_a_named_gap_with_its_weight_bytes() -> None:
+    k, n, block = 64, 32, 32
+    blocks = k // block
+    packed = np.random.default_rng(0).integers(0, 255, (n, blocks, block // 2), dtype=np.uint8)
+    inits = [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(np.full(n * blocks, 0.01, np.float32), "S")]
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=block, name="mm4")
+    graph = helper.make_graph([node], "g", [io("A", [M, k])], [io("Y", None)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"A": np.ones((M, k), np.float32)})[0]
+    (layer,) = [nd.layer for nd in load_model(m, name="nbits").nodes]
+    assert layer.key == f"nbitsmatmul:m{M}k{k}n{n}_bits4block{block}_f32"
+    assert layer.macs == M * k * y.shape[-1] and layer.flops == 2 * layer.macs
+    # the 4-bit weights are half a byte each: K·N/2 bytes, plus A, the scales and Y
+    assert layer.bytes == M * k * 4 + k * n // 2 + n * blocks * 4 + y.nbytes
+    assert layer.onednn_primitive is None and layer.cudnn_api is None
+
+
+def _static_quantized(tmp: Path) -> dict[str, Path]:
+    """An MLP (MatMul→Relu→MatMul) through ONNX Runtime's static quantization, in both of its
+    formats: QOperator (QuantizeLinear→QLinearMatMul→QLinearMatMul→DequantizeLinear) and QDQ."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.standard_normal((N, 16)).astype(np.float32), "W2")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2")]
+    src = tmp / "mlp.onnx"
+    onnx.save(model(nodes, [io("x", [M, K])], [io("y", [M, 16])], inits, opset=17), src)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal((M, K)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    out = {}
+    for fmt, name in ((QuantFormat.QOperator, "qop"), (QuantFormat.QDQ, "qdq")):
+        out[name] = tmp / f"mlp_{name}.onnx"
+        quantize_static(str(src), str(out[name]), Reader(), quant_format=fmt, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+    return out
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
+def test_static_quantization_costed_and_checked(tmp_path) -> None:
+    paths = _static_quantized(tmp_path)
+    layers = {n.name: n.layer for n in load_model(paths["qop"], name="qop").nodes}
+    qlinear = [la for la in layers.values() if la.op == "QLinearMatMul"]
+    assert [la.key for la in qlinear] == [f"qmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_u8",
+                                          f"qmatmul:a{M}x{N}_b{N}x16_ws1_ys0_u8"]  # ReLU's range: zero point 0
+    assert all(la.macs == la.problem.a[0] * la.problem.a[1] * la.problem.b[1] and onednn.covers(la) for la in qlinear)
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", str(paths["qop"]), str(paths["qdq"]), "--out", str(bench),
+                                  "--backend", "onednn", "--dtype", "f32", "--json"])
+    assert r.exit_code == 0, r.output
+    for m in json.loads(r.output)["models"]:
+        assert m["backends"]["onednn"]["covered_pct"] == 100.0, m
+    r = CliRunner().invoke(main, ["check", str(paths["qop"]), str(paths["qdq"]), "--bench-dir", str(bench),
+                                  "--show-ok"])
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith(("ok:", "mismatch:", "not checked:", "failed:"))]
+    assert len(lines) == 12 and all(ln.startswith("ok:") for ln in lines), r.output
+    assert sum(ln.startswith("ok: qmatmul:") for ln in lines) == 2
+    # the QDQ format's DequantizeLinear → MatMul → QuantizeLinear, run as the QLinearMatMul it is
+    qdq = load_model(paths["qdq"], name="qdq")
+    matches = match_fusions(qdq)
+    assert [m.pattern.name for m in matches] == ["qdq_matmul", "qdq_matmul"]
+    assert [[qdq.nodes[i].layer.op for i in m.nodes] for m in matches] == [
+        ["MatMul", "DequantizeLinear", "QuantizeLinear"]] * 2
+    assert sum("/fusion=qdq_matmul:" in ln for ln in lines) == 2
+
+
+def _cnn(tmp: Path) -> Path:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "B1"),
+             numpy_helper.from_array(rng.standard_normal((16, 4, 3, 3)).astype(np.float32), "W2")]
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["h"], pads=[1, 1, 1, 1], name="c1"),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "W2"], ["y"], pads=[1, 1, 1, 1], group=4, name="c2")]
+    src = tmp / "cnn.onnx"
+    onnx.save(model(nodes, [io("x", [1, 8, 8, 8])], [io("y", [1, 16, 8, 8])], inits, opset=17), src)
+    return src
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
+def test_quantized_convs_costed_and_checked(tmp_path) -> None:
+    """QLinearConv (per-tensor and per-channel weights' scales, a bias, groups) from static
+    quantization and ConvInteger from dynamic quantization, through oneDNN's int8 convolution."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    src = _cnn(tmp_path)
+    rng = np.random.default_rng(1)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    paths = []
+    for per_channel in (False, True):
+        paths.append(tmp_path / f"cnn_q{int(per_channel)}.onnx")
+        quantize_static(str(src), str(paths[-1]), Reader(), quant_format=QuantFormat.QOperator,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel)
+    paths.append(tmp_path / "cnn_dyn.onnx")
+    quantize_dynamic(str(src), str(paths[-1]), weight_type=QuantType.QInt8, op_types_to_quantize=["Conv"])
+    keys = {n.layer.key for p in paths for n in load_model(p).nodes if n.layer.op in ("QLinearConv", "ConvInteger")}
+    conv = "mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1"
+    grouped = "mb1_ic16ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g4"
+    assert keys == {f"qconv:{conv}_bias1_ws1_azp1_ys0_u8", f"qconv:{grouped}_bias0_ws1_ys0_u8",
+                    f"qconv:{conv}_bias1_ws1_azp1_ys0_bsc16_u8", f"qconv:{grouped}_bias0_ws1_ys0_bsc16_u8",
+                    f"convint:{conv}_bias0_ws1_azp1_u8", f"convint:{grouped}_bias0_ws1_azp1_u8"}
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", "onednn",
+                                  "--dtype", "f32", "--json"])
+    assert r.exit_code == 0, r.output
+    for m in json.loads(r.output)["models"]:
+        assert m["backends"]["onednn"]["covered_pct"] == 100.0, m
+    r = CliRunner().invoke(main, ["check", *map(str, paths), "--bench-dir", str(bench), "--show-ok",
+                                  "--filter", "^(qconv|convint):"])
+    assert r.exit_code == 0, r.output
+    # every algorithm and layout oneDNN accepts computes ONNX Runtime's outputs; it has no int8
+    # winograd (6 layers × 3 layouts refused)
+    assert "checked 54 benchmarks (seed 0): 36 ok, 0 mismatch, 0 not checked, 18 unsupported, 0 failed" in r.output
+    assert all("/algo=winograd/" not in ln for ln in r.output.splitlines() if ln.startswith("ok:"))
