@@ -18,12 +18,12 @@ MatMulNBits.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from .base import Dims, Family, NodeView, OnednnLowering, PatternLowering, const, is_4d, present, required
 from .cast import TYPE_WORDS
-from .conv import ConvProblem, conv_fields
+from .conv import ConvParams, ConvProblem, conv_fields, onednn_row
 from .gemm import MatMulProblem, matmul_operands
 from .grammar import F, Problem
 
@@ -178,28 +178,12 @@ def _qconv_onednn(p: Problem) -> str | None:
 
 
 @dataclass(frozen=True)
-class QconvParams:
+class QconvParams(ConvParams):
     """oneDNN QconvParams: ConvParams' fields, then the int8 weights' signedness, the source's
     zero point and the result (``out``: "int" s32, or "byte"/"sbyte" requantized with the scales
     of the source, the weights (``bscales``) and the output, and its zero point). The variant's
     bias flag says whether QLinearConv adds its int32 bias."""
 
-    mb: int
-    ic: int
-    ih: int
-    iw: int
-    oc: int
-    oh: int
-    ow: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
-    g: int
     signed_b: bool
     azp: int
     out: str
@@ -208,9 +192,7 @@ class QconvParams:
 
 def _qconv_row(p: ConvIntProblem, api: str) -> QconvParams:
     out, bscales = ("sbyte" if p.signed_y else "byte", p.bscales) if isinstance(p, QLinearConvProblem) else ("int", 1)
-    return QconvParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, oc=p.oc, oh=p.oh, ow=p.ow, kh=p.kh, kw=p.kw, sh=p.sh,
-                       sw=p.sw, pt=p.pt, pl=p.pl, dh=p.dh, dw=p.dw, g=p.g, signed_b=p.signed_b, azp=p.azp, out=out,
-                       bscales=bscales)
+    return QconvParams(**asdict(onednn_row(p, api)), signed_b=p.signed_b, azp=p.azp, out=out, bscales=bscales)
 
 
 # --- DynamicQuantizeLinear -----------------------------------------------------------------
