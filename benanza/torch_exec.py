@@ -94,9 +94,12 @@ class TorchGraph:
                 if t:
                     self._last_use[t] = k
 
-    def run(self, feed: dict[str, Tensor], annotate: bool = True) -> list[Tensor]:
+    def run(self, feed: dict[str, Tensor], annotate: bool = True,
+            after: Callable[[ExecNode], None] | None = None) -> list[Tensor]:
         """Execute every node in order; with ``annotate`` each runs inside a profiler range
-        named after its layer (the ranges cost a little, so timing runs may leave them out)."""
+        named after its layer (the ranges cost a little, so timing runs may leave them out);
+        ``after(node)`` is called once each node returned (the torch backend marks there where
+        a node's oneDNN calls end)."""
         env: dict[str, Tensor] = dict(self.constants)
         for name, _, _ in self.inputs:
             if name not in feed:
@@ -110,6 +113,8 @@ class TorchGraph:
                     result = node.fn(node.ctx, args)
             else:
                 result = node.fn(node.ctx, args)
+            if after is not None:
+                after(node)
             results = result if isinstance(result, (tuple, list)) else (result,)
             for t, v in zip(node.outputs, results):
                 if t:

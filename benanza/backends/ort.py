@@ -31,11 +31,10 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -49,6 +48,7 @@ from ..parsers.ort import parse_ort_profile
 from ..problems import ConvProblem
 from ..records import Variant
 from .base import Backend, Command, Device
+from .inprocess import INDEX_NAME, Refused, result_line, serve
 
 if TYPE_CHECKING:
     import jinja2
@@ -64,7 +64,6 @@ NAME = "onnxruntime"
 DTYPES = ("f32", "f16", "bf16")
 LAYOUTS = ("nchw", "any")  # the model's own layout (nchw, or plain below 4-D), or ORT's NCHWc
 PROVIDER = "CPUExecutionProvider"
-INDEX_NAME = "benchmarks.json"
 # the optimization level each variant's algo names (onnxruntime.GraphOptimizationLevel members)
 # ("none": no graph optimization at all, the reference `benanza check` compares them with)
 LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -109,27 +108,7 @@ class OnnxRuntimeBackend(Backend):
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
                out_dir: Path, options: GenOptions, models: Sequence[Model] = ()) -> list[Path]:
-        if variants and not models:
-            raise BenanzaError("the onnxruntime backend cuts each layer out of its model: generate it from the "
-                               "models (`benanza generate MODELS --backend onnxruntime`)")
-        sources = [_Source(m) for m in models]
-        folder = make_folder(out_dir / "models")
-        index: dict[str, dict[str, str]] = {}
-        written: dict[tuple[str, str], dict[str, str]] = {}
-        files = []
-        for v in sorted(variants, key=lambda v: v.name):
-            site = (v.layer_key, v.fusion)
-            if site not in written:
-                entry = written[site] = _subgraph_entry(sources, v, folder)
-                if "model" in entry:
-                    files.append(out_dir / entry["model"])
-            index[v.name] = {**written[site], "level": v.algo}
-        # a subgraph no variant uses any more is stale
-        keep = {out_dir / e["model"] for e in written.values() if "model" in e}
-        for stale in set(folder.glob("*.onnx")) - keep:
-            stale.unlink()
-        files.append(write_text(out_dir / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True) + "\n"))
-        return files
+        return write_subgraphs(NAME, variants, models, out_dir, lambda v: {"level": v.algo})
 
     def prepare(self, project: Path, options: RunOptions) -> Command:
         if not (project / INDEX_NAME).is_file():
@@ -166,14 +145,14 @@ class _Source:
     """A processed model with its ONNX graph: the node protos, the real shapes of their
     tensors, and the values of the constants they read."""
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, backend: str):
         import onnx
 
         self.model = model
         try:
             self.proto = onnx.load(model.path)
         except Exception as exc:  # noqa: BLE001 - protobuf and OS errors alike: the file is not readable as a model
-            raise BenanzaError(f"{model.path}: the onnxruntime backend reads each layer's node from its model "
+            raise BenanzaError(f"{model.path}: the {backend} backend reads each layer's node from its model "
                                f"file, which does not load ({type(exc).__name__})") from None
         graph = self.proto.graph
         self.by_output = {o: n for n in graph.node for o in n.output}
@@ -296,16 +275,18 @@ def _subgraph(source: _Source, nodes: tuple[int, ...]) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(m)
 
 
-def _subgraph_entry(sources: list[_Source], v: Variant, folder: Path) -> dict[str, str]:
+def _subgraph_entry(sources: list[_Source], candidates: tuple[Variant, ...], folder: Path,
+                    backend: str) -> dict[str, str]:
     """The index entry of a (layer, fusion): its subgraph file, or why there is none."""
+    v = candidates[-1]
     for source in sources:
-        nodes = source.find(v)
+        nodes = next((n for n in map(source.find, candidates) if n is not None), None)
         if nodes is None:
             continue
         try:
             m = _subgraph(source, nodes)
         except _NoSubgraph as exc:
-            log.warning("onnxruntime: %s%s: %s", v.layer_key, f" ({v.fusion})" if v.fusion != "none" else "", exc)
+            log.warning("%s: %s%s: %s", backend, v.layer_key, f" ({v.fusion})" if v.fusion != "none" else "", exc)
             return {"unsupported": f"not cut out of {source.model.name}: {exc}"}
         data = m.SerializeToString()
         digest = hashlib.sha256(f"{v.layer_key}/{v.fusion}".encode()).hexdigest()[:16]
@@ -315,6 +296,38 @@ def _subgraph_entry(sources: list[_Source], v: Variant, folder: Path) -> dict[st
         return {"model": f"models/{path.name}", "nodes": ", ".join(source.model.nodes[i].name for i in nodes),
                 "source": source.model.name}
     return {"unsupported": "no model holds this layer" + (f" in pattern {v.fusion}" if v.fusion != "none" else "")}
+
+
+def write_subgraphs(backend: str, variants: list[Variant], models: Sequence[Model], out_dir: Path,
+                    fields: Callable[[Variant], dict[str, str]],
+                    sites: Callable[[Variant], tuple[Variant, ...]] = lambda v: (v,)) -> list[Path]:
+    """The project of a backend that runs each layer as its model's own subgraph (this one, and
+    ``torch``): one ``models/*.onnx`` per (layer, fusion) and the index ``benchmarks.json``
+    mapping each variant name to its subgraph (or why there is none) plus ``fields(variant)``.
+    ``sites(variant)``: the variants whose layer to look for in the models, in order (a dtype
+    variant of a layer is found as the model's layer in its own dtype)."""
+    if variants and not models:
+        raise BenanzaError(f"the {backend} backend cuts each layer out of its model: generate it from the "
+                           f"models (`benanza generate MODELS --backend {backend}`)")
+    sources = [_Source(m, backend) for m in models]
+    folder = make_folder(out_dir / "models")
+    index: dict[str, dict[str, str]] = {}
+    written: dict[tuple[str, str], dict[str, str]] = {}
+    files = []
+    for v in sorted(variants, key=lambda v: v.name):
+        candidates = sites(v)
+        site = (candidates[-1].layer_key, v.fusion)
+        if site not in written:
+            entry = written[site] = _subgraph_entry(sources, candidates, folder, backend)
+            if "model" in entry:
+                files.append(out_dir / entry["model"])
+        index[v.name] = {**written[site], **fields(v)}
+    # a subgraph no variant uses any more is stale
+    keep = {out_dir / e["model"] for e in written.values() if "model" in e}
+    for stale in set(folder.glob("*.onnx")) - keep:
+        stale.unlink()
+    files.append(write_text(out_dir / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True) + "\n"))
+    return files
 
 
 BACKEND = OnnxRuntimeBackend()
@@ -330,11 +343,6 @@ class _Timed:
     reorder_ms: list[float]
     overhead_ms: list[float]  # run() beyond its kernels (the session's own work), per call
     kernels: str  # what ran, e.g. "CPUExecutionProvider:FusedConv"
-
-
-def _emit(tag: str, payload: str) -> None:
-    sys.stdout.write(f"{tag} {payload}\n")
-    sys.stdout.flush()
 
 
 def _context(threads: int) -> dict[str, Any]:
@@ -361,10 +369,6 @@ def _feeds(sess: Any) -> dict[str, Any]:
         # integers and booleans get zeros: valid indices, sizes and masks
         out[i.name] = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
     return out
-
-
-class Refused(Exception):
-    """The EP has no kernel for this variant (stored as unsupported, with ORT's words)."""
 
 
 def _session(path: Path, level: str, threads: int, tmp: str | None) -> Any:
@@ -446,74 +450,19 @@ def _per_call(trace: FrameworkTrace, counts: list[int], domains: dict[str, str])
                   [(trace.runs[i].dur_us - kernel[i] - reorder[i]) / 1e3 for i in tail], "+".join(ran))
 
 
-def _result(name: str, t: _Timed) -> dict[str, Any]:
-    """The protocol's result line (runtime_cpp/common/README.md): statistics over the
-    repetitions of the mean per-call time, and the pooled per-call samples' percentiles."""
+def _measure_entry(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float,
+                   repetitions: int) -> dict[str, Any]:
     import numpy as np
 
-    means = [float(np.mean(r)) for r in t.reps]
-    pooled = np.array([x for r in t.reps for x in r])
-    median = float(np.median(means))
-    if float(np.median(pooled)) <= 0:
-        return {"name": name, "status": "failed", "implementation": t.kernels,
-                "message": "its kernels ran below the profiler's 1 us resolution in most calls: no time to store"}
-    return {"name": name, "status": "ok", "median_ms": median, "mean_ms": float(np.mean(means)),
-            "stddev_ms": float(np.std(means, ddof=1)) if len(means) > 1 else 0.0, "min_ms": min(means),
-            "iterations": int(pooled.size), "repetitions": len(t.reps), "times_ms": means,
-            "samples": int(pooled.size),
-            "sample_percentiles_ms": [float(x) for x in np.percentile(pooled, np.arange(101))],
-            "implementation": t.kernels,
-            "counters": {"reorder_ms": float(np.median(t.reorder_ms)),
-                         "run_overhead_ms": float(np.median(t.overhead_ms))}}
-
-
-def _run_one(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float,
-             repetitions: int) -> dict[str, Any]:
-    if os.environ.get("BENANZA_FAULT_ABORT") == name:  # the runtime's fault hooks (tests)
-        os.abort()
-    if os.environ.get("BENANZA_FAULT_HANG") == name:
-        while True:
-            time.sleep(3600)
-    if "unsupported" in entry:
-        return {"name": name, "status": "unsupported", "message": entry["unsupported"]}
     with tempfile.TemporaryDirectory(prefix="benanza-ort-") as tmp:
-        try:
-            timed = _measure(project / entry["model"], entry["level"], threads, min_time, repetitions, tmp)
-        except Refused as exc:
-            return {"name": name, "status": "unsupported", "message": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - ORT's errors share no base class; the runner stores it
-            return {"name": name, "status": "failed", "message": f"{type(exc).__name__}: {str(exc)[:500]}"}
-    return _result(name, timed)
+        t = _measure(project / entry["model"], entry["level"], threads, min_time, repetitions, tmp)
+    counters = {"reorder_ms": float(np.median(t.reorder_ms)), "run_overhead_ms": float(np.median(t.overhead_ms))}
+    return result_line(name, t.reps, t.kernels, counters,
+                       "its kernels ran below the profiler's 1 us resolution in most calls: no time to store")
 
 
 def main(argv: list[str]) -> int:
-    """The child: the runtime's flags (``--benanza_project`` names the generated folder)."""
-    flags = {a[2:].partition("=")[0]: a.partition("=")[2] for a in argv if a.startswith("--")}
-    project = Path(flags.get("benanza_project", "."))
-    threads = int(os.environ.get(THREADS_ENV, "1"))
-    if "benanza_context" in flags:
-        _emit("BENANZA_CONTEXT", json.dumps(_context(threads)))
-        return 0
-    index = json.loads((project / INDEX_NAME).read_text())
-    if "benanza_list" in flags:
-        for name in index:
-            print(name)
-        return 0
-    if "benanza_names" in flags:
-        names = [n for n in Path(flags["benanza_names"]).read_text().splitlines() if n]
-    else:
-        rx = re.compile(flags.get("benchmark_filter", ""))
-        names = [n for n in index if rx.search(n)]
-    min_time = float(flags.get("benchmark_min_time", "0.2"))
-    repetitions = int(flags.get("benchmark_repetitions", "3"))
-    for name in names:
-        if name not in index:
-            _emit("BENANZA_RESULT", json.dumps({"name": name, "status": "failed",
-                                                "message": "not in this project's benchmarks.json"}))
-            continue
-        _emit("BENANZA_START", name)
-        _emit("BENANZA_RESULT", json.dumps(_run_one(project, name, index[name], threads, min_time, repetitions)))
-    return 0
+    return serve(argv, THREADS_ENV, _context, _measure_entry)
 
 
 if __name__ == "__main__":

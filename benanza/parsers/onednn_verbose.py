@@ -23,7 +23,12 @@ _PAIR = re.compile(r"([a-z]+)(\d+)")
 
 
 def parse_onednn_verbose(path: str | Path) -> list[LibraryCall]:
-    text = read_text(path, "oneDNN verbose log")
+    return parse_onednn_text(read_text(path, "oneDNN verbose log"), path)
+
+
+def parse_onednn_text(text: str, path: str | Path) -> list[LibraryCall]:
+    """The calls of a log's text (``path`` names where it came from in errors): a part of a log
+    (the torch backend's child reads each node's calls between its own markers) parses alike."""
     calls: list[LibraryCall] = []
     seen_marker = False
     for lineno, line in enumerate(text.splitlines(), 1):
