@@ -288,10 +288,10 @@ def _zoo_table(zoo_mod, names: list[str] | None) -> None:
               show_default=True, help="Folder for layers.json and generated benchmark sources.")
 @batch_options
 @value_options
-@click.option("--backend", type=click.Choice(["all", "cudnn", "onednn", "onnxruntime", "none"]), default="all",
-              show_default=True, help="Which library's benchmarks to generate ('all': cudnn and onednn; "
-                                      "onnxruntime: the layers through ONNX Runtime's own kernels; 'none': "
-                                      "manifest only).")
+@click.option("--backend", type=click.Choice(["all", "cudnn", "onednn", "onnxruntime", "torch", "none"]),
+              default="all", show_default=True,
+              help="Which library's benchmarks to generate ('all': cudnn and onednn; onnxruntime, torch: the "
+                   "layers through the framework's own kernels; 'none': manifest only).")
 @variant_options
 @click.option("--cupti", is_flag=True, help="cuDNN: CUPTI kernel-metrics mode instead of timing.")
 @click.option("--cupti-metric", "cupti_metrics", multiple=True, metavar="NAME",
@@ -395,7 +395,7 @@ def db_option(f):
               help="Name the results are stored under (hardware and stack are detected).")
 @click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder `benanza generate --out` wrote.")
-@click.option("--backend", type=click.Choice(["auto", "onednn", "cudnn", "onnxruntime"]), default="auto",
+@click.option("--backend", type=click.Choice(["auto", "onednn", "cudnn", "onnxruntime", "torch"]), default="auto",
               show_default=True, help="auto: cudnn when a CUDA device is present, else onednn.")
 @db_option
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
@@ -406,7 +406,7 @@ def db_option(f):
                    "repetition to about 1 ms of GPU time).")
 @click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1),
-              help="CPU threads (oneDNN: OpenMP; onnxruntime: intra-op); default: the cores other work leaves "
+              help="CPU threads (oneDNN: OpenMP; onnxruntime, torch: intra-op); default: the cores other work leaves "
                    "free when the run starts.")
 @click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=300.0, show_default=True,
               help="Seconds one benchmark may take before it is killed and stored as failed.")
@@ -777,7 +777,7 @@ def db_info(db_path: str | None) -> None:
 @db.command("list")
 @db_option
 @click.option("--system", "system_name", required=True, metavar="NAME")
-@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime"]), default=None,
+@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime", "torch"]), default=None,
               help="Backend [default: that of the system's newest stack].")
 @click.option("--stack", metavar="ID", default=None, help="Stack id or prefix [default: the newest].")
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only variants whose name matches.")
@@ -888,7 +888,7 @@ def db_serve(db_path: str | None, port: int, host: str) -> None:
 @click.argument("models", nargs=-1, required=True, type=click.Path())
 @db_option
 @click.option("--system", "system_name", required=True, metavar="NAME")
-@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime"]), default=None,
+@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime", "torch"]), default=None,
               help="Library [default: the system's, as stored in the database].")
 @batch_options
 @value_options
@@ -1250,7 +1250,7 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
               help="Performance database [default: $BENANZA_DB, else perfdb/benanza.db].")
 @click.option("--dtype", default="f32", show_default=True, help="Data type of the bound.")
-@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime"]), default=None,
+@click.option("--backend", type=click.Choice(["onednn", "cudnn", "onnxruntime", "torch"]), default=None,
               help="Library whose results the bound uses [default: that of the system's newest stack].")
 @click.option("--stack", metavar="ID", default=None,
               help="Stack id (or prefix, see `benanza db info`) [default: the backend's newest stack].")

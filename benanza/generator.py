@@ -47,6 +47,7 @@ BACKEND_MODULES = {
     "cudnn": "benanza.backends.cudnn",
     "onednn": "benanza.backends.onednn",
     "onnxruntime": "benanza.backends.ort",
+    "torch": "benanza.backends.torch_native",
 }
 # what `generate --backend all` writes: the vendor libraries' benchmarks (a framework's own
 # backend is asked for by name)
