@@ -480,7 +480,9 @@ def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key
     view.explanations = _explain(a, view)
     if view.framework == a.backend:  # the bound is the framework's own kernels: Q3 judges its choices
         bound = {r.index: r.latency_ms for r in a.rows if r.status == LayerStatus.OK}
-        view.kernels = native_kernel_choices(model, tm, matches, by_key, a.dtype, bound)
+        from .generator import get_backend
+
+        view.kernels = native_kernel_choices(model, tm, matches, by_key, a.dtype, get_backend(a.backend).ran, bound)
     return view
 
 

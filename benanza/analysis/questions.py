@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..fusion import BY_NAME as FUSION_PATTERNS
@@ -173,12 +173,14 @@ NCHWC_SUFFIX = "_nchwc"
 
 
 def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionMatch], by_problem: ResultIndex,
-                          dtype: str, bound: Mapping[int, float] | None = None) -> list[AlgoChoice]:
+                          dtype: str, ran: Callable[[Variant, str], bool],
+                          bound: Mapping[int, float] | None = None) -> list[AlgoChoice]:
     """Per framework op that ran model layers, against the benchmarks of the framework's own
     backend (the same versions by construction): the variant that computes what the op ran (its
-    layers unfused, or the fusion pattern its layers form) in the layout the op ran in (ORT's
-    NCHWc, by the name its transform gives the node, or the model's own), vs the fastest variant
-    computing the same in any layout. An op over layers no pattern names is listed, never judged."""
+    layers unfused, or the fusion pattern its layers form) as the op ran it (``ran(variant, op
+    name)``, the backend's word: ORT's NCHWc by the name its transform gives the node; torch's
+    contiguous layout with oneDNN enabled), vs the fastest variant computing the same in any
+    layout or kernel choice. An op over layers no pattern names is listed, never judged."""
     patterns = {tuple(sorted(m.nodes)): m.pattern.name for m in fusions}
     bound = bound or {}
     out = []
@@ -193,7 +195,7 @@ def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionM
             continue  # nothing measured for the layer: the bound's missing-layer warning says so
         nchwc = g.name.endswith(NCHWC_SUFFIX)
         same = [r for r in measured if r.variant.fusion == fusion]
-        used = [r for r in same if (r.variant.layout == "any") == nchwc]
+        used = [r for r in same if ran(r.variant, g.name)]
         fastest = min(same, key=lambda r: (float(r.latency_ms), r.variant.name), default=None)  # type: ignore[arg-type]
         match = min(used, key=lambda r: float(r.latency_ms), default=None)  # type: ignore[arg-type]
         layout = "any" if nchwc else (match.variant.layout if match is not None else "")

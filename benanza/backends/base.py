@@ -95,6 +95,12 @@ class Backend(ABC):
         dry run, which builds and starts nothing: what is known without the program)."""
         return {}
 
+    def ran(self, variant: Variant, op: str) -> bool:
+        """A framework's own backend: whether the op named ``op`` in that framework's profile ran
+        this variant of its layer (the layout and kernel choice the framework made), so Q3 can
+        hold what it ran against its fastest variant."""
+        return True
+
 
 class CMakeBackend(Backend):
     """A backend whose project is a CMake project of C++ benchmarks over ``runtime_cpp``."""

@@ -129,6 +129,12 @@ class OnnxRuntimeBackend(Backend):
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
         return {THREADS_ENV: str(threads), "PYTHONPATH": path}
 
+    def ran(self, variant: Variant, op: str) -> bool:
+        from ..analysis.questions import NCHWC_SUFFIX
+
+        # ORT renames a node its NCHWc transform rewrote; the others ran in the model's layout
+        return (variant.layout == "any") == op.endswith(NCHWC_SUFFIX)
+
     def stack_overrides(self, context: dict | None) -> dict[str, str]:
         # the child runs this interpreter's onnxruntime: a dry run knows its version too
         custom = context["custom"] if context is not None else _context(0)["custom"]

@@ -41,7 +41,7 @@ from ..errors import BenanzaError
 from ..layers import Layer, Model, UniqueLayer
 from ..parsers.onednn_verbose import parse_onednn_text
 from ..problems import ConvProblem, DeconvProblem, GemmProblem, MatMulProblem
-from ..records import Variant
+from ..records import Dtype, Variant
 from .base import Backend, Command, Device
 from .inprocess import INDEX_NAME, Refused, result_line, serve
 from .ort import write_subgraphs
@@ -127,6 +127,11 @@ class TorchBackend(Backend):
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
         return {THREADS_ENV: str(threads), "PYTHONPATH": path}
 
+    def ran(self, variant: Variant, op: str) -> bool:
+        # `benanza profile --framework torch` runs the model as given (contiguous tensors) with
+        # torch's defaults (oneDNN enabled): what a torch user gets without choosing
+        return variant.algo != "native" and variant.layout != "nhwc"
+
     def stack_overrides(self, context: dict | None) -> dict[str, str]:
         # the child runs this interpreter's torch: a dry run knows its versions too
         custom = context["custom"] if context is not None else _context(0)["custom"]
@@ -138,7 +143,7 @@ def _sites(v: Variant) -> tuple[Variant, ...]:
     """A bf16 variant of an f32 layer runs the model's f32 subgraph cast to bf16."""
     if v.dtype != "bf16":
         return (v,)
-    return (v, dataclasses.replace(v, dtype="f32"))
+    return (v, dataclasses.replace(v, dtype=Dtype.F32))
 
 
 BACKEND = TorchBackend()

@@ -1,0 +1,258 @@
+"""The torch backend through the real pipeline: generate → run → database → analyze.
+
+The oracles are PyTorch and oneDNN themselves, in separate plain-torch processes: the same
+convolution called with ``F.conv2d`` under ``ONEDNN_VERBOSE=1`` (oneDNN's own per-call execution
+times, implementation and problem, read here straight from the log's lines), and with oneDNN
+switched off under the torch profiler (the aten op's own time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from helpers import io, model, tensor
+from onnx import helper
+
+from benanza.cli import main
+from benanza.generator import GenOptions, expand_variants, get_backend
+from benanza.manifest import read_manifest
+from benanza.perfdb import PerfDB
+from benanza.records import Status
+
+SYSTEM = "torchbox"
+CALLS = 200  # plain-torch calls the oracles time
+# oracle processes per comparison: on the shared 2-vCPU machine one process's per-call times sit
+# in one of two levels some 30% apart from run to run (seen in the oracle alone); the benchmark
+# must fall within ±30% of the range the oracle's runs span
+ORACLE_RUNS = 3
+# a convolution torch 2.x sends to oneDNN on one thread (smaller ones go to its own slow_conv2d)
+CONV = "conv:mb1_ic32ih28iw28_oc64oh28ow28_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias1_f32"
+ONEDNN_PROBLEM = "mb1_ic32oc64_ih28oh28kh3sh1dh0ph1_iw28ow28kw3sw1dw0pw1"  # the same, in oneDNN's words
+
+
+def small_net() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("GlobalAveragePool", ["r1"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "Wfc", "Bfc"], ["y"], transB=1, name="fc"),
+    ]
+    inits = [tensor("W1", (64, 32, 3, 3)), tensor("B1", (64,)), tensor("Wfc", (10, 64)), tensor("Bfc", (10,))]
+    return model(nodes, [io("x", [1, 32, 28, 28])], [io("y", None)], inits)
+
+
+# the plain-torch oracle: the model's convolution, F.conv2d as a torch model calls it
+ORACLE = """
+import sys, torch, torch.nn.functional as F
+torch.set_num_threads(1)
+layout, onednn, calls = sys.argv[1], sys.argv[2] == "on", int(sys.argv[3])
+x, w, b = torch.rand(1, 32, 28, 28), torch.rand(64, 32, 3, 3), torch.rand(64)
+if layout == "nhwc":
+    x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+with torch.no_grad(), torch.backends.mkldnn.flags(enabled=onednn):
+    for _ in range(3):
+        F.conv2d(x, w, b, 1, 1)
+    if onednn:
+        for _ in range(calls):
+            F.conv2d(x, w, b, 1, 1)
+    else:
+        with torch.profiler.profile() as prof:
+            for _ in range(calls):
+                F.conv2d(x, w, b, 1, 1)
+        print("CONV2D_US", *[e.time_range.elapsed_us() for e in prof.events() if e.name == "aten::conv2d"])
+"""
+
+
+def _oracle(layout: str, onednn: str) -> str:
+    env = {**os.environ, "ONEDNN_VERBOSE": "1" if onednn == "on" else "0"}
+    out = subprocess.run([sys.executable, "-c", ORACLE, layout, onednn, str(CALLS)], env=env, capture_output=True,
+                         text=True, check=True, timeout=300)
+    return out.stdout
+
+
+def invoke(*args: str) -> str:
+    out = CliRunner().invoke(main, list(args))
+    assert out.exit_code == 0, (out.exit_code, out.output, out.exception)
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    root = tmp_path_factory.mktemp("torch")
+    path = root / "net.onnx"
+    onnx.save(small_net(), path)
+    bench, db = root / "bench", root / "perf.db"
+    invoke("generate", str(path), "--backend", "torch", "--out", str(bench))
+    invoke("run", "--system", SYSTEM, "--backend", "torch", "--bench-dir", str(bench), "--db", str(db),
+           "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1")
+    return path, bench, db
+
+
+def _row(db: Path, name: str) -> sqlite3.Row:
+    """The newest measurement of a variant, straight from SQL."""
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    row = con.execute("SELECT * FROM results WHERE variant = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+    con.close()
+    assert row is not None, name
+    return row
+
+
+def _variant(layer: str, algo: str, layout: str, fusion: str = "none") -> str:
+    return f"{layer}/backend=torch/api=Conv/algo={algo}/dtype=f32/layout={layout}/math=default/fusion={fusion}"
+
+
+def test_variants_are_the_choices_a_torch_user_has(measured):
+    _, bench, _ = measured
+    variants = expand_variants(read_manifest(bench), get_backend("torch"), GenOptions())
+    conv = sorted((v.algo, v.layout, v.dtype, v.fusion) for v in variants if v.layer_key.startswith("conv:"))
+    # torch's own answer whether this CPU runs oneDNN in bf16 decides the bf16 variants
+    dtypes = ["f32", "bf16"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ["f32"]
+    assert conv == sorted((a, lay, d, f) for a in ("onednn", "native") for lay in ("nchw", "nhwc") for d in dtypes
+                          for f in ("none", "bias_relu"))
+    relu = sorted((v.algo, v.layout) for v in variants if v.problem.family == "eltwise" and v.dtype == "f32")
+    assert relu == [("default", "nchw"), ("default", "nhwc")]  # oneDNN on/off only where torch has the choice
+    gemm = sorted((v.algo, v.layout) for v in variants if v.problem.family == "gemm" and v.dtype == "f32")
+    assert gemm == [("native", "plain"), ("onednn", "plain")]
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_onednn_conv_against_onednns_own_verbose_log(measured, layout):
+    """The backend's oneDNN convolution: the implementation oneDNN names in its verbose log of a
+    plain F.conv2d of the same problem, and a latency within ±30% of that log's per-call times
+    (every primitive of a call: torch's reorders around a blocked kernel too). 10th percentiles
+    of both, which a loaded machine disturbs least."""
+    _, _, db = measured
+    row = _row(db, _variant(CONV, "onednn", layout))
+    assert row["status"] == "ok", row["message"]
+    lows = []
+    for _ in range(ORACLE_RUNS):
+        lines = [line.split(",") for line in _oracle(layout, "on").splitlines()
+                 if line.startswith("onednn_verbose") and ",exec," in line]
+        calls = [f[f.index("exec") + 1:] for f in lines]  # engine, primitive kind, implementation, ...
+        assert calls and len(calls) % (CALLS + 3) == 0, len(calls)
+        per_call = len(calls) // (CALLS + 3)
+        convs = [c for c in calls if c[1] == "convolution"]
+        assert {c[-2] for c in convs} == {ONEDNN_PROBLEM}
+        assert row["implementation"] == convs[-1][2]
+        lows.append(float(np.percentile([sum(float(c[-1]) for c in calls[i:i + per_call])
+                                         for i in range(3 * per_call, len(calls), per_call)], 10)))
+    assert min(lows) / 1.3 < row["low_ms"] < max(lows) * 1.3, (row["low_ms"], lows)
+
+
+def test_native_conv_against_the_torch_profilers_time(measured):
+    """oneDNN off: torch's own convolution, timed as the profiler times aten::conv2d in a plain run."""
+    _, _, db = measured
+    row = _row(db, _variant(CONV, "native", "nchw"))
+    assert row["status"] == "ok", row["message"]
+    assert row["implementation"].startswith("aten::") and "conv" in row["implementation"]
+    lows = []
+    for _ in range(ORACLE_RUNS):
+        out = next(line for line in _oracle("nchw", "off").splitlines() if line.startswith("CONV2D_US"))
+        lows.append(float(np.percentile([float(t) for t in out.split()[1:]], 10)) / 1e3)
+    assert min(lows) / 1.3 < row["low_ms"] < max(lows) * 1.3, (row["low_ms"], lows)
+
+
+def test_results_carry_the_runtime_statistics(measured):
+    _, bench, db = measured
+    with PerfDB(db, readonly=True) as pdb:
+        system = pdb.system(SYSTEM, "torch")
+        assert system is not None
+        results = [r for r in pdb.results(system) if r.variant.backend == "torch"]
+    index = json.loads((bench / "torch" / "benchmarks.json").read_text())
+    assert {r.variant.name for r in results} == set(index)
+    for r in results:
+        assert r.status is Status.OK, (r.variant.name, r.message)
+        assert r.samples >= 3 and r.repetitions == 3
+        assert r.low_ms is not None and 0 < r.low_ms <= r.sample_median_ms
+        assert r.contention is not None
+        assert r.metrics["reorder_ms"] >= 0
+
+
+def test_stack_names_torch_its_onednn_and_threads(measured):
+    _, _, db = measured
+    with PerfDB(db, readonly=True) as pdb:
+        stack = dict(pdb.system(SYSTEM, "torch").stack)
+    assert stack["torch"] == torch.__version__
+    # the version oneDNN itself prints in its verbose header, in a plain torch process
+    logged = re.search(r"info,oneDNN v(\d+\.\d+\.\d+)", _oracle("nchw", "on"))
+    assert logged is not None and stack["onednn"] == logged.group(1)
+    assert stack["threads"] == "1"
+
+
+def test_a_second_run_resumes_with_nothing_to_do(measured):
+    _, bench, db = measured
+    out = invoke("run", "--system", SYSTEM, "--backend", "torch", "--bench-dir", str(bench), "--db", str(db),
+                 "--threads", "1", "--dry-run")
+    index = json.loads((bench / "torch" / "benchmarks.json").read_text())
+    assert f"0 of {len(index)} benchmarks would run ({len(index)} already in" in out, out
+
+
+def test_analysis_bound_is_the_fastest_torch_variant_in_sql(measured):
+    """`analyze --backend torch`: each layer's latency is the lowest low percentile among its
+    unfused torch variants (any layout, oneDNN on or off), recomputed in SQL."""
+    path, _, db = measured
+    doc = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--backend", "torch",
+                            "--json", "--allow-contended"))
+    a = doc["analyses"][0]
+    assert a["backend"] == "torch"
+    con = sqlite3.connect(db)
+    for la in a["layers"]:
+        if la["status"] != "ok":
+            continue
+        best, = con.execute(
+            "SELECT MIN(r.low_ms) FROM results r JOIN variants v ON v.name = r.variant WHERE v.backend = 'torch' "
+            "AND r.layer_key = ? AND v.fusion = 'none' AND r.status = 'ok' "
+            "AND r.id = (SELECT MAX(id) FROM results WHERE variant = r.variant)", (la["key"],)).fetchone()
+        assert la["latency_ms"] == pytest.approx(best, rel=1e-3), la["name"]
+    con.close()
+
+
+def test_a_crash_and_a_hang_cost_only_their_benchmark(measured, tmp_path):
+    """Crash isolation and --timeout hold for the torch child as for a C++ binary."""
+    from benanza import runner
+
+    _, bench, _ = measured
+    crash = _variant(CONV, "native", "nchw")
+    hang = _variant(CONV, "native", "nhwc")
+    options = runner.RunOptions(filter=r"algo=native/.*fusion=none", threads=1, min_time=0.01, repetitions=1,
+                                timeout=30, remeasure=0, env=(("BENANZA_FAULT_ABORT", crash),
+                                                              ("BENANZA_FAULT_HANG", hang)))
+    summary = runner.run(bench, SYSTEM, "torch", tmp_path / "faults.db", options)
+    failed = {f.name: f for f in summary.failures}
+    assert set(failed) == {crash, hang}
+    assert failed[crash].message.startswith("crashed (SIGABRT)")
+    assert failed[hang].message == "timed out after 30s"
+    assert "-m benanza.backends.torch_native" in failed[crash].reproduce
+    assert summary.ok == summary.total - 2 > 0
+
+
+def test_analysis_of_a_torch_profile_defaults_to_torch_and_judges_its_kernels(measured, tmp_path):
+    """Against `benanza profile --framework torch` (the model as given: contiguous, oneDNN on, torch's
+    defaults) the bound is torch's own backend with no --backend given, and Q3 holds the variant
+    torch ran against the fastest computing the same (channels_last, oneDNN off), as stored in SQL."""
+    path, _, db = measured
+    prof = tmp_path / "prof"
+    invoke("profile", str(path), "--framework", "torch", "--out", str(prof))
+    doc = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--profile", str(prof),
+                            "--json", "--allow-contended"))
+    a = doc["analyses"][0]
+    assert a["backend"] == "torch"
+    conv1 = {k["name"]: k for k in a["framework"]["kernels"]}["conv1"]
+    used = _row(db, _variant(CONV, "onednn", "nchw"))
+    others = [_row(db, _variant(CONV, algo, layout)) for algo in ("onednn", "native") for layout in ("nchw", "nhwc")]
+    assert conv1["used_ms"] == pytest.approx(used["low_ms"], rel=1e-3)
+    assert conv1["best_ms"] == pytest.approx(min(r["low_ms"] for r in others), rel=1e-3)
+    assert conv1["gain_ms"] == pytest.approx(used["low_ms"] - conv1["best_ms"], abs=1e-6)
