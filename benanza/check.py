@@ -34,11 +34,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .backends.base import SubgraphBackend
 from .backends.onednn import fused_config
 from .errors import BenanzaError, UsageError
 from .fusion import BY_NAME as PATTERNS
 from .fusion import match_fusions
-from .generator import read_variants
+from .generator import get_backend, read_variants
 from .layers import Model
 from .ops.cast import WORD_TYPES, CastProblem
 from .ops.quantized import (
@@ -646,19 +647,24 @@ def _selected(variants: list[Variant], options: CheckOptions) -> list[Variant]:
     return [v for v in variants if rx.search(v.name)]
 
 
-def check_onnxruntime(bench_dir: str | Path, options: CheckOptions = CheckOptions()) -> list[CheckResult]:
-    """The onnxruntime backend's benchmarks: each variant's subgraph (the models' own nodes, cut
-    out at generate time with their constants) run by ONNX Runtime at the variant's optimization
-    level, so through the fused and NCHWc kernels it times, against the same subgraph run node by
-    node with every graph optimization off, on the same generated inputs: what ORT's fusions and
-    layout transforms compute must be what the model's nodes compute. (onnx 1.23's reference
-    evaluator is no oracle here: for an opset-13 BatchNormalization of mean 0, variance 1, scale 1
-    and bias 0, the identity, its outputs differ from the inputs by up to 5%.)"""
+def check_subgraphs(bench_dir: str | Path, backend: str, options: CheckOptions = CheckOptions()) -> list[CheckResult]:
+    """A framework backend's benchmarks (``onnxruntime``, ``torch``): each variant's subgraph (the
+    models' own nodes, cut out at generate time with their constants) run as the variant runs it
+    (ORT at its optimization level, through the fused and NCHWc kernels it times; torch in its
+    layout, dtype and oneDNN setting), against the same subgraph run node by node by ONNX Runtime
+    with every graph optimization off, on the same generated inputs: what the framework's kernels
+    compute must be what the model's nodes compute. (onnx 1.23's reference evaluator is no oracle
+    here: for an opset-13 BatchNormalization of mean 0, variance 1, scale 1 and bias 0, the
+    identity, its outputs differ from the inputs by up to 5%.)"""
     from .backends import ort as ort_backend
+    from .backends.inprocess import INDEX_NAME, Refused
 
-    project = Path(bench_dir) / ort_backend.NAME
+    runner = get_backend(backend)
+    if not isinstance(runner, SubgraphBackend):
+        raise UsageError(f"--backend {backend}: its benchmarks are not the models' subgraphs")
+    project = Path(bench_dir) / backend
     variants = _selected(read_variants(project), options)
-    index = json.loads((project / ort_backend.INDEX_NAME).read_text())
+    index = json.loads((project / INDEX_NAME).read_text())
     out = []
     for v in variants:
         repro = _reproduce(v, options)
@@ -675,19 +681,21 @@ def check_onnxruntime(bench_dir: str | Path, options: CheckOptions = CheckOption
             dtype = helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
             feeds[i.name] = generated(k, shape, options.seed).astype(dtype) if dtype.kind == "f" else \
                 np.zeros(shape, dtype)
-        compared = f"ONNX Runtime at level {entry['level']} vs unoptimized, on nodes {entry['nodes']}"
+        how = (f"ONNX Runtime at level {entry['level']}" if "level" in entry else
+               f"torch ({entry['algo']}, {entry['layout']}, {entry['dtype']})")
+        compared = f"{how} vs ONNX Runtime unoptimized, on nodes {entry['nodes']}"
         timed = dict(feeds)
         if os.environ.get("BENANZA_FAULT_PERTURB") == v.name and timed:  # the runtime's fault hook (tests)
             first = next(iter(timed))
             timed[first] = timed[first].copy()
             timed[first].reshape(-1)[0] += 1
         try:
-            got = ort_backend.run_once(path, entry["level"], options.threads, timed)
+            got = runner.outputs(path, entry, timed, options.threads)
             want = ort_backend.run_once(path, "none", options.threads, feeds)
-        except ort_backend.Refused as exc:
+        except Refused as exc:
             out.append(CheckResult(v.name, CheckStatus.UNSUPPORTED, str(exc), reproduce=repro))
             continue
-        except Exception as exc:  # noqa: BLE001 - ORT's errors share no base class
+        except Exception as exc:  # noqa: BLE001 - the frameworks' errors share no base class
             out.append(CheckResult(v.name, CheckStatus.FAILED, f"{type(exc).__name__}: {str(exc)[:300]}",
                                    reproduce=repro))
             continue

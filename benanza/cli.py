@@ -650,15 +650,16 @@ def _peaks_line(p) -> str:
 @click.argument("models", nargs=-1, required=True, type=click.Path())
 @click.option("--bench-dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder `benanza generate --out` wrote for these models.")
-@click.option("--backend", type=click.Choice(["onednn", "onnxruntime"]), default="onednn", show_default=True,
-              help="Whose benchmarks to check (onnxruntime: ORT at each variant's optimization level against "
-                   "onnx's reference evaluator).")
+@click.option("--backend", type=click.Choice(["onednn", "onnxruntime", "torch"]), default="onednn",
+              show_default=True,
+              help="Whose benchmarks to check (onnxruntime, torch: each variant's subgraph as it runs it against "
+                   "the same nodes run by ONNX Runtime unoptimized).")
 @batch_options
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**24 - 1), default=0, show_default=True,
               help="Seed of the input generator (both the benchmarks and the reference use it).")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
-              help="oneDNN (onnxruntime: intra-op) threads.")
+              help="oneDNN (onnxruntime, torch: intra-op) threads.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel build jobs (default: all cores).")
 @click.option("--timeout", type=FiniteRange(min=0.0, min_open=True), default=600.0, show_default=True,
               help="Seconds the benchmarks may take in all.")
@@ -672,12 +673,13 @@ def check_command(models: tuple[str, ...], bench_dir: str, backend: str, batch_s
     ONNX Runtime running the same layer, or the fusion pattern's nodes, taken from MODELS (the
     models the benchmarks were generated from) on the same inputs; with --backend onnxruntime,
     each variant's subgraph at its optimization level (fusions, NCHWc) against the same nodes run
-    unoptimized. One line per mismatch, with the command that reproduces it; exit status 1 when
-    any benchmark mismatched or failed.
+    unoptimized (--backend torch: in its layout, dtype and oneDNN setting, against the same).
+    One line per mismatch, with the command that reproduces it; exit status 1 when any benchmark
+    mismatched or failed.
     """
     import shlex
 
-    from .check import CheckOptions, CheckStatus, check, check_onnxruntime
+    from .check import CheckOptions, CheckStatus, check, check_subgraphs
     from .processor import input_shapes_per_model, load_model
 
     command = shlex.join(["benanza", "check", *models, "--bench-dir", bench_dir, "--batch-size", str(batch_size),
@@ -685,8 +687,8 @@ def check_command(models: tuple[str, ...], bench_dir: str, backend: str, batch_s
                                                                           if backend != "onednn" else [])])
     options = CheckOptions(filter=name_filter, seed=seed, threads=threads, timeout=timeout, build_jobs=jobs,
                            command=command)
-    if backend == "onnxruntime":  # its subgraphs were cut from MODELS at generate time, with their constants
-        results = check_onnxruntime(bench_dir, options)
+    if backend != "onednn":  # their subgraphs were cut from MODELS at generate time, with their constants
+        results = check_subgraphs(bench_dir, backend, options)
     else:
         per_model = input_shapes_per_model(input_shape, models)
         # the check maps layers back onto each file's own graph: an If stays one node there

@@ -278,12 +278,12 @@ def test_check_compares_each_level_with_the_unoptimized_nodes(measured):
 def test_check_catches_a_wrong_result(measured, monkeypatch):
     """The runtime's fault hook BENANZA_FAULT_PERTURB puts one wrong input element into the
     benchmarked run of a variant: the check names the mismatch, its element and a reproduce line."""
-    from benanza.check import CheckOptions, CheckStatus, check_onnxruntime
+    from benanza.check import CheckOptions, CheckStatus, check_subgraphs
 
     _, bench, _, _ = measured
     name = _variant(bench, "conv:mb1_ic16", algo="all", fusion="bias_relu")
     monkeypatch.setenv("BENANZA_FAULT_PERTURB", name)
-    results = {r.name: r for r in check_onnxruntime(bench, CheckOptions(filter="conv:mb1_ic16"))}
+    results = {r.name: r for r in check_subgraphs(bench, "onnxruntime", CheckOptions(filter="conv:mb1_ic16"))}
     assert results[name].status is CheckStatus.MISMATCH and "element" in results[name].where
     assert results[name].reproduce.endswith(f"--filter '^{re.escape(name)}$'")
     assert all(r.status is CheckStatus.OK for n, r in results.items() if n != name)

@@ -256,3 +256,26 @@ def test_analysis_of_a_torch_profile_defaults_to_torch_and_judges_its_kernels(me
     assert conv1["used_ms"] == pytest.approx(used["low_ms"], rel=1e-3)
     assert conv1["best_ms"] == pytest.approx(min(r["low_ms"] for r in others), rel=1e-3)
     assert conv1["gain_ms"] == pytest.approx(used["low_ms"] - conv1["best_ms"], abs=1e-6)
+
+
+def test_check_compares_each_variant_with_the_unoptimized_nodes(measured):
+    """`check --backend torch`: every variant (channels_last, oneDNN off, a pattern's nodes) computes
+    what ONNX Runtime computes for the model's nodes with every optimization off."""
+    path, bench, _ = measured
+    out = CliRunner().invoke(main, ["check", str(path), "--bench-dir", str(bench), "--backend", "torch"])
+    assert out.exit_code == 0, out.output
+    index = json.loads((bench / "torch" / "benchmarks.json").read_text())
+    assert f"checked {len(index)} benchmarks (seed 0): {len(index)} ok, 0 mismatch" in out.stdout
+
+
+def test_check_catches_a_wrong_result(measured, monkeypatch):
+    """The runtime's fault hook BENANZA_FAULT_PERTURB puts one wrong input element into one
+    variant's run: the check names the mismatch and its element, and only that one."""
+    from benanza.check import CheckOptions, CheckStatus, check_subgraphs
+
+    _, bench, _ = measured
+    name = _variant(CONV, "onednn", "nhwc")
+    monkeypatch.setenv("BENANZA_FAULT_PERTURB", name)
+    results = {r.name: r for r in check_subgraphs(bench, "torch", CheckOptions(filter="^conv:"))}
+    assert results[name].status is CheckStatus.MISMATCH and "element" in results[name].where
+    assert all(r.status is CheckStatus.OK for n, r in results.items() if n != name)

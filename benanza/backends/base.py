@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import jinja2
@@ -100,6 +100,16 @@ class Backend(ABC):
         this variant of its layer (the layout and kernel choice the framework made), so Q3 can
         hold what it ran against its fastest variant."""
         return True
+
+
+class SubgraphBackend(Backend):
+    """A framework's backend that runs each layer as its model's own subgraph (``models/*.onnx``
+    and the ``benchmarks.json`` index its ``render`` writes), measured in a Python child."""
+
+    @abstractmethod
+    def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:
+        """The subgraph's outputs (numpy arrays) as the variant of index ``entry`` computes them on
+        ``feeds`` (``benanza check``); ``inprocess.Refused`` when the framework has no kernel for it."""
 
 
 class CMakeBackend(Backend):

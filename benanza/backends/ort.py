@@ -47,7 +47,7 @@ from ..parsers.base import FrameworkTrace
 from ..parsers.ort import parse_ort_profile
 from ..problems import ConvProblem
 from ..records import Variant
-from .base import Backend, Command, Device
+from .base import Command, Device, SubgraphBackend
 from .inprocess import INDEX_NAME, Refused, result_line, serve
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def _own_layout(layer: Layer) -> str:
     return "nchw" if any(len(t.shape) >= 4 for t in layer.inputs) else "plain"
 
 
-class OnnxRuntimeBackend(Backend):
+class OnnxRuntimeBackend(SubgraphBackend):
     name = NAME
     dtypes = DTYPES
     layouts = LAYOUTS
@@ -128,6 +128,9 @@ class OnnxRuntimeBackend(Backend):
         root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
         return {THREADS_ENV: str(threads), "PYTHONPATH": path}
+
+    def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:
+        return run_once(path, entry["level"], threads, feeds)
 
     def ran(self, variant: Variant, op: str) -> bool:
         from ..analysis.questions import NCHWC_SUFFIX

@@ -42,7 +42,7 @@ from ..layers import Layer, Model, UniqueLayer
 from ..parsers.onednn_verbose import parse_onednn_text
 from ..problems import ConvProblem, DeconvProblem, GemmProblem, MatMulProblem
 from ..records import Dtype, Variant
-from .base import Backend, Command, Device
+from .base import Command, Device, SubgraphBackend
 from .inprocess import INDEX_NAME, Refused, result_line, serve
 from .ort import write_subgraphs
 
@@ -78,7 +78,7 @@ def _own_layout(layer: Layer) -> str:
     return "nchw" if any(len(t.shape) == 4 for t in layer.inputs) else "plain"
 
 
-class TorchBackend(Backend):
+class TorchBackend(SubgraphBackend):
     name = NAME
     dtypes = DTYPES
     layouts = LAYOUTS
@@ -127,6 +127,19 @@ class TorchBackend(Backend):
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
         return {THREADS_ENV: str(threads), "PYTHONPATH": path}
 
+    def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:
+        import torch
+
+        from ..torch_exec import UnsupportedOpError
+
+        torch.set_num_threads(threads)
+        try:
+            graph, feed = _prepared(path, entry["dtype"], entry["layout"], feeds)
+        except UnsupportedOpError as exc:
+            raise Refused(str(exc)) from None
+        with torch.backends.mkldnn.flags(enabled=entry["algo"] != "native"), torch.no_grad():
+            return [t.float().contiguous().numpy() for t in graph.run(feed, annotate=False)]
+
     def ran(self, variant: Variant, op: str) -> bool:
         # `benanza profile --framework torch` runs the model as given (contiguous tensors) with
         # torch's defaults (oneDNN enabled): what a torch user gets without choosing
@@ -173,9 +186,10 @@ class _Timed:
     kernels: str  # what ran, node by node: oneDNN's implementation, or the aten op that took longest
 
 
-def _prepared(path: Path, dtype: str, layout: str) -> tuple[Any, dict[str, Any]]:
-    """The subgraph as torch_exec runs it, its constants and inputs in the variant's dtype and
-    memory format."""
+def _prepared(path: Path, dtype: str, layout: str,
+              feeds: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """The subgraph as torch_exec runs it, its constants and inputs (``feeds``' numpy arrays, or
+    the executor's random ones) in the variant's dtype and memory format."""
     import torch
 
     from ..torch_exec import load_torch_graph
@@ -190,7 +204,8 @@ def _prepared(path: Path, dtype: str, layout: str) -> tuple[Any, dict[str, Any]]
 
     graph = load_torch_graph(path)
     graph = dataclasses.replace(graph, constants={k: cast(t) for k, t in graph.constants.items()})
-    return graph, {k: cast(t) for k, t in graph.random_inputs().items()}
+    inputs = {k: torch.from_numpy(v) for k, v in feeds.items()} if feeds is not None else graph.random_inputs()
+    return graph, {k: cast(t) for k, t in inputs.items()}
 
 
 def _measure(path: Path, entry: dict[str, str], min_time: float, repetitions: int) -> _Timed:
