@@ -227,6 +227,10 @@ def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, valu
         return np.array(given).astype(np_type).reshape(shape)
     numel = math.prod(shape)
     floating = np.issubdtype(np_type, np.floating)
+    if deciding and not np.issubdtype(np_type, np.number) and np_type != np.bool_:
+        # --input-value reads numbers: text has only --input-data to come from
+        raise ShapeError(path, f"input '{inp.name}' ({DTYPE_NAMES.get(elem, elem)}, {shown}) decides shapes "
+                               f"static inference cannot resolve: give real inputs with --input-data FILE.npz")
     if deciding and (not shape if floating else numel <= DECIDING_MAX_ELEMENTS):
         example = ",".join(["V"] * numel) if numel <= 4 else "V1,V2,…"
         raise ShapeError(path, f"input '{inp.name}' ({DTYPE_NAMES.get(elem, elem)}, {shown}) decides shapes or "
