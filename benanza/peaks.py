@@ -63,6 +63,11 @@ class Peak:
         return f"gemm_{self.dtype}" if self.kind == "gemm" else f"bandwidth_{self.size}"
 
 
+# A quantized layer is analysed in its activations' type; the peaks program measures the int8
+# GEMM (u8 x s8 -> s32 in oneDNN, s8 x s8 in cuBLAS) under the weights' type, s8. u8 and s8
+# activations run the same int8 units, so one peak is the roof of both.
+_INT8_ACTIVATIONS = {"u8": "s8", "i8": "s8"}
+
 # Peaks measured with more of their time lost to other work than this are not used as roofs.
 MAX_CONTENDED = 0.1
 
@@ -94,7 +99,9 @@ class Peaks:
     def compute_peak(self, dtype: str, math: str = "default") -> Peak | None:
         """The GEMM peak a kernel of ``dtype`` under ``math`` can reach: fp32 data whose math
         allows TF32 (cuDNN/cuBLAS ``tf32_allowed``) may run on Tensor Cores, so its roof is the
-        faster of the f32 and tf32 peaks; a kernel held to the f32 one would look impossible."""
+        faster of the f32 and tf32 peaks; a kernel held to the f32 one would look impossible.
+        A quantized layer's dtype is its activations' (u8 or i8): the int8 GEMM peak is its roof."""
+        dtype = _INT8_ACTIVATIONS.get(dtype, dtype)
         found = [p for d in ((dtype, "tf32") if dtype == "f32" and math == "tf32_allowed" else (dtype,))
                  if (p := self.gemm(d)) is not None]
         return max(found, key=lambda p: p.value) if found else None

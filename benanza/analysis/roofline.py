@@ -150,7 +150,9 @@ def roof(layer: Layer, dtype: str, peaks: Peaks, math: str = "default") -> Roof 
 
 def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[Result], list[ImpossibleResult]]:
     """Splits OK results faster than ``IMPOSSIBLE_BELOW`` × their roofline time from the rest."""
-    layers = {(n.layer.problem, dt): n.layer for n in model.nodes for dt in FLOAT_DTYPES}
+    # a float layer may be benchmarked in any float type; an integer one (quantized) in its own only
+    layers = {(n.layer.problem, dt): n.layer for n in model.nodes
+              for dt in (FLOAT_DTYPES if n.layer.dtype in FLOAT_DTYPES else (n.layer.dtype,))}
     kept, flagged = [], []
     roofs: dict[tuple, Roof | None] = {}
     for r in results:
