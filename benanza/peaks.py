@@ -36,7 +36,7 @@ BINARY = "benanza_peaks"
 # what each backend's program can ask its library for (cuDNN's: cuBLAS, "tf32" being fp32 data
 # on Tensor Cores)
 GEMM_TYPES = {"onednn": ("f32", "bf16", "s8"), "cudnn": ("f32", "tf32", "f16", "bf16", "s8")}
-_SECONDS = 0.15  # measuring time per peak: the whole run stays within a few seconds
+SECONDS = 0.15  # measuring time per peak: the whole run stays within a few seconds
 _DRAM_FACTOR = 4  # the largest working set, in last-level caches
 _MIN_DRAM = 64 << 20
 _TIMEOUT = 300.0
@@ -376,7 +376,7 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
     sets = working_sets(levels, _mem_available())
     label = {n: lvl for lvl, n in sets}
     binary = _build(backend, cmake_args)
-    args = [f"--gemm={','.join(GEMM_TYPES[backend])}", f"--seconds={_SECONDS:g}",
+    args = [f"--gemm={','.join(GEMM_TYPES[backend])}", f"--seconds={SECONDS:g}",
             *(f"--level={lvl}:{n}" for lvl, n in sets)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     log.info("measuring peaks: %s", shlex.join([str(binary), *args]))
@@ -398,7 +398,7 @@ def _measure_gpu(cmake_args: tuple[str, ...], command: str) -> tuple[dict, Peaks
     if not any(a.startswith("-DBENANZA_PYTHON=") for a in cmake_args):
         cmake_args = (*cmake_args, f"-DBENANZA_PYTHON={sys.executable}")
     binary = _build("cudnn", cmake_args)
-    args = [f"--gemm={','.join(GEMM_TYPES['cudnn'])}", f"--seconds={_SECONDS:g}", "--ladder"]
+    args = [f"--gemm={','.join(GEMM_TYPES['cudnn'])}", f"--seconds={SECONDS:g}", "--ladder"]
     log.info("measuring peaks: %s", shlex.join([str(binary), *args]))
     output, _ = _run(binary, args, dict(os.environ))
     context, peaks, unsupported = parse_output(output, str(binary))

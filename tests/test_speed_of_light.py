@@ -20,7 +20,7 @@ from onnx import helper
 from benanza.analysis.roofline import roof
 from benanza.generator import GenOptions, generate
 from benanza.manifest import build_manifest, write_manifest
-from benanza.peaks import Peak, Peaks, cache_levels, measure, working_sets
+from benanza.peaks import SECONDS, Peak, Peaks, cache_levels, measure, working_sets
 from benanza.processor import load_model, unique_layers
 from benanza.system import cpu_has_bf16
 
@@ -129,8 +129,10 @@ def test_ladder_spans_the_caches_to_several_llcs():
     assert [n for _, n in sets] == sorted(n for _, n in sets)
 
 
-def _torch_gemm(dtype, threads: int, n: int = 512, seconds: float = 0.5) -> float:
-    """FLOP/s of torch.mm (its own BLAS/oneDNN build) at ``threads``: the best of 10 ms batches."""
+def _torch_gemm(dtype, threads: int, n: int = 512, seconds: float = SECONDS) -> float:
+    """FLOP/s of torch.mm (its own BLAS/oneDNN build) at ``threads``: the best of 10 ms batches
+    over as long as `benanza peaks` measures its own GEMM of that size: on a busy machine a longer
+    look catches a quieter moment, so unequal times would compare the load, not the libraries."""
     import torch
 
     torch.set_num_threads(threads)
