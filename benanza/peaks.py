@@ -128,8 +128,13 @@ class Peaks:
 
     @property
     def llc(self) -> Peak | None:
-        """The bandwidth inside the last-level cache: at its largest working set below DRAM."""
-        inside = [p for p in self.ladder if p.level not in ("DRAM", "")]
+        """The bandwidth inside the last-level cache: at its largest working set below DRAM that
+        fills at most half of its cache. A set as large as the cache does not stay in it (other
+        data and processes share it): seen on a 32 MiB L3, 14 GB/s at 32 MiB against 79 at 8 MiB,
+        nearer main memory's 6 than the cache's."""
+        capacity = dict(self.levels)
+        inside = [p for p in self.ladder if p.level not in ("DRAM", "")
+                  and 2 * p.size <= capacity.get(p.level, 2 * p.size)]
         return self.bandwidth_for(inside[-1].size) if inside else None
 
     def to_json(self) -> dict:
