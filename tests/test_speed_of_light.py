@@ -116,6 +116,24 @@ def test_an_int8_layer_is_held_to_the_int8_gemm_peak_and_screened():
     assert kept == [real] and [f.variant for f in flagged] == [fast.variant.name]
 
 
+def test_a_result_is_judged_by_the_latency_a_bound_takes_from_it():
+    """A bound takes a CPU result's low percentile of per-call samples, not its median: a result
+    whose median sits above its floor but whose low percentile is far below it is a defect too
+    (seen: a 1×1 convolution's 0.062 ms against a 0.27 ms median and a 0.14 ms floor)."""
+    from test_analyzer import ok
+
+    from benanza.analysis.roofline import screen
+
+    m = load_model(model([helper.make_node("Gemm", ["a", "b"], ["y"], transB=1)], [io("a", [64, 512])],
+                         [io("y", None)], [tensor("b", (512, 512))]), name="g")
+    layer = m.nodes[0].layer
+    floor = roof(layer, "f32", PEAKS).floor_ms(ok(layer, 1.0).variant, "")  # type: ignore[union-attr]
+    sampled = replace(ok(layer, 2 * floor), low_ms=0.1 * floor)
+    kept, flagged = screen([sampled, replace(sampled, low_ms=None)], m, PEAKS)
+    assert [(f.median_ms, f.latency_ms) for f in flagged] == [(2 * floor, 0.1 * floor)]
+    assert [r.low_ms for r in kept] == [None]
+
+
 def test_bandwidth_of_a_working_set_ignores_a_dip_below_a_larger_one():
     dip = Peaks((Peak("bandwidth", 4e11, 1024), Peak("bandwidth", 5e10, 4000), Peak("bandwidth", 1e11, 1 << 20)))
     assert dip.bandwidth_for(8000).value == 1e11 and dip.bandwidth_for(100).value == 4e11
@@ -255,7 +273,7 @@ def test_result_beyond_its_roof_is_flagged_and_kept_out_of_the_bound(tmp_path, s
     (a,) = json.loads(out.stdout)["analyses"]
     sol = a["speed_of_light"]
     assert [f["variant"] for f in sol["impossible"]] == [conv.name]
-    assert sol["impossible"][0]["median_ms"] < 0.9 * sol["impossible"][0]["roofline_ms"]
+    assert sol["impossible"][0]["latency_ms"] < 0.9 * sol["impossible"][0]["roofline_ms"]
     conv_rows = [r for r in a["layers"] if r["key"] == conv.layer_key]
     assert conv_rows and all(r["latency_ms"] == 0.5 and r["variant"] != conv.name for r in conv_rows)
     flagged = [r for r in sol["layers"] if r["impossible"]]
