@@ -124,6 +124,7 @@ def _speed_of_light_json(a: Analysis) -> dict | None:
         "memory_bound_ms": _r(memory),
         "memory_bound_share": _r(memory / a.bounds.sequential_ms, 4) if a.bounds.sequential_ms else None,
         "impossible": [{"variant": f.variant, "layer_key": f.layer_key, "median_ms": _r(f.median_ms),
+                        "latency_ms": _r(f.latency_ms),
                         "roofline_ms": _r(f.floor_ms)} for f in sol.impossible],
         "no_compute_roof": list(sol.no_compute_roof),
         "layers": [{"index": r.index, "flops": r.roof.flops, "bytes": r.roof.bytes,
