@@ -20,8 +20,8 @@ from rich.text import Text
 
 from .errors import BenanzaError
 from .escape import printable
-from .measurement import MAX_CONTENTION
-from .records import UNSTABLE_RSD
+from .limits import MAX_DIM
+from .measurement import MAX_CONTENTION, UNSTABLE_RSD
 
 if TYPE_CHECKING:
     from .generator import GenOptions
@@ -140,8 +140,6 @@ def main(verbose: int) -> None:
 # --- shared options ----------------------------------------------------------------------
 
 def batch_options(f):
-    from .processor import MAX_DIM
-
     f = click.option("--input-shape", "input_shape", multiple=True, metavar="[MODEL:]NAME=D1xD2x..",
                      help="Concrete shape of an input whose non-batch dims are symbolic (repeatable). It "
                           "applies to each model that has input NAME; MODEL: (path, file name or stem) "
