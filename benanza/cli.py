@@ -20,8 +20,8 @@ from rich.text import Text
 
 from .errors import BenanzaError
 from .escape import printable
-from .measurement import MAX_CONTENTION
-from .records import UNSTABLE_RSD
+from .limits import MAX_DIM
+from .measurement import MAX_CONTENTION, UNSTABLE_RSD
 
 if TYPE_CHECKING:
     from .generator import GenOptions
@@ -140,8 +140,6 @@ def main(verbose: int) -> None:
 # --- shared options ----------------------------------------------------------------------
 
 def batch_options(f):
-    from .processor import MAX_DIM
-
     f = click.option("--input-shape", "input_shape", multiple=True, metavar="[MODEL:]NAME=D1xD2x..",
                      help="Concrete shape of an input whose non-batch dims are symbolic (repeatable). It "
                           "applies to each model that has input NAME; MODEL: (path, file name or stem) "
@@ -470,8 +468,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                TimeRemainingColumn())
     counts = {"ok": 0, "unsupported": 0, "failed": 0}
     if not err_console.is_terminal:  # a log file or a CI job: no bar to draw, so say at a steady pace
-        lines = _ProgressLines(counts)
-        with sigterm_interrupts():
+        with _ProgressLines(counts) as lines, sigterm_interrupts():
             summary = runner.run(bench_dir, system_name, backend, path, options, progress=lines.step)
     else:
         with Progress(*columns, console=err_console, transient=True) as bar:
@@ -519,9 +516,12 @@ class _ProgressLines:
     """``run``'s progress as a line every ``every`` seconds (and at the last benchmark) when stderr
     is not a terminal: benchmarks done, their statuses, time spent and an estimate of the time left
     (the mean time per benchmark since the pass's first one started, the build excluded, times
-    those left). A pass that re-measures unstable or contended results counts on its own."""
+    those left). A pass that re-measures unstable or contended results counts on its own. Inside
+    ``with``, the build before the first benchmark (minutes for a large bench dir, longer when
+    another run holds the build lock) says so at the same pace."""
 
     def __init__(self, counts: dict[str, int], every: float = 30.0, clock=None) -> None:
+        import threading
         import time
 
         self.counts, self.every, self.clock = counts, every, clock or time.monotonic
@@ -530,8 +530,24 @@ class _ProgressLines:
         self.total: int | None = None  # the pass's benchmarks
         self.done = 0
         self.label = "run"
+        self.measuring = threading.Event()  # set at the first benchmark, or when the run ends
+        self.beat = threading.Thread(target=self._building, daemon=True)
+
+    def __enter__(self) -> _ProgressLines:
+        self.beat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.measuring.set()
+        self.beat.join()
+
+    def _building(self) -> None:
+        while not self.measuring.wait(self.every):
+            err_console.print(f"{self.label}: building, {_duration(self.clock() - self.started)} spent",
+                              highlight=False, soft_wrap=True)
 
     def step(self, p) -> None:
+        self.measuring.set()
         now = self.clock()
         if self.total is not None and (p.total != self.total or p.done < self.done):  # the next pass
             self.label, self.first = "re-measure", None

@@ -29,6 +29,9 @@ PERCENTILES = 101
 # Default share of a benchmark's runnable time its threads may wait for a CPU before its
 # result is contended (re-measured later, flagged if it stays so, never silently in a bound).
 MAX_CONTENTION = 0.05
+# Default relative standard deviation (stddev / median of the repetitions) above which a
+# result is unstable: re-measured by `benanza run`, flagged when it stays so.
+UNSTABLE_RSD = 0.1
 
 
 @dataclass(frozen=True)

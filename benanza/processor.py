@@ -30,6 +30,7 @@ from onnx import numpy_helper
 from .control_flow import TakenBranch, inline_control_flow
 from .errors import BenanzaError, ModelError, NodeError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
+from .limits import MAX_DIM, MAX_RANK
 from .ops.base import NodeView
 from .ops.registry import build_layer
 from .scopes import node_scope, scope_source
@@ -41,11 +42,6 @@ log = logging.getLogger(__name__)
 _CONSTANT_MAKERS = {"ConstantOfShape", "Identity", "Cast"}
 
 
-# Bounds on what a model may ask for. No library Benanza benchmarks takes more than 12 dims
-# (oneDNN; cuDNN 8) or a dim past int32, and a hostile file claiming more (a Reshape target of
-# a million dims) would otherwise keep shape inference building symbols for minutes.
-MAX_RANK = 32
-MAX_DIM = 2**31 - 1
 # Wall-clock budget of ONNX Runtime's symbolic shape inference (the fallback; it is pure
 # Python and its cost grows with what a file claims, not with the work it describes).
 SYMBOLIC_SECONDS = 60.0

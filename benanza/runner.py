@@ -35,6 +35,7 @@ from .generator import BACKEND_MODULES, get_backend, read_variants
 from .manifest import read_manifest
 from .measurement import (
     MAX_CONTENTION,
+    UNSTABLE_RSD,
     Contention,
     CpuClock,
     FreeCores,
@@ -46,7 +47,7 @@ from .measurement import (
 )
 from .peaks import GEMM_TYPES, Peaks
 from .perfdb import DatabaseError, PerfDB, resolve_db_path
-from .records import UNSTABLE_RSD, Result, Status, System, Variant
+from .records import Result, Status, System, Variant
 from .system import cpu_model, detect_system, probe_gpu
 
 log = logging.getLogger(__name__)
