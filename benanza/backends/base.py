@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BenanzaError
 
@@ -102,7 +102,7 @@ class Backend(ABC):
         """The measuring child's environment beyond the runner's own (``threads``: CPU threads)."""
         return {}
 
-    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+    def stack_overrides(self, context: dict[str, Any] | None) -> dict[str, str]:
         """Stack entries from the child's context line: the versions it actually loaded (None: a
         dry run, which builds and starts nothing: what is known without the program)."""
         return {}
@@ -117,7 +117,7 @@ class CMakeBackend(Backend):
     def prepare(self, project: Path, options: RunOptions) -> Command:
         return Command((str(build(project, options.build_jobs, options.cmake_args).resolve()),))
 
-    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+    def stack_overrides(self, context: dict[str, Any] | None) -> dict[str, str]:
         custom = (context or {}).get("custom", {})
         return {k: custom[v] for k, v in self.context_versions.items() if custom.get(v)}
 
