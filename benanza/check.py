@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .backends.base import build
 from .backends.onednn import fused_config
 from .errors import BenanzaError, UsageError
 from .fusion import BY_NAME as PATTERNS
@@ -61,7 +62,6 @@ from .problems import (
     broadcast,
 )
 from .records import Variant
-from .runner import build
 
 log = logging.getLogger(__name__)
 _FAMILIES = {f.name: f for f in FAMILIES}

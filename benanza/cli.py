@@ -310,10 +310,16 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import LIBRARY_BACKENDS
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
-    from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
+    from .processor import (
+        input_shapes_per_model,
+        input_values_per_model,
+        load_model,
+        model_stats,
+        total_stats,
+        unique_layers,
+    )
     from .shapes_by_execution import (
         execution_json,
-        input_values_per_model,
         load_input_data,
         shape_notes,
         uncosted_notes,
@@ -924,8 +930,14 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     from .generator import expand_variants, get_backend
     from .manifest import build_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
-    from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
-    from .shapes_by_execution import input_values_per_model, load_input_data, parse_input_value
+    from .processor import (
+        input_shapes_per_model,
+        input_values_per_model,
+        load_model,
+        parse_input_shapes,
+        unique_layers,
+    )
+    from .shapes_by_execution import load_input_data, parse_input_value
     from .sweep import measure_missing
 
     path = resolve_db_path(db_path)
@@ -1192,9 +1204,8 @@ def profile(model: str | None, framework: str, batch_size: int, input_shape: tup
             raise click.UsageError(f"{opt} applies to --command only")
     if model is None:
         raise click.UsageError("give MODEL, or --command 'CMD' (or `-- CMD…`) to profile your own application")
-    from .processor import parse_input_shapes
+    from .processor import input_values_per_model, parse_input_shapes
     from .profiler import ProfileSpec, profile_model
-    from .shapes_by_execution import input_values_per_model
 
     out = out_dir or str(Path("profiles") / f"{Path(model).stem}-{framework}-b{batch_size}")
     spec = ProfileSpec(model=str(Path(model).resolve()), framework=framework, out_dir=out, batch_size=batch_size,
@@ -1308,9 +1319,8 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     from .parsers import load_profile
     from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
-    from .processor import parse_input_shapes
+    from .processor import input_values_per_model, parse_input_shapes
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
-    from .shapes_by_execution import input_values_per_model
     from .sweep import SweepRequest, run_sweep, write_report
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,

@@ -70,7 +70,8 @@ def get_backend(name: str) -> Backend:
     module = BACKEND_MODULES.get(name)
     if module is None:
         raise BenanzaError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKEND_MODULES))}")
-    return importlib.import_module(module).BACKEND
+    backend: Backend = importlib.import_module(module).BACKEND
+    return backend
 
 
 def template_env(backend: str) -> jinja2.Environment:

@@ -277,8 +277,8 @@ def _cache_root() -> Path:
 def _build(backend: str, cmake_args: tuple[str, ...]) -> Path:
     """The built program, from a build folder keyed by its sources and CMake arguments;
     concurrent callers wait for one build (a file lock) instead of racing it."""
+    from .backends.base import build
     from .resources import runtime_dir
-    from .runner import build
 
     src = runtime_dir() / "peaks" / backend
     if not (src / "CMakeLists.txt").is_file():

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -34,9 +34,10 @@ from .limits import MAX_DIM, MAX_RANK
 from .ops.base import NodeView
 from .ops.registry import build_layer
 from .scopes import node_scope, scope_source
-from .shapes_by_execution import complete_by_execution
+from .shapes_by_execution import complete_by_execution, parse_input_value
 
 log = logging.getLogger(__name__)
+_V = TypeVar("_V")
 
 # Nodes that only materialise a constant: what another exporter stores as an initializer.
 _CONSTANT_MAKERS = {"ConstantOfShape", "Identity", "Cast"}
@@ -94,14 +95,27 @@ def input_shapes_per_model(specs: Iterable[str], models: Sequence[str]) -> dict[
                              f"({', '.join(sorted(owners))}); use the path as given")
         out[next(iter(owners))][target[1]] = shape
     if plain:
-        inputs = {m: _real_inputs(m) for m in models}
-        stray = sorted(n for n in plain if not any(n in names for names in inputs.values()))
-        if stray:
-            listing = "; ".join(f"{m}: {', '.join(sorted(names)) or 'none'}" for m, names in inputs.items())
-            raise UsageError(f"--input-shape {', '.join(stray)}: no given model has such an input ({listing})")
-        for m, names in inputs.items():
-            out[m] = {**{n: v for n, v in plain.items() if n in names}, **out[m]}
+        for m, given in _per_model("--input-shape", plain, models).items():
+            out[m] = {**given, **out[m]}
     return out
+
+
+def input_values_per_model(specs: Iterable[str], models: Sequence[str]) -> dict[str, dict[str, tuple[float, ...]]]:
+    """The ``--input-value`` values of each model of a multi-model command: ``NAME=…`` applies to
+    every model with an input NAME; a NAME no model has is an error."""
+    return _per_model("--input-value", dict(parse_input_value(s) for s in specs), models)
+
+
+def _per_model(option: str, given: dict[str, _V], models: Sequence[str]) -> dict[str, dict[str, _V]]:
+    """Each model's share of ``given`` (input name → value): the names among its graph inputs."""
+    if not given:
+        return {m: {} for m in models}
+    inputs = {m: _real_inputs(m) for m in models}
+    stray = sorted(n for n in given if not any(n in names for names in inputs.values()))
+    if stray:
+        listing = "; ".join(f"{m}: {', '.join(sorted(names)) or 'none'}" for m, names in inputs.items())
+        raise UsageError(f"{option} {', '.join(stray)}: no given model has such an input ({listing})")
+    return {m: {n: v for n, v in given.items() if n in names} for m, names in inputs.items()}
 
 
 def _real_inputs(path: str) -> set[str]:

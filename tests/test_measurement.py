@@ -324,6 +324,7 @@ def test_a_v2_database_gains_the_sample_and_contention_columns(tmp_path, bench):
 
 # --- the real pipeline -----------------------------------------------------------------------------
 
+@pytest.mark.slow  # builds and runs the oneDNN project
 def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench):
     """generate → build → run → DB → analyze with the oneDNN runtime: each result's low percentile
     is one of its timed calls, below its repetitions' means, and the bound is made of them."""

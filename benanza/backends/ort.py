@@ -112,7 +112,9 @@ class OnnxRuntimeBackend(Backend):
         if variants and not models:
             raise BenanzaError("the onnxruntime backend cuts each layer out of its model: generate it from the "
                                "models (`benanza generate MODELS --backend onnxruntime`)")
-        sources = [_Source(m) for m in models]
+        # a layer several models hold is cut from the first of them by name, not by the order the
+        # models were given in: `generate a b` and `generate b a` write the same subgraphs
+        sources = [_Source(m) for m in sorted(models, key=lambda m: (m.name, m.path))]
         folder = make_folder(out_dir / "models")
         index: dict[str, dict[str, str]] = {}
         written: dict[tuple[str, str], dict[str, str]] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..errors import NodeError
 from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, present, required
@@ -15,7 +15,7 @@ from .grammar import F, Problem, windowed
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 
-def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+def explicit_pads(attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
                   dilations: Sequence[int]) -> list[int]:
     """ONNX-ordered pads (all begins, then all ends), resolving auto_pad as ONNX defines it."""
     n = len(kernel)
@@ -182,7 +182,7 @@ class ConvParams:
 
 
 
-def group(attrs: dict, channels: int, weight: tuple[int, ...], in_axis: int) -> int:
+def group(attrs: dict[str, Any], channels: int, weight: tuple[int, ...], in_axis: int) -> int:
     """The group count, checked against the input's channels and the weight's (their input
     channels per group on axis 1 for Conv, all of them on axis 0 for ConvTranspose): groups that
     do not divide the channels have no meaning, and a benchmark of them would only fail when run."""
