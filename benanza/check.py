@@ -155,7 +155,9 @@ def _np_type(short: str) -> np.dtype:
 @dataclass
 class _Spec:
     """A reference for one benchmark: the model's nodes, the generated value of every input the
-    benchmark fills (by (node position, input index)), the outputs it writes, in its order."""
+    benchmark fills (by (node position, input index)), the outputs it writes, in its order.
+    ``constants``: generated values of inputs the model holds as constants, which stay constants
+    in the reference (ONNX Runtime picks its kernel from them: its QDQ fusions need constant weights)."""
 
     nodes: tuple[int, ...]
     feeds: dict[tuple[int, int], np.ndarray]
@@ -164,6 +166,7 @@ class _Spec:
     dense: bool = False  # a copy of the output's bytes: compare with the generated source
     attrs: dict[int, dict[str, object]] = field(default_factory=dict)  # per node position: attributes to set
     extra_inputs: dict[int, list[str]] = field(default_factory=dict)  # per node position: inputs to append
+    constants: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
 
 class _NoReference(Exception):
@@ -236,9 +239,9 @@ def _unfused(site: _Site, v: Variant, gen) -> _Spec:
         else:
             shapes = [site.in_shape(0, i) for i in range(n_in)]
             feeds = _fill(site, gen, [(0, i) for i in _binary_order(p, shapes)])
-        return _Spec((0,), feeds, outs, compared)
+        return _Spec(site.nodes, feeds, outs, compared)
     if isinstance(p, GemmProblem):
-        return _Spec((0,), _gemm_feeds(site, p, v, gen), outs, compared)
+        return _Spec(site.nodes, _gemm_feeds(site, p, v, gen), outs, compared)
     if isinstance(p, AttentionProblem):
         return _attention_op(site, p, gen, compared)
     if isinstance(p, CopyProblem):
@@ -247,17 +250,17 @@ def _unfused(site: _Site, v: Variant, gen) -> _Spec:
                     f"{sum(math.prod(o) for o in p.outs)} elements moved from a buffer of their shape (the "
                     f"values are generated, not the op's: the copy does not compute {proto.op_type}); sizes "
                     f"against the op's real outputs")
-            return _Spec((0,), {}, list(proto.output), what, dense=True)
-        return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
+            return _Spec(site.nodes, {}, list(proto.output), what, dense=True)
+        return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), list(proto.output), compared)
     if isinstance(p, (CastProblem, QMatMulProblem, QdqProblem, ConvIntProblem)):
-        return _Spec((0,), _integer_feeds(site, p, v, gen), outs, compared)
+        return _Spec(site.nodes, _integer_feeds(site, p, v, gen), outs, compared)
     if isinstance(p, DynQuantProblem):  # y, its scale and its zero point
-        return _Spec((0,), _fill(site, gen, [(0, 0)]), list(proto.output), compared)
+        return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), list(proto.output), compared)
     # the other families say which inputs their benchmark fills, in stream order
     family = _FAMILIES.get(p.family)
     fills = family.onednn.fills if family is not None and family.onednn is not None else None
     if fills is not None:
-        return _Spec((0,), _fill(site, gen, [(0, i) for i in fills(p)]), outs, compared)
+        return _Spec(site.nodes, _fill(site, gen, [(0, i) for i in fills(p)]), outs, compared)
     raise _NoReference(f"no reference adapter for the {p.family} family")
 
 
@@ -326,7 +329,7 @@ def _attention_op(site: _Site, p: AttentionProblem, gen, compared: str) -> _Spec
     kt = p.k[:-2] + (p.k[-1], p.k[-2])
     feeds = {(0, 0): gen(0, p.q), (0, 1): np.ascontiguousarray(np.swapaxes(gen(1, kt), -1, -2))}
     masked = p.mask is not None or p.causal
-    spec = _Spec((0,), feeds, [site.proto(0).output[0]], compared)
+    spec = _Spec(site.nodes, feeds, [site.proto(0).output[0]], compared)
     if masked:
         shape = p.mask if p.mask is not None else (p.q[2], p.k[2])
         mask = gen(2, shape)
@@ -380,16 +383,20 @@ def _fused(site: _Site, v: Variant, gen) -> _Spec:
         return _Spec(site.nodes, _fill(site, gen, [(0, 0), scale, shift]), outs, compared)
     if pattern.name == "qdq_matmul":
         # the runtime's streams (make_qmatmul, a QLinearMatMul): A u8, B s8, A's zero point, A's,
-        # B's and the output's scales, the output's zero point; the model's float weights are the
-        # dequantized B: B times its scale
+        # B's and the output's scales, the output's zero point. B is the weights' DequantizeLinear's
+        # input (a folded node, so not in the match) and, with the scales and zero points, a
+        # constant, as in the model: ONNX Runtime then runs the pattern as it runs the model,
+        # through its int8 QLinearMatMul kernel. Fed as float weights it would run a float MatMul,
+        # exact where an int8 kernel without VNNI saturates u8·s8 pair sums at int16 (docs/quantized.md)
+        full = _Site(site.ref, site.nodes + (site.ref.model.producer[site.node(0).inputs[1]],))
         u8 = np.dtype(np.uint8)
-        b = as_filled(gen(1, site.in_shape(0, 1)), np.dtype(np.int8)).astype(np.float32)
-        sb = as_scales(gen(4, ()))
-        feeds = {(1, 0): as_filled(gen(0, site.in_shape(1, 0)), u8), (0, 1): b * sb,
-                 (1, 2): as_filled(gen(2, site.in_shape(1, 2)), u8), (1, 1): as_scales(gen(3, site.in_shape(1, 1))),
-                 (2, 1): as_scales(gen(5, site.in_shape(2, 1))), (2, 2): as_filled(gen(6, site.in_shape(2, 2)), u8)}
-        return _Spec(site.nodes, feeds, outs, compared + " (the weights' dequantization as the s8 values times their "
-                                                      "scale it computes once)")
+        constants = {(3, 0): as_filled(gen(1, full.in_shape(3, 0)), np.dtype(np.int8)),
+                     (1, 2): as_filled(gen(2, site.in_shape(1, 2)), u8), (1, 1): as_scales(gen(3, site.in_shape(1, 1))),
+                     (3, 1): as_scales(gen(4, full.in_shape(3, 1))), (2, 1): as_scales(gen(5, site.in_shape(2, 1))),
+                     (2, 2): as_filled(gen(6, site.in_shape(2, 2)), u8)}
+        return _Spec(full.nodes, {(1, 0): as_filled(gen(0, site.in_shape(1, 0)), u8)}, outs,
+                     compared + f" and the weights' DequantizeLinear {full.proto(3).name or full.proto(3).output[0]!r}"
+                     f" (weights, scales and zero points constants, as in the model)", constants=constants)
     if pattern.name == "rmsnorm":  # x (the Pow's input, second in the match), then the last Mul's scale
         scale = (last, site.external(last, protos[last - 1].output[0]))
         return _Spec(site.nodes, _fill(site, gen, [(1, 0), scale]), outs, compared)
@@ -525,8 +532,10 @@ def _evaluate(m: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[st
 
 
 def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
-    """Runs the spec's nodes, taken from the model, on its feeds and the model's constants."""
+    """Runs the spec's nodes, taken from the model, on its feeds and constants and the model's
+    other constants."""
     ref = site.ref
+    site = _Site(ref, spec.nodes)  # the site's nodes and any more the reference runs
     protos = []
     produced: set[str] = set()
     for pos in range(len(spec.nodes)):
@@ -541,7 +550,7 @@ def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
     inputs, inits, kept_names = [], [], []
     # a tensor fed at one slot is that input wherever the nodes read it (x in x·Φ(x))
     first_fed: dict[str, str] = {}
-    for (pos, i) in sorted(spec.feeds):
+    for (pos, i) in sorted(spec.feeds.keys() | spec.constants.keys()):
         first_fed.setdefault(protos[pos].input[i], f"__in{pos}_{i}")
     # in the model's order: a pattern's nodes after its anchor may feed it (Q's and K's scales)
     ordered = sorted(range(len(protos)), key=lambda pos: spec.nodes[pos])
@@ -554,6 +563,9 @@ def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
             if value is not None:
                 node.input[i] = f"__in{pos}_{i}"
                 inputs.append((node.input[i], value))
+            elif (pos, i) in spec.constants:
+                node.input[i] = f"__in{pos}_{i}"
+                inits.append(numpy_helper.from_array(spec.constants[(pos, i)], node.input[i]))
             elif name in first_fed:
                 node.input[i] = first_fed[name]
             else:
