@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "benanza"
 # Each module's stage, lowest first; a module may import its own stage and any lower one. The
 # first prefix that matches a module's dotted name (``benanza.`` left off) decides.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("errors", "escape", "outputs", "resources", "scopes", "measurement", "children", "toolchain")),
+    ("base", ("errors", "escape", "outputs", "resources", "scopes", "measurement", "children", "toolchain",
+              "limits")),
     # what every stage speaks: op families and their registry, layer and variant records, the
     # fusion patterns, the machine's description, the parsers of logs and traces
     ("vocabulary", ("ops", "layers", "problems", "records", "fusion", "system", "parsers")),
