@@ -4,9 +4,10 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # ``benanza.measure`` without importing the profiler on every ``import benanza``
-    if name == "measure":
-        from .profiler import measure
+    # ``benanza.measure`` and ``benanza.ort_session_options`` without importing the profiler on
+    # every ``import benanza``
+    if name in ("measure", "ort_session_options"):
+        from . import profiler
 
-        return measure
+        return getattr(profiler, name)
     raise AttributeError(f"module 'benanza' has no attribute {name!r}")

@@ -529,7 +529,7 @@ def _warn_speed_of_light(a: Analysis) -> None:
             f"{len(sol.impossible)} results are faster than {IMPOSSIBLE_BELOW:.0%} of the floor the measured "
             f"peaks set for them (the machine allows no such kernel): a measurement defect such as an empty timed "
             f"region, flagged impossible and kept out of every bound; re-measure with `benanza run --force "
-            f"--filter`: " + ", ".join(f"{f.variant} {f.median_ms:.3g} ms < roof {f.floor_ms:.3g} ms"
+            f"--filter`: " + ", ".join(f"{f.variant} {f.latency_ms:.3g} ms < roof {f.floor_ms:.3g} ms"
                                        for f in sol.impossible[:3]) + (", …" if len(sol.impossible) > 3 else ""))
     if sol.no_compute_roof:
         a.notes.append(f"no GEMM peak in {', '.join(sol.no_compute_roof)} was measured on this stack: those "

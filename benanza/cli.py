@@ -20,8 +20,8 @@ from rich.text import Text
 
 from .errors import BenanzaError
 from .escape import printable
-from .measurement import MAX_CONTENTION
-from .records import UNSTABLE_RSD
+from .limits import MAX_DIM
+from .measurement import MAX_CONTENTION, UNSTABLE_RSD
 
 if TYPE_CHECKING:
     from .generator import GenOptions
@@ -140,8 +140,6 @@ def main(verbose: int) -> None:
 # --- shared options ----------------------------------------------------------------------
 
 def batch_options(f):
-    from .processor import MAX_DIM
-
     f = click.option("--input-shape", "input_shape", multiple=True, metavar="[MODEL:]NAME=D1xD2x..",
                      help="Concrete shape of an input whose non-batch dims are symbolic (repeatable). It "
                           "applies to each model that has input NAME; MODEL: (path, file name or stem) "
@@ -312,10 +310,16 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import LIBRARY_BACKENDS
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
-    from .processor import input_shapes_per_model, load_model, model_stats, total_stats, unique_layers
+    from .processor import (
+        input_shapes_per_model,
+        input_values_per_model,
+        load_model,
+        model_stats,
+        total_stats,
+        unique_layers,
+    )
     from .shapes_by_execution import (
         execution_json,
-        input_values_per_model,
         load_input_data,
         shape_notes,
         uncosted_notes,
@@ -470,8 +474,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                TimeRemainingColumn())
     counts = {"ok": 0, "unsupported": 0, "failed": 0}
     if not err_console.is_terminal:  # a log file or a CI job: no bar to draw, so say at a steady pace
-        lines = _ProgressLines(counts)
-        with sigterm_interrupts():
+        with _ProgressLines(counts) as lines, sigterm_interrupts():
             summary = runner.run(bench_dir, system_name, backend, path, options, progress=lines.step)
     else:
         with Progress(*columns, console=err_console, transient=True) as bar:
@@ -519,9 +522,12 @@ class _ProgressLines:
     """``run``'s progress as a line every ``every`` seconds (and at the last benchmark) when stderr
     is not a terminal: benchmarks done, their statuses, time spent and an estimate of the time left
     (the mean time per benchmark since the pass's first one started, the build excluded, times
-    those left). A pass that re-measures unstable or contended results counts on its own."""
+    those left). A pass that re-measures unstable or contended results counts on its own. Inside
+    ``with``, the build before the first benchmark (minutes for a large bench dir, longer when
+    another run holds the build lock) says so at the same pace."""
 
     def __init__(self, counts: dict[str, int], every: float = 30.0, clock=None) -> None:
+        import threading
         import time
 
         self.counts, self.every, self.clock = counts, every, clock or time.monotonic
@@ -530,8 +536,24 @@ class _ProgressLines:
         self.total: int | None = None  # the pass's benchmarks
         self.done = 0
         self.label = "run"
+        self.measuring = threading.Event()  # set at the first benchmark, or when the run ends
+        self.beat = threading.Thread(target=self._building, daemon=True)
+
+    def __enter__(self) -> _ProgressLines:
+        self.beat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.measuring.set()
+        self.beat.join()
+
+    def _building(self) -> None:
+        while not self.measuring.wait(self.every):
+            err_console.print(f"{self.label}: building, {_duration(self.clock() - self.started)} spent",
+                              highlight=False, soft_wrap=True)
 
     def step(self, p) -> None:
+        self.measuring.set()
         now = self.clock()
         if self.total is not None and (p.total != self.total or p.done < self.done):  # the next pass
             self.label, self.first = "re-measure", None
@@ -910,8 +932,14 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     from .generator import expand_variants, get_backend
     from .manifest import build_manifest
     from .perfdb import PerfDB, missing_command, resolve_db_path
-    from .processor import input_shapes_per_model, load_model, parse_input_shapes, unique_layers
-    from .shapes_by_execution import input_values_per_model, load_input_data, parse_input_value
+    from .processor import (
+        input_shapes_per_model,
+        input_values_per_model,
+        load_model,
+        parse_input_shapes,
+        unique_layers,
+    )
+    from .shapes_by_execution import load_input_data, parse_input_value
     from .sweep import measure_missing
 
     path = resolve_db_path(db_path)
@@ -1178,9 +1206,8 @@ def profile(model: str | None, framework: str, batch_size: int, input_shape: tup
             raise click.UsageError(f"{opt} applies to --command only")
     if model is None:
         raise click.UsageError("give MODEL, or --command 'CMD' (or `-- CMD…`) to profile your own application")
-    from .processor import parse_input_shapes
+    from .processor import input_values_per_model, parse_input_shapes
     from .profiler import ProfileSpec, profile_model
-    from .shapes_by_execution import input_values_per_model
 
     out = out_dir or str(Path("profiles") / f"{Path(model).stem}-{framework}-b{batch_size}")
     spec = ProfileSpec(model=str(Path(model).resolve()), framework=framework, out_dir=out, batch_size=batch_size,
@@ -1294,9 +1321,8 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     from .parsers import load_profile
     from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
-    from .processor import parse_input_shapes
+    from .processor import input_values_per_model, parse_input_shapes
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
-    from .shapes_by_execution import input_values_per_model
     from .sweep import SweepRequest, run_sweep, write_report
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,

@@ -27,8 +27,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import jinja2
-
 from .errors import BenanzaError
 from .escape import c_string, cmake_quoted
 from .layers import Model
@@ -38,6 +36,8 @@ from .records import Variant
 from .resources import runtime_dir, templates_dir
 
 if TYPE_CHECKING:
+    import jinja2
+
     from .backends.base import Backend
 
 VARIANTS_NAME = "variants.json"
@@ -71,11 +71,14 @@ def get_backend(name: str) -> Backend:
     module = BACKEND_MODULES.get(name)
     if module is None:
         raise BenanzaError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKEND_MODULES))}")
-    return importlib.import_module(module).BACKEND
+    backend: Backend = importlib.import_module(module).BACKEND
+    return backend
 
 
 def template_env(backend: str) -> jinja2.Environment:
     """Jinja with StrictUndefined: a missing template value is an error, never empty C++."""
+    import jinja2  # only generating renders: `analyze` expands variants without loading it
+
     root = templates_dir()
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(root / backend), str(root / "common")]),

@@ -29,6 +29,9 @@ PERCENTILES = 101
 # Default share of a benchmark's runnable time its threads may wait for a CPU before its
 # result is contended (re-measured later, flagged if it stays so, never silently in a bound).
 MAX_CONTENTION = 0.05
+# Default relative standard deviation (stddev / median of the repetitions) above which a
+# result is unstable: re-measured by `benanza run`, flagged when it stays so.
+UNSTABLE_RSD = 0.1
 
 
 @dataclass(frozen=True)
@@ -64,10 +67,12 @@ def summarize(percentiles: list[float], count: int) -> SampleSummary:
 MIN_CLEAN_SHARE = 0.5
 SPREAD_CLEAN = 1.5
 MIN_SAMPLES = 20
-# Below this much CPU time between a benchmark's first and last line, a waiting share is one
-# accident of scheduling rather than a measurement of the machine (every real benchmark runs
-# --min-time per repetition; only a stand-in that answers at once is this short).
-MIN_RUN_NS = 1_000_000
+# Below this much runnable time (on a CPU or waiting for one) between a benchmark's first and
+# last line, a waiting share is one accident of scheduling rather than a measurement of the
+# machine (every real benchmark runs --min-time per repetition; only a stand-in that answers at
+# once is this short). Not CPU time alone: a benchmark starved of its CPU runs little and waits
+# long, and that is the contention to catch.
+MIN_RUNNABLE_NS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,7 @@ def contention(before: CpuClock | None, after: CpuClock | None) -> Contention | 
         run, wait = run + d_run, wait + d_wait
         if d_run > 0:
             rate += (now.slices - then.slices) / (d_run * 1e-9)
-    if run < MIN_RUN_NS:
+    if run + wait < MIN_RUNNABLE_NS:
         return None
     ticks = after.total_ticks - before.total_ticks
     stolen = (after.steal_ticks - before.steal_ticks) / ticks if ticks > 0 else 0.0

@@ -36,7 +36,7 @@ BINARY = "benanza_peaks"
 # what each backend's program can ask its library for (cuDNN's: cuBLAS, "tf32" being fp32 data
 # on Tensor Cores)
 GEMM_TYPES = {"onednn": ("f32", "bf16", "s8"), "cudnn": ("f32", "tf32", "f16", "bf16", "s8")}
-_SECONDS = 0.15  # measuring time per peak: the whole run stays within a few seconds
+SECONDS = 0.15  # measuring time per peak: the whole run stays within a few seconds
 _DRAM_FACTOR = 4  # the largest working set, in last-level caches
 _MIN_DRAM = 64 << 20
 _TIMEOUT = 300.0
@@ -62,6 +62,11 @@ class Peak:
     def name(self) -> str:
         return f"gemm_{self.dtype}" if self.kind == "gemm" else f"bandwidth_{self.size}"
 
+
+# A quantized layer is analysed in its activations' type; the peaks program measures the int8
+# GEMM (u8 x s8 -> s32 in oneDNN, s8 x s8 in cuBLAS) under the weights' type, s8. u8 and s8
+# activations run the same int8 units, so one peak is the roof of both.
+_INT8_ACTIVATIONS = {"u8": "s8", "i8": "s8"}
 
 # Peaks measured with more of their time lost to other work than this are not used as roofs.
 MAX_CONTENDED = 0.1
@@ -94,7 +99,9 @@ class Peaks:
     def compute_peak(self, dtype: str, math: str = "default") -> Peak | None:
         """The GEMM peak a kernel of ``dtype`` under ``math`` can reach: fp32 data whose math
         allows TF32 (cuDNN/cuBLAS ``tf32_allowed``) may run on Tensor Cores, so its roof is the
-        faster of the f32 and tf32 peaks; a kernel held to the f32 one would look impossible."""
+        faster of the f32 and tf32 peaks; a kernel held to the f32 one would look impossible.
+        A quantized layer's dtype is its activations' (u8 or i8): the int8 GEMM peak is its roof."""
+        dtype = _INT8_ACTIVATIONS.get(dtype, dtype)
         found = [p for d in ((dtype, "tf32") if dtype == "f32" and math == "tf32_allowed" else (dtype,))
                  if (p := self.gemm(d)) is not None]
         return max(found, key=lambda p: p.value) if found else None
@@ -121,8 +128,13 @@ class Peaks:
 
     @property
     def llc(self) -> Peak | None:
-        """The bandwidth inside the last-level cache: at its largest working set below DRAM."""
-        inside = [p for p in self.ladder if p.level not in ("DRAM", "")]
+        """The bandwidth inside the last-level cache: at its largest working set below DRAM that
+        fills at most half of its cache. A set as large as the cache does not stay in it (other
+        data and processes share it): seen on a 32 MiB L3, 14 GB/s at 32 MiB against 79 at 8 MiB,
+        nearer main memory's 6 than the cache's."""
+        capacity = dict(self.levels)
+        inside = [p for p in self.ladder if p.level not in ("DRAM", "")
+                  and 2 * p.size <= capacity.get(p.level, 2 * p.size)]
         return self.bandwidth_for(inside[-1].size) if inside else None
 
     def to_json(self) -> dict:
@@ -265,8 +277,8 @@ def _cache_root() -> Path:
 def _build(backend: str, cmake_args: tuple[str, ...]) -> Path:
     """The built program, from a build folder keyed by its sources and CMake arguments;
     concurrent callers wait for one build (a file lock) instead of racing it."""
+    from .backends.base import build
     from .resources import runtime_dir
-    from .runner import build
 
     src = runtime_dir() / "peaks" / backend
     if not (src / "CMakeLists.txt").is_file():
@@ -369,7 +381,7 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
     sets = working_sets(levels, _mem_available())
     label = {n: lvl for lvl, n in sets}
     binary = _build(backend, cmake_args)
-    args = [f"--gemm={','.join(GEMM_TYPES[backend])}", f"--seconds={_SECONDS:g}",
+    args = [f"--gemm={','.join(GEMM_TYPES[backend])}", f"--seconds={SECONDS:g}",
             *(f"--level={lvl}:{n}" for lvl, n in sets)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     log.info("measuring peaks: %s", shlex.join([str(binary), *args]))
@@ -391,7 +403,7 @@ def _measure_gpu(cmake_args: tuple[str, ...], command: str) -> tuple[dict, Peaks
     if not any(a.startswith("-DBENANZA_PYTHON=") for a in cmake_args):
         cmake_args = (*cmake_args, f"-DBENANZA_PYTHON={sys.executable}")
     binary = _build("cudnn", cmake_args)
-    args = [f"--gemm={','.join(GEMM_TYPES['cudnn'])}", f"--seconds={_SECONDS:g}", "--ladder"]
+    args = [f"--gemm={','.join(GEMM_TYPES['cudnn'])}", f"--seconds={SECONDS:g}", "--ladder"]
     log.info("measuring peaks: %s", shlex.join([str(binary), *args]))
     output, _ = _run(binary, args, dict(os.environ))
     context, peaks, unsupported = parse_output(output, str(binary))

@@ -30,9 +30,10 @@ from typing import TypeVar
 from .errors import FileProblem, LayerKeyError
 from .layers import Layer
 from .manifest import Manifest
+from .measurement import UNSTABLE_RSD
 from .peaks import Peak, Peaks
 from .problems import parse_layer_key
-from .records import UNSTABLE_RSD, Result, Status, System, Variant
+from .records import Result, Status, System, Variant
 
 
 def _import_sqlite_utils():

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -30,22 +30,19 @@ from onnx import numpy_helper
 from .control_flow import TakenBranch, inline_control_flow
 from .errors import BenanzaError, ModelError, NodeError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
+from .limits import MAX_DIM, MAX_RANK
 from .ops.base import NodeView
 from .ops.registry import build_layer
 from .scopes import node_scope, scope_source
-from .shapes_by_execution import complete_by_execution
+from .shapes_by_execution import complete_by_execution, parse_input_value
 
 log = logging.getLogger(__name__)
+_V = TypeVar("_V")
 
 # Nodes that only materialise a constant: what another exporter stores as an initializer.
 _CONSTANT_MAKERS = {"ConstantOfShape", "Identity", "Cast"}
 
 
-# Bounds on what a model may ask for. No library Benanza benchmarks takes more than 12 dims
-# (oneDNN; cuDNN 8) or a dim past int32, and a hostile file claiming more (a Reshape target of
-# a million dims) would otherwise keep shape inference building symbols for minutes.
-MAX_RANK = 32
-MAX_DIM = 2**31 - 1
 # Wall-clock budget of ONNX Runtime's symbolic shape inference (the fallback; it is pure
 # Python and its cost grows with what a file claims, not with the work it describes).
 SYMBOLIC_SECONDS = 60.0
@@ -98,14 +95,27 @@ def input_shapes_per_model(specs: Iterable[str], models: Sequence[str]) -> dict[
                              f"({', '.join(sorted(owners))}); use the path as given")
         out[next(iter(owners))][target[1]] = shape
     if plain:
-        inputs = {m: _real_inputs(m) for m in models}
-        stray = sorted(n for n in plain if not any(n in names for names in inputs.values()))
-        if stray:
-            listing = "; ".join(f"{m}: {', '.join(sorted(names)) or 'none'}" for m, names in inputs.items())
-            raise UsageError(f"--input-shape {', '.join(stray)}: no given model has such an input ({listing})")
-        for m, names in inputs.items():
-            out[m] = {**{n: v for n, v in plain.items() if n in names}, **out[m]}
+        for m, given in _per_model("--input-shape", plain, models).items():
+            out[m] = {**given, **out[m]}
     return out
+
+
+def input_values_per_model(specs: Iterable[str], models: Sequence[str]) -> dict[str, dict[str, tuple[float, ...]]]:
+    """The ``--input-value`` values of each model of a multi-model command: ``NAME=…`` applies to
+    every model with an input NAME; a NAME no model has is an error."""
+    return _per_model("--input-value", dict(parse_input_value(s) for s in specs), models)
+
+
+def _per_model(option: str, given: dict[str, _V], models: Sequence[str]) -> dict[str, dict[str, _V]]:
+    """Each model's share of ``given`` (input name → value): the names among its graph inputs."""
+    if not given:
+        return {m: {} for m in models}
+    inputs = {m: _real_inputs(m) for m in models}
+    stray = sorted(n for n in given if not any(n in names for names in inputs.values()))
+    if stray:
+        listing = "; ".join(f"{m}: {', '.join(sorted(names)) or 'none'}" for m, names in inputs.items())
+        raise UsageError(f"{option} {', '.join(stray)}: no given model has such an input ({listing})")
+    return {m: {n: v for n, v in given.items() if n in names} for m, names in inputs.items()}
 
 
 def _real_inputs(path: str) -> set[str]:

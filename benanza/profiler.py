@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .children import kill_group, popen
 from .errors import BenanzaError, ModelError, UsageError
@@ -209,13 +210,39 @@ TIMED, TRACED = "timed", "traced"
 
 def _quiet_env(out: Path) -> dict[str, str]:
     """This process's environment without any logger variable (even a user's own setting)."""
-    return {k: v for k, v in os.environ.items() if k not in _log_env(out)}
+    return {k: v for k, v in os.environ.items() if k not in _log_env(out) and k != ORT_PROFILE_ENV}
+
+
+# Where, in the traced run of `profile --command`, an application's ONNX Runtime sessions built
+# with ort_session_options() write ORT's profile (ORT has no environment switch of its own).
+ORT_PROFILE_ENV = "BENANZA_ORT_PROFILE_PREFIX"
+_ORT_APP = "ort-app"
+
+
+def ort_session_options(options: Any = None) -> Any:
+    """``onnxruntime.SessionOptions`` for an application's session, so that ``benanza profile
+    --command`` gets ONNX Runtime's per-node profile: in the traced run the profiler writes into
+    the bundle; in the timed run and outside Benanza the options are returned unchanged, so the
+    latency is never timed with the profiler on. ``options``: the application's own (else new)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions() if options is None else options
+    prefix = os.environ.get(ORT_PROFILE_ENV)
+    if prefix:
+        stem = f"{prefix}-{os.getpid()}-{id(so):x}"
+        so.enable_profiling = True
+        so.profile_file_prefix = stem
+        # the profile itself does not name the version or the threads the session ran with
+        Path(f"{stem}.meta").write_text(json.dumps({"onnxruntime": ort.__version__,
+                                                    "intra_op_num_threads": so.intra_op_num_threads}))
+    return so
 
 
 def _fresh(out: Path) -> None:
     """Remove the logs and reports an earlier profile left in OUT: the collectors take what
     exists, so a stale cuDNN log or Nsight report would pass for this run's."""
-    for pattern in ("cudnn.log", "cublas.log", "cublaslt.log", "onednn*.log", "nsys.*"):
+    for pattern in ("cudnn.log", "cublas.log", "cublaslt.log", "onednn*.log", "nsys.*", f"{_ORT_APP}-*",
+                    "ort_profile.json"):
         for stale in out.glob(pattern):
             stale.unlink()
 
@@ -499,8 +526,8 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
     quiet.pop(MEASURE_MARKS_ENV, None)
     runs: dict[str, dict] = {}
     blocks: dict[str, _Blocks] = {}
-    for phase, env, wrap in ((TIMED, quiet, None), (TRACED, {**quiet, **_log_env(out), MEASURE_MARKS_ENV: "1"},
-                                                             nsys_bin)):
+    traced_env = {**quiet, **_log_env(out), MEASURE_MARKS_ENV: "1", ORT_PROFILE_ENV: str((out / _ORT_APP).resolve())}
+    for phase, env, wrap in ((TIMED, quiet, None), (TRACED, traced_env, nsys_bin)):
         stem = "command" if phase == TRACED else f"command-{phase}"
         sink = out / f"measure-{phase}.jsonl"
         sink.unlink(missing_ok=True)
@@ -521,10 +548,13 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
     every, by_name = _split_by_measure(out / "command.stdout", spec.warmup)
     _collect_gpu_logs(out, files, notes, spec.device)
     gpu_calls = any(k in files for k in ("cudnn_log", "cublas_log"))
-    if not any(",exec," in ln for ln in every) and not gpu_calls:
-        raise BenanzaError(f"`{shown}` made no library calls in the traced run: no oneDNN verbose line on its "
-                           f"stdout and no cuDNN/cuBLAS log, so there is nothing to map to the model's layers "
-                           f"(does the framework run on oneDNN/cuDNN/cuBLAS here? output: {out / 'command.stdout'})")
+    ort_app = _collect_app_ort(out, files, notes)
+    if not any(",exec," in ln for ln in every) and not gpu_calls and ort_app is None:
+        # the latency stands; only the views that map calls to layers (Q3, Q4) have nothing to read
+        notes.append(f"no library call was captured in the traced run (no oneDNN verbose line on its stdout, no "
+                     f"cuDNN/cuBLAS log, no ONNX Runtime profile): the bundle has the latency only. An "
+                     f"application serving with ONNX Runtime gives its per-node profile when it builds its "
+                     f"session with benanza.ort_session_options() (output: {out / 'command.stdout'})")
     (out / "onednn-all.log").write_text("".join(ln + "\n" for ln in every))
     for i, name in enumerate(sorted(measures), 1):
         if by_name.get(name):
@@ -548,12 +578,37 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
                      f"{', '.join(repr(n) for n in others)}")
     write_index(out, {
         "model": str(Path(spec.model).resolve()) if spec.model else "", "model_identity": identity,
-        "framework": "command", "framework_version": "", "device": spec.device, "batch_size": spec.batch_size,
+        # an application's ORT trace is analysed as ORT's own (its backend, its Q3)
+        "framework": "command" if ort_app is None else "onnxruntime",
+        "framework_version": "" if ort_app is None else ort_app, "device": spec.device, "batch_size": spec.batch_size,
         "warmup": spec.warmup, "command": shown, "measure_name": chosen, "measures": measures,
         "runs": runs,
         "latency_ms": measures[chosen]["latency_ms"], "files": files, "notes": notes,
     })
     return out
+
+
+def _collect_app_ort(out: Path, files: dict, notes: list[str]) -> str | None:
+    """The ONNX Runtime profile the application's sessions wrote in the traced run (through
+    ort_session_options()) as the bundle's trace; the ORT version it ran, None without one."""
+    from .parsers import parse_ort_profile
+
+    written = sorted(p for p in out.glob(f"{_ORT_APP}-*.json"))
+    if not written:
+        return None
+    runs = {p: len(parse_ort_profile(p).runs) for p in written}
+    chosen = max(written, key=lambda p: runs[p])  # the serving session, not a warm-up or helper one
+    meta = json.loads(chosen.with_name(chosen.name.split("_", 1)[0] + ".meta").read_text())
+    chosen.replace(out / "ort_profile.json")
+    files["trace"] = "ort_profile.json"
+    threads = meta["intra_op_num_threads"]
+    notes.append(f"the application's ONNX Runtime {meta['onnxruntime']} session wrote its per-node profile in the "
+                 f"traced run ({runs[chosen]} runs, warm-up included; intra-op threads "
+                 f"{threads if threads else 'ORT default'}); the latency is from the timed run, profiler off")
+    if len(written) > 1:
+        notes.append(f"{len(written)} ONNX Runtime sessions wrote profiles; the trace is the one with the most runs, "
+                     f"the others are kept as {', '.join(p.name for p in written if p != chosen)}")
+    return str(meta["onnxruntime"])
 
 
 # --- child process -------------------------------------------------------------------------------

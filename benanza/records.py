@@ -14,10 +14,6 @@ from .problems import Problem, layer_key, parse_layer_key
 # Order of the variant fields in a benchmark name; the layer key comes first.
 _VARIANT_FIELDS = ("backend", "api", "algo", "dtype", "layout", "math", "fusion")
 
-# Default relative standard deviation (stddev / median of the repetitions) above which a
-# result is unstable: re-measured by `benanza run`, flagged when it stays so.
-UNSTABLE_RSD = 0.1
-
 
 _E = TypeVar("_E", bound="StrEnum")
 

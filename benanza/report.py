@@ -124,6 +124,7 @@ def _speed_of_light_json(a: Analysis) -> dict | None:
         "memory_bound_ms": _r(memory),
         "memory_bound_share": _r(memory / a.bounds.sequential_ms, 4) if a.bounds.sequential_ms else None,
         "impossible": [{"variant": f.variant, "layer_key": f.layer_key, "median_ms": _r(f.median_ms),
+                        "latency_ms": _r(f.latency_ms),
                         "roofline_ms": _r(f.floor_ms)} for f in sol.impossible],
         "no_compute_roof": list(sol.no_compute_roof),
         "layers": [{"index": r.index, "flops": r.roof.flops, "bytes": r.roof.bytes,
@@ -319,7 +320,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         mt = Table("fork", "join", "×", "branches", "layers", "sequential ms" + tag, "parallel ms" + tag,
                    title="parallel modules")
         for p, count in folded_parallel(a):
-            _row(mt, a.rows[p.fork].name, a.rows[p.join].name, str(count) if count > 1 else "", str(p.branches),
+            _row(mt, a.at(p.fork), a.at(p.join), str(count) if count > 1 else "", str(p.branches),
                  str(len(p.nodes)), _ms(p.sequential_ms), _ms(p.parallel_ms))
         console.print(mt)
     if a.fusion.matches:
@@ -329,7 +330,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                       f"{_ms(a.bounds.sequential_ms)} → {_ms(a.fusion.bounds.sequential_ms)} ms",
                       highlight=False, markup=False)
         for u in a.fusion.unprofitable:
-            console.print(f"  unprofitable: {u.pattern} at {a.rows[u.nodes[0]].name}: fused {_ms(u.fused_ms)} ms vs "
+            console.print(f"  unprofitable: {u.pattern} at {a.at(u.nodes[0])}: fused {_ms(u.fused_ms)} ms vs "
                           f"unfused {_ms(u.unfused_ms)} ms", highlight=False, markup=False)
     if a.heuristic is not None:
         h = a.heuristic
@@ -665,6 +666,6 @@ def render_html(analyses: Sequence[Analysis]) -> str:
     env = template_env("report")
     env.autoescape = True
     sections = [{"a": a, "json": analysis_json(a), "dag": Markup(dag_svg(a)), "modules": Markup(icicle_svg(a)),
-                 "roofline": Markup(roofline_svg(a)),
+                 "parallel": folded_parallel(a), "roofline": Markup(roofline_svg(a)),
                  "charts": [Markup(c) for c in _charts(a)]} for a in analyses]
     return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION)

@@ -10,7 +10,6 @@ The binary never outlives Benanza (``children``).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -18,7 +17,6 @@ import os
 import re
 import select
 import shlex
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -35,6 +33,7 @@ from .generator import BACKEND_MODULES, get_backend, read_variants
 from .manifest import read_manifest
 from .measurement import (
     MAX_CONTENTION,
+    UNSTABLE_RSD,
     Contention,
     CpuClock,
     FreeCores,
@@ -46,12 +45,11 @@ from .measurement import (
 )
 from .peaks import GEMM_TYPES, Peaks
 from .perfdb import DatabaseError, PerfDB, resolve_db_path
-from .records import UNSTABLE_RSD, Result, Status, System, Variant
+from .records import Result, Status, System, Variant
 from .system import cpu_model, detect_system, probe_gpu
 
 log = logging.getLogger(__name__)
 
-BINARY = "benanza_bench"
 BACKENDS = tuple(BACKEND_MODULES)
 _FLUSH_EVERY = 16  # results per transaction while running
 _FLUSH_SECONDS = 2.0
@@ -59,10 +57,6 @@ _FLUSH_SECONDS = 2.0
 
 class NoDeviceError(BenanzaError):
     """The backend cannot run on this machine (the cuDNN backend without a CUDA device)."""
-
-
-class BuildError(BenanzaError):
-    """CMake could not configure or build the generated project."""
 
 
 @dataclass(frozen=True)
@@ -250,61 +244,6 @@ def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptio
     gave_up = sorted(retry - {v.name for v in todo})
     return RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
                       [v.name for v in todo], gave_up=gave_up)
-
-
-# --- build -------------------------------------------------------------------------------
-
-# What CMake and ninja take for syntax inside a path, whatever the quoting: ';' splits lists,
-# a backslash starts an escape (CMake then builds in a sibling folder), '"' ends a string, and '$(' /
-# '${' / '$<' expand (ninja: "bad $-escape"). A '$' before anything else passes through.
-_CMAKE_UNSAFE = re.compile(r'[;"\\]|\$[({<]')
-
-
-def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = (),
-          build_dir: Path | None = None, binary: str = BINARY) -> Path:
-    """Configures (Release) and builds the generated CMake project (in ``project/build`` unless
-    ``build_dir`` is given); returns the binary."""
-    if not (project / "CMakeLists.txt").is_file():
-        raise BuildError(f"{project}: no generated CMake project here; run `benanza generate` first")
-    for path in (str(project.absolute()), str(project.resolve())):
-        bad = _CMAKE_UNSAFE.search(path)
-        if bad:
-            raise BuildError(f"{project}: CMake cannot build in a folder whose path contains {bad.group()!r} "
-                             f"(CMake and ninja read it as syntax); generate into another folder (--out)")
-    build_dir = build_dir or project / "build"
-    build_dir.mkdir(exist_ok=True)
-    # Runs sharing a bench dir (several on one machine, or Slurm nodes over a shared file
-    # system) build one at a time: two CMakes in one folder corrupt each other, and a binary
-    # executed while another process links it fails with ETXTBSY. The lock dies with its
-    # holder, so a killed build never blocks the next one.
-    with (build_dir / "benanza-build.lock").open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("%s: waiting for another `benanza run` to finish building it", project)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_locked(project, build_dir, jobs, cmake_args, binary)
-
-
-def _build_locked(project: Path, build_dir: Path, jobs: int | None, cmake_args: tuple[str, ...],
-                  binary: str) -> Path:
-    logfile = build_dir / "benanza-build.log"
-    configure = ["cmake", "-S", str(project), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *cmake_args]
-    if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
-        configure += ["-G", "Ninja"]
-    steps = [configure, ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1)]]
-    with logfile.open("w") as log_out:
-        for cmd in steps:
-            log.info("%s", " ".join(cmd))
-            done = subprocess.run(cmd, stdout=log_out, stderr=subprocess.STDOUT)
-            if done.returncode != 0:
-                tail = logfile.read_text(errors="replace").strip().splitlines()[-15:]
-                raise BuildError(f"{project}: `{' '.join(cmd[:2])}` failed (full log: {logfile}):\n"
-                                 + "\n".join(tail))
-    built = build_dir / binary
-    if not built.is_file():
-        raise BuildError(f"{project}: the build produced no {binary} (log: {logfile})")
-    return built
 
 
 _CONTEXT_SECONDS = 60.0

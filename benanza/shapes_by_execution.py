@@ -18,7 +18,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,22 +68,6 @@ def parse_input_value(spec: str) -> tuple[str, tuple[float, ...]]:
     if not sep or not name or not values or not all(math.isfinite(v) for v in values):
         raise UsageError(f"--input-value {spec!r}: want NAME=V1,V2,... with numbers (one per element)")
     return name, values
-
-
-def input_values_per_model(specs: Iterable[str], models: Sequence[str]) -> dict[str, dict[str, tuple[float, ...]]]:
-    """The ``--input-value`` values of each model of a multi-model command: ``NAME=…`` applies to
-    every model with an input NAME; a NAME no model has is an error."""
-    from .processor import _real_inputs
-
-    given = dict(parse_input_value(s) for s in specs)
-    if not given:
-        return {m: {} for m in models}
-    inputs = {m: _real_inputs(m) for m in models}
-    stray = sorted(n for n in given if not any(n in names for names in inputs.values()))
-    if stray:
-        listing = "; ".join(f"{m}: {', '.join(sorted(names)) or 'none'}" for m, names in inputs.items())
-        raise UsageError(f"--input-value {', '.join(stray)}: no given model has such an input ({listing})")
-    return {m: {n: v for n, v in given.items() if n in names} for m, names in inputs.items()}
 
 
 def load_input_data(path: str | Path) -> dict[str, np.ndarray]:
@@ -227,6 +211,10 @@ def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, valu
         return np.array(given).astype(np_type).reshape(shape)
     numel = math.prod(shape)
     floating = np.issubdtype(np_type, np.floating)
+    if deciding and not np.issubdtype(np_type, np.number) and np_type != np.bool_:
+        # --input-value reads numbers: text has only --input-data to come from
+        raise ShapeError(path, f"input '{inp.name}' ({DTYPE_NAMES.get(elem, elem)}, {shown}) decides shapes "
+                               f"static inference cannot resolve: give real inputs with --input-data FILE.npz")
     if deciding and (not shape if floating else numel <= DECIDING_MAX_ELEMENTS):
         example = ",".join(["V"] * numel) if numel <= 4 else "V1,V2,…"
         raise ShapeError(path, f"input '{inp.name}' ({DTYPE_NAMES.get(elem, elem)}, {shown}) decides shapes or "

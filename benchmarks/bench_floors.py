@@ -1,7 +1,7 @@
 """The parallel bound against its resource floors, and the module tree beside ONNX Runtime's time
-per module, on ResNet-50 v1 and Inception-v1 (the zoo), a BERT-style encoder and a Llama-shaped
-decode step (both made here in torch and exported with the TorchScript exporter, whose node names
-carry the module paths).
+per module, on ResNet-50 v1 and Inception-v1 (the zoo), a BERT-style encoder, and a Llama-shaped
+decode step and prefill of the same weights (made here in torch and exported with the TorchScript
+exporter, whose node names carry the module paths).
 
 Everything runs through the real commands: `benanza generate` (oneDNN, f32, layout any),
 `benanza run` at one thread and at ``--threads`` under one system name (two stacks: the one-thread
@@ -29,11 +29,12 @@ from pathlib import Path
 
 BENANZA = str(Path(sys.executable).parent / "benanza")
 ZOO = ("resnet50-v1", "inception-v1")
-MADE = ("bert-encoder", "llama-decode")
+MADE = ("bert-encoder", "llama-decode", "llama-prefill")
 # The Llama-shaped decode step: Llama's layout (RMSNorm, grouped-query attention over a KV cache,
 # a SiLU-gated MLP, untied embedding and head) at a size this machine's benchmarks run in minutes;
 # 8 layers of 1024 make 622 MB of f32 weights, past a few hundred MB of last-level cache.
 LLAMA = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2816, "vocab": 32000, "cache": 128}
+PREFILL = 128  # prompt tokens of the prefill: the decode step's cache, computed at once
 BERT = {"layers": 4, "hidden": 256, "heads": 4, "ffn": 1024, "seq": 128}
 
 
@@ -62,7 +63,12 @@ def make_models(out: Path, names: list[str]) -> dict[str, tuple[Path, list[str]]
         import torch
 
         past = torch.zeros(c["layers"], 2, 1, c["kv_heads"], c["cache"], c["hidden"] // c["heads"])
-        files["llama-decode"] = _export(_llama(), (torch.tensor([[7]]), past), out / "llama-decode.onnx")
+        files["llama-decode"] = _export(_llama(1), (torch.tensor([[7]]), past), out / "llama-decode.onnx")
+    if "llama-prefill" in names:
+        import torch
+
+        files["llama-prefill"] = _export(_llama(PREFILL), (torch.arange(PREFILL)[None],),
+                                         out / "llama-prefill.onnx")
     return {n: (p, []) for n, p in files.items()}
 
 
@@ -118,7 +124,9 @@ def _bert():
     return Encoder()
 
 
-def _llama():
+def _llama(seq: int):
+    """The Llama-shaped model over ``seq`` new tokens: a decode step (1) reads a KV cache, a prefill
+    (more) attends causally among its own tokens only. The seed makes both the same weights."""
     import torch
     from torch import nn
 
@@ -140,14 +148,18 @@ def _llama():
             self.q_proj, self.k_proj = nn.Linear(d, d, bias=False), nn.Linear(d, kv, bias=False)
             self.v_proj, self.o_proj = nn.Linear(d, kv, bias=False), nn.Linear(d, d, bias=False)
 
-        def forward(self, x, past_k, past_v):
-            q = self.q_proj(x).view(1, 1, c["heads"], hd).transpose(1, 2)
-            k = torch.cat([past_k, self.k_proj(x).view(1, 1, c["kv_heads"], hd).transpose(1, 2)], 2)
-            v = torch.cat([past_v, self.v_proj(x).view(1, 1, c["kv_heads"], hd).transpose(1, 2)], 2)
+        def forward(self, x, past_k=None, past_v=None):
+            q = self.q_proj(x).view(1, seq, c["heads"], hd).transpose(1, 2)
+            k = self.k_proj(x).view(1, seq, c["kv_heads"], hd).transpose(1, 2)
+            v = self.v_proj(x).view(1, seq, c["kv_heads"], hd).transpose(1, 2)
+            if past_k is not None:
+                k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
             group = c["heads"] // c["kv_heads"]
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-            p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), -1)
-            return self.o_proj((p @ v).transpose(1, 2).reshape(1, 1, c["hidden"]))
+            s = q @ k.transpose(-1, -2) / math.sqrt(hd)
+            if seq > 1:
+                s = s + torch.full((seq, seq), float("-inf")).triu(1)
+            return self.o_proj((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(1, seq, c["hidden"]))
 
     class MLP(nn.Module):
         def __init__(self) -> None:
@@ -165,7 +177,7 @@ def _llama():
             self.input_layernorm, self.self_attn = RMSNorm(), Attention()
             self.post_attention_layernorm, self.mlp = RMSNorm(), MLP()
 
-        def forward(self, x, past_k, past_v):
+        def forward(self, x, past_k=None, past_v=None):
             x = x + self.self_attn(self.input_layernorm(x), past_k, past_v)
             return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -176,10 +188,10 @@ def _llama():
             self.layers = nn.ModuleList(DecoderLayer() for _ in range(c["layers"]))
             self.norm = RMSNorm()
 
-        def forward(self, ids, past):
+        def forward(self, ids, past=None):
             x = self.embed_tokens(ids)
             for i, layer in enumerate(self.layers):
-                x = layer(x, past[i, 0], past[i, 1])
+                x = layer(x, *(() if past is None else (past[i, 0], past[i, 1])))
             return self.norm(x)
 
     class CausalLM(nn.Module):
@@ -187,7 +199,7 @@ def _llama():
             super().__init__()
             self.model, self.lm_head = Model(), nn.Linear(c["hidden"], c["vocab"], bias=False)
 
-        def forward(self, ids, past):
+        def forward(self, ids, past=None):
             return self.lm_head(self.model(ids, past))
 
     torch.manual_seed(0)

@@ -137,19 +137,14 @@ def _pin(requirement: str) -> str:
     return f"{req.name}=={have}" if req.specifier.contains(have, prereleases=True) else f"{req.name}{req.specifier}"
 
 
-def _project_dependencies() -> list[str]:
+def _requirements(key: str) -> list[str]:
+    """The requirement strings of pyproject.toml's `key = [...]` list: `dependencies`, or an
+    optional group. The list ends at the first line ending in `]`, so one-line groups
+    (`torch = ["torch>=2.1"]`) end where they start."""
     text = (REPO / "pyproject.toml").read_text()
-    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE)
+    block = re.search(rf"^{re.escape(key)} = \[(.*?)\]$", text, re.DOTALL | re.MULTILINE)
     if block is None:
-        raise KitError("pyproject.toml: no [project] dependencies list")
-    return re.findall(r'"([^"]+)"', block[1])
-
-
-def _extra(name: str) -> list[str]:
-    text = (REPO / "pyproject.toml").read_text()
-    block = re.search(rf"^{name} = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE)
-    if block is None:
-        raise KitError(f"pyproject.toml: no optional dependency group {name!r}")
+        raise KitError(f"pyproject.toml: no `{key} = [...]` requirement list")
     return re.findall(r'"([^"]+)"', block[1])
 
 
@@ -168,7 +163,7 @@ def carried_wheels(dest: Path) -> list[Path]:
     """Benanza's dependencies the image lacks, and theirs, as --no-deps wheels for Python 3.12."""
     from packaging.requirements import Requirement
 
-    queue = [r for r in _project_dependencies() if norm(Requirement(r).name) not in IMAGE_PACKAGES]
+    queue = [r for r in _requirements("dependencies") if norm(Requirement(r).name) not in IMAGE_PACKAGES]
     done: dict[str, Path] = {}
     while queue:
         req = Requirement(queue.pop(0))
@@ -188,7 +183,7 @@ def _frontend(kit: Path, scratch: Path) -> str:
     compiled Python module: headers fit any interpreter and are a quarter of the wheel."""
     from packaging.requirements import Requirement
 
-    spec = next(r for r in _extra("cuda") if norm(Requirement(r).name) == "nvidia-cudnn-frontend")
+    spec = next(r for r in _requirements("cuda") if norm(Requirement(r).name) == "nvidia-cudnn-frontend")
     wheel = _download(_pin(spec), scratch)
     out = kit / "cudnn-frontend"
     with zipfile.ZipFile(wheel) as z:
@@ -262,7 +257,10 @@ def prepare(kit: Path, limit_mib: float) -> None:
         benchmark = _benchmark_source(kit, scratch)
         say(f"Google Benchmark {benchmark}: Debian {BENCHMARK_SUITE}'s source, built on the device")
     # checked on the device after the install: Benanza's own floors on the image's packages too
-    requires = {"benanza (pyproject.toml)": _project_dependencies(), **{w.name: _requires(w) for w in wheels}}
+    # the torch group too: the report step's `benanza profile --framework torch` runs on the image's torch
+    requires = {"benanza (pyproject.toml)": _requirements("dependencies"),
+                "benanza[torch] (pyproject.toml)": _requirements("torch"),
+                **{w.name: _requires(w) for w in wheels}}
     manifest = {"wheels": [w.name for w in wheels], "requires": requires,
                 "cudnn_frontend": frontend, "benchmark": benchmark}
     (kit / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -285,17 +283,19 @@ def commands(kit: Path) -> list[str]:
             "cp FILES_AT/results-*.md docs/ 2>/dev/null  (FILES_AT: the reply's files_at; a <gpu>.db.gz "
             "instead of <gpu>.db: gunzip -c it into perfdb/<gpu>.db)")
     step = "python3 scripts/gpukit.py device {}"
+    # No call of its own for install and generate: the machine is given back 30 s after a call
+    # (KINDS.md), so a later call mostly finds a bare one and redoes them anyway; the first
+    # campaign call does them and spends what is left of its time measuring.
     return [
-        f"1. run  command={step.format('generate')!r}  carry={carry}  timeout_s=600",
+        f"1. run  command={step.format('campaign')!r}  carry={carry}  timeout_s=600",
         ("     installs the kit beside the image's Python, builds Google Benchmark, writes and configures the "
-         "benchmarks (3-5 min)"),
-        f"2. run  command={step.format('campaign')!r}  carry={carry}  timeout_s=600",
+         "benchmarks (3-5 min; again on a bare machine), then measures until the call's time is up"),
         f"     {back}",
         ("     repeat until it prints 'campaign: complete' (each call stops itself before 10 minutes and "
          "keeps what it measured)"),
-        f"3. run  command={step.format('smoke')!r}  carry={carry}  timeout_s=600   (optional)",
+        f"2. run  command={step.format('smoke')!r}  carry={carry}  timeout_s=600   (optional)",
         f"     {back}",
-        f"4. run  command={step.format('report')!r}  carry={carry}  timeout_s=600",
+        f"3. run  command={step.format('report')!r}  carry={carry}  timeout_s=600",
         f"     {back}",
         "then commit perfdb/<gpu>.db, perfdb/<gpu>-campaign.log, perfdb/<gpu>-smoke.log and docs/results-<gpu>.md",
     ]

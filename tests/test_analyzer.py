@@ -402,7 +402,7 @@ def test_generate_missing_fills_the_database_through_the_library(tmp_path, save,
         r = cli.invoke(main, args)
         assert r.exit_code == 0, r.output
     # not a terminal: progress as lines, the last one at the last benchmark
-    assert re.search(r"^run: (\d+)/\1 benchmarks \(ok \1, unsupported 0, failed 0\), \d+s spent, about 0s left$",
+    assert re.search(r"^run: (\d+)/\1 benchmarks \(ok \1, unsupported 0, failed 0\), \S+ spent, about 0s left$",
                      r.output, re.M), r.output
     r = cli.invoke(main, ["analyze", str(path), "--system", "box", "--db", "p.db", "--generate-missing", "--json"])
     assert r.exit_code == 0, r.output

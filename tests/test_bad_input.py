@@ -95,6 +95,7 @@ def test_profile_of_a_corrupt_model(files):
     ["db", "serve", "--db", "{notdb}"],
     ["db", "lookup", "{net}", "--system", "box", "--db", "{notdb}"],
     ["analyze", "{net}", "--system", "box", "--db", "{notdb}"],
+    ["peaks", "--system", "box", "--backend", "onednn", "--db", "{notdb}"],
 ], ids=lambda c: " ".join(c[:2]))
 def test_a_file_that_is_not_a_database(files, command):
     refused([a.format(**files) for a in command], f"{files['notdb']}: not a usable SQLite database")

@@ -12,6 +12,7 @@ from test_onednn import small_cnn
 from test_transformers import attention_model, attention_op_model
 from torch_models import export
 
+from benanza.backends.base import build
 from benanza.check import CheckOptions, CheckStatus, check, generated
 from benanza.cli import main
 from benanza.generator import GenOptions, generate
@@ -19,7 +20,6 @@ from benanza.layers import UniqueLayer
 from benanza.manifest import build_manifest, write_manifest
 from benanza.problems import CopyProblem
 from benanza.processor import load_model, unique_layers
-from benanza.runner import build
 
 pytestmark = pytest.mark.slow
 

@@ -270,6 +270,24 @@ def test_read_only_folder_reads_work_and_writes_fail_in_one_line(readonly_db):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() == 0 and not Path("/usr/bin/setpriv").exists(), reason="needs setpriv as root")
+def test_outputs_into_a_folder_the_user_may_not_write_fail_in_one_line(readonly_db):
+    """Generating, and a report, into a folder the user may not write: one line naming the
+    file, and nothing left behind (no 0-byte *.tmp)."""
+    folder = readonly_db.parent
+    net = str(folder.parent / "net.onnx")
+    cases = {folder / "g" / "layers.json": ["generate", net, "--backend", "onednn", "--out", str(folder / "g")],
+             folder / "r.html": ["analyze", net, "--system", "box", "--db", str(readonly_db),
+                                 "--report", str(folder / "r.html")]}
+    for target, args in cases.items():
+        done = subprocess.run(_as_unprivileged([BENANZA, *args]), capture_output=True, text=True)
+        errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert errors == [f"error: {target}: cannot write (Permission denied)"], done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["b.db"]
+
+
+@pytest.mark.slow
 def test_reading_an_older_schema_migrates_it_or_says_why_not(tmp_path):
     """A schema-1 file (written by the schema-1 code) read by a reading command: migrated in
     place like any opening, then read; in a read-only folder refused in one line, untouched."""

@@ -166,6 +166,7 @@ def output_probes(measured: Path, tmp_path: Path) -> dict:
     }
 
 
+@pytest.mark.slow  # ten full commands (generate, run, analyze with reports)
 def test_unwritable_outputs_are_one_line_and_leave_no_temp_file(measured, tmp_path):
     probes = output_probes(measured, tmp_path)
     for case, (p, named) in probes.items():

@@ -296,7 +296,7 @@ for n in open(sys.argv[1].split("=", 1)[1]).read().split():
 
 @pytest.mark.slow
 def test_relu_epilogue_runs_as_a_onednn_post_op(save, tmp_path):
-    from benanza.runner import build
+    from benanza.backends.base import build
 
     n = helper.make_node
     nodes = [n("MatMul", ["x", "w1"], ["h"], name="fc"), n("Add", ["h", "b1"], ["hb"], name="fc_bias"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 REPO = Path(__file__).resolve().parent.parent
 KIT_SCRIPT = REPO / "scripts" / "gpukit.py"
@@ -58,10 +61,10 @@ def test_prepare_carries_only_what_the_image_lacks_under_the_limit(kit):
     # every requirement, Benanza's own and the carried wheels', is met on the image: by a carried
     # wheel whose version satisfies it, or by a package the image has (unversioned requirements only)
     versions = {name: path.name.split("-")[1] for name, path in wheels.items()}
-    for req in map(Requirement, gpukit._project_dependencies()):  # their floors are checked on the device
+    for req in map(Requirement, gpukit._requirements("dependencies")):  # their floors are checked on the device
         name = gpukit.norm(req.name)
         assert name in gpukit.IMAGE_PACKAGES or req.specifier.contains(versions[name]), req
-    assert manifest["requires"]["benanza (pyproject.toml)"] == gpukit._project_dependencies()
+    assert manifest["requires"]["benanza (pyproject.toml)"] == gpukit._requirements("dependencies")
     reqs = []
     for path in wheels.values():
         with zipfile.ZipFile(path) as z:
@@ -105,6 +108,38 @@ def test_prepare_carries_only_what_the_image_lacks_under_the_limit(kit):
     assert kit_bytes < 16 * 2**20  # headers and sources, not the 12 MB frontend wheel
 
 
+# The image's versions as KINDS.md's pip list records them (2026-11, Python 3.12.3): an oracle
+# apart from the kit, which knows only the image's package names.
+IMAGE_PYTHON_VERSION = "3.12.3"
+IMAGE_VERSIONS = {"torch": "2.11.0", "onnx": "1.23.1", "onnxruntime": "1.30.0", "numpy": "2.5.2",
+                  "onnxscript": "0.7.2", "jax": "0.11.2", "triton": "3.6.0", "transformers": "5.17.0"}
+
+
+def test_the_image_versions_meet_every_requirement_the_install_checks(kit):
+    """What the install checks on the device, checked here against the versions KINDS.md read on
+    the image: a floor the image misses would otherwise first show on the GPU machine."""
+    manifest = json.loads((kit / "MANIFEST.json").read_text())
+    carried = {gpukit.norm(w.split("-")[0]): w.split("-")[1] for w in manifest["wheels"]}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert manifest["requires"]["benanza (pyproject.toml)"] == project["dependencies"]
+    assert manifest["requires"]["benanza[torch] (pyproject.toml)"] == project["optional-dependencies"]["torch"]
+    for req in (Requirement(r) for reqs in manifest["requires"].values() for r in reqs):
+        name = gpukit.norm(req.name)
+        have = carried.get(name, IMAGE_VERSIONS.get(name))
+        if have is not None:
+            assert req.specifier.contains(have, prereleases=True), (req, have)
+        else:  # on the image, version not recorded: the device's check is the only one
+            assert name in gpukit.IMAGE_PACKAGES, req
+    for wheel in manifest["wheels"]:
+        with zipfile.ZipFile(kit / "wheels" / wheel) as z:
+            meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        python = next((line.split(":", 1)[1].strip() for line in meta.splitlines()
+                       if line.startswith("Requires-Python:")), "")
+        assert SpecifierSet(python).contains(IMAGE_PYTHON_VERSION), (wheel, python)
+    ours = re.search(r'^requires-python = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    assert ours is not None and SpecifierSet(ours[1]).contains(IMAGE_PYTHON_VERSION), ours
+
+
 def test_size_check_fails_loudly(kit):
     with pytest.raises(gpukit.KitError, match=r"over the 0\.5 MiB that may travel"):
         gpukit.check_size(kit, 0.5)
@@ -114,7 +149,7 @@ def test_commands_name_the_calls_in_order_with_the_carry():
     done = subprocess.run(kit_cmd("commands"), capture_output=True, text=True, check=True)
     calls = [line for line in done.stdout.splitlines() if " run  command=" in line]
     steps = [line.split("device ")[1].split("'")[0] for line in calls]
-    assert steps == ["generate", "campaign", "smoke", "report"]
+    assert steps == ["campaign", "smoke", "report"]
     assert all('carry=[".gpukit"]' in line and "timeout_s=600" in line for line in calls)
 
 

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from helpers import conv_net
 from test_onednn import HAVE_TOOLCHAIN
 
+from benanza.backends.base import BuildError, build
 from benanza.cli import main
-from benanza.runner import BuildError, RunOptions, build, run
+from benanza.runner import RunOptions, run
 
 NAMES = ["[/]", "[link=https://example.com]click[/link]", "é-ñ", "🚀 rocket", "quo\"te's", "$HOME;rm -rf x",
          "back\\slash", "[bold red]x", "tab\there"]

@@ -29,7 +29,10 @@ from benanza.analyzer import analyze
 from benanza.cli import main
 from benanza.generator import read_variants
 from benanza.measurement import (
+    MAX_CONTENTION,
     MIN_CLEAN_SHARE,
+    CpuClock,
+    ThreadClock,
     contention,
     cpu_clock,
     free_cores,
@@ -123,7 +126,8 @@ def spin_per_ms() -> int:
 
 
 def run_standin(tmp_path: Path, bench: Path, call_ms: float, calls: int, stall_every: int = 0,
-                remeasure: int = 1, variants: int | None = None) -> tuple[RunSummary, dict, list[dict]]:
+                remeasure: int = 1, variants: int | None = None,
+                max_contention: float = MAX_CONTENTION) -> tuple[RunSummary, dict, list[dict]]:
     binary = tmp_path / "benanza_bench"
     binary.write_text(STANDIN.format(python=sys.executable))
     binary.chmod(0o755)
@@ -134,7 +138,8 @@ def run_standin(tmp_path: Path, bench: Path, call_ms: float, calls: int, stall_e
     system = System("box", "onednn", "stand-in", (("threads", "1"),))
     summary = RunSummary(system, "onednn", tmp_path / "r.db", total=len(chosen), already=0)
     with PerfDB(tmp_path / "r.db") as db:
-        _execute(binary, chosen, env, RunOptions(timeout=120, remeasure=remeasure), db, system, summary, None)
+        options = RunOptions(timeout=120, remeasure=remeasure, max_contention=max_contention)
+        _execute(binary, chosen, env, options, db, system, summary, None)
         results = {r.variant.name: r for r in db.results("box")}
     calls_log = [json.loads(line) for line in log.read_text().splitlines()]
     return summary, results, calls_log
@@ -168,25 +173,34 @@ def test_a_malformed_sample_summary_is_a_malformed_result(bench, bad, problem):
 
 def test_the_bound_uses_the_clean_calls_of_a_benchmark_with_quantum_stalls(tmp_path, bench):
     """Every third call of a 0.2 ms computation sleeps 5 ms (a descheduled thread): the median of
-    the repetitions' means is several times the work; the bound is a call nothing interrupted."""
-    summary, results, calls = run_standin(tmp_path, bench, call_ms=0.2, calls=300, stall_every=3)
-    assert summary.ok == len(results) and not summary.still_contended
+    the repetitions' means is several times the work; the bound is a call nothing interrupted.
+
+    Contention is not judged here (the tests below do, against competitors they start): on a
+    shared machine other work may rightly flag these results, and this test is about the estimator.
+    """
+    summary, results, calls = run_standin(tmp_path, bench, call_ms=0.2, calls=300, stall_every=3,
+                                          max_contention=1.0)
+    assert summary.ok == len(results)
     by_name = {c["name"]: c for c in calls}  # the last measurement of each
     model = load_model(conv_net(), batch_size=1, name="conv_net")
     a = analyze(model, results.values(), "box", "onednn")
-    assert not a.contended
     for row in a.rows:
         if row.status != "ok":
             continue
         r = results[row.variant]
         log = by_name[row.variant]
         clean = sorted(s for i, s in enumerate(log["samples_ms"]) if i % 3)  # the calls without a sleep
-        work = statistics.median(log["cpu_ms"])  # the oracle: CPU time of one call's computation
+        # The oracle: the CPU time of the calls' computation. No call's wall time is below its own
+        # CPU time; the clean calls' CPU times bound it from above (not one fixed "work": a
+        # neighbour on the core's other hyperthread slows the computation itself, CPU time
+        # included, and nothing here stops that).
+        cpu = sorted(c for i, c in enumerate(log["cpu_ms"]) if i % 3)
         assert row.latency_ms == r.low_ms
         assert clean[0] <= r.low_ms <= statistics.median(clean)
-        assert 0.7 * work <= r.low_ms <= 1.5 * work
+        assert 0.95 * cpu[0] <= r.low_ms <= 1.5 * statistics.median(cpu)
         assert r.median_ms > 2 * r.low_ms  # what the bound used to be: the stalls' share included
-        assert r.samples == 300 and r.sample_median_ms <= 1.5 * work  # two calls in three are clean
+        # two calls in three are clean
+        assert r.samples == 300 and r.sample_median_ms <= 1.5 * statistics.median(cpu)
 
 
 # --- contention ----------------------------------------------------------------------------------
@@ -210,6 +224,16 @@ def test_contention_signal_sees_competitors_pinned_to_the_benchmarks_core():
     assert 0.4 < lost.waited < 1.0 and lost.share >= lost.waited
     assert lost.switches_per_s > 10  # it loses its core again and again, a quantum at a time
     assert lost.clean_share(0.01) > MIN_CLEAN_SHARE > lost.clean_share(50.0)
+
+
+def test_a_benchmark_starved_of_its_cpu_is_contended_though_it_ran_little():
+    """0.5 ms on a CPU and 19.5 ms waiting for one between its two lines: too little running to
+    ignore as an accident of scheduling when the waiting is what happened."""
+    before = CpuClock({1: ThreadClock(10_000_000, 2_000_000, 40)}, 0, 100)
+    after = CpuClock({1: ThreadClock(10_500_000, 21_500_000, 45)}, 0, 102)
+    lost = contention(before, after)
+    assert lost is not None and lost.waited == pytest.approx(19.5 / 20) and lost.stolen == 0
+    assert contention(before, CpuClock({1: ThreadClock(10_300_000, 2_400_000, 41)}, 0, 100)) is None  # 0.7 ms
 
 
 def test_a_benchmark_stalled_in_every_call_is_flagged_and_refused(tmp_path, bench):
@@ -300,6 +324,7 @@ def test_a_v2_database_gains_the_sample_and_contention_columns(tmp_path, bench):
 
 # --- the real pipeline -----------------------------------------------------------------------------
 
+@pytest.mark.slow  # builds and runs the oneDNN project
 def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench):
     """generate → build → run → DB → analyze with the oneDNN runtime: each result's low percentile
     is one of its timed calls, below its repetitions' means, and the bound is made of them."""

@@ -169,6 +169,16 @@ def test_folded_blocks_sum_to_their_layers(pipeline, exporter):
     assert first and all("│ 3 │" in line for line in first), table
     assert not any(f"layers.{k}" in table for k in range(1, BLOCKS)), table
     assert f"({len(a['layers'])} with repeats)" in text
+    # the parallel-modules table: a fork/join inside one block is one row for all blocks (×3)
+    parallel = text.split("parallel modules")[1].split("Q5 ")[0]
+    counts = [int(c.split("│")[3].strip() or 1) for c in parallel.splitlines() if c.startswith("│")]
+    assert sum(counts) == len(a["parallel_modules"])
+    inside = [sum(1 for p in a["parallel_modules"] if {p["fork"], p["join"]} <= set(c["layers"])) for c in blocks]
+    assert inside[0] and inside == [inside[0]] * BLOCKS
+    assert counts.count(BLOCKS) == inside[0]
+    if exporter == "dynamo":  # its node names (node_add_1) say nothing of where the fork is: the module does
+        assert all(" in layers." in c.split("│")[1] or " in emb" in c.split("│")[1]
+                   for c in parallel.splitlines() if c.startswith("│")), parallel
 
 
 def test_module_time_from_the_ort_profile(pipeline):

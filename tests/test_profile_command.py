@@ -16,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper, shape_inference
@@ -225,10 +226,72 @@ def test_a_command_that_never_measures(tmp_path):
     assert "never called benanza.measure" in line
 
 
-def test_a_command_without_library_calls(tmp_path):
-    code = "import benanza, torch\nwith benanza.measure('m'):\n    torch.ones(3) + 1"  # no oneDNN primitive
-    line = one_error_line(tmp_path, "--warmup", "0", "--", sys.executable, "-c", code)
-    assert "made no library calls in the traced run" in line
+def test_a_command_without_library_calls_gives_its_latency_and_says_what_is_missing(tmp_path):
+    code = "import benanza, torch\nfor _ in range(3):\n    with benanza.measure('m'):\n        torch.ones(3) + 1"
+    benanza_cli("profile", "--out", "b", "--warmup", "1", "--", sys.executable, "-c", code, cwd=tmp_path)
+    index = json.loads((tmp_path / "b" / "profile.json").read_text())
+    assert index["framework"] == "command" and "trace" not in index["files"]
+    assert len(index["latency_ms"]["samples"]) == 2  # three blocks, one dropped as warm-up
+    assert any("no library call was captured" in n and "ort_session_options" in n for n in index["notes"])
+
+
+ORT_APP = r"""
+import json, sys, time
+import numpy as np, onnxruntime as ort
+import benanza
+model, iterations, record = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+so = ort.SessionOptions()
+so.intra_op_num_threads = 1
+sess = ort.InferenceSession(model, benanza.ort_session_options(so), providers=["CPUExecutionProvider"])
+(inp,) = sess.get_inputs()
+name = inp.name
+x = np.random.default_rng(0).random([d if isinstance(d, int) else 2 for d in inp.shape], dtype=np.float32)
+clock = []
+for _ in range(iterations):
+    start = time.perf_counter()
+    with benanza.measure("ort"):
+        sess.run(None, {name: x})
+    clock.append((time.perf_counter() - start) * 1e3)
+with open(record, "a") as f:
+    f.write(json.dumps({"profiling": so.enable_profiling, "clock_ms": clock}) + "\n")
+"""
+
+
+def test_an_onnx_runtime_application_gives_orts_per_node_profile(work):
+    """An application serving with ONNX Runtime on a CPU (MLAS: no library logger sees it) builds
+    its session with benanza.ort_session_options(): the bundle has the latency from the run with
+    the profiler off and ORT's per-node profile from the traced run, analysed as ORT's own."""
+    import onnxruntime as ort
+
+    record = work / "ort-app.jsonl"
+    record.unlink(missing_ok=True)
+    benanza_cli("profile", "--out", "ortapp", "--warmup", str(WARMUP), "--model", "r18.onnx", "-b", "2", "--",
+                sys.executable, "-c", ORT_APP, "r18.onnx", str(ITERATIONS), str(record), cwd=work)
+    timed, traced = [json.loads(line) for line in record.read_text().splitlines()]
+    assert (timed["profiling"], traced["profiling"]) == (False, True)  # never timed with the profiler on
+    index = json.loads((work / "ortapp" / "profile.json").read_text())
+    assert index["framework"] == "onnxruntime" and index["framework_version"] == ort.__version__
+    samples = index["latency_ms"]["samples"]
+    assert len(samples) == ITERATIONS - WARMUP
+    # each block's time lies within the application's own clock reading around it
+    assert all(s <= c + 1e-3 for s, c in zip(samples, timed["clock_ms"][WARMUP:], strict=True))
+    prof = load_profile([work / "ortapp"])
+    assert prof.trace is not None and prof.trace.framework == "onnxruntime"
+    assert len(prof.trace.runs) == ITERATIONS  # the traced run's every inference, warm-up included
+    # the same kernels as ORT's own profile of the model taken here, outside Benanza
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.enable_profiling = 1, True
+    so.profile_file_prefix = str(work / "ort-direct")
+    sess = ort.InferenceSession(str(work / "r18.onnx"), so, providers=["CPUExecutionProvider"])
+    (inp,) = sess.get_inputs()
+    sess.run(None, {inp.name: np.zeros([d if isinstance(d, int) else 2 for d in inp.shape], np.float32)})
+    direct = [e for e in json.loads(Path(sess.end_profiling()).read_text())
+              if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    kernels = {(e["name"].removesuffix("_kernel_time"), e["args"]["op_name"]) for e in direct}
+    assert kernels and {(o.name, o.op) for o in prof.trace.ops} == kernels
+    a = analyze(work, "ortapp")
+    assert a["framework"]["framework"] == "onnxruntime" and a["framework"]["runs"] == ITERATIONS - 1
+    assert a["measured_ms"] == pytest.approx(index["latency_ms"]["trimmed_mean"], **JSON_MS)
 
 
 def test_a_missing_program_and_a_hung_command(tmp_path):

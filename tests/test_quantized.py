@@ -5,6 +5,7 @@ shapes and byte counts, ONNX Runtime's outputs for the tensors' shapes)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +279,10 @@ def test_quantized_convs_costed_and_checked(tmp_path) -> None:
     # winograd (6 layers × 3 layouts refused)
     assert "checked 54 benchmarks (seed 0): 36 ok, 0 mismatch, 0 not checked, 18 unsupported, 0 failed" in r.output
     assert all("/algo=winograd/" not in ln for ln in r.output.splitlines() if ln.startswith("ok:"))
+    # one step of tolerance for requantized outputs (halfway ties) hides no wrong input: one u8
+    # element off by 64 (the runtime's fault hook) is a mismatch
+    wrong = next(ln.split(": ")[1] for ln in r.output.splitlines()
+                 if ln.startswith(f"ok: qconv:{conv}_bias1_ws1_azp1_ys0_u8/"))
+    r = CliRunner(env={"BENANZA_FAULT_PERTURB": wrong}).invoke(
+        main, ["check", *map(str, paths), "--bench-dir", str(bench), "--filter", f"^{re.escape(wrong)}$"])
+    assert r.exit_code == 1 and f"mismatch: {wrong}: " in r.output and "(quantization steps)" in r.output, r.output

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.printer
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
@@ -221,11 +222,17 @@ def _other(path: Path) -> Path:
 
 
 def _generate(models: list[Path], out: Path, backend: str) -> dict[str, str]:
+    """The generated sources by file name; the onnxruntime backend's subgraphs in ONNX's text
+    form (``<file>.txt``), beside its index."""
     result = CliRunner().invoke(main, ["generate", *map(str, models), "--out", str(out), "--backend", backend])
     assert result.exit_code == 0, result.output
     folder = out / backend
-    return {p.name: p.read_text() for p in sorted(folder.iterdir())
-            if p.is_file() and p.suffix in (".cpp", ".txt") and p.name != "CMakeLists.txt"}
+    got = {p.name: p.read_text() for p in sorted(folder.iterdir())
+           if p.is_file() and p.suffix in (".cpp", ".txt", ".json") and p.name not in ("CMakeLists.txt",
+                                                                                      "variants.json")}
+    for p in sorted(folder.glob("models/*.onnx")):
+        got[p.name + ".txt"] = onnx.printer.to_text(onnx.load(p)) + "\n"
+    return got
 
 
 @pytest.fixture(scope="module")
@@ -234,14 +241,17 @@ def models(tmp_path_factory) -> list[Path]:
     return [_model(root / "a.onnx", ("conv_a", "fc_a")), _other(root / "b.onnx")]
 
 
-@pytest.mark.parametrize("backend", ["onednn", "cudnn"])
+@pytest.mark.parametrize("backend", ["onednn", "cudnn", "onnxruntime"])
 def test_generated_code_does_not_depend_on_model_order(models, tmp_path, backend) -> None:
-    forward = _generate(models, tmp_path / "ab", backend)
-    backward = _generate(models[::-1], tmp_path / "ba", backend)
+    # a third model holding the first one's layers under other node names: which model a shared
+    # layer's benchmark comes from must not depend on the order either
+    models = [*models, _model(tmp_path / "c.onnx", ("conv_c", "fc_c"))]
+    forward = _generate(models, tmp_path / "abc", backend)
+    backward = _generate(models[::-1], tmp_path / "cba", backend)
     assert forward and forward == backward
 
 
-@pytest.mark.parametrize("backend", ["onednn", "cudnn"])
+@pytest.mark.parametrize("backend", ["onednn", "cudnn", "onnxruntime"])
 def test_generated_code_matches_golden(models, tmp_path, backend) -> None:
     """Whole generated sources for the two small models. After an intended change, regenerate
     with ``BENANZA_REGEN_GOLDEN=1 pytest tests/test_registry.py -k golden`` and review the diff."""

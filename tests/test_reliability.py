@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from faultprobe import Probe
 from test_faults import bench, concurrent_runs, execute, full_database_run, variants  # noqa: F401 - fixtures
 from test_faults_data import (  # noqa: F401
@@ -217,6 +218,7 @@ def documented() -> str:
     return "\n".join(ln for ln in text.splitlines() if ln.startswith("|"))
 
 
+@pytest.mark.slow  # every probe of the fault suite again: builds, runs, a campaign
 def test_reliability_table_is_what_the_fault_suite_measures(tmp_path, save, bench, variants, measured):  # noqa: F811
     def at(name: str) -> Path:
         (tmp_path / name).mkdir()

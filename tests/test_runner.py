@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -25,7 +26,9 @@ from benanza.system import probe_gpu
 sys.path.insert(0, str(Path(__file__).parent))
 from test_onednn import HAVE_TOOLCHAIN, small_cnn  # noqa: E402
 
-FAST = dict(min_time=0.01, repetitions=1)
+# No re-measurement (of results unstable or contended on a busy machine: tested on its own), so
+# these tests can count measurements.
+FAST = dict(min_time=0.01, repetitions=1, remeasure=0)
 
 needs_toolchain = pytest.mark.skipif(not HAVE_TOOLCHAIN, reason="needs cmake, libdnnl-dev and libbenchmark-dev")
 
@@ -273,3 +276,24 @@ def test_progress_lines_when_not_a_terminal(monkeypatch):
     now[0] = 218.0
     lines.step(Progress(1, 1, "x", Status.OK))
     assert printed[-1] == "re-measure: 1/1 benchmarks (ok 1, unsupported 0, failed 0), 1m58s spent, about 0s left"
+
+
+def test_progress_lines_say_the_build_is_going_on_until_the_first_benchmark(monkeypatch):
+    """Not a terminal: before the first benchmark starts (the build) a line at each period,
+    none once benchmarks run."""
+    from benanza import cli
+    from benanza.runner import Progress
+
+    printed: list[str] = []
+    monkeypatch.setattr(cli.err_console, "print", lambda text, **kw: printed.append(text))
+    with cli._ProgressLines({"ok": 0, "unsupported": 0, "failed": 0}, every=0.05) as lines:
+        deadline = time.monotonic() + 10
+        while len(printed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        lines.step(Progress(0, 3, "a", None))
+        lines.beat.join(timeout=10)
+        assert not lines.beat.is_alive()
+        building = len(printed)
+        time.sleep(0.2)
+    assert building >= 2 and len(printed) == building  # nothing after the first benchmark started
+    assert all(re.fullmatch(r"run: building, \d+s spent", p) for p in printed), printed

@@ -480,3 +480,17 @@ def test_the_command_that_fills_a_bound_keeps_the_input_values(tmp_path, monkeyp
     wanted = {n.layer.key for n in load_model(path, input_values={"cond": (0.0,)}).nodes}
     assert wanted <= generated
     assert wanted != {n.layer.key for n in load_model(path, input_values={"cond": (1.0,)}).nodes}
+
+
+def test_a_text_input_that_decides_shapes_is_asked_for_as_input_data(tmp_path):
+    """The `onnx` wheel's StringNormalizer model drops stop words, so its output length is the
+    text's: the one error line asks for --input-data (--input-value reads numbers only)."""
+    from pathlib import Path
+
+    path = (Path(onnx.__file__).parent / "backend" / "test" / "data" / "simple"
+            / "test_strnorm_model_monday_casesensintive_lower" / "model.onnx")
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none"])
+    assert r.exit_code != 0 and "Traceback" not in r.stderr
+    (error,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+    assert error.endswith("input 'x' (str, 4) decides shapes static inference cannot resolve: "
+                          "give real inputs with --input-data FILE.npz")

@@ -306,11 +306,12 @@ VERBOSE = {
 
 @pytest.mark.slow
 def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
+    from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
     from benanza.processor import unique_layers
-    from benanza.runner import RunOptions, build, run
+    from benanza.runner import RunOptions, run
 
     m = load_model(save(transformer_ops_model()))
     node_of_key = {n.layer.key: n.name for n in m.nodes}
@@ -615,11 +616,12 @@ def test_matmul_bias_gelu_patterns_match(save, exported):
 @pytest.mark.slow
 def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     from benanza.analyzer import analyze
+    from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
     from benanza.processor import unique_layers
-    from benanza.runner import RunOptions, build, run
+    from benanza.runner import RunOptions, run
 
     m = load_model(save(mlp_model()))
     manifest = build_manifest([m], unique_layers([m]))
@@ -674,11 +676,12 @@ def test_layernorm_decomposition_matches_in_opset14_exports(exported):
 @pytest.mark.slow
 def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, exported):
     from benanza.analyzer import analyze
+    from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
     from benanza.processor import unique_layers
-    from benanza.runner import RunOptions, build, run
+    from benanza.runner import RunOptions, run
 
     m = load_model(exported("gpt", 14))
     manifest = build_manifest([m], unique_layers([m]))
@@ -786,12 +789,13 @@ def test_data_movement_is_a_labelled_copy_of_the_same_bytes(save):
 
 @pytest.mark.slow
 def test_data_movement_copies_run_as_reorders(tmp_path, save):
+    from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
     from benanza.problems import CopyProblem
     from benanza.processor import unique_layers
-    from benanza.runner import RunOptions, build, run
+    from benanza.runner import RunOptions, run
 
     rows = 4096  # x is 2×16×12288 f32 (1.5 MiB): a copy that did nothing would show
     m = load_model(save(data_movement_model(rows)))
@@ -872,11 +876,12 @@ def test_attention_patterns_match(save, exported):
 @pytest.mark.slow
 def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     from benanza.analyzer import analyze
+    from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
     from benanza.processor import unique_layers
-    from benanza.runner import RunOptions, build, run
+    from benanza.runner import RunOptions, run
 
     m = load_model(save(attention_model()))
     manifest = build_manifest([m], unique_layers([m]))
@@ -934,11 +939,12 @@ def test_attention_op_is_one_layer_on_the_chain(save):
 
 @pytest.mark.slow
 def test_attention_op_runs_as_the_chain(tmp_path, save):
+    from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
     from benanza.processor import unique_layers
-    from benanza.runner import RunOptions, build, run
+    from benanza.runner import RunOptions, run
 
     m = load_model(save(attention_op_model()))
     manifest = build_manifest([m], unique_layers([m]))
@@ -1014,11 +1020,12 @@ def test_deconv_and_resize_keys(save):
 
 @pytest.mark.slow
 def test_deconv_and_resize_run_on_onednn(tmp_path, save):
+    from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
     from benanza.processor import unique_layers
-    from benanza.runner import RunOptions, build, run
+    from benanza.runner import RunOptions, run
 
     m = load_model(save(upsampling_model()))
     manifest = build_manifest([m], unique_layers([m]))

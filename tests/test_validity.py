@@ -224,7 +224,7 @@ def test_fused_calls_of_the_benchmarks_own_onednn_are_judged_against_the_fused_v
     """Same library version on both sides: our own fused benchmarks' verbose lines (oneDNN 2.x,
     `attr-post-ops:eltwise_relu `) as the framework's log. Q3 finds the implementation each call
     used among the fused variants' results of the same layout, and judges with those numbers."""
-    from benanza.runner import build
+    from benanza.backends.base import build
 
     # nhwc: the plain layout the log's memory tags (acdb) name; for format `any` oneDNN may pick
     # a plain or a blocked layout, so only a blocked tag in a log reads as `any`

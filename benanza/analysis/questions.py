@@ -12,6 +12,7 @@ from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..fusion import FusionMatch
 from ..layers import Model
 from ..parsers import ExecutionProfile, FrameworkTrace, LibraryCall
+from ..parsers.ort import NCHWC_SUFFIX
 from ..problems import ConvProblem
 from ..records import Variant
 from .bounds import LayerRow, LayerStatus, ResultIndex, best, layer_results
@@ -168,8 +169,6 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
 
 # --- Q3 on a framework's own backend: the kernel it ran vs its fastest variant ------------------
 
-# ONNX Runtime names a node its NCHWc transform rewrote after its output plus this suffix
-NCHWC_SUFFIX = "_nchwc"
 
 
 def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionMatch], by_problem: ResultIndex,

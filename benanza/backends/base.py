@@ -17,13 +17,21 @@ A backend says three things, and the generator, runner, database and analyzer as
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import os
+import re
 import shlex
+import shutil
+import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import BenanzaError
 
 if TYPE_CHECKING:
     import jinja2
@@ -33,6 +41,10 @@ if TYPE_CHECKING:
     from ..manifest import Manifest
     from ..records import Variant
     from ..runner import RunOptions
+
+log = logging.getLogger(__name__)
+
+BINARY = "benanza_bench"
 
 
 class Device(Enum):
@@ -90,7 +102,7 @@ class Backend(ABC):
         """The measuring child's environment beyond the runner's own (``threads``: CPU threads)."""
         return {}
 
-    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+    def stack_overrides(self, context: dict[str, Any] | None) -> dict[str, str]:
         """Stack entries from the child's context line: the versions it actually loaded (None: a
         dry run, which builds and starts nothing: what is known without the program)."""
         return {}
@@ -119,10 +131,65 @@ class CMakeBackend(Backend):
     context_versions: ClassVar[dict[str, str]] = {}
 
     def prepare(self, project: Path, options: RunOptions) -> Command:
-        from ..runner import build
-
         return Command((str(build(project, options.build_jobs, options.cmake_args).resolve()),))
 
-    def stack_overrides(self, context: dict | None) -> dict[str, str]:
+    def stack_overrides(self, context: dict[str, Any] | None) -> dict[str, str]:
         custom = (context or {}).get("custom", {})
         return {k: custom[v] for k, v in self.context_versions.items() if custom.get(v)}
+
+
+class BuildError(BenanzaError):
+    """CMake could not configure or build the generated project."""
+
+
+# What CMake and ninja take for syntax inside a path, whatever the quoting: ';' splits lists,
+# a backslash starts an escape (CMake then builds in a sibling folder), '"' ends a string, and '$(' /
+# '${' / '$<' expand (ninja: "bad $-escape"). A '$' before anything else passes through.
+_CMAKE_UNSAFE = re.compile(r'[;"\\]|\$[({<]')
+
+
+def build(project: Path, jobs: int | None = None, cmake_args: tuple[str, ...] = (),
+          build_dir: Path | None = None, binary: str = BINARY) -> Path:
+    """Configures (Release) and builds the generated CMake project (in ``project/build`` unless
+    ``build_dir`` is given); returns the binary."""
+    if not (project / "CMakeLists.txt").is_file():
+        raise BuildError(f"{project}: no generated CMake project here; run `benanza generate` first")
+    for path in (str(project.absolute()), str(project.resolve())):
+        bad = _CMAKE_UNSAFE.search(path)
+        if bad:
+            raise BuildError(f"{project}: CMake cannot build in a folder whose path contains {bad.group()!r} "
+                             f"(CMake and ninja read it as syntax); generate into another folder (--out)")
+    build_dir = build_dir or project / "build"
+    build_dir.mkdir(exist_ok=True)
+    # Runs sharing a bench dir (several on one machine, or Slurm nodes over a shared file
+    # system) build one at a time: two CMakes in one folder corrupt each other, and a binary
+    # executed while another process links it fails with ETXTBSY. The lock dies with its
+    # holder, so a killed build never blocks the next one.
+    with (build_dir / "benanza-build.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s: waiting for another `benanza run` to finish building it", project)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(project, build_dir, jobs, cmake_args, binary)
+
+
+def _build_locked(project: Path, build_dir: Path, jobs: int | None, cmake_args: tuple[str, ...],
+                  binary: str) -> Path:
+    logfile = build_dir / "benanza-build.log"
+    configure = ["cmake", "-S", str(project), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *cmake_args]
+    if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
+        configure += ["-G", "Ninja"]
+    steps = [configure, ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1)]]
+    with logfile.open("w") as log_out:
+        for cmd in steps:
+            log.info("%s", " ".join(cmd))
+            done = subprocess.run(cmd, stdout=log_out, stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                tail = logfile.read_text(errors="replace").strip().splitlines()[-15:]
+                raise BuildError(f"{project}: `{' '.join(cmd[:2])}` failed (full log: {logfile}):\n"
+                                 + "\n".join(tail))
+    built = build_dir / binary
+    if not built.is_file():
+        raise BuildError(f"{project}: the build produced no {binary} (log: {logfile})")
+    return built

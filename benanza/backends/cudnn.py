@@ -81,8 +81,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-
 from ..errors import BenanzaError
 from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
@@ -102,6 +100,8 @@ from ..records import Variant
 from .base import CMakeBackend, Device
 
 if TYPE_CHECKING:
+    import jinja2
+
     from ..runner import RunOptions
 
 log = logging.getLogger(__name__)

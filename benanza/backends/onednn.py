@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-
 from ..escape import c_string
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
@@ -34,6 +32,8 @@ from ..records import Variant
 from .base import CMakeBackend, Device
 
 if TYPE_CHECKING:
+    import jinja2
+
     from ..runner import RunOptions
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from ..errors import BenanzaError
 from ..layers import DTYPE_NAMES, Layer, Model, UniqueLayer
 from ..outputs import make_folder, write_text, write_with
 from ..parsers.base import FrameworkTrace
-from ..parsers.ort import parse_ort_profile
+from ..parsers.ort import NCHWC_SUFFIX, parse_ort_profile
 from ..problems import ConvProblem
 from ..records import Variant
 from .base import Command, Device, SubgraphBackend
@@ -133,8 +133,6 @@ class OnnxRuntimeBackend(SubgraphBackend):
         return run_once(path, entry["level"], threads, feeds)
 
     def ran(self, variant: Variant, op: str) -> bool:
-        from ..analysis.questions import NCHWC_SUFFIX
-
         # ORT renames a node its NCHWc transform rewrote; the others ran in the model's layout
         return (variant.layout == "any") == op.endswith(NCHWC_SUFFIX)
 
@@ -318,7 +316,9 @@ def write_subgraphs(backend: str, variants: list[Variant], models: Sequence[Mode
     if variants and not models:
         raise BenanzaError(f"the {backend} backend cuts each layer out of its model: generate it from the "
                            f"models (`benanza generate MODELS --backend {backend}`)")
-    sources = [_Source(m, backend) for m in models]
+    # a layer several models hold is cut from the first of them by name, not by the order the
+    # models were given in: `generate a b` and `generate b a` write the same subgraphs
+    sources = [_Source(m, backend) for m in sorted(models, key=lambda m: (m.name, m.path))]
     folder = make_folder(out_dir / "models")
     index: dict[str, dict[str, str]] = {}
     written: dict[tuple[str, str], dict[str, str]] = {}

@@ -49,7 +49,7 @@ class NodeView:
     op: str
     inputs: tuple[TensorSpec | None, ...]
     outputs: tuple[TensorSpec, ...]
-    attrs: dict
+    attrs: dict[str, Any]
     values: dict[int, Callable[[], np.ndarray]]
     constant: tuple[bool, ...]
     opset: int

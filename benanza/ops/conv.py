@@ -1,11 +1,12 @@
-"""Convolution and transposed convolution (ONNX Conv, ConvTranspose), 2-D NCHW."""
+"""Convolution and transposed convolution (ONNX Conv, ConvTranspose), 2-D NCHW; a 1-D Conv (NCW,
+an audio front end's) is the 2-D convolution of height 1 it computes, which the libraries run."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..errors import NodeError
 from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, present, required
@@ -14,7 +15,7 @@ from .grammar import F, Problem, windowed
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 
-def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+def explicit_pads(attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
                   dilations: Sequence[int]) -> list[int]:
     """ONNX-ordered pads (all begins, then all ends), resolving auto_pad as ONNX defines it."""
     n = len(kernel)
@@ -37,18 +38,25 @@ def explicit_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], st
 
 def conv_fields(view: NodeView, weight: int = 1, bias: int = 2) -> dict[str, int | bool]:
     """A 2-D convolution's fields from its node: input 0, the weights and the bias at the
-    given inputs (a quantized conv has scales and zero points between them)."""
-    x, w = required(view, 0), required(view, weight, rank=4)
-    y = view.outputs[0]
+    given inputs (a quantized conv has scales and zero points between them). A 1-D conv's
+    are those of height 1: a unit H axis leaves its row-major data as it is."""
+    x = required(view, 0)
+    w = required(view, weight, rank=len(x.shape))
     a = view.attrs
-    mb, ic, ih, iw = x.shape
-    oc, _, kh, kw = w.shape
-    k = tuple(a.get("kernel_shape") or (kh, kw))
-    s = tuple(a.get("strides") or (1, 1))
-    d = tuple(a.get("dilations") or (1, 1))
-    pt, pl, pb, pr = explicit_pads(a, (ih, iw), k, s, d)
-    return dict(mb=mb, ic=ic, ih=ih, iw=iw, oc=oc, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1], sh=s[0], sw=s[1],
-                pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1], g=group(a, ic, w.shape, 1), bias=present(view, bias))
+    n = len(x.shape) - 2
+    k = tuple(a.get("kernel_shape") or w.shape[2:])
+    s = tuple(a.get("strides") or (1,) * n)
+    d = tuple(a.get("dilations") or (1,) * n)
+    pads = explicit_pads(a, x.shape[2:], k, s, d)
+    unit = (1,) * (2 - n)
+    ih, iw = unit + tuple(x.shape[2:])
+    oh, ow = unit + tuple(view.outputs[0].shape[2:])
+    kh, kw = unit + k
+    sh, sw = unit + s
+    dh, dw = unit + d
+    pt, pl, pb, pr = (0, pads[0], 0, pads[1]) if n == 1 else pads
+    return dict(mb=x.shape[0], ic=x.shape[1], ih=ih, iw=iw, oc=w.shape[0], oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw,
+                pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw, g=group(a, x.shape[1], w.shape, 1), bias=present(view, bias))
 
 
 def _conv_build(view: NodeView) -> Problem:
@@ -174,7 +182,7 @@ class ConvParams:
 
 
 
-def group(attrs: dict, channels: int, weight: tuple[int, ...], in_axis: int) -> int:
+def group(attrs: dict[str, Any], channels: int, weight: tuple[int, ...], in_axis: int) -> int:
     """The group count, checked against the input's channels and the weight's (their input
     channels per group on axis 1 for Conv, all of them on axis 0 for ConvTranspose): groups that
     do not divide the channels have no meaning, and a benchmark of them would only fail when run."""
@@ -227,7 +235,8 @@ def cudnn_row(p: ConvProblem, api: str) -> ConvLayer:
 
 CUDNN_CONV = CudnnTable("conv", "add_conv", spatial=True, math=True)
 
-CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, is_4d,
+CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, lambda v: v.inputs[0] is not None
+              and len(v.inputs[0].shape) in (3, 4),
               cudnn_api=const("cudnnConvolutionForward"), onednn_api=const("convolution"),
               cudnn={"cudnnConvolutionForward": CudnnLowering(CUDNN_CONV, cudnn_row, "kConvForward")},
               onednn=OnednnLowering("conv", True, onednn_row, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)))

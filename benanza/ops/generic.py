@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class GenericProblem(Problem):
     def text(self) -> str:
         return self.op + ":" + "_".join(self.tokens)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "tokens": list(self.tokens)}
 
 

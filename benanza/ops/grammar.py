@@ -235,7 +235,7 @@ class Problem:
                 tokens.append(text)
         return self.family + ":" + "_".join(tokens)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     @classmethod

@@ -304,7 +304,7 @@ def _qdq_row(p: QdqProblem, api: str) -> QdqParams:
 class NbitsMatMulProblem(Problem):
     """ONNX Runtime's MatMulNBits: A [.., K] (float) times a K×N weight packed in ``bits``-bit
     blocks of ``block`` along K, each block with its float scale (and zero point where ``zp``),
-    dequantized on the fly: ``nbitsmatmul:m1_k2048_n2048_bits4_block32_f32``. No library in use
+    dequantized on the fly: ``nbitsmatmul:m1k2048n2048_bits4block32_f32``. No library in use
     runs it (oneDNN's s4/u4 weight decompression came in 3.5; the oneDNN versions here are 2.6
     and 3.2): a named gap, its work and its bytes (the packed weights, which a decode step is
     bound by) still counted."""

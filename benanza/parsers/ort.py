@@ -15,6 +15,8 @@ from pathlib import Path
 from .base import FrameworkTrace, OpEvent, ProfileFormatError, Span, load_json
 
 _SUFFIX = "_kernel_time"
+# ONNX Runtime names a node its NCHWc transform rewrote after its output plus this suffix
+NCHWC_SUFFIX = "_nchwc"
 
 
 def _shapes(items: Iterable[object] | None) -> tuple[tuple[int, ...], ...]:

@@ -125,8 +125,11 @@ uint64_t& fill_stream() {
 }
 
 // How a stream's values v (multiples of 1/128 in [-1, 1)) become a tensor's: as they are for
-// float data; integers 128·v, shifted by 128 into u8's range for unsigned data (quantized
-// activations and their zero points); scales 2^floor(4·v) (positive, exact reciprocals), or
+// float data; integers 128·v for signed data; for unsigned data (quantized activations and
+// their zero points) floor(64·v + 64), in [0, 127]: an int8 kernel without VNNI multiplies
+// u8 by s8 with an instruction that saturates each pair of products at int16, which 7-bit
+// activations never reach (|2·127·128| < 32767), so a check compares the computation on every
+// ISA rather than one CPU's saturation; scales 2^floor(4·v) (positive, exact reciprocals), or
 // their reciprocals where oneDNN 2.x wants 1/s.
 enum class Fill { value, signed_int, unsigned_int, scale, inverse_scale };
 
@@ -139,7 +142,7 @@ Fill fill_of(dt t) {
 float fill_as(Fill f, float v) {
   switch (f) {
     case Fill::signed_int: return 128.f * v;
-    case Fill::unsigned_int: return 128.f * v + 128.f;
+    case Fill::unsigned_int: return std::floor(64.f * v + 64.f);
     case Fill::scale: return std::exp2(std::floor(4.f * v));
     case Fill::inverse_scale: return std::exp2(-std::floor(4.f * v));
     default: return v;
