@@ -21,12 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benanza.backends.base import build
 from benanza.generator import GenOptions, generate
 from benanza.manifest import build_manifest, write_manifest
 from benanza.problems import ConvProblem
 from benanza.processor import load_model, unique_layers
 from benanza.records import Variant
-from benanza.runner import build, parse_result
+from benanza.runner import parse_result
 from benanza.system import default_threads
 from benanza.zoo import build_all
 

@@ -481,7 +481,7 @@ _CACHE_KEYS = ("CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "BENANZA_CUDNN
 
 
 def configure(d: Device, project: Path) -> dict[str, str]:
-    """Configures a generated project where and as `benanza run` builds it (runner.build)."""
+    """Configures a generated project where and as `benanza run` builds it (backends.base.build)."""
     build = project / "build"
     gen = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "CMakeCache.txt").exists() else []
     # the CUDA runtime benanza.toolchain found beside that nvcc, named for CMake: FindCUDAToolkit
