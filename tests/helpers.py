@@ -80,3 +80,21 @@ def generated_conv_net(root):
     write_manifest(manifest, root)
     generate(manifest, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
     return root
+
+
+def assert_faults_isolated(bench, system, backend: str, crash: str, hang: str, variants: str, timeout: float,
+                           db) -> None:
+    """One crashing and one hanging benchmark of ``backend`` (the runtime's fault hooks) cost only
+    themselves: each fails with its cause and a line that reproduces it, the rest of the batch runs."""
+    from benanza import runner
+    from benanza.generator import BACKEND_MODULES
+
+    options = runner.RunOptions(filter=variants, threads=1, min_time=0.01, repetitions=1, timeout=timeout,
+                                remeasure=0, env=(("BENANZA_FAULT_ABORT", crash), ("BENANZA_FAULT_HANG", hang)))
+    summary = runner.run(bench, system, backend, db, options)
+    failed = {f.name: f for f in summary.failures}
+    assert set(failed) == {crash, hang}
+    assert failed[crash].message.startswith("crashed (SIGABRT)")
+    assert failed[hang].message == f"timed out after {timeout:g}s"
+    assert f"-m {BACKEND_MODULES[backend]}" in failed[crash].reproduce
+    assert summary.ok == summary.total - 2 > 0

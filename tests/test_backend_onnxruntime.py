@@ -17,7 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from helpers import io, model, tensor
+from helpers import assert_faults_isolated, io, model, tensor
 from onnx import helper
 
 from benanza.cli import main
@@ -192,21 +192,10 @@ def test_analysis_defaults_to_ort_and_judges_its_kernels(measured):
 def test_a_crash_and_a_hang_cost_only_their_benchmark(measured, tmp_path):
     """Crash isolation and --timeout hold for the in-process backend: its child is killed and
     restarted after the one it was running."""
-    from benanza import runner
-
     _, bench, _, _ = measured
-    crash = _variant(bench, "conv:mb1_ic16", algo="basic", fusion="none")
-    hang = _variant(bench, "conv:mb1_ic32", algo="basic", fusion="none")
-    options = runner.RunOptions(filter=r"algo=basic/.*fusion=none", threads=1, min_time=0.01, repetitions=1,
-                                timeout=5, remeasure=0, env=(("BENANZA_FAULT_ABORT", crash),
-                                                             ("BENANZA_FAULT_HANG", hang)))
-    summary = runner.run(bench, SYSTEM, "onnxruntime", tmp_path / "faults.db", options)
-    failed = {f.name: f for f in summary.failures}
-    assert set(failed) == {crash, hang}
-    assert failed[crash].message.startswith("crashed (SIGABRT)")
-    assert failed[hang].message == "timed out after 5s"
-    assert "-m benanza.backends.ort" in failed[crash].reproduce
-    assert summary.ok == summary.total - 2 > 0
+    assert_faults_isolated(bench, SYSTEM, "onnxruntime", _variant(bench, "conv:mb1_ic16", algo="basic", fusion="none"),
+                           _variant(bench, "conv:mb1_ic32", algo="basic", fusion="none"), r"algo=basic/.*fusion=none",
+                           5, tmp_path / "faults.db")
 
 
 def _best_low_ms(db: Path, backend: str, layer_key: str) -> float | None:

@@ -21,7 +21,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import io, model, tensor
+from helpers import assert_faults_isolated, io, model, tensor
 from onnx import helper
 
 from benanza.cli import main
@@ -222,21 +222,9 @@ def test_analysis_bound_is_the_fastest_torch_variant_in_sql(measured):
 
 def test_a_crash_and_a_hang_cost_only_their_benchmark(measured, tmp_path):
     """Crash isolation and --timeout hold for the torch child as for a C++ binary."""
-    from benanza import runner
-
     _, bench, _ = measured
-    crash = _variant(CONV, "native", "nchw")
-    hang = _variant(CONV, "native", "nhwc")
-    options = runner.RunOptions(filter=r"algo=native/.*fusion=none", threads=1, min_time=0.01, repetitions=1,
-                                timeout=30, remeasure=0, env=(("BENANZA_FAULT_ABORT", crash),
-                                                              ("BENANZA_FAULT_HANG", hang)))
-    summary = runner.run(bench, SYSTEM, "torch", tmp_path / "faults.db", options)
-    failed = {f.name: f for f in summary.failures}
-    assert set(failed) == {crash, hang}
-    assert failed[crash].message.startswith("crashed (SIGABRT)")
-    assert failed[hang].message == "timed out after 30s"
-    assert "-m benanza.backends.torch_native" in failed[crash].reproduce
-    assert summary.ok == summary.total - 2 > 0
+    assert_faults_isolated(bench, SYSTEM, "torch", _variant(CONV, "native", "nchw"), _variant(CONV, "native", "nhwc"),
+                           r"algo=native/.*fusion=none", 30, tmp_path / "faults.db")
 
 
 def test_analysis_of_a_torch_profile_defaults_to_torch_and_judges_its_kernels(measured, tmp_path):

@@ -18,12 +18,14 @@ A backend says three things, and the generator, runner, database and analyzer as
 from __future__ import annotations
 
 import fcntl
+import importlib
 import logging
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,7 +118,32 @@ class Backend(ABC):
 
 class SubgraphBackend(Backend):
     """A framework's backend that runs each layer as its model's own subgraph (``models/*.onnx``
-    and the ``benchmarks.json`` index its ``render`` writes), measured in a Python child."""
+    and the ``benchmarks.json`` index its ``render`` writes), measured in a Python child: the
+    backend's own module run with ``-m``, the threads passed in ``threads_env``."""
+
+    package: ClassVar[str]  # the framework's Python package, which the child imports
+    threads_env: ClassVar[str]
+
+    def prepare(self, project: Path, options: RunOptions) -> Command:
+        from .inprocess import INDEX_NAME
+
+        if not (project / INDEX_NAME).is_file():
+            raise BenanzaError(f"{project}: no {self.name} benchmarks here; run `benanza generate MODELS "
+                               f"--backend {self.name} --out {project.parent}` first")
+        return Command((sys.executable, "-m", type(self).__module__, f"--benanza_project={project.resolve()}"))
+
+    def unavailable(self) -> str | None:
+        try:
+            importlib.import_module(self.package)  # only whether it imports
+        except ImportError as exc:
+            return f"the {self.name} backend needs the {self.package} package ({exc})"
+        return None
+
+    def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
+        # the child imports this package as the runner did, wherever it is installed
+        root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+        return {self.threads_env: str(threads), "PYTHONPATH": path}
 
     @abstractmethod
     def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:

@@ -47,7 +47,7 @@ from ..parsers.base import FrameworkTrace
 from ..parsers.ort import NCHWC_SUFFIX, parse_ort_profile
 from ..problems import ConvProblem
 from ..records import Variant
-from .base import Command, Device, SubgraphBackend
+from .base import Device, SubgraphBackend
 from .inprocess import INDEX_NAME, Refused, result_line, serve
 
 if TYPE_CHECKING:
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
     from ..generator import GenOptions
     from ..manifest import Manifest
-    from ..runner import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +84,8 @@ class OnnxRuntimeBackend(SubgraphBackend):
     layouts = LAYOUTS
     device = Device.CPU
     vendor = "onednn"
+    package = "onnxruntime"
+    threads_env = THREADS_ENV
 
     def covers(self, layer: Layer) -> bool:
         """ORT runs every node of the model: every layer that computes something is covered."""
@@ -109,25 +110,6 @@ class OnnxRuntimeBackend(SubgraphBackend):
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
                out_dir: Path, options: GenOptions, models: Sequence[Model] = ()) -> list[Path]:
         return write_subgraphs(NAME, variants, models, out_dir, lambda v: {"level": v.algo})
-
-    def prepare(self, project: Path, options: RunOptions) -> Command:
-        if not (project / INDEX_NAME).is_file():
-            raise BenanzaError(f"{project}: no onnxruntime benchmarks here; run `benanza generate MODELS "
-                               f"--backend onnxruntime --out {project.parent}` first")
-        return Command((sys.executable, "-m", __name__, f"--benanza_project={project.resolve()}"))
-
-    def unavailable(self) -> str | None:
-        try:
-            import onnxruntime  # noqa: F401 - only whether it imports
-        except ImportError as exc:
-            return f"the onnxruntime backend needs the onnxruntime package ({exc})"
-        return None
-
-    def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
-        # the child imports this package as the runner did, wherever it is installed
-        root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-        return {THREADS_ENV: str(threads), "PYTHONPATH": path}
 
     def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:
         return run_once(path, entry["level"], threads, feeds)

@@ -37,13 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BenanzaError
 from ..layers import Layer, Model, UniqueLayer
 from ..parsers.onednn_verbose import parse_onednn_text
 from ..problems import ConvProblem, DeconvProblem, GemmProblem, MatMulProblem
 from ..records import Dtype, Variant
-from .base import Command, Device, SubgraphBackend
-from .inprocess import INDEX_NAME, Refused, result_line, serve
+from .base import Device, SubgraphBackend
+from .inprocess import Refused, result_line, serve
 from .ort import write_subgraphs
 
 if TYPE_CHECKING:
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 
     from ..generator import GenOptions
     from ..manifest import Manifest
-    from ..runner import RunOptions
 
 NAME = "torch"
 DTYPES = ("f32", "bf16")
@@ -84,6 +82,8 @@ class TorchBackend(SubgraphBackend):
     layouts = LAYOUTS
     device = Device.CPU
     vendor = "onednn"
+    package = "torch"
+    threads_env = THREADS_ENV
 
     def covers(self, layer: Layer) -> bool:
         """torch runs every node torch_exec maps (one it does not is stored unsupported at run
@@ -107,25 +107,6 @@ class TorchBackend(SubgraphBackend):
         return write_subgraphs(NAME, variants, models, out_dir,
                                lambda v: {"algo": v.algo, "dtype": str(v.dtype), "layout": str(v.layout)},
                                _sites)
-
-    def prepare(self, project: Path, options: RunOptions) -> Command:
-        if not (project / INDEX_NAME).is_file():
-            raise BenanzaError(f"{project}: no torch benchmarks here; run `benanza generate MODELS "
-                               f"--backend torch --out {project.parent}` first")
-        return Command((sys.executable, "-m", __name__, f"--benanza_project={project.resolve()}"))
-
-    def unavailable(self) -> str | None:
-        try:
-            import torch  # noqa: F401 - only whether it imports
-        except ImportError as exc:
-            return f"the torch backend needs the torch package ({exc})"
-        return None
-
-    def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
-        # the child imports this package as the runner did, wherever it is installed
-        root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-        return {THREADS_ENV: str(threads), "PYTHONPATH": path}
 
     def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:
         import torch
