@@ -258,7 +258,7 @@ def test_a_benchmark_stalled_in_every_call_is_flagged_and_refused(tmp_path, benc
     assert refused.exit_code == 3
     (line,) = [ln for ln in refused.output.splitlines() if ln.strip()]
     assert line.startswith("error: conv_net on box (batch 1): no bound printed:")
-    assert "conv1" in line and "--force --filter" in line and "--allow-contended" in line
+    assert "conv1" in line and "--remeasure-contended" in line and "--allow-contended" in line
     assert "lower bound" not in refused.output
 
     labelled = CliRunner().invoke(main, [*args, "--allow-contended", "--json"])
