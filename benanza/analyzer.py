@@ -645,9 +645,11 @@ def withhold_contended(a: Analysis) -> None:
                              if k == a.dtype or k not in a.tensor_cores.contended}
     if a.joint_contended:
         a.joint, a.joint_label = None, ""
-    a.warnings.append(f"{', '.join(figures)} not shown: {'they rest' if len(figures) > 1 else 'it rests'} on "
-                      f"{len(results)} results measured while other processes took the CPU (--allow-contended "
-                      f"shows {'them' if len(figures) > 1 else 'it'} labelled CONTENDED)")
+    named = " and ".join([", ".join(figures[:-1]), figures[-1]] if len(figures) > 1 else figures)
+    a.warnings.append(f"{named} {'are' if len(figures) > 1 else 'is'} not shown: "
+                      f"{'they rest' if len(figures) > 1 else 'it rests'} on {len(results)} results measured while "
+                      f"other processes took the CPU (--allow-contended shows "
+                      f"{'them' if len(figures) > 1 else 'it'} labelled CONTENDED)")
 
 
 def _threads_said(lib: LibraryView) -> str:

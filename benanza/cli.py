@@ -1352,9 +1352,9 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         # A bound inflated by other processes reads as a real one: no figure, one line each.
         for a in refused:
             print_error(f"{a.model} on {a.system} (batch {a.batch_size}): no bound printed: {len(a.contended_rows)} "
-                        f"layers ({contended_names(a)}; {len(a.contended)} results it chooses from) were measured while other "
-                        f"processes took the CPU. Re-measure them on an idle machine: {a.remeasure_command} "
-                        f"(or pass --allow-contended to print the figures labelled contended)")
+                        f"layers ({contended_names(a)}; {len(a.contended)} results it chooses from) were measured "
+                        f"while other processes took the CPU. Re-measure them on an idle machine: "
+                        f"{a.remeasure_command} (or pass --allow-contended to print the figures labelled contended)")
         sys.exit(3)
     if not allow_contended:
         from .analyzer import withhold_contended

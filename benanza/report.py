@@ -474,8 +474,9 @@ def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
     for a in analyses:
         model = a.model + (" (CONTENDED)" if a.contended else "")
         _row(t, model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
-                  _ms(a.fusion.bounds.sequential_ms), _ms(a.joint.parallel_ms if a.joint else None)
-                  + (" contended" if a.joint_contended else ""), _ms(a.measured_ms), _ms(a.br_sequential), _ms(a.br_parallel))
+                  _ms(a.fusion.bounds.sequential_ms),
+                  _ms(a.joint.parallel_ms if a.joint else None) + (" contended" if a.joint_contended else ""),
+                  _ms(a.measured_ms), _ms(a.br_sequential), _ms(a.br_parallel))
     console.print(t)
 
 

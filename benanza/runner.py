@@ -248,8 +248,8 @@ def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptio
     exactly what the database flags contended on this stack."""
     if options.remeasure_contended:
         contended = db.contended(system)
-        todo = [v.name for v in variants if v.name in contended]
-        return RunSummary(system, system.backend, path, len(variants), len(variants) - len(todo), todo)
+        names = [v.name for v in variants if v.name in contended]
+        return RunSummary(system, system.backend, path, len(variants), len(variants) - len(names), names)
     todo = db.missing(system, variants, max_failures=options.max_failures)
     retry = {v.name for v in db.missing(system, variants)}
     gave_up = sorted(retry - {v.name for v in todo})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import statistics
 import subprocess
@@ -367,3 +368,117 @@ def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench)
     assert rows and all(la["latency_ms"] == pytest.approx(by_variant[la["variant"]].low_ms, rel=1e-5, abs=1e-6)
                         for la in rows)
     assert not a["contended"]
+
+
+# --- what a refusal rests on, and the command it prints ----------------------------------------------
+
+def _cli(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _rows_per_variant(db: Path) -> dict[str, int]:
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute("SELECT variant, count(*) FROM results GROUP BY variant").fetchall())
+
+
+def test_a_refusal_rests_on_the_bounds_own_candidates_and_its_command_remeasures_them(tmp_path, monkeypatch):
+    """generate → run (the stand-in for the built binary) → DB → analyze, through the CLI. Results
+    made contended by competitors started here: a bf16 variant and one of batch 2 leave the f32
+    bound of batch 1 printed (the same figures as before they were measured), the bf16 and joint
+    bounds withheld; an f32 variant that lost to another of its layer refuses it (its true time may
+    be below the winner's). The command the refusal prints re-measures exactly the contended
+    results of the model's benchmarks on that stack."""
+    import shlex
+
+    import onnx
+
+    from benanza.backends import base
+
+    monkeypatch.chdir(tmp_path)
+    onnx.save(conv_net(), "conv_net.onnx")
+    binary = tmp_path / "benanza_bench"
+    binary.write_text(STANDIN.format(python=sys.executable))
+    binary.chmod(0o755)
+    monkeypatch.setattr(base, "build", lambda *args, **kwargs: binary)  # the stand-in is what CMake would build
+    spin = spin_per_ms()
+    monkeypatch.setenv("STANDIN_CPU", str(CPU))
+    monkeypatch.setenv("STANDIN_LOG", str(tmp_path / "calls.jsonl"))
+
+    def quiet() -> None:
+        monkeypatch.setenv("STANDIN_SPIN", str(int(spin * 0.05)))
+        monkeypatch.setenv("STANDIN_CALLS", "100")
+
+    quiet()
+    db = str(tmp_path / "r.db")
+    run = ("run", "--system", "box", "--backend", "onednn", "--db", db, "--threads", "1", "--no-peaks",
+           "--remeasure", "0")
+    for out, batch in (("out/bench", "1"), ("out/b2", "2")):
+        made = _cli("generate", "conv_net.onnx", "--out", out, "--backend", "onednn", "--batch-size", batch)
+        assert made.exit_code == 0, made.output
+    first = _cli(*run, "--bench-dir", "out/bench", "--max-contention", "1")  # nothing judged contended
+    assert first.exit_code == 0, first.output
+    analyze_args = ("analyze", "conv_net.onnx", "--system", "box", "--db", db)
+    before = _cli(*analyze_args, "--json")
+    assert before.exit_code == 0, before.output
+    (quiet_a,) = json.loads(before.stdout)["analyses"]
+    assert "bf16" in quiet_a["tensor_cores"]["bounds"] and quiet_a["joint"] is not None
+
+    with PerfDB(db, readonly=True) as pdb:
+        (system,) = pdb.systems()
+        results = pdb.results(system)
+    f32 = [r for r in results if r.ok and r.variant.dtype == "f32" and r.variant.fusion == "none"]
+    by_problem: dict = {}
+    for r in f32:
+        by_problem.setdefault(r.variant.problem, []).append(r)
+    rivals = next(rs for _, rs in sorted(by_problem.items(), key=lambda kv: str(kv[0])) if len(rs) > 1)
+    loser = max(rivals, key=lambda r: (r.latency_ms, r.variant.name)).variant.name  # not the winner
+    bf16 = next(r.variant.name for r in results if r.ok and r.variant.dtype == "bf16")
+    other_batch = next(v.name for v in read_variants(tmp_path / "out/b2/onednn") if v.dtype == "f32")
+    assert other_batch not in {r.variant.name for r in results}
+
+    def contend(bench_dir: str, names: list[str]) -> None:
+        monkeypatch.setenv("STANDIN_SPIN", str(int(spin * 20)))
+        monkeypatch.setenv("STANDIN_CALLS", "25")
+        with competitors(2):
+            done = _cli(*run, "--bench-dir", bench_dir, "--force",
+                        "--filter", "^(?:" + "|".join(re.escape(n) for n in names) + ")$")
+        assert done.exit_code == 0, done.output
+        quiet()
+
+    contend("out/bench", [bf16])
+    contend("out/b2", [other_batch])
+    with PerfDB(db, readonly=True) as pdb:
+        flagged = pdb.contended(system)
+    assert flagged == {bf16, other_batch}  # what the stalled calls under competitors gave
+
+    shown = _cli(*analyze_args, "--json")
+    assert shown.exit_code == 0, shown.output
+    (a,) = json.loads(shown.stdout)["analyses"]
+    assert not a["contended"] and a["bounds"] == quiet_a["bounds"]  # the f32 bound, as before
+    assert "bf16" not in a["tensor_cores"]["bounds"] and a["joint"] is None
+    withheld = "the bf16 bound and the joint bound are not shown: they rest on 1 results"
+    assert any(w.startswith(withheld) for w in a["warnings"])
+    labelled = _cli(*analyze_args, "--json", "--allow-contended")
+    (a,) = json.loads(labelled.stdout)["analyses"]
+    assert a["tensor_cores"]["bounds"]["bf16"]["contended"] and a["joint"]["contended"]
+    assert "contended" not in a["bounds"] and "contended" not in a["tensor_cores"]["bounds"]["f32"]
+
+    contend("out/bench", [loser])  # slower still, yet its true time may be below the winner's
+    refused = _cli(*analyze_args)
+    assert refused.exit_code == 3, refused.output
+    (line,) = [ln for ln in refused.output.splitlines() if ln.strip()]
+    layer = next(n.name for n in load_model(conv_net(), batch_size=1).nodes
+                 if n.layer.problem == rivals[0].variant.problem)
+    assert f": no bound printed: 1 layers ({layer}; 1 results it chooses from)" in line
+    command = line.split("Re-measure them on an idle machine: ", 1)[1].split(" (or pass --allow-contended", 1)[0]
+    assert len(command) < 300  # pasteable: no list of variant names
+
+    rows = _rows_per_variant(Path(db))
+    for part in command.split(" && "):
+        argv = shlex.split(part)
+        assert argv[0] == "benanza"
+        done = _cli(*argv[1:])
+        assert done.exit_code == 0, done.output
+    grown = {n for n, count in _rows_per_variant(Path(db)).items() if count > rows.get(n, 0)}
+    assert grown == {bf16, loser}  # batch 1's contended results, not batch 2's
+    assert "--threads 1" in command  # on the stack the analysis read
