@@ -38,6 +38,7 @@ from .measurement import (
     CpuClock,
     FreeCores,
     SampleSummary,
+    clock_of,
     contention,
     cpu_clock,
     free_cores,
@@ -612,12 +613,25 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
             if name in kernels:
                 data["cupti"] = kernels.pop(name)
             try:
-                batch.store_result(parse_result(batch.by_name[name], batch.system.name, data,
-                                                max_ms=batch.options.timeout * 1e3), data, lost)
+                result = parse_result(batch.by_name[name], batch.system.name, data, max_ms=batch.options.timeout * 1e3)
+                batch.store_result(result, data, _own_contention(data) if "sched" in data else lost)
                 return
             except MalformedResult as exc:
                 problem = str(exc)
     batch.fail(name, f"malformed result line ({problem}): {line.strip()[:500]}", line=line.strip()[:4000])
+
+
+def _own_contention(data: dict) -> Contention | None:
+    """The contention from the clocks a binary read of itself around the benchmark (``sched``):
+    preferred over the runner's own reading of the child's counters, which is taken when the
+    runner gets to the lines and so may include some of the next benchmark's start."""
+    sched = data["sched"]
+    try:
+        if not isinstance(sched, dict):
+            raise ValueError(f"{sched!r} is not an object")
+        return contention(clock_of(sched.get("before")), clock_of(sched.get("after")))
+    except ValueError as exc:
+        raise MalformedResult(f"sched: {exc}") from None
 
 
 def _exit_reason(rc: int) -> str:

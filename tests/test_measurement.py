@@ -34,6 +34,7 @@ from benanza.measurement import (
     MIN_CLEAN_SHARE,
     CpuClock,
     ThreadClock,
+    clock_of,
     contention,
     cpu_clock,
     free_cores,
@@ -57,6 +58,8 @@ CPU = min(os.sched_getaffinity(0))  # the core the benchmark and its competitors
 # runtime.cpp computes them. STANDIN_STALL_EVERY=k adds a 5 ms sleep (a scheduler quantum) inside
 # every k-th call's window; the calls' own CPU time goes to STANDIN_LOG, an oracle for a call
 # nothing interrupted (a spinning call's CPU time is its wall time when nothing preempts it).
+# STANDIN_SCHED=1 adds the scheduler clocks the runtime reads of itself around each benchmark
+# (runtime.cpp's sched_clock), logged too.
 STANDIN = r'''#!{python}
 import json, os, sys, time
 if "--benanza_context" in sys.argv:
@@ -65,6 +68,18 @@ if "--benanza_context" in sys.argv:
 os.sched_setaffinity(0, {{int(os.environ["STANDIN_CPU"])}})
 spin, calls = int(os.environ["STANDIN_SPIN"]), int(os.environ["STANDIN_CALLS"])
 stall_every = int(os.environ.get("STANDIN_STALL_EVERY", "0"))
+def sched_clock():
+    threads = {{}}
+    for tid in os.listdir("/proc/self/task"):
+        run, wait, slices = open(f"/proc/self/task/{{tid}}/schedstat").read().split()[:3]
+        threads[tid] = [int(run), int(wait), int(slices)]
+    steal = total = 0
+    for line in open("/proc/stat"):
+        name, _, rest = line.partition(" ")
+        if name[3:].isdigit() and int(name[3:]) in os.sched_getaffinity(0):
+            v = [int(x) for x in rest.split()][:8]
+            steal, total = steal + v[7], total + sum(v)
+    return {{"threads": threads, "steal_ticks": steal, "total_ticks": total}}
 def percentiles(xs):
     xs = sorted(xs)
     out = []
@@ -78,6 +93,7 @@ names = open(next(a for a in sys.argv if a.startswith("--benanza_names=")).split
 log = open(os.environ["STANDIN_LOG"], "a")
 for n in names:
     print("BENANZA_START", n, flush=True)
+    before = sched_clock()
     samples, cpu = [], []
     for i in range(calls):
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -89,11 +105,15 @@ for n in names:
         samples.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.thread_time() - c0) * 1e3)
     mean = sum(samples) / len(samples)
-    log.write(json.dumps({{"name": n, "cpu_ms": cpu, "samples_ms": samples}}) + "\n")
+    line = {{"name": n, "status": "ok", "median_ms": mean, "mean_ms": mean,
+            "stddev_ms": 0.0, "min_ms": mean, "iterations": calls, "repetitions": 1, "samples": calls,
+            "sample_percentiles_ms": percentiles(samples), "counters": {{}}}}
+    sched = {{"before": before, "after": sched_clock()}} if os.environ.get("STANDIN_SCHED") == "1" else None
+    if sched:
+        line["sched"] = sched
+    log.write(json.dumps({{"name": n, "cpu_ms": cpu, "samples_ms": samples, "sched": sched}}) + "\n")
     log.flush()
-    print("BENANZA_RESULT", json.dumps({{"name": n, "status": "ok", "median_ms": mean, "mean_ms": mean,
-          "stddev_ms": 0.0, "min_ms": mean, "iterations": calls, "repetitions": 1, "samples": calls,
-          "sample_percentiles_ms": percentiles(samples), "counters": {{}}}}), flush=True)
+    print("BENANZA_RESULT", json.dumps(line), flush=True)
 '''
 
 
@@ -127,15 +147,16 @@ def spin_per_ms() -> int:
 
 
 def run_standin(tmp_path: Path, bench: Path, call_ms: float, calls: int, stall_every: int = 0,
-                remeasure: int = 1, variants: int | None = None,
-                max_contention: float = MAX_CONTENTION) -> tuple[RunSummary, dict, list[dict]]:
+                remeasure: int = 1, variants: int | None = None, max_contention: float = MAX_CONTENTION,
+                own_clock: bool = False) -> tuple[RunSummary, dict, list[dict]]:
     binary = tmp_path / "benanza_bench"
     binary.write_text(STANDIN.format(python=sys.executable))
     binary.chmod(0o755)
     chosen = read_variants(bench / "onednn")[:variants]
     log = tmp_path / "calls.jsonl"
     env = dict(os.environ, STANDIN_CPU=str(CPU), STANDIN_SPIN=str(int(spin_per_ms() * call_ms)),
-               STANDIN_CALLS=str(calls), STANDIN_STALL_EVERY=str(stall_every), STANDIN_LOG=str(log))
+               STANDIN_CALLS=str(calls), STANDIN_STALL_EVERY=str(stall_every), STANDIN_LOG=str(log),
+               STANDIN_SCHED=str(int(own_clock)))
     system = System("box", "onednn", "stand-in", (("threads", "1"),))
     summary = RunSummary(system, "onednn", tmp_path / "r.db", total=len(chosen), already=0)
     with PerfDB(tmp_path / "r.db") as db:
@@ -284,6 +305,34 @@ def test_short_calls_keep_their_estimator_under_the_same_contention(tmp_path, be
     assert summary.contended == 0 and not summary.still_contended
 
 
+def test_the_contention_a_benchmark_reads_of_itself_is_the_one_stored(tmp_path, bench):
+    """A binary that reports its own scheduler clocks around each benchmark (the runtime's
+    ``sched``): the stored contention is the one those clocks give, not the runner's own reading
+    of the child, taken whenever the runner gets to the lines."""
+    with competitors(2):
+        _, results, calls = run_standin(tmp_path, bench, call_ms=1, calls=200, remeasure=0, variants=6,
+                                        max_contention=1.0, own_clock=True)
+    for c in calls:
+        own = contention(clock_of(c["sched"]["before"]), clock_of(c["sched"]["after"]))
+        assert own is not None and own.waited > 0.3  # two busy loops on its core
+        r = results[c["name"]]
+        assert r.contention == pytest.approx(own.share, rel=1e-12)
+        assert r.clean_share == pytest.approx(own.clean_share(r.low_ms), rel=1e-12)
+
+
+@pytest.mark.parametrize("sched, problem", [
+    ("fast", "is not an object"),
+    ({"before": {}, "after": []}, "is not an object"),
+    ({"before": {}, "after": {"threads": {"1": [1, 2]}, "steal_ticks": 0, "total_ticks": 0}}, "not three counts"),
+    ({"before": {}, "after": {"threads": {}, "steal_ticks": -1, "total_ticks": 0}}, "not counts"),
+])
+def test_a_malformed_own_clock_fails_its_benchmark(tmp_path, bench, sched, problem):
+    from benanza.runner import _own_contention
+
+    with pytest.raises(MalformedResult, match=f"sched: .*{problem}"):
+        _own_contention({"sched": sched})
+
+
 def test_free_cores_leaves_out_cores_busy_loops_hold():
     cpus = sorted(os.sched_getaffinity(0))
     loops = []
@@ -356,6 +405,13 @@ def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench)
         assert 0 < r.low_ms <= r.sample_median_ms and r.sample_iqr_ms >= 0
         assert r.low_ms <= min(r.metrics["times_ms"])  # a repetition's mean includes its slow calls
         assert r.contention is not None and 0 <= r.contention <= 1 and 0 < r.clean_share <= 1
+    with sqlite3.connect(db) as conn:  # the contention the runtime read of itself around each benchmark
+        raw = {v: (json.loads(line), c) for v, line, c in conn.execute(
+            "SELECT variant, raw, contention FROM results WHERE status = 'ok'")}
+    for line, stored in raw.values():
+        own = contention(clock_of(line["sched"]["before"]), clock_of(line["sched"]["after"]))
+        assert own is not None and stored == pytest.approx(own.share, rel=1e-12)
+        assert max(tid for tid in line["sched"]["after"]["threads"]) and own.switches_per_s > 0
     model_path = tmp_path / "conv_net.onnx"
     import onnx
 
