@@ -18,6 +18,7 @@ from .analysis.bounds import (
     LayerStatus,
     ParallelModule,
     bounds_from_weights,
+    contended_variants,
     fused_weights,
     index_results,
     layer_rows,
@@ -170,6 +171,8 @@ class TensorCoreView:
     kernels: int
     examples: list[str]
     bounds: dict[str, Bounds]  # "f32", "f16", "f16/nhwc", ... → bounds (only those with results)
+    # label → the contended results that bound chooses from (only labels with some)
+    contended: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -233,10 +236,14 @@ class Analysis:
     # the roofline of the bound's layers from the stack's peaks (None: no peaks stored, or not trusted)
     speed_of_light: SpeedOfLight | None = None
     peaks_contended: float | None = None  # the share lost to other work of stored peaks not trusted
-    # Variant names whose result stayed contended: every figure this analysis computes may rest
-    # on one (a contended variant not chosen may truly be the fastest), so the CLI refuses to
-    # print them unless asked to label them (docs/measurement.md).
+    # Variant names whose result stayed contended among those the bound in the analysed dtype
+    # chooses from (its layers' candidates, unfused and fused): the bound and every figure
+    # derived from it may rest on one (a contended variant not chosen may truly be the fastest),
+    # so the CLI refuses to print them unless asked to label them (docs/measurement.md).
     contended: frozenset[str] = frozenset()
+    # those the joint bound chooses from (every other dtype's, fused included): it is the lowest
+    # of them, so any one may change it
+    joint_contended: frozenset[str] = frozenset()
     remeasure_command: str = ""  # re-measures the contended results
 
     @property
@@ -328,21 +335,29 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
                             bounds_from_weights(graph, fweight, partial), _fusion_uses(slower, weight))
 
     tc_bounds: dict[str, Bounds] = {}
+    tc_contended: dict[str, frozenset[str]] = {}
+    joint_contended: set[str] = set()
     for dt, layouts, label in (("f32", (), "f32"), ("f16", (), "f16"), ("f16", ("nchw",), "f16/nchw"),
                                ("f16", ("nhwc",), "f16/nhwc"), ("bf16", (), "bf16")):
         r = layer_rows(model, by_key, backend, dt, layouts)
         if any(x.status == LayerStatus.OK for x in r):
             tc_bounds[label] = bounds_from_weights(graph, {x.index: x.latency_ms for x in r},
                                                    any(x.status == LayerStatus.MISSING for x in r))
+            if contended := contended_variants(model, r, by_key, dt, layouts):
+                tc_contended[label] = contended
+            if dt != dtype:
+                joint_contended |= contended_variants(model, r, by_key, dt, layouts, matches)
     tc, total, names = tensor_core_kernels(profile)
     joint, joint_label = _joint(model, graph, by_key, backend, dtype, matches, tc_bounds)
 
     analysis = Analysis(model.name, model.path, system, backend, dtype, model.batch_size, rows,
                         list(model.edges), bounds,
-                        parallel_modules(graph, weight), fusion, TensorCoreView(tc, total, names, tc_bounds),
+                        parallel_modules(graph, weight), fusion,
+                        TensorCoreView(tc, total, names, tc_bounds, tc_contended),
                         joint, joint_label, stack=stack, math=math,
                         unstable=frozenset(r.variant.name for r in results if r.unstable),
-                        contended=frozenset(r.variant.name for r in results if r.ok and r.contended),
+                        contended=contended_variants(model, rows, by_key, dtype, matches=matches),
+                        joint_contended=frozenset(joint_contended) if joint is not None else frozenset(),
                         floors=floors)
     if model.scope_source != OP_TYPES:  # an op-type "module" says nothing the layer's type does not
         analysis.layer_module = {i: p[-1] for i, p in layer_paths(model)[0].items() if p}
@@ -561,7 +576,7 @@ def _warn(a: Analysis) -> None:
         rows = a.contended_rows
         measured = sum(1 for r in a.rows if r.status == LayerStatus.OK)
         a.warnings.append(f"CONTENDED: {len(rows)} of the bound's {measured} measured layers "
-                          f"({len(a.contended)} results in all, fused and other dtypes included) were measured while "
+                          f"({len(a.contended)} results it chooses from, fused ones included) were measured while "
                           f"other processes took the CPU, so every figure here may be inflated: " + contended_names(a))
     reference = a.reference_rows
     if reference:
@@ -607,7 +622,34 @@ def contended_names(a: Analysis, shown: int = 5) -> str:
     """The layers whose bound rests on a contended result, for a one-line message."""
     rows = a.contended_rows
     names = [a.at(r.index) for r in rows[:shown]] + (["…"] if len(rows) > shown else [])
-    return ", ".join(names) or "fused or other-dtype results only"
+    return ", ".join(names) or "fused results only"
+
+
+def contended_figures(a: Analysis) -> list[str]:
+    """The figures besides the bound in the analysed dtype (another dtype's or layout's bound,
+    the joint bound) that rest on contended results."""
+    labels = [f"the {label} bound" for label in a.tensor_cores.contended if label != a.dtype]
+    return labels + (["the joint bound"] if a.joint is not None and a.joint_contended else [])
+
+
+def withhold_contended(a: Analysis) -> None:
+    """Without ``--allow-contended``: drops the figures besides the bound that rest on contended
+    results (they would read as real ones), and says so. The bound itself is the caller's to
+    refuse (``a.contended``)."""
+    figures = contended_figures(a)
+    if not figures:
+        return
+    results = set(a.joint_contended).union(*(c for label, c in a.tensor_cores.contended.items()
+                                             if label != a.dtype))
+    a.tensor_cores.bounds = {k: b for k, b in a.tensor_cores.bounds.items()
+                             if k == a.dtype or k not in a.tensor_cores.contended}
+    if a.joint_contended:
+        a.joint, a.joint_label = None, ""
+    named = " and ".join([", ".join(figures[:-1]), figures[-1]] if len(figures) > 1 else figures)
+    a.warnings.append(f"{named} {'are' if len(figures) > 1 else 'is'} not shown: "
+                      f"{'they rest' if len(figures) > 1 else 'it rests'} on {len(results)} results measured while "
+                      f"other processes took the CPU (--allow-contended shows "
+                      f"{'them' if len(figures) > 1 else 'it'} labelled CONTENDED)")
 
 
 def _threads_said(lib: LibraryView) -> str:

@@ -405,6 +405,9 @@ def db_option(f):
 @click.option("--filter", "name_filter", metavar="REGEX", help="Only benchmarks whose name matches.")
 @click.option("--dry-run", is_flag=True, help="Show what would run, build and run nothing.")
 @click.option("--force", is_flag=True, help="Re-run benchmarks already measured on this system and stack.")
+@click.option("--remeasure-contended", is_flag=True,
+              help="Run only the benchmarks whose latest result on this system and stack is flagged contended "
+                   "(nothing missing, no peaks): what `analyze` refused prints this.")
 @click.option("--min-time", type=FiniteRange(min=0.0, min_open=True), default=0.2, show_default=True,
               help="Seconds per repetition (Google Benchmark min time; oneDNN only: cuDNN sizes each "
                    "repetition to about 1 ms of GPU time).")
@@ -432,7 +435,7 @@ def db_option(f):
 @click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
               help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
-        dry_run: bool, force: bool, min_time: float, repetitions: int, threads: int | None,
+        dry_run: bool, force: bool, remeasure_contended: bool, min_time: float, repetitions: int, threads: int | None,
         timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
         l2: str, measure_peaks: bool) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
@@ -453,7 +456,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     from .children import sigterm_interrupts
     from .perfdb import remeasure_flags, resolve_db_path
 
-    options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, min_time=min_time,
+    options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force,
+                                remeasure_contended=remeasure_contended, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
                                 command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
                                 remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks,
@@ -499,6 +503,10 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
             f"{summary.remeasured} unstable or contended results re-measured; {summary.unstable} still vary by "
             f"more than {max_rsd:.0%} (relative stddev) and are flagged unstable in the database", highlight=False)
     _print_gave_up(summary, max_failures)
+    if remeasure_contended and not summary.to_run:
+        print_warning(f"no result of stack {summary.system.stack_id} among these {summary.total} benchmarks is "
+                      f"flagged contended: nothing was re-measured (`benanza db info` lists the stacks; another "
+                      f"--threads is another stack)")
     if summary.peaks is not None:
         err_console.print(f"peaks of this stack measured and stored: {_peaks_line(summary.peaks)}", highlight=False)
         _warn_contended_peaks(summary.peaks)
@@ -512,7 +520,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
             f"stored as contended; `benanza analyze` gives no bound resting on them. When the machine is "
             f"idle: " + shlex.join(["benanza", "run", "--system", system_name, "--backend", summary.backend,
                                     "--bench-dir", bench_dir, "--db", str(path),
-                                    *remeasure_flags(summary.still_contended, summary.threads)]))
+                                    *remeasure_flags(summary.threads)]))
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)
@@ -1344,10 +1352,15 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         # A bound inflated by other processes reads as a real one: no figure, one line each.
         for a in refused:
             print_error(f"{a.model} on {a.system} (batch {a.batch_size}): no bound printed: {len(a.contended_rows)} "
-                        f"layers ({contended_names(a)}; {len(a.contended)} results in all) were measured while other "
-                        f"processes took the CPU. Re-measure them on an idle machine: {a.remeasure_command} "
-                        f"(or pass --allow-contended to print the figures labelled contended)")
+                        f"layers ({contended_names(a)}; {len(a.contended)} results it chooses from) were measured "
+                        f"while other processes took the CPU. Re-measure them on an idle machine: "
+                        f"{a.remeasure_command} (or pass --allow-contended to print the figures labelled contended)")
         sys.exit(3)
+    if not allow_contended:
+        from .analyzer import withhold_contended
+
+        for a in analyses:
+            withhold_contended(a)
     if report_path:
         path = write_report(report_path, render_html(analyses))
         err_console.print(f"report: {path}", highlight=False)

@@ -170,6 +170,27 @@ def cpu_clock(pid: int) -> CpuClock | None:
     return CpuClock(threads, steal, total)
 
 
+def clock_of(data: object) -> CpuClock | None:
+    """The clock a benchmark binary read of itself (the ``sched`` field of its result line:
+    runtime_cpp/common/README.md); None for ``{}`` (no schedstat there); ValueError when it
+    is not one."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{data!r} is not an object")
+    if not data:
+        return None
+    threads, steal, total = data.get("threads"), data.get("steal_ticks"), data.get("total_ticks")
+    if not (isinstance(threads, dict) and isinstance(steal, int) and isinstance(total, int) and steal >= 0
+            and total >= 0):
+        raise ValueError("no threads object, or steal_ticks and total_ticks not counts")
+    clocks = {}
+    for tid, counts in threads.items():
+        if not (tid.isdigit() and isinstance(counts, list) and len(counts) == 3
+                and all(isinstance(x, int) and x >= 0 for x in counts)):
+            raise ValueError(f"thread {tid!r}: {counts!r} is not three counts")
+        clocks[int(tid)] = ThreadClock(*counts)
+    return CpuClock(clocks, steal, total)
+
+
 def contention(before: CpuClock | None, after: CpuClock | None) -> Contention | None:
     """What other work cost the process between two clocks (threads born in between count from
     zero; threads that ended in between are not seen); None when it ran too little to tell."""

@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import os
-import re
 import shlex
 import shutil
 import sqlite3
@@ -453,6 +452,13 @@ class PerfDB:
             "GROUP BY variant) AND status != 'failed'", (system.stack_id,)).fetchall()
         return {r[0] for r in rows}
 
+    def contended(self, system: System) -> set[str]:
+        """Variant names whose latest result on exactly this system+stack is ok and contended."""
+        rows = self.db.conn.execute(
+            "SELECT variant FROM results WHERE id IN (SELECT max(id) FROM results WHERE stack_id = ? "
+            "GROUP BY variant) AND status = 'ok' AND contended = 1", (system.stack_id,)).fetchall()
+        return {r[0] for r in rows}
+
     def failure_streaks(self, system: System) -> dict[str, int]:
         """Per variant that failed last on this system+stack: how many times in a row it failed."""
         rows = self.db.conn.execute(
@@ -776,12 +782,10 @@ def missing_command(models: Iterable[str], system: str, backend: str, *, bench_d
     return shlex.join(gen) + " && " + shlex.join([*run, *run_flags])
 
 
-def remeasure_flags(variants: Iterable[str], threads: int | None = None) -> list[str]:
-    """The `benanza run` flags that measure exactly these variants again (at ``threads``, the
-    stack's, so the new results land on the same stack)."""
-    names = sorted(set(variants))
-    flags = ["--force", "--filter", "^(?:" + "|".join(re.escape(n) for n in names) + ")$"]
-    return flags + (["--threads", str(threads)] if threads else [])
+def remeasure_flags(threads: int | None = None) -> list[str]:
+    """The `benanza run` flags that measure again exactly the results the database flags
+    contended (at ``threads``, the stack's, so the new results land on the same stack)."""
+    return ["--remeasure-contended"] + (["--threads", str(threads)] if threads else [])
 
 
 # --- schema migration --------------------------------------------------------------------

@@ -99,6 +99,11 @@ def analysis_json(a: Analysis) -> dict:
                   (out["framework"] or {}).get("bounds_same_fusions"), (out["heuristic"] or {}).get("bounds")):
             if b is not None:
                 b["contended"] = True
+    for label, b in out["tensor_cores"]["bounds"].items():  # another dtype's bound rests on its own results
+        if label in a.tensor_cores.contended:
+            b["contended"] = True
+    if out["joint"] is not None and a.joint_contended:
+        out["joint"]["contended"] = True
     return out
 
 
@@ -277,9 +282,10 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                   _ms(a.framework.bounds_same_fusions.parallel_ms))
     for label, b in a.tensor_cores.bounds.items():
         if label != a.dtype:
-            _row(t, f"{label} (ms)", _ms(b.sequential_ms), _ms(b.parallel_ms))
+            _row(t, f"{label} (ms)" + (" CONTENDED" if label in a.tensor_cores.contended else ""),
+                 _ms(b.sequential_ms), _ms(b.parallel_ms))
     if a.joint is not None:
-        _row(t, a.joint_label + " (ms)", "", _ms(a.joint.parallel_ms))
+        _row(t, a.joint_label + " (ms)" + (" CONTENDED" if a.joint_contended else ""), "", _ms(a.joint.parallel_ms))
     if a.floors is not None and a.floors.binding is not None:
         _row(t, "critical path, without the floors (ms)", "", _ms(a.floors.critical_path_ms))
     if a.speed_of_light is not None:
@@ -468,7 +474,8 @@ def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
     for a in analyses:
         model = a.model + (" (CONTENDED)" if a.contended else "")
         _row(t, model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
-                  _ms(a.fusion.bounds.sequential_ms), _ms(a.joint.parallel_ms if a.joint else None),
+                  _ms(a.fusion.bounds.sequential_ms),
+                  _ms(a.joint.parallel_ms if a.joint else None) + (" contended" if a.joint_contended else ""),
                   _ms(a.measured_ms), _ms(a.br_sequential), _ms(a.br_parallel))
     console.print(t)
 

@@ -38,6 +38,7 @@ from .measurement import (
     CpuClock,
     FreeCores,
     SampleSummary,
+    clock_of,
     contention,
     cpu_clock,
     free_cores,
@@ -64,6 +65,9 @@ class RunOptions:
     filter: str | None = None  # regex over benchmark names (re.search)
     dry_run: bool = False
     force: bool = False  # re-run variants already measured on this system+stack
+    # run only the variants whose latest result on this system+stack is flagged contended
+    # (nothing missing, no peaks): the command `analyze` prints when it refuses a bound
+    remeasure_contended: bool = False
     min_time: float = 0.2  # seconds per repetition (Google Benchmark --benchmark_min_time)
     repetitions: int = 3
     threads: int | None = None  # CPU threads (oneDNN: OMP_NUM_THREADS); default the cores free at the start
@@ -149,6 +153,8 @@ def check_device(backend: str) -> None:
 def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path: str | Path | None = None,
         options: RunOptions = RunOptions(), progress: Callable[[Progress], None] | None = None) -> RunSummary:
     """Builds and runs the missing benchmarks of ``bench_dir`` into the database."""
+    if options.force and options.remeasure_contended:
+        raise UsageError("--force re-runs every benchmark, --remeasure-contended only the contended ones: give one")
     backend = resolve_backend(backend)
     check_device(backend)
     impl = get_backend(backend)
@@ -193,7 +199,8 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         todo = [by_name[n] for n in summary.to_run]
         if todo:
             _execute(binary, todo, env, options, db, system, summary, progress)
-        if options.peaks and backend in GEMM_TYPES and not summary.interrupted and db.peaks(system) is None:
+        if (options.peaks and not options.remeasure_contended and backend in GEMM_TYPES and not summary.interrupted
+                and db.peaks(system) is None):
             _measure_peaks(db, system, threads, options, summary)
     summary.seconds = time.monotonic() - started
     return summary
@@ -238,7 +245,12 @@ def _select(variants: list[Variant], pattern: str | None) -> list[Variant]:
 
 def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptions, path: Path) -> RunSummary:
     """What a run without --force measures: what has no ok/unsupported result yet, retrying
-    failures unless one failed ``max_failures`` times in a row."""
+    failures unless one failed ``max_failures`` times in a row; with ``remeasure_contended``,
+    exactly what the database flags contended on this stack."""
+    if options.remeasure_contended:
+        contended = db.contended(system)
+        names = [v.name for v in variants if v.name in contended]
+        return RunSummary(system, system.backend, path, len(variants), len(variants) - len(names), names)
     todo = db.missing(system, variants, max_failures=options.max_failures)
     retry = {v.name for v in db.missing(system, variants)}
     gave_up = sorted(retry - {v.name for v in todo})
@@ -601,12 +613,25 @@ def _take_result(line: str, payload: str, current: str | None, kernels: dict[str
             if name in kernels:
                 data["cupti"] = kernels.pop(name)
             try:
-                batch.store_result(parse_result(batch.by_name[name], batch.system.name, data,
-                                                max_ms=batch.options.timeout * 1e3), data, lost)
+                result = parse_result(batch.by_name[name], batch.system.name, data, max_ms=batch.options.timeout * 1e3)
+                batch.store_result(result, data, _own_contention(data) if "sched" in data else lost)
                 return
             except MalformedResult as exc:
                 problem = str(exc)
     batch.fail(name, f"malformed result line ({problem}): {line.strip()[:500]}", line=line.strip()[:4000])
+
+
+def _own_contention(data: dict) -> Contention | None:
+    """The contention from the clocks a binary read of itself around the benchmark (``sched``):
+    preferred over the runner's own reading of the child's counters, which is taken when the
+    runner gets to the lines and so may include some of the next benchmark's start."""
+    sched = data["sched"]
+    try:
+        if not isinstance(sched, dict):
+            raise ValueError(f"{sched!r} is not an object")
+        return contention(clock_of(sched.get("before")), clock_of(sched.get("after")))
+    except ValueError as exc:
+        raise MalformedResult(f"sched: {exc}") from None
 
 
 def _exit_reason(rc: int) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .analysis.across_stack import across_stack
-from .analyzer import MATH_EXACT, Analysis, analyze
+from .analyzer import MATH_EXACT, Analysis, analyze, contended_figures
 from .errors import BenanzaError
 from .generator import BACKEND_MODULES, GenOptions, generate, get_backend
 from .layers import Model
@@ -97,12 +97,12 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                                 one_thread=_one_thread(db, system, keys))
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
-            if a.contended:
+            if a.contended or contended_figures(a):
                 threads = dict(system.stack).get("threads", "")
                 a.remeasure_command = missing_command(
                     [req.model], name, system.backend, batch_size=batch, db=str(db.path),
                     input_shapes=req.input_shapes, input_values=req.input_values, input_data=req.input_data,
-                    run_flags=remeasure_flags(a.contended, int(threads) if threads.isdigit() else None))
+                    run_flags=remeasure_flags(int(threads) if threads.isdigit() else None))
                 a.warnings.append(f"to re-measure the contended results when the machine is idle: "
                                   f"{a.remeasure_command}")
             others = [s for s, _, _ in db.stacks(name) if s.backend == system.backend and s != system]
@@ -126,6 +126,11 @@ def _split_across_stack(a: Analysis, model: Model, db, name: str, keys: list[str
         return
     v = analyze(model, db.results(vendor, keys), name, vendor.backend, req.dtype, None, None, stack=vendor,
                 math=req.math, peaks=db.peaks(vendor))
+    if v.contended:  # the split would print the inflated vendor bound's share as headroom
+        a.warnings.append(f"across the stack: no split against {vendor.backend}: its bound rests on {len(v.contended)} "
+                          f"results measured while other processes took the CPU (`benanza run --system {name} "
+                          f"--backend {vendor.backend} --remeasure-contended` with its bench dir re-measures them)")
+        return
     a.across_stack = across_stack(a, v)
     ours, theirs = dict(a.stack.stack).get("threads"), dict(vendor.stack).get("threads")
     if ours != theirs:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ from benanza.measurement import (
     MIN_CLEAN_SHARE,
     CpuClock,
     ThreadClock,
+    clock_of,
     contention,
     cpu_clock,
     free_cores,
@@ -56,6 +58,8 @@ CPU = min(os.sched_getaffinity(0))  # the core the benchmark and its competitors
 # runtime.cpp computes them. STANDIN_STALL_EVERY=k adds a 5 ms sleep (a scheduler quantum) inside
 # every k-th call's window; the calls' own CPU time goes to STANDIN_LOG, an oracle for a call
 # nothing interrupted (a spinning call's CPU time is its wall time when nothing preempts it).
+# STANDIN_SCHED=1 adds the scheduler clocks the runtime reads of itself around each benchmark
+# (runtime.cpp's sched_clock), logged too.
 STANDIN = r'''#!{python}
 import json, os, sys, time
 if "--benanza_context" in sys.argv:
@@ -64,6 +68,18 @@ if "--benanza_context" in sys.argv:
 os.sched_setaffinity(0, {{int(os.environ["STANDIN_CPU"])}})
 spin, calls = int(os.environ["STANDIN_SPIN"]), int(os.environ["STANDIN_CALLS"])
 stall_every = int(os.environ.get("STANDIN_STALL_EVERY", "0"))
+def sched_clock():
+    threads = {{}}
+    for tid in os.listdir("/proc/self/task"):
+        run, wait, slices = open(f"/proc/self/task/{{tid}}/schedstat").read().split()[:3]
+        threads[tid] = [int(run), int(wait), int(slices)]
+    steal = total = 0
+    for line in open("/proc/stat"):
+        name, _, rest = line.partition(" ")
+        if name[3:].isdigit() and int(name[3:]) in os.sched_getaffinity(0):
+            v = [int(x) for x in rest.split()][:8]
+            steal, total = steal + v[7], total + sum(v)
+    return {{"threads": threads, "steal_ticks": steal, "total_ticks": total}}
 def percentiles(xs):
     xs = sorted(xs)
     out = []
@@ -77,6 +93,7 @@ names = open(next(a for a in sys.argv if a.startswith("--benanza_names=")).split
 log = open(os.environ["STANDIN_LOG"], "a")
 for n in names:
     print("BENANZA_START", n, flush=True)
+    before = sched_clock()
     samples, cpu = [], []
     for i in range(calls):
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -88,11 +105,15 @@ for n in names:
         samples.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.thread_time() - c0) * 1e3)
     mean = sum(samples) / len(samples)
-    log.write(json.dumps({{"name": n, "cpu_ms": cpu, "samples_ms": samples}}) + "\n")
+    line = {{"name": n, "status": "ok", "median_ms": mean, "mean_ms": mean,
+            "stddev_ms": 0.0, "min_ms": mean, "iterations": calls, "repetitions": 1, "samples": calls,
+            "sample_percentiles_ms": percentiles(samples), "counters": {{}}}}
+    sched = {{"before": before, "after": sched_clock()}} if os.environ.get("STANDIN_SCHED") == "1" else None
+    if sched:
+        line["sched"] = sched
+    log.write(json.dumps({{"name": n, "cpu_ms": cpu, "samples_ms": samples, "sched": sched}}) + "\n")
     log.flush()
-    print("BENANZA_RESULT", json.dumps({{"name": n, "status": "ok", "median_ms": mean, "mean_ms": mean,
-          "stddev_ms": 0.0, "min_ms": mean, "iterations": calls, "repetitions": 1, "samples": calls,
-          "sample_percentiles_ms": percentiles(samples), "counters": {{}}}}), flush=True)
+    print("BENANZA_RESULT", json.dumps(line), flush=True)
 '''
 
 
@@ -126,15 +147,16 @@ def spin_per_ms() -> int:
 
 
 def run_standin(tmp_path: Path, bench: Path, call_ms: float, calls: int, stall_every: int = 0,
-                remeasure: int = 1, variants: int | None = None,
-                max_contention: float = MAX_CONTENTION) -> tuple[RunSummary, dict, list[dict]]:
+                remeasure: int = 1, variants: int | None = None, max_contention: float = MAX_CONTENTION,
+                own_clock: bool = False) -> tuple[RunSummary, dict, list[dict]]:
     binary = tmp_path / "benanza_bench"
     binary.write_text(STANDIN.format(python=sys.executable))
     binary.chmod(0o755)
     chosen = read_variants(bench / "onednn")[:variants]
     log = tmp_path / "calls.jsonl"
     env = dict(os.environ, STANDIN_CPU=str(CPU), STANDIN_SPIN=str(int(spin_per_ms() * call_ms)),
-               STANDIN_CALLS=str(calls), STANDIN_STALL_EVERY=str(stall_every), STANDIN_LOG=str(log))
+               STANDIN_CALLS=str(calls), STANDIN_STALL_EVERY=str(stall_every), STANDIN_LOG=str(log),
+               STANDIN_SCHED=str(int(own_clock)))
     system = System("box", "onednn", "stand-in", (("threads", "1"),))
     summary = RunSummary(system, "onednn", tmp_path / "r.db", total=len(chosen), already=0)
     with PerfDB(tmp_path / "r.db") as db:
@@ -258,7 +280,7 @@ def test_a_benchmark_stalled_in_every_call_is_flagged_and_refused(tmp_path, benc
     assert refused.exit_code == 3
     (line,) = [ln for ln in refused.output.splitlines() if ln.strip()]
     assert line.startswith("error: conv_net on box (batch 1): no bound printed:")
-    assert "conv1" in line and "--force --filter" in line and "--allow-contended" in line
+    assert "conv1" in line and "--remeasure-contended" in line and "--allow-contended" in line
     assert "lower bound" not in refused.output
 
     labelled = CliRunner().invoke(main, [*args, "--allow-contended", "--json"])
@@ -323,6 +345,34 @@ def test_short_calls_keep_their_estimator_under_the_same_contention(tmp_path, be
         assert sorted(summary.still_contended) == sorted(n for n, r in results.items() if r.contended)
         if kept_steady:
             return
+
+
+def test_the_contention_a_benchmark_reads_of_itself_is_the_one_stored(tmp_path, bench):
+    """A binary that reports its own scheduler clocks around each benchmark (the runtime's
+    ``sched``): the stored contention is the one those clocks give, not the runner's own reading
+    of the child, taken whenever the runner gets to the lines."""
+    with competitors(2):
+        _, results, calls = run_standin(tmp_path, bench, call_ms=1, calls=200, remeasure=0, variants=6,
+                                        max_contention=1.0, own_clock=True)
+    for c in calls:
+        own = contention(clock_of(c["sched"]["before"]), clock_of(c["sched"]["after"]))
+        assert own is not None and own.waited > 0.3  # two busy loops on its core
+        r = results[c["name"]]
+        assert r.contention == pytest.approx(own.share, rel=1e-12)
+        assert r.clean_share == pytest.approx(own.clean_share(r.low_ms), rel=1e-12)
+
+
+@pytest.mark.parametrize("sched, problem", [
+    ("fast", "is not an object"),
+    ({"before": {}, "after": []}, "is not an object"),
+    ({"before": {}, "after": {"threads": {"1": [1, 2]}, "steal_ticks": 0, "total_ticks": 0}}, "not three counts"),
+    ({"before": {}, "after": {"threads": {}, "steal_ticks": -1, "total_ticks": 0}}, "not counts"),
+])
+def test_a_malformed_own_clock_fails_its_benchmark(tmp_path, bench, sched, problem):
+    from benanza.runner import _own_contention
+
+    with pytest.raises(MalformedResult, match=f"sched: .*{problem}"):
+        _own_contention({"sched": sched})
 
 
 def test_free_cores_leaves_out_cores_busy_loops_hold():
@@ -397,6 +447,13 @@ def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench)
         assert 0 < r.low_ms <= r.sample_median_ms and r.sample_iqr_ms >= 0
         assert r.low_ms <= min(r.metrics["times_ms"])  # a repetition's mean includes its slow calls
         assert r.contention is not None and 0 <= r.contention <= 1 and 0 < r.clean_share <= 1
+    with sqlite3.connect(db) as conn:  # the contention the runtime read of itself around each benchmark
+        raw = {v: (json.loads(line), c) for v, line, c in conn.execute(
+            "SELECT variant, raw, contention FROM results WHERE status = 'ok'")}
+    for line, stored in raw.values():
+        own = contention(clock_of(line["sched"]["before"]), clock_of(line["sched"]["after"]))
+        assert own is not None and stored == pytest.approx(own.share, rel=1e-12)
+        assert line["sched"]["after"]["threads"] and own.switches_per_s > 0
     model_path = tmp_path / "conv_net.onnx"
     import onnx
 
@@ -409,3 +466,117 @@ def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench)
     assert rows and all(la["latency_ms"] == pytest.approx(by_variant[la["variant"]].low_ms, rel=1e-5, abs=1e-6)
                         for la in rows)
     assert not a["contended"]
+
+
+# --- what a refusal rests on, and the command it prints ----------------------------------------------
+
+def _cli(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _rows_per_variant(db: Path) -> dict[str, int]:
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute("SELECT variant, count(*) FROM results GROUP BY variant").fetchall())
+
+
+def test_a_refusal_rests_on_the_bounds_own_candidates_and_its_command_remeasures_them(tmp_path, monkeypatch):
+    """generate → run (the stand-in for the built binary) → DB → analyze, through the CLI. Results
+    made contended by competitors started here: a bf16 variant and one of batch 2 leave the f32
+    bound of batch 1 printed (the same figures as before they were measured), the bf16 and joint
+    bounds withheld; an f32 variant that lost to another of its layer refuses it (its true time may
+    be below the winner's). The command the refusal prints re-measures exactly the contended
+    results of the model's benchmarks on that stack."""
+    import shlex
+
+    import onnx
+
+    from benanza.backends import base
+
+    monkeypatch.chdir(tmp_path)
+    onnx.save(conv_net(), "conv_net.onnx")
+    binary = tmp_path / "benanza_bench"
+    binary.write_text(STANDIN.format(python=sys.executable))
+    binary.chmod(0o755)
+    monkeypatch.setattr(base, "build", lambda *args, **kwargs: binary)  # the stand-in is what CMake would build
+    spin = spin_per_ms()
+    monkeypatch.setenv("STANDIN_CPU", str(CPU))
+    monkeypatch.setenv("STANDIN_LOG", str(tmp_path / "calls.jsonl"))
+
+    def quiet() -> None:
+        monkeypatch.setenv("STANDIN_SPIN", str(int(spin * 0.05)))
+        monkeypatch.setenv("STANDIN_CALLS", "100")
+
+    quiet()
+    db = str(tmp_path / "r.db")
+    run = ("run", "--system", "box", "--backend", "onednn", "--db", db, "--threads", "1", "--no-peaks",
+           "--remeasure", "0")
+    for out, batch in (("out/bench", "1"), ("out/b2", "2")):
+        made = _cli("generate", "conv_net.onnx", "--out", out, "--backend", "onednn", "--batch-size", batch)
+        assert made.exit_code == 0, made.output
+    first = _cli(*run, "--bench-dir", "out/bench", "--max-contention", "1")  # nothing judged contended
+    assert first.exit_code == 0, first.output
+    analyze_args = ("analyze", "conv_net.onnx", "--system", "box", "--db", db)
+    before = _cli(*analyze_args, "--json")
+    assert before.exit_code == 0, before.output
+    (quiet_a,) = json.loads(before.stdout)["analyses"]
+    assert "bf16" in quiet_a["tensor_cores"]["bounds"] and quiet_a["joint"] is not None
+
+    with PerfDB(db, readonly=True) as pdb:
+        (system,) = pdb.systems()
+        results = pdb.results(system)
+    f32 = [r for r in results if r.ok and r.variant.dtype == "f32" and r.variant.fusion == "none"]
+    by_problem: dict = {}
+    for r in f32:
+        by_problem.setdefault(r.variant.problem, []).append(r)
+    rivals = next(rs for _, rs in sorted(by_problem.items(), key=lambda kv: str(kv[0])) if len(rs) > 1)
+    loser = max(rivals, key=lambda r: (r.latency_ms, r.variant.name)).variant.name  # not the winner
+    bf16 = next(r.variant.name for r in results if r.ok and r.variant.dtype == "bf16")
+    other_batch = next(v.name for v in read_variants(tmp_path / "out/b2/onednn") if v.dtype == "f32")
+    assert other_batch not in {r.variant.name for r in results}
+
+    def contend(bench_dir: str, names: list[str]) -> None:
+        monkeypatch.setenv("STANDIN_SPIN", str(int(spin * 20)))
+        monkeypatch.setenv("STANDIN_CALLS", "25")
+        with competitors(2):
+            done = _cli(*run, "--bench-dir", bench_dir, "--force",
+                        "--filter", "^(?:" + "|".join(re.escape(n) for n in names) + ")$")
+        assert done.exit_code == 0, done.output
+        quiet()
+
+    contend("out/bench", [bf16])
+    contend("out/b2", [other_batch])
+    with PerfDB(db, readonly=True) as pdb:
+        flagged = pdb.contended(system)
+    assert flagged == {bf16, other_batch}  # what the stalled calls under competitors gave
+
+    shown = _cli(*analyze_args, "--json")
+    assert shown.exit_code == 0, shown.output
+    (a,) = json.loads(shown.stdout)["analyses"]
+    assert not a["contended"] and a["bounds"] == quiet_a["bounds"]  # the f32 bound, as before
+    assert "bf16" not in a["tensor_cores"]["bounds"] and a["joint"] is None
+    withheld = "the bf16 bound and the joint bound are not shown: they rest on 1 results"
+    assert any(w.startswith(withheld) for w in a["warnings"])
+    labelled = _cli(*analyze_args, "--json", "--allow-contended")
+    (a,) = json.loads(labelled.stdout)["analyses"]
+    assert a["tensor_cores"]["bounds"]["bf16"]["contended"] and a["joint"]["contended"]
+    assert "contended" not in a["bounds"] and "contended" not in a["tensor_cores"]["bounds"]["f32"]
+
+    contend("out/bench", [loser])  # slower still, yet its true time may be below the winner's
+    refused = _cli(*analyze_args)
+    assert refused.exit_code == 3, refused.output
+    (line,) = [ln for ln in refused.output.splitlines() if ln.strip()]
+    layer = next(n.name for n in load_model(conv_net(), batch_size=1).nodes
+                 if n.layer.problem == rivals[0].variant.problem)
+    assert f": no bound printed: 1 layers ({layer}; 1 results it chooses from)" in line
+    command = line.split("Re-measure them on an idle machine: ", 1)[1].split(" (or pass --allow-contended", 1)[0]
+    assert len(command) < 300  # pasteable: no list of variant names
+
+    rows = _rows_per_variant(Path(db))
+    for part in command.split(" && "):
+        argv = shlex.split(part)
+        assert argv[0] == "benanza"
+        done = _cli(*argv[1:])
+        assert done.exit_code == 0, done.output
+    grown = {n for n, count in _rows_per_variant(Path(db)).items() if count > rows.get(n, 0)}
+    assert grown == {bf16, loser}  # batch 1's contended results, not batch 2's
+    assert "--threads 1" in command  # on the stack the analysis read

@@ -130,6 +130,26 @@ def layer_rows(model: Model, by_problem: ResultIndex, backend: str, dtype: str,
     return rows
 
 
+def contended_variants(model: Model, rows: Iterable[LayerRow], by_problem: ResultIndex, dtype: str,
+                       layouts: tuple[str, ...] = (), matches: Iterable[FusionMatch] = ()) -> frozenset[str]:
+    """Names of the contended results a bound in ``dtype`` (and ``layouts``) chooses from: every
+    candidate of each measured layer of ``rows`` and, with ``matches``, each matched pattern's fused
+    candidates. Contention only adds time, so a contended candidate that lost may truly be the
+    fastest: every one of them, not only the chosen, can change the bound. Results of other
+    dtypes, layouts, fusion patterns or problems (another batch size) cannot, and are not named."""
+    nodes = {n.index: n.layer for n in model.nodes}
+    names = set()
+    for row in rows:
+        if row.status == LayerStatus.OK:
+            layer = nodes[row.index]
+            names |= {r.variant.name for r in candidates(layer_results(by_problem, layer, dtype),
+                                                         layer.in_dtype(dtype), layouts=layouts) if r.contended}
+    for m in matches:
+        names |= {r.variant.name for r in candidates(layer_results(by_problem, m.conv, dtype), m.conv.in_dtype(dtype),
+                                                     fusion=m.pattern.name, layouts=layouts) if r.contended}
+    return frozenset(names)
+
+
 def critical_path(graph: nx.DiGraph, weight: Mapping[int, float]) -> tuple[float, list[int]]:
     """Heaviest source-to-sink path by node weight, in O(V + E)."""
     dist: dict[int, float] = {}

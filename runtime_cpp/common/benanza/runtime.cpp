@@ -1,6 +1,10 @@
 #include "benanza/runtime.hpp"
 
+#include <dirent.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +14,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
@@ -65,6 +70,58 @@ std::vector<double>& samples() {
   return s;
 }
 
+// This process's scheduler counters as JSON (the runner's measurement.CpuClock): per thread
+// its time on a CPU, its time runnable but waiting for one, and how often it was put on one
+// (/proc/self/task/*/schedstat), and the steal and total jiffies of the CPUs it may run on
+// (/proc/stat). Read when a benchmark starts and when its result is ready, so the contention the
+// runner computes from them covers that benchmark alone, however late the runner reads its
+// lines. "{}" where the kernel keeps no such counters.
+std::string sched_clock() {
+  JsonObject threads;
+  bool any = false;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(dir)) {
+      if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
+      std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/schedstat");
+      unsigned long long run = 0, wait = 0, slices = 0;
+      if (!(in >> run >> wait >> slices)) continue;  // the thread ended meanwhile
+      threads.raw(e->d_name, "[" + std::to_string(run) + "," + std::to_string(wait) + "," +
+                                 std::to_string(slices) + "]");
+      any = true;
+    }
+    closedir(dir);
+  }
+  if (!any) return "{}";
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const bool known = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+  unsigned long long steal = 0, total = 0;
+  std::ifstream stat("/proc/stat");
+  for (std::string line; std::getline(stat, line);) {
+    if (line.rfind("cpu", 0) != 0 || line.size() < 4 || !std::isdigit(static_cast<unsigned char>(line[3])))
+      continue;
+    std::istringstream fields(line.substr(3));
+    int cpu = 0;
+    fields >> cpu;
+    if (known && (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed))) continue;
+    unsigned long long v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (auto& x : v)
+      if (!(fields >> x)) break;
+    steal += v[7];
+    for (auto x : v) total += x;
+  }
+  return JsonObject()
+      .raw("threads", threads.str())
+      .add("steal_ticks", static_cast<int64_t>(steal))
+      .add("total_ticks", static_cast<int64_t>(total))
+      .str();
+}
+
+std::string& start_clock() {
+  static std::string clock;
+  return clock;
+}
+
 void announce(const std::string& name) {
   // Google Benchmark calls the body several times (iteration estimate, repetitions); the
   // marker goes out once, so a crash is pinned on the benchmark that was running.
@@ -72,6 +129,7 @@ void announce(const std::string& name) {
   current_name() = name;
   samples().clear();
   emit("BENANZA_START", name);
+  start_clock() = sched_clock();
   inject_fault(name);
 }
 
@@ -195,6 +253,8 @@ class LineReporter : public benchmark::BenchmarkReporter {
     JsonObject counters;
     for (const auto& kv : reps.back()->counters) counters.add(kv.first, static_cast<double>(kv.second.value));
     o.raw("counters", counters.str());
+    const std::string before = start_clock().empty() ? "{}" : start_clock();
+    o.raw("sched", JsonObject().raw("before", before).raw("after", sched_clock()).str());
     emit("BENANZA_RESULT", o.str());
   }
 
