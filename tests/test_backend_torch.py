@@ -335,3 +335,61 @@ def test_bf16_through_the_pipeline_against_torchs_own_bf16(tmp_path):
         want = torch.nn.functional.conv2d(torch.from_numpy(x).bfloat16(), weights["W"].bfloat16(),
                                           weights["B"].bfloat16(), padding=1)
     np.testing.assert_array_equal(got[0], want.float().numpy())
+
+
+def _best_low_ms(db: Path, backend: str, layer_key: str) -> float | None:
+    """The bound's latency of a layer, recomputed in SQL: the lowest low percentile among the
+    newest OK unfused results of the layer's variants on the backend."""
+    con = sqlite3.connect(db)
+    row = con.execute(
+        "SELECT MIN(r.low_ms) FROM results r JOIN variants v ON v.name = r.variant "
+        "WHERE v.backend = ? AND r.layer_key = ? AND v.fusion = 'none' AND r.status = 'ok' AND v.dtype = 'f32' "
+        "AND r.id = (SELECT MAX(id) FROM results WHERE variant = r.variant)", (backend, layer_key)).fetchone()
+    con.close()
+    return row[0]
+
+
+@pytest.mark.slow
+def test_across_stack_split_against_onednn_recomputed_from_sql_and_the_trace(measured, tmp_path):
+    """With oneDNN's results stored for the same system, an analysis against torch's profile reads
+    torch's own backend and splits the measured time: kernel headroom = torch bound − oneDNN bound,
+    per layer and in all from SQL; framework overhead = the layer's own time in torch's trace (its
+    record_function range, read from the raw Chrome trace) − its torch bound, and measured − the
+    torch bound for the model (each over the trace's runs after the first, which warms up)."""
+    path, bench, db = measured
+    onednn = tmp_path / "bench"
+    invoke("generate", str(path), "--backend", "onednn", "--dtype", "f32", "--no-fusion", "--out", str(onednn))
+    invoke("run", "--system", SYSTEM, "--backend", "onednn", "--bench-dir", str(onednn), "--db", str(db),
+           "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1", "--no-peaks")
+    prof = tmp_path / "prof"
+    invoke("profile", str(path), "--framework", "torch", "--threads", "1", "--iterations", "5",
+           "--trace-iterations", "5", "--out", str(prof))
+    a = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--profile", str(prof),
+                          "--json", "--allow-contended"))["analyses"][0]
+    assert a["backend"] == "torch"
+    assert a["threads"] == {"profile": 1, "benchmarks": 1, "source": "the profile's record", "differ": False}
+    x = a["across_stack"]
+    assert (x["framework"], x["vendor"], x["partial"]) == ("torch", "onednn", False)
+    keys = {la["index"]: la["key"] for la in a["layers"]}
+    events = json.loads((prof / "torch_trace.json").read_text())["traceEvents"]
+    ranges = [e for e in events if e.get("cat") == "user_annotation"]
+    runs = sorted(e["ts"] for e in ranges if e["name"] == "benanza_run")
+    assert len(runs) == 5
+    for la in x["layers"]:
+        assert la["native_ms"] == pytest.approx(_best_low_ms(db, "torch", keys[la["index"]]), rel=1e-3)
+        vendor = _best_low_ms(db, "onednn", keys[la["index"]])
+        if vendor is None:  # a layer oneDNN does not run
+            assert la["vendor_ms"] is None and la["kernel_headroom_ms"] is None
+            continue
+        assert la["vendor_ms"] == pytest.approx(vendor, rel=1e-3)
+        assert la["kernel_headroom_ms"] == pytest.approx(la["native_ms"] - la["vendor_ms"], abs=1e-5)
+        # per run, the first (warm-up) left out, as the analysis leaves it out
+        own = sum(e["dur"] for e in ranges if e["name"] == la["name"] and e["ts"] >= runs[1]) / 4 / 1e3
+        assert la["framework_ms"] == pytest.approx(own, rel=1e-3, abs=1e-5)
+        assert la["framework_overhead_ms"] == pytest.approx(la["framework_ms"] - la["native_ms"], abs=1e-5)
+    assert x["native_bound_ms"] == pytest.approx(sum(la["native_ms"] for la in x["layers"]), rel=1e-3)
+    assert x["vendor_bound_ms"] == pytest.approx(sum(la["vendor_ms"] or 0.0 for la in x["layers"]), rel=1e-3)
+    assert x["kernel_headroom_ms"] == pytest.approx(x["native_bound_ms"] - x["vendor_bound_ms"], abs=1e-5)
+    assert x["framework_overhead_ms"] == pytest.approx(x["measured_ms"] - x["native_bound_ms"], abs=1e-5)
+    assert x["measured_ms"] == a["measured_ms"]
+    assert not [w for w in a["warnings"] if "across the stack" in w], a["warnings"]
