@@ -14,7 +14,7 @@ are the choices a torch user has (docs/backends.md):
 - ``dtype``: the model's, plus ``bf16`` for an f32 layer: by default where torch says this CPU
   runs oneDNN in bf16 (its own check, never a table of CPUs); on a CPU without (AVX2 only) when
   asked for with ``--dtype bf16``. There oneDNN takes no bf16 work, and torch runs its own bf16
-  kernels, which convert to f32 and back around f32 arithmetic (a convolution some 14 times
+  kernels, which convert to f32 and back around f32 arithmetic (a convolution over 100 times
   slower than in f32): measured only on request, the ``native``/``default`` variants alone, so a
   default run is not slowed by a choice no user makes for speed on that CPU.
 
