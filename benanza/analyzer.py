@@ -163,6 +163,24 @@ class LibraryView:
         return sum(a.gain_ms or 0.0 for a in self.suboptimal)
 
 
+@dataclass(frozen=True)
+class ThreadsCompared:
+    """The framework's threads in the profile against the benchmarks' (the CPU stack's): a bound
+    and a profile compare like with like only at equal threads."""
+
+    profile: int
+    benchmarks: int
+    source: str  # where the profile's count comes from
+
+    @property
+    def differ(self) -> bool:
+        return self.profile != self.benchmarks
+
+    @property
+    def label(self) -> str:
+        return f"unequal threads: profile {self.profile}, benchmarks {self.benchmarks}"
+
+
 @dataclass
 class TensorCoreView:
     """Q6: Tensor Core kernels in the profile, and bounds per dtype/layout."""
@@ -218,6 +236,8 @@ class Analysis:
     # set by the driver when the database holds both for the system
     across_stack: AcrossStack | None = None
     heuristic: HeuristicAnalysis | None = None
+    # the profile's threads against the stack's, when both are known (a profile on a CPU stack)
+    threads: ThreadsCompared | None = None
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
     unstable: frozenset[str] = frozenset()  # variant names whose result stayed unstable
@@ -433,6 +453,7 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
                           f"{model.batch_size}: ratios compare different work")
     a.notes = list(profile.notes)
     a.warnings.extend(profile.warnings)
+    _compare_threads(a, profile)
     if profile.trace is not None and profile.trace.ops:
         view = _framework_view(a, model, profile, by_key, weight, matches, graph)
         if any(g.nodes for g in view.match.groups):
@@ -455,7 +476,7 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         lib = LibraryView(library, len(calls), alignment, [], profile.library_versions.get(library, ""),
                           stack.get(library, ""), profile.library_threads.get(library),
                           int(stack["threads"]) if stack.get("threads", "").isdigit() else None)
-        if lib.threads_differ:
+        if lib.threads_differ and a.threads is None:  # else said once, for the whole profile
             a.warnings.append(f"{_threads_said(lib)}: the bound and the framework's times compare different "
                               f"thread counts (benchmark with `benanza run --threads {lib.framework_threads}` "
                               f"to compare them at equal threads)")
@@ -477,6 +498,24 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
     kernels_from = profile.nsys if profile.nsys is not None and profile.nsys.kernels else profile.trace
     if kernels_from is not None and kernels_from.kernels:
         a.kernel_gaps = kernel_gaps(kernels_from)
+
+
+def _compare_threads(a: Analysis, profile: ExecutionProfile) -> None:
+    """The profile's threads against the benchmarks': unequal ones get one warning, and the
+    ratio and Q3 say so wherever they are shown."""
+    benchmarks = _threads(a.stack)
+    counted, source = profile.threads, "the profile's record"
+    if counted is None and "onednn" in profile.library_threads:
+        counted, source = profile.library_threads["onednn"], "oneDNN's log (nthr)"
+    if benchmarks is None or counted is None:
+        return
+    a.threads = ThreadsCompared(counted, benchmarks, source)
+    if a.threads.differ:
+        a.warnings.append(
+            f"unequal threads: the profile ran {counted} threads ({source}), the benchmarks "
+            f"{benchmarks} (stack {a.stack.stack_id if a.stack else '?'}): the Benanza ratio and Q3 compare a "
+            f"framework and a bound at different thread counts; compare them at equal threads with "
+            f"`benanza profile --threads {benchmarks}` or `benanza run --threads {counted}`")
 
 
 def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches,
@@ -754,11 +793,13 @@ def _explain_bound(a: Analysis) -> None:
         if lib.versions_differ:
             reasons.append(f"the framework's {lib.library} is {lib.framework_version}, the benchmarks' "
                            f"{lib.benchmark_version}")
-        if lib.threads_differ:
+        if lib.threads_differ and a.threads is None:
             reasons.append(_threads_said(lib))
     if a.unstable_rows:
         reasons.append(f"{len(a.unstable_rows)} of the bound's layers rest on unstable results")
-    if not any(lib.framework_threads for lib in a.libraries):  # no log said how many the framework used
+    if a.threads is not None and a.threads.differ:
+        reasons.append(f"the framework ran {a.threads.profile} threads, the benchmarks {a.threads.benchmarks}")
+    if a.threads is None and not any(lib.framework_threads for lib in a.libraries):  # nothing said how many
         threads = dict(a.stack.stack).get("threads") if a.stack is not None else None
         if threads:
             reasons.append(f"the benchmarks ran {threads} threads; the framework's thread count is not compared "

@@ -1188,11 +1188,15 @@ class _ProfileCommand(click.Command):
                    "checks a bundle is of the model it analyses.")
 @click.option("--timeout", type=FiniteRange(min=0, min_open=True), default=None,
               help="With --command: seconds each of its two runs may take before it is killed [default: none].")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="The framework's intra-op threads (onnxruntime: intra_op_num_threads; torch: set_num_threads; "
+                   "--command: OMP_NUM_THREADS, MKL_NUM_THREADS and $BENANZA_THREADS, which "
+                   "benanza.ort_session_options() reads), recorded in the bundle [default: the framework's].")
 def profile(model: str | None, framework: str, batch_size: int, input_shape: tuple[str, ...],
             input_value: tuple[str, ...], input_data: str | None, warmup: int,
             iterations: int, trace_iterations: int, device: str, out_dir: str | None, nsys: bool,
             command_line: str | None, measure_name: str | None, command_model: str | None,
-            timeout: float | None) -> None:
+            timeout: float | None, threads: int | None) -> None:
     """Run MODEL in a framework, or your own command, and write its execution profile bundle.
 
     The bundle holds latency statistics (trimmed mean, p50, p90), the framework's per-op
@@ -1207,7 +1211,7 @@ def profile(model: str | None, framework: str, batch_size: int, input_shape: tup
     after_dashes = ctx.meta.get("benanza.command")
     if command_line is not None or after_dashes is not None:
         _profile_command(ctx, model, command_line, after_dashes, warmup, device, out_dir, nsys, measure_name,
-                         command_model, batch_size, timeout)
+                         command_model, batch_size, timeout, threads)
         return
     for opt, value in (("--name", measure_name), ("--model", command_model), ("--timeout", timeout)):
         if value is not None:
@@ -1222,11 +1226,13 @@ def profile(model: str | None, framework: str, batch_size: int, input_shape: tup
                        warmup=warmup, iterations=iterations, trace_iterations=trace_iterations, device=device,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
                        input_values=tuple(sorted(input_values_per_model(input_value, [model])[model].items())),
-                       input_data=input_data)
+                       input_data=input_data, threads=threads)
     bundle = profile_model(spec, nsys=nsys)
     index = json.loads((bundle / "profile.json").read_text())
     lat = index["latency_ms"]
-    console.print(f"{Path(model).stem} on {framework} ({device}, batch {batch_size}): trimmed mean "
+    used = index["threads"]
+    console.print(f"{Path(model).stem} on {framework} ({device}, batch {batch_size}, "
+                  f"{used or '?'} thread{'' if used == 1 else 's'}): trimmed mean "
                   f"{lat['trimmed_mean']:.4g} ms, p50 {lat['p50']:.4g} ms, p90 {lat['p90']:.4g} ms",
                   highlight=False)
     _print_bundle(bundle, index)
@@ -1241,7 +1247,7 @@ def _print_bundle(bundle: Path, index: dict) -> None:
 def _profile_command(ctx: click.Context, model: str | None, command_line: str | None,
                      after_dashes: tuple[str, ...] | None, warmup: int, device: str, out_dir: str | None, nsys: bool,
                      measure_name: str | None, command_model: str | None, batch_size: int,
-                     timeout: float | None) -> None:
+                     timeout: float | None, threads: int | None) -> None:
     import shlex
 
     from .profiler import CommandSpec, profile_command
@@ -1263,7 +1269,8 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
     explicit_batch = ctx.get_parameter_source("batch_size") != click.core.ParameterSource.DEFAULT
     out = out_dir or str(Path("profiles") / f"command-{measure_name or Path(command[0]).name}")
     spec = CommandSpec(command=command, out_dir=out, name=measure_name, warmup=warmup, model=command_model,
-                       batch_size=batch_size if explicit_batch else None, device=device, timeout=timeout)
+                       batch_size=batch_size if explicit_batch else None, device=device, timeout=timeout,
+                       threads=threads)
     bundle = profile_command(spec, nsys=nsys)
     index = json.loads((bundle / "profile.json").read_text())
     for name, m in sorted(index["measures"].items()):

@@ -160,6 +160,7 @@ class ProfileSpec:
     # --input-value and --input-data: what the runs feed instead of random values
     input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()
     input_data: str | None = None
+    threads: int | None = None  # the framework's intra-op threads (None: its default)
 
     @classmethod
     def from_json(cls, data: dict) -> ProfileSpec:
@@ -217,6 +218,16 @@ def _quiet_env(out: Path) -> dict[str, str]:
 # with ort_session_options() write ORT's profile (ORT has no environment switch of its own).
 ORT_PROFILE_ENV = "BENANZA_ORT_PROFILE_PREFIX"
 _ORT_APP = "ort-app"
+# `profile --command --threads N`: ONNX Runtime reads no environment variable for its intra-op
+# threads, so ort_session_options() sets them from this one; torch (at its start), OpenMP and
+# MKL read theirs
+THREADS_ENV = "BENANZA_THREADS"
+
+
+def _threads_env(threads: int | None) -> dict[str, str]:
+    if threads is None:
+        return {}
+    return {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", THREADS_ENV)}
 
 
 def ort_session_options(options: Any = None) -> Any:
@@ -227,6 +238,9 @@ def ort_session_options(options: Any = None) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions() if options is None else options
+    threads = os.environ.get(THREADS_ENV)
+    if threads and not so.intra_op_num_threads:  # the application's own choice stands
+        so.intra_op_num_threads = int(threads)
     prefix = os.environ.get(ORT_PROFILE_ENV)
     if prefix:
         stem = f"{prefix}-{os.getpid()}-{id(so):x}"
@@ -291,6 +305,8 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
     traced, traced_cmd = _child_run(spec, spec_path, TRACED, {**quiet, **_log_env(out)}, nsys_bin)
     files = {"trace": traced["trace"]}
     notes = timed.get("notes", []) + [n for n in traced.get("notes", []) if n not in timed.get("notes", [])]
+    if timed.get("threads", traced["threads"]) != traced["threads"]:
+        notes.append(f"the timed run used {timed['threads']} intra-op threads, the traced run {traced['threads']}")
     _collect_onednn(out, files, notes, spec.framework)
     _collect_gpu_logs(out, files, notes, spec.device)
     if nsys_bin:
@@ -304,6 +320,7 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
         "runs": {TIMED: {"command": timed_cmd, "loggers": timed["loggers"]},
                  TRACED: {"command": traced_cmd, "loggers": traced["loggers"]}},
         "latency_ms": latency_stats(timed["samples_ms"]).to_json(), "files": files, "notes": notes,
+        "threads": traced["threads"], "threads_requested": spec.threads, "threads_source": traced["threads_source"],
     })
     return out
 
@@ -432,6 +449,7 @@ class CommandSpec:
     batch_size: int | None = None
     device: str = "cpu"
     timeout: float | None = None  # seconds per run
+    threads: int | None = None  # intra-op threads, through the environment the command's frameworks read
 
 
 @dataclass(frozen=True)
@@ -522,7 +540,7 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
     shown = _shown(spec.command)
     identity = model_identity(spec.model, spec.batch_size or 1) if spec.model else None
     nsys_bin = _nsys_bin(nsys)
-    quiet = _quiet_env(out)
+    quiet = {**_quiet_env(out), **_threads_env(spec.threads)}
     quiet.pop(MEASURE_MARKS_ENV, None)
     runs: dict[str, dict] = {}
     blocks: dict[str, _Blocks] = {}
@@ -539,6 +557,7 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
                                f"(full output: {stderr})")
         blocks[phase] = _Blocks.read(sink)
         runs[phase] = {"command": shlex.join(cmd), "loggers": {k: env[k] for k in sorted(LOG_ENV) if k in env},
+                       "threads_env": _threads_env(spec.threads),
                        "measure_blocks": {n: len(v) for n, v in blocks[phase].samples.items()}}
         if phase == TIMED:
             chosen, measures = _measured(blocks[phase], spec, shown, out / f"{stem}.stdout")
@@ -572,6 +591,7 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
         notes.append("cuDNN/cuBLAS logs hold every call of the traced run, not only those inside measure blocks")
     if nsys_bin:
         _collect_nsys(out, files, notes)
+    threads, source = _command_threads(out, files, every, spec.threads, notes)
     others = [n for n in measures if n != chosen]
     if others:
         notes.append(f"latency from the {chosen!r} blocks; the bundle's \"measures\" also has "
@@ -584,8 +604,33 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
         "warmup": spec.warmup, "command": shown, "measure_name": chosen, "measures": measures,
         "runs": runs,
         "latency_ms": measures[chosen]["latency_ms"], "files": files, "notes": notes,
+        "threads": threads, "threads_requested": spec.threads, "threads_source": source,
     })
     return out
+
+
+def _command_threads(out: Path, files: dict, verbose: list[str], requested: int | None,
+                     notes: list[str]) -> tuple[int | None, str | None]:
+    """The command's intra-op threads as its frameworks reported them in the traced run (ONNX
+    Runtime's thread-pool statistics, else oneDNN's ``nthr``), else those it was given, and where
+    the count comes from."""
+    from .parsers import parse_ort_profile
+    from .parsers.onednn_verbose import threads_in
+
+    seen: list[tuple[int | None, str]] = []
+    if files.get("trace") == "ort_profile.json":
+        seen.append((parse_ort_profile(out / "ort_profile.json").threads,
+                     "ONNX Runtime's thread-pool statistics in the application's profile"))
+    seen.append((threads_in("\n".join(verbose)), "oneDNN's verbose log (nthr)"))
+    for threads, source in seen:
+        if threads is not None:
+            if requested is not None and threads != requested:
+                notes.append(f"--threads {requested}: the command ran {threads} threads ({source}): it sets its own")
+            return threads, source
+    if requested is not None:
+        return requested, "OMP_NUM_THREADS, MKL_NUM_THREADS and $BENANZA_THREADS given to the command (no " \
+                          "framework in it reported its count)"
+    return None, None
 
 
 def _collect_app_ort(out: Path, files: dict, notes: list[str]) -> str | None:
@@ -691,12 +736,15 @@ def _ort_session(path: str, notes: list[str], providers: list[str], options=None
 def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> dict:
     import onnxruntime as ort
 
+    from .parsers.ort import parse_ort_profile
+
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if spec.device == "cuda" else ["CPUExecutionProvider"]
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = spec.threads or 0  # 0: ORT's default, one per physical core
     if phase == TIMED:
-        sess = _ort_session(spec.model, notes, providers)
+        sess = _ort_session(spec.model, notes, providers, so)
         feed = _with_given(_random_feed(sess.get_inputs(), dict(spec.input_shapes)), spec)
         return {"samples_ms": _time_runs(lambda: sess.run(None, feed), spec), "providers": sess.get_providers()}
-    so = ort.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(out / "ort_profile")
     traced = _ort_session(spec.model, notes, providers, so)
@@ -707,7 +755,12 @@ def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str], phase: str)
     trace = Path(traced.end_profiling())
     final = out / "ort_profile.json"
     trace.replace(final)
-    return {"trace": final.name, "providers": traced.get_providers()}
+    # ORT states the threads its session used only in its profile's thread-pool statistics; the
+    # timed session has the same options, so the same pool
+    threads, source = parse_ort_profile(final).threads, "ONNX Runtime's thread-pool statistics in its profile"
+    if threads is None:  # a release whose profile records no statistics
+        threads, source = spec.threads, "the sessions' intra_op_num_threads"
+    return {"trace": final.name, "providers": traced.get_providers(), "threads": threads, "threads_source": source}
 
 
 def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> dict:
@@ -717,8 +770,11 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
 
     from .torch_exec import load_torch_graph
 
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
     graph = load_torch_graph(spec.model, batch_size=spec.batch_size, input_shapes=dict(spec.input_shapes),
                              device=spec.device)
+    threads = {"threads": torch.get_num_threads(), "threads_source": "torch.get_num_threads() in the run"}
     feed = _with_given(graph.random_inputs(), spec,
                        lambda arr, like: torch.from_numpy(arr).to(dtype=like.dtype, device=like.device))
     notes.append(f"torch {torch.__version__} ran the ONNX graph with Benanza's eager executor (one torch call "
@@ -727,7 +783,7 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
         if phase == TIMED:
             # the per-layer ranges cost a little: latency samples run without them
             return {"samples_ms": _time_runs(lambda: graph.run(feed, annotate=False), spec),
-                    "providers": [spec.device]}
+                    "providers": [spec.device], **threads}
         activities = [torch.profiler.ProfilerActivity.CPU]
         if spec.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -736,7 +792,7 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
                 with measure("benanza_run"), torch.profiler.record_function("benanza_run"):
                     graph.run(feed)
     prof.export_chrome_trace(str(out / "torch_trace.json"))
-    return {"trace": "torch_trace.json", "providers": [spec.device]}
+    return {"trace": "torch_trace.json", "providers": [spec.device], **threads}
 
 
 def _time_runs(run, spec: ProfileSpec) -> list[float]:

@@ -92,8 +92,17 @@ def analysis_json(a: Analysis) -> dict:
         "speed_of_light": _speed_of_light_json(a),
         "floors": _floors_json(a),
         "across_stack": _across_stack_json(a),
+        # the profile's threads against the benchmarks' (null: a count unknown, or no profile)
+        "threads": None if a.threads is None else {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks,
+                                                   "source": a.threads.source, "differ": a.threads.differ},
         "warnings": a.warnings, "notes": a.notes,
     }
+    if a.threads is not None and a.threads.differ:  # each ratio and Q3 judgement says so itself
+        for b in (out["bounds"], out["fusion"]["bounds"], out["joint"], *out["tensor_cores"]["bounds"].values(),
+                  (out["framework"] or {}).get("bounds_same_fusions"), (out["heuristic"] or {}).get("bounds"),
+                  out["framework"], *out["libraries"]):
+            if b is not None:
+                b["unequal_threads"] = True
     if a.contended:  # each bounds object says so itself, wherever a reader takes it from
         for b in (out["bounds"], out["fusion"]["bounds"], out["joint"], *out["tensor_cores"]["bounds"].values(),
                   (out["framework"] or {}).get("bounds_same_fusions"), (out["heuristic"] or {}).get("bounds")):
@@ -293,12 +302,13 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
              _ms(a.speed_of_light.parallel_ms))
     if a.measured_ms is not None:
         _row(t, f"measured ({a.measured_source}) ms", _ms(a.measured_ms), "")
-        _row(t, "Benanza ratio", _ms(a.br_sequential), _ms(a.br_parallel))
+        unequal = f" ({a.threads.label})" if a.threads is not None and a.threads.differ else ""
+        _row(t, "Benanza ratio" + unequal, _ms(a.br_sequential), _ms(a.br_parallel))
         _row(t, "potential speedup", f"{1 / a.br_sequential:.3g}×" if a.br_sequential else "—",
                   f"{1 / a.br_parallel:.3g}×" if a.br_parallel else "—")
         if a.framework is not None:
             seq, par = a.framework.bounds_same_fusions.ratio(a.measured_ms)
-            _row(t, f"ratio vs bound with {a.framework.framework}'s fusions", _ms(seq), _ms(par))
+            _row(t, f"ratio vs bound with {a.framework.framework}'s fusions" + unequal, _ms(seq), _ms(par))
     console.print(t)
     _print_floors(a, console)
     print_module_tree(a, console, depth)
@@ -360,8 +370,8 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                 unknown = sum(1 for c in v.algorithms if c.comparable and c.used_ms is None)
                 console.print(f"Q3: {len(v.suboptimal)} sub-optimal layers (a measured gain beyond the noise), "
                               f"{v.algorithm_gain_ms:.4g} ms to gain"
-                              + (f"; {unknown} used an implementation never benchmarked here" if unknown else ""),
-                              highlight=False, markup=False)
+                              + (f"; {unknown} used an implementation never benchmarked here" if unknown else "")
+                              + _unequal(a), highlight=False, markup=False)
             if v.not_comparable:
                 console.print(f"Q3: {len(v.not_comparable)} calls not comparable (no benchmark computes what the "
                               f"call fused, or none in its layout): not judged", highlight=False, markup=False)
@@ -379,8 +389,8 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
             console.print(_choices_table(f"Q3 {f.framework} kernels (its own fastest variant)", f.kernels))
             judged = sum(1 for c in f.kernels if c.comparable)
             console.print(f"Q3: {len(f.suboptimal)} of {judged} {f.framework} ops ran a slower variant than its "
-                          f"fastest (a measured gain beyond the noise), {f.kernel_gain_ms:.4g} ms to gain",
-                          highlight=False, markup=False)
+                          f"fastest (a measured gain beyond the noise), {f.kernel_gain_ms:.4g} ms to gain"
+                          + _unequal(a), highlight=False, markup=False)
     _print_across_stack(a, console)
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
@@ -392,6 +402,10 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"), soft_wrap=True)
     for n in a.notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _unequal(a: Analysis) -> str:
+    return f" [{a.threads.label}]" if a.threads is not None and a.threads.differ else ""
 
 
 def _print_floors(a: Analysis, console: Console) -> None:
@@ -582,7 +596,7 @@ def _charts(a: Analysis) -> list[str]:
     bars.append(("measured", a.measured_ms))
     charts = [bar_chart("latency", bars)]
     if a.measured_ms:
-        charts.append(bar_chart("Benanza ratio (bound / measured)", [
+        charts.append(bar_chart("Benanza ratio (bound / measured)" + _unequal(a), [
             ("BR sequential", a.br_sequential), ("BR parallel", a.br_parallel)], unit=""))
         charts.append(bar_chart("potential speedup (1 / BR)", [
             ("sequential", 1 / a.br_sequential if a.br_sequential else None),

@@ -267,3 +267,129 @@ def test_check_catches_a_wrong_result(measured, monkeypatch):
     results = {r.name: r for r in check_subgraphs(bench, "torch", CheckOptions(filter="^conv:"))}
     assert results[name].status is CheckStatus.MISMATCH and "element" in results[name].where
     assert all(r.status is CheckStatus.OK for n, r in results.items() if n != name)
+
+
+# A convolution of a few microseconds in f32: in bf16 on a CPU without bf16 instructions torch's
+# own kernels convert around f32 arithmetic (over 100 times slower), and this one stays small
+BF16_ORACLE = """
+import torch, torch.nn.functional as F
+x, w = torch.rand(1, 8, 8, 8, dtype=torch.bfloat16), torch.rand(8, 8, 3, 3, dtype=torch.bfloat16)
+with torch.no_grad():
+    F.conv2d(x, w, padding=1)
+"""
+
+
+def tiny_net() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "Wfc", "Bfc"], ["y"], transB=1, name="fc"),
+    ]
+    inits = [tensor("W", (8, 8, 3, 3)), tensor("B", (8,)), tensor("Wfc", (4, 8)), tensor("Bfc", (4,))]
+    return model(nodes, [io("x", [1, 8, 8, 8])], [io("y", None)], inits)
+
+
+def test_bf16_through_the_pipeline_against_torchs_own_bf16(tmp_path):
+    """`--dtype bf16`: measured on any CPU, through the kernels torch runs in bf16 there. The
+    oneDNN variant exists exactly where oneDNN's own verbose log shows torch sending a bf16
+    convolution to it (an AVX2-only CPU: never, and torch's own bf16 kernels are measured); every
+    variant is stored OK, `check` passes each against ONNX Runtime on the same bf16 values, and the
+    convolution computes what a plain torch F.conv2d in bf16 computes."""
+    from benanza.backends.torch_native import BACKEND
+    from benanza.check import generated
+
+    path = tmp_path / "tiny.onnx"
+    onnx.save(tiny_net(), path)
+    bench, db = tmp_path / "bench", tmp_path / "perf.db"
+    invoke("generate", str(path), "--backend", "torch", "--dtype", "bf16", "--no-fusion", "--layout", "nchw",
+           "--out", str(bench))
+    index = json.loads((bench / "torch" / "benchmarks.json").read_text())
+    assert index and all("/dtype=bf16/" in name for name in index)
+    log = subprocess.run([sys.executable, "-c", BF16_ORACLE], env={**os.environ, "ONEDNN_VERBOSE": "1"},
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    onednn_bf16 = any(",exec," in line and ",convolution," in line and ":bf16" in line for line in log.splitlines())
+    conv = sorted(n for n in index if n.startswith("conv:"))
+    assert [re.search(r"/algo=(\w+)/", n).group(1) for n in conv] == (["native", "onednn"] if onednn_bf16
+                                                                        else ["native"])
+
+    invoke("run", "--system", "bf16box", "--backend", "torch", "--bench-dir", str(bench), "--db", str(db),
+           "--threads", "1", "--min-time", "0.01", "--repetitions", "2", "--remeasure", "0", "--max-contention", "1")
+    for name in index:
+        row = _row(db, name)
+        assert row["status"] == "ok", (name, row["message"])
+    native = next(n for n in conv if "/algo=native/" in n)
+    assert _row(db, native)["implementation"].startswith("aten::")
+
+    out = CliRunner().invoke(main, ["check", str(path), "--bench-dir", str(bench), "--backend", "torch"])
+    assert out.exit_code == 0, out.output
+    assert f"checked {len(index)} benchmarks (seed 0): {len(index)} ok, 0 mismatch" in out.stdout
+
+    entry = index[native]
+    sub = onnx.load(bench / "torch" / entry["model"])
+    weights = {t.name: torch.from_numpy(onnx.numpy_helper.to_array(t).copy()) for t in sub.graph.initializer}
+    x = generated(0, (1, 8, 8, 8))
+    got = BACKEND.outputs(bench / "torch" / entry["model"], entry, {"x": x}, 1)
+    with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
+        want = torch.nn.functional.conv2d(torch.from_numpy(x).bfloat16(), weights["W"].bfloat16(),
+                                          weights["B"].bfloat16(), padding=1)
+    np.testing.assert_array_equal(got[0], want.float().numpy())
+
+
+def _best_low_ms(db: Path, backend: str, layer_key: str) -> float | None:
+    """The bound's latency of a layer, recomputed in SQL: the lowest low percentile among the
+    newest OK unfused results of the layer's variants on the backend."""
+    con = sqlite3.connect(db)
+    row = con.execute(
+        "SELECT MIN(r.low_ms) FROM results r JOIN variants v ON v.name = r.variant "
+        "WHERE v.backend = ? AND r.layer_key = ? AND v.fusion = 'none' AND r.status = 'ok' AND v.dtype = 'f32' "
+        "AND r.id = (SELECT MAX(id) FROM results WHERE variant = r.variant)", (backend, layer_key)).fetchone()
+    con.close()
+    return row[0]
+
+
+@pytest.mark.slow
+def test_across_stack_split_against_onednn_recomputed_from_sql_and_the_trace(measured, tmp_path):
+    """With oneDNN's results stored for the same system, an analysis against torch's profile reads
+    torch's own backend and splits the measured time: kernel headroom = torch bound − oneDNN bound,
+    per layer and in all from SQL; framework overhead = the layer's own time in torch's trace (its
+    record_function range, read from the raw Chrome trace) − its torch bound, and measured − the
+    torch bound for the model (each over the trace's runs after the first, which warms up)."""
+    path, bench, db = measured
+    onednn = tmp_path / "bench"
+    invoke("generate", str(path), "--backend", "onednn", "--dtype", "f32", "--no-fusion", "--out", str(onednn))
+    invoke("run", "--system", SYSTEM, "--backend", "onednn", "--bench-dir", str(onednn), "--db", str(db),
+           "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1", "--no-peaks")
+    prof = tmp_path / "prof"
+    invoke("profile", str(path), "--framework", "torch", "--threads", "1", "--iterations", "5",
+           "--trace-iterations", "5", "--out", str(prof))
+    a = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--profile", str(prof),
+                          "--json", "--allow-contended"))["analyses"][0]
+    assert a["backend"] == "torch"
+    assert a["threads"] == {"profile": 1, "benchmarks": 1, "source": "the profile's record", "differ": False}
+    x = a["across_stack"]
+    assert (x["framework"], x["vendor"], x["partial"]) == ("torch", "onednn", False)
+    keys = {la["index"]: la["key"] for la in a["layers"]}
+    events = json.loads((prof / "torch_trace.json").read_text())["traceEvents"]
+    ranges = [e for e in events if e.get("cat") == "user_annotation"]
+    runs = sorted(e["ts"] for e in ranges if e["name"] == "benanza_run")
+    assert len(runs) == 5
+    for la in x["layers"]:
+        assert la["native_ms"] == pytest.approx(_best_low_ms(db, "torch", keys[la["index"]]), rel=1e-3)
+        vendor = _best_low_ms(db, "onednn", keys[la["index"]])
+        if vendor is None:  # a layer oneDNN does not run
+            assert la["vendor_ms"] is None and la["kernel_headroom_ms"] is None
+            continue
+        assert la["vendor_ms"] == pytest.approx(vendor, rel=1e-3)
+        assert la["kernel_headroom_ms"] == pytest.approx(la["native_ms"] - la["vendor_ms"], abs=1e-5)
+        # per run, the first (warm-up) left out, as the analysis leaves it out
+        own = sum(e["dur"] for e in ranges if e["name"] == la["name"] and e["ts"] >= runs[1]) / 4 / 1e3
+        assert la["framework_ms"] == pytest.approx(own, rel=1e-3, abs=1e-5)
+        assert la["framework_overhead_ms"] == pytest.approx(la["framework_ms"] - la["native_ms"], abs=1e-5)
+    assert x["native_bound_ms"] == pytest.approx(sum(la["native_ms"] for la in x["layers"]), rel=1e-3)
+    assert x["vendor_bound_ms"] == pytest.approx(sum(la["vendor_ms"] or 0.0 for la in x["layers"]), rel=1e-3)
+    assert x["kernel_headroom_ms"] == pytest.approx(x["native_bound_ms"] - x["vendor_bound_ms"], abs=1e-5)
+    assert x["framework_overhead_ms"] == pytest.approx(x["measured_ms"] - x["native_bound_ms"], abs=1e-5)
+    assert x["measured_ms"] == a["measured_ms"]
+    assert not [w for w in a["warnings"] if "across the stack" in w], a["warnings"]

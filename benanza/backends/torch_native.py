@@ -11,8 +11,12 @@ are the choices a torch user has (docs/backends.md):
   for the convolution and GEMM layers torch can send to oneDNN; ``default`` for the others;
 - ``layout``: ``nchw`` (contiguous) or ``nhwc`` (``torch.channels_last``) for 4-D data, ``plain``
   below;
-- ``dtype``: the model's, plus ``bf16`` for an f32 layer where torch says this CPU runs oneDNN in
-  bf16 (its own check, never a table of CPUs).
+- ``dtype``: the model's, plus ``bf16`` for an f32 layer: by default where torch says this CPU
+  runs oneDNN in bf16 (its own check, never a table of CPUs); on a CPU without (AVX2 only) when
+  asked for with ``--dtype bf16``. There oneDNN takes no bf16 work, and torch runs its own bf16
+  kernels, which convert to f32 and back around f32 arithmetic (a convolution over 100 times
+  slower than in f32): measured only on request, the ``native``/``default`` variants alone, so a
+  default run is not slowed by a choice no user makes for speed on that CPU.
 
 Time is the kernels' own, never Python's wall time around a call: a node that called oneDNN
 is timed by oneDNN's verbose execution times (``ONEDNN_VERBOSE`` switched on in-process for the
@@ -72,6 +76,14 @@ def bf16_supported() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def _algos(layer: Layer, dtype: str) -> tuple[str, ...]:
+    """oneDNN on or off where torch can send the layer to oneDNN: in bf16 only where it does on
+    this CPU (elsewhere both would run torch's own kernels)."""
+    if not isinstance(layer.problem, ONEDNN_PROBLEMS):
+        return ("default",)
+    return ("onednn", "native") if dtype != "bf16" or bf16_supported() else ("native",)
+
+
 def _own_layout(layer: Layer) -> str:
     return "nchw" if any(len(t.shape) == 4 for t in layer.inputs) else "plain"
 
@@ -94,13 +106,14 @@ class TorchBackend(SubgraphBackend):
         layer = unique.layer
         if not self.covers(layer):
             return []
-        dtypes = [layer.dtype, *(["bf16"] if layer.dtype == "f32" and bf16_supported() else [])]
+        bf16 = layer.dtype == "f32" and (bf16_supported() or "bf16" in options.dtypes)
+        dtypes = [layer.dtype, *(["bf16"] if bf16 else [])]
         dtypes = [d for d in dtypes if not options.dtypes or d in options.dtypes]
         own = _own_layout(layer)
         layouts = [own] if own == "plain" else [lay for lay in LAYOUTS if not options.layouts or lay in options.layouts]
-        algos = ("onednn", "native") if isinstance(layer.problem, ONEDNN_PROBLEMS) else ("default",)
         return [Variant(layer.problem, NAME, layer.op, algo, dtype, layout, "default", fusion)
-                for fusion in ("none", *fusions) for dtype in dtypes for layout in layouts for algo in algos]
+                for fusion in ("none", *fusions) for dtype in dtypes for layout in layouts
+                for algo in _algos(layer, dtype)]
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
                out_dir: Path, options: GenOptions, models: Sequence[Model] = ()) -> list[Path]:
@@ -115,7 +128,7 @@ class TorchBackend(SubgraphBackend):
 
         torch.set_num_threads(threads)
         try:
-            graph, feed = _prepared(path, entry["dtype"], entry["layout"], feeds)
+            graph, feed = _prepared(path, entry["algo"], entry["dtype"], entry["layout"], feeds)
         except UnsupportedOpError as exc:
             raise Refused(str(exc)) from None
         with torch.backends.mkldnn.flags(enabled=entry["algo"] != "native"), torch.no_grad():
@@ -167,7 +180,7 @@ class _Timed:
     kernels: str  # what ran, node by node: oneDNN's implementation, or the aten op that took longest
 
 
-def _prepared(path: Path, dtype: str, layout: str,
+def _prepared(path: Path, algo: str, dtype: str, layout: str,
               feeds: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """The subgraph as torch_exec runs it, its constants and inputs (``feeds``' numpy arrays, or
     the executor's random ones) in the variant's dtype and memory format."""
@@ -175,8 +188,8 @@ def _prepared(path: Path, dtype: str, layout: str,
 
     from ..torch_exec import load_torch_graph
 
-    if dtype == "bf16" and not bf16_supported():
-        raise Refused("torch runs no oneDNN bf16 kernels on this CPU")
+    if dtype == "bf16" and algo == "onednn" and not bf16_supported():  # a project generated on another CPU
+        raise Refused("torch runs no oneDNN bf16 kernels on this CPU (torch.ops.mkldnn._is_mkldnn_bf16_supported)")
 
     def cast(t: Any) -> Any:
         if dtype == "bf16" and t.dtype.is_floating_point:
@@ -192,7 +205,7 @@ def _prepared(path: Path, dtype: str, layout: str,
 def _measure(path: Path, entry: dict[str, str], min_time: float, repetitions: int) -> _Timed:
     import torch
 
-    graph, feed = _prepared(path, entry["dtype"], entry["layout"])
+    graph, feed = _prepared(path, entry["algo"], entry["dtype"], entry["layout"])
     libc = ctypes.CDLL(None)
 
     def mark(node: Any) -> None:

@@ -77,6 +77,8 @@ class FrameworkTrace:
     ops: list[OpEvent] = field(default_factory=list)
     kernels: list[KernelEvent] = field(default_factory=list)
     api_calls: list[ApiEvent] = field(default_factory=list)
+    # the intra-op threads the framework's profiler says its run used (None: it does not say)
+    threads: int | None = None
 
     def ops_of_run(self, run: int) -> list[OpEvent]:
         return [o for o in self.ops if o.run == run]

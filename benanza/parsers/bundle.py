@@ -16,11 +16,16 @@ bundle or any single file of a known format, so users can also bring their own l
                     "samples": [..]},
      "files": {"trace": "ort_profile.json", "cudnn_log": "cudnn.log", "cublas_log": "cublas.log",
                "onednn_log": "onednn.log", "nsys": "nsys.nsys-rep"},
+     "threads": 2, "threads_requested": 2, "threads_source": "...",
      "notes": ["..."]}
 
 ``latency_ms`` comes from the ``timed`` run (no library loggers); the trace and the logs from
 the ``traced`` run. ``graph_sha256`` identifies the model: an analysis of another model refuses
-the bundle. Version 1 bundles (no identity, latency timed with the loggers on) still load,
+the bundle. ``threads`` is the framework's intra-op thread count in the runs, as the framework
+itself reported it (``torch.get_num_threads()``, ONNX Runtime's thread-pool statistics, oneDNN's
+``nthr``), ``threads_requested`` what ``--threads`` asked for (null: the framework's default),
+``threads_source`` where the count comes from; ``analyze`` compares it with the benchmarks'
+threads. Version 1 bundles (no identity, latency timed with the loggers on) still load,
 with a note saying so.
 
 ``benanza profile --command`` writes the same index with ``"framework": "command"``, the
@@ -109,6 +114,9 @@ class ExecutionProfile:
     identity: dict | None = None  # model_identity() of the profiled model, when the bundle has it
     library_versions: dict[str, str] = field(default_factory=dict)  # e.g. {"onednn": "3.12.0"} from its log
     library_threads: dict[str, int] = field(default_factory=dict)  # e.g. {"onednn": 2}, when its log says
+    # the framework's intra-op threads in the profiled run (the bundle's record, else the trace's
+    # own statistics); None when neither says
+    threads: int | None = None
 
     @property
     def measured_ms(self) -> float | None:
@@ -124,6 +132,7 @@ class ExecutionProfile:
             if not getattr(self, name):
                 setattr(self, name, getattr(other, name))
         self.batch_size = self.batch_size or other.batch_size
+        self.threads = self.threads or other.threads
         self.identity = self.identity or other.identity
         for lib, version in other.library_versions.items():
             self.library_versions.setdefault(lib, version)
@@ -167,6 +176,7 @@ def load_file(path: str | Path, kind: str | None = None) -> ExecutionProfile:
     prof = ExecutionProfile(path=str(p))
     if kind == "ort":
         prof.trace, prof.framework = parse_ort_profile(p), "onnxruntime"
+        prof.threads = prof.trace.threads
     elif kind == "kineto":
         prof.trace, prof.framework = parse_kineto_trace(p), "torch"
     elif kind == "nsys":
@@ -193,7 +203,7 @@ def load_file(path: str | Path, kind: str | None = None) -> ExecutionProfile:
 _FIELD_TYPES: dict[str, tuple[type, str]] = {
     "model_identity": (dict, "an object"), "notes": (list, "a list"), "framework": (str, "text"),
     "framework_version": (str, "text"), "device": (str, "text"), "model": (str, "text"),
-    "batch_size": (int, "a whole number")}
+    "batch_size": (int, "a whole number"), "threads": (int, "a whole number")}
 
 
 def _check_fields(index: Path, data: dict) -> None:
@@ -242,7 +252,8 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     prof = ExecutionProfile(
         path=str(root), framework=data.get("framework", ""), framework_version=data.get("framework_version", ""),
         device=data.get("device", ""), batch_size=data.get("batch_size"), model=data.get("model", ""),
-        latency=latency, notes=notes, warnings=warnings, identity=data.get("model_identity"))
+        latency=latency, notes=notes, warnings=warnings, identity=data.get("model_identity"),
+        threads=data.get("threads"))
     for name, rel in sorted(files.items()):
         if name not in _FILE_KINDS:
             continue

@@ -95,7 +95,12 @@ _THREADS = re.compile(r"_verbose,(?:[^,]*,)*?info,cpu,runtime:[^,]*,nthr:(\d+)")
 def log_threads(path: str | Path) -> int | None:
     """The CPU threads the library used, from its ``info,cpu,runtime:OpenMP,nthr:N`` header (3.x;
     2.x does not print it)."""
-    m = _THREADS.search(read_text(path, "oneDNN verbose log"))
+    return threads_in(read_text(path, "oneDNN verbose log"))
+
+
+def threads_in(text: str) -> int | None:
+    """``log_threads`` of a log's text."""
+    m = _THREADS.search(text)
     return int(m.group(1)) if m else None
 
 

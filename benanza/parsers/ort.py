@@ -65,4 +65,19 @@ def parse_ort_profile(path: str | Path) -> FrameworkTrace:
             thread=int(ev.get("tid", 0)),
         ))
     ops.sort(key=lambda o: o.span.start_us)
-    return FrameworkTrace(path=str(path), framework="onnxruntime", runs=runs, ops=ops)
+    return FrameworkTrace(path=str(path), framework="onnxruntime", runs=runs, ops=ops, threads=_threads(nodes))
+
+
+def _threads(nodes: list[dict]) -> int | None:
+    """The session's intra-op threads, as ORT's own thread-pool statistics give them: a node's
+    ``thread_scheduling_stats`` name the pool's calling thread and each of its other threads, and
+    are empty text in a session of one thread, which has no pool. None: the profile has none
+    (releases before 1.10 record no statistics)."""
+    found = None
+    for ev in nodes:
+        stats = (ev.get("args") or {}).get("thread_scheduling_stats")
+        if stats == "":
+            found = max(found or 1, 1)
+        elif isinstance(stats, dict) and isinstance(stats.get("sub_threads"), dict):
+            found = max(found or 1, 1 + len(stats["sub_threads"]))
+    return found
