@@ -333,7 +333,8 @@ def test_short_calls_keep_their_estimator_under_the_same_contention(tmp_path, be
         by_name = {c["name"]: c for c in calls}
         for name, r in results.items():
             call = by_name[name]
-            work = statistics.median(call["cpu_ms"])
+            cpu = sorted(call["cpu_ms"])
+            work = cpu[len(cpu) // 10]  # the same percentile of the calls' own CPU time
             assert r.contention > 0.3  # the competitors held the core most of the time
             if not r.contended:
                 assert r.clean_share >= MIN_CLEAN_SHARE and 0.7 * work <= r.low_ms <= 1.5 * work
