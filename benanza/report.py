@@ -16,6 +16,7 @@ from .analysis.bounds import Bounds
 from .analyzer import Analysis
 from .escape import printable
 from .report_modules import folded_layers, folded_parallel, icicle_svg, modules_json, print_module_tree
+from .report_phases import decode_svg, phase_json
 
 SCHEMA_VERSION = 1
 
@@ -92,6 +93,7 @@ def analysis_json(a: Analysis) -> dict:
         "speed_of_light": _speed_of_light_json(a),
         "floors": _floors_json(a),
         "across_stack": _across_stack_json(a),
+        "phase": None if a.phase is None else phase_json(a.phase),
         "warnings": a.warnings, "notes": a.notes,
     }
     if a.contended:  # each bounds object says so itself, wherever a reader takes it from
@@ -675,4 +677,5 @@ def render_html(analyses: Sequence[Analysis]) -> str:
     sections = [{"a": a, "json": analysis_json(a), "dag": Markup(dag_svg(a)), "modules": Markup(icicle_svg(a)),
                  "parallel": folded_parallel(a), "roofline": Markup(roofline_svg(a)),
                  "charts": [Markup(c) for c in _charts(a)]} for a in analyses]
-    return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION)
+    return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION,
+                                                     decode_plot=Markup(decode_svg(analyses)))
