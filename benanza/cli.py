@@ -1330,11 +1330,11 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     fusions), the algorithms the framework used vs the best, its calls vs the expected ones,
     and its time per layer.
     """
+    from .analysis.phases import parse_phase
     from .parsers import load_profile
     from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
     from .processor import input_values_per_model, parse_input_shapes
-    from .analysis.phases import parse_phase
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
     from .report_phases import print_phases
     from .sweep import SweepRequest, phase_plan, run_phases, run_sweep, write_report

@@ -3,7 +3,6 @@ bound against the KV-cache length."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -108,8 +107,12 @@ def decode_svg(analyses: Sequence[Analysis]) -> str:
     w, h, ml, mt, mb = 420, 220, 60, 24, 36
     colours = ("#4c78a8", "#d62728", "#54a24b", "#f58518")
 
-    def xy(x: float, y: float) -> str:
-        return f"{ml + w * x / x_hi:.1f},{mt + h - h * y / y_hi:.1f}"
+    def xy(x: float, y: float) -> tuple[float, float]:
+        return ml + w * x / x_hi, mt + h - h * y / y_hi
+
+    def point(x: float, y: float) -> str:
+        px, py = xy(x, y)
+        return f"{px:.1f},{py:.1f}"
 
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' class='chart decode' width='{w + ml + 200}' "
            f"height='{h + mt + mb}'><text x='0' y='14' class='title'>decode bound (ms) against KV-cache length</text>",
@@ -123,13 +126,13 @@ def decode_svg(analyses: Sequence[Analysis]) -> str:
         colour = colours[k % len(colours)]
         for col, dash in ((1, ""), (2, " stroke-dasharray='5 3'")):
             out.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2'{dash} "
-                       f"points='{' '.join(xy(p[0], p[col]) for p in v)}'/>")
+                       f"points='{' '.join(point(p[0], p[col]) for p in v)}'/>")
         for length, seq, par in v:
-            if math.isfinite(seq):
-                out.append(f"<circle cx='{xy(length, seq).split(',')[0]}' cy='{xy(length, seq).split(',')[1]}' r='3' "
-                           f"fill='{colour}'><title>decode:{length} on {escape(system)}: {seq:.4g} ms sequential, "
-                           f"{par:.4g} ms parallel</title></circle>")
-        out.append(f"<text x='{ml + w + 10}' y='{mt + 14 + 16 * k}' fill='{colour}'>{escape(system)}, batch {batch}</text>")
+            cx, cy = xy(length, seq)
+            out.append(f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='3' fill='{colour}'><title>decode:{length} on "
+                       f"{escape(system)}: {seq:.4g} ms sequential, {par:.4g} ms parallel</title></circle>")
+        out.append(f"<text x='{ml + w + 10}' y='{mt + 14 + 16 * k}' fill='{colour}'>"
+                   f"{escape(system)}, batch {batch}</text>")
     out.append("</svg>")
     return "".join(out)
 

@@ -151,7 +151,7 @@ def test_layer_shares_against_the_onnx_file_and_the_peaks(measured, dynamic):
     weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     nodes = {n.name: n for n in graph.node}
     h, inter, kvh, hd = llm_models.HIDDEN, llm_models.INTER, llm_models.KV_HEADS, llm_models.HEAD_DIM
-    for a, (label, seq, past) in zip(doc["analyses"], PHASES):
+    for a, (_, seq, past) in zip(doc["analyses"], PHASES):
         p = a["phase"]
         by_name = {la["name"]: la for la in p["layers"]}
         # the MLP's down projection reads its weight whole, and no cache
