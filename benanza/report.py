@@ -260,11 +260,15 @@ def layers_csv(analyses: Sequence[Analysis]) -> str:
     return buf.getvalue()
 
 
+def _phase(a: Analysis) -> str:
+    return "" if a.phase is None else f", {a.phase.phase.label}"
+
+
 def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: int = 2) -> None:
     """``max_layers``: rows of the layer table (the slowest when cut); 0 shows every layer.
     ``depth``: levels of the module tree shown. Layers and parallel modules of identical repeated
     modules are shown once, with their count."""
-    title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size})"
+    title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size}{_phase(a)})"
     if a.stack is not None:
         console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
                       + ", ".join(f"{k} {v}" for k, v in a.stack.stack if k not in ("cpu",)) + f"); math {a.math}",
@@ -474,7 +478,7 @@ def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
     t = Table("model", "system", "batch", "seq ms", "par ms", "fused seq ms", "joint ms", "measured ms",
               "BR seq", "BR par", title="sweep")
     for a in analyses:
-        model = a.model + (" (CONTENDED)" if a.contended else "")
+        model = a.model + _phase(a) + (" (CONTENDED)" if a.contended else "")
         _row(t, model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
                   _ms(a.fusion.bounds.sequential_ms),
                   _ms(a.joint.parallel_ms if a.joint else None) + (" contended" if a.joint_contended else ""),

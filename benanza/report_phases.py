@@ -104,7 +104,7 @@ def decode_svg(analyses: Sequence[Analysis]) -> str:
     points = [p for v in series.values() for p in v]
     x_hi = max(p[0] for p in points) or 1
     y_hi = max(p[1] for p in points) or 1.0
-    w, h, ml, mt, mb = 420, 220, 60, 24, 36
+    w, h, ml, mt, mb = 420, 220, 80, 24, 36
     colours = ("#4c78a8", "#d62728", "#54a24b", "#f58518")
 
     def xy(x: float, y: float) -> tuple[float, float]:

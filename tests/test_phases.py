@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 from benanza.analysis.phases import DECODE, PREFILL, Phase, graph_inputs, parse_phase, phase_shapes
 from benanza.cli import main
 from benanza.errors import ModelError, UsageError
+from benanza.processor import parse_input_shapes
 
 # the phases of the end-to-end test: (label, new tokens S, KV length L)
 PHASES = (("prefill:4", 4, 0), ("decode:8", 1, 8), ("decode:32", 1, 32))
@@ -59,6 +60,10 @@ def test_phases_set_the_exported_axes(dynamic):
     applied = phase_shapes(str(dynamic), inputs, Phase(DECODE, 8), 1, given)
     assert dict(applied.shapes)["mask"] == (1, 1, 1, 99) and dict(applied.shapes)["ids"] == (1, 1)
     assert Phase(PREFILL, 4).new_tokens == 4 and Phase(DECODE, 8).new_tokens == 1
+    # the prefill's empty cache as --input-shape writes it (the command printed to fill a miss)
+    empty = {n: s for n, s in phase_shapes(str(dynamic), inputs, Phase(PREFILL, 4), 1, {}).shapes if n in KV}
+    flags = [f"{n}={'x'.join(map(str, s))}" for n, s in empty.items()]
+    assert parse_input_shapes(flags) == empty and all(s[2] == 0 for s in empty.values())
 
 
 def test_phase_of_a_model_without_the_axes_is_one_line(tmp_path, dynamic):
