@@ -25,12 +25,16 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import ModelError, UsageError
 from ..layers import DTYPE_NAMES, FLOAT_DTYPES, Model, TensorSpec
 from ..ops.copy import CopyProblem
 from .bounds import LayerStatus
 from .roofline import spec_bytes
+
+if TYPE_CHECKING:
+    from ..analyzer import Analysis
 
 PREFILL, DECODE = "prefill", "decode"
 _SPEC = re.compile(r"^(prefill|decode):([1-9][0-9]*|0)$")
@@ -215,8 +219,8 @@ class PhaseAnalysis:
                 "activations": sum(la.activation_bytes for la in self.layers)}
 
 
-def phase_analysis(applied: PhaseInputs, analysis, model: Model) -> PhaseAnalysis:
-    """``analysis``: the ``benanza.analyzer.Analysis`` of ``model`` processed at the phase's shapes."""
+def phase_analysis(applied: PhaseInputs, analysis: Analysis, model: Model) -> PhaseAnalysis:
+    """``analysis``: the analysis of ``model`` processed at the phase's shapes."""
     dtype = analysis.dtype
     declared = {i.name: i.dtype for i in applied.inputs}
     spec: dict[str, TensorSpec] = {n: TensorSpec(s, declared.get(n, "f32")) for n, s in model.input_shapes.items()}
