@@ -27,6 +27,7 @@ from .analysis.bounds import (
 from .analysis.floors import COMPUTE, MEMORY, Floors, resource_floors
 from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
 from .analysis.modules import MeasuredGroup, ModuleStats, layer_paths, module_tree
+from .analysis.phases import PhaseAnalysis
 from .analysis.questions import (
     AlgoChoice,
     BetweenCalls,
@@ -265,6 +266,7 @@ class Analysis:
     # of them, so any one may change it
     joint_contended: frozenset[str] = frozenset()
     remeasure_command: str = ""  # re-measures the contended results
+    phase: PhaseAnalysis | None = None  # the LLM phase (prefill/decode) whose input shapes were analysed
 
     @property
     def contended_rows(self) -> list[LayerRow]:

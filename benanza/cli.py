@@ -1320,11 +1320,15 @@ def _profile_command(ctx: click.Context, model: str | None, command_line: str | 
 @click.option("--allow-contended", is_flag=True,
               help="Print the analysis even when it rests on results measured under contention, every figure "
                    "labelled contended (without it: one line saying what to re-measure, exit status 3).")
+@click.option("--phase", "phases", multiple=True, metavar="prefill:S|decode:L",
+              help="LLM phase (repeatable): S tokens with an empty KV cache, or one token after a cache of "
+                   "length L, set on the model's symbolic sequence and KV inputs; bounds, tokens/s and per-layer "
+                   "shares per phase (docs/analyze.md, Phases).")
 def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_path: str | None, dtype: str,
             backend: str | None, stack: str | None, math: str, batch_sizes: tuple[int, ...],
             input_shape: tuple[str, ...], input_value: tuple[str, ...], input_data: str | None,
             measured_ms: float | None, generate_missing: bool, as_json: bool, report_path: str | None,
-            csv_path: str | None, limit: int, depth: int, allow_contended: bool) -> None:
+            csv_path: str | None, limit: int, depth: int, allow_contended: bool, phases: tuple[str, ...]) -> None:
     """Lower-bound latency of MODEL on a system, the Benanza ratio, and Q1–Q6 advice.
 
     Sequential and parallel (critical-path) bounds from the best benchmarked variant of each
@@ -1333,12 +1337,14 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     fusions), the algorithms the framework used vs the best, its calls vs the expected ones,
     and its time per layer.
     """
+    from .analysis.phases import parse_phase
     from .parsers import load_profile
     from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
     from .processor import input_values_per_model, parse_input_shapes
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
-    from .sweep import SweepRequest, run_sweep, write_report
+    from .report_phases import print_phases
+    from .sweep import SweepRequest, phase_plan, run_phases, run_sweep, write_report
 
     req = SweepRequest(model=model, systems=systems, batch_sizes=batch_sizes or (1,), dtype=dtype,
                        input_shapes=tuple(sorted(parse_input_shapes(input_shape).items())),
@@ -1347,11 +1353,12 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
                        backend=backend, stack=stack, math=math)
     if measured_ms is not None and len(req.systems) * len(req.batch_sizes) > 1:
         raise click.UsageError("--measured-ms applies to one system and one batch size")
+    plan = phase_plan(req, [parse_phase(p) for p in phases]) if phases else []
     prof = load_profile(list(profiles))
     if prof is not None:
         check_model(prof, model)  # a profile of another model is the first thing to hear about
     with PerfDB(resolve_db_path(db_path), readonly=True) as pdb:
-        analyses = run_sweep(req, pdb, prof)
+        analyses = run_phases(req, pdb, plan, prof) if plan else run_sweep(req, pdb, prof)
     refused = [a for a in analyses if a.contended]
     if refused and not allow_contended:
         from .analyzer import contended_names
@@ -1381,3 +1388,4 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         print_analysis(a, console, max_layers=limit, depth=depth)
     if len(analyses) > 1:
         print_sweep(analyses, console)
+    print_phases(analyses, console)

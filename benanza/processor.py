@@ -56,8 +56,9 @@ def _parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
         shape = tuple(int(d) for d in dims.split("x"))
     except ValueError:
         shape = ()
-    if not sep or not name or not shape or any(d <= 0 for d in shape):
-        raise UsageError(f"--input-shape {spec!r}: want NAME=D1xD2x... with positive dims")
+    if not sep or not name or not shape or any(d < 0 for d in shape):
+        raise UsageError(f"--input-shape {spec!r}: want NAME=D1xD2x... with dims ≥ 0 (0: an empty axis, such as "
+                         f"an empty KV cache)")
     if len(shape) > MAX_RANK or max(shape) > MAX_DIM:
         raise UsageError(f"--input-shape {spec!r}: at most {MAX_RANK} dims of at most {MAX_DIM} each")
     return name, shape

@@ -16,6 +16,7 @@ from .analysis.bounds import Bounds
 from .analyzer import Analysis
 from .escape import printable
 from .report_modules import folded_layers, folded_parallel, icicle_svg, modules_json, print_module_tree
+from .report_phases import decode_svg, phase_json
 
 SCHEMA_VERSION = 1
 
@@ -95,6 +96,7 @@ def analysis_json(a: Analysis) -> dict:
         # the profile's threads against the benchmarks' (null: a count unknown, or no profile)
         "threads": None if a.threads is None else {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks,
                                                    "source": a.threads.source, "differ": a.threads.differ},
+        "phase": None if a.phase is None else phase_json(a.phase),
         "warnings": a.warnings, "notes": a.notes,
     }
     if a.threads is not None and a.threads.differ:  # each ratio and Q3 judgement says so itself
@@ -267,11 +269,15 @@ def layers_csv(analyses: Sequence[Analysis]) -> str:
     return buf.getvalue()
 
 
+def _phase(a: Analysis) -> str:
+    return "" if a.phase is None else f", {a.phase.phase.label}"
+
+
 def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: int = 2) -> None:
     """``max_layers``: rows of the layer table (the slowest when cut); 0 shows every layer.
     ``depth``: levels of the module tree shown. Layers and parallel modules of identical repeated
     modules are shown once, with their count."""
-    title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size})"
+    title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size}{_phase(a)})"
     if a.stack is not None:
         console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
                       + ", ".join(f"{k} {v}" for k, v in a.stack.stack if k not in ("cpu",)) + f"); math {a.math}",
@@ -486,7 +492,7 @@ def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
     t = Table("model", "system", "batch", "seq ms", "par ms", "fused seq ms", "joint ms", "measured ms",
               "BR seq", "BR par", title="sweep")
     for a in analyses:
-        model = a.model + (" (CONTENDED)" if a.contended else "")
+        model = a.model + _phase(a) + (" (CONTENDED)" if a.contended else "")
         _row(t, model, a.system, str(a.batch_size), _ms(a.bounds.sequential_ms), _ms(a.bounds.parallel_ms),
                   _ms(a.fusion.bounds.sequential_ms),
                   _ms(a.joint.parallel_ms if a.joint else None) + (" contended" if a.joint_contended else ""),
@@ -689,4 +695,5 @@ def render_html(analyses: Sequence[Analysis]) -> str:
     sections = [{"a": a, "json": analysis_json(a), "dag": Markup(dag_svg(a)), "modules": Markup(icicle_svg(a)),
                  "parallel": folded_parallel(a), "roofline": Markup(roofline_svg(a)),
                  "charts": [Markup(c) for c in _charts(a)]} for a in analyses]
-    return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION)
+    return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION,
+                                                     decode_plot=Markup(decode_svg(analyses)))

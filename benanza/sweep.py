@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .analysis.across_stack import across_stack
+from .analysis.phases import Phase, PhaseInputs, graph_inputs, phase_analysis, phase_shapes
 from .analyzer import MATH_EXACT, Analysis, analyze, contended_figures
-from .errors import BenanzaError
+from .errors import BenanzaError, UsageError
 from .generator import BACKEND_MODULES, GenOptions, generate, get_backend
 from .layers import Model
 from .manifest import build_manifest, write_manifest
@@ -47,6 +48,7 @@ class SweepRequest:
     backend: str | None = None  # default: the backend of the system's most recently used stack
     stack: str | None = None  # a stack id (or prefix); default: the newest of the backend
     math: str = MATH_EXACT
+    phase: PhaseInputs | None = None  # the LLM phase these input shapes are (run_phases sets them)
 
 
 def _profile_for(profile: ExecutionProfile | None, batch: int, single: bool) -> ExecutionProfile | None:
@@ -111,10 +113,34 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                                f"({', '.join(s.stack_id for s in others)}); this analysis uses only stack "
                                f"{system.stack_id} (choose another with --stack)")
             _split_across_stack(a, model, db, name, keys, req)
+            if req.phase is not None:
+                a.phase = phase_analysis(req.phase, a, model)
             a.notes.extend(shape_notes(model))
             a.warnings.extend(uncosted_notes(model))  # missing from the bound
             out.append(a)
     return out
+
+
+def phase_plan(req: SweepRequest, phases: Sequence[Phase]) -> list[PhaseInputs]:
+    """Each phase's input shapes (analysis.phases) at each batch size, batch sizes outer, over
+    those of ``req`` (an input it names keeps the shape given); raises, before any database is
+    read, where the model cannot have the phase."""
+    from .processor import read_onnx
+
+    if len(phases) > 1 and req.measured_ms is not None:
+        raise UsageError("--measured-ms applies to one phase: a measured latency is of one input shape")
+    inputs = graph_inputs(read_onnx(req.model).graph)
+    return [phase_shapes(req.model, inputs, phase, batch, dict(req.input_shapes))
+            for batch in req.batch_sizes for phase in phases]
+
+
+def run_phases(req: SweepRequest, db, plan: Sequence[PhaseInputs],
+               profile: ExecutionProfile | None = None) -> list[Analysis]:
+    """``run_sweep`` at each phase of ``plan`` (``phase_plan``'s order): its batch size, its shapes."""
+    if len({p.phase for p in plan}) > 1 and profile is not None:
+        raise UsageError("--profile applies to one phase: a profile is of one input shape")
+    return [a for p in plan for a in run_sweep(replace(req, batch_sizes=(p.batch_size,), input_shapes=p.shapes,
+                                                       phase=p), db, profile)]
 
 
 def _split_across_stack(a: Analysis, model: Model, db, name: str, keys: list[str], req: SweepRequest) -> None:
@@ -195,4 +221,6 @@ def write_report(path: str | Path, html: str) -> Path:
     return write_text(path, html)
 
 
-__all__: Sequence[str] = ("SweepRequest", "measure_missing", "resolve_system", "run_sweep", "write_report")
+__all__: Sequence[str] = ("SweepRequest", "measure_missing", "resolve_system", "phase_plan", "run_phases",
+                          "run_sweep",
+                          "write_report")

@@ -102,16 +102,21 @@ def input_names() -> list[str]:
     return ["ids", "pos", "mask"] + [f"past_{kv}{i}" for i in range(LAYERS) for kv in "kv"]
 
 
-def export(out_dir: Path, seq: int = 1, past: int = 8, opset: int = 17, exporter: str = "torchscript") -> Path:
-    """The decoder at one (seq, past) shape, weights from seed 0."""
+def export(out_dir: Path, seq: int = 1, past: int = 8, opset: int = 17, exporter: str = "torchscript",
+           dynamic: bool = False) -> Path:
+    """The decoder at one (seq, past) shape, weights from seed 0; ``dynamic`` (TorchScript):
+    symbolic axes as Hugging Face exports name them, ``seq`` for the new tokens, ``past`` for
+    the KV cache and ``total`` for the mask's keys."""
     torch.manual_seed(0)
     model = Decoder().eval()
-    path = out_dir / f"llama_{exporter}_s{seq}_p{past}.onnx"
+    path = out_dir / f"llama_{exporter}_{'dyn' if dynamic else f's{seq}_p{past}'}.onnx"
     outputs = ["logits"] + [f"present_{kv}{i}" for i in range(LAYERS) for kv in "kv"]
+    axes = {"ids": {1: "seq"}, "pos": {1: "seq"}, "mask": {2: "seq", 3: "total"},
+            **{n: {2: "past"} for n in input_names()[3:]}} if dynamic else None
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, example(seq, past), str(path), input_names=input_names(), output_names=outputs,
-                          opset_version=opset, dynamo=exporter == "dynamo")
+                          opset_version=opset, dynamo=exporter == "dynamo", dynamic_axes=axes)
     return path
 
 
