@@ -450,7 +450,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     """
     import shlex
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from . import runner
     from .children import sigterm_interrupts
@@ -471,24 +471,29 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
         console.print(f"{summary.backend} on {summary.system.device}: {len(summary.to_run)} of "
                       f"{summary.total} benchmarks would run ({summary.already} already in {path})",
                       highlight=False)
+        console.print(f"expected time: about {_duration(sum(summary.expected.values()))} of timed loops at "
+                      f"--min-time {min_time:g} s × {repetitions} repetitions ({summary.from_earlier} of "
+                      f"{len(summary.to_run)} timed from earlier results of {system_name}; setup, start-up and "
+                      f"the build not counted)", highlight=False)
         _print_gave_up(summary, max_failures)
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("ok {task.fields[ok]} unsup {task.fields[unsupported]} failed {task.fields[failed]}"),
-               TimeRemainingColumn())
+               TextColumn("{task.fields[left]}"))
     counts = {"ok": 0, "unsupported": 0, "failed": 0}
     if not err_console.is_terminal:  # a log file or a CI job: no bar to draw, so say at a steady pace
         with _ProgressLines(counts) as lines, sigterm_interrupts():
             summary = runner.run(bench_dir, system_name, backend, path, options, progress=lines.step)
     else:
         with Progress(*columns, console=err_console, transient=True) as bar:
-            task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0)
+            task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0, left="")
 
             def step(p: runner.Progress) -> None:
                 if p.status is not None:
                     counts[p.status.value] += 1
                 bar.update(task, total=p.total, completed=p.done, description="running",
-                           ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"])
+                           ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"],
+                           left="" if p.left_s is None else f"about {_duration(p.left_s)} left")
 
             with sigterm_interrupts():
                 summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
@@ -529,8 +534,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
 class _ProgressLines:
     """``run``'s progress as a line every ``every`` seconds (and at the last benchmark) when stderr
     is not a terminal: benchmarks done, their statuses, time spent and an estimate of the time left
-    (the mean time per benchmark since the pass's first one started, the build excluded, times
-    those left). A pass that re-measures unstable or contended results counts on its own. Inside
+    (the runner's, from each benchmark's expected time; without one, the mean time per benchmark
+    since the pass's first one started, the build excluded, times those left). A pass that re-measures unstable or contended results counts on its own. Inside
     ``with``, the build before the first benchmark (minutes for a large bench dir, longer when
     another run holds the build lock) says so at the same pace."""
 
@@ -575,7 +580,8 @@ class _ProgressLines:
             return
         self.last = now
         spent = now - self.started
-        left = (now - self.first) / p.done * (p.total - p.done) if p.done else 0.0
+        left = p.left_s if p.left_s is not None else (now - self.first) / p.done * (p.total - p.done) if p.done \
+            else 0.0
         c = self.counts
         err_console.print(f"{self.label}: {p.done}/{p.total} benchmarks (ok {c['ok']}, unsupported "
                           f"{c['unsupported']}, failed {c['failed']}), {_duration(spent)} spent, about "

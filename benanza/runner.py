@@ -121,6 +121,10 @@ class RunSummary:
     failures: list[Failure] = field(default_factory=list)
     peaks: Peaks | None = None  # measured by this run (the stack had none)
     peaks_error: str = ""  # why they could not be measured
+    # Expected seconds per variant to run (``expected_seconds``), how many of them rest on an
+    # earlier result of this system, and the most the run can take where that is bounded.
+    expected: dict[str, float] = field(default_factory=dict)
+    from_earlier: int = 0
 
     @property
     def stored(self) -> int:
@@ -133,6 +137,26 @@ class Progress:
     total: int
     name: str
     status: Status | None  # None: started
+    left_s: float | None = None  # the pass's expected time left (``_run_all``)
+
+
+# Google Benchmark sizes a repetition by running the loop with 1, 10, 100 ... iterations until a
+# run lasts a tenth of --min-time, then aims at 1.4 × min-time; the other repetitions reuse that
+# count. So a repetition lasts about 1.4 min-times and the sizing runs of the first add under
+# about one more (half on average).
+_REPETITION_MIN_TIMES = 1.4
+_SIZING_MIN_TIMES = 0.5
+
+
+def expected_seconds(options: RunOptions, earlier: Result | None) -> float:
+    """The timed loops' expected wall time for one variant under the run's budget (setup and the
+    binary's start-up not counted), from the latency an ``earlier`` result of the same system
+    found (None: none): an unsupported variant costs nothing."""
+    if earlier is not None and earlier.status is Status.UNSUPPORTED:
+        return 0.0
+    call_s = (earlier.latency_ms or 0.0) / 1e3 if earlier is not None else 0.0
+    return options.repetitions * max(_REPETITION_MIN_TIMES * options.min_time, call_s) + max(
+        _SIZING_MIN_TIMES * options.min_time, call_s)
 
 
 def resolve_backend(backend: str) -> str:
@@ -174,8 +198,9 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     if options.dry_run:
         # Nothing is built, so the stack is what the machine reports, not the binary's context.
         system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(None))
-        if options.force or not path.exists():
+        if not path.exists():
             summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
+            _estimate(None, summary, options)
         else:
             with PerfDB(path, readonly=True) as db:
                 summary = _plan(db, system, variants, options, path)
@@ -189,10 +214,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     with PerfDB(path) as db:
         db.record_models(manifest)
         db.upsert_system(system)
-        if options.force:
-            summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
-        else:
-            summary = _plan(db, system, variants, options, path)
+        summary = _plan(db, system, variants, options, path)
         summary.context = context
         summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
         by_name = {v.name: v for v in variants}
@@ -244,18 +266,33 @@ def _select(variants: list[Variant], pattern: str | None) -> list[Variant]:
 
 
 def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptions, path: Path) -> RunSummary:
-    """What a run without --force measures: what has no ok/unsupported result yet, retrying
-    failures unless one failed ``max_failures`` times in a row; with ``remeasure_contended``,
-    exactly what the database flags contended on this stack."""
-    if options.remeasure_contended:
+    """What the run measures (with --force: everything; with ``remeasure_contended``: exactly what
+    the database flags contended on this stack; else what has no ok/unsupported result yet,
+    retrying failures unless one failed ``max_failures`` times in a row) and how long that is
+    expected to take."""
+    if options.force:
+        summary = RunSummary(system, system.backend, path, len(variants), 0, [v.name for v in variants])
+    elif options.remeasure_contended:
         contended = db.contended(system)
         names = [v.name for v in variants if v.name in contended]
-        return RunSummary(system, system.backend, path, len(variants), len(variants) - len(names), names)
-    todo = db.missing(system, variants, max_failures=options.max_failures)
-    retry = {v.name for v in db.missing(system, variants)}
-    gave_up = sorted(retry - {v.name for v in todo})
-    return RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
-                      [v.name for v in todo], gave_up=gave_up)
+        summary = RunSummary(system, system.backend, path, len(variants), len(variants) - len(names), names)
+    else:
+        todo = db.missing(system, variants, max_failures=options.max_failures)
+        retry = {v.name for v in db.missing(system, variants)}
+        summary = RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
+                             [v.name for v in todo], gave_up=sorted(retry - {v.name for v in todo}))
+    _estimate(db, summary, options)
+    return summary
+
+
+def _estimate(db: PerfDB | None, summary: RunSummary, options: RunOptions) -> None:
+    """Each variant's expected time, from the latest results of the system's newest stack under
+    its name (another thread count or library version still tells a kernel's scale)."""
+    stored = db.system(summary.system.name, summary.system.backend) if db is not None else None
+    earlier = {r.variant.name: r for r in db.results(stored)} if db is not None and stored is not None else {}
+    known = [n for n in summary.to_run if n in earlier and earlier[n].status is not Status.FAILED]
+    summary.from_earlier = len(known)
+    summary.expected = {n: expected_seconds(options, earlier[n] if n in known else None) for n in summary.to_run}
 
 
 _CONTEXT_SECONDS = 60.0
@@ -366,7 +403,7 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
                     log.info("re-measuring %d unstable or contended results (attempt %d of %d)", len(batch),
                              attempt, options.remeasure)
                     summary.remeasured += len(batch)
-                _run_all(command, batch, env, options, system, store, by_name, progress)
+                _run_all(command, batch, env, options, system, store, by_name, progress, summary.expected)
                 batch = [n for n in batch if store.final[n].unstable or store.final[n].contended]
                 if not batch:
                     break
@@ -384,17 +421,33 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
 
 
 def _run_all(binary: Command, names: list[str], env: dict[str, str], options: RunOptions, system: System,
-             store: _Store, by_name: dict[str, Variant], progress: Callable[[Progress], None] | None) -> None:
+             store: _Store, by_name: dict[str, Variant], progress: Callable[[Progress], None] | None,
+             expected: dict[str, float]) -> None:
     finished: set[str] = set()
+    first: list[float] = []  # when the pass's first benchmark started
 
     def notify(name: str, status: Status | None) -> None:
         if progress:
-            progress(Progress(len(finished), len(names), name, status))
+            progress(Progress(len(finished), len(names), name, status, _left(names, finished, expected, first)))
 
     remaining = list(names)
     while remaining:
         _run_batch(binary, remaining, env, options, system, store, by_name, finished, notify)
         remaining = [n for n in remaining if n not in finished]
+
+
+def _left(names: list[str], finished: set[str], expected: dict[str, float], first: list[float]) -> float | None:
+    """The pass's expected time left: the expected times of the benchmarks not finished, scaled
+    by how long the finished ones took against their expectation (setup, start-up and the machine
+    are in that ratio); None without an estimate."""
+    now = time.monotonic()
+    if not first:
+        first.append(now)
+    if not expected:
+        return None
+    left = sum(expected.get(n, 0.0) for n in names if n not in finished)
+    done = sum(expected.get(n, 0.0) for n in finished)
+    return left * (now - first[0]) / done if done > 0 else left
 
 
 # While the binary is silent this long after exiting, a grandchild holds its stdout open;

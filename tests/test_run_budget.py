@@ -1,0 +1,64 @@
+"""How long `benanza run` takes and in what order it measures: the dry run's time estimate and the
+progress line's time left (docs/run.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import generated_conv_net
+
+from benanza.cli import _duration, main
+from benanza.generator import read_variants
+from benanza.perfdb import PerfDB
+from benanza.records import Result, Status, System
+from benanza.runner import RunOptions, _left, run
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> Path:
+    return generated_conv_net(tmp_path_factory.mktemp("bench"))
+
+
+def test_dry_run_counts_what_is_missing_and_estimates_from_the_budget_and_earlier_results(bench, tmp_path):
+    """A variant measured before on the system (another stack: the stand-in's) is timed from its
+    latency: an unsupported one costs nothing, one whose call outlasts --min-time runs each
+    repetition and the sizing run for one call at least; the others get the fixed budget."""
+    variants = read_variants(bench / "onednn")
+    db = tmp_path / "r.db"
+    refused, slow = variants[0], variants[1]
+    with PerfDB(db) as pdb:
+        pdb.insert_results(System("box", "onednn", "stand-in", (("threads", "1"),)), [
+            Result(refused, "box", Status.UNSUPPORTED, message="no"),
+            Result(slow, "box", Status.OK, median_ms=900.0, low_ms=800.0, samples=3)])
+    options = RunOptions(dry_run=True, force=True, min_time=0.1, repetitions=3)
+    summary = run(bench, "box", "onednn", db, options)
+    assert summary.to_run == [v.name for v in variants] and summary.from_earlier == 2
+    assert summary.expected[refused.name] == 0.0
+    assert summary.expected[slow.name] >= (3 + 1) * 0.8  # no call of it is faster than its low percentile
+    others = [summary.expected[v.name] for v in variants[2:]]
+    # Google Benchmark: each repetition lasts at least --min-time (it aims at 1.4×), sizing adds less than one more
+    assert all(3 * 0.1 <= t <= 5 * 0.1 for t in others) and len(set(others)) == 1
+    out = CliRunner().invoke(main, ["run", "--system", "box", "--backend", "onednn", "--bench-dir", str(bench),
+                                    "--db", str(db), "--dry-run", "--force", "--min-time", "0.1"])
+    assert out.exit_code == 0, out.output
+    assert f"{len(variants)} of {len(variants)} benchmarks would run" in out.output
+    assert f"expected time: about {_duration(sum(summary.expected.values()))} of timed loops" in out.output
+    assert f"2 of {len(variants)} timed from earlier results of box" in out.output
+
+
+def test_time_left_scales_the_expectation_by_how_the_finished_ones_went(monkeypatch):
+    """Before anything finished, the expected time of all; later, the expected time of those left
+    times the ratio of the time spent to the expected time of those finished."""
+    import benanza.runner as runner
+
+    now = [10.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
+    names = ["a", "b", "c", "d"]
+    expected = {"a": 1.0, "b": 3.0, "c": 0.0, "d": 2.0}
+    first: list[float] = []
+    assert _left(names, set(), expected, first) == 6.0
+    now[0] = 16.0  # a and b finished after 6 s: twice their expected 4 s
+    assert _left(names, {"a", "b"}, expected, first) == pytest.approx(3.0)  # 2 s expected left × 6 / 4
+    assert _left(names, {"a", "b"}, {}, first) is None
