@@ -434,10 +434,12 @@ def db_option(f):
                    "(stored in each result's l2_flushed counter; re-measure with --force).")
 @click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
               help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the shuffled order the benchmarks are measured in (stored in each result's command).")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, remeasure_contended: bool, min_time: float, repetitions: int, threads: int | None,
         timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
-        l2: str, measure_peaks: bool) -> None:
+        l2: str, measure_peaks: bool, seed: int) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -456,10 +458,13 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     from .children import sigterm_interrupts
     from .perfdb import remeasure_flags, resolve_db_path
 
+    # The order is part of how a result was measured: the seed in effect is in the stored command.
+    given_seed = any(a == "--seed" or a.startswith("--seed=") for a in sys.argv[1:])
+    command = " ".join(["benanza", *sys.argv[1:], *([] if given_seed else ["--seed", str(seed)])])
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force,
                                 remeasure_contended=remeasure_contended, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
-                                command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
+                                command=command, seed=seed, max_rsd=max_rsd,
                                 remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks,
                                 max_contention=max_contention)
     path = resolve_db_path(db_path)

@@ -10,6 +10,7 @@ The binary never outlives Benanza (``children``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -83,6 +84,7 @@ class RunOptions:
     max_contention: float = MAX_CONTENTION
     max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
     peaks: bool = True  # measure the stack's peaks (benanza.peaks) when the database has none
+    seed: int = 0  # of the order benchmarks are measured in (``measurement_order``)
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,8 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         # Nothing is built, so the stack is what the machine reports, not the binary's context.
         system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(None))
         if not path.exists():
-            summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
+            summary = RunSummary(system, backend, path, len(variants), 0,
+                                 measurement_order([v.name for v in variants], options.seed))
             _estimate(None, summary, options)
         else:
             with PerfDB(path, readonly=True) as db:
@@ -281,8 +284,17 @@ def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptio
         retry = {v.name for v in db.missing(system, variants)}
         summary = RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
                              [v.name for v in todo], gave_up=sorted(retry - {v.name for v in todo}))
+    summary.to_run = measurement_order(summary.to_run, options.seed)
     _estimate(db, summary, options)
     return summary
+
+
+def measurement_order(names: list[str], seed: int) -> list[str]:
+    """``names`` in the order a run measures them: shuffled by ``seed``, so that a drift of the
+    machine's state during the run (its clock frequency, a neighbour job) spreads over all layers
+    and models instead of landing on the ones generated last. Each name's place comes from a hash
+    of it and the seed alone, so a resumed run (a subset) keeps the order of the first."""
+    return sorted(names, key=lambda n: hashlib.sha256(f"{seed}\n{n}".encode()).digest())
 
 
 def _estimate(db: PerfDB | None, summary: RunSummary, options: RunOptions) -> None:

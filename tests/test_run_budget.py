@@ -34,7 +34,7 @@ def test_dry_run_counts_what_is_missing_and_estimates_from_the_budget_and_earlie
             Result(slow, "box", Status.OK, median_ms=900.0, low_ms=800.0, samples=3)])
     options = RunOptions(dry_run=True, force=True, min_time=0.1, repetitions=3)
     summary = run(bench, "box", "onednn", db, options)
-    assert summary.to_run == [v.name for v in variants] and summary.from_earlier == 2
+    assert sorted(summary.to_run) == sorted(v.name for v in variants) and summary.from_earlier == 2
     assert summary.expected[refused.name] == 0.0
     assert summary.expected[slow.name] >= (3 + 1) * 0.8  # no call of it is faster than its low percentile
     others = [summary.expected[v.name] for v in variants[2:]]
@@ -62,3 +62,26 @@ def test_time_left_scales_the_expectation_by_how_the_finished_ones_went(monkeypa
     now[0] = 16.0  # a and b finished after 6 s: twice their expected 4 s
     assert _left(names, {"a", "b"}, expected, first) == pytest.approx(3.0)  # 2 s expected left × 6 / 4
     assert _left(names, {"a", "b"}, {}, first) is None
+
+
+def test_benchmarks_run_in_a_seeded_shuffle_that_a_resumed_run_continues(bench, tmp_path):
+    """The order spreads each layer's variants over the run (the generated order keeps them
+    together), is the same for the same seed and another for another, and a run resumed after
+    the first half was stored measures exactly the second half, in the same order."""
+    generated = [v.name for v in read_variants(bench / "onednn")]
+    db = tmp_path / "r.db"
+    order = run(bench, "box", "onednn", db, RunOptions(dry_run=True)).to_run
+    assert sorted(order) == sorted(generated) and order != generated
+    assert run(bench, "box", "onednn", db, RunOptions(dry_run=True, seed=0)).to_run == order
+    assert run(bench, "box", "onednn", db, RunOptions(dry_run=True, seed=1)).to_run != order
+
+    def runs_of_one_layer(names: list[str]) -> int:  # neighbours measuring the same layer
+        return sum(a.split("/")[0] == b.split("/")[0] for a, b in zip(names, names[1:]))
+
+    assert runs_of_one_layer(order) < runs_of_one_layer(generated)
+    system = run(bench, "box", "onednn", db, RunOptions(dry_run=True)).system
+    by_name = {v.name: v for v in read_variants(bench / "onednn")}
+    half = len(order) // 2
+    with PerfDB(db) as pdb:
+        pdb.insert_results(system, [Result(by_name[n], "box", Status.OK, median_ms=0.01) for n in order[:half]])
+    assert run(bench, "box", "onednn", db, RunOptions(dry_run=True)).to_run == order[half:]
