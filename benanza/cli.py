@@ -21,7 +21,7 @@ from rich.text import Text
 from .errors import BenanzaError
 from .escape import printable
 from .limits import MAX_DIM
-from .measurement import MAX_CONTENTION, UNSTABLE_RSD
+from .measurement import MAX_CONTENTION, MAX_SAMPLING_SECONDS, UNSTABLE_RSD
 
 if TYPE_CHECKING:
     from .generator import GenOptions
@@ -434,12 +434,18 @@ def db_option(f):
                    "(stored in each result's l2_flushed counter; re-measure with --force).")
 @click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
               help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
+@click.option("--precision", type=FiniteRange(min=0.0, min_open=True),
+              help="Sample each CPU benchmark adaptively until its 10th percentile is known to this relative "
+                   "precision (95% interval half-width, e.g. 0.02) instead of --min-time × --repetitions "
+                   "(docs/measurement.md); the stability check then reads the precision reached.")
+@click.option("--max-time", type=FiniteRange(min=0.0, min_open=True), default=MAX_SAMPLING_SECONDS,
+              show_default=True, help="With --precision: the most seconds one benchmark samples.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the shuffled order the benchmarks are measured in (stored in each result's command).")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, remeasure_contended: bool, min_time: float, repetitions: int, threads: int | None,
         timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
-        l2: str, measure_peaks: bool, seed: int) -> None:
+        l2: str, measure_peaks: bool, precision: float | None, max_time: float, seed: int) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -464,7 +470,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force,
                                 remeasure_contended=remeasure_contended, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
-                                command=command, seed=seed, max_rsd=max_rsd,
+                                command=command, seed=seed, precision=precision, max_time=max_time,
+                                max_rsd=max_rsd,
                                 remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks,
                                 max_contention=max_contention)
     path = resolve_db_path(db_path)
@@ -476,10 +483,14 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
         console.print(f"{summary.backend} on {summary.system.device}: {len(summary.to_run)} of "
                       f"{summary.total} benchmarks would run ({summary.already} already in {path})",
                       highlight=False)
-        console.print(f"expected time: about {_duration(sum(summary.expected.values()))} of timed loops at "
-                      f"--min-time {min_time:g} s × {repetitions} repetitions ({summary.from_earlier} of "
-                      f"{len(summary.to_run)} timed from earlier results of {system_name}; setup, start-up and "
-                      f"the build not counted)", highlight=False)
+        expected = _duration(sum(summary.expected.values()))
+        budget = (f"about {expected} of timed loops at --min-time {min_time:g} s × {repetitions} repetitions"
+                  if precision is None else
+                  f"from about {expected} (each benchmark at its fewest samples) to at most "
+                  f"{_duration(summary.at_most_s)} (each sampling --max-time {max_time:g} s) at --precision "
+                  f"{precision:g}")
+        console.print(f"expected time: {budget} ({summary.from_earlier} of {len(summary.to_run)} timed from earlier "
+                      f"results of {system_name}; setup, start-up and the build not counted)", highlight=False)
         _print_gave_up(summary, max_failures)
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -540,9 +551,10 @@ class _ProgressLines:
     """``run``'s progress as a line every ``every`` seconds (and at the last benchmark) when stderr
     is not a terminal: benchmarks done, their statuses, time spent and an estimate of the time left
     (the runner's, from each benchmark's expected time; without one, the mean time per benchmark
-    since the pass's first one started, the build excluded, times those left). A pass that re-measures unstable or contended results counts on its own. Inside
-    ``with``, the build before the first benchmark (minutes for a large bench dir, longer when
-    another run holds the build lock) says so at the same pace."""
+    since the pass's first one started, the build excluded, times those left). A pass that
+    re-measures unstable or contended results counts on its own. Inside ``with``, the build
+    before the first benchmark (minutes for a large bench dir, longer when another run holds the
+    build lock) says so at the same pace."""
 
     def __init__(self, counts: dict[str, int], every: float = 30.0, clock=None) -> None:
         import threading

@@ -198,6 +198,10 @@ class Result:
     contention: float | None = None
     clean_share: float | None = None
     contended: bool = False
+    # Adaptive sampling (`benanza run --precision`): the relative half-width of the 95%
+    # confidence interval of the low percentile when sampling stopped (None: the fixed budget,
+    # or an interval the samples could not bound); it replaces ``rsd`` as the stability check.
+    precision: float | None = None
 
     @property
     def ok(self) -> bool:

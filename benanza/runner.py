@@ -33,7 +33,11 @@ from .errors import BenanzaError, UsageError
 from .generator import BACKEND_MODULES, get_backend, read_variants
 from .manifest import read_manifest
 from .measurement import (
+    LOW_PERCENTILE,
     MAX_CONTENTION,
+    MAX_SAMPLING_SECONDS,
+    MIN_SAMPLES,
+    MIN_SAMPLING_SECONDS,
     UNSTABLE_RSD,
     Contention,
     CpuClock,
@@ -85,6 +89,20 @@ class RunOptions:
     max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
     peaks: bool = True  # measure the stack's peaks (benanza.peaks) when the database has none
     seed: int = 0  # of the order benchmarks are measured in (``measurement_order``)
+    # Adaptive sampling (docs/measurement.md): the relative precision of the low percentile each
+    # benchmark samples to, and the most seconds it may sample; None: the fixed budget above.
+    precision: float | None = None
+    max_time: float = MAX_SAMPLING_SECONDS
+
+    def budget_flags(self) -> list[str]:
+        """The binary's flags for this budget. Google Benchmark's are always given: a binary
+        that times its batches itself (cuDNN) keeps them when sampling adaptively."""
+        flags = [f"--benchmark_min_time={self.min_time:g}", f"--benchmark_repetitions={self.repetitions}"]
+        if self.precision is not None:
+            flags += [f"--benanza_precision={self.precision:g}", f"--benanza_percentile={LOW_PERCENTILE}",
+                      f"--benanza_min_samples={MIN_SAMPLES}", f"--benanza_min_time={MIN_SAMPLING_SECONDS:g}",
+                      f"--benanza_max_time={self.max_time:g}"]
+        return flags
 
 
 @dataclass(frozen=True)
@@ -127,6 +145,7 @@ class RunSummary:
     # earlier result of this system, and the most the run can take where that is bounded.
     expected: dict[str, float] = field(default_factory=dict)
     from_earlier: int = 0
+    at_most_s: float = 0.0  # adaptive sampling: every variant that may run sampling to --max-time
 
     @property
     def stored(self) -> int:
@@ -157,6 +176,10 @@ def expected_seconds(options: RunOptions, earlier: Result | None) -> float:
     if earlier is not None and earlier.status is Status.UNSUPPORTED:
         return 0.0
     call_s = (earlier.latency_ms or 0.0) / 1e3 if earlier is not None else 0.0
+    if options.precision is not None:
+        # The fewest calls sampling takes: a variant whose spread keeps its percentile uncertain
+        # samples up to --max-time (``RunSummary.at_most_s``).
+        return min(options.max_time, max(MIN_SAMPLING_SECONDS, MIN_SAMPLES * call_s))
     return options.repetitions * max(_REPETITION_MIN_TIMES * options.min_time, call_s) + max(
         _SIZING_MIN_TIMES * options.min_time, call_s)
 
@@ -305,6 +328,9 @@ def _estimate(db: PerfDB | None, summary: RunSummary, options: RunOptions) -> No
     known = [n for n in summary.to_run if n in earlier and earlier[n].status is not Status.FAILED]
     summary.from_earlier = len(known)
     summary.expected = {n: expected_seconds(options, earlier[n] if n in known else None) for n in summary.to_run}
+    refused = sum(earlier[n].status is Status.UNSUPPORTED for n in known)
+    summary.at_most_s = (sum(summary.expected.values()) if options.precision is None
+                         else (len(summary.to_run) - refused) * options.max_time)
 
 
 _CONTEXT_SECONDS = 60.0
@@ -345,8 +371,10 @@ def binary_context(binary: Command, env: dict[str, str]) -> dict:
 class _Store:
     """Buffers results and writes them in small transactions as they arrive."""
 
-    def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float, max_contention: float | None):
+    def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float, max_contention: float | None,
+                 precision: float | None = None):
         self.db, self.system, self.command, self.max_rsd = db, system, command, max_rsd
+        self.precision = precision  # adaptive sampling's target: what its results are held to
         self.max_contention = max_contention  # None: contention does not flag (GPU timing)
         self.measured = self.contended = 0  # this run's OK measurements, and those contended
         self.pending: list[tuple[Result, dict]] = []
@@ -357,8 +385,13 @@ class _Store:
     def add(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
         """Buffers one result, flagged unstable or contended (``lost``: what other work cost it
         while it ran; None when not measured)."""
-        rsd = result.rsd
-        if rsd is not None and rsd > self.max_rsd:
+        # A sampled result is as stable as its percentile's interval is narrow (the spread of
+        # single calls says nothing about that); a result of repetitions, as they agree.
+        if result.precision is not None and self.precision is not None:
+            unstable = result.precision > self.precision
+        else:
+            unstable = result.rsd is not None and result.rsd > self.max_rsd
+        if unstable:
             result = replace(result, unstable=True)
         if result.ok and lost is not None:
             clean = lost.clean_share(result.low_ms) if result.low_ms is not None else None
@@ -406,7 +439,8 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
     # GPU times come from device events, which a busy host does not stretch (the harness
     # counts the repetitions the host could have delayed): contention flags CPU results only.
     cpu = get_backend(system.backend).device is Device.CPU
-    store = _Store(db, system, options.command, options.max_rsd, options.max_contention if cpu else None)
+    store = _Store(db, system, options.command, options.max_rsd, options.max_contention if cpu else None,
+                   options.precision)
     try:
         with children.sigterm_interrupts():
             batch = [v.name for v in todo]
@@ -520,9 +554,7 @@ class _Batch:
         changed = sorted((k, v) for k, v in self.env.items() if os.environ.get(k) != v)
         return shlex.join([*(f"{k}={v}" for k, v in changed), *self.binary.argv,
                            # Google Benchmark appends /real_time or /manual_time to the name
-                           f"--benchmark_filter=^{_regex_literal(name)}(/|$)",
-                           f"--benchmark_min_time={self.options.min_time:g}",
-                           f"--benchmark_repetitions={self.options.repetitions}"])
+                           f"--benchmark_filter=^{_regex_literal(name)}(/|$)", *self.options.budget_flags()])
 
     def store_result(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
         if result.status is Status.FAILED:
@@ -561,8 +593,7 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
         names_file.write("\n".join(names) + "\n")
         names_file.flush()
         fd = names_file.fileno()
-        cmd = [*binary.argv, f"--benanza_names=/dev/fd/{fd}", f"--benchmark_min_time={options.min_time:g}",
-               f"--benchmark_repetitions={options.repetitions}"]
+        cmd = [*binary.argv, f"--benanza_names=/dev/fd/{fd}", *options.budget_flags()]
         proc = children.popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, pass_fds=(fd,),
                               start_new_session=True)  # Ctrl-C reaches us, not the child
         assert proc.stdout is not None
@@ -768,6 +799,9 @@ def parse_result(variant: Variant, system: str, data: dict, max_ms: float = math
     for key in counters:
         _number(counters, key)  # stored as JSON: NaN or text would make the column unreadable
     sampled = _samples(data) if status is Status.OK else None
+    precision = _number(data, "precision") if status is Status.OK else None
+    if precision is not None and precision < 0:
+        raise MalformedResult(f"precision is {precision!r}, not a relative half-width")
     metrics = {k: v for k, v in counters.items() if k != "workspace_bytes"}
     if "times_ms" in data:
         times = data["times_ms"]
@@ -782,7 +816,8 @@ def parse_result(variant: Variant, system: str, data: dict, max_ms: float = math
                   implementation=data.get("implementation", ""), metrics=metrics, timestamp=_now(),
                   median_ms=median, mean_ms=mean, stddev_ms=stddev, min_ms=fastest,
                   low_ms=sampled.low_ms if sampled else None, sample_median_ms=sampled.median_ms if sampled else None,
-                  sample_iqr_ms=sampled.iqr_ms if sampled else None, samples=sampled.count if sampled else 0)
+                  sample_iqr_ms=sampled.iqr_ms if sampled else None, samples=sampled.count if sampled else 0,
+                  precision=precision)
 
 
 def _samples(data: dict) -> SampleSummary | None:

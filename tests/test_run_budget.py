@@ -3,6 +3,10 @@ progress line's time left (docs/run.md)."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,8 @@ from benanza.cli import _duration, main
 from benanza.generator import read_variants
 from benanza.perfdb import PerfDB
 from benanza.records import Result, Status, System
-from benanza.runner import RunOptions, _left, run
+from benanza.resources import runtime_dir
+from benanza.runner import RunOptions, RunSummary, _execute, _left, run
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +51,11 @@ def test_dry_run_counts_what_is_missing_and_estimates_from_the_budget_and_earlie
     assert f"{len(variants)} of {len(variants)} benchmarks would run" in out.output
     assert f"expected time: about {_duration(sum(summary.expected.values()))} of timed loops" in out.output
     assert f"2 of {len(variants)} timed from earlier results of box" in out.output
+    # sampling adaptively: each at least its fewest samples (20 calls, 0.01 s), at most --max-time
+    sampled = run(bench, "box", "onednn", db, RunOptions(dry_run=True, force=True, precision=0.02, max_time=0.3))
+    assert sampled.expected[refused.name] == 0.0 and sampled.expected[slow.name] == 0.3  # 20 calls of 0.8 s: capped
+    assert all(sampled.expected[v.name] == 0.01 for v in variants[2:])  # conv_net's kernels: unknown here
+    assert sampled.at_most_s == pytest.approx((len(variants) - 1) * 0.3)
 
 
 def test_time_left_scales_the_expectation_by_how_the_finished_ones_went(monkeypatch):
@@ -85,3 +95,58 @@ def test_benchmarks_run_in_a_seeded_shuffle_that_a_resumed_run_continues(bench, 
     with PerfDB(db) as pdb:
         pdb.insert_results(system, [Result(by_name[n], "box", Status.OK, median_ms=0.01) for n in order[:half]])
     assert run(bench, "box", "onednn", db, RunOptions(dry_run=True)).to_run == order[half:]
+
+
+# --- adaptive sampling (docs/measurement.md) ------------------------------------------------------
+
+STANDIN_SOURCE = Path(__file__).parent / "fixtures" / "adaptive_standin"
+NARROW_LOW_MS = 0.05 * (1 - 0.1 * math.log(0.9))  # the narrow stand-in's true 10th percentile
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory) -> Path:
+    """The C++ stand-in over the real runtime (the Google Benchmark the oneDNN backend uses)."""
+    build = tmp_path_factory.mktemp("standin")
+    subprocess.run(["cmake", "-S", str(STANDIN_SOURCE), "-B", str(build),
+                    f"-DBENANZA_RUNTIME={runtime_dir() / 'common'}"], check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
+    return build / "benanza_bench"
+
+
+def measure(standin: Path, tmp_path: Path, bench: Path, options: RunOptions) -> dict[str, tuple[Result, dict]]:
+    """Runs the narrow and the wide stand-in (named as two of conv_net's variants) through the
+    runner; their stored results and raw lines, by which one."""
+    narrow, wide = read_variants(bench / "onednn")[:2]
+    env = dict(os.environ, STANDIN_NARROW=narrow.name, STANDIN_WIDE=wide.name)
+    system = System("box", "onednn", "stand-in", (("threads", "1"),))
+    db = tmp_path / f"{options.precision}.db"
+    with PerfDB(db) as pdb:
+        _execute(standin, [narrow, wide], env, options, pdb, system, RunSummary(system, "onednn", db, 2, 0), None)
+        results = {r.variant.name: r for r in pdb.results(system)}
+        raw = dict(pdb.db.execute("SELECT variant, raw FROM results").fetchall())
+    return {which: (results[v.name], json.loads(raw[v.name])) for which, v in (("narrow", narrow), ("wide", wide))}
+
+
+@pytest.mark.slow  # builds the stand-in against the runtime
+def test_adaptive_sampling_reaches_the_precision_or_stops_at_the_maximum_time(standin, bench, tmp_path):
+    """The narrow distribution stops at the precision asked, its estimate within the interval's
+    reach of the true percentile, after far fewer calls than the fixed budget times; the wide one
+    cannot get there within --max-time: it stops there, says so, and is flagged unstable (the
+    stability check reads the precision)."""
+    adaptive = measure(standin, tmp_path, bench, RunOptions(precision=0.02, max_time=0.3, remeasure=0, timeout=120,
+                                                            max_contention=1.0))
+    fixed = measure(standin, tmp_path, bench, RunOptions(min_time=0.2, repetitions=3, remeasure=0, timeout=120,
+                                                         max_contention=1.0))
+    narrow, narrow_raw = adaptive["narrow"]
+    assert narrow_raw["stopped"] == "precision" and narrow.precision is not None and narrow.precision <= 0.02
+    assert narrow.low_ms is not None and abs(narrow.low_ms - NARROW_LOW_MS) <= 0.05 * NARROW_LOW_MS
+    assert not narrow.unstable and narrow.repetitions == 1 and narrow.iterations == narrow.samples >= 20
+    assert narrow.samples * 10 < fixed["narrow"][0].samples  # the fixed budget times ~0.8 s of calls
+    assert fixed["narrow"][0].precision is None and "stopped" not in fixed["narrow"][1]
+
+    wide, wide_raw = adaptive["wide"]
+    assert wide_raw["stopped"] == "max_time" and wide.precision is not None and wide.precision > 0.02
+    assert wide.unstable
+    # the calls it timed fit the maximum time, but for the one that crossed it (a slowest call at most)
+    assert wide.samples * wide.mean_ms <= 300.0 + wide_raw["sample_percentiles_ms"][100] + 1e-6
+    assert 0.05 <= wide.low_ms <= 0.5 * 1.5  # among the calls' possible durations, noise only adding
