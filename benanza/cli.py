@@ -440,12 +440,16 @@ def db_option(f):
                    "(docs/measurement.md); the stability check then reads the precision reached.")
 @click.option("--max-time", type=FiniteRange(min=0.0, min_open=True), default=MAX_SAMPLING_SECONDS,
               show_default=True, help="With --precision: the most seconds one benchmark samples.")
+@click.option("--race/--no-race", default=True, show_default=True,
+              help="With --precision: screen every variant at a quarter of --max-time first and stop those that "
+                   "cannot be their layer's best (stored eliminated, with their estimate); --no-race samples "
+                   "every variant in full, for studies.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the shuffled order the benchmarks are measured in (stored in each result's command).")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, remeasure_contended: bool, min_time: float, repetitions: int, threads: int | None,
         timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
-        l2: str, measure_peaks: bool, precision: float | None, max_time: float, seed: int) -> None:
+        l2: str, measure_peaks: bool, precision: float | None, max_time: float, race: bool, seed: int) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -470,7 +474,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force,
                                 remeasure_contended=remeasure_contended, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
-                                command=command, seed=seed, precision=precision, max_time=max_time,
+                                command=command, seed=seed, precision=precision, max_time=max_time, race=race,
                                 max_rsd=max_rsd,
                                 remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks,
                                 max_contention=max_contention)
@@ -519,6 +523,10 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
                   f"{summary.failed} failed), {summary.already} already measured, "
                   f"{summary.seconds:.1f}s → {path}", highlight=False)
+    if summary.eliminated:
+        err_console.print(f"{summary.eliminated} variants stopped early: they cannot be their layer's best "
+                          f"(stored eliminated, with their estimate; --no-race measures them in full)",
+                          highlight=False)
     if summary.remeasured or summary.unstable:
         err_console.print(
             f"{summary.remeasured} unstable or contended results re-measured; {summary.unstable} still vary by "

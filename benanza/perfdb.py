@@ -111,7 +111,8 @@ CREATE TABLE IF NOT EXISTS results (
   implementation TEXT NOT NULL, metrics TEXT NOT NULL, raw TEXT NOT NULL, command TEXT NOT NULL,
   timestamp TEXT NOT NULL, rsd REAL, unstable INTEGER NOT NULL DEFAULT 0, low_ms REAL,
   sample_median_ms REAL, sample_iqr_ms REAL, samples INTEGER NOT NULL DEFAULT 0, contention REAL,
-  clean_share REAL, contended INTEGER NOT NULL DEFAULT 0, precision REAL);
+  clean_share REAL, contended INTEGER NOT NULL DEFAULT 0, precision REAL,
+  eliminated INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS results_lookup ON results(system, dtype, layer_key);
 CREATE INDEX IF NOT EXISTS results_stack ON results(stack_id, variant);
 CREATE TABLE IF NOT EXISTS models (
@@ -138,7 +139,7 @@ _RESULT_COLUMNS = ("system", "stack_id", "variant", "layer_key", "dtype", "statu
                    "median_ms", "mean_ms", "stddev_ms", "min_ms", "iterations", "repetitions",
                    "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp", "rsd",
                    "unstable", "low_ms", "sample_median_ms", "sample_iqr_ms", "samples", "contention",
-                   "clean_share", "contended", "precision")
+                   "clean_share", "contended", "precision", "eliminated")
 
 # Per table: primary-key columns, and the columns whose difference under one key is a merge
 # conflict (bookkeeping stamps such as last_used are not).
@@ -504,8 +505,8 @@ class PerfDB:
         sql = ("SELECT r.id, r.system, r.stack_id, s.device, r.layer_key, l.family, l.op, r.variant, "
                "v.backend, v.api, v.algo, r.dtype, v.layout, v.math, v.fusion, r.status, r.message, "
                "r.median_ms, r.mean_ms, r.stddev_ms, r.min_ms, r.rsd, r.unstable, r.low_ms, r.sample_median_ms, "
-               "r.sample_iqr_ms, r.samples, r.contention, r.clean_share, r.contended, r.precision, r.iterations, "
-               "r.repetitions, "
+               "r.sample_iqr_ms, r.samples, r.contention, r.clean_share, r.contended, r.precision, r.eliminated, "
+               "r.iterations, r.repetitions, "
                "r.workspace_bytes, r.implementation, l.flops, l.bytes, r.metrics, r.command, r.timestamp "
                "FROM results r JOIN variants v ON v.name = r.variant "
                "LEFT JOIN layers l ON l.key = r.layer_key LEFT JOIN systems s ON s.stack_id = r.stack_id "
@@ -844,8 +845,10 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
 
 def _migrate_v3(conn: sqlite3.Connection) -> None:
     """v3 → v4 in the caller's transaction: the precision adaptive sampling reached (NULL for
-    every older row: measured with the fixed budget, their stability is their ``rsd``)."""
+    every older row: measured with the fixed budget, their stability is their ``rsd``) and
+    whether racing eliminated the variant (0: older rows were measured in full)."""
     conn.execute("ALTER TABLE results ADD COLUMN precision REAL")
+    conn.execute("ALTER TABLE results ADD COLUMN eliminated INTEGER NOT NULL DEFAULT 0")
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
@@ -892,7 +895,7 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
             "timestamp": r.timestamp or now(), "rsd": r.rsd, "unstable": int(r.unstable), "low_ms": r.low_ms,
             "sample_median_ms": r.sample_median_ms, "sample_iqr_ms": r.sample_iqr_ms, "samples": r.samples,
             "contention": r.contention, "clean_share": r.clean_share, "contended": int(r.contended),
-            "precision": r.precision}
+            "precision": r.precision, "eliminated": int(r.eliminated)}
 
 
 def _result_columns(d: dict) -> tuple[Status, dict]:
@@ -937,5 +940,5 @@ def _result(d: dict) -> Result:
                   metrics=metrics, timestamp=d["timestamp"], unstable=bool(d["unstable"]),
                   low_ms=d["low_ms"], sample_median_ms=d["sample_median_ms"], sample_iqr_ms=d["sample_iqr_ms"],
                   samples=d["samples"], contention=d["contention"], clean_share=d["clean_share"],
-                  contended=bool(d["contended"]), precision=d["precision"])
+                  contended=bool(d["contended"]), precision=d["precision"], eliminated=bool(d["eliminated"]))
 

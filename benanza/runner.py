@@ -93,6 +93,7 @@ class RunOptions:
     # benchmark samples to, and the most seconds it may sample; None: the fixed budget above.
     precision: float | None = None
     max_time: float = MAX_SAMPLING_SECONDS
+    race: bool = True  # with precision: screen every variant first, measure fully only what may win (``_race``)
 
     def budget_flags(self) -> list[str]:
         """The binary's flags for this budget. Google Benchmark's are always given: a binary
@@ -128,6 +129,7 @@ class RunSummary:
     unstable: int = 0  # ok, but still above max_rsd after every re-measurement (flagged in the DB)
     remeasured: int = 0  # extra measurements of unstable or contended results
     gave_up: list[str] = field(default_factory=list)  # failed max_failures times in a row: skipped
+    eliminated: int = 0  # racing stopped them early: they cannot be their layer's best
     interrupted: bool = False
     seconds: float = 0.0
     # Share of this run's CPU measurements that lost more than max_contention of their time to
@@ -329,8 +331,10 @@ def _estimate(db: PerfDB | None, summary: RunSummary, options: RunOptions) -> No
     summary.from_earlier = len(known)
     summary.expected = {n: expected_seconds(options, earlier[n] if n in known else None) for n in summary.to_run}
     refused = sum(earlier[n].status is Status.UNSUPPORTED for n in known)
+    # racing's screening pass comes before a variant's full sampling
+    screen = RACE_SCREEN if options.race else 0.0
     summary.at_most_s = (sum(summary.expected.values()) if options.precision is None
-                         else (len(summary.to_run) - refused) * options.max_time)
+                         else (len(summary.to_run) - refused) * options.max_time * (1 + screen))
 
 
 _CONTEXT_SECONDS = 60.0
@@ -387,12 +391,13 @@ class _Store:
         while it ran; None when not measured)."""
         # A sampled result is as stable as its percentile's interval is narrow (the spread of
         # single calls says nothing about that); a result of repetitions, as they agree.
-        if result.precision is not None and self.precision is not None:
+        if result.eliminated:
+            unstable = False  # known well enough to lose
+        elif result.precision is not None and self.precision is not None:
             unstable = result.precision > self.precision
         else:
             unstable = result.rsd is not None and result.rsd > self.max_rsd
-        if unstable:
-            result = replace(result, unstable=True)
+        result = replace(result, unstable=unstable)
         if result.ok and lost is not None:
             clean = lost.clean_share(result.low_ms) if result.low_ms is not None else None
             result = replace(result, contention=lost.share, clean_share=clean)
@@ -444,7 +449,13 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
     try:
         with children.sigterm_interrupts():
             batch = [v.name for v in todo]
+            if options.precision is not None and options.race:
+                screen = replace(options, max_time=options.max_time * RACE_SCREEN)
+                _run_all(command, batch, env, screen, system, store, by_name, progress, summary.expected)
+                batch = _race(store, batch)
             for attempt in range(options.remeasure + 1):
+                if not batch:
+                    break
                 if attempt:
                     log.info("re-measuring %d unstable or contended results (attempt %d of %d)", len(batch),
                              attempt, options.remeasure)
@@ -461,9 +472,54 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
         for status in Status:
             setattr(summary, status.value, sum(r.status is status for r in store.final.values()))
         summary.unstable = sum(r.unstable for r in store.final.values())
+        summary.eliminated = sum(r.eliminated for r in store.final.values())
         summary.still_contended = sorted(n for n, r in store.final.items() if r.contended)
         summary.failures = [Failure(n, r.message, r.metrics["reproduce"]) for n, r in store.final.items()
                             if r.status is Status.FAILED and "reproduce" in r.metrics]
+
+
+# Racing's screening pass samples each variant for this share of --max-time: enough for most to
+# reach the precision (they are done) or to show they cannot be their layer's best.
+RACE_SCREEN = 0.25
+
+
+def race_bounds(result: Result) -> tuple[float, float] | None:
+    """The lowest and the highest latency a sampled result's 95% interval allows, or None (not
+    sampled, no bounded interval). Only the half-width is stored and the interval need not be
+    centred on the estimate, so its full width is taken on either side: wider, never narrower."""
+    if not result.ok or result.low_ms is None or result.precision is None:
+        return None
+    return result.low_ms * (1 - 2 * result.precision), result.low_ms * (1 + 2 * result.precision)
+
+
+def eliminated(results: list[Result]) -> set[str]:
+    """Variants of ``results`` that cannot be their layer's best: each layer's variants of one
+    dtype and fusion compete (what a bound picks from), and one whose lowest possible latency is
+    above the lowest highest-possible latency among them is out. The best is never out (its low
+    end is below its high end); a contended result neither eliminates nor is eliminated."""
+    groups: dict[tuple[str, str, str], list[tuple[Result, tuple[float, float]]]] = {}
+    for r in results:
+        bounds = race_bounds(r)
+        if bounds is not None and not r.contended:
+            groups.setdefault((r.variant.layer_key, r.variant.dtype, r.variant.fusion), []).append((r, bounds))
+    out: set[str] = set()
+    for members in groups.values():
+        best_high = min(high for _, (_, high) in members)
+        out |= {r.variant.name for r, (low, _) in members if low > best_high}
+    return out
+
+
+def _race(store: _Store, names: list[str]) -> list[str]:
+    """After the screening pass: stores the verdict of the variants that cannot win (their
+    screening result, flagged eliminated: the latest row is what analyses read) and returns those
+    still to measure in full (not at the precision yet, or contended)."""
+    screened = [store.final[n] for n in names]
+    # every screened variant may be the best; only one not at the precision yet is stopped
+    out = eliminated(screened) & {r.variant.name for r in screened if r.unstable}
+    for n in names:
+        if n in out:
+            store.add(replace(store.final[n], eliminated=True), {"name": n, "eliminated": True})
+    return [n for n in names if n not in out and (store.final[n].unstable or store.final[n].contended)]
 
 
 def _run_all(binary: Command, names: list[str], env: dict[str, str], options: RunOptions, system: System,

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from helpers import generated_conv_net
 from benanza.cli import _duration, main
 from benanza.generator import read_variants
 from benanza.perfdb import PerfDB
-from benanza.records import Result, Status, System
+from benanza.records import Result, Status, System, Variant
 from benanza.resources import runtime_dir
 from benanza.runner import RunOptions, RunSummary, _execute, _left, run
 
@@ -55,7 +56,7 @@ def test_dry_run_counts_what_is_missing_and_estimates_from_the_budget_and_earlie
     sampled = run(bench, "box", "onednn", db, RunOptions(dry_run=True, force=True, precision=0.02, max_time=0.3))
     assert sampled.expected[refused.name] == 0.0 and sampled.expected[slow.name] == 0.3  # 20 calls of 0.8 s: capped
     assert all(sampled.expected[v.name] == 0.01 for v in variants[2:])  # conv_net's kernels: unknown here
-    assert sampled.at_most_s == pytest.approx((len(variants) - 1) * 0.3)
+    assert sampled.at_most_s == pytest.approx((len(variants) - 1) * 0.3 * 1.25)  # racing's screening pass first
 
 
 def test_time_left_scales_the_expectation_by_how_the_finished_ones_went(monkeypatch):
@@ -100,7 +101,11 @@ def test_benchmarks_run_in_a_seeded_shuffle_that_a_resumed_run_continues(bench, 
 # --- adaptive sampling (docs/measurement.md) ------------------------------------------------------
 
 STANDIN_SOURCE = Path(__file__).parent / "fixtures" / "adaptive_standin"
-NARROW_LOW_MS = 0.05 * (1 - 0.1 * math.log(0.9))  # the narrow stand-in's true 10th percentile
+
+
+def low_ms(base_us: float, spread: float) -> float:
+    """The true 10th percentile of the stand-in's base × (1 + Exp(mean spread)) calls, in ms."""
+    return base_us * (1 - spread * math.log(0.9)) / 1e3
 
 
 @pytest.fixture(scope="module")
@@ -113,18 +118,19 @@ def standin(tmp_path_factory) -> Path:
     return build / "benanza_bench"
 
 
-def measure(standin: Path, tmp_path: Path, bench: Path, options: RunOptions) -> dict[str, tuple[Result, dict]]:
-    """Runs the narrow and the wide stand-in (named as two of conv_net's variants) through the
-    runner; their stored results and raw lines, by which one."""
-    narrow, wide = read_variants(bench / "onednn")[:2]
-    env = dict(os.environ, STANDIN_NARROW=narrow.name, STANDIN_WIDE=wide.name)
+def measure(standin: Path, db: Path, spec: dict[Variant, tuple[float, float]], options: RunOptions,
+            seed: int = 1) -> tuple[dict[Variant, Result], dict[Variant, dict], dict[Variant, int]]:
+    """Runs the stand-in with ``spec`` (variant → base µs, spread) through the runner: each
+    variant's latest result, its latest raw line, and how many rows it has."""
+    env = dict(os.environ, STANDIN_SEED=str(seed),
+               STANDIN_SPEC="\n".join(f"{base} {spread} {v.name}" for v, (base, spread) in spec.items()))
     system = System("box", "onednn", "stand-in", (("threads", "1"),))
-    db = tmp_path / f"{options.precision}.db"
     with PerfDB(db) as pdb:
-        _execute(standin, [narrow, wide], env, options, pdb, system, RunSummary(system, "onednn", db, 2, 0), None)
-        results = {r.variant.name: r for r in pdb.results(system)}
-        raw = dict(pdb.db.execute("SELECT variant, raw FROM results").fetchall())
-    return {which: (results[v.name], json.loads(raw[v.name])) for which, v in (("narrow", narrow), ("wide", wide))}
+        _execute(standin, list(spec), env, options, pdb, system, RunSummary(system, "onednn", db, len(spec), 0), None)
+        results = {r.variant: r for r in pdb.results(system)}
+        rows = pdb.db.execute("SELECT variant, raw FROM results ORDER BY id").fetchall()
+    raw = {v: json.loads(line) for v in spec for name, line in rows if name == v.name}
+    return results, raw, {v: sum(name == v.name for name, _ in rows) for v in spec}
 
 
 @pytest.mark.slow  # builds the stand-in against the runtime
@@ -133,20 +139,68 @@ def test_adaptive_sampling_reaches_the_precision_or_stops_at_the_maximum_time(st
     reach of the true percentile, after far fewer calls than the fixed budget times; the wide one
     cannot get there within --max-time: it stops there, says so, and is flagged unstable (the
     stability check reads the precision)."""
-    adaptive = measure(standin, tmp_path, bench, RunOptions(precision=0.02, max_time=0.3, remeasure=0, timeout=120,
-                                                            max_contention=1.0))
-    fixed = measure(standin, tmp_path, bench, RunOptions(min_time=0.2, repetitions=3, remeasure=0, timeout=120,
-                                                         max_contention=1.0))
-    narrow, narrow_raw = adaptive["narrow"]
-    assert narrow_raw["stopped"] == "precision" and narrow.precision is not None and narrow.precision <= 0.02
-    assert narrow.low_ms is not None and abs(narrow.low_ms - NARROW_LOW_MS) <= 0.05 * NARROW_LOW_MS
+    n, w = read_variants(bench / "onednn")[:2]
+    spec = {n: (50.0, 0.1), w: (50.0, 4.0)}  # the wide one's percentile needs ~8,500 calls of 0.25 ms
+    sampled = RunOptions(precision=0.02, max_time=0.3, race=False, remeasure=0, timeout=120, max_contention=1.0)
+    adaptive, raw, _ = measure(standin, tmp_path / "adaptive.db", spec, sampled)
+    fixed, fixed_raw, _ = measure(standin, tmp_path / "fixed.db", spec,
+                                  RunOptions(min_time=0.2, repetitions=3, remeasure=0, timeout=120, max_contention=1.0))
+    narrow = adaptive[n]
+    assert raw[n]["stopped"] == "precision" and narrow.precision is not None and narrow.precision <= 0.02
+    assert narrow.low_ms is not None and abs(narrow.low_ms - low_ms(50.0, 0.1)) <= 0.05 * low_ms(50.0, 0.1)
     assert not narrow.unstable and narrow.repetitions == 1 and narrow.iterations == narrow.samples >= 20
-    assert narrow.samples * 10 < fixed["narrow"][0].samples  # the fixed budget times ~0.8 s of calls
-    assert fixed["narrow"][0].precision is None and "stopped" not in fixed["narrow"][1]
+    assert narrow.samples * 10 < fixed[n].samples  # the fixed budget times ~0.8 s of calls
+    assert fixed[n].precision is None and "stopped" not in fixed_raw[n]
 
-    wide, wide_raw = adaptive["wide"]
-    assert wide_raw["stopped"] == "max_time" and wide.precision is not None and wide.precision > 0.02
+    wide = adaptive[w]
+    assert raw[w]["stopped"] == "max_time" and wide.precision is not None and wide.precision > 0.02
     assert wide.unstable
     # the calls it timed fit the maximum time, but for the one that crossed it (a slowest call at most)
-    assert wide.samples * wide.mean_ms <= 300.0 + wide_raw["sample_percentiles_ms"][100] + 1e-6
-    assert 0.05 <= wide.low_ms <= 0.5 * 1.5  # among the calls' possible durations, noise only adding
+    assert wide.samples * wide.mean_ms <= 300.0 + raw[w]["sample_percentiles_ms"][100] + 1e-6
+    assert wide.low_ms is not None and low_ms(50.0, 0.0) <= wide.low_ms <= 1.5 * low_ms(50.0, 4.0)
+
+
+@pytest.mark.slow  # builds the stand-in against the runtime
+def test_racing_stops_what_cannot_win_and_never_the_true_best(standin, bench, tmp_path):
+    """Three variants of one layer, their true 10th percentiles 52.6, 55.8 and 105 µs, at a
+    precision no screening reaches: in every seeded trial the true best is measured in full and
+    the slow one is stopped after the screening pass, stored eliminated with its estimate;
+    --no-race measures all three in full."""
+    groups: dict[tuple[str, str, str], list[Variant]] = {}
+    for v in read_variants(bench / "onednn"):
+        groups.setdefault((v.layer_key, v.dtype, v.fusion), []).append(v)
+    best, close, slow = next(g for g in groups.values() if len(g) >= 3)[:3]
+    spec = {best: (50.0, 0.5), close: (53.0, 0.5), slow: (100.0, 0.5)}
+    options = RunOptions(precision=0.002, max_time=0.4, remeasure=0, timeout=120, max_contention=1.0)
+    for seed in range(5):
+        results, raw, rows = measure(standin, tmp_path / f"race{seed}.db", spec, options, seed)
+        assert not results[best].eliminated and rows[best] == 2 and raw[best]["stopped"] == "max_time"
+        assert results[slow].eliminated and rows[slow] == 2 and not results[slow].unstable
+        assert abs(results[slow].low_ms - low_ms(100.0, 0.5)) <= 0.05 * low_ms(100.0, 0.5)
+    results, _, rows = measure(standin, tmp_path / "full.db", spec, replace(options, race=False))
+    assert not any(r.eliminated for r in results.values()) and set(rows.values()) == {1}
+
+
+@pytest.mark.slow  # builds and runs the oneDNN project
+def test_real_onednn_samples_adaptively_and_a_second_run_resumes(bench, tmp_path):
+    """generate → build → run --precision with the oneDNN runtime: every result carries the
+    precision it reached (the one asked, or --max-time said stop), from at least the fewest calls;
+    a run after one that stored part of the variants measures only the rest."""
+    db = tmp_path / "r.db"
+    options = RunOptions(precision=0.05, max_time=0.2, race=False, threads=1, remeasure=0, max_contention=1.0,
+                         timeout=120)
+    first = run(bench, "ci", "onednn", db, replace(options, filter="^conv:"))
+    second = run(bench, "ci", "onednn", db, options)
+    assert first.ok > 0 and second.already == first.stored and second.stored == second.total - first.stored
+    with PerfDB(db) as pdb:
+        raw = dict(pdb.db.execute("SELECT variant, raw FROM results").fetchall())
+        results = [r for r in pdb.results("ci") if r.ok]
+        assert pdb.db.execute("SELECT count(*) FROM results").fetchone()[0] == second.total  # none twice
+    assert len(results) == first.ok + second.ok
+    for r in results:
+        line = json.loads(raw[r.variant.name])
+        assert r.samples >= 20 and r.repetitions == 1 and r.low_ms is not None
+        reached = r.precision is not None and r.precision <= 0.05
+        assert reached == (line["stopped"] == "precision")
+        if r.precision is not None:  # null: no interval could be bounded; the calls' rsd then judges
+            assert r.unstable == (not reached)
