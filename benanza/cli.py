@@ -605,8 +605,10 @@ class _ProgressLines:
             return
         self.last = now
         spent = now - self.started
-        left = p.left_s if p.left_s is not None else (now - self.first) / p.done * (p.total - p.done) if p.done \
-            else 0.0
+        if p.left_s is not None:
+            left = p.left_s
+        else:
+            left = (now - self.first) / p.done * (p.total - p.done) if p.done else 0.0
         c = self.counts
         err_console.print(f"{self.label}: {p.done}/{p.total} benchmarks (ok {c['ok']}, unsupported "
                           f"{c['unsupported']}, failed {c['failed']}), {_duration(spent)} spent, about "
