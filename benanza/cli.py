@@ -21,7 +21,7 @@ from rich.text import Text
 from .errors import BenanzaError
 from .escape import printable
 from .limits import MAX_DIM
-from .measurement import MAX_CONTENTION, UNSTABLE_RSD
+from .measurement import MAX_CONTENTION, MAX_SAMPLING_SECONDS, UNSTABLE_RSD
 
 if TYPE_CHECKING:
     from .generator import GenOptions
@@ -434,10 +434,22 @@ def db_option(f):
                    "(stored in each result's l2_flushed counter; re-measure with --force).")
 @click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
               help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
+@click.option("--precision", type=FiniteRange(min=0.0, min_open=True),
+              help="Sample each CPU benchmark adaptively until its 10th percentile is known to this relative "
+                   "precision (95% interval half-width, e.g. 0.02) instead of --min-time × --repetitions "
+                   "(docs/measurement.md); the stability check then reads the precision reached.")
+@click.option("--max-time", type=FiniteRange(min=0.0, min_open=True), default=MAX_SAMPLING_SECONDS,
+              show_default=True, help="With --precision: the most seconds one benchmark samples.")
+@click.option("--race/--no-race", default=True, show_default=True,
+              help="With --precision: screen every variant at a quarter of --max-time first and stop those that "
+                   "cannot be their layer's best (stored eliminated, with their estimate); --no-race samples "
+                   "every variant in full, for studies.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the shuffled order the benchmarks are measured in (stored in each result's command).")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, remeasure_contended: bool, min_time: float, repetitions: int, threads: int | None,
         timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
-        l2: str, measure_peaks: bool) -> None:
+        l2: str, measure_peaks: bool, precision: float | None, max_time: float, race: bool, seed: int) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -450,16 +462,20 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     """
     import shlex
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from . import runner
     from .children import sigterm_interrupts
     from .perfdb import remeasure_flags, resolve_db_path
 
+    # The order is part of how a result was measured: the seed in effect is in the stored command.
+    given_seed = any(a == "--seed" or a.startswith("--seed=") for a in sys.argv[1:])
+    command = " ".join(["benanza", *sys.argv[1:], *([] if given_seed else ["--seed", str(seed)])])
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force,
                                 remeasure_contended=remeasure_contended, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
-                                command=" ".join(["benanza", *sys.argv[1:]]), max_rsd=max_rsd,
+                                command=command, seed=seed, precision=precision, max_time=max_time, race=race,
+                                max_rsd=max_rsd,
                                 remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks,
                                 max_contention=max_contention)
     path = resolve_db_path(db_path)
@@ -471,24 +487,33 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
         console.print(f"{summary.backend} on {summary.system.device}: {len(summary.to_run)} of "
                       f"{summary.total} benchmarks would run ({summary.already} already in {path})",
                       highlight=False)
+        expected = _duration(sum(summary.expected.values()))
+        budget = (f"about {expected} of timed loops at --min-time {min_time:g} s × {repetitions} repetitions"
+                  if precision is None else
+                  f"from about {expected} (each benchmark at its fewest samples) to at most "
+                  f"{_duration(summary.at_most_s)} (each sampling --max-time {max_time:g} s) at --precision "
+                  f"{precision:g}")
+        console.print(f"expected time: {budget} ({summary.from_earlier} of {len(summary.to_run)} timed from earlier "
+                      f"results of {system_name}; setup, start-up and the build not counted)", highlight=False)
         _print_gave_up(summary, max_failures)
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("ok {task.fields[ok]} unsup {task.fields[unsupported]} failed {task.fields[failed]}"),
-               TimeRemainingColumn())
+               TextColumn("{task.fields[left]}"))
     counts = {"ok": 0, "unsupported": 0, "failed": 0}
     if not err_console.is_terminal:  # a log file or a CI job: no bar to draw, so say at a steady pace
         with _ProgressLines(counts) as lines, sigterm_interrupts():
             summary = runner.run(bench_dir, system_name, backend, path, options, progress=lines.step)
     else:
         with Progress(*columns, console=err_console, transient=True) as bar:
-            task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0)
+            task = bar.add_task("building", total=None, ok=0, unsupported=0, failed=0, left="")
 
             def step(p: runner.Progress) -> None:
                 if p.status is not None:
                     counts[p.status.value] += 1
                 bar.update(task, total=p.total, completed=p.done, description="running",
-                           ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"])
+                           ok=counts["ok"], unsupported=counts["unsupported"], failed=counts["failed"],
+                           left="" if p.left_s is None else f"about {_duration(p.left_s)} left")
 
             with sigterm_interrupts():
                 summary = runner.run(bench_dir, system_name, backend, path, options, progress=step)
@@ -498,6 +523,10 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                   f"{summary.stored} stored ({summary.ok} ok, {summary.unsupported} unsupported, "
                   f"{summary.failed} failed), {summary.already} already measured, "
                   f"{summary.seconds:.1f}s → {path}", highlight=False)
+    if summary.eliminated:
+        err_console.print(f"{summary.eliminated} variants stopped early: they cannot be their layer's best "
+                          f"(stored eliminated, with their estimate; --no-race measures them in full)",
+                          highlight=False)
     if summary.remeasured or summary.unstable:
         err_console.print(
             f"{summary.remeasured} unstable or contended results re-measured; {summary.unstable} still vary by "
@@ -529,10 +558,11 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
 class _ProgressLines:
     """``run``'s progress as a line every ``every`` seconds (and at the last benchmark) when stderr
     is not a terminal: benchmarks done, their statuses, time spent and an estimate of the time left
-    (the mean time per benchmark since the pass's first one started, the build excluded, times
-    those left). A pass that re-measures unstable or contended results counts on its own. Inside
-    ``with``, the build before the first benchmark (minutes for a large bench dir, longer when
-    another run holds the build lock) says so at the same pace."""
+    (the runner's, from each benchmark's expected time; without one, the mean time per benchmark
+    since the pass's first one started, the build excluded, times those left). A pass that
+    re-measures unstable or contended results counts on its own. Inside ``with``, the build
+    before the first benchmark (minutes for a large bench dir, longer when another run holds the
+    build lock) says so at the same pace."""
 
     def __init__(self, counts: dict[str, int], every: float = 30.0, clock=None) -> None:
         import threading
@@ -575,7 +605,10 @@ class _ProgressLines:
             return
         self.last = now
         spent = now - self.started
-        left = (now - self.first) / p.done * (p.total - p.done) if p.done else 0.0
+        if p.left_s is not None:
+            left = p.left_s
+        else:
+            left = (now - self.first) / p.done * (p.total - p.done) if p.done else 0.0
         c = self.counts
         err_console.print(f"{self.label}: {p.done}/{p.total} benchmarks (ok {c['ok']}, unsupported "
                           f"{c['unsupported']}, failed {c['failed']}), {_duration(spent)} spent, about "

@@ -33,6 +33,13 @@ MAX_CONTENTION = 0.05
 # result is unstable: re-measured by `benanza run`, flagged when it stays so.
 UNSTABLE_RSD = 0.1
 
+# Adaptive sampling (`benanza run --precision`, the runtime's sample_more): a benchmark times
+# calls until the 95% confidence interval of its LOW_PERCENTILE-th percentile is within the
+# precision asked (relative half-width), after at least MIN_SAMPLES calls and
+# MIN_SAMPLING_SECONDS, and never longer than --max-time (default MAX_SAMPLING_SECONDS).
+MIN_SAMPLING_SECONDS = 0.01
+MAX_SAMPLING_SECONDS = 0.5
+
 
 @dataclass(frozen=True)
 class SampleSummary:

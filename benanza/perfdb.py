@@ -56,7 +56,7 @@ sqlite_utils = _import_sqlite_utils()
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_PATH = Path("perfdb") / "benanza.db"
 ENV_VAR = "BENANZA_DB"
 _BUSY_MS = 60_000
@@ -111,7 +111,8 @@ CREATE TABLE IF NOT EXISTS results (
   implementation TEXT NOT NULL, metrics TEXT NOT NULL, raw TEXT NOT NULL, command TEXT NOT NULL,
   timestamp TEXT NOT NULL, rsd REAL, unstable INTEGER NOT NULL DEFAULT 0, low_ms REAL,
   sample_median_ms REAL, sample_iqr_ms REAL, samples INTEGER NOT NULL DEFAULT 0, contention REAL,
-  clean_share REAL, contended INTEGER NOT NULL DEFAULT 0);
+  clean_share REAL, contended INTEGER NOT NULL DEFAULT 0, precision REAL,
+  eliminated INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS results_lookup ON results(system, dtype, layer_key);
 CREATE INDEX IF NOT EXISTS results_stack ON results(stack_id, variant);
 CREATE TABLE IF NOT EXISTS models (
@@ -138,7 +139,7 @@ _RESULT_COLUMNS = ("system", "stack_id", "variant", "layer_key", "dtype", "statu
                    "median_ms", "mean_ms", "stddev_ms", "min_ms", "iterations", "repetitions",
                    "workspace_bytes", "implementation", "metrics", "raw", "command", "timestamp", "rsd",
                    "unstable", "low_ms", "sample_median_ms", "sample_iqr_ms", "samples", "contention",
-                   "clean_share", "contended")
+                   "clean_share", "contended", "precision", "eliminated")
 
 # Per table: primary-key columns, and the columns whose difference under one key is a merge
 # conflict (bookkeeping stamps such as last_used are not).
@@ -249,6 +250,9 @@ class PerfDB:
             version = 2
         if version == 2:
             _migrate_v2(conn)
+            version = 3
+        if version == 3:
+            _migrate_v3(conn)
             return
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
@@ -501,7 +505,8 @@ class PerfDB:
         sql = ("SELECT r.id, r.system, r.stack_id, s.device, r.layer_key, l.family, l.op, r.variant, "
                "v.backend, v.api, v.algo, r.dtype, v.layout, v.math, v.fusion, r.status, r.message, "
                "r.median_ms, r.mean_ms, r.stddev_ms, r.min_ms, r.rsd, r.unstable, r.low_ms, r.sample_median_ms, "
-               "r.sample_iqr_ms, r.samples, r.contention, r.clean_share, r.contended, r.iterations, r.repetitions, "
+               "r.sample_iqr_ms, r.samples, r.contention, r.clean_share, r.contended, r.precision, r.eliminated, "
+               "r.iterations, r.repetitions, "
                "r.workspace_bytes, r.implementation, l.flops, l.bytes, r.metrics, r.command, r.timestamp "
                "FROM results r JOIN variants v ON v.name = r.variant "
                "LEFT JOIN layers l ON l.key = r.layer_key LEFT JOIN systems s ON s.stack_id = r.stack_id "
@@ -835,6 +840,15 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
                    "samples INTEGER NOT NULL DEFAULT 0", "contention REAL", "clean_share REAL",
                    "contended INTEGER NOT NULL DEFAULT 0"):
         conn.execute(f"ALTER TABLE results ADD COLUMN {column}")
+    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+
+
+def _migrate_v3(conn: sqlite3.Connection) -> None:
+    """v3 → v4 in the caller's transaction: the precision adaptive sampling reached (NULL for
+    every older row: measured with the fixed budget, their stability is their ``rsd``) and
+    whether racing eliminated the variant (0: older rows were measured in full)."""
+    conn.execute("ALTER TABLE results ADD COLUMN precision REAL")
+    conn.execute("ALTER TABLE results ADD COLUMN eliminated INTEGER NOT NULL DEFAULT 0")
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
@@ -880,7 +894,8 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
             "raw": json.dumps(raw or {}, sort_keys=True), "command": command,
             "timestamp": r.timestamp or now(), "rsd": r.rsd, "unstable": int(r.unstable), "low_ms": r.low_ms,
             "sample_median_ms": r.sample_median_ms, "sample_iqr_ms": r.sample_iqr_ms, "samples": r.samples,
-            "contention": r.contention, "clean_share": r.clean_share, "contended": int(r.contended)}
+            "contention": r.contention, "clean_share": r.clean_share, "contended": int(r.contended),
+            "precision": r.precision, "eliminated": int(r.eliminated)}
 
 
 def _result_columns(d: dict) -> tuple[Status, dict]:
@@ -894,6 +909,9 @@ def _result_columns(d: dict) -> tuple[Status, dict]:
         if x is not None and (isinstance(x, (bool, str, bytes)) or not math.isfinite(x) or x < 0
                               or (x == 0 and key != "stddev_ms")):
             raise BadRow(f"{key} is {x!r}, not a time in ms")
+    x = d["precision"]
+    if x is not None and (isinstance(x, (bool, str, bytes)) or not math.isfinite(x) or x < 0):
+        raise BadRow(f"precision is {x!r}, not a relative half-width")
     for key in ("iterations", "repetitions", "workspace_bytes"):
         if not isinstance(d[key], int) or d[key] < 0:
             raise BadRow(f"{key} is {d[key]!r}, not a count")
@@ -922,5 +940,5 @@ def _result(d: dict) -> Result:
                   metrics=metrics, timestamp=d["timestamp"], unstable=bool(d["unstable"]),
                   low_ms=d["low_ms"], sample_median_ms=d["sample_median_ms"], sample_iqr_ms=d["sample_iqr_ms"],
                   samples=d["samples"], contention=d["contention"], clean_share=d["clean_share"],
-                  contended=bool(d["contended"]))
+                  contended=bool(d["contended"]), precision=d["precision"], eliminated=bool(d["eliminated"]))
 

@@ -198,6 +198,14 @@ class Result:
     contention: float | None = None
     clean_share: float | None = None
     contended: bool = False
+    # Adaptive sampling (`benanza run --precision`): the relative half-width of the 95%
+    # confidence interval of the low percentile when sampling stopped (None: the fixed budget,
+    # or an interval the samples could not bound); it replaces ``rsd`` as the stability check.
+    precision: float | None = None
+    # Racing (`benanza run --precision`, not --no-race): sampling stopped early because even the
+    # lowest this variant's interval allows is above the highest its layer's best one allows; its
+    # estimate is kept, at the screening precision, and it cannot be a layer's best.
+    eliminated: bool = False
 
     @property
     def ok(self) -> bool:

@@ -10,6 +10,7 @@ The binary never outlives Benanza (``children``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -32,7 +33,11 @@ from .errors import BenanzaError, UsageError
 from .generator import BACKEND_MODULES, get_backend, read_variants
 from .manifest import read_manifest
 from .measurement import (
+    LOW_PERCENTILE,
     MAX_CONTENTION,
+    MAX_SAMPLING_SECONDS,
+    MIN_SAMPLES,
+    MIN_SAMPLING_SECONDS,
     UNSTABLE_RSD,
     Contention,
     CpuClock,
@@ -83,6 +88,22 @@ class RunOptions:
     max_contention: float = MAX_CONTENTION
     max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
     peaks: bool = True  # measure the stack's peaks (benanza.peaks) when the database has none
+    seed: int = 0  # of the order benchmarks are measured in (``measurement_order``)
+    # Adaptive sampling (docs/measurement.md): the relative precision of the low percentile each
+    # benchmark samples to, and the most seconds it may sample; None: the fixed budget above.
+    precision: float | None = None
+    max_time: float = MAX_SAMPLING_SECONDS
+    race: bool = True  # with precision: screen every variant first, measure fully only what may win (``_race``)
+
+    def budget_flags(self) -> list[str]:
+        """The binary's flags for this budget. Google Benchmark's are always given: a binary
+        that times its batches itself (cuDNN) keeps them when sampling adaptively."""
+        flags = [f"--benchmark_min_time={self.min_time:g}", f"--benchmark_repetitions={self.repetitions}"]
+        if self.precision is not None:
+            flags += [f"--benanza_precision={self.precision:g}", f"--benanza_percentile={LOW_PERCENTILE}",
+                      f"--benanza_min_samples={MIN_SAMPLES}", f"--benanza_min_time={MIN_SAMPLING_SECONDS:g}",
+                      f"--benanza_max_time={self.max_time:g}"]
+        return flags
 
 
 @dataclass(frozen=True)
@@ -108,6 +129,7 @@ class RunSummary:
     unstable: int = 0  # ok, but still above max_rsd after every re-measurement (flagged in the DB)
     remeasured: int = 0  # extra measurements of unstable or contended results
     gave_up: list[str] = field(default_factory=list)  # failed max_failures times in a row: skipped
+    eliminated: int = 0  # racing stopped them early: they cannot be their layer's best
     interrupted: bool = False
     seconds: float = 0.0
     # Share of this run's CPU measurements that lost more than max_contention of their time to
@@ -121,6 +143,11 @@ class RunSummary:
     failures: list[Failure] = field(default_factory=list)
     peaks: Peaks | None = None  # measured by this run (the stack had none)
     peaks_error: str = ""  # why they could not be measured
+    # Expected seconds per variant to run (``expected_seconds``), how many of them rest on an
+    # earlier result of this system, and the most the run can take where that is bounded.
+    expected: dict[str, float] = field(default_factory=dict)
+    from_earlier: int = 0
+    at_most_s: float = 0.0  # adaptive sampling: every variant that may run sampling to --max-time
 
     @property
     def stored(self) -> int:
@@ -133,6 +160,30 @@ class Progress:
     total: int
     name: str
     status: Status | None  # None: started
+    left_s: float | None = None  # the pass's expected time left (``_run_all``)
+
+
+# Google Benchmark sizes a repetition by running the loop with 1, 10, 100 ... iterations until a
+# run lasts a tenth of --min-time, then aims at 1.4 × min-time; the other repetitions reuse that
+# count. So a repetition lasts about 1.4 min-times and the sizing runs of the first add under
+# about one more (half on average).
+_REPETITION_MIN_TIMES = 1.4
+_SIZING_MIN_TIMES = 0.5
+
+
+def expected_seconds(options: RunOptions, earlier: Result | None) -> float:
+    """The timed loops' expected wall time for one variant under the run's budget (setup and the
+    binary's start-up not counted), from the latency an ``earlier`` result of the same system
+    found (None: none): an unsupported variant costs nothing."""
+    if earlier is not None and earlier.status is Status.UNSUPPORTED:
+        return 0.0
+    call_s = (earlier.latency_ms or 0.0) / 1e3 if earlier is not None else 0.0
+    if options.precision is not None:
+        # The fewest calls sampling takes: a variant whose spread keeps its percentile uncertain
+        # samples up to --max-time (``RunSummary.at_most_s``).
+        return min(options.max_time, max(MIN_SAMPLING_SECONDS, MIN_SAMPLES * call_s))
+    return options.repetitions * max(_REPETITION_MIN_TIMES * options.min_time, call_s) + max(
+        _SIZING_MIN_TIMES * options.min_time, call_s)
 
 
 def resolve_backend(backend: str) -> str:
@@ -174,8 +225,10 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     if options.dry_run:
         # Nothing is built, so the stack is what the machine reports, not the binary's context.
         system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(None))
-        if options.force or not path.exists():
-            summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
+        if not path.exists():
+            summary = RunSummary(system, backend, path, len(variants), 0,
+                                 measurement_order([v.name for v in variants], options.seed))
+            _estimate(None, summary, options)
         else:
             with PerfDB(path, readonly=True) as db:
                 summary = _plan(db, system, variants, options, path)
@@ -189,10 +242,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     with PerfDB(path) as db:
         db.record_models(manifest)
         db.upsert_system(system)
-        if options.force:
-            summary = RunSummary(system, backend, path, len(variants), 0, [v.name for v in variants])
-        else:
-            summary = _plan(db, system, variants, options, path)
+        summary = _plan(db, system, variants, options, path)
         summary.context = context
         summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
         by_name = {v.name: v for v in variants}
@@ -244,18 +294,47 @@ def _select(variants: list[Variant], pattern: str | None) -> list[Variant]:
 
 
 def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptions, path: Path) -> RunSummary:
-    """What a run without --force measures: what has no ok/unsupported result yet, retrying
-    failures unless one failed ``max_failures`` times in a row; with ``remeasure_contended``,
-    exactly what the database flags contended on this stack."""
-    if options.remeasure_contended:
+    """What the run measures (with --force: everything; with ``remeasure_contended``: exactly what
+    the database flags contended on this stack; else what has no ok/unsupported result yet,
+    retrying failures unless one failed ``max_failures`` times in a row) and how long that is
+    expected to take."""
+    if options.force:
+        summary = RunSummary(system, system.backend, path, len(variants), 0, [v.name for v in variants])
+    elif options.remeasure_contended:
         contended = db.contended(system)
         names = [v.name for v in variants if v.name in contended]
-        return RunSummary(system, system.backend, path, len(variants), len(variants) - len(names), names)
-    todo = db.missing(system, variants, max_failures=options.max_failures)
-    retry = {v.name for v in db.missing(system, variants)}
-    gave_up = sorted(retry - {v.name for v in todo})
-    return RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
-                      [v.name for v in todo], gave_up=gave_up)
+        summary = RunSummary(system, system.backend, path, len(variants), len(variants) - len(names), names)
+    else:
+        todo = db.missing(system, variants, max_failures=options.max_failures)
+        retry = {v.name for v in db.missing(system, variants)}
+        summary = RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
+                             [v.name for v in todo], gave_up=sorted(retry - {v.name for v in todo}))
+    summary.to_run = measurement_order(summary.to_run, options.seed)
+    _estimate(db, summary, options)
+    return summary
+
+
+def measurement_order(names: list[str], seed: int) -> list[str]:
+    """``names`` in the order a run measures them: shuffled by ``seed``, so that a drift of the
+    machine's state during the run (its clock frequency, a neighbour job) spreads over all layers
+    and models instead of landing on the ones generated last. Each name's place comes from a hash
+    of it and the seed alone, so a resumed run (a subset) keeps the order of the first."""
+    return sorted(names, key=lambda n: hashlib.sha256(f"{seed}\n{n}".encode()).digest())
+
+
+def _estimate(db: PerfDB | None, summary: RunSummary, options: RunOptions) -> None:
+    """Each variant's expected time, from the latest results of the system's newest stack under
+    its name (another thread count or library version still tells a kernel's scale)."""
+    stored = db.system(summary.system.name, summary.system.backend) if db is not None else None
+    earlier = {r.variant.name: r for r in db.results(stored)} if db is not None and stored is not None else {}
+    known = [n for n in summary.to_run if n in earlier and earlier[n].status is not Status.FAILED]
+    summary.from_earlier = len(known)
+    summary.expected = {n: expected_seconds(options, earlier[n] if n in known else None) for n in summary.to_run}
+    refused = sum(earlier[n].status is Status.UNSUPPORTED for n in known)
+    # racing's screening pass comes before a variant's full sampling
+    screen = RACE_SCREEN if options.race else 0.0
+    summary.at_most_s = (sum(summary.expected.values()) if options.precision is None
+                         else (len(summary.to_run) - refused) * options.max_time * (1 + screen))
 
 
 _CONTEXT_SECONDS = 60.0
@@ -296,8 +375,10 @@ def binary_context(binary: Command, env: dict[str, str]) -> dict:
 class _Store:
     """Buffers results and writes them in small transactions as they arrive."""
 
-    def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float, max_contention: float | None):
+    def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float, max_contention: float | None,
+                 precision: float | None = None):
         self.db, self.system, self.command, self.max_rsd = db, system, command, max_rsd
+        self.precision = precision  # adaptive sampling's target: what its results are held to
         self.max_contention = max_contention  # None: contention does not flag (GPU timing)
         self.measured = self.contended = 0  # this run's OK measurements, and those contended
         self.pending: list[tuple[Result, dict]] = []
@@ -308,9 +389,15 @@ class _Store:
     def add(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
         """Buffers one result, flagged unstable or contended (``lost``: what other work cost it
         while it ran; None when not measured)."""
-        rsd = result.rsd
-        if rsd is not None and rsd > self.max_rsd:
-            result = replace(result, unstable=True)
+        # A sampled result is as stable as its percentile's interval is narrow (the spread of
+        # single calls says nothing about that); a result of repetitions, as they agree.
+        if result.eliminated:
+            unstable = False  # known well enough to lose
+        elif result.precision is not None and self.precision is not None:
+            unstable = result.precision > self.precision
+        else:
+            unstable = result.rsd is not None and result.rsd > self.max_rsd
+        result = replace(result, unstable=unstable)
         if result.ok and lost is not None:
             clean = lost.clean_share(result.low_ms) if result.low_ms is not None else None
             result = replace(result, contention=lost.share, clean_share=clean)
@@ -357,16 +444,23 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
     # GPU times come from device events, which a busy host does not stretch (the harness
     # counts the repetitions the host could have delayed): contention flags CPU results only.
     cpu = get_backend(system.backend).device is Device.CPU
-    store = _Store(db, system, options.command, options.max_rsd, options.max_contention if cpu else None)
+    store = _Store(db, system, options.command, options.max_rsd, options.max_contention if cpu else None,
+                   options.precision)
     try:
         with children.sigterm_interrupts():
             batch = [v.name for v in todo]
+            if options.precision is not None and options.race:
+                screen = replace(options, max_time=options.max_time * RACE_SCREEN)
+                _run_all(command, batch, env, screen, system, store, by_name, progress, summary.expected)
+                batch = _race(store, batch)
             for attempt in range(options.remeasure + 1):
+                if not batch:
+                    break
                 if attempt:
                     log.info("re-measuring %d unstable or contended results (attempt %d of %d)", len(batch),
                              attempt, options.remeasure)
                     summary.remeasured += len(batch)
-                _run_all(command, batch, env, options, system, store, by_name, progress)
+                _run_all(command, batch, env, options, system, store, by_name, progress, summary.expected)
                 batch = [n for n in batch if store.final[n].unstable or store.final[n].contended]
                 if not batch:
                     break
@@ -378,23 +472,84 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
         for status in Status:
             setattr(summary, status.value, sum(r.status is status for r in store.final.values()))
         summary.unstable = sum(r.unstable for r in store.final.values())
+        summary.eliminated = sum(r.eliminated for r in store.final.values())
         summary.still_contended = sorted(n for n, r in store.final.items() if r.contended)
         summary.failures = [Failure(n, r.message, r.metrics["reproduce"]) for n, r in store.final.items()
                             if r.status is Status.FAILED and "reproduce" in r.metrics]
 
 
+# Racing's screening pass samples each variant for this share of --max-time: enough for most to
+# reach the precision (they are done) or to show they cannot be their layer's best.
+RACE_SCREEN = 0.25
+
+
+def race_bounds(result: Result) -> tuple[float, float] | None:
+    """The lowest and the highest latency a sampled result's 95% interval allows, or None (not
+    sampled, no bounded interval). Only the half-width is stored and the interval need not be
+    centred on the estimate, so its full width is taken on either side: wider, never narrower."""
+    if not result.ok or result.low_ms is None or result.precision is None:
+        return None
+    return result.low_ms * (1 - 2 * result.precision), result.low_ms * (1 + 2 * result.precision)
+
+
+def eliminated(results: list[Result]) -> set[str]:
+    """Variants of ``results`` that cannot be their layer's best: each layer's variants of one
+    dtype and fusion compete (what a bound picks from), and one whose lowest possible latency is
+    above the lowest highest-possible latency among them is out. The best is never out (its low
+    end is below its high end); a contended result neither eliminates nor is eliminated."""
+    groups: dict[tuple[str, str, str], list[tuple[Result, tuple[float, float]]]] = {}
+    for r in results:
+        bounds = race_bounds(r)
+        if bounds is not None and not r.contended:
+            groups.setdefault((r.variant.layer_key, r.variant.dtype, r.variant.fusion), []).append((r, bounds))
+    out: set[str] = set()
+    for members in groups.values():
+        best_high = min(high for _, (_, high) in members)
+        out |= {r.variant.name for r, (low, _) in members if low > best_high}
+    return out
+
+
+def _race(store: _Store, names: list[str]) -> list[str]:
+    """After the screening pass: stores the verdict of the variants that cannot win (their
+    screening result, flagged eliminated: the latest row is what analyses read) and returns those
+    still to measure in full (not at the precision yet, or contended)."""
+    screened = [store.final[n] for n in names]
+    # every screened variant may be the best; only one not at the precision yet is stopped
+    out = eliminated(screened) & {r.variant.name for r in screened if r.unstable}
+    for n in names:
+        if n in out:
+            store.add(replace(store.final[n], eliminated=True), {"name": n, "eliminated": True})
+    return [n for n in names if n not in out and (store.final[n].unstable or store.final[n].contended)]
+
+
 def _run_all(binary: Command, names: list[str], env: dict[str, str], options: RunOptions, system: System,
-             store: _Store, by_name: dict[str, Variant], progress: Callable[[Progress], None] | None) -> None:
+             store: _Store, by_name: dict[str, Variant], progress: Callable[[Progress], None] | None,
+             expected: dict[str, float]) -> None:
     finished: set[str] = set()
+    first: list[float] = []  # when the pass's first benchmark started
 
     def notify(name: str, status: Status | None) -> None:
         if progress:
-            progress(Progress(len(finished), len(names), name, status))
+            progress(Progress(len(finished), len(names), name, status, _left(names, finished, expected, first)))
 
     remaining = list(names)
     while remaining:
         _run_batch(binary, remaining, env, options, system, store, by_name, finished, notify)
         remaining = [n for n in remaining if n not in finished]
+
+
+def _left(names: list[str], finished: set[str], expected: dict[str, float], first: list[float]) -> float | None:
+    """The pass's expected time left: the expected times of the benchmarks not finished, scaled
+    by how long the finished ones took against their expectation (setup, start-up and the machine
+    are in that ratio); None without an estimate."""
+    now = time.monotonic()
+    if not first:
+        first.append(now)
+    if not expected:
+        return None
+    left = sum(expected.get(n, 0.0) for n in names if n not in finished)
+    done = sum(expected.get(n, 0.0) for n in finished)
+    return left * (now - first[0]) / done if done > 0 else left
 
 
 # While the binary is silent this long after exiting, a grandchild holds its stdout open;
@@ -455,9 +610,7 @@ class _Batch:
         changed = sorted((k, v) for k, v in self.env.items() if os.environ.get(k) != v)
         return shlex.join([*(f"{k}={v}" for k, v in changed), *self.binary.argv,
                            # Google Benchmark appends /real_time or /manual_time to the name
-                           f"--benchmark_filter=^{_regex_literal(name)}(/|$)",
-                           f"--benchmark_min_time={self.options.min_time:g}",
-                           f"--benchmark_repetitions={self.options.repetitions}"])
+                           f"--benchmark_filter=^{_regex_literal(name)}(/|$)", *self.options.budget_flags()])
 
     def store_result(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
         if result.status is Status.FAILED:
@@ -496,8 +649,7 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
         names_file.write("\n".join(names) + "\n")
         names_file.flush()
         fd = names_file.fileno()
-        cmd = [*binary.argv, f"--benanza_names=/dev/fd/{fd}", f"--benchmark_min_time={options.min_time:g}",
-               f"--benchmark_repetitions={options.repetitions}"]
+        cmd = [*binary.argv, f"--benanza_names=/dev/fd/{fd}", *options.budget_flags()]
         proc = children.popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, pass_fds=(fd,),
                               start_new_session=True)  # Ctrl-C reaches us, not the child
         assert proc.stdout is not None
@@ -703,6 +855,9 @@ def parse_result(variant: Variant, system: str, data: dict, max_ms: float = math
     for key in counters:
         _number(counters, key)  # stored as JSON: NaN or text would make the column unreadable
     sampled = _samples(data) if status is Status.OK else None
+    precision = _number(data, "precision") if status is Status.OK else None
+    if precision is not None and precision < 0:
+        raise MalformedResult(f"precision is {precision!r}, not a relative half-width")
     metrics = {k: v for k, v in counters.items() if k != "workspace_bytes"}
     if "times_ms" in data:
         times = data["times_ms"]
@@ -717,7 +872,8 @@ def parse_result(variant: Variant, system: str, data: dict, max_ms: float = math
                   implementation=data.get("implementation", ""), metrics=metrics, timestamp=_now(),
                   median_ms=median, mean_ms=mean, stddev_ms=stddev, min_ms=fastest,
                   low_ms=sampled.low_ms if sampled else None, sample_median_ms=sampled.median_ms if sampled else None,
-                  sample_iqr_ms=sampled.iqr_ms if sampled else None, samples=sampled.count if sampled else 0)
+                  sample_iqr_ms=sampled.iqr_ms if sampled else None, samples=sampled.count if sampled else 0,
+                  precision=precision)
 
 
 def _samples(data: dict) -> SampleSummary | None:

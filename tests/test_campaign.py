@@ -25,6 +25,7 @@ from benanza import campaign as cmp
 from benanza.cli import main
 from benanza.generator import GenOptions, read_variants
 from benanza.perfdb import PerfDB
+from benanza.runner import RunOptions, measurement_order
 from benanza.system import cpu_model
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -108,14 +109,15 @@ def test_campaign_two_systems_merge_resume_and_nothing_twice(slurm, zoo_model, t
             "timeout": 60.0, "slurm": (("time", 10), ("cpus_per_task", 1)), "max_contention": 1.0}
     sys_a = cmp.SystemSpec("sys-a", "onednn", 1, (("partition", "sys-a"),))
 
-    # The order the runner measures in is the generated variants' order. On its first run,
-    # sys-b's job hangs in the middle of its list (the runtime's fault hook), so it is caught
-    # mid-run with part of its results stored; Slurm then pre-empts it with the warning signal
-    # submitit asks for (USR2), submitit requeues it, and the second run (no fault) continues.
+    # The runner measures in its seeded order (the campaign's jobs use the default seed). On its
+    # first run, sys-b's job hangs in the middle of that order (the runtime's fault hook), so it is
+    # caught mid-run with part of its results stored; Slurm then pre-empts it with the warning
+    # signal submitit asks for (USR2), submitit requeues it, and the second run (no fault) continues.
     wanted = cmp._Wanted(cmp.CampaignSpec(systems=(sys_a,), **base)).variants("onednn")
-    stuck = len(wanted) // 2
+    order = measurement_order([v.name for v in wanted], RunOptions().seed)
+    stuck = len(order) // 2
     hang = (f'[ "${{SLURM_RESTART_COUNT:-0}}" = 0 ] && '
-            f'export BENANZA_FAULT_HANG={shlex.quote(wanted[stuck].name)}')
+            f'export BENANZA_FAULT_HANG={shlex.quote(order[stuck])}')
     sys_b = cmp.SystemSpec("sys-b", "onednn", 1, (("partition", "sys-b"), ("setup", [hang])))
     # A system set up wrong: cuDNN asked for on a node without a GPU. Its job fails.
     sys_gpu = cmp.SystemSpec("sys-gpu", "cudnn", None, (("partition", "sys-a"),))

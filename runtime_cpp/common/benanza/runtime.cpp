@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -122,12 +123,56 @@ std::string& start_clock() {
   return clock;
 }
 
+// Adaptive sampling's settings (run_main's flags) and the state of the benchmark now sampling.
+struct Adaptive {
+  double precision = 0;  // 0: off, Google Benchmark's fixed budget
+  double percentile = 10;
+  size_t min_samples = 20;
+  double min_time_s = 0.01, max_time_s = 0.5;
+  std::chrono::steady_clock::time_point started;
+  size_t next_check = 0;  // sample count at which the rule is judged next
+  double reached = std::numeric_limits<double>::infinity();
+  bool timed_out = false;  // stopped by max_time_s, not by the precision
+};
+
+Adaptive& adaptive() {
+  static Adaptive a;
+  return a;
+}
+
+// The k-th smallest (0-based) of xs, reordering xs.
+double order_statistic(std::vector<double>& xs, size_t k) {
+  std::nth_element(xs.begin(), xs.begin() + static_cast<std::ptrdiff_t>(k), xs.end());
+  return xs[k];
+}
+
+// Half-width of the distribution-free 95% confidence interval of the q-th percentile, relative
+// to the percentile itself: the count of samples below the true percentile is Binomial(n, q), so
+// the order statistics of ranks n·q ∓ 1.96·sqrt(n·q·(1−q)) bracket it. Too few samples for the
+// lower rank: the fastest call stands in (the interval is then narrower than 95% below).
+double relative_halfwidth(std::vector<double> xs, double q) {
+  const double n = static_cast<double>(xs.size());
+  const double spread = 1.96 * std::sqrt(n * q * (1 - q));
+  const double lo_rank = std::max(1.0, std::floor(n * q - spread));
+  const double hi_rank = std::min(n, std::ceil(n * q + spread));
+  const double at = (n - 1) * q;  // the estimate, interpolated as percentiles_json does
+  const size_t below = static_cast<size_t>(at);
+  double estimate = order_statistic(xs, below);
+  if (below + 1 < xs.size()) estimate += (at - below) * (order_statistic(xs, below + 1) - estimate);
+  const double lo = order_statistic(xs, static_cast<size_t>(lo_rank) - 1);
+  const double hi = order_statistic(xs, static_cast<size_t>(hi_rank) - 1);
+  return estimate > 0 ? 0.5 * (hi - lo) / estimate : std::numeric_limits<double>::infinity();
+}
+
 void announce(const std::string& name) {
   // Google Benchmark calls the body several times (iteration estimate, repetitions); the
   // marker goes out once, so a crash is pinned on the benchmark that was running.
   if (name == current_name()) return;
   current_name() = name;
   samples().clear();
+  adaptive().next_check = 0;
+  adaptive().reached = std::numeric_limits<double>::infinity();
+  adaptive().timed_out = false;
   emit("BENANZA_START", name);
   start_clock() = sched_clock();
   inject_fault(name);
@@ -233,6 +278,18 @@ class LineReporter : public benchmark::BenchmarkReporter {
       if (msg.rfind(prefix, 0) == 0) msg = msg.substr(std::string(prefix).size());
       o.add("status", unsupported ? "unsupported" : "failed");
       o.add("message", msg);
+    } else if (adaptive().precision > 0 && !samples().empty()) {
+      // One iteration of many calls: Google Benchmark's time is their sum, so the statistics
+      // are the calls' own.
+      Stats s = stats_of(samples());
+      o.add("status", "ok");
+      o.add("median_ms", s.median).add("mean_ms", s.mean).add("stddev_ms", s.stddev).add("min_ms", s.min);
+      o.add("iterations", static_cast<int64_t>(samples().size())).add("repetitions", static_cast<int64_t>(1));
+      o.raw("times_ms", "[" + json_number(s.mean) + "]");
+      o.add("samples", static_cast<int64_t>(samples().size()));
+      o.raw("sample_percentiles_ms", percentiles_json(samples()));
+      o.add("precision", adaptive().reached);
+      o.add("stopped", adaptive().timed_out ? "max_time" : "precision");
     } else {
       std::vector<double> times;
       for (const Run* r : reps) times.push_back(to_ms(r->GetAdjustedRealTime(), r->time_unit));
@@ -288,6 +345,28 @@ void mark_failed(benchmark::State& state, const std::string& message) {
 void set_implementation(benchmark::State& state, const std::string& impl) { state.SetLabel(impl); }
 
 void record_sample(double ms) { samples().push_back(ms); }
+
+bool sample_more() {
+  Adaptive& a = adaptive();
+  if (a.precision <= 0) return false;
+  const std::vector<double>& xs = samples();
+  const auto now = std::chrono::steady_clock::now();
+  if (xs.size() == 1) {  // the first call: sampling started when it did
+    a.started = now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double, std::milli>(xs[0]));
+  }
+  const double elapsed = std::chrono::duration<double>(now - a.started).count();
+  if (elapsed >= a.max_time_s) {
+    a.reached = relative_halfwidth(xs, a.percentile / 100.0);
+    a.timed_out = true;
+    return false;
+  }
+  if (xs.size() < a.min_samples || elapsed < a.min_time_s || xs.size() < a.next_check) return true;
+  // Judged again after an eighth more samples: the cost per call stays constant however many.
+  a.next_check = xs.size() + std::max<size_t>(1, xs.size() / 8);
+  a.reached = relative_halfwidth(xs, a.percentile / 100.0);
+  return a.reached > a.precision;
+}
 
 void set_workspace(benchmark::State& state, uint64_t bytes) {
   state.counters["workspace_bytes"] = benchmark::Counter(static_cast<double>(bytes));
@@ -353,6 +432,16 @@ int run_main(int argc, char** argv, const Registry& registry, Timing timing, int
       check_settings().dir = a.substr(16);
     } else if (a.rfind("--benanza_seed=", 0) == 0) {
       check_settings().seed = std::stoull(a.substr(15));
+    } else if (a.rfind("--benanza_precision=", 0) == 0) {
+      adaptive().precision = std::stod(a.substr(20));
+    } else if (a.rfind("--benanza_percentile=", 0) == 0) {
+      adaptive().percentile = std::stod(a.substr(21));
+    } else if (a.rfind("--benanza_min_samples=", 0) == 0) {
+      adaptive().min_samples = std::stoull(a.substr(22));
+    } else if (a.rfind("--benanza_min_time=", 0) == 0) {
+      adaptive().min_time_s = std::stod(a.substr(19));
+    } else if (a.rfind("--benanza_max_time=", 0) == 0) {
+      adaptive().max_time_s = std::stod(a.substr(19));
     } else {
       rest.push_back(argv[i]);
     }
@@ -365,6 +454,8 @@ int run_main(int argc, char** argv, const Registry& registry, Timing timing, int
     emit("BENANZA_CONTEXT", context_json(nullptr));
     return 0;
   }
+  // GPU timing (Manual) sizes its own batches: the fixed budget applies.
+  if (timing != Timing::Real || check_mode() || fixed_iterations > 0) adaptive().precision = 0;
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
   if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 2;
@@ -395,6 +486,7 @@ int run_main(int argc, char** argv, const Registry& registry, Timing timing, int
     b->Unit(benchmark::kMillisecond);
     if (timing == Timing::Manual) b->UseManualTime(); else b->UseRealTime();
     if (fixed_iterations > 0) b->Iterations(fixed_iterations);
+    if (adaptive().precision > 0) b->Iterations(1)->Repetitions(1);  // the calls inside it: sample_more
     if (check_mode()) b->Iterations(1)->Repetitions(1);  // one run: what is checked, not timed
   }
   LineReporter reporter;

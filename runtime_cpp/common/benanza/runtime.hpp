@@ -52,16 +52,29 @@ void set_workspace(benchmark::State& state, uint64_t bytes);
 // is a low percentile of them (docs/measurement.md).
 void record_sample(double ms);
 
+// Adaptive sampling (--benanza_precision=P, Timing::Real only): whether the benchmark now
+// running wants another timed call. It stops once the order-statistic 95% confidence interval
+// of the --benanza_percentile-th percentile of its samples has a half-width of at most P times
+// that percentile, after at least --benanza_min_samples calls and --benanza_min_time seconds,
+// or at --benanza_max_time seconds of sampling whatever the precision. Without
+// --benanza_precision: always false (Google Benchmark sizes the loop; one call per iteration).
+bool sample_more();
+
 // The timing loop of a benchmark that blocks until its work is done (CPU libraries): each call
 // is timed on its own, so a call a descheduled thread stalled for a scheduler quantum is one slow
 // sample among many clean ones instead of raising the repetition's average.
+//
+// With --benanza_precision (adaptive sampling) the benchmark runs one iteration in which calls
+// are timed until sample_more() says the estimator is known well enough (or time is up).
 template <class F>
 void time_each_call(benchmark::State& state, F&& call) {
   using Clock = std::chrono::steady_clock;
   for (auto _ : state) {
-    const auto t0 = Clock::now();
-    call();
-    record_sample(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    do {
+      const auto t0 = Clock::now();
+      call();
+      record_sample(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    } while (sample_more());
   }
 }
 
@@ -108,6 +121,10 @@ bool perturb_input();
 //   --benanza_context      print the context line and exit
 //   --benanza_check=DIR    check mode (above): one untimed run each, outputs written under DIR
 //   --benanza_seed=N       the input generator's seed (default 0)
+//   --benanza_precision=P, --benanza_percentile=Q, --benanza_min_samples=N, --benanza_min_time=S,
+//   --benanza_max_time=S   adaptive sampling (sample_more above): each benchmark runs one
+//                          iteration of as many calls as the rule needs, and its result line
+//                          carries the statistics of the calls and the `precision` reached
 // Everything else goes to Google Benchmark (--benchmark_min_time, --benchmark_repetitions ...).
 // `fixed_iterations` > 0 runs every benchmark exactly that many timed iterations instead of
 // until --benchmark_min_time: CUPTI mode profiles a fixed, small count (paper §III-B5).
