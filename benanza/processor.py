@@ -432,11 +432,11 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, 
         # It logs and prints (not raises) why it gives up, and returns None, for opsets before 7:
         # the reason goes into Benanza's one error line instead.
         # Its shape arithmetic on numpy scalars wraps around on overflow (a Tile by 2^62 gave a dim
-        # of 0) with only a RuntimeWarning on the terminal: numpy raises instead, and the wrapped
-        # shape is never used; its other warnings are no business of the user's.
+        # of 0), with only a RuntimeWarning on the user's terminal: numpy raises instead, which
+        # fails this round like any of its errors; its other warnings are no business of the user's.
         with tempfile.TemporaryDirectory() as scratch, _working_dir(scratch), \
                 contextlib.redirect_stdout(io.StringIO()), _quiet("onnxruntime.tools.symbolic_shape_infer"), \
-                warnings.catch_warnings(), np.errstate(all="raise"), \
+                warnings.catch_warnings(), np.errstate(over="raise", divide="raise", invalid="raise"), \
                 _time_limit(SYMBOLIC_SECONDS, path, "symbolic shape inference"):
             warnings.simplefilter("ignore")
             symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
