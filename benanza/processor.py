@@ -17,6 +17,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -431,9 +432,14 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, 
         # scratch one so the user's folder is never littered.
         # It logs and prints (not raises) why it gives up, and returns None, for opsets before 7:
         # the reason goes into Benanza's one error line instead.
+        # Its shape arithmetic on numpy scalars wraps around on overflow (a Tile by 2^62 gave a dim
+        # of 0), with only a RuntimeWarning on the user's terminal: numpy raises instead, which
+        # fails this round like any of its errors; its other warnings are no business of the user's.
         with tempfile.TemporaryDirectory() as scratch, _working_dir(scratch), \
                 contextlib.redirect_stdout(io.StringIO()), _quiet("onnxruntime.tools.symbolic_shape_infer"), \
+                warnings.catch_warnings(), np.errstate(over="raise", divide="raise", invalid="raise"), \
                 _time_limit(SYMBOLIC_SECONDS, path, "symbolic shape inference"):
+            warnings.simplefilter("ignore")
             symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
         if symbolic is not None:
             _check_ranks(symbolic, path)
@@ -825,6 +831,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
             uncosted.append(Uncosted(node_name, proto.op_type, reason))
             unshaped.update((t, node_name) for t in proto.output if t and t not in specs)
             continue
+        _check_input_types(proto, view.inputs, opset, p, node_name)
         try:
             layer = build_layer(view)
         except NodeError as exc:
@@ -864,6 +871,32 @@ def _dims(shape: Sequence[int]) -> str:
 
 
 _ELEM_TYPES = {name: elem for elem, name in DTYPE_NAMES.items()}
+
+
+def _check_input_types(proto: onnx.NodeProto, inputs: Sequence[TensorSpec | None], opset: int, path: Path,
+                       name: str) -> None:
+    """Refuses an input of an element type the op's schema does not allow (a Conv on strings or
+    booleans): shape inference runs without type checks, which real exporters' value_info fails,
+    so nothing else stops such a node before its benchmark fails at run time."""
+    if proto.domain not in ("", "ai.onnx") or not onnx.defs.has(proto.op_type, opset):
+        return
+    schema = onnx.defs.get_schema(proto.op_type, opset)
+    if not schema.inputs:
+        return
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    for i, spec in enumerate(inputs):
+        formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+        if i >= len(schema.inputs) and formal.option != variadic:
+            return  # more inputs than the op has: ONNX's checker words that (_blame_node)
+        if spec is None or spec.dtype not in _ELEM_TYPES:
+            continue
+        elem = onnx.TensorProto.DataType.Name(_ELEM_TYPES[spec.dtype]).lower()
+        types = allowed.get(formal.type_str, {formal.type_str})
+        if f"tensor({elem})" not in types:
+            takes = ", ".join(t[len("tensor("):-1] for t in sorted(types) if t.startswith("tensor("))
+            raise ModelError(path, f"node {name!r} ({proto.op_type}): input {i} '{proto.input[i]}' is {elem}, "
+                                   f"which {proto.op_type} does not take (it takes {takes})")
 
 
 def _blame_node(proto: onnx.NodeProto, spec_of: Callable[[str], TensorSpec | None], opset: int, path: Path,
