@@ -9,16 +9,14 @@ entry in ``PATTERNS``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .layers import Layer, Model, Node
 from .ops.binary import BinaryProblem
 from .ops.conv import ConvProblem
-from .ops.eltwise import EltwiseProblem
-from .ops.gemm import MatMulProblem
-from .ops.grammar import Problem
-from .ops.quantized import DequantProblem, QMatMulProblem, QuantProblem
+from .ops.gemm import MatMulProblem, gemm_epilogue
+from .ops.quantized import DequantProblem, QMatMulProblem, QuantProblem, int_gemm_epilogue
 from .ops.reduce import ReduceProblem
 from .ops.softmax import SoftmaxProblem
 
@@ -42,6 +40,10 @@ class FusionPattern:
     # the scale applied before the scores' MatMul, to Q and to Kᵀ each (both exporters multiply
     # each by the square root of 1/√d): the two Muls are part of the pattern, the chain scales once
     prescaled: bool = False
+    # what the tail must compute, beyond its op types, for the fused call to run it: the anchor
+    # family's rule, given the anchor, the tail's nodes and the activation; None: the op types
+    # alone decide
+    epilogue: Callable[[Node, Sequence[Node], str], bool] | None = None
 
     @property
     def length(self) -> int:
@@ -66,19 +68,19 @@ PATTERNS: tuple[FusionPattern, ...] = (
                   "Conv→Bias through the fused call with the identity activation (paper §III-B4)"),
     FusionPattern("mm_bias_gelu", ("Add", "Gelu"), False, "gelu",
                   "MatMul→Add(bias)→Gelu: one GEMM with a bias and a GELU epilogue (a transformer MLP)",
-                  anchor="MatMul"),
+                  anchor="MatMul", epilogue=gemm_epilogue),
     FusionPattern("mm_bias_relu", ("Add", "Relu"), False, "relu",
                   "MatMul→Add(bias)→Relu: one GEMM with a bias and a ReLU epilogue (a ReLU MLP's first Linear)",
-                  anchor="MatMul"),
+                  anchor="MatMul", epilogue=gemm_epilogue),
     FusionPattern("mm_bias", ("Add",), False, "identity", "MatMul→Add(bias): one GEMM with a bias (a Linear)",
-                  anchor="MatMul"),
+                  anchor="MatMul", epilogue=gemm_epilogue),
     FusionPattern("mmint_scale_bias", ("Cast", "Mul", "Add"), False,
                   "identity", "MatMulInteger→Cast(float)→Mul(scale)→Add(bias), ONNX Runtime's dynamic quantization: "
                   "one int8 GEMM with a float result, its scale and bias (ORT's MatMulIntegerToFloat)",
-                  anchor="MatMulInteger", scale=True),
+                  anchor="MatMulInteger", scale=True, epilogue=int_gemm_epilogue),
     FusionPattern("mmint_scale", ("Cast", "Mul"), False, "identity",
                   "MatMulInteger→Cast(float)→Mul(scale): one int8 GEMM with a float result and its scale",
-                  anchor="MatMulInteger", scale=True),
+                  anchor="MatMulInteger", scale=True, epilogue=int_gemm_epilogue),
     FusionPattern("qdq_matmul", ("DequantizeLinear", "QuantizeLinear"), False, "identity",
                   "DequantizeLinear(u8)→MatMul(·, dequantized s8 weights)→QuantizeLinear(u8), ONNX Runtime's QDQ "
                   "format: one int8 GEMM requantized into u8 (what ONNX Runtime runs as QLinearMatMul)",
@@ -162,54 +164,13 @@ def match_fusions(model: Model) -> list[FusionMatch]:
                     ok = False
                     break
                 chain.append(nxt[0])
-            if ok and pattern.anchor == "MatMul":
-                ok = _gemm_epilogue(anchor, [model.nodes[i] for i in chain[1:]], pattern.activation)
-            if ok and pattern.anchor == "MatMulInteger":
-                ok = _int_gemm_epilogue(model.nodes[chain[0]], [model.nodes[i] for i in chain[1:]])
+            if ok and pattern.epilogue is not None:
+                ok = pattern.epilogue(node, [model.nodes[i] for i in chain[1:]], pattern.activation)
             if ok:
                 used.update(chain)
                 matches.append(FusionMatch(pattern, tuple(chain), node.layer))
                 break
     return matches
-
-
-def _gemm_epilogue(gemm: Problem, tail: list[Node], activation: str) -> bool:
-    """Whether a MatMul's tail is what a GEMM epilogue computes: an Add of a constant bias along
-    the output's last axis (shape [N] or [1, N]), then the pattern's activation (GELU in its erf
-    form, or ReLU)."""
-    assert isinstance(gemm, MatMulProblem)
-    add = tail[0].layer.problem
-    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[0].constant_inputs:
-        return False
-    # the GEMM's output is [M, N] or, for a broadcast weight, [..., N] with M rows in all
-    data, bias = add.shapes
-    if add.out != tuple(data) or math.prod(data) != gemm.m * gemm.n or not data or data[-1] != gemm.n:
-        return False
-    if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
-        return False
-    return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == activation for n in tail[1:])
-
-
-def _int_gemm_epilogue(gemm: Node, tail: list[Node]) -> bool:
-    """Whether an integer MatMul's tail is what oneDNN's int8 GEMM computes at once: a Cast of
-    its int32 result to f32, a Mul by one scale (per tensor: the activations' scale times the
-    weights'), and where the pattern has it an Add of a constant bias along the last axis."""
-    out = gemm.layer.outputs[0].shape if gemm.layer.outputs else ()
-    cast, mul = tail[0], tail[1]
-    if not cast.layer.outputs or cast.layer.outputs[0].dtype != "f32":
-        return False
-    scale = mul.layer.problem
-    if not isinstance(scale, BinaryProblem) or len(scale.shapes) != 2 or scale.out != tuple(out) \
-            or min(math.prod(s) for s in scale.shapes) != 1:
-        return False
-    if len(tail) == 2:
-        return True
-    add = tail[2].layer.problem
-    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[2].constant_inputs \
-            or add.out != tuple(out) or not out:
-        return False
-    bias = min(add.shapes, key=math.prod)
-    return math.prod(bias) == out[-1] and bias[-1] == out[-1]
 
 
 def layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:

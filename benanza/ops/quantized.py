@@ -18,14 +18,19 @@ MatMulNBits.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .base import Dims, Family, NodeView, OnednnLowering, PatternLowering, const, is_4d, present, required
+from .binary import BinaryProblem
 from .cast import TYPE_WORDS
 from .conv import ConvParams, ConvProblem, conv_fields, onednn_row
 from .gemm import MatMulProblem, matmul_operands
 from .grammar import F, Problem
+
+if TYPE_CHECKING:
+    from ..layers import Node
 
 INT8 = ("i8", "u8")
 
@@ -355,5 +360,27 @@ CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is
 QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
                      onednn_api=_qconv_onednn, onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
 NBITS = Family("nbitsmatmul", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
+def int_gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bool:
+    """Whether an integer MatMul's tail is what oneDNN's int8 GEMM computes at once: a Cast of
+    its int32 result to f32, a Mul by one scale (per tensor: the activations' scale times the
+    weights'), and where the pattern has it an Add of a constant bias along the last axis."""
+    out = anchor.layer.outputs[0].shape if anchor.layer.outputs else ()
+    cast, mul = tail[0], tail[1]
+    if not cast.layer.outputs or cast.layer.outputs[0].dtype != "f32":
+        return False
+    scale = mul.layer.problem
+    if not isinstance(scale, BinaryProblem) or len(scale.shapes) != 2 or scale.out != tuple(out) \
+            or min(math.prod(s) for s in scale.shapes) != 1:
+        return False
+    if len(tail) == 2:
+        return True
+    add = tail[2].layer.problem
+    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[2].constant_inputs \
+            or add.out != tuple(out) or not out:
+        return False
+    bias = min(add.shapes, key=math.prod)
+    return math.prod(bias) == out[-1] and bias[-1] == out[-1]
+
+
 PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),)
 FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)
