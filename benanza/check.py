@@ -642,8 +642,8 @@ def _compare(got: list[np.ndarray], want: list[np.ndarray], tol: float) -> tuple
 
 def _tolerance(v: Variant) -> float:
     tol = TOLERANCE[v.dtype]
-    exact_math = v.problem.family in ("copy", "transpose", "concat", "binary", "matmul", "gemm", "conv", "pool")
-    if v.dtype == "f32" and (v.fusion != "none" or not exact_math):
+    family = _FAMILIES.get(v.problem.family)
+    if v.dtype == "f32" and (v.fusion != "none" or family is None or not family.exact):
         tol = _APPROXIMATE_F32
     return tol
 

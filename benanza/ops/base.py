@@ -152,6 +152,10 @@ class Family:
     # integer dtypes the family's library calls compute in (quantized layers); a layer in any
     # other non-float dtype is covered by no library
     int_dtypes: tuple[str, ...] = ()
+    # f32 results equal the reference's: the family moves data or only multiplies and adds (the
+    # check's generated inputs make those exact), where others approximate exp/erf/rsqrt or sum
+    # in another order than the reference
+    exact: bool = False
 
 
 # --- helpers the builders share ------------------------------------------------------------

@@ -184,12 +184,12 @@ GEMM = Family("gemm", GemmProblem, ("Gemm",), _gemm_build, cudnn_api=_gemm_cudnn
               cudnn={api: CudnnLowering(CUDNN_BLAS, _gemm_blas, call) for api, call in _BLAS_CALLS.items()},
               onednn=OnednnLowering("gemm", False, lambda p, api: GemmParams(
                   m=p.m, n=p.n, k=p.k, ta=p.ta, tb=p.tb, alpha=p.alpha, beta=p.beta, has_c=p.c is not None,
-                  c=p.c or (), inner_product=api == "inner_product")))
+                  c=p.c or (), inner_product=api == "inner_product")), exact=True)
 MATMUL = Family("matmul", MatMulProblem, ("MatMul",), _matmul_build, cudnn_api=_matmul_cudnn_api,
                 onednn_api=const("matmul"),
                 cudnn={api: CudnnLowering(CUDNN_BLAS, _matmul_blas, call) for api, call in _BLAS_CALLS.items()},
                 onednn=OnednnLowering("matmul", False, lambda p, api: MatmulParams(a=p.a, b=p.b),
-                                      fills=lambda p: (0, 1)))
+                                      fills=lambda p: (0, 1)), exact=True)
 FAMILIES = (GEMM, MATMUL)
 
 
