@@ -30,7 +30,7 @@ from .gemm import MatMulProblem, matmul_operands
 from .grammar import F, Problem
 
 if TYPE_CHECKING:
-    from ..layers import Node
+    from ..layers import Model, Node
 
 INT8 = ("i8", "u8")
 
@@ -384,3 +384,30 @@ def int_gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bo
 
 PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),)
 FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)
+
+
+# --- fusion: the nodes of a QDQ MatMul in a model --------------------------------------------
+
+def qdq_matmul_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of DequantizeLinear(u8 x) → MatMul(·, W) → QuantizeLinear(u8) from the MatMul
+    (first, then the two), where W is the dequantization of constant s8 weights without a zero
+    point (folded: computed once, at load time) and every scale is per tensor; or None. The
+    MatMul's result is read only by the QuantizeLinear."""
+    nodes, producer = model.nodes, model.producer
+    mm = nodes[start]
+    if not isinstance(mm.layer.problem, MatMulProblem) or len(mm.inputs) != 2:
+        return None
+    x, w = (producer.get(t) for t in mm.inputs)
+    if x is None or w is None or consumers[start] == [] or len(consumers[start]) != 1:
+        return None
+    q = consumers[start][0]
+    quant = nodes[q].layer.problem
+    dqx, dqw = nodes[x].layer.problem, nodes[w].layer.problem
+    if not (isinstance(dqx, DequantProblem) and isinstance(dqw, DequantProblem) and isinstance(quant, QuantProblem)):
+        return None
+    if not nodes[w].folded or nodes[x].folded or consumers[x] != [start]:
+        return None
+    if (dqx.qtype, dqx.axis, dqw.qtype, dqw.axis, dqw.zp, quant.qtype, quant.axis) != \
+            ("byte", None, "sbyte", None, False, "byte", None):
+        return None
+    return [start, x, q]
