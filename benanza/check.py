@@ -411,8 +411,7 @@ def _fused(site: _Site, v: Variant, gen) -> _Spec:
         return _Spec(site.nodes, _fill(site, gen, [(1, 0), scale]), outs, compared)
     if pattern.name == "gelu_erf":
         return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), outs, compared)
-    if pattern.anchor == "MatMulInteger":  # A, B, their zero points, then the Mul's scale and the Add's bias
-        assert isinstance(p, QMatMulProblem)
+    if isinstance(p, QMatMulProblem):  # A, B, their zero points, then the Mul's scale and the Add's bias
         feeds = _integer_feeds(site, p, v, gen)
         k = len(feeds)
         scale = (2, site.external(2, protos[1].output[0]))
@@ -421,7 +420,7 @@ def _fused(site: _Site, v: Variant, gen) -> _Spec:
             bias = (3, site.external(3, protos[2].output[0]))
             feeds[bias] = gen(k + 1, site.in_shape(*bias))
         return _Spec(site.nodes, feeds, outs, compared)
-    if pattern.anchor == "MatMul":  # mm_bias, mm_bias_gelu: A, B, then the Add's bias
+    if isinstance(p, MatMulProblem):  # mm_bias, mm_bias_gelu: A, B, then the Add's bias
         bias = (1, site.external(1, protos[0].output[0]))
         return _Spec(site.nodes, _fill(site, gen, [(0, 0), (0, 1), bias]), outs, compared)
     f = fused_config(p, v.fusion)
@@ -643,8 +642,8 @@ def _compare(got: list[np.ndarray], want: list[np.ndarray], tol: float) -> tuple
 
 def _tolerance(v: Variant) -> float:
     tol = TOLERANCE[v.dtype]
-    exact_math = v.problem.family in ("copy", "transpose", "concat", "binary", "matmul", "gemm", "conv", "pool")
-    if v.dtype == "f32" and (v.fusion != "none" or not exact_math):
+    family = _FAMILIES.get(v.problem.family)
+    if v.dtype == "f32" and (v.fusion != "none" or family is None or not family.exact):
         tol = _APPROXIMATE_F32
     return tol
 

@@ -18,7 +18,9 @@ from benanza.cli import main
 from benanza.fusion import BY_NAME as FUSION_PATTERNS
 from benanza.fusion import NODE_FINDERS
 from benanza.layers import TensorSpec
-from benanza.ops.base import NodeView
+from benanza.ops.base import Family, NodeView
+from benanza.ops.grammar import Problem, parse_key
+from benanza.ops.pool import PoolProblem
 from benanza.ops.registry import FAMILIES, PATTERN_LOWERINGS, PROBLEM_TYPES, build_layer, parse_problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,43 +97,95 @@ def test_no_two_families_share_a_name_or_a_record() -> None:
     assert len(PROBLEM_TYPES) == len(FAMILIES)
 
 
+def _gaps(family: Family, view: NodeView) -> list[str]:
+    """What ``family`` lacks that a user of the registry relies on, walked from one node it
+    recognises: its own problem record, a FLOP formula of its own (Problem's default, 2·MACs with
+    no MACs, would silently cost it 0), a key that parses back to the same problem, and a lowering
+    for every call it names on a backend, whose row is a typed record of named fields."""
+    gaps = []
+    if view.op not in family.ops or not family.when(view):
+        gaps.append(f"does not recognise its example {view.op}")
+    p = family.build(view)
+    if not isinstance(p, family.problem) or p.family != family.name:
+        gaps.append(f"builds a {type(p).__name__} of family {p.family!r}")
+    if type(p).flops is Problem.flops and type(p).macs is Problem.macs:
+        gaps.append("no FLOP formula")
+    flops = p.flops()
+    if not isinstance(flops, int) or flops < 0:
+        gaps.append(f"FLOPs {flops!r}")
+    text = p.text()
+    back = family.problem.parse_tokens(parse_key(text), text)
+    if back != p or back.text() != text:
+        gaps.append(f"key {text!r} reads back as {back!r}")
+    api = family.cudnn_api(p)
+    if api is not None:
+        if api not in family.cudnn:
+            gaps.append(f"names {api} but has no cuDNN lowering for it")
+        else:
+            row = family.cudnn[api].row(p, api)
+            if not (dataclasses.is_dataclass(row) and dataclasses.fields(row)):
+                gaps.append(f"the cuDNN row of {api} is no typed record")
+    primitive = family.onednn_api(p)
+    if primitive is not None:
+        if family.onednn is None:
+            gaps.append(f"names {primitive} but has no oneDNN lowering")
+        else:
+            row = family.onednn.row(p, primitive)
+            if not (dataclasses.is_dataclass(row) and dataclasses.fields(row)):
+                gaps.append(f"the oneDNN row of {primitive} is no typed record")
+    return gaps
+
+
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_family_recognises_builds_and_round_trips(family) -> None:
     view = EXAMPLES[family.name]
-    assert view.op in family.ops and family.when(view)
+    assert _gaps(family, view) == []
+    # and through the registry: the node reaches this family, its key through the key parser
     layer = build_layer(view)
-    p = layer.problem
-    assert isinstance(p, family.problem) and p.family == family.name
-    # a FLOP formula of its own: the generic fallback (None) is for ops no family models
-    flops = p.flops()
-    assert isinstance(flops, int) and flops >= 0
-    # the key grammar: parse(print(k)) == k, through the registry's parser
-    text = p.text()
-    assert parse_problem(text) == p and parse_problem(text).text() == text
+    assert type(layer.problem) is family.problem
+    text = layer.problem.text()
+    assert parse_problem(text) == layer.problem and parse_problem(text).text() == text
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_every_claimed_call_has_a_lowering(family) -> None:
-    """A call a family names on a backend has that backend's lowering, whose row is a typed
-    record of named fields; a family with no call there is not covered there, explicitly."""
-    view = EXAMPLES[family.name]
-    layer = build_layer(view)
-    api = layer.cudnn_api
-    if api is not None:
-        lowering = family.cudnn.get(api)
-        assert lowering is not None, f"{family.name} names {api} but has no cuDNN lowering for it"
-        row = lowering.row(layer.problem, api)
-        assert dataclasses.is_dataclass(row) and dataclasses.fields(row)
-    else:
+    """A family with no call on a backend is not covered there, explicitly; its cuDNN lowerings
+    name runtime tables."""
+    layer = build_layer(EXAMPLES[family.name])
+    if layer.cudnn_api is None:
         assert family.name in ("prelu", "deconv", "resample") or not family.cudnn
     for lowering in family.cudnn.values():
         assert lowering.table.name and lowering.table.add.startswith("add_")
-    if layer.onednn_primitive is not None:
-        assert family.onednn is not None, f"{family.name} names {layer.onednn_primitive} but has no oneDNN lowering"
-        row = family.onednn.row(layer.problem, layer.onednn_primitive)
-        assert dataclasses.is_dataclass(row) and dataclasses.fields(row)
-    else:
+    if layer.onednn_primitive is None:
         assert family.onednn is None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unmodelled(PoolProblem):
+    """A pool record that forgot its FLOP formula and keeps a field its key grammar lacks."""
+
+    extra: int = 0
+    flops = Problem.flops
+
+
+def test_the_walk_fails_a_family_that_lacks_a_part() -> None:
+    """Each part a family can miss makes the walk above fail, naming it."""
+    pool = next(f for f in FAMILIES if f.name == "pool")
+    gemm = next(f for f in FAMILIES if f.name == "gemm")
+    assert _gaps(pool, EXAMPLES["pool"]) == [] and _gaps(gemm, EXAMPLES["gemm"]) == []
+    no_onednn = dataclasses.replace(pool, onednn=None)
+    assert _gaps(no_onednn, EXAMPLES["pool"]) == ["names pooling but has no oneDNN lowering"]
+    no_cudnn = dataclasses.replace(gemm, cudnn={})
+    assert _gaps(no_cudnn, EXAMPLES["gemm"]) == [f"names {build_layer(EXAMPLES['gemm']).cudnn_api} but has no "
+                                                 "cuDNN lowering for it"]
+
+    def build(view: NodeView) -> Problem:
+        p = pool.build(view)
+        return _Unmodelled(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}, extra=1)
+
+    unmodelled = dataclasses.replace(pool, problem=_Unmodelled, build=build)
+    gaps = _gaps(unmodelled, EXAMPLES["pool"])
+    assert gaps[0] == "no FLOP formula" and gaps[1].startswith("key 'pool:") and len(gaps) == 2, gaps
 
 
 def test_family_apis_match_lowerings_over_every_alg() -> None:

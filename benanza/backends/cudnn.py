@@ -308,8 +308,8 @@ class CudnnBackend(CMakeBackend):
         if family in GRAPH_FAMILIES:
             return _graph_variants(layer, family, api, "none", exp) + _graph_fusion_variants(layer, fusions, exp)
         if family is BLAS:  # the GEMM epilogues (attention patterns are graph-API SDPA variants, below)
-            epilogues = [f for f in fusions
-                         if FUSION_PATTERNS[f].anchor == "MatMul" and not FUSION_PATTERNS[f].attention]
+            # a layer's fusions are the patterns it anchors, so here every one is anchored at a GEMM
+            epilogues = [f for f in fusions if not FUSION_PATTERNS[f].attention]
             out += [Variant(problem, NAME, LT_API, algo, d, lay, m, fusion)
                     for fusion in epilogues for algo in LT_ALGOS for d, lay, m in exp.combos(family)]
         for d, lay, m in exp.combos(family):

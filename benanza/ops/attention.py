@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .base import (
     CudnnLowering,
     CudnnTable,
     Dims,
     Family,
+    NodeFinder,
     NodeView,
     OnednnLowering,
     PatternLowering,
@@ -20,8 +21,13 @@ from .base import (
     present,
     required,
 )
+from .binary import BinaryProblem
 from .gemm import MatMulProblem
 from .grammar import FLOAT_DTYPES, F, Problem, f32
+from .softmax import SoftmaxProblem
+
+if TYPE_CHECKING:
+    from ..layers import Model, Node
 
 # the cuDNN graph API's scaled dot-product attention (runtime_cpp/cudnn/graph.cpp)
 CUDNN_SDPA = "cudnn_frontend.sdpa"
@@ -152,3 +158,88 @@ def pattern_lowering(name: str, scale: bool, mask: bool) -> PatternLowering:
     """An attention pattern's fused form on cuDNN (on oneDNN it stays a matmul variant whose
     configuration runs the chain)."""
     return PatternLowering(name, cudnn=CudnnLowering(CUDNN_SDPA_TABLE, _pattern_row, _SDPA_CALLS[scale, mask]))
+
+
+# --- fusion: the nodes of attention from its scores' MatMul in a model -----------------------
+
+def attention_nodes(scaled: bool, masked: bool, prescaled: bool) -> NodeFinder:
+    """The node finder of an attention pattern (``benanza.fusion``'s ``sdpa*``): with a scale
+    after the scores' MatMul, a mask, or Q and Kᵀ scaled before it."""
+
+    def match(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+        """The nodes of scores = MatMul(Q, Kᵀ) [→ Mul|Div(constant scalar)] [→ Add(mask [S, Skv])]
+        → Softmax(last axis) → MatMul(·, V) with V's head size Q's, every intermediate read only
+        by the next, and where the pattern is prescaled the Muls scaling Q and Kᵀ; or None."""
+        nodes = model.nodes
+        first = nodes[start]
+        qk = first.layer.problem
+        if not isinstance(qk, MatMulProblem) or len(first.inputs) != 2 or not first.layer.outputs:
+            return None
+        scores = first.layer.outputs[0].shape
+        rank = len(scores)
+        if rank < 3 or len(qk.a) != rank:
+            return None
+
+        def only(i: int, ops: tuple[str, ...]) -> int | None:
+            nxt = consumers[i]
+            return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op in ops else None
+
+        chain = [start]
+        prescales: list[int] = []
+        if prescaled:
+            found = _operand_scales(model, consumers, first)
+            if found is None:
+                return None
+            prescales = found
+        elif scaled:
+            nxt = only(chain[-1], ("Mul", "Div"))
+            p = nodes[nxt].layer.problem if nxt is not None else None
+            if nxt is None or not isinstance(p, BinaryProblem) or not nodes[nxt].constant_inputs \
+                    or p.out != scores or min(math.prod(s) for s in p.shapes) != 1:
+                return None
+            chain.append(nxt)
+        if masked:
+            nxt = only(chain[-1], ("Add",))
+            p = nodes[nxt].layer.problem if nxt is not None else None
+            if nxt is None or not isinstance(p, BinaryProblem) or p.out != scores or len(p.shapes) != 2:
+                return None
+            mask = p.shapes[1] if tuple(p.shapes[0]) == scores else p.shapes[0]
+            if (1,) * (rank - len(mask)) + tuple(mask) != (1,) * (rank - 2) + scores[-2:]:
+                return None  # the chain adds one [S, Skv] mask to every batch and head
+            chain.append(nxt)
+        sm = only(chain[-1], ("Softmax",))
+        soft = nodes[sm].layer.problem if sm is not None else None
+        if sm is None or not isinstance(soft, SoftmaxProblem) or soft.axis != rank - 1 or soft.flat \
+                or soft.alg != "softmax":
+            return None
+        pv = only(sm, ("MatMul",))
+        if pv is None or nodes[pv].inputs[:1] != nodes[sm].outputs[:1] or len(nodes[pv].inputs) != 2:
+            return None
+        v = nodes[pv].layer.problem
+        if not isinstance(v, MatMulProblem) or tuple(v.b) != scores[:-2] + (scores[-1], qk.k):
+            return None
+        return chain[:1] + prescales + chain[1:] + [sm, pv]  # the anchor first, as every match has it
+    return match
+
+
+def _operand_scales(model: Model, consumers: dict[int, list[int]], matmul: Node) -> list[int] | None:
+    """The Muls by a constant scalar that produce both operands of ``matmul`` and feed nothing
+    else, or None. The scalar is an initializer or a folded layer's output (TorchScript computes
+    it from a Shape)."""
+    nodes, producer = model.nodes, model.producer
+    out = []
+    for t in matmul.inputs:
+        i = producer.get(t)
+        mul = nodes[i] if i is not None else None
+        if mul is None or mul.layer.op != "Mul" or consumers[mul.index] != [matmul.index]:
+            return None
+        p = mul.layer.problem
+        if not isinstance(p, BinaryProblem) or len(p.shapes) != 2 or min(math.prod(s) for s in p.shapes) != 1:
+            return None
+        data = [x for x in mul.inputs if not (x in producer and nodes[producer[x]].folded)]
+        # one data operand, scaled by the other (a scalar) into its own shape
+        if len(data) != 1 or len(mul.inputs) + len(mul.constant_inputs) != 2 \
+                or math.prod(p.out) != max(math.prod(s) for s in p.shapes):
+            return None
+        out.append(mul.index)
+    return out

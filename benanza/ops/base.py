@@ -22,7 +22,7 @@ from ..errors import NodeError
 from .grammar import Problem
 
 if TYPE_CHECKING:
-    from ..layers import TensorSpec
+    from ..layers import Model, TensorSpec
 
 ELEMENT_SIZE = {
     "f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2,
@@ -64,6 +64,12 @@ class NodeView:
             if t is not None:
                 return t.dtype
         return self.outputs[0].dtype if self.outputs else "f32"
+
+
+# A fusion pattern's node finder (``benanza.fusion``), which lives with the family of the
+# pattern's fused form: (model, consumers, anchor index) → the pattern's nodes, the anchor
+# first, or None.
+NodeFinder = Callable[["Model", dict[int, list[int]], int], "list[int] | None"]
 
 
 # --- lowerings -----------------------------------------------------------------------------
@@ -152,6 +158,10 @@ class Family:
     # integer dtypes the family's library calls compute in (quantized layers); a layer in any
     # other non-float dtype is covered by no library
     int_dtypes: tuple[str, ...] = ()
+    # f32 results equal the reference's: the family moves data or only multiplies and adds (the
+    # check's generated inputs make those exact), where others approximate exp/erf/rsqrt or sum
+    # in another order than the reference
+    exact: bool = False
 
 
 # --- helpers the builders share ------------------------------------------------------------

@@ -204,5 +204,5 @@ BINARY = Family("binary", BinaryProblem, tuple(_BINARY), _binary_build,
                 cudnn={**{api: CudnnLowering(CUDNN_BINARY, _cudnn_row)
                           for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")},
                        CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE, _pointwise_cudnn)},
-                onednn=OnednnLowering("binary", False, _onednn_row))
+                onednn=OnednnLowering("binary", False, _onednn_row), exact=True)
 FAMILIES = (BINARY,)

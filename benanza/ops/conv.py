@@ -239,7 +239,8 @@ CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, lambda v: v.inputs[0]
               and len(v.inputs[0].shape) in (3, 4),
               cudnn_api=const("cudnnConvolutionForward"), onednn_api=const("convolution"),
               cudnn={"cudnnConvolutionForward": CudnnLowering(CUDNN_CONV, cudnn_row, "kConvForward")},
-              onednn=OnednnLowering("conv", True, onednn_row, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)))
+              onednn=OnednnLowering("conv", True, onednn_row, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)),
+              exact=True)
 # cuDNN has a backward-data convolution, but the benchmarks do not run it: not covered there
 DECONV = Family("deconv", DeconvProblem, ("ConvTranspose",), _deconv_build, is_4d,
                 onednn_api=const("deconvolution"), onednn=OnednnLowering("deconv", True, onednn_row))

@@ -287,17 +287,17 @@ CONCAT = Family("concat", ConcatProblem, ("Concat",), _concat_build, cudnn_api=_
                 cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _concat_copy)},
                 onednn=OnednnLowering("concat", False, lambda p, api: ConcatParams(axis=p.axis, inputs=p.shapes),
                                       spatial_if=lambda p: all(len(s) == 4 for s in p.shapes),
-                                      fills=lambda p: tuple(range(len(p.shapes)))))
+                                      fills=lambda p: tuple(range(len(p.shapes)))), exact=True)
 TRANSPOSE = Family("transpose", TransposeProblem, ("Transpose",), _transpose_build, cudnn_api=_transpose_cudnn,
                    onednn_api=const("reorder"),
                    cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _transpose_copy)},
                    onednn=OnednnLowering("transpose", False,
                                          lambda p, api: TransposeParams(shape=p.shape, perm=p.perm),
-                                         fills=lambda p: (0,)))
+                                         fills=lambda p: (0,)), exact=True)
 COPY = Family("copy", CopyProblem, ("Slice", "Split", "Gather", "Expand", "Trilu", "Where"), _copy_build,
               _copy_when, cudnn_api=_copy_cudnn, onednn_api=_copy_onednn,
               cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _copy_copy)},
               onednn=OnednnLowering("copy", False, lambda p, api: CopyParams(
                   op=p.op, region=p.how == "region", src=p.src or (), outs=p.outs, offsets=p.offsets)),
-              dtype=lambda view: view.outputs[0].dtype)
+              dtype=lambda view: view.outputs[0].dtype, exact=True)
 FAMILIES = (CONCAT, TRANSPOSE, COPY)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .base import (
     Cpp,
@@ -26,6 +26,9 @@ from .base import (
 )
 from .binary import CUDNN_BINARY, CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE, BinaryLayer, BinaryProblem, pointwise_row
 from .grammar import FLT_MAX, F, Problem, f32
+
+if TYPE_CHECKING:
+    from ..layers import Model
 
 
 @dataclass(frozen=True)
@@ -309,3 +312,40 @@ def _gelu_pointwise(p: BinaryProblem, api: str) -> object:
 
 PATTERNS = (PatternLowering("gelu_erf", onednn=("eltwise", _gelu_of),
                             cudnn=CudnnLowering(CUDNN_POINTWISE_TABLE, _gelu_pointwise, "kGeluOfA")),)
+
+
+# --- fusion: the nodes of the erf GELU decomposition in a model ------------------------------
+
+def gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
+    constants are √2, 1 and ½ in every exporter that writes this form; the dynamo exporter
+    multiplies by ½ before x), or None."""
+    nodes = model.nodes
+    div = nodes[start]
+    if not isinstance(div.layer.problem, BinaryProblem) or div.layer.problem.alg != "div" \
+            or len(div.inputs) != 1 or not div.constant_inputs:
+        return None
+    x = div.inputs[0]
+
+    def only(i: int | None, op: str, constant: bool | None) -> int | None:
+        if i is None:
+            return None
+        nxt = consumers[i]
+        if len(nxt) != 1 or nodes[nxt[0]].layer.op != op:
+            return None
+        return nxt[0] if constant in (None, bool(nodes[nxt[0]].constant_inputs)) else None
+
+    erf = only(start, "Erf", False)
+    plus = only(erf, "Add", True)
+    first = only(plus, "Mul", None)
+    if erf is None or plus is None or first is None:
+        return None
+    half_first = bool(nodes[first].constant_inputs)
+    second = only(first, "Mul", not half_first)
+    if second is None:
+        return None
+    # x times what reaches it: Erf(x/√2) + 1, or its half
+    times_x, reaching = (second, first) if half_first else (first, plus)
+    if set(nodes[times_x].inputs) != {x, nodes[reaching].outputs[0]}:
+        return None
+    return [start, erf, plus, first, second]

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .base import CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, const, present, required
-from .binary import broadcast
+from .binary import BinaryProblem, broadcast
+from .eltwise import EltwiseProblem
 from .grammar import F, Problem, f32
+
+if TYPE_CHECKING:
+    from ..layers import Node
 
 
 @dataclass(frozen=True)
@@ -179,10 +184,30 @@ GEMM = Family("gemm", GemmProblem, ("Gemm",), _gemm_build, cudnn_api=_gemm_cudnn
               cudnn={api: CudnnLowering(CUDNN_BLAS, _gemm_blas, call) for api, call in _BLAS_CALLS.items()},
               onednn=OnednnLowering("gemm", False, lambda p, api: GemmParams(
                   m=p.m, n=p.n, k=p.k, ta=p.ta, tb=p.tb, alpha=p.alpha, beta=p.beta, has_c=p.c is not None,
-                  c=p.c or (), inner_product=api == "inner_product")))
+                  c=p.c or (), inner_product=api == "inner_product")), exact=True)
 MATMUL = Family("matmul", MatMulProblem, ("MatMul",), _matmul_build, cudnn_api=_matmul_cudnn_api,
                 onednn_api=const("matmul"),
                 cudnn={api: CudnnLowering(CUDNN_BLAS, _matmul_blas, call) for api, call in _BLAS_CALLS.items()},
                 onednn=OnednnLowering("matmul", False, lambda p, api: MatmulParams(a=p.a, b=p.b),
-                                      fills=lambda p: (0, 1)))
+                                      fills=lambda p: (0, 1)), exact=True)
 FAMILIES = (GEMM, MATMUL)
+
+
+# --- fusion: what a GEMM's epilogue computes -------------------------------------------------
+
+def gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bool:
+    """Whether a MatMul's tail is what a GEMM epilogue computes: an Add of a constant bias along
+    the output's last axis (shape [N] or [1, N]), then the pattern's activation (GELU in its erf
+    form, or ReLU)."""
+    gemm = anchor.layer.problem
+    assert isinstance(gemm, MatMulProblem)
+    add = tail[0].layer.problem
+    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[0].constant_inputs:
+        return False
+    # the GEMM's output is [M, N] or, for a broadcast weight, [..., N] with M rows in all
+    data, bias = add.shapes
+    if add.out != tuple(data) or math.prod(data) != gemm.m * gemm.n or not data or data[-1] != gemm.n:
+        return False
+    if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
+        return False
+    return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == activation for n in tail[1:])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .base import (
     CudnnLowering,
@@ -24,8 +24,12 @@ from .base import (
     present,
     required,
 )
+from .binary import BinaryProblem
 from .grammar import F, Problem, f32
 from .reduce import ReduceProblem
+
+if TYPE_CHECKING:
+    from ..layers import Model
 
 # the cuDNN graph API's layer norm (runtime_cpp/cudnn/graph.cpp)
 CUDNN_LAYERNORM = "cudnn_frontend.layernorm"
@@ -304,3 +308,99 @@ PATTERNS = (PatternLowering("layernorm", onednn=("lnorm", lambda p, api: _lnorm_
                             cudnn=CudnnLowering(CUDNN_LNORM, lambda p, api: _lnorm_cudnn(_decomposition(p), api))),
             PatternLowering("rmsnorm", onednn=("lnorm", lambda p, api: _lnorm_onednn(_rms_decomposition(p), api)),
                             cudnn=CudnnLowering(CUDNN_LNORM, lambda p, api: _lnorm_cudnn(_rms_decomposition(p), api))))
+
+
+# --- fusion: the nodes of the LayerNorm and RMSNorm decompositions in a model ----------------
+
+def layernorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → ReduceMean → Sub(x, mean) → Pow(·, 2) → ReduceMean → Add(eps) → Sqrt →
+    Div(Sub, ·) → Mul(scale) → Add(bias) from its first ReduceMean (over x's trailing axes), or
+    None. Every intermediate is read only inside the pattern."""
+    nodes = model.nodes
+    first = nodes[start]
+    mean = first.layer.problem
+    if not isinstance(mean, ReduceProblem) or mean.alg != "mean" or len(first.inputs) != 1:
+        return None
+    rank = len(mean.shape)
+    if mean.axes != tuple(range(rank - len(mean.axes), rank)):
+        return None  # a library's layer norm normalises trailing axes
+    x = first.inputs[0]
+
+    def only(i: int, op: str) -> int | None:
+        nxt = consumers[i]
+        return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op == op else None
+
+    sub = only(start, "Sub")
+    if sub is None or nodes[sub].inputs != (x, first.outputs[0]):
+        return None
+    pair = sorted(consumers[sub], key=lambda i: nodes[i].layer.op)
+    if [nodes[i].layer.op for i in pair] != ["Div", "Pow"]:
+        return None
+    div, pow_ = pair
+    power = nodes[pow_].layer.problem
+    if not isinstance(power, BinaryProblem) or power.exponent != 2.0:
+        return None
+    second = only(pow_, "ReduceMean")
+    var = nodes[second].layer.problem if second is not None else None
+    if second is None or not isinstance(var, ReduceProblem) or var.axes != mean.axes:
+        return None
+    eps = only(second, "Add")
+    sqrt = only(eps, "Sqrt") if eps is not None and nodes[eps].constant_inputs else None
+    if sqrt is None or consumers[sqrt] != [div] or nodes[div].inputs != (nodes[sub].outputs[0], nodes[sqrt].outputs[0]):
+        return None
+    scale = only(div, "Mul")
+    shift = only(scale, "Add") if scale is not None and nodes[scale].constant_inputs else None
+    if eps is None or scale is None or shift is None or not nodes[shift].constant_inputs:
+        return None
+    return sorted([start, sub, pow_, second, eps, sqrt, div, scale, shift])
+
+
+def rmsnorm_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of x → Pow(x, 2) → ReduceMean (over trailing axes) → Add(ε) → Sqrt → then
+    Reciprocal or Div(1, ·) → Mul(x, ·), or Div(x, ·) → Mul(scale), from its ReduceMean (the
+    anchor, first; the Pow that feeds it next), or None. A Cast to the type it already has
+    between the last two Muls (TorchScript writes Hugging Face's ``.to(dtype)``) is part of it.
+    Every intermediate is read only inside the pattern."""
+    nodes, producer = model.nodes, model.producer
+    mean = nodes[start].layer.problem
+    if not isinstance(mean, ReduceProblem) or mean.alg != "mean" or len(nodes[start].inputs) != 1:
+        return None
+    rank = len(mean.shape)
+    if mean.axes != tuple(range(rank - len(mean.axes), rank)):
+        return None
+    pow_ = producer.get(nodes[start].inputs[0])
+    power = nodes[pow_].layer.problem if pow_ is not None else None
+    if pow_ is None or not isinstance(power, BinaryProblem) or power.alg != "pow" or power.exponent != 2.0 \
+            or consumers[pow_] != [start] or len(nodes[pow_].inputs) != 1:
+        return None
+    x = nodes[pow_].inputs[0]
+
+    def only(i: int | None, ops: tuple[str, ...]) -> int | None:
+        if i is None:
+            return None
+        nxt = consumers[i]
+        return nxt[0] if len(nxt) == 1 and nodes[nxt[0]].layer.op in ops else None
+
+    eps = only(start, ("Add",))
+    sqrt = only(eps, ("Sqrt",)) if eps is not None and nodes[eps].constant_inputs else None
+    inv = only(sqrt, ("Reciprocal", "Div"))
+    if eps is None or sqrt is None or inv is None:
+        return None
+    chain = [start, pow_, eps, sqrt, inv]
+    div = nodes[inv]
+    last: int | None = inv
+    if not (div.layer.op == "Div" and div.inputs == (x, nodes[sqrt].outputs[0])):  # not Div(x, rms)
+        if div.layer.op == "Div" and (div.inputs != (nodes[sqrt].outputs[0],) or not div.constant_inputs):
+            return None  # neither Div(1, rms), the reciprocal
+        last = only(inv, ("Mul",))
+        if last is None or set(nodes[last].inputs) != {x, div.outputs[0]}:
+            return None
+        chain.append(last)
+    cast = only(last, ("Cast",))
+    if cast is not None and nodes[cast].layer.free:
+        chain.append(cast)
+        last = cast
+    scale = only(last, ("Mul",))
+    if scale is None or not nodes[scale].constant_inputs:
+        return None
+    return chain + [scale]

@@ -135,5 +135,5 @@ POOL = Family("pool", PoolProblem, ("MaxPool", "AveragePool", "GlobalMaxPool", "
               lambda v: is_4d(v) and len(v.outputs) == 1,
               cudnn_api=const("cudnnPoolingForward"), onednn_api=const("pooling"),
               cudnn={"cudnnPoolingForward": CudnnLowering(CudnnTable("pool", "add_pool", True, False), _cudnn_row)},
-              onednn=OnednnLowering("pool", True, _onednn_row, fills=lambda p: (0,)))
+              onednn=OnednnLowering("pool", True, _onednn_row, fills=lambda p: (0,)), exact=True)
 FAMILIES = (POOL,)

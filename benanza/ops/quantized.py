@@ -18,14 +18,19 @@ MatMulNBits.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .base import Dims, Family, NodeView, OnednnLowering, PatternLowering, const, is_4d, present, required
+from .binary import BinaryProblem
 from .cast import TYPE_WORDS
 from .conv import ConvParams, ConvProblem, conv_fields, onednn_row
 from .gemm import MatMulProblem, matmul_operands
 from .grammar import F, Problem
+
+if TYPE_CHECKING:
+    from ..layers import Model, Node
 
 INT8 = ("i8", "u8")
 
@@ -355,5 +360,54 @@ CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is
 QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
                      onednn_api=_qconv_onednn, onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
 NBITS = Family("nbitsmatmul", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
+def int_gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bool:
+    """Whether an integer MatMul's tail is what oneDNN's int8 GEMM computes at once: a Cast of
+    its int32 result to f32, a Mul by one scale (per tensor: the activations' scale times the
+    weights'), and where the pattern has it an Add of a constant bias along the last axis."""
+    out = anchor.layer.outputs[0].shape if anchor.layer.outputs else ()
+    cast, mul = tail[0], tail[1]
+    if not cast.layer.outputs or cast.layer.outputs[0].dtype != "f32":
+        return False
+    scale = mul.layer.problem
+    if not isinstance(scale, BinaryProblem) or len(scale.shapes) != 2 or scale.out != tuple(out) \
+            or min(math.prod(s) for s in scale.shapes) != 1:
+        return False
+    if len(tail) == 2:
+        return True
+    add = tail[2].layer.problem
+    if not isinstance(add, BinaryProblem) or len(add.shapes) != 2 or not tail[2].constant_inputs \
+            or add.out != tuple(out) or not out:
+        return False
+    bias = min(add.shapes, key=math.prod)
+    return math.prod(bias) == out[-1] and bias[-1] == out[-1]
+
+
 PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),)
 FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)
+
+
+# --- fusion: the nodes of a QDQ MatMul in a model --------------------------------------------
+
+def qdq_matmul_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of DequantizeLinear(u8 x) → MatMul(·, W) → QuantizeLinear(u8) from the MatMul
+    (first, then the two), where W is the dequantization of constant s8 weights without a zero
+    point (folded: computed once, at load time) and every scale is per tensor; or None. The
+    MatMul's result is read only by the QuantizeLinear."""
+    nodes, producer = model.nodes, model.producer
+    mm = nodes[start]
+    if not isinstance(mm.layer.problem, MatMulProblem) or len(mm.inputs) != 2:
+        return None
+    x, w = (producer.get(t) for t in mm.inputs)
+    if x is None or w is None or consumers[start] == [] or len(consumers[start]) != 1:
+        return None
+    q = consumers[start][0]
+    quant = nodes[q].layer.problem
+    dqx, dqw = nodes[x].layer.problem, nodes[w].layer.problem
+    if not (isinstance(dqx, DequantProblem) and isinstance(dqw, DequantProblem) and isinstance(quant, QuantProblem)):
+        return None
+    if not nodes[w].folded or nodes[x].folded or consumers[x] != [start]:
+        return None
+    if (dqx.qtype, dqx.axis, dqw.qtype, dqw.axis, dqw.zp, quant.qtype, quant.axis) != \
+            ("byte", None, "sbyte", None, False, "byte", None):
+        return None
+    return [start, x, q]
