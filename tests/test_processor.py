@@ -122,7 +122,8 @@ def test_symbolic_non_batch_dims_need_input_shape(save):
 
 def test_parse_input_shapes():
     assert parse_input_shapes(["data=1x3x224x224"]) == {"data": (1, 3, 224, 224)}
-    for bad in ["data", "data=", "data=1xAx2", "=1x2", "d=0x3"]:
+    assert parse_input_shapes(["past=1x2x0x16"]) == {"past": (1, 2, 0, 16)}  # an empty KV cache
+    for bad in ["data", "data=", "data=1xAx2", "=1x2", "d=-1x3"]:
         with pytest.raises(UsageError):
             parse_input_shapes([bad])
 
