@@ -25,7 +25,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run", ("runner", "peaks", "perfdb")),
     ("profile", ("profiler",)),
     ("analysis", ("analysis", "analyzer")),
-    ("report", ("report", "report_modules")),
+    ("report", ("report", "report_modules", "report_phases")),
     # the commands over all of them, and the reference-model builders
     ("commands", ("cli", "campaign", "sweep", "check", "zoo", "__init__")),
 )
