@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import zlib
 
 import numpy as np
@@ -98,3 +99,26 @@ def assert_faults_isolated(bench, system, backend: str, crash: str, hang: str, v
     assert failed[hang].message == f"timed out after {timeout:g}s"
     assert f"-m {BACKEND_MODULES[backend]}" in failed[crash].reproduce
     assert summary.ok == summary.total - 2 > 0
+
+
+def best_low_ms(db, backend: str, layer_key: str, dtype: str = "f32") -> float | None:
+    """The bound's latency of a layer, recomputed in SQL: the lowest low percentile among the
+    newest OK unfused results of the layer's variants of ``dtype`` on the backend."""
+    con = sqlite3.connect(db)
+    row = con.execute(
+        "SELECT MIN(r.low_ms) FROM results r JOIN variants v ON v.name = r.variant "
+        "WHERE v.backend = ? AND r.layer_key = ? AND v.fusion = 'none' AND r.status = 'ok' AND v.dtype = ? "
+        "AND r.id = (SELECT MAX(id) FROM results WHERE variant = r.variant)", (backend, layer_key, dtype)).fetchone()
+    con.close()
+    return row[0]
+
+
+def invoke(*args: str) -> str:
+    """The CLI's stdout for ``args``, which must succeed."""
+    from click.testing import CliRunner
+
+    from benanza.cli import main
+
+    out = CliRunner().invoke(main, list(args))
+    assert out.exit_code == 0, (out.exit_code, out.output, out.exception)
+    return out.stdout

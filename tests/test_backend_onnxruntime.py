@@ -17,7 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from helpers import assert_faults_isolated, io, model, tensor
+from helpers import assert_faults_isolated, best_low_ms, invoke, io, model, tensor
 from onnx import helper
 
 from benanza.cli import main
@@ -47,12 +47,6 @@ def small_net() -> onnx.ModelProto:
              tensor("scale", (32,), 1.0), tensor("bias", (32,), 0.1), tensor("mean", (32,), 0.0),
              tensor("var", (32,), 1.0), tensor("Wfc", (10, 32)), tensor("Bfc", (10,))]
     return model(nodes, [io("x", [1, 16, 28, 28])], [io("y", None)], inits)
-
-
-def invoke(*args: str) -> str:
-    out = CliRunner().invoke(main, list(args))
-    assert out.exit_code == 0, (out.exit_code, out.output, out.exception)
-    return out.stdout
 
 
 @pytest.fixture(scope="module")
@@ -198,17 +192,6 @@ def test_a_crash_and_a_hang_cost_only_their_benchmark(measured, tmp_path):
                            5, tmp_path / "faults.db")
 
 
-def _best_low_ms(db: Path, backend: str, layer_key: str) -> float | None:
-    """The bound's latency of a layer, recomputed in SQL: the lowest low percentile among the
-    newest OK unfused results of the layer's variants on the backend."""
-    con = sqlite3.connect(db)
-    row = con.execute(
-        "SELECT MIN(r.low_ms) FROM results r JOIN variants v ON v.name = r.variant "
-        "WHERE v.backend = ? AND r.layer_key = ? AND v.fusion = 'none' AND r.status = 'ok' "
-        "AND r.id = (SELECT MAX(id) FROM results WHERE variant = r.variant)", (backend, layer_key)).fetchone()
-    con.close()
-    return row[0]
-
 
 @pytest.mark.slow
 def test_across_stack_split_recomputed_from_sql(measured):
@@ -227,8 +210,8 @@ def test_across_stack_split_recomputed_from_sql(measured):
     assert (x["framework"], x["vendor"], x["partial"]) == ("onnxruntime", "onednn", False)
     keys = {la["index"]: la["key"] for la in a["layers"]}
     for la in x["layers"]:
-        assert la["native_ms"] == pytest.approx(_best_low_ms(db, "onnxruntime", keys[la["index"]]), rel=1e-3)
-        assert la["vendor_ms"] == pytest.approx(_best_low_ms(db, "onednn", keys[la["index"]]), rel=1e-3)
+        assert la["native_ms"] == pytest.approx(best_low_ms(db, "onnxruntime", keys[la["index"]]), rel=1e-3)
+        assert la["vendor_ms"] == pytest.approx(best_low_ms(db, "onednn", keys[la["index"]]), rel=1e-3)
         assert la["kernel_headroom_ms"] == pytest.approx(la["native_ms"] - la["vendor_ms"], abs=1e-5)
     assert x["native_bound_ms"] == pytest.approx(sum(la["native_ms"] for la in x["layers"]), rel=1e-3)
     assert x["vendor_bound_ms"] == pytest.approx(sum(la["vendor_ms"] for la in x["layers"]), rel=1e-3)

@@ -21,7 +21,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import assert_faults_isolated, io, model, tensor
+from helpers import assert_faults_isolated, best_low_ms, invoke, io, model, tensor
 from onnx import helper
 
 from benanza.cli import main
@@ -79,12 +79,6 @@ def _oracle(layout: str, onednn: str) -> str:
     env = {**os.environ, "ONEDNN_VERBOSE": "1" if onednn == "on" else "0"}
     out = subprocess.run([sys.executable, "-c", ORACLE, layout, onednn, str(CALLS)], env=env, capture_output=True,
                          text=True, check=True, timeout=300)
-    return out.stdout
-
-
-def invoke(*args: str) -> str:
-    out = CliRunner().invoke(main, list(args))
-    assert out.exit_code == 0, (out.exit_code, out.output, out.exception)
     return out.stdout
 
 
@@ -337,17 +331,6 @@ def test_bf16_through_the_pipeline_against_torchs_own_bf16(tmp_path):
     np.testing.assert_array_equal(got[0], want.float().numpy())
 
 
-def _best_low_ms(db: Path, backend: str, layer_key: str) -> float | None:
-    """The bound's latency of a layer, recomputed in SQL: the lowest low percentile among the
-    newest OK unfused results of the layer's variants on the backend."""
-    con = sqlite3.connect(db)
-    row = con.execute(
-        "SELECT MIN(r.low_ms) FROM results r JOIN variants v ON v.name = r.variant "
-        "WHERE v.backend = ? AND r.layer_key = ? AND v.fusion = 'none' AND r.status = 'ok' AND v.dtype = 'f32' "
-        "AND r.id = (SELECT MAX(id) FROM results WHERE variant = r.variant)", (backend, layer_key)).fetchone()
-    con.close()
-    return row[0]
-
 
 @pytest.mark.slow
 def test_across_stack_split_against_onednn_recomputed_from_sql_and_the_trace(measured, tmp_path):
@@ -376,8 +359,8 @@ def test_across_stack_split_against_onednn_recomputed_from_sql_and_the_trace(mea
     runs = sorted(e["ts"] for e in ranges if e["name"] == "benanza_run")
     assert len(runs) == 5
     for la in x["layers"]:
-        assert la["native_ms"] == pytest.approx(_best_low_ms(db, "torch", keys[la["index"]]), rel=1e-3)
-        vendor = _best_low_ms(db, "onednn", keys[la["index"]])
+        assert la["native_ms"] == pytest.approx(best_low_ms(db, "torch", keys[la["index"]]), rel=1e-3)
+        vendor = best_low_ms(db, "onednn", keys[la["index"]])
         if vendor is None:  # a layer oneDNN does not run
             assert la["vendor_ms"] is None and la["kernel_headroom_ms"] is None
             continue
