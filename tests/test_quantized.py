@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from benanza.backends import onednn
 from benanza.cli import main
 from benanza.fusion import match_fusions
+from benanza.generator import read_variants
 from benanza.ops.registry import parse_layer_key
 from benanza.processor import load_model
 
@@ -216,6 +217,23 @@ def test_static_quantization_costed_and_checked(tmp_path) -> None:
     assert [[qdq.nodes[i].layer.op for i in m.nodes] for m in matches] == [
         ["MatMul", "DequantizeLinear", "QuantizeLinear"]] * 2
     assert sum("/fusion=qdq_matmul:" in ln for ln in lines) == 2
+
+
+def test_cudnn_runs_no_float_epilogue_for_a_qdq_matmul(tmp_path) -> None:
+    """cuDNN has no int8 GEMM here: a QDQ MatMul gets no cuBLASLt bias-epilogue variant (a float GEMM
+    would cost the int8 one wrongly), while the float MLP's MatMul→Add still gets its epilogues."""
+    paths = _static_quantized(tmp_path)
+    linear = tmp_path / "linear.onnx"
+    onnx.save(model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "B"], ["y"])],
+                    [io("x", [M, K])], [io("y", [M, N])],
+                    [numpy_helper.from_array(np.ones((K, N), np.float32), "W"),
+                     numpy_helper.from_array(np.ones(N, np.float32), "B")], opset=17), linear)
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", str(paths["qdq"]), str(linear), "--out", str(bench),
+                                  "--backend", "cudnn", "--dtype", "f32"])
+    assert r.exit_code == 0, r.output
+    fusions = {v.fusion for v in read_variants(bench / "cudnn")}
+    assert "qdq_matmul" not in fusions and "mm_bias" in fusions, fusions
 
 
 def _cnn(tmp: Path) -> Path:

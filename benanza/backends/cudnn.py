@@ -91,7 +91,7 @@ from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
 from ..ops.binary import CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE
 from ..ops.conv import CUDNN_CONV
-from ..ops.gemm import CUDNN_BLAS
+from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
@@ -308,8 +308,9 @@ class CudnnBackend(CMakeBackend):
         if family in GRAPH_FAMILIES:
             return _graph_variants(layer, family, api, "none", exp) + _graph_fusion_variants(layer, fusions, exp)
         if family is BLAS:  # the GEMM epilogues (attention patterns are graph-API SDPA variants, below)
-            # a layer's fusions are the patterns it anchors, so here every one is anchored at a GEMM
-            epilogues = [f for f in fusions if not FUSION_PATTERNS[f].attention]
+            # cuBLASLt's bias epilogues run the MatMul→Add(bias)→activation patterns alone; a QDQ
+            # MatMul anchored here is an int8 GEMM, which no float epilogue call measures
+            epilogues = [f for f in fusions if FUSION_PATTERNS[f].epilogue is gemm_epilogue]
             out += [Variant(problem, NAME, LT_API, algo, d, lay, m, fusion)
                     for fusion in epilogues for algo in LT_ALGOS for d, lay, m in exp.combos(family)]
         for d, lay, m in exp.combos(family):
