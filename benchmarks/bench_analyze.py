@@ -9,13 +9,22 @@ FLOPs and bytes (so the chosen variants and critical path are structured like a 
 one variant in seven is stored as unsupported. No real benchmark ran; the numbers measure the
 analyzer, never a machine.
 
-    python benchmarks/bench_analyze.py [--repeat 5] [--json out.json]
+    python benchmarks/bench_analyze.py [--repeat 5] [--json out.json] [--compare OTHER_TREE]
+
+``--compare`` also runs the same command with the ``benanza`` package of another source tree
+(e.g. ``git archive <commit> benanza | tar -x -C OTHER_TREE``), alternating with this one run by
+run so a busy machine weighs on both alike, and checks that both print the same bytes. Both
+trees must read the database's schema.
+
+Each command runs with warm bytecode, as an installed package has: the children write and read
+their ``.pyc`` files under a temporary prefix, whatever PYTHONDONTWRITEBYTECODE says.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -59,6 +68,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--compare", metavar="TREE", help="Also time (and diff) the command with this tree's package.")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -74,25 +84,46 @@ def main() -> int:
             t = time.perf_counter()
             (a,) = run_sweep(req, db)
             lib.append(time.perf_counter() - t)
-        cli, cli_cpu = [], []
-        cmd = [str(Path(sys.executable).parent / "benanza"), "analyze", str(model_path), "--system", SYSTEM.name,
-               "--db", str(root / "bench.db"), "--json"]
-        for _ in range(args.repeat):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t = time.perf_counter()
-            subprocess.run(cmd, check=True, capture_output=True)
-            cli.append(time.perf_counter() - t)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cli_cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        argv = ["analyze", str(model_path), "--system", SYSTEM.name, "--db", str(root / "bench.db"), "--json"]
+        trees = {"this": Path(__file__).resolve().parent.parent}
+        if args.compare:
+            trees["compare"] = Path(args.compare).resolve()
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        cli: dict[str, list[float]] = {k: [] for k in trees}
+        cli_cpu: dict[str, list[float]] = {k: [] for k in trees}
+        printed: dict[str, bytes] = {}
+        for i in range(args.repeat + 1):  # the first round only writes the bytecode
+            for which, tree in trees.items():
+                # the console script's own call, with the package imported from ``tree``
+                cmd = [sys.executable, "-c", "import sys; from benanza.cli import main; sys.exit(main())", *argv]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t = time.perf_counter()
+                out = subprocess.run(cmd, check=True, capture_output=True,
+                                     env={**env, "PYTHONPATH": str(tree),
+                                          "PYTHONPYCACHEPREFIX": str(root / "pycache" / which)}).stdout
+                if i:
+                    cli[which].append(time.perf_counter() - t)
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cli_cpu[which].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+                printed[which] = out
+    # the whole command, interpreter start and imports included; CPU time is robust to a busy machine
+    timed = {which: {"median": statistics.median(cli[which]), "min": min(cli[which]),
+                     "cpu_median": statistics.median(cli_cpu[which])} for which in trees}
     report = {"model": MODEL, "layers": nodes, "results_in_db": len(results),
               "analyze_library_s": {"median": statistics.median(lib), "min": min(lib)},
-              # the whole command, interpreter start and imports included; CPU time is robust to a busy machine
-              "analyze_cli_s": {"median": statistics.median(cli), "min": min(cli),
-                                "cpu_median": statistics.median(cli_cpu)},
-              "target_s": 2.0, "sequential_ms": a.bounds.sequential_ms, "parallel_ms": a.bounds.parallel_ms}
+              "analyze_cli_s": timed["this"],
+              "target_s": 2.0, "sequential_ms": a.bounds.sequential_ms, "parallel_ms": a.bounds.parallel_ms,
+              "load_average": os.getloadavg()}
+    if args.compare:
+        report["analyze_cli_s_compare"] = {"tree": str(trees["compare"]), **timed["compare"],
+                                           "cpu_ratio": timed["this"]["cpu_median"] / timed["compare"]["cpu_median"],
+                                           "same_output": printed["this"] == printed["compare"]}
     print(json.dumps(report, indent=1))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=1))
+    if args.compare and not report["analyze_cli_s_compare"]["same_output"]:
+        print("the two trees print different JSON", file=sys.stderr)
+        return 1
     # the target is the analysis itself (model processing + database query + analyses)
     return 0 if statistics.median(lib) <= 2.0 else 1
 
