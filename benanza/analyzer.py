@@ -16,12 +16,12 @@ from .analysis.bounds import (
     Bounds,
     LayerRow,
     LayerStatus,
+    LayerTable,
     ParallelModule,
     bounds_from_weights,
     contended_variants,
     fused_weights,
     index_results,
-    layer_rows,
     parallel_modules,
 )
 from .analysis.floors import COMPUTE, MEMORY, Floors, resource_floors
@@ -339,7 +339,8 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
             single, _ = screen(single, model, peaks)
     by_key = index_results(results)
     graph = model.dag()
-    rows = layer_rows(model, by_key, backend, dtype)
+    table = LayerTable(model, by_key, backend)
+    rows = table.rows(dtype)
     weight = {r.index: r.latency_ms for r in rows}
     partial = any(r.status == LayerStatus.MISSING for r in rows)
     bounds = bounds_from_weights(graph, weight, partial)
@@ -361,7 +362,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     joint_contended: set[str] = set()
     for dt, layouts, label in (("f32", (), "f32"), ("f16", (), "f16"), ("f16", ("nchw",), "f16/nchw"),
                                ("f16", ("nhwc",), "f16/nhwc"), ("bf16", (), "bf16")):
-        r = layer_rows(model, by_key, backend, dt, layouts)
+        r = table.rows(dt, layouts)
         if any(x.status == LayerStatus.OK for x in r):
             tc_bounds[label] = bounds_from_weights(graph, {x.index: x.latency_ms for x in r},
                                                    any(x.status == LayerStatus.MISSING for x in r))
@@ -370,7 +371,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
             if dt != dtype:
                 joint_contended |= contended_variants(model, r, by_key, dt, layouts, matches)
     tc, total, names = tensor_core_kernels(profile)
-    joint, joint_label = _joint(model, graph, by_key, backend, dtype, matches, tc_bounds)
+    joint, joint_label = _joint(table, graph, by_key, dtype, matches, tc_bounds)
 
     analysis = Analysis(model.name, model.path, system, backend, dtype, model.batch_size, rows,
                         list(model.edges), bounds,
@@ -421,14 +422,14 @@ def _heuristic(model: Model, graph, by_key, dtype: str, weight: dict[int, float]
                              view.heuristic_ms, view.ideal_ms, view.unknown)
 
 
-def _joint(model, graph, by_key, backend, dtype, matches, tc_bounds) -> tuple[Bounds | None, str]:
+def _joint(table: LayerTable, graph, by_key, dtype, matches, tc_bounds) -> tuple[Bounds | None, str]:
     """Fig 20: parallel execution + best algorithms + fusion + the fastest reduced-precision setup."""
     candidates = [(lbl, b) for lbl, b in tc_bounds.items() if lbl.split("/")[0] != dtype]
     if not candidates:
         return None, ""
     label, _ = min(candidates, key=lambda kv: kv[1].parallel_ms)
     dt, _, layout = label.partition("/")
-    rows = layer_rows(model, by_key, backend, dt, (layout,) if layout else ())
+    rows = table.rows(dt, (layout,) if layout else ())
     weight, _, _ = profitable_fusions(rows, matches, by_key, dt, (layout,) if layout else ())
     partial = any(r.status == LayerStatus.MISSING for r in rows)
     return bounds_from_weights(graph, weight, partial), f"parallel + best algorithm + fusion + {label}"

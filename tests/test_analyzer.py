@@ -15,10 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from benanza.analysis.bounds import critical_path, parallel_modules
+from benanza.analysis.bounds import between, critical_path, parallel_modules, post_dominators
 from benanza.analysis.matching import align_calls
 from benanza.analysis.questions import TENSOR_CORE_RE
 from benanza.analyzer import analyze
+from benanza.errors import BenanzaError
+from benanza.layers import Dag
 from benanza.parsers import ExecutionProfile, load_file, parse_cudnn_log
 from benanza.processor import load_model
 from benanza.records import Result, Status, Variant
@@ -56,6 +58,10 @@ def dags(draw):
     return g, dict(enumerate(weights))
 
 
+def as_dag(g: nx.DiGraph) -> Dag:
+    return Dag.of(g.nodes, g.edges)
+
+
 def brute_force(g: nx.DiGraph, w: dict) -> float:
     best = 0.0
     sources = [v for v in g if g.in_degree(v) == 0]
@@ -70,7 +76,7 @@ def brute_force(g: nx.DiGraph, w: dict) -> float:
 @given(dags())
 def test_critical_path_matches_brute_force(dag):
     g, w = dag
-    length, path = critical_path(g, w)
+    length, path = critical_path(as_dag(g), w)
     assert length == pytest.approx(brute_force(g, w))
     assert sum(w[v] for v in path) == pytest.approx(length)
     assert all(g.has_edge(a, b) for a, b in zip(path, path[1:]))
@@ -79,8 +85,32 @@ def test_critical_path_matches_brute_force(dag):
 
 def test_critical_path_counts_the_last_layer():
     # the paper's edge weights would give 1 + 2 = 3 for a chain 1 → 2 → 10; node weights give 13
-    g = nx.DiGraph([(0, 1), (1, 2)])
+    g = Dag.of((), [(0, 1), (1, 2)])
     assert critical_path(g, {0: 1.0, 1: 2.0, 2: 10.0}) == (13.0, [0, 1, 2])
+
+
+@settings(max_examples=200, deadline=None)
+@given(dags())
+def test_post_dominators_and_modules_match_networkx(dag):
+    # the oracle: networkx's dominators of the reversed graph from a virtual sink, and the
+    # fork's descendants that are ancestors of its join
+    g, _ = dag
+    rev = g.reverse()
+    rev.add_edges_from((-1, v) for v in g if g.out_degree(v) == 0)
+    want = {v: d for v, d in nx.immediate_dominators(rev, -1).items() if v != -1}
+    got = post_dominators(as_dag(g))
+    assert got == {v: None if d == -1 else d for v, d in want.items()}
+    for fork, join in got.items():
+        if join is not None:
+            assert between(as_dag(g), fork, join) == nx.descendants(g, fork) & nx.ancestors(g, join)
+
+
+def test_dag_keeps_edge_order_and_refuses_a_cycle():
+    g = Dag.of([2, 0, 1], [(0, 2), (1, 2), (0, 2), (0, 1)])
+    assert g.nodes == (2, 0, 1) and g.preds[2] == (0, 1) and g.succs[0] == (2, 1)
+    assert g.order == (0, 1, 2) and g.subgraph([0, 2]).preds[2] == (0,)
+    with pytest.raises(BenanzaError, match="cycle"):
+        Dag.of((), [(0, 1), (1, 0)])
 
 
 # --- a branchy model: an Inception-style module ---------------------------------------------------
@@ -306,7 +336,7 @@ def test_tensor_cores_from_kineto_and_fp16_bounds(convnet):
 
 
 def test_parallel_modules_of_a_chain_are_none():
-    g = nx.DiGraph([(0, 1), (1, 2)])
+    g = Dag.of((), [(0, 1), (1, 2)])
     assert parallel_modules(g, {0: 1, 1: 1, 2: 1}) == []
 
 

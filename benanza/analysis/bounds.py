@@ -11,11 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
-import networkx as nx
-
 from ..fusion import FusionMatch
 from ..generator import get_backend
-from ..layers import Layer, Model
+from ..layers import Dag, Layer, Model
 from ..problems import Problem, layer_key
 from ..records import Result, Status, StrEnum
 
@@ -94,40 +92,76 @@ def best(results: Iterable[Result], dtype: str, fusion: str = "none",
     return min(ok, key=lambda r: (r.latency_ms, r.variant.name)) if ok else None
 
 
+class LayerTable:
+    """One model's layer rows against one backend's results, per analysed dtype and layouts.
+
+    An analysis asks for the rows of its dtype, then of each dtype and layout Q6 compares, then of
+    the joint bound's: each table is built once, and a layer's static status (free, folded, not
+    covered) and each problem's choice once per table, as a model repeats its problems."""
+
+    def __init__(self, model: Model, by_problem: ResultIndex, backend: str):
+        self.model = model
+        self.by_problem = by_problem
+        self.static = [_static_status(node.layer, node.folded, backend) for node in model.nodes]
+        self._tables: dict[tuple[str, tuple[str, ...]], list[LayerRow]] = {}
+
+    def rows(self, dtype: str, layouts: tuple[str, ...] = ()) -> list[LayerRow]:
+        """One row per model node: each layer's problem looked up in the analysed dtype."""
+        table = self._tables.get((dtype, layouts))
+        if table is None:
+            table = self._tables[dtype, layouts] = self._build(dtype, layouts)
+        return list(table)
+
+    def _build(self, dtype: str, layouts: tuple[str, ...]) -> list[LayerRow]:
+        keys: dict[tuple[Problem, str], str] = {}
+        chosen_of: dict[tuple[Problem, str], tuple[Result | None, bool, int]] = {}
+        rows = []
+        for node, status in zip(self.model.nodes, self.static):
+            layer = node.layer
+            dt = layer.in_dtype(dtype)
+            key = keys.get((layer.problem, dt))
+            if key is None:
+                key = keys[layer.problem, dt] = layer_key(layer.problem, dt)
+            if status is not None:
+                rows.append(LayerRow(node.index, node.name, layer.op, key, status, 0.0))
+                continue
+            choice = chosen_of.get((layer.problem, dt))
+            if choice is None:
+                results = layer_results(self.by_problem, layer, dtype)
+                choice = chosen_of[layer.problem, dt] = (
+                    best(results, dt, layouts=layouts),
+                    any(r.contended for r in candidates(results, dt, layouts=layouts)),
+                    sum(1 for r in results if r.status is not Status.OK))
+            chosen, contended, failed = choice
+            if chosen is None:
+                rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.MISSING, 0.0,
+                                     failed_variants=failed))
+            else:
+                latency = cast(float, chosen.latency_ms)  # best() picks OK results only: they have one
+                rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.OK,
+                                     float(latency), chosen.variant.name, chosen.variant.algo,
+                                     chosen.implementation, failed_variants=failed, contended=contended,
+                                     math=chosen.variant.math))
+        return rows
+
+
+def _static_status(layer: Layer, folded: bool, backend: str) -> LayerStatus | None:
+    """A layer's status whatever the dtype and the results: None for one the results decide."""
+    if layer.identity:
+        return LayerStatus.IDENTITY
+    if layer.view:
+        return LayerStatus.VIEW
+    if folded:
+        return LayerStatus.FOLDED
+    if not covered(layer, backend):
+        return LayerStatus.NOT_COVERED
+    return None
+
+
 def layer_rows(model: Model, by_problem: ResultIndex, backend: str, dtype: str,
                layouts: tuple[str, ...] = ()) -> list[LayerRow]:
     """One row per model node: each layer's problem looked up in the analysed dtype."""
-    rows = []
-    for node in model.nodes:
-        layer = node.layer
-        dt = layer.in_dtype(dtype)
-        key = layer_key(layer.problem, dt)
-        if layer.identity:
-            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.IDENTITY, 0.0))
-            continue
-        if layer.view:
-            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.VIEW, 0.0))
-            continue
-        if node.folded:
-            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.FOLDED, 0.0))
-            continue
-        if not covered(layer, backend):
-            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.NOT_COVERED, 0.0))
-            continue
-        results = layer_results(by_problem, layer, dtype)
-        chosen = best(results, dt, layouts=layouts)
-        contended = any(r.contended for r in candidates(results, dt, layouts=layouts))
-        failed = sum(1 for r in results if r.status is not Status.OK)
-        if chosen is None:
-            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.MISSING, 0.0,
-                                 failed_variants=failed))
-        else:
-            latency = cast(float, chosen.latency_ms)  # best() picks OK results only: they have one
-            rows.append(LayerRow(node.index, node.name, layer.op, key, LayerStatus.OK,
-                                 float(latency), chosen.variant.name, chosen.variant.algo,
-                                 chosen.implementation, failed_variants=failed, contended=contended,
-                                 math=chosen.variant.math))
-    return rows
+    return LayerTable(model, by_problem, backend).rows(dtype, layouts)
 
 
 def contended_variants(model: Model, rows: Iterable[LayerRow], by_problem: ResultIndex, dtype: str,
@@ -150,13 +184,13 @@ def contended_variants(model: Model, rows: Iterable[LayerRow], by_problem: Resul
     return frozenset(names)
 
 
-def critical_path(graph: nx.DiGraph, weight: Mapping[int, float]) -> tuple[float, list[int]]:
+def critical_path(graph: Dag, weight: Mapping[int, float]) -> tuple[float, list[int]]:
     """Heaviest source-to-sink path by node weight, in O(V + E)."""
     dist: dict[int, float] = {}
     prev: dict[int, int | None] = {}
-    for v in nx.topological_sort(graph):
+    for v in graph.order:
         best_u, best_d = None, 0.0
-        for u in graph.predecessors(v):
+        for u in graph.preds[v]:
             if best_u is None or dist[u] > best_d:
                 best_u, best_d = u, dist[u]
         dist[v] = best_d + weight.get(v, 0.0)
@@ -183,7 +217,7 @@ class Bounds:
         return self.sequential_ms / measured_ms, self.parallel_ms / measured_ms
 
 
-def bounds_from_weights(graph: nx.DiGraph, weight: Mapping[int, float], partial: bool) -> Bounds:
+def bounds_from_weights(graph: Dag, weight: Mapping[int, float], partial: bool) -> Bounds:
     length, path = critical_path(graph, weight)
     return Bounds(sum(weight.values()), length, tuple(path), partial)
 
@@ -220,29 +254,58 @@ class ParallelModule:
     parallel_ms: float
 
 
-def parallel_modules(graph: nx.DiGraph, weight: Mapping[int, float]) -> list[ParallelModule]:
+def parallel_modules(graph: Dag, weight: Mapping[int, float]) -> list[ParallelModule]:
     """Forks (out-degree ≥ 2) paired with their immediate post-dominator."""
-    if graph.number_of_nodes() == 0:
-        return []
-    # the structure alone: reverse(copy=True) deep-copies every node's payload (a fifth of the analysis
-    # of a 900-layer model)
-    rev = nx.DiGraph()
-    rev.add_nodes_from(graph.nodes)
-    rev.add_edges_from((v, u) for u, v in graph.edges)
-    sink = -1
-    rev.add_node(sink)
-    for v in graph.nodes:
-        if graph.out_degree(v) == 0:
-            rev.add_edge(sink, v)
-    ipdom = nx.immediate_dominators(rev, sink)
+    ipdom = post_dominators(graph)
     modules = []
     for fork in sorted(v for v in graph.nodes if graph.out_degree(v) >= 2):
-        join = ipdom.get(fork)
-        if join is None or join == sink:
+        join = ipdom[fork]
+        if join is None:
             continue
-        inside = (nx.descendants(graph, fork) & nx.ancestors(graph, join))
-        sub = graph.subgraph(inside)
-        par, _ = critical_path(sub, weight)
+        inside = between(graph, fork, join)
+        par, _ = critical_path(graph.subgraph(inside), weight)
         modules.append(ParallelModule(fork, join, graph.out_degree(fork), tuple(sorted(inside)),
                                       sum(weight.get(v, 0.0) for v in inside), par))
     return modules
+
+
+def post_dominators(graph: Dag) -> dict[int, int | None]:
+    """Each node's immediate post-dominator: the first node every path from it to a sink passes
+    through (None: the paths end in different sinks, or it is a sink).
+
+    In a DAG, one pass from the sinks up suffices: a node's immediate post-dominator is the
+    nearest common one of its successors (each successor counting as its own), so each node
+    needs only its successors', already known."""
+    ipdom: dict[int, int | None] = {}
+    depth: dict[int | None, int] = {None: 0}  # None: the virtual sink every sink leads to
+
+    def common(a: int | None, b: int | None) -> int | None:
+        while a != b:
+            if depth[a] < depth[b]:
+                a, b = b, a
+            a = ipdom[a]  # type: ignore[index]  # a is deeper than the root, so a node
+        return a
+
+    for v in reversed(graph.order):
+        succs = graph.succs[v]
+        join: int | None = succs[0] if succs else None
+        for w in succs[1:]:
+            join = common(join, w)
+        ipdom[v] = join
+        depth[v] = depth[join] + 1
+    return ipdom
+
+
+def between(graph: Dag, fork: int, join: int) -> set[int]:
+    """The nodes strictly between a fork and its immediate post-dominator ``join``: those reached
+    from the fork without passing the join (every path from the fork passes it, so these are also
+    exactly the fork's descendants that are ancestors of the join)."""
+    inside: set[int] = set()
+    todo = [w for w in graph.succs[fork] if w != join]
+    while todo:
+        v = todo.pop()
+        if v in inside:
+            continue
+        inside.add(v)
+        todo.extend(w for w in graph.succs[v] if w != join and w not in inside)
+    return inside

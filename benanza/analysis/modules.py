@@ -14,9 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import networkx as nx
-
-from ..layers import Model
+from ..layers import Dag, Model
 from ..scopes import LOCAL_FUNCTIONS, OP_TYPES
 from .bounds import LayerRow, LayerStatus, critical_path
 
@@ -160,7 +158,7 @@ def _common(paths: Sequence[Path]) -> Path:
     return out
 
 
-def module_tree(model: Model, rows: Sequence[LayerRow], graph: nx.DiGraph,
+def module_tree(model: Model, rows: Sequence[LayerRow], graph: Dag,
                 groups: Sequence[MeasuredGroup] | None = None) -> ModuleStats:
     """The model's module tree with bounds per module (from ``rows``' latencies) and, given the
     framework's ops (``groups``), measured time per module."""

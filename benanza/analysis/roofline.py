@@ -20,9 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import networkx as nx
-
-from ..layers import FLOAT_DTYPES, Layer, Model, TensorSpec
+from ..layers import FLOAT_DTYPES, Dag, Layer, Model, TensorSpec
 from ..ops.base import ELEMENT_SIZE
 from ..peaks import Peaks
 from ..records import Result, Variant
@@ -177,7 +175,7 @@ def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[
     return kept, flagged
 
 
-def speed_of_light(model: Model, rows: list[LayerRow], graph: nx.DiGraph, dtype: str, peaks: Peaks,
+def speed_of_light(model: Model, rows: list[LayerRow], graph: Dag, dtype: str, peaks: Peaks,
                    impossible: list[ImpossibleResult]) -> SpeedOfLight:
     """Roofline times of the layers the bound counts (status ok), and the model's bounds over
     them: the sum, and the critical path of the same DAG with those times as node weights."""
