@@ -23,36 +23,21 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import FileProblem, LayerKeyError
 from .layers import Layer
 from .manifest import Manifest
 from .measurement import UNSTABLE_RSD
 from .peaks import Peak, Peaks
-from .problems import parse_layer_key
+from .problems import Problem, parse_layer_key
 from .records import Result, Status, System, Variant
 
+if TYPE_CHECKING:
+    import sqlite_utils
 
-def _import_sqlite_utils():
-    """sqlite-utils imports pandas (and through it pyarrow) only to accept DataFrames and Timestamps,
-    which Benanza never passes it: a fifth of a second of every command's start-up. Hide pandas
-    while sqlite-utils loads, unless something already imported it."""
-    import sys
-
-    hide = "pandas" not in sys.modules
-    if hide:
-        sys.modules["pandas"] = None  # type: ignore[assignment]  # import raises ImportError
-    try:
-        import sqlite_utils
-    finally:
-        if hide:
-            del sys.modules["pandas"]
-    return sqlite_utils
-
-
-sqlite_utils = _import_sqlite_utils()
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +160,14 @@ class PerfDB:
         self._reported: set[tuple[str, str]] = set()
         try:
             if readonly:
-                self.db = sqlite_utils.Database(_connect_readonly(self.path))
-                if _check_schema(self.db.conn, self.path, readonly=True) < SCHEMA_VERSION:
+                self.conn = _connect_readonly(self.path)
+                if _check_schema(self.conn, self.path, readonly=True) < SCHEMA_VERSION:
                     self._migrate_for_reading()
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=_BUSY_MS / 1000, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
-            self.db = sqlite_utils.Database(conn)
+            self.conn = conn
             self._retry(self._init_schema)
             self._enable_wal()
         except OSError as exc:
@@ -193,18 +178,24 @@ class PerfDB:
     def _migrate_for_reading(self) -> None:
         """An older schema is migrated in place (as any opening for writing does), then read;
         a file that cannot be written is refused rather than misread."""
-        self.db.conn.close()
+        self.conn.close()
         if not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK)):
             raise DatabaseError(self.path, f"schema version {_stored_version(self.path)} must be migrated to "
                                            f"{SCHEMA_VERSION}, and this file is read-only: copy it somewhere "
                                            f"writable and open the copy")
         PerfDB(self.path).close()
-        self.db = sqlite_utils.Database(_connect_readonly(self.path))
+        self.conn = _connect_readonly(self.path)
+
+    @cached_property
+    def db(self) -> sqlite_utils.Database:
+        """The file through sqlite-utils, for the writes and counts it makes short: loaded on
+        first use, as a command that only reads (``analyze``) never needs it."""
+        return _import_sqlite_utils().Database(self.conn)
 
     # --- plumbing ------------------------------------------------------------------------
 
     def close(self) -> None:
-        self.db.conn.close()
+        self.conn.close()
 
     def __enter__(self) -> PerfDB:
         return self
@@ -220,13 +211,13 @@ class PerfDB:
         delay = 0.05
         while True:
             try:
-                self.db.conn.execute("BEGIN IMMEDIATE")
+                self.conn.execute("BEGIN IMMEDIATE")
                 try:
                     out = fn()
                 except BaseException:
-                    self.db.conn.execute("ROLLBACK")
+                    self.conn.execute("ROLLBACK")
                     raise
-                self.db.conn.execute("COMMIT")
+                self.conn.execute("COMMIT")
                 return out
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
@@ -241,10 +232,10 @@ class PerfDB:
                 raise DatabaseError(self.path, _sqlite_problem(exc, self.path, writing=True)) from None
 
     def _init_schema(self) -> None:
-        version = _check_schema(self.db.conn, self.path, readonly=False)
+        version = _check_schema(self.conn, self.path, readonly=False)
         if version == SCHEMA_VERSION:
             return
-        conn = self.db.conn
+        conn = self.conn
         if version == 1:
             _migrate_v1(conn)
             version = 2
@@ -264,13 +255,13 @@ class PerfDB:
         # Outside any transaction; persistent in the file, so a no-op once set. Another
         # process holding the file can make it fail: that process then sets it.
         try:
-            self.db.conn.execute("PRAGMA journal_mode=wal")
+            self.conn.execute("PRAGMA journal_mode=wal")
         except sqlite3.OperationalError as exc:
             log.debug("WAL not enabled yet (%s)", exc)
 
     @property
     def schema_version(self) -> int:
-        return _check_schema(self.db.conn, self.path, readonly=True)
+        return _check_schema(self.conn, self.path, readonly=True)
 
     # --- systems -------------------------------------------------------------------------
 
@@ -279,7 +270,7 @@ class PerfDB:
         stamp = now()
 
         def write() -> None:
-            self.db.conn.execute(
+            self.conn.execute(
                 "INSERT INTO systems(stack_id, name, backend, device, stack, first_seen, last_used) "
                 "VALUES (?,?,?,?,?,?,?) ON CONFLICT(stack_id) DO UPDATE SET last_used=excluded.last_used",
                 (system.stack_id, system.name, system.backend, system.device,
@@ -304,7 +295,7 @@ class PerfDB:
         return good
 
     def systems(self) -> list[System]:
-        rows = self.db.conn.execute(
+        rows = self.conn.execute(
             "SELECT name, backend, device, stack, stack_id FROM systems ORDER BY name, last_used DESC").fetchall()
         return self._readable("systems", rows, lambda r: _system(r[:4]), lambda r: f"stack_id {r[4]!r}")
 
@@ -316,7 +307,7 @@ class PerfDB:
         if backend:
             sql += " AND backend = ?"
             args.append(backend)
-        rows = self.db.conn.execute(sql + " ORDER BY last_used DESC, rowid DESC", args).fetchall()
+        rows = self.conn.execute(sql + " ORDER BY last_used DESC, rowid DESC", args).fetchall()
         if stack:
             rows = [r for r in rows if r[4].startswith(stack)]
             if len(rows) > 1:
@@ -327,7 +318,7 @@ class PerfDB:
 
     def stacks(self, name: str) -> list[tuple[System, str, str]]:
         """Every stack stored under ``name``, newest first, with its first and last use."""
-        rows = self.db.conn.execute(
+        rows = self.conn.execute(
             "SELECT name, backend, device, stack, first_seen, last_used, stack_id FROM systems WHERE name = ? "
             "ORDER BY last_used DESC, rowid DESC", (name,)).fetchall()
         return self._readable("systems", rows, lambda r: (_system(r[:4]), r[4], r[5]), lambda r: f"stack_id {r[6]!r}")
@@ -346,18 +337,18 @@ class PerfDB:
                  peaks.measured_at or now(), info) for p in peaks.peaks]
 
         def write() -> None:
-            self.db.conn.execute(_SCHEMA.split(";")[_PEAKS_STATEMENT])
-            self.db.conn.execute("DELETE FROM peaks WHERE stack_id = ?", (system.stack_id,))
-            self.db.conn.executemany("INSERT INTO peaks(stack_id, name, kind, dtype, level, value, size, "
+            self.conn.execute(_SCHEMA.split(";")[_PEAKS_STATEMENT])
+            self.conn.execute("DELETE FROM peaks WHERE stack_id = ?", (system.stack_id,))
+            self.conn.executemany("INSERT INTO peaks(stack_id, name, kind, dtype, level, value, size, "
                                      "implementation, measured_at, info) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
 
         self._retry(write)
 
     def peaks(self, system: System) -> Peaks | None:
         """The stack's stored peaks; None when they were never measured."""
-        if not self.db["peaks"].exists():
+        if not self.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'peaks'").fetchone():
             return None
-        rows = self.db.conn.execute(
+        rows = self.conn.execute(
             "SELECT kind, value, size, dtype, level, implementation, measured_at, info FROM peaks "
             "WHERE stack_id = ? ORDER BY kind, size, dtype", (system.stack_id,)).fetchall()
         if not rows:
@@ -416,7 +407,7 @@ class PerfDB:
 
         def write() -> None:
             self.db.table("variants").upsert_all(variants, pk="name")
-            self.db.conn.executemany(sql, rows)
+            self.conn.executemany(sql, rows)
 
         self._retry(write)
         return len(rows)
@@ -441,7 +432,7 @@ class PerfDB:
                 return []
             sql += f" AND r.layer_key IN ({', '.join('?' * len(keys))})"
             args += keys
-        cur = self.db.conn.execute(sql + " ORDER BY r.layer_key, r.variant", args)
+        cur = self.conn.execute(sql + " ORDER BY r.layer_key, r.variant", args)
         names = [d[0] for d in cur.description]
         rows = [dict(zip(names, row)) for row in cur.fetchall()]
         return self._readable("results", rows, _result, lambda d: f"id {d['id']}")
@@ -451,7 +442,7 @@ class PerfDB:
 
         A failure is not a measurement: a re-run retries it (see ``failure_streaks``).
         """
-        rows = self.db.conn.execute(
+        rows = self.conn.execute(
             "SELECT variant FROM results WHERE id IN (SELECT max(id) FROM results WHERE stack_id = ? "
             "GROUP BY variant) AND status != 'failed'", (system.stack_id,)).fetchall()
         return {r[0] for r in rows}
@@ -465,7 +456,7 @@ class PerfDB:
 
     def failure_streaks(self, system: System) -> dict[str, int]:
         """Per variant that failed last on this system+stack: how many times in a row it failed."""
-        rows = self.db.conn.execute(
+        rows = self.conn.execute(
             "SELECT f.variant, count(*) FROM results f WHERE f.stack_id = ? AND f.status = 'failed' "
             "AND f.id > coalesce((SELECT max(o.id) FROM results o WHERE o.stack_id = f.stack_id "
             "AND o.variant = f.variant AND o.status != 'failed'), 0) GROUP BY f.variant",
@@ -512,7 +503,7 @@ class PerfDB:
                "LEFT JOIN layers l ON l.key = r.layer_key LEFT JOIN systems s ON s.stack_id = r.stack_id "
                f"{where} ORDER BY r.id")
         args = [system, system] if system and latest else [system] if system else []
-        return pd.read_sql_query(sql, self.db.conn, params=args)
+        return pd.read_sql_query(sql, self.conn, params=args)
 
     def merge_from(self, other: str | Path) -> dict[str, int]:
         """Copies every row of ``other`` that this database lacks; returns rows added per table,
@@ -539,7 +530,7 @@ class PerfDB:
         conflicts: list[tuple[str, str, str]] = []
 
         def write() -> None:
-            conn = self.db.conn
+            conn = self.conn
             stamp = now()
             for table, (pk, compare) in _MERGE_TABLES.items():
                 on = " AND ".join(f"t.{c} = s.{c}" for c in pk)
@@ -569,11 +560,11 @@ class PerfDB:
                 "AND r.median_ms IS s.median_ms) ORDER BY s.id")
             added["results"] = self.db["results"].count - before
 
-        self.db.conn.execute("ATTACH DATABASE ? AS src", (str(src_path),))
+        self.conn.execute("ATTACH DATABASE ? AS src", (str(src_path),))
         try:
             self._retry(write)
         finally:
-            self.db.conn.execute("DETACH DATABASE src")
+            self.conn.execute("DETACH DATABASE src")
         for table, key, blob in conflicts:
             log.warning("%s: %s row %s differs from the one here; kept in merge_conflicts: %s",
                         label, table, key, blob)
@@ -582,7 +573,7 @@ class PerfDB:
 
     def conflicts(self) -> list[tuple[str, str, str, str]]:
         """Rows merges kept aside: (table, key as JSON, source file, row as JSON)."""
-        return [tuple(r) for r in self.db.conn.execute(  # type: ignore[misc]
+        return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
             "SELECT table_name, pk, source, row FROM merge_conflicts ORDER BY id").fetchall()]
 
 
@@ -852,6 +843,23 @@ def _migrate_v3(conn: sqlite3.Connection) -> None:
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
+def _import_sqlite_utils():
+    """sqlite-utils imports pandas (and through it pyarrow) only to accept DataFrames and Timestamps,
+    which Benanza never passes it: a fifth of a second of every command's start-up. Hide pandas
+    while sqlite-utils loads, unless something already imported it."""
+    import sys
+
+    hide = "pandas" not in sys.modules
+    if hide:
+        sys.modules["pandas"] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import sqlite_utils
+    finally:
+        if hide:
+            del sys.modules["pandas"]
+    return sqlite_utils
+
+
 # --- row conversion ----------------------------------------------------------------------
 
 def _json(text: object, what: str) -> dict:
@@ -898,8 +906,8 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
             "precision": r.precision, "eliminated": int(r.eliminated)}
 
 
-def _result_columns(d: dict) -> tuple[Status, dict]:
-    """Checks a results row's own columns as a run writes them; its status and metrics."""
+def _result_columns(d: dict) -> tuple[Status, Problem, dict]:
+    """Checks a results row's own columns as a run writes them; its status, problem and metrics."""
     try:
         status = Status(d["status"])
     except ValueError:
@@ -921,17 +929,17 @@ def _result_columns(d: dict) -> tuple[Status, dict]:
         if not isinstance(d[key], str):
             raise BadRow(f"{key} is {d[key]!r}, not text")
     try:
-        parse_layer_key(d["layer_key"])
+        problem, _ = parse_layer_key(d["layer_key"])
     except (LayerKeyError, TypeError, AttributeError):
         raise BadRow(f"layer_key {d['layer_key']!r} does not parse") from None
-    return status, _json(d["metrics"], "metrics")
+    # most rows hold no metrics: their text needs no parser
+    return status, problem, {} if d["metrics"] == "{}" else _json(d["metrics"], "metrics")
 
 
 def _result(d: dict) -> Result:
     # The row's dtype column is the variant's; rows written before variants were keyed by their
     # own dtype hold an f16 variant under the layer's ``…_f32`` key, which this reads correctly.
-    status, metrics = _result_columns(d)
-    problem, _ = parse_layer_key(d["layer_key"])
+    status, problem, metrics = _result_columns(d)
     variant = Variant(problem, d["backend"], d["api"], d["algo"], d["dtype"], d["layout"], d["math"], d["fusion"])
     return Result(variant=variant, system=d["system"], status=status, message=d["message"],
                   median_ms=d["median_ms"], mean_ms=d["mean_ms"], stddev_ms=d["stddev_ms"],
