@@ -103,6 +103,9 @@ class LayerTable:
         self.model = model
         self.by_problem = by_problem
         self.static = [_static_status(node.layer, node.folded, backend) for node in model.nodes]
+        # each node's problem as a number: a problem hashes all its fields, every time
+        numbers: dict[Problem, int] = {}
+        self._problem = [numbers.setdefault(node.layer.problem, len(numbers)) for node in model.nodes]
         self._tables: dict[tuple[str, tuple[str, ...]], list[LayerRow]] = {}
 
     def rows(self, dtype: str, layouts: tuple[str, ...] = ()) -> list[LayerRow]:
@@ -113,22 +116,22 @@ class LayerTable:
         return list(table)
 
     def _build(self, dtype: str, layouts: tuple[str, ...]) -> list[LayerRow]:
-        keys: dict[tuple[Problem, str], str] = {}
-        chosen_of: dict[tuple[Problem, str], tuple[Result | None, bool, int]] = {}
+        keys: dict[tuple[int, str], str] = {}
+        chosen_of: dict[tuple[int, str], tuple[Result | None, bool, int]] = {}
         rows = []
-        for node, status in zip(self.model.nodes, self.static):
+        for node, status, problem in zip(self.model.nodes, self.static, self._problem):
             layer = node.layer
             dt = layer.in_dtype(dtype)
-            key = keys.get((layer.problem, dt))
+            key = keys.get((problem, dt))
             if key is None:
-                key = keys[layer.problem, dt] = layer_key(layer.problem, dt)
+                key = keys[problem, dt] = layer_key(layer.problem, dt)
             if status is not None:
                 rows.append(LayerRow(node.index, node.name, layer.op, key, status, 0.0))
                 continue
-            choice = chosen_of.get((layer.problem, dt))
+            choice = chosen_of.get((problem, dt))
             if choice is None:
                 results = layer_results(self.by_problem, layer, dtype)
-                choice = chosen_of[layer.problem, dt] = (
+                choice = chosen_of[problem, dt] = (
                     best(results, dt, layouts=layouts),
                     any(r.contended for r in candidates(results, dt, layouts=layouts)),
                     sum(1 for r in results if r.status is not Status.OK))
