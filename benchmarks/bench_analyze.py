@@ -100,7 +100,8 @@ def main() -> int:
                 cmd = [sys.executable, "-c", "import sys; from benanza.cli import main; sys.exit(main())", *argv]
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t = time.perf_counter()
-                out = subprocess.run(cmd, check=True, capture_output=True,
+                # run where no package lies: `-c` puts the working directory first on the path
+                out = subprocess.run(cmd, check=True, capture_output=True, cwd=root,
                                      env={**env, "PYTHONPATH": str(tree),
                                           "PYTHONPYCACHEPREFIX": str(root / "pycache" / which)}).stdout
                 if i:
