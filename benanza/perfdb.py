@@ -449,7 +449,7 @@ class PerfDB:
 
     def contended(self, system: System) -> set[str]:
         """Variant names whose latest result on exactly this system+stack is ok and contended."""
-        rows = self.db.conn.execute(
+        rows = self.conn.execute(
             "SELECT variant FROM results WHERE id IN (SELECT max(id) FROM results WHERE stack_id = ? "
             "GROUP BY variant) AND status = 'ok' AND contended = 1", (system.stack_id,)).fetchall()
         return {r[0] for r in rows}
