@@ -30,7 +30,7 @@ refused=()
 analyze() {
   local rc=0
   benanza analyze "$@" || rc=$?
-  if [ "$rc" -eq 3 ]; then refused+=("$1"); elif [ "$rc" -ne 0 ]; then exit "$rc"; fi
+  if [ "$rc" -eq 3 ]; then [[ " ${refused[*]} " == *" $1 "* ]] || refused+=("$1"); elif [ "$rc" -ne 0 ]; then exit "$rc"; fi
 }
 
 for m in inception-v1 resnet50-v1; do

@@ -192,7 +192,9 @@ def _numpy_copy(nbytes: int, seconds: float = 0.5) -> float:
 def test_peaks_against_torch_mm_and_numpy_copy():
     """Interleaved (ours, theirs, ours, theirs) so a busy moment of the shared machine lowers
     both; the best of each. oneDNN's GEMM must reach 0.9× torch.mm (its BLAS in f32, its own
-    oneDNN build in bf16; the size of our per-thread GEMM) at the same threads."""
+    oneDNN build in bf16; the size of our per-thread GEMM) at the same threads. A peak is the
+    best either side can reach: on a loaded machine more rounds (up to five) are taken while the
+    bests so far fall short, as a busy moment can cost one side a whole round."""
     threads = 1  # one core: what a shared test machine can give both sides alike
     dtypes = [("f32", "float32")] + ([("bf16", "bfloat16")] if cpu_has_bf16() else [])
     import torch
@@ -200,7 +202,9 @@ def test_peaks_against_torch_mm_and_numpy_copy():
     ours: dict[str, float] = {}
     theirs: dict[str, float] = {}
     dram = copy = 0.0
-    for _ in range(2):
+    for round_ in range(5):
+        if round_ >= 2 and all(ours[n] >= 0.9 * theirs[n] for n, _ in dtypes) and copy / 4 < dram < 4 * copy:
+            break
         _, peaks = measure("onednn", threads)
         for name, torch_name in dtypes:
             gemm = peaks.gemm(name)
