@@ -122,17 +122,32 @@ def test_variants_are_the_choices_a_torch_user_has(measured):
     assert gemm == [("native", "plain"), ("onednn", "plain")]
 
 
+def _agrees_with(measured, name: str, oracle) -> sqlite3.Row:
+    """The variant's newest result, once its low percentile is within ±30% of the oracle's
+    (``oracle()``: a plain-torch run's 10th percentile of per-call times, and what ran), taken
+    ORACLE_RUNS times. A result measured in a busy moment of the shared machine is measured again
+    (twice at most) as a user would, `benanza run --force` of that variant, rather than compared
+    with an oracle run in a quiet one."""
+    _, bench, db = measured
+    for _ in range(3):
+        row = _row(db, name)
+        assert row["status"] == "ok", row["message"]
+        lows = [oracle()[0] for _ in range(ORACLE_RUNS)]
+        if min(lows) / 1.3 < row["low_ms"] < max(lows) * 1.3:
+            return row
+        invoke("run", "--system", SYSTEM, "--backend", "torch", "--bench-dir", str(bench), "--db", str(db),
+               "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--force", "--filter",
+               "^" + re.escape(name) + "$")
+    raise AssertionError((name, row["low_ms"], lows))
+
+
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_onednn_conv_against_onednns_own_verbose_log(measured, layout):
     """The backend's oneDNN convolution: the implementation oneDNN names in its verbose log of a
     plain F.conv2d of the same problem, and a latency within ±30% of that log's per-call times
     (every primitive of a call: torch's reorders around a blocked kernel too). 10th percentiles
     of both, which a loaded machine disturbs least."""
-    _, _, db = measured
-    row = _row(db, _variant(CONV, "onednn", layout))
-    assert row["status"] == "ok", row["message"]
-    lows = []
-    for _ in range(ORACLE_RUNS):
+    def oracle() -> tuple[float, str]:
         lines = [line.split(",") for line in _oracle(layout, "on").splitlines()
                  if line.startswith("onednn_verbose") and ",exec," in line]
         calls = [f[f.index("exec") + 1:] for f in lines]  # engine, primitive kind, implementation, ...
@@ -140,23 +155,21 @@ def test_onednn_conv_against_onednns_own_verbose_log(measured, layout):
         per_call = len(calls) // (CALLS + 3)
         convs = [c for c in calls if c[1] == "convolution"]
         assert {c[-2] for c in convs} == {ONEDNN_PROBLEM}
-        assert row["implementation"] == convs[-1][2]
-        lows.append(float(np.percentile([sum(float(c[-1]) for c in calls[i:i + per_call])
-                                         for i in range(3 * per_call, len(calls), per_call)], 10)))
-    assert min(lows) / 1.3 < row["low_ms"] < max(lows) * 1.3, (row["low_ms"], lows)
+        return float(np.percentile([sum(float(c[-1]) for c in calls[i:i + per_call])
+                                    for i in range(3 * per_call, len(calls), per_call)], 10)), convs[-1][2]
+
+    row = _agrees_with(measured, _variant(CONV, "onednn", layout), oracle)
+    assert row["implementation"] == oracle()[1]
 
 
 def test_native_conv_against_the_torch_profilers_time(measured):
     """oneDNN off: torch's own convolution, timed as the profiler times aten::conv2d in a plain run."""
-    _, _, db = measured
-    row = _row(db, _variant(CONV, "native", "nchw"))
-    assert row["status"] == "ok", row["message"]
-    assert row["implementation"].startswith("aten::") and "conv" in row["implementation"]
-    lows = []
-    for _ in range(ORACLE_RUNS):
+    def oracle() -> tuple[float, str]:
         out = next(line for line in _oracle("nchw", "off").splitlines() if line.startswith("CONV2D_US"))
-        lows.append(float(np.percentile([float(t) for t in out.split()[1:]], 10)) / 1e3)
-    assert min(lows) / 1.3 < row["low_ms"] < max(lows) * 1.3, (row["low_ms"], lows)
+        return float(np.percentile([float(t) for t in out.split()[1:]], 10)) / 1e3, "aten::conv2d"
+
+    row = _agrees_with(measured, _variant(CONV, "native", "nchw"), oracle)
+    assert row["implementation"].startswith("aten::") and "conv" in row["implementation"]
 
 
 def test_results_carry_the_runtime_statistics(measured):

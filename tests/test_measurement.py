@@ -473,7 +473,8 @@ def test_real_onednn_results_carry_their_samples_and_contention(tmp_path, bench)
     for line, stored in raw.values():
         own = contention(clock_of(line["sched"]["before"]), clock_of(line["sched"]["after"]))
         assert own is not None and stored == pytest.approx(own.share, rel=1e-12)
-        assert line["sched"]["after"]["threads"] and own.switches_per_s > 0
+        # a benchmark on an idle core may never lose its CPU: no switch is then a true count
+        assert line["sched"]["after"]["threads"] and own.switches_per_s >= 0
     model_path = tmp_path / "conv_net.onnx"
     import onnx
 
