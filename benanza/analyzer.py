@@ -667,6 +667,14 @@ def contended_names(a: Analysis, shown: int = 5) -> str:
     return ", ".join(names) or "fused results only"
 
 
+def contended_subject(a: Analysis) -> str:
+    """What a refused bound rests on, as the subject of "were measured while …": its layers and the
+    results they choose from, or the fused results alone where no layer's own result was contended."""
+    if not a.contended_rows:
+        return f"{len(a.contended)} results of fused variants the bound chooses from"
+    return f"{len(a.contended_rows)} layers ({contended_names(a)}; {len(a.contended)} results it chooses from)"
+
+
 def contended_figures(a: Analysis) -> list[str]:
     """The figures besides the bound in the analysed dtype (another dtype's or layout's bound,
     the joint bound) that rest on contended results."""

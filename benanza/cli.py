@@ -1394,13 +1394,12 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
         analyses = run_phases(req, pdb, plan, prof) if plan else run_sweep(req, pdb, prof)
     refused = [a for a in analyses if a.contended]
     if refused and not allow_contended:
-        from .analyzer import contended_names
+        from .analyzer import contended_subject
 
         # A bound inflated by other processes reads as a real one: no figure, one line each.
         for a in refused:
-            print_error(f"{a.model} on {a.system} (batch {a.batch_size}): no bound printed: {len(a.contended_rows)} "
-                        f"layers ({contended_names(a)}; {len(a.contended)} results it chooses from) were measured "
-                        f"while other processes took the CPU. Re-measure them on an idle machine: "
+            print_error(f"{a.model} on {a.system} (batch {a.batch_size}): no bound printed: {contended_subject(a)} "
+                        f"were measured while other processes took the CPU. Re-measure them on an idle machine: "
                         f"{a.remeasure_command} (or pass --allow-contended to print the figures labelled contended)")
         sys.exit(3)
     if not allow_contended:
