@@ -395,41 +395,35 @@ def test_free_cores_leaves_out_cores_busy_loops_hold():
 
 # --- perfdb ---------------------------------------------------------------------------------------
 
-def test_a_v2_database_gains_the_sample_and_contention_columns(tmp_path, bench):
-    variant = read_variants(bench / "onednn")[0]
-    system = System("box", "onednn", "cpu", (("threads", "1"),))
-    path = tmp_path / "old.db"
+def _read_as_old_schema(tmp_path: Path, bench: Path, version: int, dropped: tuple[str, ...], **fields):
+    """One result stored, then its database taken back to schema ``version`` (``dropped``: the
+    columns it lacked) and opened again: the result as the migrated database reads it."""
     from benanza.records import Result
 
+    system = System("box", "onednn", "cpu", (("threads", "1"),))
+    path = tmp_path / "old.db"
     with PerfDB(path) as db:
-        db.insert_results(system, [Result(variant, "box", Status.OK, median_ms=0.5, iterations=1, repetitions=1)])
-    with sqlite3.connect(path) as conn:  # what schema 2 had
-        for col in ("low_ms", "sample_median_ms", "sample_iqr_ms", "samples", "contention", "clean_share",
-                    "contended", "precision", "eliminated"):
+        db.insert_results(system, [Result(read_variants(bench / "onednn")[0], "box", Status.OK, **fields)])
+    with sqlite3.connect(path) as conn:
+        for col in dropped:
             conn.execute(f"ALTER TABLE results DROP COLUMN {col}")
-        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
     with PerfDB(path, readonly=True) as db:
         (r,) = db.results("box")
-        assert db.schema_version == SCHEMA_VERSION
+        assert db.schema_version == SCHEMA_VERSION == 4
+    return r
+
+
+def test_a_v2_database_gains_the_sample_and_contention_columns(tmp_path, bench):
+    r = _read_as_old_schema(tmp_path, bench, 2, ("low_ms", "sample_median_ms", "sample_iqr_ms", "samples", "contention",
+                                                 "clean_share", "contended", "precision", "eliminated"),
+                            median_ms=0.5, iterations=1, repetitions=1)
     assert r.median_ms == 0.5 and r.low_ms is None and r.latency_ms == 0.5  # the old bound: its median
     assert r.contention is None and not r.contended and r.precision is None and not r.eliminated
 
 
 def test_a_v3_database_gains_the_precision_and_eliminated_columns(tmp_path, bench):
-    variant = read_variants(bench / "onednn")[0]
-    system = System("box", "onednn", "cpu", (("threads", "1"),))
-    path = tmp_path / "old.db"
-    from benanza.records import Result
-
-    with PerfDB(path) as db:
-        db.insert_results(system, [Result(variant, "box", Status.OK, median_ms=0.5, low_ms=0.4, samples=30)])
-    with sqlite3.connect(path) as conn:  # what schema 3 had
-        conn.execute("ALTER TABLE results DROP COLUMN precision")
-        conn.execute("ALTER TABLE results DROP COLUMN eliminated")
-        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
-    with PerfDB(path, readonly=True) as db:
-        (r,) = db.results("box")
-        assert db.schema_version == SCHEMA_VERSION == 4
+    r = _read_as_old_schema(tmp_path, bench, 3, ("precision", "eliminated"), median_ms=0.5, low_ms=0.4, samples=30)
     assert r.low_ms == 0.4 and r.samples == 30 and r.precision is None  # measured with the fixed budget
     assert not r.eliminated
 
