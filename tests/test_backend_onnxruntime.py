@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +59,12 @@ def measured(tmp_path_factory):
     invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(bench))
     invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db", str(db),
            "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1")
+    return path, bench, db, _profile_whole(path, root)
+
+
+def _profile_whole(path: Path, root: Path) -> Path:
+    """ORT's profile of RUNS runs of the whole model on one thread (default optimization level:
+    ORT_ENABLE_ALL)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.enable_profiling = True
@@ -68,16 +73,17 @@ def measured(tmp_path_factory):
     x = np.random.default_rng(1).standard_normal((1, 16, 28, 28)).astype(np.float32)
     for _ in range(RUNS):
         sess.run(None, {"x": x})
-    return path, bench, db, Path(sess.end_profiling())
+    return Path(sess.end_profiling())
 
 
-def _kernel_medians_ms(profile: Path) -> dict[str, float]:
-    """Median kernel time per node of ORT's profile (its last RUNS runs: the first ones warm up)."""
+def _kernel_lows_ms(profile: Path) -> dict[str, float]:
+    """The 10th percentile of kernel time per node of ORT's profile (its last runs: the first ones
+    warm up), the statistic a loaded machine disturbs least, as the runtime's own low_ms."""
     times: dict[str, list[float]] = {}
     for e in json.loads(profile.read_text()):
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             times.setdefault(e["name"].removesuffix("_kernel_time"), []).append(e["dur"] / 1e3)
-    return {name: statistics.median(t[len(t) // 3:]) for name, t in times.items()}
+    return {name: float(np.percentile(t[len(t) // 3:], 10)) for name, t in times.items()}
 
 
 def _row(db: Path, name: str) -> sqlite3.Row:
@@ -110,21 +116,29 @@ def test_variants_are_the_choices_an_ort_user_has(measured):
 
 def test_isolated_kernels_match_their_time_inside_the_whole_model(measured):
     """Fidelity: the benchmark of the kernel ORT ran for a layer (its fusion, its NCHWc layout)
-    against that node's own time in ORT's profile of the whole model. Medians of both; ±30%
-    holds on a loaded 2-core machine (both sides run on one thread, minutes apart)."""
-    _, bench, db, profile = measured
-    whole = _kernel_medians_ms(profile)
+    against that node's own time in ORT's profile of the whole model: 10th percentiles of both,
+    within ±30%. A pair measured apart in a busy moment of the shared machine (one side slowed, the
+    other not) is measured again, both sides, twice at most: the benchmark by `benanza run --force`
+    of that variant as a user would, the whole model by a new profile."""
+    path, bench, db, profile = measured
     expected = {  # ORT's names for what it made of the model at its default level
         "r1_nchwc": _variant(bench, "conv:mb1_ic16", algo="all", fusion="bias_relu"),
         "r2_nchwc": _variant(bench, "conv:mb1_ic32", algo="all", fusion="bn_relu"),
     }
-    assert set(expected) <= set(whole), sorted(whole)
     for node, name in expected.items():
-        row = _row(db, name)
-        assert row["status"] == "ok", (name, row["message"])
-        assert "com.microsoft.nchwc.Conv" in row["implementation"]
-        ratio = row["sample_median_ms"] / whole[node]
-        assert 1 / 1.3 < ratio < 1.3, (node, row["sample_median_ms"], whole[node])
+        for attempt in range(3):
+            whole = _kernel_lows_ms(profile)
+            assert node in whole, sorted(whole)
+            row = _row(db, name)
+            assert row["status"] == "ok", (name, row["message"])
+            assert "com.microsoft.nchwc.Conv" in row["implementation"]
+            if 1 / 1.3 < row["low_ms"] / whole[node] < 1.3:
+                break
+            assert attempt < 2, (node, row["low_ms"], whole[node])
+            invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db",
+                   str(db), "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--force",
+                   "--filter", "^" + re.escape(name) + "$")
+            profile = _profile_whole(path, profile.parent)
 
 
 def test_results_carry_the_runtime_statistics(measured):
