@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .errors import BenanzaError
+from .errors import BenanzaError, FileProblem
 from .escape import printable
 from .limits import MAX_DIM
 from .measurement import MAX_CONTENTION, MAX_SAMPLING_SECONDS, UNSTABLE_RSD
@@ -446,10 +446,14 @@ def db_option(f):
                    "every variant in full, for studies.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the shuffled order the benchmarks are measured in (stored in each result's command).")
+@click.option("--first", "first_files", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Benchmarks named in FILE (one a line) run before the others, each group in the seeded order; "
+                   "repeatable: the first file's before the second's. For a run that may be stopped.")
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, remeasure_contended: bool, min_time: float, repetitions: int, threads: int | None,
         timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
-        l2: str, measure_peaks: bool, precision: float | None, max_time: float, race: bool, seed: int) -> None:
+        l2: str, measure_peaks: bool, precision: float | None, max_time: float, race: bool, seed: int,
+        first_files: tuple[str, ...]) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -471,7 +475,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     # The order is part of how a result was measured: the seed in effect is in the stored command.
     given_seed = any(a == "--seed" or a.startswith("--seed=") for a in sys.argv[1:])
     command = " ".join(["benanza", *sys.argv[1:], *([] if given_seed else ["--seed", str(seed)])])
-    options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force,
+    first = tuple(_names_file(path) for path in first_files)
+    options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, first=first,
                                 remeasure_contended=remeasure_contended, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
                                 command=command, seed=seed, precision=precision, max_time=max_time, race=race,
@@ -553,6 +558,15 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     if summary.interrupted:
         err_console.print("interrupted: results so far are stored; run the same command to continue")
         sys.exit(130)
+
+
+def _names_file(path: str) -> tuple[str, ...]:
+    """The benchmark names of a ``--first`` file, one a line (blank lines skipped)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FileProblem(path, f"--first: not a readable text file of benchmark names ({exc})") from None
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
 class _ProgressLines:

@@ -89,6 +89,8 @@ class RunOptions:
     max_failures: int = 3  # a variant that failed this often in a row is skipped (--force retries)
     peaks: bool = True  # measure the stack's peaks (benanza.peaks) when the database has none
     seed: int = 0  # of the order benchmarks are measured in (``measurement_order``)
+    # groups of names measured before all others, the first group first (``measurement_order``)
+    first: tuple[tuple[str, ...], ...] = ()
     # Adaptive sampling (docs/measurement.md): the relative precision of the low percentile each
     # benchmark samples to, and the most seconds it may sample; None: the fixed budget above.
     precision: float | None = None
@@ -227,7 +229,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(None))
         if not path.exists():
             summary = RunSummary(system, backend, path, len(variants), 0,
-                                 measurement_order([v.name for v in variants], options.seed))
+                                 measurement_order([v.name for v in variants], options.seed, options.first))
             _estimate(None, summary, options)
         else:
             with PerfDB(path, readonly=True) as db:
@@ -309,17 +311,22 @@ def _plan(db: PerfDB, system: System, variants: list[Variant], options: RunOptio
         retry = {v.name for v in db.missing(system, variants)}
         summary = RunSummary(system, system.backend, path, len(variants), len(variants) - len(retry),
                              [v.name for v in todo], gave_up=sorted(retry - {v.name for v in todo}))
-    summary.to_run = measurement_order(summary.to_run, options.seed)
+    summary.to_run = measurement_order(summary.to_run, options.seed, options.first)
     _estimate(db, summary, options)
     return summary
 
 
-def measurement_order(names: list[str], seed: int) -> list[str]:
+def measurement_order(names: list[str], seed: int, first: tuple[tuple[str, ...], ...] = ()) -> list[str]:
     """``names`` in the order a run measures them: shuffled by ``seed``, so that a drift of the
     machine's state during the run (its clock frequency, a neighbour job) spreads over all layers
     and models instead of landing on the ones generated last. Each name's place comes from a hash
-    of it and the seed alone, so a resumed run (a subset) keeps the order of the first."""
-    return sorted(names, key=lambda n: hashlib.sha256(f"{seed}\n{n}".encode()).digest())
+    of it and the seed alone, so a resumed run (a subset) keeps the order of the first. Names in
+    a group of ``first`` come before the others (a run that may be stopped measures what matters
+    most first), an earlier group before a later one; each group is shuffled the same way."""
+    group: dict[str, int] = {}
+    for i, members in reversed(list(enumerate(first))):  # a name in two groups goes with the earlier
+        group.update(dict.fromkeys(members, i))
+    return sorted(names, key=lambda n: (group.get(n, len(first)), hashlib.sha256(f"{seed}\n{n}".encode()).digest()))
 
 
 def _estimate(db: PerfDB | None, summary: RunSummary, options: RunOptions) -> None:

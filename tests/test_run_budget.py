@@ -98,6 +98,40 @@ def test_benchmarks_run_in_a_seeded_shuffle_that_a_resumed_run_continues(bench, 
     assert run(bench, "box", "onednn", db, RunOptions(dry_run=True)).to_run == order[half:]
 
 
+
+def test_first_groups_run_before_the_others_each_in_the_seeded_order(bench, tmp_path):
+    """--first FILE (repeatable): the names of the first file, then those of the second, then the
+    rest, each part in the order the seeded shuffle gives it alone; a name in both files goes with
+    the first; a resumed run keeps that order; names not generated are ignored."""
+    db = tmp_path / "r.db"
+    order = run(bench, "box", "onednn", db, RunOptions(dry_run=True)).to_run
+    one = [order[-1], order[len(order) // 2], "not:a_generated_name"]
+    two = [order[-2], order[-1], order[0]]
+    (tmp_path / "one.txt").write_text("\n".join(one) + "\n\n")
+    (tmp_path / "two.txt").write_text("\n".join(two) + "\n")
+    expected = ([n for n in order if n in one] + [n for n in order if n in two and n not in one]
+                + [n for n in order if n not in one and n not in two])
+    assert expected[:4] == [order[len(order) // 2], order[-1], order[0], order[-2]]
+    out = CliRunner().invoke(main, ["run", "--system", "box", "--backend", "onednn", "--bench-dir", str(bench),
+                                    "--db", str(db), "--dry-run", "--first", str(tmp_path / "one.txt"),
+                                    "--first", str(tmp_path / "two.txt")])
+    assert out.exit_code == 0, out.output
+    listed = [line for line in out.output.splitlines() if line in order]
+    assert listed == expected
+    first = (tuple(one), tuple(two))
+    system = run(bench, "box", "onednn", db, RunOptions(dry_run=True)).system
+    by_name = {v.name: v for v in read_variants(bench / "onednn")}
+    with PerfDB(db) as pdb:
+        pdb.insert_results(system, [Result(by_name[n], "box", Status.OK, median_ms=0.01) for n in expected[:3]])
+    assert run(bench, "box", "onednn", db, RunOptions(dry_run=True, first=first)).to_run == expected[3:]
+
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00")
+    bad = CliRunner().invoke(main, ["run", "--system", "box", "--backend", "onednn", "--bench-dir", str(bench),
+                                    "--db", str(db), "--dry-run", "--first", str(tmp_path / "bad.txt")])
+    assert bad.exit_code != 0
+    assert f"{tmp_path / 'bad.txt'}: --first: not a readable text file of benchmark names" in bad.output
+
+
 # --- adaptive sampling (docs/measurement.md) ------------------------------------------------------
 
 STANDIN_SOURCE = Path(__file__).parent / "fixtures" / "adaptive_standin"
