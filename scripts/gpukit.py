@@ -41,9 +41,11 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 LIMIT_MIB = 64  # the device tool's limit on everything that travels: tree and carried folders
@@ -331,9 +333,11 @@ class Device:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def call(self, cmd: list[str], what: str, log: Path | None = None, timeout: float | None = None) -> str:
-        """Runs cmd (stdout to `log` when given); a failure raises with the output's tail."""
-        limit = max(1.0, min(timeout or self.left(), self.left()))
+    def call(self, cmd: list[str], what: str, log: Path | None = None, timeout: float | None = None,
+             grace: float = 0.0) -> str:
+        """Runs cmd (stdout to `log` when given) for at most `timeout` s and never past the deadline
+        (plus `grace` s); a failure raises with the output's tail."""
+        limit = max(1.0, min(self.left() if timeout is None else timeout, self.left() + grace))
         try:
             done = subprocess.run(cmd, env=self.env, check=False, capture_output=True, text=True, timeout=limit,
                                   cwd=REPO)
@@ -480,6 +484,13 @@ _CACHE_KEYS = ("CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "BENANZA_CUDNN
                "BENANZA_CUBLAS_LIBRARY", "BENANZA_CUDNN_FRONTEND_INCLUDE_DIR", "BENANZA_NVRTC_LIBRARY", "benchmark_DIR")
 
 
+def _configure_and_say(d: Device, project: Path) -> None:
+    cache = configure(d, project)
+    say(f"generate: configured {project}")
+    for key in _CACHE_KEYS:
+        say(f"  {key} = {cache.get(key, 'MISSING')}")
+
+
 def configure(d: Device, project: Path) -> dict[str, str]:
     """Configures a generated project where and as `benanza run` builds it (backends.base.build)."""
     build = project / "build"
@@ -527,17 +538,9 @@ def step_generate(d: Device) -> None:
         say(f"generate: {note}")
     (d.state / "models.json").write_text(json.dumps({"names": names, "paths": [str(p) for p in paths],
                                                      "note": note}) + "\n")
-    smoke = d.state / "smoke.onnx"
-    d.call([str(d.python), "-c", _SMOKE_MODEL, str(smoke)], "smoke model")
     d.call(d.bz("generate", *map(str, paths), "--out", str(d.state / "bench"), "--backend", "cudnn"),
            "benanza generate (campaign)")
-    d.call(d.bz("generate", str(smoke), "--out", str(d.state / "smoke"), "--backend", "cudnn",
-                "--dtype", "f32", "--dtype", "f16"), "benanza generate (smoke)")
-    for project in (d.state / "bench" / "cudnn", d.state / "smoke" / "cudnn"):
-        cache = configure(d, project)
-        say(f"generate: configured {project}")
-        for key in _CACHE_KEYS:
-            say(f"  {key} = {cache.get(key, 'MISSING')}")
+    _configure_and_say(d, d.state / "bench" / "cudnn")
     count = d.call([str(d.python), "-c", ("import sys; from benanza.generator import read_variants; "
                                           "print(len(read_variants(sys.argv[1])))"), str(d.state / "bench" / "cudnn")],
                    "variant count")
@@ -576,14 +579,15 @@ def _gpu_preflight(d: Device, step: str) -> str:
     return slug(name)
 
 
-def _run_until_deadline(d: Device, cmd: list[str], log: Path) -> tuple[int, bool]:
-    """Runs a resumable command until it ends or the call's time is up; then SIGTERM (benanza run
-    keeps what it stored), and SIGKILL if it does not stop. Returns (exit status, stopped)."""
+def _run_until_deadline(d: Device, cmd: list[str], log: Path, deadline: float) -> tuple[int, bool]:
+    """Runs a resumable command until it ends or ``deadline`` (time.monotonic()) passes; then
+    SIGTERM (benanza run keeps what it stored), and SIGKILL if it does not stop. Returns (exit
+    status, stopped)."""
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=d.env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True)
         try:
-            return proc.wait(timeout=max(1.0, d.left())), False
+            return proc.wait(timeout=max(1.0, deadline - time.monotonic())), False
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -593,38 +597,265 @@ def _run_until_deadline(d: Device, cmd: list[str], log: Path) -> tuple[int, bool
                 return proc.wait(), True
 
 
-def step_campaign(d: Device) -> None:
-    step_generate(d)
-    gpu = _gpu_preflight(d, "campaign")
-    d.perfdb.mkdir(parents=True, exist_ok=True)
+# --- what each stage costs: printed as it goes, kept in perfdb/<gpu>-campaign.log -----------------
+
+_STAGE_LINE = re.compile(r"^\S+ stage (.+) (\d+) s$", re.MULTILINE)
+_CAMPAIGN_LINE = re.compile(r"^\S+ (\d+) s ", re.MULTILINE)  # one per call of `benanza run`
+# Seconds a stage is assumed to take until a call has measured it (perfdb/<gpu>-campaign.log):
+# guesses, not readings; the first call on a GPU replaces them. "stop": a stopped `benanza run`
+# handing back and its database folded into one file; "page": gpu-results.py and the copies.
+DEFAULT_SECONDS = {"stop": 15.0, "profile": 60.0, "analyze": 10.0, "page": 15.0}
+# How long the page may run past the budget when the estimates before it ran over: the budget of
+# `device all` (550 s) leaves 50 s before the device kills the command at 600.
+PAGE_GRACE_S = 30.0
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Timeline:
+    """The call's stages as they end: one line each on stderr (its time, and where the call
+    stands in its budget), and the lines of the campaign log, written once the GPU's name (the
+    log's name) is known."""
+
+    def __init__(self, started: float, budget: float) -> None:
+        self.started, self.budget = started, budget
+        self.pending: list[str] = []
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.record(name, time.monotonic() - began)
+
+    def record(self, name: str, seconds: float) -> None:
+        say(f"stage {name}: {seconds:.0f} s (the call at {time.monotonic() - self.started:.0f} s of "
+            f"{self.budget:.0f})")
+        self.pending.append(f"{_stamp()} stage {name} {seconds:.0f} s")
+
+    def flush(self, log: Path) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.writelines(line + "\n" for line in self.pending)
+        self.pending.clear()
+
+
+def estimate(log_text: str, stage: str) -> float:
+    """The stage's seconds as the latest call measured them, else the default for its kind (the
+    first word: "profile resnet50-v1" → "profile")."""
+    measured = [float(m[2]) for m in _STAGE_LINE.finditer(log_text) if m[1] == stage]
+    return measured[-1] if measured else DEFAULT_SECONDS[stage.split()[0]]
+
+
+# --- the campaign's order ---------------------------------------------------------------------
+
+# The models whose bounds a stopped campaign must already give: ResNet-50 (batch 1, the paper's
+# model) and the transformer encoder (GEMMs and attention), when Benanza processes it.
+PRIORITY_MODELS = ("resnet50-v1", TRANSFORMER)
+# Each layer's first-choice variant, the one that gives its bound before the exhaustive others:
+# the call's only algorithm ("default"), the top rank of the library heuristic's answer
+# (cublasLtMatmul "heuristic0", the cuDNN frontend's "plan0"), and for the legacy convolution
+# calls, whose heuristic pick is known only on the GPU (the heuristic_algo counter),
+# IMPLICIT_PRECOMP_GEMM, the one algorithm cuDNN runs with every fusion (cudnn.IDENTITY_ALGOS);
+# in the models' own layout.
+FIRST_CHOICE = frozenset({"default", "heuristic0", "plan0", "IMPLICIT_PRECOMP_GEMM"})
+FIRST_LAYOUT = "nchw"
+
+
+@dataclass(frozen=True)
+class Tier:
+    label: str
+    names: tuple[str, ...]
+
+
+def _problem(key: str) -> str:
+    """A layer key without its dtype: keys are `<problem>_<dtype>` (benanza.ops.grammar.layer_key),
+    so a layer's variants in another dtype share it."""
+    return key.rsplit("_", 1)[0]
+
+
+def campaign_tiers(bench: Path, models: list[str]) -> tuple[Tier, ...]:
+    """The generated variants of ``bench`` in the order the campaign measures them, most valuable
+    first: the first-choice variants of the priority models' layers in the layer's own dtype,
+    then those of the other models (every layer of every model then has a bound), the
+    first-choice variants in the other dtypes (the fp16 what-if) of the priority models, all the
+    priority models' variants, and the rest. Each variant is in the first tier it fits."""
+    layers = json.loads((bench / "layers.json").read_text())["layers"]
+    variants = json.loads((bench / "cudnn" / "variants.json").read_text())["variants"]
+    own_dtype = {layer["key"] for layer in layers}
+    users: dict[str, set[str]] = {}
+    for layer in layers:
+        users.setdefault(_problem(layer["key"]), set()).update(o["model"] for o in layer["occurrences"])
+    priority = [m for m in PRIORITY_MODELS if m in models]
+    others = [m for m in models if m not in priority]
+
+    def used_by(group: list[str]) -> Callable[[dict[str, str]], bool]:
+        return lambda v: bool(users.get(_problem(v["layer_key"]), set()) & set(group))
+
+    def first(v: dict[str, str]) -> bool:
+        return v["algo"] in FIRST_CHOICE and v["layout"] == FIRST_LAYOUT
+
+    by_priority, by_others = used_by(priority), used_by(others)
+    rules: list[tuple[str, Callable[[dict[str, str]], bool]]] = [
+        (f"first choice in the model's dtype: {', '.join(priority)}",
+         lambda v: by_priority(v) and first(v) and v["layer_key"] in own_dtype),
+        (f"first choice in the model's dtype: {', '.join(others)}",
+         lambda v: by_others(v) and first(v) and v["layer_key"] in own_dtype),
+        (f"first choice in other dtypes: {', '.join(priority)}", lambda v: by_priority(v) and first(v)),
+        (f"every variant: {', '.join(priority)}", by_priority),
+        ("every other variant", lambda v: True),
+    ]
+    tiers: list[list[str]] = [[] for _ in rules]
+    for v in variants:
+        tiers[next(i for i, (_, rule) in enumerate(rules) if rule(v))].append(v["name"])
+    return tuple(Tier(label, tuple(names)) for (label, _), names in zip(rules, tiers) if names)
+
+
+def write_tiers(d: Device, tiers: tuple[Tier, ...]) -> list[Path]:
+    """The `benanza run --first` files: every tier but the last (the rest comes after them anyway)."""
+    files = []
+    for i, tier in enumerate(tiers[:-1], 1):
+        path = d.state / f"first-{i}.txt"
+        path.write_text("".join(n + "\n" for n in tier.names))
+        files.append(path)
+    return files
+
+
+def _models(d: Device) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((d.state / "models.json").read_text())
+    return data
+
+
+def _report_order(names: list[str]) -> list[str]:
+    return [m for m in PRIORITY_MODELS if m in names] + [m for m in names if m not in PRIORITY_MODELS]
+
+
+# --- the call's budget ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CallPlan:
+    """How one call spends what is left of its budget once the benchmarks are generated: the
+    campaign (the build included) gets all but the report's reserve."""
+
+    left_s: float
+    reserve: tuple[tuple[str, float], ...]  # (stage, estimated seconds), in the order they run
+
+    @property
+    def campaign_s(self) -> float:
+        return max(0.0, self.left_s - sum(s for _, s in self.reserve))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stages": list(ALL_STAGES), "left_s": round(self.left_s, 1),
+                "reserve": [[stage, s] for stage, s in self.reserve], "campaign_s": round(self.campaign_s, 1)}
+
+
+ALL_STAGES = ("install", "generate", "build", "campaign", "report")
+
+
+def plan_call(left_s: float, models: list[str], profiled: set[str], log_text: str) -> CallPlan:
+    """The report's reserve: the campaign's stop, a profile of each priority model not profiled
+    on this machine yet (the others are profiled only with time to spare), an analysis of every
+    model, the page; each as the latest call measured it, else its default."""
+    stages = ["stop", *(f"profile {m}" for m in PRIORITY_MODELS if m in models and m not in profiled),
+              *(f"analyze {m}" for m in _report_order(models)), "page"]
+    return CallPlan(left_s, tuple((stage, estimate(log_text, stage)) for stage in stages))
+
+
+def _log_text(log: Path | None) -> str:
+    return log.read_text(errors="replace") if log is not None and log.is_file() else ""
+
+
+def _profiled(d: Device, models: list[str]) -> set[str]:
+    return {m for m in models if d.stamp(f"profile-{m}").is_file()}
+
+
+# --- campaign -------------------------------------------------------------------------------------
+
+def latest_statuses(db: Path, system: str) -> dict[str, str]:
+    """Each variant's latest status on the system (the database's results table)."""
+    if not db.is_file():
+        return {}
+    with closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT variant, status FROM results WHERE system = ? ORDER BY id", (system,)).fetchall()
+    return dict(rows)
+
+
+def coverage_note(tiers: tuple[Tier, ...], statuses: dict[str, str], stopped: str | None) -> str:
+    """The results page's line on how far the campaign got: complete, or partial with each tier's
+    share of variants that have a result (ok or unsupported; a failed one is retried)."""
+    done = {n for n, s in statuses.items() if s in ("ok", "unsupported")}
+    total = sum(len(t.names) for t in tiers)
+    have = sum(n in done for t in tiers for n in t.names)
+    if have == total:
+        return f"Campaign complete: all {total} variants have a result (ok or unsupported)."
+    per_tier = "; ".join(f"{t.label}: {sum(n in done for n in t.names)}/{len(t.names)}" for t in tiers)
+    why = stopped or "variants failed or not run yet"
+    return (f"**Partial campaign** ({why}): {have} of {total} variants have a result, in the order measured: "
+            f"{per_tier}. Bounds resting on a layer without a result are partial (below); "
+            f"`python3 scripts/gpukit.py device all` on the GPU machine continues the campaign.")
+
+
+def _campaign(d: Device, gpu: str, tl: Timeline, deadline: float) -> str | None:
+    """Builds, then measures in the tiers' order until ``deadline``; returns why it stopped
+    early (None: the pass ended by itself)."""
+    bench = d.state / "bench"
     db = d.perfdb / f"{gpu}.db"
     campaign_log = d.perfdb / f"{gpu}-campaign.log"
-    if d.left() < 90:
-        raise KitError("campaign: under 90 s left in this call after the steps before it; call again", 75)
-    started = time.monotonic()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    tiers = campaign_tiers(bench, _models(d)["names"])
+    first = [a for f in write_tiers(d, tiers) for a in ("--first", str(f))]
+    for tier in tiers:
+        say(f"campaign: {len(tier.names):5d} {tier.label}")
+    try:
+        with tl.stage("build"):
+            d.call(["cmake", "--build", str(bench / "cudnn" / "build"), "-j", str(os.cpu_count() or 1)],
+                   "campaign build", log=d.state / "build.log", timeout=deadline - time.monotonic())
+    except KitError as e:
+        if e.code != 75:
+            raise
+        say(f"campaign: the build did not end within the campaign's share of this call ({d.state / 'build.log'})")
+        return "the build did not end within the campaign's share of the call; nothing measured in it"
     output = d.state / "campaign-run.log"
-    rc, stopped = _run_until_deadline(d, d.bz("run", "--system", gpu, "--bench-dir", str(d.state / "bench"),
-                                              "--backend", "cudnn", "--db", str(db), "--repetitions", "3"), output)
-    seconds = time.monotonic() - started
+    started = time.monotonic()
+    with tl.stage("campaign"):
+        rc, stopped = _run_until_deadline(
+            d, d.bz("run", "--system", gpu, "--bench-dir", str(bench), "--backend", "cudnn", "--db", str(db),
+                    "--repetitions", "3", *first), output, deadline)
     lines = output.read_text(errors="replace").strip().splitlines()
     summary = next((line for line in reversed(lines) if line.startswith("cudnn on ")), "no summary line")
     outcome = "stopped at the call's time limit" if stopped else f"exit {rc}"
-    if db.is_file():
-        with closing(sqlite3.connect(db)) as conn:  # fold a stopped run's journal into the file that travels
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    if stopped:
+        if db.is_file():
+            with closing(sqlite3.connect(db)) as conn:  # fold a stopped run's journal into the file
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        tl.record("stop", time.monotonic() - deadline)  # SIGTERM to a database that travels
     with campaign_log.open("a") as f:
-        f.write(f"{stamp} {seconds:.0f} s {outcome}: {summary}\n")
+        f.write(f"{_stamp()} {time.monotonic() - started:.0f} s {outcome}: {summary}\n")
     d.to_out(db, campaign_log, output)
     for line in lines[-3:]:
         say(f"  {line}")
     if stopped:
-        say("campaign: stopped at this call's time limit with its results stored: call `device campaign` again")
-    elif rc != 0:
+        say("campaign: stopped at its share of this call with its results stored; the next call continues it")
+        return "stopped at the call's time limit"
+    if rc != 0:
         raise KitError(f"campaign: `benanza run` failed (exit {rc}); its output: {output}", rc)
-    else:
-        # one whole pass: a later call only retries what failed (benanza run --max-failures)
-        say(f"campaign: complete: {db}")
+    say(f"campaign: complete: {db}")  # one whole pass: a later call only retries what failed
+    return None
+
+
+def step_campaign(d: Device) -> None:
+    step_generate(d)
+    gpu = _gpu_preflight(d, "campaign")
+    d.perfdb.mkdir(parents=True, exist_ok=True)
+    if d.left() < 90:
+        raise KitError("campaign: under 90 s left in this call after the steps before it; call again", 75)
+    tl = Timeline(time.monotonic(), d.left())
+    try:
+        _campaign(d, gpu, tl, d.deadline)
+    finally:
+        tl.flush(d.perfdb / f"{gpu}-campaign.log")
 
 
 def _tool_beside_nvcc(d: Device, tool: str) -> str | None:
@@ -638,8 +869,22 @@ def _tool_beside_nvcc(d: Device, tool: str) -> str | None:
 SMOKE_SKIPPED = "gpukit: smoke skipped: "  # scripts/gpu-results.py reads this line
 
 
-def step_smoke(d: Device) -> None:
+def generate_smoke(d: Device) -> None:
+    """The test suite's every-family model, f32 and f16, as its own configured project (its own
+    step's work: the one call of `device all` has no time for it)."""
     step_generate(d)
+    if d.stamp("smoke-generate").is_file():
+        return
+    smoke = d.state / "smoke.onnx"
+    d.call([str(d.python), "-c", _SMOKE_MODEL, str(smoke)], "smoke model")
+    d.call(d.bz("generate", str(smoke), "--out", str(d.state / "smoke"), "--backend", "cudnn",
+                "--dtype", "f32", "--dtype", "f16"), "benanza generate (smoke)")
+    _configure_and_say(d, d.state / "smoke" / "cudnn")
+    d.stamp("smoke-generate").write_text("")
+
+
+def step_smoke(d: Device) -> None:
+    generate_smoke(d)
     gpu = _gpu_preflight(d, "smoke")
     d.perfdb.mkdir(parents=True, exist_ok=True)
     smoke_log = d.perfdb / f"{gpu}-smoke.log"
@@ -656,7 +901,7 @@ def step_smoke(d: Device) -> None:
     # One call per repetition (BENANZA_TARGET_MS tiny): the sanitizer checks every call, it need not time them.
     env_cmd = ["env", "BENANZA_TARGET_MS=0.001", sanitizer, "--tool", "memcheck", "--error-exitcode", "99",
                "--print-limit", "50", "--log-file", str(san), str(binary), "--benchmark_repetitions=1"]
-    rc, _ = _run_until_deadline(d, env_cmd, raw)
+    rc, _ = _run_until_deadline(d, env_cmd, raw, d.deadline)
     text = raw.read_text(errors="replace") + (san.read_text(errors="replace") if san.is_file() else "")
     if "Device not supported" in text:
         smoke_log.write_text(f"{SMOKE_SKIPPED}compute-sanitizer refused the device (Device not supported); "
@@ -673,60 +918,161 @@ def step_smoke(d: Device) -> None:
     say(f"smoke: {got} benchmarks reported, compute-sanitizer clean ({smoke_log})")
 
 
+# --- report ---------------------------------------------------------------------------------------
+
+def _first_line(e: KitError) -> str:
+    lines = str(e).splitlines()
+    return f"{lines[0]} {lines[-1].strip()}" if len(lines) > 1 else lines[0]
+
+
+def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
+    """docs/results-<gpu>.md from what the database holds, always: each model analysed (priority
+    models first), profiled under PyTorch first where its estimate fits what is left before the
+    page's reserve; what is missing (a model not profiled, a failed analysis, a partial
+    campaign) is a line on the page."""
+    db = d.perfdb / f"{gpu}.db"
+    campaign_log = d.perfdb / f"{gpu}-campaign.log"
+    log_text = _log_text(campaign_log) + "".join(line + "\n" for line in tl.pending)
+    models = _models(d)
+    named = dict(zip(models["names"], models["paths"]))
+    order = _report_order(models["names"])
+    page_s = estimate(log_text, "page")
+    analyses, notes = [], []
+    for i, name in enumerate(order):
+        later = sum(estimate(log_text, f"analyze {m}") for m in order[i:])
+        profile = d.state / f"profile-{name}"
+        if not d.stamp(f"profile-{name}").is_file():  # a second call on a warm machine has it
+            room = d.left() - page_s - later
+            need = estimate(log_text, f"profile {name}")
+            if need > room:
+                notes += ["--note", (f"{name}: not profiled under PyTorch in this call (about {need:.0f} s, "
+                                     f"{max(0.0, room):.0f} s left): its bounds have no measured time to compare")]
+                say(f"report: {name}: not profiled (about {need:.0f} s estimated, {max(0.0, room):.0f} s left)")
+            else:
+                nsys = ["--nsys"] if shutil.which("nsys") else []
+                try:
+                    with tl.stage(f"profile {name}"):
+                        d.call(d.bz("profile", named[name], "--framework", "torch", "--device", "cuda", "--out",
+                                    str(profile), *nsys), f"profile {name}", timeout=room)
+                    d.stamp(f"profile-{name}").write_text("")
+                except KitError as e:  # the analysis goes on without it; the page says so
+                    notes += ["--note", f"{name}: not profiled: {_first_line(e)}"]
+                    say(f"report: {name}: {e}")
+        analysis = d.state / f"analyze-{name}.json"
+        with_profile = ["--profile", str(profile)] if d.stamp(f"profile-{name}").is_file() else []
+        try:
+            with tl.stage(f"analyze {name}"):
+                analysis.write_text(d.call(d.bz("analyze", named[name], "--system", gpu, "--db", str(db), *with_profile,
+                                                "--json", "--report", str(d.state / f"{name}.html")),
+                                           f"analyze {name}", timeout=d.left() - page_s))
+        except KitError as e:  # one model's failure must not cost the others' results
+            notes += ["--note", f"{name}: not analysed: {_first_line(e)}"]
+            say(f"report: {name}: {e}")
+            continue
+        analyses.append(str(analysis))
+        say(f"report: analysed {name}" + (" with its PyTorch profile" if with_profile else ""))
+    with tl.stage("page"):
+        text = _log_text(campaign_log)
+        seconds = sum(float(m[1]) for m in _CAMPAIGN_LINE.finditer(text))
+        calls = len(_CAMPAIGN_LINE.findall(text))
+        tiers = campaign_tiers(d.state / "bench", models["names"])
+        notes += ["--note", coverage_note(tiers, latest_statuses(db, gpu), stopped)]
+        notes += ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
+                             f"3 repetitions (perfdb/{gpu}-campaign.log)")]
+        if models["note"]:
+            notes += ["--note", models["note"]]
+        smoke_log = d.perfdb / f"{gpu}-smoke.log"
+        smoke = ["--smoke", str(smoke_log)] if smoke_log.is_file() else []
+        d.docs.mkdir(parents=True, exist_ok=True)
+        results = d.docs / f"results-{gpu}.md"
+        # the page is written even where the estimates ran over: past the budget, inside the device's limit
+        d.call([str(d.python), str(REPO / "scripts" / "gpu-results.py"), "--db", str(db), "--system", gpu,
+                "--out", str(results), "--campaign-seconds", f"{seconds:.0f}", *smoke, *notes, *analyses],
+               "gpu-results.py", grace=PAGE_GRACE_S)
+        reports = d.state / "reports.tar.gz"
+        with tarfile.open(reports, "w:gz") as t:
+            for p in sorted(d.state.glob("*.html")) + sorted(d.state.glob("analyze-*.json")):
+                t.add(p, arcname=p.name)
+    say(f"report: wrote {results}")
+    return results
+
+
 def step_report(d: Device) -> None:
     step_generate(d)
     gpu = _gpu_preflight(d, "report")
     db = d.perfdb / f"{gpu}.db"
     campaign_log = d.perfdb / f"{gpu}-campaign.log"
     if not db.is_file() or not campaign_log.is_file():
-        raise KitError(f"report: no {db} with its campaign log: run `device campaign` first (and copy its "
+        raise KitError(f"report: no {db} with its campaign log: run `device all` first (and copy its "
                        f"files back into perfdb/ when the machine was given back between calls)", 4)
-    models = json.loads((d.state / "models.json").read_text())
-    analyses, notes = [], []
-    for name, path in zip(models["names"], models["paths"]):
-        profile = d.state / f"profile-{name}"
-        nsys = ["--nsys"] if shutil.which("nsys") else []
-        analysis = d.state / f"analyze-{name}.json"
-        try:
-            if not d.stamp(f"profile-{name}").is_file():  # a second call skips the profiles it has
-                d.call(d.bz("profile", path, "--framework", "torch", "--device", "cuda", "--out", str(profile),
-                            *nsys), f"profile {name}")
-                d.stamp(f"profile-{name}").write_text("")
-            analysis.write_text(d.call(d.bz("analyze", path, "--system", gpu, "--db", str(db), "--profile",
-                                            str(profile), "--json", "--report", str(d.state / f"{name}.html")),
-                                       f"analyze {name}"))
-        except KitError as e:
-            if e.code == 75:  # out of time: the next call goes on from here
-                raise
-            # one model's failure must not cost the others' results: the page says what happened
-            notes += ["--note", f"{name}: {str(e).splitlines()[0]} {str(e).splitlines()[-1].strip()}"]
-            say(f"report: {name}: {e}")
-            continue
-        analyses.append(str(analysis))
-        say(f"report: profiled and analysed {name}")
-    seconds = sum(float(m[1]) for m in re.finditer(r"^\S+ (\d+) s ", campaign_log.read_text(), re.MULTILINE))
-    calls = len(campaign_log.read_text().splitlines())
-    notes += ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
-                         f"3 repetitions (perfdb/{gpu}-campaign.log)")]
-    if models["note"]:
-        notes += ["--note", models["note"]]
-    smoke_log = d.perfdb / f"{gpu}-smoke.log"
-    smoke = ["--smoke", str(smoke_log)] if smoke_log.is_file() else []
-    d.docs.mkdir(parents=True, exist_ok=True)
-    results = d.docs / f"results-{gpu}.md"
-    d.call([str(d.python), str(REPO / "scripts" / "gpu-results.py"), "--db", str(db), "--system", gpu,
-            "--out", str(results), "--campaign-seconds", f"{seconds:.0f}", *smoke, *notes, *analyses],
-           "gpu-results.py")
-    reports = d.state / "reports.tar.gz"
-    with tarfile.open(reports, "w:gz") as t:
-        for p in sorted(d.state.glob("*.html")) + sorted(d.state.glob("analyze-*.json")):
-            t.add(p, arcname=p.name)
-    d.to_out(db, results, reports)
-    say(f"report: wrote {results}")
+    tl = Timeline(time.monotonic(), d.left())
+    try:
+        results = _report(d, gpu, tl, None)
+    finally:
+        tl.flush(campaign_log)
+    d.to_out(db, results, campaign_log, d.state / "reports.tar.gz")
 
 
-STEPS = {"install": step_install, "generate": step_generate, "campaign": step_campaign, "smoke": step_smoke,
-         "report": step_report}
+# --- the one call ---------------------------------------------------------------------------------
+
+def _plan(d: Device, log: Path | None) -> tuple[CallPlan, tuple[Tier, ...]]:
+    names = _models(d)["names"]
+    plan = plan_call(d.left(), names, _profiled(d, names), _log_text(log))
+    tiers = campaign_tiers(d.state / "bench", names)
+    (d.state / "plan.json").write_text(json.dumps(
+        {**plan.to_json(), "tiers": [{"label": t.label, "names": list(t.names)} for t in tiers]}, indent=1) + "\n")
+    say(f"plan: {plan.left_s:.0f} s left: campaign (build included) {plan.campaign_s:.0f} s, then the report's "
+        f"reserve: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in plan.reserve))
+    for tier in tiers:
+        say(f"plan: {len(tier.names):5d} {tier.label}")
+    return plan, tiers
+
+
+def step_plan(d: Device) -> None:
+    """What `device all` would do with this call's time after install and generate, without a
+    GPU: the budget split and the campaign's order (out/gpukit/plan.json)."""
+    tl = Timeline(time.monotonic(), d.left())
+    with tl.stage("install"):
+        step_install(d)
+    with tl.stage("generate"):
+        step_generate(d)
+    try:
+        log: Path | None = d.perfdb / f"{slug(gpu_name('plan'))}-campaign.log"
+    except KitError:  # no GPU here: the defaults
+        log = None
+    _plan(d, log)
+
+
+def step_all(d: Device) -> None:
+    """install → generate → build and campaign → report in one call: the campaign gets what the
+    report's reserve leaves and is stopped for it; the report is written from what was measured."""
+    tl = Timeline(time.monotonic(), d.left())
+    with tl.stage("install"):
+        step_install(d)
+    with tl.stage("generate"):
+        step_generate(d)
+    gpu = _gpu_preflight(d, "all")
+    d.perfdb.mkdir(parents=True, exist_ok=True)
+    campaign_log = d.perfdb / f"{gpu}-campaign.log"
+    failure = None
+    try:
+        plan, _ = _plan(d, campaign_log)
+        stopped: str | None = "no time left for it in this call"
+        if plan.campaign_s > 0:
+            try:
+                stopped = _campaign(d, gpu, tl, time.monotonic() + plan.campaign_s)
+            except KitError as e:  # the report still says what was measured before it
+                failure, stopped = e, f"the campaign failed: {_first_line(e)}"
+        results = _report(d, gpu, tl, stopped)
+    finally:
+        tl.flush(campaign_log)
+    d.to_out(d.perfdb / f"{gpu}.db", results, campaign_log, d.state / "reports.tar.gz")
+    if failure is not None:
+        raise failure
+
+
+STEPS = {"install": step_install, "generate": step_generate, "plan": step_plan, "all": step_all,
+         "campaign": step_campaign, "smoke": step_smoke, "report": step_report}
 
 
 def image_python(given: str | None) -> Path:
