@@ -5,23 +5,30 @@ That machine (docs/gpu.md) has Python 3.12 at /opt/torch/.venv/bin/python3 with 
 2.11+cu130, onnx, onnxruntime and the cu13 cuDNN/cuBLAS wheels, nvcc 13.0, CMake and ninja, but
 no network, no Google Benchmark, no sqlite-utils and no cuDNN frontend headers; only the
 repository's working tree travels to it, plus git-ignored folders named in `carry`, 64 MiB in
-all, and one command runs at most 10 minutes.
+all; one command runs at most 10 minutes, and a session lent one has 15 minutes of device time
+in all, the machine's start (minutes) and every idle wait included.
 
   scripts/gpukit.py prepare [--kit .gpukit]     on a connected machine: the one folder that
                                                 travels, holding only what the image lacks
   scripts/gpukit.py commands                    the device calls to make, in order
   scripts/gpukit.py device STEP [--python PY]   on the GPU machine; STEP is one of
+        all        THE call: install, generate, then (GPU) build and measure the campaign in
+                   priority order until the report's reserve, then the report; ends before 570 s
         install    carried wheels → out/gpukit/site (beside the image's Python, on PYTHONPATH),
                    Google Benchmark built from its carried source, the toolchain checked
         generate   the four models, their cuDNN/cuBLAS benchmark sources, CMake configured
-        campaign   GPU: `benanza run` into perfdb/<gpu>.db; call again until it says complete
+        plan       install and generate, then what `all` would do with the time left: the budget
+                   split and the campaign's order (out/gpukit/plan.json); needs no GPU
+        campaign   GPU: `benanza run` into perfdb/<gpu>.db for the whole budget
         smoke      GPU: every family under compute-sanitizer (skipped where it refuses the device)
         report     GPU: PyTorch-on-CUDA profiles, analyses, docs/results-<gpu>.md
 
 A step first runs the steps before it that this machine has not done (stamps in out/gpukit), so
 every call also works on a fresh machine; each stops before the 10-minute limit and a second
-call continues where it stopped. The deliverables (perfdb/<gpu>.db, its -campaign.log and
--smoke.log, docs/results-<gpu>.md) are also copied to $OUT, to be copied back into the tree.
+call continues where it stopped. Every stage's time is printed as it ends and kept in
+perfdb/<gpu>-campaign.log, whose measured times the next call's budget split uses. The
+deliverables (perfdb/<gpu>.db, its -campaign.log and -smoke.log, docs/results-<gpu>.md) are also
+copied to $OUT, to be copied back into the tree.
 """
 
 from __future__ import annotations
@@ -88,6 +95,15 @@ PIP_PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementa
 # Google Benchmark from Debian's source package, built on the device by the image's own compiler
 # (a binary .deb would tie it to the glibc and libstdc++ of the release that built it).
 BENCHMARK_SUITE = "trixie"
+
+
+# A call's budget: what a step may spend before it hands back; the device kills a command at
+# 600 s. A single step stops its last command at the budget, and a stopped `benanza run` may take
+# 30 s more to hand back, then the copies into $OUT. `device all` stops its campaign for the
+# report's reserve inside the budget; the page may run PAGE_GRACE_S past it. Either way the
+# call ends before about 570 s.
+STEP_BUDGET_S = 520.0
+ALL_BUDGET_S = 540.0
 
 
 class KitError(Exception):
@@ -285,21 +301,27 @@ def commands(kit: Path) -> list[str]:
             "cp FILES_AT/results-*.md docs/ 2>/dev/null  (FILES_AT: the reply's files_at; a <gpu>.db.gz "
             "instead of <gpu>.db: gunzip -c it into perfdb/<gpu>.db)")
     step = "python3 scripts/gpukit.py device {}"
-    # No call of its own for install and generate: the machine is given back 30 s after a call
-    # (KINDS.md), so a later call mostly finds a bare one and redoes them anyway; the first
-    # campaign call does them and spends what is left of its time measuring.
+    # One call does everything: the session has 15 minutes of device time in all, a machine's
+    # start takes minutes of it, and the machine is given back 30 s after a call (KINDS.md), so a
+    # later call mostly finds a bare one and redoes install and generate.
     return [
-        f"1. run  command={step.format('campaign')!r}  carry={carry}  timeout_s=600",
-        ("     installs the kit beside the image's Python, builds Google Benchmark, writes and configures the "
-         "benchmarks (3-5 min; again on a bare machine), then measures until the call's time is up"),
+        f"1. run  command={step.format('all')!r}  carry={carry}  timeout_s=600",
+        ("     installs the kit, generates and builds the benchmarks, measures the most valuable variants first "
+         "(each layer's first-choice algorithm, ResNet-50 and the transformer encoder before the other models) "
+         "until the report's reserve, then writes the report from what was measured; ends before about 570 s "
+         "and prints each stage's time"),
         f"     {back}",
-        ("     repeat until it prints 'campaign: complete' (each call stops itself before 10 minutes and "
-         "keeps what it measured)"),
-        f"2. run  command={step.format('smoke')!r}  carry={carry}  timeout_s=600   (optional)",
+        ("2. at once (the machine stays warm 30 s after the reply, and a new one would cost minutes of a start): "
+         "copy the files back as above, then `status`; only if budget_left_s - 60 >= 180: run  "
+         f"command={step.format('all --budget B')!r}  carry={carry}  timeout_s=600, with B = budget_left_s - 60 "
+         f"(at most {ALL_BUDGET_S:g}), so the call ends inside the session's device time"),
+        ("     continues the campaign where the database left it (a warm machine skips install and generate, a "
+         "bare one redoes them), budgets with the stage times call 1 measured, and refreshes the report"),
         f"     {back}",
-        f"3. run  command={step.format('report')!r}  carry={carry}  timeout_s=600",
-        f"     {back}",
-        "then commit perfdb/<gpu>.db, perfdb/<gpu>-campaign.log, perfdb/<gpu>-smoke.log and docs/results-<gpu>.md",
+        "   else: give_back at once",
+        "then commit perfdb/<gpu>.db, perfdb/<gpu>-campaign.log and docs/results-<gpu>.md",
+        (f"(`{step.format('smoke')}`, every family under compute-sanitizer, is its own call of a later session: "
+         f"this one has no device time for it)"),
     ]
 
 
@@ -605,9 +627,8 @@ _CAMPAIGN_LINE = re.compile(r"^\S+ (\d+) s ", re.MULTILINE)  # one per call of `
 # guesses, not readings; the first call on a GPU replaces them. "stop": a stopped `benanza run`
 # handing back and its database folded into one file; "page": gpu-results.py and the copies.
 DEFAULT_SECONDS = {"stop": 15.0, "profile": 60.0, "analyze": 10.0, "page": 15.0}
-# How long the page may run past the budget when the estimates before it ran over: the budget of
-# `device all` (550 s) leaves 50 s before the device kills the command at 600.
-PAGE_GRACE_S = 30.0
+# How long the page may run past the budget when the estimates before it ran over (ALL_BUDGET_S).
+PAGE_GRACE_S = 25.0
 
 
 def _stamp() -> str:
@@ -1101,9 +1122,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="this machine's work folder, kept between calls while it stays warm [out/gpukit]")
     p_dev.add_argument("--perfdb", type=Path, default=REPO / "perfdb", help="where <gpu>.db goes [perfdb]")
     p_dev.add_argument("--docs", type=Path, default=REPO / "docs", help="where results-<gpu>.md goes [docs]")
-    # 520: a stopped `benanza run` may take 30 s to hand back, and the copies into $OUT some more
-    p_dev.add_argument("--budget", type=float, default=520.0,
-                       help="seconds this call may work before it hands back; the device kills at 600 [520]")
+    p_dev.add_argument("--budget", type=float,
+                       help="seconds this call may work before it hands back; the device kills at 600 "
+                            f"[all: {ALL_BUDGET_S:g}, the others: {STEP_BUDGET_S:g}]")
     args = parser.parse_args(argv)
     kit = args.kit.absolute()
     try:
@@ -1115,7 +1136,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             state = args.state.absolute()
             state.mkdir(parents=True, exist_ok=True)
-            d = Device(image_python(args.python), kit, state, time.monotonic() + args.budget,
+            budget = args.budget or (ALL_BUDGET_S if args.step == "all" else STEP_BUDGET_S)
+            d = Device(image_python(args.python), kit, state, time.monotonic() + budget,
                        args.perfdb.absolute(), args.docs.absolute())
             STEPS[args.step](d)
     except KitError as e:

@@ -146,10 +146,12 @@ def test_size_check_fails_loudly(kit):
 
 
 def test_commands_name_the_calls_in_order_with_the_carry():
+    """One call does it all; a second, only with device time left, continues inside it."""
     done = subprocess.run(kit_cmd("commands"), capture_output=True, text=True, check=True)
     calls = [line for line in done.stdout.splitlines() if " run  command=" in line]
     steps = [line.split("device ")[1].split("'")[0] for line in calls]
-    assert steps == ["campaign", "smoke", "report"]
+    assert steps == ["all", "all --budget B"]
+    assert calls[1].startswith("2. ") and "budget_left_s" in calls[1]
     assert all('carry=[".gpukit"]' in line and "timeout_s=600" in line for line in calls)
 
 
@@ -290,3 +292,91 @@ def test_results_page_says_why_the_smoke_run_was_skipped(tmp_path):
     assert section.splitlines()[2] == ("Skipped: compute-sanitizer refused the device (Device not supported); "
                                        "the campaign does not depend on it.")
     assert "| cudnn | 9.13 |" in text
+
+
+# --- the one call: its budget, the campaign's order, the report of a stopped campaign -------------
+
+GPU = "nvidia-h100-80gb-hbm3"  # the slug of the H100's nvidia-smi name (KINDS.md)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> tuple[Path, dict]:
+    """What `device generate` writes, made the way it makes it: the zoo's ResNet-50 and
+    MobileNet-v2, the transformer encoder exported by the kit's own script, the cuDNN sources of
+    the three (`benanza generate`), and models.json."""
+    root = tmp_path_factory.mktemp("generated")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    bz = [sys.executable, "-c", "from benanza.cli import main; main(prog_name='benanza')"]
+    subprocess.run([*bz, "zoo", "--out", str(root / "models"), "--only", "resnet50-v1", "--only", "mobilenet-v2"],
+                   check=True, capture_output=True, env=env, timeout=600)
+    subprocess.run([sys.executable, "-c", gpukit._TRANSFORMER_EXPORT, str(root / "models" / "transformer-encoder.onnx")],
+                   check=True, capture_output=True, env=env, timeout=600)
+    names = ["resnet50-v1", "mobilenet-v2", "transformer-encoder"]
+    paths = [str(root / "models" / f"{n}.onnx") for n in names]
+    subprocess.run([*bz, "generate", *paths, "--out", str(root / "state" / "bench"), "--backend", "cudnn"],
+                   check=True, capture_output=True, env=env, timeout=600)
+    models = {"names": names, "paths": paths, "note": ""}
+    (root / "state" / "models.json").write_text(json.dumps(models) + "\n")
+    return root / "state", models
+
+
+def _oracle_tiers(bench: Path) -> list[set[str]]:
+    """The campaign's tiers recomputed from Benanza's own records: the manifest's unique layers
+    with the models they occur in, each variant matched to its layer through the key grammar."""
+    from benanza.generator import read_variants
+    from benanza.manifest import read_manifest
+    from benanza.ops.grammar import layer_key
+
+    manifest = read_manifest(bench)
+    variants = read_variants(bench / "cudnn")
+    users = {}
+    for u in manifest.layers:
+        for v in variants:
+            if layer_key(u.layer.problem, v.dtype) == v.layer_key:
+                users.setdefault(v.name, set()).update(o.model for o in u.occurrences)
+    own = {u.layer.key for u in manifest.layers}
+    priority, others = {"resnet50-v1", "transformer-encoder"}, {"mobilenet-v2"}
+    first = {v.name for v in variants if v.layout == "nchw"
+             and v.algo in ("default", "heuristic0", "plan0", "IMPLICIT_PRECOMP_GEMM")}
+    t1 = {v.name for v in variants if users[v.name] & priority and v.name in first and v.layer_key in own}
+    t2 = {v.name for v in variants if users[v.name] & others and v.name in first and v.layer_key in own} - t1
+    t3 = {v.name for v in variants if users[v.name] & priority and v.name in first} - t1 - t2
+    t4 = {v.name for v in variants if users[v.name] & priority} - t1 - t2 - t3
+    return [t1, t2, t3, t4, {v.name for v in variants} - t1 - t2 - t3 - t4]
+
+
+def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first(generated, tmp_path):
+    state, models = generated
+    tiers = gpukit.campaign_tiers(state / "bench", models["names"])
+    assert [set(t.names) for t in tiers] == _oracle_tiers(state / "bench")
+    assert [t.label for t in tiers] == [
+        "first choice in the model's dtype: resnet50-v1, transformer-encoder",
+        "first choice in the model's dtype: mobilenet-v2",
+        "first choice in other dtypes: resnet50-v1, transformer-encoder",
+        "every variant: resnet50-v1, transformer-encoder", "every other variant"]
+    first = set(tiers[0].names)
+    # ResNet-50's convolutions and the transformer's GEMMs and attention are in the first tier,
+    # one first-choice variant each (per fusion pattern), before any exhaustive algorithm
+    apis = {n.split("/api=")[1].split("/")[0] for n in first}
+    assert {"cudnnConvolutionForward", "cublasGemmEx", "cublasLtMatmul", "cublasGemmStridedBatchedEx",
+            "cudnn_frontend.layernorm", "cudnnSoftmaxForward"} <= apis
+    assert all("/algo=IMPLICIT_PRECOMP_GEMM/" in n for n in first if "/api=cudnnConvolution" in n)
+    assert any("/api=cudnn_frontend.sdpa/algo=plan0/" in n for n in tiers[2].names)  # attention: fp16 only
+    # every layer of every model that has variants has one in the first two tiers: a bound per layer
+    from benanza.generator import read_variants
+
+    variants = read_variants(state / "bench" / "cudnn")
+    early = set(tiers[0].names) | set(tiers[1].names)
+    manifest_keys = {layer["key"] for layer in json.loads((state / "bench" / "layers.json").read_text())["layers"]}
+    assert {v.layer_key for v in variants if v.layer_key in manifest_keys} == {
+        v.layer_key for v in variants if v.name in early}
+
+    # the --first files the campaign gives `benanza run`: every tier but the rest, in order
+    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, 0.0, tmp_path / "perfdb", tmp_path / "docs")
+    files = gpukit.write_tiers(d, tiers)
+    assert [f.read_text().splitlines() for f in files] == [list(t.names) for t in tiers[:-1]]
+    from benanza.runner import measurement_order
+
+    everything = [n for t in tiers for n in t.names]
+    order = measurement_order(everything, 0, tuple(t.names for t in tiers[:-1]))
+    assert order[:len(tiers[0].names)] == measurement_order(list(tiers[0].names), 0)
