@@ -191,7 +191,8 @@ def main() -> int:
         measured = db.peaks(system)
     analyses = [a for path in args.analyses for a in json.loads(path.read_text())["analyses"]]
     lines = [f"# Benanza on {system.device}", "",
-             "Written by `scripts/gpukit.py device report` (docs/gpu.md) from the measurements of that campaign.",
+             ("Written by `scripts/gpukit.py device all` (or `device report`; docs/gpu.md) from the measurements "
+              "of that campaign."),
              ""]
     lines += _table(["component", "version"], [[k, v] for k, v in system.stack])
     lines += [f"- {n}" for n in args.note] + ([""] if args.note else [])

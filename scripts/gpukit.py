@@ -359,7 +359,8 @@ class Device:
              grace: float = 0.0) -> str:
         """Runs cmd (stdout to `log` when given) for at most `timeout` s and never past the deadline
         (plus `grace` s); a failure raises with the output's tail."""
-        limit = max(1.0, min(self.left() if timeout is None else timeout, self.left() + grace))
+        end = self.left() + grace
+        limit = max(1.0, min(end if timeout is None else timeout, end))
         try:
             done = subprocess.run(cmd, env=self.env, check=False, capture_output=True, text=True, timeout=limit,
                                   cwd=REPO)

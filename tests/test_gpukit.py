@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -380,3 +381,88 @@ def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first
     everything = [n for t in tiers for n in t.names]
     order = measurement_order(everything, 0, tuple(t.names for t in tiers[:-1]))
     assert order[:len(tiers[0].names)] == measurement_order(list(tiers[0].names), 0)
+
+
+def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
+    """Before any call measured a stage: the defaults; once the campaign log holds a stage's
+    time (as the Timeline writes it), the latest one. Profiles are reserved for the priority
+    models not yet profiled on this machine, analyses for every model, priority models first."""
+    models = ["resnet50-v1", "inception-v1", "mobilenet-v2", "transformer-encoder"]
+    plan = gpukit.plan_call(400.0, models, set(), "")
+    assert [stage for stage, _ in plan.reserve] == [
+        "stop", "profile resnet50-v1", "profile transformer-encoder", "analyze resnet50-v1",
+        "analyze transformer-encoder", "analyze inception-v1", "analyze mobilenet-v2", "page"]
+    defaults = gpukit.DEFAULT_SECONDS
+    reserve = defaults["stop"] + 2 * defaults["profile"] + 4 * defaults["analyze"] + defaults["page"]
+    assert sum(s for _, s in plan.reserve) == reserve
+    assert plan.campaign_s == 400.0 - reserve
+    assert plan.to_json()["stages"] == ["install", "generate", "build", "campaign", "report"]
+
+    # measured: the Timeline's lines, and a later measurement of a stage replaces an earlier one
+    tl = gpukit.Timeline(0.0, 540.0)
+    tl.record("profile resnet50-v1", 41.2)
+    tl.record("page", 3.0)
+    tl.record("profile resnet50-v1", 35.0)
+    log = "2026-11-26T03:00:00Z 300 s stopped at the call's time limit: cudnn on NVIDIA H100\n" + "".join(
+        line + "\n" for line in tl.pending)
+    measured = gpukit.plan_call(400.0, models, {"transformer-encoder"}, log)
+    assert dict(measured.reserve) == {"stop": defaults["stop"], "profile resnet50-v1": 35.0,
+                                      **{f"analyze {m}": defaults["analyze"] for m in models}, "page": 3.0}
+    assert measured.campaign_s == 400.0 - sum(dict(measured.reserve).values())
+    # no time for a campaign: none, never a negative share
+    assert gpukit.plan_call(60.0, models, set(), "").campaign_s == 0.0
+
+
+def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(generated, tmp_path):
+    """The report of a call whose campaign was stopped after the first tier: written from the
+    database as the runner stores it, every model analysed with its missing layers counted, the
+    page saying the campaign is partial with each tier's share, and the models not profiled for
+    lack of time saying so. With no time left at all the page is still written."""
+    from benanza.generator import read_variants
+    from benanza.perfdb import PerfDB
+    from benanza.records import Result, Status, System
+
+    state, models = generated
+    perfdb, docs = tmp_path / "perfdb", tmp_path / "docs"
+    perfdb.mkdir()
+    tiers = gpukit.campaign_tiers(state / "bench", models["names"])
+    by_name = {v.name: v for v in read_variants(state / "bench" / "cudnn")}
+    system = System(GPU, "cudnn", "NVIDIA H100 80GB HBM3", (("cudnn", "9.13"),))
+    with PerfDB(perfdb / f"{GPU}.db") as db:
+        db.upsert_system(system)
+        db.insert_results(system, [Result(by_name[n], GPU, Status.OK, median_ms=0.01, low_ms=0.01)
+                                   for n in tiers[0].names])
+    # a profile measured at more than this call has: none is attempted
+    (perfdb / f"{GPU}-campaign.log").write_text(
+        "2026-11-26T03:00:00Z 180 s stopped at the call's time limit: cudnn on NVIDIA H100 80GB HBM3\n"
+        + "".join(f"2026-11-26T03:00:00Z stage profile {m} 9999 s\n" for m in models["names"]))
+    state = tmp_path / "state"
+    shutil.copytree(generated[0], state)
+    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, time.monotonic() + 400, perfdb, docs)
+    page = gpukit._report(d, GPU, gpukit.Timeline(time.monotonic(), 400), "stopped at the call's time limit")
+    text = page.read_text()
+    total = sum(len(t.names) for t in tiers)
+    assert (f"- **Partial campaign** (stopped at the call's time limit): {len(tiers[0].names)} of {total} variants "
+            f"have a result") in text
+    assert f"{tiers[0].label}: {len(tiers[0].names)}/{len(tiers[0].names)}; {tiers[1].label}: 0/" in text
+    for m in models["names"]:
+        assert f"- {m}: not profiled under PyTorch in this call (about 9999 s, " in text
+    # every model analysed (the bounds table): the priority models' bounds rest on the first tier
+    # alone, MobileNet's layers have no result yet (its tier was not reached), so its bound is partial
+    head = "| model | dtype | measured ms | sequential bound | parallel bound | BR seq | BR par | partial | missing layers"
+    table = text[text.index(head):].split("\n\n")[0].splitlines()[2:]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table)}
+    assert set(rows) == set(models["names"])
+    assert rows["mobilenet-v2"][7] == "yes" and int(rows["mobilenet-v2"][8]) > 0
+    for m in ("resnet50-v1", "transformer-encoder"):
+        assert rows[m][7:9] == ["no", "0"], rows[m]
+        assert rows[m][2] == "—"  # not profiled: nothing measured to compare
+
+    # no time left at all: the page all the same, from what there is
+    late = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, time.monotonic(), perfdb, docs)
+    page.unlink()
+    gpukit._report(late, GPU, gpukit.Timeline(time.monotonic(), 0), "stopped at the call's time limit")
+    text = page.read_text()
+    assert "**Partial campaign** (stopped at the call's time limit)" in text
+    for m in models["names"]:  # analysed within the second it gets, or a line that says it was not
+        assert f"\n| {m} | f32 | " in text or f"\n- {m}: not analysed: " in text
