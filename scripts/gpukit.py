@@ -1125,7 +1125,7 @@ def main(argv: list[str] | None = None) -> int:
     p_dev.add_argument("--docs", type=Path, default=REPO / "docs", help="where results-<gpu>.md goes [docs]")
     p_dev.add_argument("--budget", type=float,
                        help="seconds this call may work before it hands back; the device kills at 600 "
-                            f"[all: {ALL_BUDGET_S:g}, the others: {STEP_BUDGET_S:g}]")
+                            f"[all and plan: {ALL_BUDGET_S:g}, the others: {STEP_BUDGET_S:g}]")
     args = parser.parse_args(argv)
     kit = args.kit.absolute()
     try:
@@ -1137,7 +1137,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             state = args.state.absolute()
             state.mkdir(parents=True, exist_ok=True)
-            budget = args.budget or (ALL_BUDGET_S if args.step == "all" else STEP_BUDGET_S)
+            # plan: what `all` would do, so with its budget
+            budget = args.budget or (ALL_BUDGET_S if args.step in ("all", "plan") else STEP_BUDGET_S)
             d = Device(image_python(args.python), kit, state, time.monotonic() + budget,
                        args.perfdb.absolute(), args.docs.absolute())
             STEPS[args.step](d)

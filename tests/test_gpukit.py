@@ -210,7 +210,8 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CMAKE_PREFIX_PATH", "CUDACXX")}
     env["CUDA_HOME"] = str(cuda)
 
-    done = subprocess.run(kit_cmd(*common, "generate", *opts), check=False, capture_output=True, text=True,
+    # `device plan`: install and generate, then what `device all` would do with the time left
+    done = subprocess.run(kit_cmd(*common, "plan", *opts), check=False, capture_output=True, text=True,
                           timeout=1500, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     log = done.stderr
@@ -233,10 +234,8 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     variants = read_variants(state / "bench" / "cudnn")
     assert f"generate: {len(variants)} campaign variants of {', '.join(names)}" in log
     assert {v.api for v in variants} >= {"cudnnConvolutionForward", "cudnnPoolingForward"}
-    smoke = read_variants(state / "smoke" / "cudnn")
-    assert {v.api for v in smoke} >= {"cudnnConvolutionForward", "cudnnRNNForward", "cublasSgemv",
-                                      "cudnnConvolutionBiasActivationForward", "cudnnSoftmaxForward"}
-    for project in ("bench", "smoke"):
+
+    def cmake_cache(project: str) -> dict[str, str]:
         cache = {}
         for line in (state / project / "cudnn" / "build" / "CMakeCache.txt").read_text().splitlines():
             if "=" in line and ":" in line.split("=", 1)[0]:
@@ -249,14 +248,47 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
         assert cache["benchmark_DIR"] == str(config.parent)
         assert cache["CMAKE_GENERATOR"] == "Ninja"
         assert not (state / project / "cudnn" / "build" / "benanza_bench").exists()
+        return cache
 
-    # the first GPU step stops with one line and writes nothing
-    stop = subprocess.run(kit_cmd(*common, "campaign", *opts), check=False, capture_output=True, text=True,
+    cmake_cache("bench")
+    assert not (state / "smoke").exists()  # the smoke run's project is its own step's work
+
+    # the plan: the stages of the one call, the report's reserve (no GPU here: no campaign log,
+    # the defaults) before the campaign's share, and the campaign's order
+    plan = json.loads((state / "plan.json").read_text())
+    assert plan["stages"] == ["install", "generate", "build", "campaign", "report"]
+    priority = [m for m in ("resnet50-v1", "transformer-encoder") if m in names]
+    others = [m for m in names if m not in priority]
+    assert [stage for stage, _ in plan["reserve"]] == [
+        "stop", *(f"profile {m}" for m in priority), *(f"analyze {m}" for m in priority + others), "page"]
+    assert [s for _, s in plan["reserve"]] == [gpukit.DEFAULT_SECONDS[stage.split()[0]] for stage, _ in plan["reserve"]]
+    assert 0 < plan["left_s"] <= gpukit.ALL_BUDGET_S
+    assert plan["campaign_s"] == pytest.approx(plan["left_s"] - sum(s for _, s in plan["reserve"]), abs=0.11)
+    assert [set(t["names"]) for t in plan["tiers"]] == _oracle_tiers(state / "bench", names)
+    assert sorted(n for t in plan["tiers"] for n in t["names"]) == sorted(v.name for v in variants)
+    for stage in ("install", "generate"):
+        assert re.search(rf"^gpukit: stage {stage}: \d+ s \(the call at \d+ s of 540\)$", log, re.MULTILINE), stage
+
+    # the smoke step makes its own project (the test suite's every-family model), then needs a GPU
+    stop = subprocess.run(kit_cmd(*common, "smoke", *opts), check=False, capture_output=True, text=True,
+                          timeout=900, env=env)
+    assert stop.returncode == 3, stop.stderr[-2000:]
+    smoke = read_variants(state / "smoke" / "cudnn")
+    assert {v.api for v in smoke} >= {"cudnnConvolutionForward", "cudnnRNNForward", "cublasSgemv",
+                                      "cudnnConvolutionBiasActivationForward", "cudnnSoftmaxForward"}
+    cmake_cache("smoke")
+
+    # the one call stops with one line at the first stage that needs a GPU, and writes nothing
+    stop = subprocess.run(kit_cmd(*common, "all", *opts), check=False, capture_output=True, text=True,
                           timeout=600, env=env)
     assert stop.returncode == 3, stop.stderr[-2000:]
-    assert stop.stderr.strip().splitlines() == [
-        "gpukit: install: done on this machine already", "gpukit: generate: done on this machine already",
-        ("gpukit: campaign needs a GPU: nvidia-smi not found (no NVIDIA driver here); the steps before it ran, "
+    lines = stop.stderr.strip().splitlines()
+    assert [re.sub(r"\d+ s", "N s", line) for line in lines] == [
+        "gpukit: install: done on this machine already",
+        "gpukit: stage install: N s (the call at N s of 540)",
+        "gpukit: generate: done on this machine already",
+        "gpukit: stage generate: N s (the call at N s of 540)",
+        ("gpukit: all needs a GPU: nvidia-smi not found (no NVIDIA driver here); the steps before it ran, "
          "run this one on the GPU machine (`scripts/gpukit.py commands`)")]
     assert not perfdb.exists() and not docs.exists()
 
@@ -322,7 +354,7 @@ def generated(tmp_path_factory) -> tuple[Path, dict]:
     return root / "state", models
 
 
-def _oracle_tiers(bench: Path) -> list[set[str]]:
+def _oracle_tiers(bench: Path, models: list[str]) -> list[set[str]]:
     """The campaign's tiers recomputed from Benanza's own records: the manifest's unique layers
     with the models they occur in, each variant matched to its layer through the key grammar."""
     from benanza.generator import read_variants
@@ -337,7 +369,8 @@ def _oracle_tiers(bench: Path) -> list[set[str]]:
             if layer_key(u.layer.problem, v.dtype) == v.layer_key:
                 users.setdefault(v.name, set()).update(o.model for o in u.occurrences)
     own = {u.layer.key for u in manifest.layers}
-    priority, others = {"resnet50-v1", "transformer-encoder"}, {"mobilenet-v2"}
+    priority = {"resnet50-v1", "transformer-encoder"} & set(models)
+    others = set(models) - priority
     first = {v.name for v in variants if v.layout == "nchw"
              and v.algo in ("default", "heuristic0", "plan0", "IMPLICIT_PRECOMP_GEMM")}
     t1 = {v.name for v in variants if users[v.name] & priority and v.name in first and v.layer_key in own}
@@ -350,7 +383,7 @@ def _oracle_tiers(bench: Path) -> list[set[str]]:
 def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first(generated, tmp_path):
     state, models = generated
     tiers = gpukit.campaign_tiers(state / "bench", models["names"])
-    assert [set(t.names) for t in tiers] == _oracle_tiers(state / "bench")
+    assert [set(t.names) for t in tiers] == _oracle_tiers(state / "bench", models["names"])
     assert [t.label for t in tiers] == [
         "first choice in the model's dtype: resnet50-v1, transformer-encoder",
         "first choice in the model's dtype: mobilenet-v2",
