@@ -1075,7 +1075,7 @@ def step_all(d: Device) -> None:
         step_generate(d)
     gpu = _gpu_preflight(d, "all")
     d.perfdb.mkdir(parents=True, exist_ok=True)
-    campaign_log = d.perfdb / f"{gpu}-campaign.log"
+    campaign_log, db = d.perfdb / f"{gpu}-campaign.log", d.perfdb / f"{gpu}.db"
     failure = None
     try:
         plan, _ = _plan(d, campaign_log)
@@ -1085,10 +1085,13 @@ def step_all(d: Device) -> None:
                 stopped = _campaign(d, gpu, tl, time.monotonic() + plan.campaign_s)
             except KitError as e:  # the report still says what was measured before it
                 failure, stopped = e, f"the campaign failed: {_first_line(e)}"
-        results = _report(d, gpu, tl, stopped)
+        if db.is_file():
+            d.to_out(_report(d, gpu, tl, stopped), d.state / "reports.tar.gz")
+        else:  # `benanza run` never started measuring: no system, nothing a page could say
+            say(f"report: nothing measured on this GPU yet ({stopped}): no results page")
     finally:
         tl.flush(campaign_log)
-    d.to_out(d.perfdb / f"{gpu}.db", results, campaign_log, d.state / "reports.tar.gz")
+    d.to_out(db, campaign_log)
     if failure is not None:
         raise failure
 
