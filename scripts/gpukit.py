@@ -770,11 +770,8 @@ class CallPlan:
         return max(0.0, self.left_s - sum(s for _, s in self.reserve))
 
     def to_json(self) -> dict[str, Any]:
-        return {"stages": list(ALL_STAGES), "left_s": round(self.left_s, 1),
+        return {"left_s": round(self.left_s, 1),
                 "reserve": [[stage, s] for stage, s in self.reserve], "campaign_s": round(self.campaign_s, 1)}
-
-
-ALL_STAGES = ("install", "generate", "build", "campaign", "report")
 
 
 def plan_call(left_s: float, models: list[str], profiled: set[str], log_text: str) -> CallPlan:

@@ -253,10 +253,9 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     cmake_cache("bench")
     assert not (state / "smoke").exists()  # the smoke run's project is its own step's work
 
-    # the plan: the stages of the one call, the report's reserve (no GPU here: no campaign log,
+    # the plan: the report's reserve in the order its stages run (no GPU here: no campaign log,
     # the defaults) before the campaign's share, and the campaign's order
     plan = json.loads((state / "plan.json").read_text())
-    assert plan["stages"] == ["install", "generate", "build", "campaign", "report"]
     priority = [m for m in ("resnet50-v1", "transformer-encoder") if m in names]
     others = [m for m in names if m not in priority]
     assert [stage for stage, _ in plan["reserve"]] == [
@@ -286,6 +285,7 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     assert [re.sub(r"\d+ s", "N s", line) for line in lines] == [
         "gpukit: install: done on this machine already",
         "gpukit: stage install: N s (the call at N s of 540)",
+        "gpukit: install: done on this machine already",  # each step first runs those before it
         "gpukit: generate: done on this machine already",
         "gpukit: stage generate: N s (the call at N s of 540)",
         ("gpukit: all needs a GPU: nvidia-smi not found (no NVIDIA driver here); the steps before it ran, "
@@ -430,7 +430,6 @@ def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
     reserve = defaults["stop"] + 2 * defaults["profile"] + 4 * defaults["analyze"] + defaults["page"]
     assert sum(s for _, s in plan.reserve) == reserve
     assert plan.campaign_s == 400.0 - reserve
-    assert plan.to_json()["stages"] == ["install", "generate", "build", "campaign", "report"]
 
     # measured: the Timeline's lines, and a later measurement of a stage replaces an earlier one
     tl = gpukit.Timeline(0.0, 540.0)
