@@ -407,7 +407,7 @@ def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first
         v.layer_key for v in variants if v.name in early}
 
     # the --first files the campaign gives `benanza run`: every tier but the rest, in order
-    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, 0.0, tmp_path / "perfdb", tmp_path / "docs")
+    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", tmp_path, 0.0, tmp_path / "perfdb", tmp_path / "docs")
     files = gpukit.write_tiers(d, tiers)
     assert [f.read_text().splitlines() for f in files] == [list(t.names) for t in tiers[:-1]]
     from benanza.runner import measurement_order
