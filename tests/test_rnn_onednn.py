@@ -21,14 +21,13 @@ from benanza.generator import GenOptions, generate
 from benanza.manifest import build_manifest, write_manifest
 from benanza.processor import load_model, model_stats, unique_layers
 
-T, N, I, H = 6, 2, 5, 8  # sequence, batch, input and hidden sizes
+T, N, IC, H = 6, 2, 5, 8  # sequence, batch, input and hidden sizes
 
 
 def _node(op: str, name: str, x: str, hidden: int, gates: int, dirs: int, inputs=(), **attrs):
     """A recurrent node reading ``x`` with its own W, R (and B where "B" is in ``inputs``), and
     its initializers in ONNX's shapes."""
-    ic = I
-    inits = [tensor(f"{name}_W", (dirs, gates * hidden, ic)), tensor(f"{name}_R", (dirs, gates * hidden, hidden))]
+    inits = [tensor(f"{name}_W", (dirs, gates * hidden, IC)), tensor(f"{name}_R", (dirs, gates * hidden, hidden))]
     names = [x, f"{name}_W", f"{name}_R"]
     for extra in inputs:
         if extra == "B":
@@ -55,7 +54,7 @@ def recurrent_model(path: Path) -> Path:
         node, its = _node(op, name, x, H, gates, dirs, extra, **attrs)
         nodes.append(node)
         inits += its
-    m = model(nodes, [io("x", [T, N, I]), io("xb", [N, T, I])], [io(n.output[0], None) for n in nodes], inits,
+    m = model(nodes, [io("x", [T, N, IC]), io("xb", [N, T, IC])], [io(n.output[0], None) for n in nodes], inits,
               opset=14)
     onnx.save(m, str(path))
     return path
@@ -100,7 +99,7 @@ def test_an_lstm_no_library_cell_computes_is_not_covered_with_its_reason(tmp_pat
     is written for it, and one line says why."""
     node, inits = _node("LSTM", "odd", "x", H, 4, 1, extra, **attrs)
     path = tmp_path / "odd.onnx"
-    onnx.save(model([node], [io("x", [T, N, I])], [io("odd_y", None)], inits, opset=14), str(path))
+    onnx.save(model([node], [io("x", [T, N, IC])], [io("odd_y", None)], inits, opset=14), str(path))
     r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "b"), "--backend", "onednn",
                                   "-b", str(N)])
     assert r.exit_code == 0, r.output
