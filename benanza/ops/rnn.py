@@ -22,7 +22,8 @@ class RnnProblem(Problem):
     """One ONNX LSTM/GRU/RNN layer. ``activations`` are empty when they are ONNX's defaults;
     ``clip`` None: no cell clip; ``peephole``: LSTM's P input; ``lbr``: GRU linear_before_reset;
     ``reverse``: one direction, right to left; ``batch_first``: ONNX layout=1 (X [N, T, I]);
-    ``ragged``: sequence_lens given and not every sequence T long (or computed at run time)."""
+    ``ragged``: sequence_lens given and not every sequence T long (or computed at run time);
+    ``init_h``, ``init_c``: initial hidden (cell) state given (the same work, other inputs)."""
 
     FAMILY: ClassVar[str] = "rnn"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
@@ -32,7 +33,8 @@ class RnnProblem(Problem):
         (F("peep", "peephole", "flag", False),), (F("", "activations", "words", ()),),
         (F("actalpha", "act_alpha", "floats", ()),), (F("actbeta", "act_beta", "floats", ()),),
         (F("rev", "reverse", "flag", False),), (F("bf", "batch_first", "flag", False),),
-        (F("ragged", "ragged", "flag", False),))
+        (F("ragged", "ragged", "flag", False),), (F("hinit", "init_h", "flag", False),),
+        (F("cinit", "init_c", "flag", False),))
 
     cell: str
     seq: int
@@ -51,6 +53,8 @@ class RnnProblem(Problem):
     reverse: bool = False
     batch_first: bool = False
     ragged: bool = False
+    init_h: bool = False
+    init_c: bool = False
 
     def macs(self) -> int:
         per_step = _GATES[self.cell] * (self.ic + self.hidden) * self.hidden
@@ -83,7 +87,8 @@ def _rnn_build(view: NodeView) -> Problem:
                       peephole=cell == "lstm" and present(view, 7), activations=acts,
                       act_alpha=tuple(f32(v) for v in a.get("activation_alpha") or ()) if acts else (),
                       act_beta=tuple(f32(v) for v in a.get("activation_beta") or ()) if acts else (),
-                      reverse=dirs == 1 and word(direction) == "reverse", batch_first=bool(layout), ragged=ragged)
+                      reverse=dirs == 1 and word(direction) == "reverse", batch_first=bool(layout), ragged=ragged,
+                      init_h=present(view, 5), init_c=cell == "lstm" and present(view, 6))
 
 
 def _unexpressed(p: Problem) -> str | None:
@@ -157,16 +162,18 @@ class RnnParams:
     lbr: bool
     reverse: bool
     batch_first: bool
+    init_h: bool
+    init_c: bool
 
 
 def _onednn_row(p: RnnProblem, api: str) -> RnnParams:
     return RnnParams(cell=p.cell, seq=p.seq, mb=p.mb, ic=p.ic, hidden=p.hidden, dirs=p.dirs, bias=p.bias,
-                     lbr=p.lbr, reverse=p.reverse, batch_first=p.batch_first)
+                     lbr=p.lbr, reverse=p.reverse, batch_first=p.batch_first, init_h=p.init_h, init_c=p.init_c)
 
 
 def _fills(p: RnnProblem) -> tuple[int, ...]:
-    """X, W, R, then B where the layer has one; initial states stay zero (omitted or the model's)."""
-    return (0, 1, 2, 3) if p.bias else (0, 1, 2)
+    """X, W, R, then B, initial_h and initial_c where the layer has them."""
+    return (0, 1, 2) + tuple(i for i, given in ((3, p.bias), (5, p.init_h), (6, p.init_c)) if given)
 
 
 RNN = Family("rnn", RnnProblem, ("LSTM", "GRU", "RNN"), _rnn_build, cudnn_api=_rnn_cudnn, onednn_api=_rnn_onednn,

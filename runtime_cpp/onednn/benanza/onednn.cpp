@@ -483,9 +483,9 @@ memory rnn_bias(const memory::desc& target, const RnnParams& r, int64_t gates) {
   return from_values(target, tag::ldgo, v);
 }
 
-// One ONNX LSTM/GRU/RNN node as one oneDNN RNN primitive (one layer, ONNX's direction, zero
-// initial states, every sequence full length: the Python side covers only those). Fills X, W,
-// R and B (streams 0..3) in ONNX's layouts; the check output is ONNX's Y [T, D, N, H] (batch
+// One ONNX LSTM/GRU/RNN node as one oneDNN RNN primitive (one layer, ONNX's direction, every
+// sequence full length: the Python side covers only those). Fills X, W, R, then B, initial_h
+// and initial_c where the node has them, in ONNX's layouts; the check output is ONNX's Y [T, D, N, H] (batch
 // first: [N, T, D, H]), a strided view of oneDNN's [T, N, D·H] destination.
 Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   const std::string cell = r.cell;
@@ -502,6 +502,9 @@ Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   // oneDNN 2.6 refuses a vanilla RNN without a bias descriptor: a layer without B gets zeros
   auto bias = memory::desc({1, d, bias_rows, h}, dt::f32, tag::any);
   const memory::desc none;
+  // ONNX's initial_h and initial_c [D, N, H] are oneDNN's [1, D, N, H] (ldnc) as they lie
+  auto h0 = r.init_h ? md({1, d, n, h}, cfg.dtype, tag::ldnc) : none;
+  auto c0 = r.init_c ? md({1, d, n, h}, cfg.dtype, tag::ldnc) : none;
   auto attr = base_attr();
   auto pk = prop_kind::forward_inference;
   Prepared p;
@@ -516,6 +519,10 @@ Prepared make_rnn(const RnnParams& r, const Config& cfg) {
     bound.push_back({DNNL_ARG_BIAS, r.bias ? rnn_bias(pd.bias_desc(), r, gates)
                                            : from_values(pd.bias_desc(), tag::ldgo,
                                                          std::vector<float>(static_cast<size_t>(d * bias_rows * h)))});
+    for (int arg : {DNNL_ARG_SRC_ITER, DNNL_ARG_SRC_ITER_C}) {
+      memory::desc state = pd.query_md(dnnl::query::exec_arg_md, arg);
+      if (!dims_of(state).empty()) bound.push_back({arg, filled(state)});
+    }
     memory y(pd.dst_layer_desc(), engine());
     bound.push_back({DNNL_ARG_DST_LAYER, y});
     p = prepare<decltype(prim)>(pd, {}, bound);
@@ -526,31 +533,31 @@ Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   };
 #if BENANZA_DNNL3
   if (cell == "lstm") {
-    finish(dnnl::lstm_forward::primitive_desc(engine(), pk, dir, src, none, none, wl, wi, bias, dst, none, none, attr),
+    finish(dnnl::lstm_forward::primitive_desc(engine(), pk, dir, src, h0, c0, wl, wi, bias, dst, none, none, attr),
            dnnl::lstm_forward());
   } else if (cell == "gru" && r.lbr) {
-    finish(dnnl::lbr_gru_forward::primitive_desc(engine(), pk, dir, src, none, wl, wi, bias, dst, none, attr),
+    finish(dnnl::lbr_gru_forward::primitive_desc(engine(), pk, dir, src, h0, wl, wi, bias, dst, none, attr),
            dnnl::lbr_gru_forward());
   } else if (cell == "gru") {
-    finish(dnnl::gru_forward::primitive_desc(engine(), pk, dir, src, none, wl, wi, bias, dst, none, attr),
+    finish(dnnl::gru_forward::primitive_desc(engine(), pk, dir, src, h0, wl, wi, bias, dst, none, attr),
            dnnl::gru_forward());
   } else {
-    finish(dnnl::vanilla_rnn_forward::primitive_desc(engine(), pk, algorithm::eltwise_tanh, dir, src, none, wl, wi,
+    finish(dnnl::vanilla_rnn_forward::primitive_desc(engine(), pk, algorithm::eltwise_tanh, dir, src, h0, wl, wi,
                                                      bias, dst, none, attr),
            dnnl::vanilla_rnn_forward());
   }
 #else
   if (cell == "lstm") {
-    dnnl::lstm_forward::desc desc(pk, dir, src, none, none, wl, wi, bias, dst, none, none);
+    dnnl::lstm_forward::desc desc(pk, dir, src, h0, c0, wl, wi, bias, dst, none, none);
     finish(dnnl::lstm_forward::primitive_desc(desc, attr, engine()), dnnl::lstm_forward());
   } else if (cell == "gru" && r.lbr) {
-    dnnl::lbr_gru_forward::desc desc(pk, dir, src, none, wl, wi, bias, dst, none);
+    dnnl::lbr_gru_forward::desc desc(pk, dir, src, h0, wl, wi, bias, dst, none);
     finish(dnnl::lbr_gru_forward::primitive_desc(desc, attr, engine()), dnnl::lbr_gru_forward());
   } else if (cell == "gru") {
-    dnnl::gru_forward::desc desc(pk, dir, src, none, wl, wi, bias, dst, none);
+    dnnl::gru_forward::desc desc(pk, dir, src, h0, wl, wi, bias, dst, none);
     finish(dnnl::gru_forward::primitive_desc(desc, attr, engine()), dnnl::gru_forward());
   } else {
-    dnnl::vanilla_rnn_forward::desc desc(pk, algorithm::eltwise_tanh, dir, src, none, wl, wi, bias, dst, none);
+    dnnl::vanilla_rnn_forward::desc desc(pk, algorithm::eltwise_tanh, dir, src, h0, wl, wi, bias, dst, none);
     finish(dnnl::vanilla_rnn_forward::primitive_desc(desc, attr, engine()), dnnl::vanilla_rnn_forward());
   }
 #endif
