@@ -440,8 +440,8 @@ Prepared make_resample(const ResampleParams& r, const Config& cfg) {
 
 // --- recurrent layers (ONNX LSTM, GRU, RNN) ------------------------------------------------
 
-// oneDNN's gate g of a cell is ONNX's gate kOnnxGate[cell][g]: LSTM i,f,c,o from ONNX's
-// i,o,f,c; GRU u,r,o are ONNX's z,r,h in order; a vanilla RNN has one gate.
+// The ONNX gate that oneDNN's gate g of a cell is: LSTM i,f,c,o from ONNX's i,o,f,c; GRU u,r,o
+// are ONNX's z,r,h in order; a vanilla RNN has one gate.
 int onnx_gate(const std::string& cell, int64_t g) {
   static const int lstm[] = {0, 2, 3, 1};
   return cell == "lstm" ? lstm[g] : static_cast<int>(g);
@@ -485,8 +485,8 @@ memory rnn_bias(const memory::desc& target, const RnnParams& r, int64_t gates) {
 
 // One ONNX LSTM/GRU/RNN node as one oneDNN RNN primitive (one layer, ONNX's direction, every
 // sequence full length: the Python side covers only those). Fills X, W, R, then B, initial_h
-// and initial_c where the node has them, in ONNX's layouts; the check output is ONNX's Y [T, D, N, H] (batch
-// first: [N, T, D, H]), a strided view of oneDNN's [T, N, D·H] destination.
+// and initial_c where the node has them, in ONNX's layouts; the check output is ONNX's Y
+// [T, D, N, H] (batch first: [N, T, D, H]), a strided view of oneDNN's [T, N, D·H] destination.
 Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   const std::string cell = r.cell;
   const int64_t gates = cell == "lstm" ? 4 : cell == "gru" ? 3 : 1;
@@ -499,7 +499,8 @@ Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   auto dst = md({t, n, d * h}, cfg.dtype, tag::tnc);
   auto wl = md({1, d, r.ic, gates, h}, cfg.dtype, tag::any), wi = md({1, d, h, gates, h}, cfg.dtype, tag::any);
   const int64_t bias_rows = r.lbr ? gates + 1 : gates;
-  // oneDNN 2.6 refuses a vanilla RNN without a bias descriptor: a layer without B gets zeros
+  // oneDNN 2.6 refused a vanilla RNN without a bias descriptor ("could not create a primitive
+  // descriptor iterator"): a layer without B gets zeros, as ONNX defines it
   auto bias = memory::desc({1, d, bias_rows, h}, dt::f32, tag::any);
   const memory::desc none;
   // ONNX's initial_h and initial_c [D, N, H] are oneDNN's [1, D, N, H] (ldnc) as they lie
