@@ -311,6 +311,7 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     from .generator import generate as generate_backend
     from .manifest import build_manifest, write_manifest
     from .processor import (
+        coverage_notes,
         input_shapes_per_model,
         input_values_per_model,
         load_model,
@@ -353,9 +354,10 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
         echo_json({"models": [{**s.to_json(), **execution_json(m)} for s, m in zip(stats, loaded)],
                    "total": total.to_json()})
     elif loaded:  # with every model failed there is nothing to tabulate: the errors said it all
-        _print_stats(stats, total, [n for n in names if n in LIBRARY_BACKENDS])
+        libraries = [n for n in names if n in LIBRARY_BACKENDS]
+        _print_stats(stats, total, libraries)
         for m in loaded:
-            for note in shape_notes(m) + uncosted_notes(m):
+            for note in shape_notes(m) + uncosted_notes(m) + coverage_notes(m, libraries):
                 console.print(f"{m.name}: {note}", highlight=False, soft_wrap=True)
         console.print(f"manifest: {Path(out_dir) / 'layers.json'} ({len(uniques)} unique layers)",
                       highlight=False)

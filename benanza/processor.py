@@ -33,7 +33,7 @@ from .errors import BenanzaError, ModelError, NodeError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
 from .limits import MAX_DIM, MAX_RANK
 from .ops.base import NodeView
-from .ops.registry import build_layer
+from .ops.registry import build_layer, uncovered_reason
 from .scopes import node_scope, scope_source
 from .shapes_by_execution import complete_by_execution, parse_input_value
 
@@ -1088,6 +1088,19 @@ def node_stats(name: str, nodes: list[Node], uncosted: int = 0) -> ModelStats:
         folded_layers=sum(1 for n in nodes if n.folded), macs=sum(la.macs for la in running),
         ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())),
         running_layers=len(running), backends=tuple(backends), uncosted=uncosted)
+
+
+def coverage_notes(model: Model, backends: Iterable[str]) -> list[str]:
+    """One line per running layer a backend leaves out for a reason its family gives (an LSTM's
+    cell clip), so "not covered by onednn: LSTM×1" says why."""
+    notes = []
+    for backend in backends:
+        call = BACKEND_CALLS[backend]
+        for n in model.nodes:
+            reason = uncovered_reason(n.layer, backend) if n.runs and getattr(n.layer, call) is None else None
+            if reason is not None:
+                notes.append(f"not covered by {backend}: {n.layer.op} {n.name!r}: {reason}")
+    return notes
 
 
 def model_stats(model: Model) -> ModelStats:

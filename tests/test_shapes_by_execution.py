@@ -193,7 +193,7 @@ def test_a_node_without_shape_is_uncosted_and_the_rest_costed(tmp_path):
 
 @pytest.mark.parametrize("backend", ["cudnn", "onednn"])
 def test_coverage_is_each_backends_share_of_the_running_layers(cases, tmp_path, backend):
-    """The LSTM of ONNX's test case (cuDNN has an RNN call, the oneDNN backend none yet) beside a
+    """The LSTM of ONNX's test case (cuDNN's RNN call, oneDNN's lstm_forward) beside a
     conv net with a free Flatten: "% covered" for each backend is the share of running layers for
     which that backend's generator writes a benchmark, free views excluded."""
     from helpers import conv_net

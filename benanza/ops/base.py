@@ -132,6 +132,10 @@ def _none(problem: Problem) -> str | None:
     return None
 
 
+def _no_reason(problem: Problem, backend: str) -> str | None:
+    return None
+
+
 def const(api: str | None) -> Callable[[Problem], str | None]:
     return lambda problem: api
 
@@ -158,6 +162,9 @@ class Family:
     # integer dtypes the family's library calls compute in (quantized layers); a layer in any
     # other non-float dtype is covered by no library
     int_dtypes: tuple[str, ...] = ()
+    # why a backend has no call for a problem of the family, in one line, where the family knows
+    # (an attribute no library cell computes); None: no reason to give beyond "no call"
+    uncovered: Callable[[Problem, str], str | None] = _no_reason
     # f32 results equal the reference's: the family moves data or only multiplies and adds (the
     # check's generated inputs make those exact), where others approximate exp/erf/rsqrt or sum
     # in another order than the reference

@@ -92,6 +92,12 @@ def build_layer(view: NodeView) -> Layer:
     )
 
 
+def uncovered_reason(layer: Layer, backend: str) -> str | None:
+    """Why ``backend`` has no call for ``layer``, where its family says (None otherwise)."""
+    family = next((f for f in FAMILIES if f.name == layer.family), None)
+    return None if family is None else family.uncovered(layer.problem, backend)
+
+
 # --- keys ----------------------------------------------------------------------------------
 
 def format_problem(p: Problem) -> str:

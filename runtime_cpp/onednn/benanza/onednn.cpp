@@ -149,23 +149,37 @@ float fill_as(Fill f, float v) {
   }
 }
 
-// The generator's values in the row-major order of the target's logical dims, written plainly
-// in f32, then reordered into the target layout and type (blocked layouts get correct zero
-// padding, strided ones their strides).
-memory filled(const memory::desc& target, Fill how) {
-  memory out(target, engine());
+// The next stream's n values as `how` makes them (stream 0 with the test hook's one wrong
+// element), in the row-major order of the tensor the generator fills.
+std::vector<float> next_stream(size_t n, Fill how) {
   uint64_t k = fill_stream()++;
-  Dims dims = dims_of(target);
-  if (dims.empty()) return out;
-  memory::desc src_md(dims, dt::f32, plain_tag(dims.size()));
-  memory src(src_md, engine());
-  auto* p = static_cast<float*>(src.get_data_handle());
-  size_t n = src_md.get_size() / sizeof(float);
-  for (size_t i = 0; i < n; ++i) p[i] = fill_as(how, fill_value(k, i));
-  if (k == 0 && n > 0 && perturb_input()) p[n / 2] += how == Fill::value ? 0.5f : 64.f;  // the test hook: one wrong input element
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = fill_as(how, fill_value(k, i));
+  if (k == 0 && n > 0 && perturb_input()) v[n / 2] += how == Fill::value ? 0.5f : 64.f;  // the test hook: one wrong input element
+  return v;
+}
+
+// `values`, laid out as `order` over the target's logical dims, written plainly in f32, then
+// reordered into the target layout and type (blocked layouts get correct zero padding, strided
+// ones their strides).
+memory from_values(const memory::desc& target, tag order, const std::vector<float>& values) {
+  memory out(target, engine());
+  memory src(memory::desc(dims_of(target), dt::f32, order), engine());
+  std::copy(values.begin(), values.end(), static_cast<float*>(src.get_data_handle()));
   dnnl::reorder(src, out).execute(stream(), src, out);
   stream().wait();
   return out;
+}
+
+// The generator's values in the row-major order of the target's logical dims.
+memory filled(const memory::desc& target, Fill how) {
+  Dims dims = dims_of(target);
+  if (dims.empty()) {
+    ++fill_stream();
+    return memory(target, engine());
+  }
+  size_t n = static_cast<size_t>(std::accumulate(dims.begin(), dims.end(), int64_t{1}, std::multiplies<int64_t>()));
+  return from_values(target, plain_tag(dims.size()), next_stream(n, how));
 }
 
 memory filled(const memory::desc& target) { return filled(target, fill_of(dtype_of(target))); }
@@ -422,6 +436,133 @@ Prepared make_resample(const ResampleParams& r, const Config& cfg) {
   dnnl::resampling_forward::primitive_desc pd(d, attr, engine());
 #endif
   return prepare<dnnl::resampling_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()}});
+}
+
+// --- recurrent layers (ONNX LSTM, GRU, RNN) ------------------------------------------------
+
+// The ONNX gate that oneDNN's gate g of a cell is: LSTM i,f,c,o from ONNX's i,o,f,c; GRU u,r,o
+// are ONNX's z,r,h in order; a vanilla RNN has one gate.
+int onnx_gate(const std::string& cell, int64_t g) {
+  static const int lstm[] = {0, 2, 3, 1};
+  return cell == "lstm" ? lstm[g] : static_cast<int>(g);
+}
+
+// ONNX's W [D, G·H, I] (or R, I = H), gates in ONNX's order, as oneDNN's weights [1, D, I, G, H]
+// (ldigo) in its gate order, reordered into the layout the primitive picked (frameworks do that
+// once at load time).
+memory rnn_weights(const memory::desc& target, const std::string& cell, int64_t dirs, int64_t in, int64_t gates,
+                   int64_t hidden) {
+  std::vector<float> onnx = next_stream(static_cast<size_t>(dirs * gates * hidden * in), Fill::value);
+  std::vector<float> v(onnx.size());
+  size_t k = 0;
+  for (int64_t d = 0; d < dirs; ++d)
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t g = 0; g < gates; ++g)
+        for (int64_t h = 0; h < hidden; ++h)
+          v[k++] = onnx[static_cast<size_t>(((d * gates + onnx_gate(cell, g)) * hidden + h) * in + i)];
+  return from_values(target, tag::ldigo, v);
+}
+
+// ONNX's B [D, 2·G·H] (the input's biases Wb, then the recurrence's Rb) as oneDNN's bias
+// [1, D, G, H]: Wb + Rb per gate; a linear-before-reset GRU keeps them apart for its candidate
+// (gate 2: Wbh) and has a fourth row (Rbh, added inside the reset gate's product).
+memory rnn_bias(const memory::desc& target, const RnnParams& r, int64_t gates) {
+  const std::string cell = r.cell;
+  const int64_t h_ = r.hidden, rows = r.lbr ? gates + 1 : gates;
+  std::vector<float> onnx = next_stream(static_cast<size_t>(r.dirs * 2 * gates * h_), Fill::value);
+  std::vector<float> v;
+  for (int64_t d = 0; d < r.dirs; ++d)
+    for (int64_t g = 0; g < rows; ++g)
+      for (int64_t h = 0; h < h_; ++h) {
+        auto wb = [&](int64_t og) { return onnx[static_cast<size_t>((d * 2 * gates + og) * h_ + h)]; };
+        auto rb = [&](int64_t og) { return onnx[static_cast<size_t>((d * 2 * gates + gates + og) * h_ + h)]; };
+        if (r.lbr && g == gates) v.push_back(rb(gates - 1));
+        else if (r.lbr && g == gates - 1) v.push_back(wb(g));
+        else v.push_back(wb(onnx_gate(cell, g)) + rb(onnx_gate(cell, g)));
+      }
+  return from_values(target, tag::ldgo, v);
+}
+
+// One ONNX LSTM/GRU/RNN node as one oneDNN RNN primitive (one layer, ONNX's direction, every
+// sequence full length: the Python side covers only those). Fills X, W, R, then B, initial_h
+// and initial_c where the node has them, in ONNX's layouts; the check output is ONNX's Y
+// [T, D, N, H] (batch first: [N, T, D, H]), a strided view of oneDNN's [T, N, D·H] destination.
+Prepared make_rnn(const RnnParams& r, const Config& cfg) {
+  const std::string cell = r.cell;
+  const int64_t gates = cell == "lstm" ? 4 : cell == "gru" ? 3 : 1;
+  const int64_t t = r.seq, n = r.mb, h = r.hidden, d = r.dirs;
+  auto dir = d == 2 ? dnnl::rnn_direction::bidirectional_concat
+             : r.reverse ? dnnl::rnn_direction::unidirectional_right2left
+                         : dnnl::rnn_direction::unidirectional_left2right;
+  tag seq_tag = r.batch_first ? tag::ntc : tag::tnc;
+  auto src = md({t, n, r.ic}, cfg.dtype, seq_tag);
+  auto dst = md({t, n, d * h}, cfg.dtype, tag::tnc);
+  auto wl = md({1, d, r.ic, gates, h}, cfg.dtype, tag::any), wi = md({1, d, h, gates, h}, cfg.dtype, tag::any);
+  const int64_t bias_rows = r.lbr ? gates + 1 : gates;
+  // oneDNN 2.6 refused a vanilla RNN without a bias descriptor ("could not create a primitive
+  // descriptor iterator"): a layer without B gets zeros, as ONNX defines it
+  auto bias = memory::desc({1, d, bias_rows, h}, dt::f32, tag::any);
+  const memory::desc none;
+  // ONNX's initial_h and initial_c [D, N, H] are oneDNN's [1, D, N, H] (ldnc) as they lie
+  auto h0 = r.init_h ? md({1, d, n, h}, cfg.dtype, tag::ldnc) : none;
+  auto c0 = r.init_c ? md({1, d, n, h}, cfg.dtype, tag::ldnc) : none;
+  auto attr = base_attr();
+  auto pk = prop_kind::forward_inference;
+  Prepared p;
+  auto finish = [&](const auto& pd, auto prim) {
+    std::vector<std::pair<int, memory>> bound;
+    bound.push_back({DNNL_ARG_SRC_LAYER, r.batch_first
+                                            ? from_values(pd.src_layer_desc(), tag::ntc,
+                                                          next_stream(static_cast<size_t>(t * n * r.ic), Fill::value))
+                                            : filled(pd.src_layer_desc())});
+    bound.push_back({DNNL_ARG_WEIGHTS_LAYER, rnn_weights(pd.weights_layer_desc(), cell, d, r.ic, gates, h)});
+    bound.push_back({DNNL_ARG_WEIGHTS_ITER, rnn_weights(pd.weights_iter_desc(), cell, d, h, gates, h)});
+    bound.push_back({DNNL_ARG_BIAS, r.bias ? rnn_bias(pd.bias_desc(), r, gates)
+                                           : from_values(pd.bias_desc(), tag::ldgo,
+                                                         std::vector<float>(static_cast<size_t>(d * bias_rows * h)))});
+    for (int arg : {DNNL_ARG_SRC_ITER, DNNL_ARG_SRC_ITER_C}) {
+      memory::desc state = pd.query_md(dnnl::query::exec_arg_md, arg);
+      if (!dims_of(state).empty()) bound.push_back({arg, filled(state)});
+    }
+    memory y(pd.dst_layer_desc(), engine());
+    bound.push_back({DNNL_ARG_DST_LAYER, y});
+    p = prepare<decltype(prim)>(pd, {}, bound);
+    Dims dims = r.batch_first ? Dims{n, t, d, h} : Dims{t, d, n, h};
+    Dims strides = r.batch_first ? Dims{d * h, n * d * h, h, 1} : Dims{n * d * h, h, d * h, 1};
+    p.outputs.push_back({memory(memory::desc(dims, dtype_of(pd.dst_layer_desc()), strides), engine(),
+                                y.get_data_handle()), false, {}});
+  };
+#if BENANZA_DNNL3
+  if (cell == "lstm") {
+    finish(dnnl::lstm_forward::primitive_desc(engine(), pk, dir, src, h0, c0, wl, wi, bias, dst, none, none, attr),
+           dnnl::lstm_forward());
+  } else if (cell == "gru" && r.lbr) {
+    finish(dnnl::lbr_gru_forward::primitive_desc(engine(), pk, dir, src, h0, wl, wi, bias, dst, none, attr),
+           dnnl::lbr_gru_forward());
+  } else if (cell == "gru") {
+    finish(dnnl::gru_forward::primitive_desc(engine(), pk, dir, src, h0, wl, wi, bias, dst, none, attr),
+           dnnl::gru_forward());
+  } else {
+    finish(dnnl::vanilla_rnn_forward::primitive_desc(engine(), pk, algorithm::eltwise_tanh, dir, src, h0, wl, wi,
+                                                     bias, dst, none, attr),
+           dnnl::vanilla_rnn_forward());
+  }
+#else
+  if (cell == "lstm") {
+    dnnl::lstm_forward::desc desc(pk, dir, src, h0, c0, wl, wi, bias, dst, none, none);
+    finish(dnnl::lstm_forward::primitive_desc(desc, attr, engine()), dnnl::lstm_forward());
+  } else if (cell == "gru" && r.lbr) {
+    dnnl::lbr_gru_forward::desc desc(pk, dir, src, h0, wl, wi, bias, dst, none);
+    finish(dnnl::lbr_gru_forward::primitive_desc(desc, attr, engine()), dnnl::lbr_gru_forward());
+  } else if (cell == "gru") {
+    dnnl::gru_forward::desc desc(pk, dir, src, h0, wl, wi, bias, dst, none);
+    finish(dnnl::gru_forward::primitive_desc(desc, attr, engine()), dnnl::gru_forward());
+  } else {
+    dnnl::vanilla_rnn_forward::desc desc(pk, algorithm::eltwise_tanh, dir, src, h0, wl, wi, bias, dst, none);
+    finish(dnnl::vanilla_rnn_forward::primitive_desc(desc, attr, engine()), dnnl::vanilla_rnn_forward());
+  }
+#endif
+  return p;
 }
 
 // --- pooling -----------------------------------------------------------------------------
@@ -1344,6 +1485,7 @@ BENANZA_BENCH(transpose, TransposeParams)
 BENANZA_BENCH(copy, CopyParams)
 BENANZA_BENCH(deconv, ConvParams)
 BENANZA_BENCH(resample, ResampleParams)
+BENANZA_BENCH(rnn, RnnParams)
 BENANZA_BENCH(cast, CastParams)
 BENANZA_BENCH(qmatmul, QmatmulParams)
 BENANZA_BENCH(qconv, QconvParams)

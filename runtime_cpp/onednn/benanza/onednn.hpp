@@ -72,6 +72,14 @@ struct CopyParams { const char* op; bool region; Dims src; std::vector<Dims> out
 // empty when there is none; `scale` the one the op applies (1/√D by default).
 struct ResampleParams { const char* alg; Dims in, out; };
 struct AttentionParams { Dims q, k, v, mask; bool causal; float scale; };
+// One ONNX LSTM/GRU/RNN layer (`cell` "lstm", "gru", "rnn"), sequence-first unless
+// `batch_first` (ONNX layout=1); `dirs` 2: bidirectional, else `reverse` runs right to left;
+// `lbr`: a GRU's linear_before_reset; `init_h`, `init_c`: initial states given (else zeros).
+struct RnnParams {
+  const char* cell;
+  int64_t seq, mb, ic, hidden, dirs;
+  bool bias, lbr, reverse, batch_first, init_h, init_c;
+};
 // Type words (benanza/ops/cast.py): "float", "int", "sbyte", "byte", ...
 // A Cast: a reorder from `from` into the variant's type.
 struct CastParams { const char* from; Dims shape; };
@@ -123,6 +131,7 @@ void bench_attention(benchmark::State&, const AttentionParams&, const Config&);
 // ConvParams of an ONNX ConvTranspose: ih/iw its input, oh/ow its (larger) output.
 void bench_deconv(benchmark::State&, const ConvParams&, const Config&);
 void bench_resample(benchmark::State&, const ResampleParams&, const Config&);
+void bench_rnn(benchmark::State&, const RnnParams&, const Config&);
 void bench_cast(benchmark::State&, const CastParams&, const Config&);
 void bench_qmatmul(benchmark::State&, const QmatmulParams&, const Config&);
 void bench_qconv(benchmark::State&, const QconvParams&, const Config&);
