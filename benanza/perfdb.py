@@ -421,7 +421,7 @@ class PerfDB:
         sys_ = system if isinstance(system, System) else self.system(system)
         if sys_ is None:
             return []
-        sql = ("SELECT r.*, v.backend, v.api, v.algo, v.layout, v.math, v.fusion FROM results r "
+        sql = (f"SELECT {_RESULT_READ}, v.backend, v.api, v.algo, v.layout, v.math, v.fusion FROM results r "
                "JOIN variants v ON v.name = r.variant "
                "WHERE r.id IN (SELECT max(id) FROM results WHERE stack_id = ? GROUP BY variant) "
                "AND v.backend = ?")
@@ -904,6 +904,15 @@ def _result_row(system: System, r: Result, command: str, raw: dict | None) -> di
             "sample_median_ms": r.sample_median_ms, "sample_iqr_ms": r.sample_iqr_ms, "samples": r.samples,
             "contention": r.contention, "clean_share": r.clean_share, "contended": int(r.contended),
             "precision": r.precision, "eliminated": int(r.eliminated)}
+
+
+# The results columns a Result is read from: every analysis reads thousands of rows, and
+# ``raw`` (the runtime's whole JSON line) and ``command`` are long texts no Result holds.
+_RESULT_READ = ", ".join(f"r.{c}" for c in (
+    "id", "system", "layer_key", "dtype", "status", "message", "median_ms", "mean_ms", "stddev_ms", "min_ms",
+    "iterations", "repetitions", "workspace_bytes", "implementation", "metrics", "timestamp", "unstable", "low_ms",
+    "sample_median_ms", "sample_iqr_ms", "samples", "contention", "clean_share", "contended", "precision",
+    "eliminated"))
 
 
 def _result_columns(d: dict) -> tuple[Status, Problem, dict]:
