@@ -27,7 +27,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from .errors import FileProblem, LayerKeyError
+from .errors import BenanzaError, FileProblem, LayerKeyError
 from .layers import Layer
 from .manifest import Manifest
 from .measurement import UNSTABLE_RSD
@@ -918,8 +918,8 @@ _RESULT_READ = ", ".join(f"r.{c}" for c in (
 def _result_columns(d: dict) -> tuple[Status, Problem, dict]:
     """Checks a results row's own columns as a run writes them; its status, problem and metrics."""
     try:
-        status = Status(d["status"])
-    except ValueError:
+        status = Status.of(d["status"], "status")
+    except BenanzaError:
         raise BadRow(f"unknown status {d['status']!r}") from None
     for key in ("median_ms", "mean_ms", "stddev_ms", "min_ms"):
         x = d[key]
