@@ -53,10 +53,20 @@ class _OnFirstUse:
         self._stderr = stderr
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> object:
+    def _made(self) -> Console:
         if self._console is None:
             self._console = _terminal(self._stderr)
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._made(), name)
+
+    # Rich's live displays (progress bars) hold the console as a context while they redraw
+    def __enter__(self) -> Console:
+        return self._made().__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._made().__exit__(*exc_info)  # type: ignore[arg-type]
 
 
 console = cast("Console", _OnFirstUse(stderr=False))
