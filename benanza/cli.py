@@ -11,12 +11,9 @@ import sqlite3
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from .errors import BenanzaError, FileProblem
 from .escape import printable
@@ -24,6 +21,8 @@ from .limits import MAX_DIM
 from .measurement import MAX_CONTENTION, MAX_SAMPLING_SECONDS, UNSTABLE_RSD
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from .generator import GenOptions
 
 # Piped or logged output has no terminal width; Rich would fall back to 80 columns and cut
@@ -31,26 +30,59 @@ if TYPE_CHECKING:
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
 
 
-class _Terminal(Console):
+def _terminal(stderr: bool) -> Console:
     """Every string printed, names from models, logs and databases included, shows its
     control characters escaped: a node name must not drive the user's terminal."""
+    from rich.console import Console
+    from rich.text import Text
 
-    def render_str(self, text: str, **kwargs) -> Text:  # type: ignore[override]
-        return super().render_str(printable(text), **kwargs)
+    class _Terminal(Console):
+        def render_str(self, text: str, **kwargs) -> Text:  # type: ignore[override]
+            return super().render_str(printable(text), **kwargs)
+
+    # markup=False: names and paths come from files and users; `[/]` or `[link=...]` in a node
+    # name must print as itself. What is styled on purpose is built as Text.
+    return _Terminal(stderr=stderr, width=_WIDTH, markup=False)
 
 
-# markup=False: names and paths come from files and users; `[/]` or `[link=...]` in a node
-# name must print as itself. What is styled on purpose is built as Text.
-console = _Terminal(width=_WIDTH, markup=False)
-err_console = _Terminal(stderr=True, width=_WIDTH, markup=False)
+class _OnFirstUse:
+    """A terminal made when first printed to: loading Rich is a tenth of a command's start-up,
+    and `analyze --json` or `db` queries print no table."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def _made(self) -> Console:
+        if self._console is None:
+            self._console = _terminal(self._stderr)
+        return self._console
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._made(), name)
+
+    # Rich's live displays (progress bars) hold the console as a context while they redraw
+    def __enter__(self) -> Console:
+        return self._made().__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._made().__exit__(*exc_info)  # type: ignore[arg-type]
+
+
+console = cast("Console", _OnFirstUse(stderr=False))
+err_console = cast("Console", _OnFirstUse(stderr=True))
 
 
 def print_error(message: object) -> None:
+    from rich.text import Text
+
     err_console.print(Text.assemble(("error:", "bold red"), f" {printable(str(message))}"), highlight=False,
                       soft_wrap=True)
 
 
 def print_warning(message: object) -> None:
+    from rich.text import Text
+
     err_console.print(Text.assemble(("warning:", "yellow"), f" {printable(str(message))}"), highlight=False,
                       soft_wrap=True)
 
@@ -104,6 +136,8 @@ class _Group(click.Group):
             print_error(exc)  # names the file: "[Errno 13] Permission denied: 'out/layers.json'"
             sys.exit(1)
         except Exception as exc:  # noqa: BLE001 - the boundary: a bug, never a raw traceback
+            from rich.text import Text
+
             shown = ctx.params.get("verbose", 0) >= 2
             if shown:
                 err_console.print(traceback.format_exc(), highlight=False, soft_wrap=True, end="")
@@ -234,6 +268,7 @@ def zoo(out_dir: str, only: tuple[str, ...], list_only: bool, table_only: bool) 
     The models follow the ONNX Model Zoo versions the paper used, with random weights.
     """
     from rich.progress import Progress
+    from rich.table import Table
 
     from . import zoo as zoo_mod
 
@@ -260,6 +295,8 @@ def zoo(out_dir: str, only: tuple[str, ...], list_only: bool, table_only: bool) 
 
 
 def _zoo_table(zoo_mod, names: list[str] | None) -> None:
+    from rich.table import Table
+
     from .processor import load_model
 
     table = Table("id", "name", "paper layers", "built layers", "paper MACs", "built MACs", "MACs Δ",
@@ -376,6 +413,8 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
 def _print_stats(stats, total, backends: list[str]) -> None:
     """Coverage is the share of the layers that run (free views and folded constants excluded),
     for each backend generated (all of them when none is)."""
+    from rich.table import Table
+
     shown = backends or [b.backend for b in total.backends]
     table = Table("model", "layers", "unique", "% unique", "running",
                   *(f"% covered {b}" for b in shown), "free", "folded", "MACs",
@@ -653,6 +692,9 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
     bandwidth inside and beyond L2, beside the GPU's datasheet figures where it is a known one.
     `benanza analyze` holds every layer to these roofs (docs/speed-of-light.md).
     """
+    from rich.table import Table
+    from rich.text import Text
+
     from .generator import get_backend
     from .peaks import datasheet_for, measure
     from .perfdb import PerfDB, resolve_db_path
@@ -840,6 +882,8 @@ def db() -> None:
 @db_option
 def db_info(db_path: str | None) -> None:
     """Schema version, row counts and the systems stored."""
+    from rich.table import Table
+
     from .perfdb import PerfDB, resolve_db_path
 
     path = resolve_db_path(db_path)
@@ -867,6 +911,8 @@ def db_list(db_path: str | None, system_name: str, backend: str | None, stack: s
             name_filter: str | None, status: str | None) -> None:
     """The latest result of every variant measured on one stack of a system."""
     import re
+
+    from rich.table import Table
 
     from .perfdb import PerfDB, resolve_db_path
     from .sweep import resolve_system
@@ -1169,6 +1215,8 @@ def _campaign_run(mod, camp, wait: bool, poll: float) -> None:
 
 
 def _print_job_reports(reports) -> None:
+    from rich.text import Text
+
     for r in reports:
         if r.outcome == "completed":
             s = r.summary
@@ -1185,6 +1233,8 @@ def _print_job_reports(reports) -> None:
 
 
 def _print_campaign_progress(progress, camp) -> None:
+    from rich.table import Table
+
     table = Table("system", "job", "state", "phase", "done", "ok", "unsup", "failed",
                   title=f"campaign {camp.folder.root} → {camp.spec.db}")
     for p in progress:

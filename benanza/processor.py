@@ -9,6 +9,7 @@ bounds, Unsqueeze axes) are materialised.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -873,26 +874,36 @@ def _dims(shape: Sequence[int]) -> str:
 _ELEM_TYPES = {name: elem for elem, name in DTYPE_NAMES.items()}
 
 
+@functools.cache
+def _formal_inputs(op_type: str, opset: int) -> tuple[tuple[frozenset[str], bool], ...]:
+    """The element types each formal input of a standard op takes, and whether it is variadic;
+    () when ONNX does not define the op. Read from the schema once per op: a model repeats its
+    ops hundreds of times, and ONNX builds the schema's Python objects anew on every call."""
+    if not onnx.defs.has(op_type, opset):
+        return ()
+    schema = onnx.defs.get_schema(op_type, opset)
+    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    return tuple((allowed.get(f.type_str, frozenset({f.type_str})), f.option == variadic) for f in schema.inputs)
+
+
 def _check_input_types(proto: onnx.NodeProto, inputs: Sequence[TensorSpec | None], opset: int, path: Path,
                        name: str) -> None:
     """Refuses an input of an element type the op's schema does not allow (a Conv on strings or
     booleans): shape inference runs without type checks, which real exporters' value_info fails,
     so nothing else stops such a node before its benchmark fails at run time."""
-    if proto.domain not in ("", "ai.onnx") or not onnx.defs.has(proto.op_type, opset):
+    if proto.domain not in ("", "ai.onnx"):
         return
-    schema = onnx.defs.get_schema(proto.op_type, opset)
-    if not schema.inputs:
+    formals = _formal_inputs(proto.op_type, opset)
+    if not formals:
         return
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
     for i, spec in enumerate(inputs):
-        formal = schema.inputs[min(i, len(schema.inputs) - 1)]
-        if i >= len(schema.inputs) and formal.option != variadic:
+        types, variadic = formals[min(i, len(formals) - 1)]
+        if i >= len(formals) and not variadic:
             return  # more inputs than the op has: ONNX's checker words that (_blame_node)
         if spec is None or spec.dtype not in _ELEM_TYPES:
             continue
         elem = onnx.TensorProto.DataType.Name(_ELEM_TYPES[spec.dtype]).lower()
-        types = allowed.get(formal.type_str, {formal.type_str})
         if f"tensor({elem})" not in types:
             takes = ", ".join(t[len("tensor("):-1] for t in sorted(types) if t.startswith("tensor("))
             raise ModelError(path, f"node {name!r} ({proto.op_type}): input {i} '{proto.input[i]}' is {elem}, "

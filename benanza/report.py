@@ -7,16 +7,17 @@ import csv
 import io
 import math
 from collections.abc import Sequence
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from .analysis.bounds import Bounds
 from .analyzer import Analysis
 from .escape import printable
 from .report_modules import folded_layers, folded_parallel, icicle_svg, modules_json, print_module_tree
 from .report_phases import decode_svg, phase_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 SCHEMA_VERSION = 1
 
@@ -249,6 +250,8 @@ def _ms(x: float | None) -> str:
 
 def _row(table: Table, *cells: str) -> None:
     """Cells hold names from model files and logs: plain text, never rich markup."""
+    from rich.text import Text
+
     table.add_row(*(Text(printable(c)) for c in cells))
 
 
@@ -277,6 +280,9 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
     """``max_layers``: rows of the layer table (the slowest when cut); 0 shows every layer.
     ``depth``: levels of the module tree shown. Layers and parallel modules of identical repeated
     modules are shown once, with their count."""
+    from rich.table import Table
+    from rich.text import Text
+
     title = f"{a.model} on {a.system} ({a.backend}, {a.dtype}, batch {a.batch_size}{_phase(a)})"
     if a.stack is not None:
         console.print(f"{a.system}: stack {a.stack.stack_id} on {a.stack.device} ("
@@ -432,6 +438,9 @@ def _print_floors(a: Analysis, console: Console) -> None:
 
 
 def _print_across_stack(a: Analysis, console: Console, top: int = 10) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     x = a.across_stack
     if x is None:
         return
@@ -454,6 +463,9 @@ def _print_across_stack(a: Analysis, console: Console, top: int = 10) -> None:
 
 
 def _choices_table(title: str, choices) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     t = Table("layer", "layout", "fusion", "used", "used ms", "framework ms", "best", "best ms", "bound ms",
               "gain ms", title=Text(title))
     for c in choices:
@@ -465,6 +477,8 @@ def _choices_table(title: str, choices) -> Table:
 
 
 def _print_speed_of_light(a: Analysis, console: Console, top: int = 10) -> None:
+    from rich.table import Table
+
     sol = a.speed_of_light
     assert sol is not None
     p = sol.peaks
@@ -489,6 +503,8 @@ def _print_speed_of_light(a: Analysis, console: Console, top: int = 10) -> None:
 
 
 def print_sweep(analyses: Sequence[Analysis], console: Console) -> None:
+    from rich.table import Table
+
     t = Table("model", "system", "batch", "seq ms", "par ms", "fused seq ms", "joint ms", "measured ms",
               "BR seq", "BR par", title="sweep")
     for a in analyses:

@@ -4,14 +4,14 @@ siblings folded, the folding of the layer and parallel-module tables, and a stat
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from .analysis.bounds import LayerRow, ParallelModule
 from .analysis.modules import Fold, ModuleStats, fold, module_of, repeats
 from .analyzer import Analysis
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _r(x: float | None, digits: int = 6) -> float | None:
@@ -49,6 +49,9 @@ def _kind(kind: str) -> str:
 def print_module_tree(a: Analysis, console: Console, depth: int = 2) -> None:
     """The tree to ``depth`` levels below the model; a fold shows its first member's values ("each")
     and its share of the model for all members; a fold's children are its first member's."""
+    from rich.table import Table
+    from rich.text import Text
+
     root = a.tree
     if root is None or not root.children:
         return

@@ -4,14 +4,14 @@ bound against the KV-cache length."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from .analysis.phases import DECODE, PhaseAnalysis
 from .analyzer import Analysis
 from .escape import printable
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _r(x: float | None, digits: int = 6) -> float | None:
@@ -46,6 +46,9 @@ def _pct(x: float | None) -> str:
 
 def print_phases(analyses: Sequence[Analysis], console: Console, max_layers: int = 10) -> None:
     """One table of the phases' bounds and tokens/s, then per phase its slowest layers' shares."""
+    from rich.table import Table
+    from rich.text import Text
+
     shown = [a for a in analyses if a.phase is not None]
     if not shown:
         return

@@ -445,3 +445,22 @@ def test_generate_missing_fills_the_database_through_the_library(tmp_path, save,
     keys = node_keys(tmp_path / "out" / "bench", "net", "f32")
     assert a["bounds"]["sequential_ms"] == pytest.approx(sum(best.get(k, 0.0) for k in keys.values()), **JSON_MS)
     assert a["bounds"]["sequential_ms"] > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]),
+                          st.one_of(st.sampled_from([0.5, 1.0, 2.0, float("inf")]), st.just(float("nan"))),
+                          st.booleans()), max_size=8))
+def test_best_picks_what_keying_on_latency_then_name_picks(specs):
+    """``best`` names only the equally fast candidates; the choice is the one a min over (latency,
+    name) of every OK candidate makes, ties, infinities and a NaN included."""
+    from benanza.analysis.bounds import best, candidates
+    from benanza.ops.conv import ConvProblem
+
+    problem = load_model(helpers.conv_net()).nodes[0].layer.problem
+    assert isinstance(problem, ConvProblem)
+    results = [Result(Variant(problem, "onednn", "convolution", algo), "box", Status.OK if ok else Status.FAILED,
+                      median_ms=latency if ok else None) for algo, latency, ok in specs]
+    ok = candidates(results, "f32")
+    want = min(ok, key=lambda r: (r.latency_ms, r.variant.name)) if ok else None
+    assert best(results, "f32") is want

@@ -322,3 +322,18 @@ def test_merging_a_v1_source_migrates_a_copy_and_leaves_the_file_alone(tmp_path)
         assert added["results"] == 4 and added["systems"] == 2
         assert [r.median_ms for r in db.results("B")] == [0.61]
     assert src.read_bytes() == blob
+
+
+def test_results_are_ordered_as_sqlite_orders_key_and_variant_whatever_a_row_holds():
+    """``results`` sorts its rows in Python; SQLite's own ORDER BY over the same values, damaged
+    ones of every storage class included, is the oracle."""
+    from benanza.perfdb import _sqlite_order
+
+    values = [None, 3, -1.5, 2, "b", "a", "ä", "€", "Z", "", b"\x00", b"ab", 0, "10", "9"]
+    pairs = [(k, v) for k in values for v in values[::3]]
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (i INTEGER, k, v)")  # no affinity: each value keeps its class
+    conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, k, v) for i, (k, v) in enumerate(pairs)])
+    want = [i for (i,) in conn.execute("SELECT i FROM t ORDER BY k, v, i")]
+    got = sorted(range(len(pairs)), key=lambda i: (_sqlite_order(pairs[i][0]), _sqlite_order(pairs[i][1]), i))
+    assert got == want

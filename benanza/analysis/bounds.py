@@ -89,7 +89,13 @@ def best(results: Iterable[Result], dtype: str, fusion: str = "none",
     """Fastest OK result of a layer for the dtype (and layouts, when given), by the latency a
     bound uses (Result.latency_ms)."""
     ok = candidates(results, dtype, fusion, layouts)
-    return min(ok, key=lambda r: (r.latency_ms, r.variant.name)) if ok else None
+    if not ok:
+        return None
+    # by latency, then by name among the equally fast: the choice keying every candidate on
+    # (latency, name) makes, without making every candidate's name (`is`: a tuple compares so)
+    lowest = min(ok, key=lambda r: cast(float, r.latency_ms)).latency_ms
+    tied = [r for r in ok if r.latency_ms is lowest or r.latency_ms == lowest]
+    return tied[0] if len(tied) == 1 else min(tied, key=lambda r: r.variant.name)
 
 
 class LayerTable:
