@@ -65,6 +65,7 @@ def _shapes(m) -> dict[str, tuple[int, ...]]:
     return {t: s.shape for n in m.nodes for t, s in zip(n.outputs, n.layer.outputs)}
 
 
+@pytest.mark.slow  # runs ONNX Runtime on onnx's backend test cases
 @pytest.mark.parametrize("op", SHAPE_BY_VALUE_OPS)
 def test_backend_cases_process_with_the_shapes_onnx_runtime_computes(op, cases, tmp_path):
     chosen = [c for c in cases.values() if "expanded" not in c.name and _tensor_only(c)
