@@ -269,6 +269,7 @@ def _paths(m) -> set[tuple[str, ...]]:
     return {m.path}.union(*(_paths(c) for c in m.children))
 
 
+@pytest.mark.slow  # exports a torch model with both exporters
 def test_nested_containers_qualify_alike(tmp_path):
     torch.manual_seed(0)
     module, x = _Nested().eval(), torch.randn(1, 3, 8, 8)
