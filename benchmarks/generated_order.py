@@ -79,9 +79,10 @@ def main() -> int:
             wrong = [n for n in diff if n not in reordered]
             differing += len(wrong)
             took = time.perf_counter() - start
-            verdict = "byte-identical" if not wrong else f"{len(wrong)} differ: {', '.join(wrong[:10])}"
-            note = f"; {', '.join(reordered)}: the same entries in the order given" if reordered else ""
-            print(f"{backend}: {len(models)} models, {len(forward)} files, both orders {verdict}{note} ({took:.0f}s)")
+            verdict = f"{len(forward) - len(diff)} of {len(forward)} files byte-identical"
+            verdict += f"; {', '.join(reordered)}: the same entries in the order given" if reordered else ""
+            verdict += f"; {len(wrong)} differ: {', '.join(wrong[:10])}" if wrong else ""
+            print(f"{backend}: {len(models)} models in both orders, {verdict} ({took:.0f}s)")
     return 1 if differing else 0
 
 
