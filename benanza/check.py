@@ -25,8 +25,7 @@ import re
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -35,32 +34,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .backends.base import SubgraphBackend, build
-from .backends.onednn import fused_config
 from .errors import BenanzaError, UsageError
 from .fusion import BY_NAME as PATTERNS
 from .fusion import match_fusions
 from .generator import get_backend, read_variants
 from .layers import Model
-from .ops.cast import WORD_TYPES, CastProblem
-from .ops.quantized import (
-    ConvIntProblem,
-    DynQuantProblem,
-    QdqProblem,
-    QLinearConvProblem,
-    QLinearMatMulProblem,
-    QMatMulProblem,
-)
+from .ops.reference import Gen, NoReference, Spec, generated
 from .ops.registry import FAMILIES
-from .problems import (
-    COMMUTATIVE,
-    AttentionProblem,
-    BinaryProblem,
-    ConvProblem,
-    CopyProblem,
-    GemmProblem,
-    MatMulProblem,
-    broadcast,
-)
 from .records import Variant
 
 log = logging.getLogger(__name__)
@@ -116,78 +96,15 @@ class CheckOptions:
     command: str = "benanza check"  # the command line up to its --filter and --seed (reproduce lines)
 
 
-# --- the input generator (runtime_cpp/common/benanza/runtime.hpp: fill_value) ----------------
+# --- one benchmark's reference, in the model's terms -----------------------------------------
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def generated(stream: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    """The values the runtime fills its ``stream``-th tensor with, as f32 of ``shape``
-    (row-major order of the dims the benchmark gives its library): splitmix64's mix of
-    ``((seed·256 + stream) << 32) + i``, top byte, as a multiple of 1/128 in [−1, 1)."""
-    n = math.prod(shape)
-    with np.errstate(over="ignore"):
-        z = np.uint64((seed * 256 + stream) << 32) + np.arange(n, dtype=np.uint64) + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-    return ((z >> np.uint64(56)).astype(np.int64) - 128).astype(np.float32).reshape(shape) / np.float32(128)
-
-
-def as_filled(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """A stream's values as the runtime fills a tensor of ``dtype`` (onednn.cpp: fill_as):
-    floats as they are, signed integers 128·v, unsigned ones floor(64·v + 64) in [0, 127]
-    (7-bit, so no int8 kernel's u8·s8 pair sum saturates at int16, VNNI or not)."""
-    if dtype.kind == "f":
-        return np.asarray(values, dtype)
-    if dtype.kind == "u":
-        return np.asarray(np.floor(values * 64 + 64), dtype)
-    return np.asarray(np.rint(values * 128), dtype)
-
-
-def as_scales(values: np.ndarray) -> np.ndarray:
-    """A stream's values as the runtime fills quantization scales: 2^floor(4·v)."""
-    return np.asarray(np.exp2(np.floor(4 * values)), np.float32)
-
-
-_NUMPY_TYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i8": np.int8, "u8": np.uint8}
-
-
-def _np_type(short: str) -> np.dtype:
-    if short not in _NUMPY_TYPES:
-        raise _NoReference(f"no NumPy type to feed {short} data to the reference")
-    return np.dtype(_NUMPY_TYPES[short])
-
-
-# --- what one benchmark reads and writes, in the model's terms -----------------------------
-
-@dataclass
-class _Spec:
-    """A reference for one benchmark: the model's nodes, the generated value of every input the
-    benchmark fills (by (node position, input index)), the outputs it writes, in its order.
-    ``constants``: generated values of inputs the model holds as constants, which stay constants
-    in the reference (ONNX Runtime picks its kernel from them: its QDQ fusions need constant weights)."""
-
-    nodes: tuple[int, ...]
-    feeds: dict[tuple[int, int], np.ndarray]
-    outputs: list[str]
-    compared: str
-    dense: bool = False  # a copy of the output's bytes: compare with the generated source
-    attrs: dict[int, dict[str, object]] = field(default_factory=dict)  # per node position: attributes to set
-    extra_inputs: dict[int, list[str]] = field(default_factory=dict)  # per node position: inputs to append
-    constants: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
-
-
-class _NoReference(Exception):
-    """This benchmark has no reference here (the reason is the message)."""
-
-
-def _gen(seed: int) -> Callable[[int, tuple[int, ...]], np.ndarray]:
+def _gen(seed: int) -> Gen:
     return lambda stream, shape: generated(stream, tuple(shape), seed)
 
 
 class _Site:
-    """One model's occurrence of a benchmark: the nodes and their tensors' real shapes."""
+    """One model's occurrence of a benchmark: the nodes and their tensors' real shapes
+    (``ops.reference.Site``)."""
 
     def __init__(self, ref: _ModelRef, nodes: tuple[int, ...]):
         self.ref, self.nodes = ref, nodes
@@ -198,245 +115,40 @@ class _Site:
     def proto(self, pos: int) -> onnx.NodeProto:
         return self.ref.proto_of(self.node(pos))
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.ref.shape(name)
+
     def in_shape(self, pos: int, i: int) -> tuple[int, ...]:
         return self.ref.shape(self.proto(pos).input[i])
 
     def external(self, pos: int, inside: str) -> int:
-        """The input index of node ``pos`` that is not the tensor ``inside`` (a bias, a mask)."""
         ins = list(self.proto(pos).input)
         others = [i for i, name in enumerate(ins) if name != inside]
         if len(others) != 1:
-            raise _NoReference(f"{self.proto(pos).op_type} has no single other input")
+            raise NoReference(f"{self.proto(pos).op_type} has no single other input")
         return others[0]
 
-
-def _fill(site: _Site, gen, order: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
-    """Stream k fills slot ``order[k]``: where the benchmark's dims are the ONNX input's up to a
-    reshape (unit dims, a broadcast weight's folded rows), the same row-major values."""
-    return {(pos, i): gen(k, site.in_shape(pos, i)) for k, (pos, i) in enumerate(order)}
+    def with_producer(self, pos: int, i: int) -> _Site:
+        return _Site(self.ref, self.nodes + (self.ref.model.producer[self.node(pos).inputs[i]],))
 
 
-def _binary_order(p: BinaryProblem, shapes: list[tuple[int, ...]]) -> list[int]:
-    """The ONNX input of each of the benchmark's operands: the problem's canonical order, then
-    the runtime's swap (oneDNN broadcasts only its second source)."""
-    order = list(range(len(shapes)))
-    out = broadcast(tuple(shapes))
-    if p.alg in COMMUTATIVE:
-        order.sort(key=lambda i: (tuple(shapes[i]) != out, -len(shapes[i]), tuple(shapes[i])))
-    if [tuple(shapes[i]) for i in order] != [tuple(s) for s in p.shapes]:
-        raise _NoReference("the node's operands do not give the problem's")
-    if len(order) == 2:
-        rank = max(len(out), 1)
-
-        def pad(s: tuple[int, ...]) -> tuple[int, ...]:
-            return (1,) * (rank - len(s)) + tuple(s)
-
-        if pad(shapes[order[0]]) != pad(out) and pad(shapes[order[1]]) == pad(out) and p.alg in COMMUTATIVE:
-            order.reverse()
-    return order
-
-
-def _unfused(site: _Site, v: Variant, gen) -> _Spec:
-    p = v.problem
-    proto = site.proto(0)
-    outs = [proto.output[0]]
-    n_in = len(proto.input)
-    compared = f"{proto.op_type} node {proto.name or outs[0]!r}"
-    if isinstance(p, BinaryProblem):
-        if p.alg == "pow":
-            feeds = _fill(site, gen, [(0, 0)])  # the exponent is the model's constant
-        else:
-            shapes = [site.in_shape(0, i) for i in range(n_in)]
-            feeds = _fill(site, gen, [(0, i) for i in _binary_order(p, shapes)])
-        return _Spec(site.nodes, feeds, outs, compared)
-    if isinstance(p, GemmProblem):
-        return _Spec(site.nodes, _gemm_feeds(site, p, v, gen), outs, compared)
-    if isinstance(p, AttentionProblem):
-        return _attention_op(site, p, gen, compared)
-    if isinstance(p, CopyProblem):
-        if p.how == "dense":
-            what = (f"{proto.op_type} node {proto.name or outs[0]!r} as a dense copy: its output's "
-                    f"{sum(math.prod(o) for o in p.outs)} elements moved from a buffer of their shape (the "
-                    f"values are generated, not the op's: the copy does not compute {proto.op_type}); sizes "
-                    f"against the op's real outputs")
-            return _Spec(site.nodes, {}, list(proto.output), what, dense=True)
-        return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), list(proto.output), compared)
-    if isinstance(p, (CastProblem, QMatMulProblem, QdqProblem, ConvIntProblem)):
-        return _Spec(site.nodes, _integer_feeds(site, p, v, gen), outs, compared)
-    if isinstance(p, DynQuantProblem):  # y, its scale and its zero point
-        return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), list(proto.output), compared)
-    # the other families say which inputs their benchmark fills, in stream order
-    family = _FAMILIES.get(p.family)
-    fills = family.onednn.fills if family is not None and family.onednn is not None else None
-    if fills is not None:
-        return _Spec(site.nodes, _fill(site, gen, [(0, i) for i in fills(p)]), outs, compared)
-    raise _NoReference(f"no reference adapter for the {p.family} family")
-
-
-def _integer_feeds(site: _Site, p: CastProblem | QMatMulProblem | QdqProblem | ConvIntProblem, v: Variant,
-                   gen) -> dict[tuple[int, int], np.ndarray]:
-    """The inputs of a cast or quantized benchmark, typed as the node reads them, in the
-    runtime's stream order (onednn.cpp: make_cast, make_qmatmul, make_qconv, make_qdq)."""
-    def feed(k: int, i: int, dtype: np.dtype) -> np.ndarray:
-        return as_filled(gen(k, site.in_shape(0, i)), dtype)
-
-    if isinstance(p, CastProblem):
-        return {(0, 0): feed(0, 0, _np_type(WORD_TYPES[p.source]))}
-    if isinstance(p, (QLinearMatMulProblem, QLinearConvProblem)):
-        # x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp[, bias]
-        a, b = _np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
-        slots = [(0, a), (3, b)] + [(2, a)] * bool(p.azp) + [(5, b)] * bool(p.bzp)
-        feeds = {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
-        k = len(slots)
-        for i in (1, 4, 6):
-            feeds[(0, i)] = as_scales(gen(k, site.in_shape(0, i)))
-            k += 1
-        feeds[(0, 7)] = feed(k, 7, np.dtype(np.int8 if p.signed_y else np.uint8))
-        if isinstance(p, QLinearConvProblem) and p.bias:
-            feeds[(0, 8)] = feed(k + 1, 8, np.dtype(np.int32))
-        return feeds
-    if isinstance(p, ConvIntProblem):  # x, w, x_zp, w_zp
-        a, b = _np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
-        slots = [(0, a), (1, b)] + [(2, a)] * bool(p.azp) + [(3, b)] * bool(p.bzp)
-        return {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
-    if isinstance(p, QMatMulProblem):
-        feeds = {(0, 0): feed(0, 0, _np_type(v.dtype)),
-                 (0, 1): feed(1, 1, np.dtype(np.int8 if p.signed_b else np.uint8))}
-        k = 2
-        for i, count in ((2, p.azp), (3, p.bzp)):
-            if count:
-                feeds[(0, i)] = feed(k, i, feeds[(0, i - 2)].dtype)
-                k += 1
-        return feeds
-    qtype = _np_type(WORD_TYPES.get(p.qtype, p.qtype))
-    dequantize = p.family == "dequant"
-    feeds = {(0, 0): feed(0, 0, qtype if dequantize else _np_type(v.dtype)),
-             (0, 1): as_scales(gen(1, site.in_shape(0, 1)))}
-    if p.zp:
-        feeds[(0, 2)] = feed(2, 2, qtype)
-    return feeds
-
-
-def _gemm_feeds(site: _Site, p: GemmProblem, v: Variant, gen) -> dict[tuple[int, int], np.ndarray]:
-    """A and B as the runtime fills them (logical m×k and k×n — n×k for an inner product — read
-    through strides where transposed), C (the bias) unscaled: the runtime folds beta into C."""
-    a = gen(0, (p.m, p.k))
-    if v.api == "inner_product":
-        b = gen(1, (p.n, p.k))
-    else:
-        b = gen(1, (p.k, p.n))
-        b = b.T if p.tb else b
-    feeds = {(0, 0): np.ascontiguousarray(a.T if p.ta else a), (0, 1): np.ascontiguousarray(b)}
-    if p.c is not None and p.beta != 0.0:
-        feeds[(0, 2)] = (gen(2, p.c) / np.float32(p.beta)).reshape(site.in_shape(0, 2))
-    return feeds
-
-
-def _attention_op(site: _Site, p: AttentionProblem, gen, compared: str) -> _Spec:
-    """Q, Kᵀ (K's last two dims swapped, read through strides), the mask, V. A causal op is run
-    as one more additive [S, Skv] mask: the reference is the op with is_causal 0 and that mask."""
-    kt = p.k[:-2] + (p.k[-1], p.k[-2])
-    feeds = {(0, 0): gen(0, p.q), (0, 1): np.ascontiguousarray(np.swapaxes(gen(1, kt), -1, -2))}
-    masked = p.mask is not None or p.causal
-    spec = _Spec(site.nodes, feeds, [site.proto(0).output[0]], compared)
-    if masked:
-        shape = p.mask if p.mask is not None else (p.q[2], p.k[2])
-        mask = gen(2, shape)
-        if p.mask is None:
-            if len(site.proto(0).input) != 3:
-                raise _NoReference("a causal Attention with optional inputs after V")
-            spec.extra_inputs[0] = ["__mask"]
-            feeds[(0, 3)] = mask
-        else:
-            feeds[(0, 3)] = mask.reshape(site.in_shape(0, 3))
-        if p.causal:
-            spec.attrs[0] = {"is_causal": 0}
-            spec.compared += (" with its causal mask as the benchmark runs it: one more additive [S, Skv] mask "
-                              "(generated), so the reference is Attention(is_causal=0, attn_mask=that mask)")
-    feeds[(0, 2)] = gen(3 if masked else 2, p.v)
-    return spec
-
-
-def _qk_slot(site: _Site, protos: list[onnx.NodeProto], i: int) -> tuple[int, int]:
-    """The slot of the tensor the pattern's Mul scales into input ``i`` of the scores' MatMul."""
-    pos = next(j for j in range(1, len(protos)) if protos[j].output[0] == protos[0].input[i])
-    want = site.in_shape(0, i)
-    return pos, next(k for k, name in enumerate(protos[pos].input) if site.ref.shape(name) == want)
-
-
-def _fused(site: _Site, v: Variant, gen) -> _Spec:
+def _spec(site: _Site, v: Variant, gen: Gen) -> tuple[Spec, str]:
+    """The reference of the variant's family (or fusion pattern) at ``site``, and what it
+    compares."""
+    if v.fusion == "none":
+        family = _FAMILIES.get(v.problem.family)
+        reference = family.onednn.reference if family is not None and family.onednn is not None else None
+        if reference is None:
+            raise NoReference(f"no reference adapter for the {v.problem.family} family")
+        proto = site.proto(0)
+        spec = reference(site, v, gen)
+        return spec, f"{proto.op_type} node {proto.name or proto.output[0]!r}{spec.note}"
     pattern = PATTERNS[v.fusion]
-    last = len(site.nodes) - 1
+    if pattern.reference is None:
+        raise NoReference(f"no reference adapter for the {v.fusion} pattern")
     protos = [site.proto(i) for i in range(len(site.nodes))]
-    outs = [protos[-1].output[0]]
-    compared = f"fusion {v.fusion} over nodes {', '.join(repr(p.name or p.output[0]) for p in protos)}"
-    p = v.problem
-    if pattern.attention:
-        assert isinstance(p, MatMulProblem)
-        # Q and Kᵀ: the scores' MatMul inputs, or where the pattern scales them first, the
-        # scaling Muls' data inputs (the model's own two scales then make the chain's one)
-        feeds = _fill(site, gen, [_qk_slot(site, protos, i) if pattern.prescaled else (0, i) for i in (0, 1)])
-        k = 2
-        if pattern.mask:
-            add = 1 + pattern.tail.index("Add")
-            scores = next(o for q in protos[:add] for o in q.output if o in protos[add].input)
-            mask_slot = (add, site.external(add, scores))
-            feeds[mask_slot] = gen(k, p.a[-2:-1] + p.b[-1:]).reshape(site.in_shape(*mask_slot))
-            k += 1
-        feeds[(last, 1)] = gen(k, site.in_shape(last, 1))
-        return _Spec(site.nodes, feeds, outs, compared)
-    if pattern.name == "layernorm":  # x, then the Mul's scale and the last Add's shift
-        mul, add = last - 1, last
-        scale = (mul, site.external(mul, protos[mul - 1].output[0]))
-        shift = (add, site.external(add, protos[mul].output[0]))
-        return _Spec(site.nodes, _fill(site, gen, [(0, 0), scale, shift]), outs, compared)
-    if pattern.name == "qdq_matmul":
-        # the runtime's streams (make_qmatmul, a QLinearMatMul): A u8, B s8, A's zero point, A's,
-        # B's and the output's scales, the output's zero point. B is the weights' DequantizeLinear's
-        # input (a folded node, so not in the match) and, with the scales and zero points, a
-        # constant, as in the model: ONNX Runtime then runs the pattern as it runs the model,
-        # through its int8 QLinearMatMul kernel. Fed as float weights it would run a float MatMul,
-        # exact where an int8 kernel without VNNI saturates u8·s8 pair sums at int16 (docs/quantized.md)
-        full = _Site(site.ref, site.nodes + (site.ref.model.producer[site.node(0).inputs[1]],))
-        u8 = np.dtype(np.uint8)
-        constants = {(3, 0): as_filled(gen(1, full.in_shape(3, 0)), np.dtype(np.int8)),
-                     (1, 2): as_filled(gen(2, site.in_shape(1, 2)), u8), (1, 1): as_scales(gen(3, site.in_shape(1, 1))),
-                     (3, 1): as_scales(gen(4, full.in_shape(3, 1))), (2, 1): as_scales(gen(5, site.in_shape(2, 1))),
-                     (2, 2): as_filled(gen(6, site.in_shape(2, 2)), u8)}
-        return _Spec(full.nodes, {(1, 0): as_filled(gen(0, site.in_shape(1, 0)), u8)}, outs,
-                     compared + f" and the weights' DequantizeLinear {full.proto(3).name or full.proto(3).output[0]!r}"
-                     f" (weights, scales and zero points constants, as in the model)", constants=constants)
-    if pattern.name == "rmsnorm":  # x (the Pow's input, second in the match), then the last Mul's scale
-        scale = (last, site.external(last, protos[last - 1].output[0]))
-        return _Spec(site.nodes, _fill(site, gen, [(1, 0), scale]), outs, compared)
-    if pattern.name == "gelu_erf":
-        return _Spec(site.nodes, _fill(site, gen, [(0, 0)]), outs, compared)
-    if isinstance(p, QMatMulProblem):  # A, B, their zero points, then the Mul's scale and the Add's bias
-        feeds = _integer_feeds(site, p, v, gen)
-        k = len(feeds)
-        scale = (2, site.external(2, protos[1].output[0]))
-        feeds[scale] = as_scales(gen(k, site.in_shape(*scale)))
-        if "Add" in pattern.tail:
-            bias = (3, site.external(3, protos[2].output[0]))
-            feeds[bias] = gen(k + 1, site.in_shape(*bias))
-        return _Spec(site.nodes, feeds, outs, compared)
-    if isinstance(p, MatMulProblem):  # mm_bias, mm_bias_gelu: A, B, then the Add's bias
-        bias = (1, site.external(1, protos[0].output[0]))
-        return _Spec(site.nodes, _fill(site, gen, [(0, 0), (0, 1), bias]), outs, compared)
-    f = fused_config(p, v.fusion)
-    assert isinstance(p, ConvProblem)
-    if "BatchNormalization" in pattern.tail:
-        # the fold: scale 1, mean 0, variance 1 − ε, so BN adds B, which is the benchmark's bias
-        bn = site.proto(1)
-        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-        feeds = _fill(site, gen, [(0, 0), (0, 1)])
-        feeds[(1, 1)] = np.ones(p.oc, np.float32)
-        feeds[(1, 2)] = gen(2, (p.oc,))
-        feeds[(1, 3)] = np.zeros(p.oc, np.float32)
-        feeds[(1, 4)] = np.full(p.oc, 1.0 - eps, np.float32)
-        return _Spec(site.nodes, feeds, outs, compared + " (BatchNorm as the folded bias it is benchmarked as)")
-    slots = [(0, 0), (0, 1)] + ([(0, 2)] if f.bias else [])
-    return _Spec(site.nodes, _fill(site, gen, slots), outs, compared)
+    spec = pattern.reference(site, v, gen, pattern)
+    return spec, f"fusion {v.fusion} over nodes {', '.join(repr(p.name or p.output[0]) for p in protos)}{spec.note}"
 
 
 # --- the models the benchmarks came from ---------------------------------------------------
@@ -457,6 +169,7 @@ class _ModelRef:
             for name, spec in zip(self.proto_of(n).output, n.layer.outputs):
                 self._shapes.setdefault(name, spec.shape)
         self._values: dict[str, np.ndarray] | None = None
+        self._outputs: dict[str, np.ndarray] = {}
 
     def proto_of(self, node) -> onnx.NodeProto:
         return self.by_output[node.outputs[0]]
@@ -487,8 +200,7 @@ class _ModelRef:
         if self._values is None:
             self._values = {}
             wanted = sorted({c for n in self.model.nodes for c in n.constant_inputs if c not in self.inits}
-                            | {o for n in self.model.nodes for o in n.outputs
-                               if n.folded or isinstance(n.layer.problem, CopyProblem)})
+                            | {o for n in self.model.nodes for o in n.outputs if n.folded})
             if wanted:
                 self._values = dict(zip(wanted, _run_whole(self, wanted)))
         out = {}
@@ -498,8 +210,16 @@ class _ModelRef:
             elif name in self._values:
                 out[name] = self._values[name]
             else:
-                raise _NoReference(f"tensor {name!r} is neither a constant nor computed by a whole-model run")
+                raise NoReference(f"tensor {name!r} is neither a constant nor computed by a whole-model run")
         return out
+
+    def outputs(self, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """Nodes' real outputs, from one more run of the whole model (a dense copy's, compared in
+        size with what the copy moves); remembered."""
+        missing = [n for n in names if n not in self._outputs]
+        if missing:
+            self._outputs.update(zip(missing, _run_whole(self, missing)))
+        return {n: self._outputs[n] for n in names}
 
 
 def _run_whole(ref: _ModelRef, names: list[str]) -> list[np.ndarray]:
@@ -535,11 +255,11 @@ def _evaluate(m: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[st
     try:
         return list(ReferenceEvaluator(m).run(outputs, feeds))
     except Exception as exc:  # noqa: BLE001 - an op neither implements: no reference, said so
-        raise _NoReference(f"neither ONNX Runtime nor onnx's reference evaluator runs the reference "
+        raise NoReference(f"neither ONNX Runtime nor onnx's reference evaluator runs the reference "
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
+def _reference(site: _Site, spec: Spec) -> list[np.ndarray]:
     """Runs the spec's nodes, taken from the model, on its feeds and constants and the model's
     other constants."""
     ref = site.ref
@@ -588,7 +308,7 @@ def _reference(site: _Site, spec: _Spec) -> list[np.ndarray]:
         [helper.make_empty_tensor_value_info(o) for o in spec.outputs], inits)
     m = helper.make_model(graph, opset_imports=list(ref.proto_model.opset_import))
     m.ir_version = ref.proto_model.ir_version
-    return _evaluate(m, feeds, spec.outputs)
+    return _evaluate(m, feeds, list(spec.outputs))
 
 
 # --- comparing -----------------------------------------------------------------------------
@@ -820,28 +540,28 @@ def _check_one(v: Variant, status: dict | None, entry: dict | None, refs: list[_
             continue
         site = _Site(ref, nodes)
         try:
-            spec = _unfused(site, v, gen) if v.fusion == "none" else _fused(site, v, gen)
+            spec, compared = _spec(site, v, gen)
             got = entry["outputs_data"]
-            if spec.dense:
-                return _check_dense(v, site, spec, got, gen, repro)
+            if spec.dense is not None:
+                return _check_dense(v, site, spec, compared, got, gen, repro)
             want = _reference(site, spec)
-        except _NoReference as exc:
+        except NoReference as exc:
             return CheckResult(v.name, CheckStatus.NOT_CHECKED, str(exc))
         verdict, err, where, tol = _compare(got, want, _tolerance(v))
-        return CheckResult(v.name, verdict, f"{spec.compared} in {ref.model.name}", err, tol, where,
+        return CheckResult(v.name, verdict, f"{compared} in {ref.model.name}", err, tol, where,
                            repro if verdict is not CheckStatus.OK else "")
     return CheckResult(v.name, CheckStatus.NOT_CHECKED, "its layer (and fusion) is in none of the given models")
 
 
-def _check_dense(v: Variant, site: _Site, spec: _Spec, got: list[np.ndarray], gen, repro: str) -> CheckResult:
-    p = v.problem
-    assert isinstance(p, CopyProblem)
-    real = site.ref.values(spec.outputs)
-    what = f"{spec.compared} in {site.ref.model.name}"
-    if len(got) != len(p.outs):
+def _check_dense(v: Variant, site: _Site, spec: Spec, compared: str, got: list[np.ndarray], gen: Gen,
+                 repro: str) -> CheckResult:
+    assert spec.dense is not None
+    real = site.ref.outputs(spec.outputs)
+    what = f"{compared} in {site.ref.model.name}"
+    if len(got) != len(spec.dense):
         return CheckResult(v.name, CheckStatus.MISMATCH, what, math.inf, 0.0,
-                           f"{len(got)} outputs written for {len(p.outs)}", repro)
-    for k, (g, box) in enumerate(zip(got, p.outs)):
+                           f"{len(got)} outputs written for {len(spec.dense)}", repro)
+    for k, (g, box) in enumerate(zip(got, spec.dense)):
         if g.size != real[spec.outputs[k]].size:
             return CheckResult(v.name, CheckStatus.MISMATCH, what, math.inf, 0.0,
                                f"output {k}: {g.size} elements moved, the op writes {real[spec.outputs[k]].size}",

@@ -15,14 +15,23 @@ from dataclasses import dataclass
 
 from .layers import Layer, Model, Node
 from .ops.attention import attention_nodes
+from .ops.attention import pattern_reference as attention_reference
 from .ops.base import NodeFinder
 from .ops.binary import BinaryProblem
 from .ops.conv import ConvProblem
-from .ops.eltwise import gelu_nodes
-from .ops.gemm import MatMulProblem, gemm_epilogue
-from .ops.norm import layernorm_nodes, rmsnorm_nodes
-from .ops.quantized import QMatMulProblem, int_gemm_epilogue, qdq_matmul_nodes
+from .ops.conv import fused_reference as conv_reference
+from .ops.eltwise import gelu_nodes, gelu_reference
+from .ops.gemm import MatMulProblem, epilogue_reference, gemm_epilogue
+from .ops.norm import layernorm_nodes, layernorm_reference, rmsnorm_nodes, rmsnorm_reference
+from .ops.quantized import (
+    QMatMulProblem,
+    int_gemm_epilogue,
+    int_gemm_reference,
+    qdq_matmul_nodes,
+    qdq_matmul_reference,
+)
 from .ops.reduce import ReduceProblem
+from .ops.reference import PatternReference
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,10 @@ class FusionPattern:
     # family's rule, given the anchor, the tail's nodes and the activation; None: the op types
     # alone decide
     epilogue: Callable[[Node, Sequence[Node], str], bool] | None = None
+    # how ``benanza check`` recomputes the fused benchmark from a match's nodes (which inputs
+    # the runtime fills, in stream order): the anchor family's; None is a registry error
+    # (tests/test_registry.py)
+    reference: PatternReference | None = None
 
     @property
     def dag(self) -> bool:
@@ -67,42 +80,48 @@ class FusionPattern:
 # Longest first: matching is greedy.
 PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("bn_relu", ("BatchNormalization", "Relu"), False, "relu",
-                  "Conv→BatchNorm→Relu, BN folded into the conv bias (what inference frameworks do)"),
-    FusionPattern("bias_relu", ("Relu",), True, "relu", "Conv→Bias→Activation (paper §III-B4)"),
+                  "Conv→BatchNorm→Relu, BN folded into the conv bias (what inference frameworks do)",
+                  reference=conv_reference),
+    FusionPattern("bias_relu", ("Relu",), True, "relu", "Conv→Bias→Activation (paper §III-B4)",
+                  reference=conv_reference),
     FusionPattern("bn", ("BatchNormalization",), False, "identity",
-                  "Conv→BatchNorm, BN folded into the conv bias"),
-    FusionPattern("relu", ("Relu",), False, "relu", "Conv→Relu through the fused call with zero bias"),
+                  "Conv→BatchNorm, BN folded into the conv bias", reference=conv_reference),
+    FusionPattern("relu", ("Relu",), False, "relu", "Conv→Relu through the fused call with zero bias",
+                  reference=conv_reference),
     FusionPattern("bias", (), True, "identity",
-                  "Conv→Bias through the fused call with the identity activation (paper §III-B4)"),
+                  "Conv→Bias through the fused call with the identity activation (paper §III-B4)",
+                  reference=conv_reference),
     FusionPattern("mm_bias_gelu", ("Add", "Gelu"), False, "gelu",
                   "MatMul→Add(bias)→Gelu: one GEMM with a bias and a GELU epilogue (a transformer MLP)",
-                  anchor="MatMul", epilogue=gemm_epilogue),
+                  anchor="MatMul", epilogue=gemm_epilogue, reference=epilogue_reference),
     FusionPattern("mm_bias_relu", ("Add", "Relu"), False, "relu",
                   "MatMul→Add(bias)→Relu: one GEMM with a bias and a ReLU epilogue (a ReLU MLP's first Linear)",
-                  anchor="MatMul", epilogue=gemm_epilogue),
+                  anchor="MatMul", epilogue=gemm_epilogue, reference=epilogue_reference),
     FusionPattern("mm_bias", ("Add",), False, "identity", "MatMul→Add(bias): one GEMM with a bias (a Linear)",
-                  anchor="MatMul", epilogue=gemm_epilogue),
+                  anchor="MatMul", epilogue=gemm_epilogue, reference=epilogue_reference),
     FusionPattern("mmint_scale_bias", ("Cast", "Mul", "Add"), False,
                   "identity", "MatMulInteger→Cast(float)→Mul(scale)→Add(bias), ONNX Runtime's dynamic quantization: "
                   "one int8 GEMM with a float result, its scale and bias (ORT's MatMulIntegerToFloat)",
-                  anchor="MatMulInteger", scale=True, epilogue=int_gemm_epilogue),
+                  anchor="MatMulInteger", scale=True, epilogue=int_gemm_epilogue,
+                  reference=int_gemm_reference),
     FusionPattern("mmint_scale", ("Cast", "Mul"), False, "identity",
                   "MatMulInteger→Cast(float)→Mul(scale): one int8 GEMM with a float result and its scale",
-                  anchor="MatMulInteger", scale=True, epilogue=int_gemm_epilogue),
+                  anchor="MatMulInteger", scale=True, epilogue=int_gemm_epilogue,
+                  reference=int_gemm_reference),
     FusionPattern("qdq_matmul", ("DequantizeLinear", "QuantizeLinear"), False, "identity",
                   "DequantizeLinear(u8)→MatMul(·, dequantized s8 weights)→QuantizeLinear(u8), ONNX Runtime's QDQ "
                   "format: one int8 GEMM requantized into u8 (what ONNX Runtime runs as QLinearMatMul)",
-                  anchor="MatMul", find=qdq_matmul_nodes),
+                  anchor="MatMul", find=qdq_matmul_nodes, reference=qdq_matmul_reference),
     FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
                   "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization",
-                  anchor="ReduceMean", find=layernorm_nodes),
+                  anchor="ReduceMean", find=layernorm_nodes, reference=layernorm_reference),
     FusionPattern("rmsnorm", ("Pow", "Add", "Sqrt", "Reciprocal", "Mul", "Mul"), False, "identity",
                   "the RMSNorm decomposition of Llama-style exports (x → Pow(2) → ReduceMean → +ε → Sqrt → "
                   "Reciprocal or Div(1, ·) → Mul(x) → Mul(scale), or Div(x, ·) → Mul(scale)): one RMS normalization",
-                  anchor="ReduceMean", find=rmsnorm_nodes),
+                  anchor="ReduceMean", find=rmsnorm_nodes, reference=rmsnorm_reference),
     FusionPattern("gelu_erf", ("Erf", "Add", "Mul", "Mul"), False, "gelu",
                   "the erf GELU decomposition of opsets < 20 (x/√2 → Erf → +1 → ·x → ·½): one GELU", anchor="Div",
-                  find=gelu_nodes),
+                  find=gelu_nodes, reference=gelu_reference),
 )
 
 
@@ -115,7 +134,8 @@ def _attention(scale: bool, mask: bool, prescaled: bool = False) -> FusionPatter
     return FusionPattern(name, tail, False, "identity",
                          f"attention {steps}: one oneDNN chain (scores' matmul with post-ops, softmax, matmul)",
                          anchor="MatMul", find=attention_nodes(scale or prescaled, mask, prescaled),
-                         attention=True, scale=scale or prescaled, mask=mask, prescaled=prescaled)
+                         attention=True, scale=scale or prescaled, mask=mask, prescaled=prescaled,
+                         reference=attention_reference)
 
 
 # the longest first: Q and K scaled before the MatMul, then a scale after it, then neither

@@ -103,6 +103,7 @@ def _variant(bench: Path, prefix: str, **fields: str) -> str:
     return names[0]
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_variants_are_the_choices_an_ort_user_has(measured):
     _, bench, _, _ = measured
     variants = expand_variants(read_manifest(bench), get_backend("onnxruntime"), GenOptions())
@@ -114,6 +115,7 @@ def test_variants_are_the_choices_an_ort_user_has(measured):
     assert gemm == [("basic", "plain", "none")]  # no layout transform, no pattern anchored on it
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_isolated_kernels_match_their_time_inside_the_whole_model(measured):
     """Fidelity: the benchmark of the kernel ORT ran for a layer (its fusion, its NCHWc layout)
     against that node's own time in ORT's profile of the whole model: 10th percentiles of both,
@@ -141,6 +143,7 @@ def test_isolated_kernels_match_their_time_inside_the_whole_model(measured):
             profile = _profile_whole(path, profile.parent)
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_results_carry_the_runtime_statistics(measured):
     """Every row has what the C++ runtime reports: per-call samples, their low percentile,
     median and spread, the repetitions' statistics and the contention it ran under."""
@@ -162,6 +165,7 @@ def test_results_carry_the_runtime_statistics(measured):
         assert r.metrics["run_overhead_ms"] >= 0
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_stack_names_onnxruntime_its_provider_and_threads(measured):
     _, _, db, _ = measured
     with PerfDB(db, readonly=True) as pdb:
@@ -171,6 +175,7 @@ def test_stack_names_onnxruntime_its_provider_and_threads(measured):
     assert stack["threads"] == "1"
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_a_second_run_resumes_with_nothing_to_do(measured):
     _, bench, db, _ = measured
     out = invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db", str(db),
@@ -179,6 +184,7 @@ def test_a_second_run_resumes_with_nothing_to_do(measured):
     assert f"0 of {len(index)} benchmarks would run ({len(index)} already in" in out, out
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_analysis_defaults_to_ort_and_judges_its_kernels(measured):
     """Against ORT's profile the bound is ORT's own backend (no --backend given), and Q3 compares
     the variant ORT ran per op with the fastest one computing the same, as stored in SQL."""
@@ -197,6 +203,7 @@ def test_analysis_defaults_to_ort_and_judges_its_kernels(measured):
     assert conv1["gain_ms"] == pytest.approx(used["low_ms"] - conv1["best_ms"], abs=1e-6)
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_a_crash_and_a_hang_cost_only_their_benchmark(measured, tmp_path):
     """Crash isolation and --timeout hold for the in-process backend: its child is killed and
     restarted after the one it was running."""
@@ -251,6 +258,7 @@ def test_layers_are_cut_from_the_model_files(tmp_path):
         generate(manifest, "onnxruntime", tmp_path, GenOptions(), models)
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_check_compares_each_level_with_the_unoptimized_nodes(measured):
     """`check --backend onnxruntime`: every variant (fused, NCHWc) computes what the model's
     nodes compute; and a variant whose subgraph is not what it claims is caught."""
@@ -261,6 +269,7 @@ def test_check_compares_each_level_with_the_unoptimized_nodes(measured):
     assert f"checked {len(index)} benchmarks (seed 0): {len(index)} ok, 0 mismatch" in out.stdout
 
 
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks (the `measured` fixture)
 def test_check_catches_a_wrong_result(measured, monkeypatch):
     """The runtime's fault hook BENANZA_FAULT_PERTURB puts one wrong input element into the
     benchmarked run of a variant: the check names the mismatch, its element and a reproduce line."""

@@ -30,6 +30,9 @@ from benanza.manifest import read_manifest
 from benanza.perfdb import PerfDB
 from benanza.records import Status
 
+# generates, runs and profiles torch's benchmarks end to end
+pytestmark = pytest.mark.slow
+
 SYSTEM = "torchbox"
 CALLS = 200  # plain-torch calls the oracles time
 # oracle processes per comparison: on the shared 2-vCPU machine one process's per-call times sit
@@ -345,7 +348,6 @@ def test_bf16_through_the_pipeline_against_torchs_own_bf16(tmp_path):
 
 
 
-@pytest.mark.slow
 def test_across_stack_split_against_onednn_recomputed_from_sql_and_the_trace(measured, tmp_path):
     """With oneDNN's results stored for the same system, an analysis against torch's profile reads
     torch's own backend and splits the measured time: kernel headroom = torch bound − oneDNN bound,

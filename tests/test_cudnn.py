@@ -664,6 +664,7 @@ def test_every_error_the_cuda_header_calls_fatal_aborts(host_checks):
     assert oom.returncode == 0 and oom.stdout.startswith("failed: ") and "cudaErrorMemoryAllocation" in oom.stdout
 
 
+@pytest.mark.slow  # compiles the host checks (the `host_checks` fixture)
 @NEED_TOOLCHAIN
 def test_cupti_records_without_an_end_are_not_durations(host_checks):
     assert _run_host(host_checks, "duration", "1000", "1750").stdout.split() == ["750"]
@@ -672,6 +673,7 @@ def test_cupti_records_without_an_end_are_not_durations(host_checks):
         assert _run_host(host_checks, "duration", start, end).stdout.split() == ["incomplete"]
 
 
+@pytest.mark.slow  # compiles the host checks (the `host_checks` fixture)
 @NEED_TOOLCHAIN
 def test_repetitions_are_sized_by_gpu_time(host_checks):
     def plan(*args: float) -> tuple[int, float]:

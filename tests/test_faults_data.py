@@ -75,6 +75,7 @@ def corrupt_row_probes(measured: Path, tmp_path: Path, case: str):
     }
 
 
+@pytest.mark.slow  # `benanza` db, analyze and merge processes per corruption
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
 def test_corrupt_rows_are_named_the_rest_is_read_and_merge_refuses(measured, tmp_path, case):
     with PerfDB(measured / "r.db", readonly=True) as db:
@@ -233,6 +234,7 @@ def bundle_probes(measured: Path, tmp_path: Path) -> dict:
             for case, folder in bundles.items()}
 
 
+@pytest.mark.slow  # a `benanza` process per hostile bundle
 def test_hostile_bundles_are_one_line_and_reading_never_writes(measured, tmp_path):
     probes = bundle_probes(measured, tmp_path)
     expected = {
@@ -298,6 +300,7 @@ def terminal_probes(tmp_path: Path) -> dict:
     return {"tty": _on_a_tty(*args), "pipe": benanza(*args, env=dict(os.environ, COLUMNS="300"))}
 
 
+@pytest.mark.slow  # generate, run and analyze end to end
 def test_control_characters_in_names_print_escaped(tmp_path):
     probes = terminal_probes(tmp_path)
     rc, raw = probes["tty"]

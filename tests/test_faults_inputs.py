@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from faultprobe import benanza
 from helpers import conv_net
 
@@ -49,6 +50,7 @@ def campaign_probes(tmp_path: Path) -> dict:
     }
 
 
+@pytest.mark.slow  # a `benanza campaign` process per case
 def test_campaign_submit_errors_are_one_line_and_bad_models_never_reach_sbatch(tmp_path):
     probes = campaign_probes(tmp_path)
     setup = probes["setup line"]
@@ -82,6 +84,7 @@ def bench_path_probes(tmp_path: Path) -> dict:
     return out
 
 
+@pytest.mark.slow  # `benanza generate` and `run` processes per hostile path
 def test_bench_paths_cmake_reads_as_syntax_are_refused_before_cmake_runs(tmp_path):
     probes = bench_path_probes(tmp_path)
     for name, p in probes.items():
@@ -105,6 +108,7 @@ def number_probes(tmp_path: Path) -> dict:
             for opt in ("--measured-ms", "--timeout", "--min-time", "--max-rsd") for v in ("nan", "inf", "1e400")}
 
 
+@pytest.mark.slow  # twelve `benanza` processes
 def test_non_finite_numbers_are_usage_errors(tmp_path):
     for case, p in number_probes(tmp_path).items():
         assert p.rc == 2 and p.clean_error and "is not a finite number" in p.error, (case, p.err)
@@ -164,6 +168,7 @@ def invalid_models(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     }
 
 
+@pytest.mark.slow  # one `benanza generate` process per invalid model
 def test_invalid_models_are_refused_at_generate_not_at_run(tmp_path):
     for case, (path, why) in invalid_models(tmp_path).items():
         p = benanza("generate", str(path), "--backend", "onednn", "--out", str(tmp_path / path.stem))

@@ -53,6 +53,7 @@ def kit(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # `gpukit.py prepare` downloads wheels and sources (the `kit` fixture)
 def test_prepare_carries_only_what_the_image_lacks_under_the_limit(kit):
     manifest = json.loads((kit / "MANIFEST.json").read_text())
     wheels = {Requirement(w.split("-")[0].replace("_", "-")).name: kit / "wheels" / w for w in manifest["wheels"]}
@@ -116,6 +117,7 @@ IMAGE_VERSIONS = {"torch": "2.11.0", "onnx": "1.23.1", "onnxruntime": "1.30.0", 
                   "onnxscript": "0.7.2", "jax": "0.11.2", "triton": "3.6.0", "transformers": "5.17.0"}
 
 
+@pytest.mark.slow  # `gpukit.py prepare` downloads wheels and sources (the `kit` fixture)
 def test_the_image_versions_meet_every_requirement_the_install_checks(kit):
     """What the install checks on the device, checked here against the versions KINDS.md read on
     the image: a floor the image misses would otherwise first show on the GPU machine."""
@@ -141,6 +143,7 @@ def test_the_image_versions_meet_every_requirement_the_install_checks(kit):
     assert ours is not None and SpecifierSet(ours[1]).contains(IMAGE_PYTHON_VERSION), ours
 
 
+@pytest.mark.slow  # `gpukit.py prepare` downloads wheels and sources (the `kit` fixture)
 def test_size_check_fails_loudly(kit):
     with pytest.raises(gpukit.KitError, match=r"over the 0\.5 MiB that may travel"):
         gpukit.check_size(kit, 0.5)

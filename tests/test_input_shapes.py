@@ -68,6 +68,7 @@ def test_profile_without_the_shape_of_a_symbolic_dim_is_one_error(tmp_path, dyna
     assert "names no graph input: image (inputs: x)" in one_error_line(r)
 
 
+@pytest.mark.slow  # exports a torch model (the `dynamic_gpt` fixture)
 def test_generate_applies_each_input_shape_to_the_models_with_that_input(tmp_path, save, dynamic_gpt):
     a = conv_model(save, "a.onnx", "image")
     b = conv_model(save, "b.onnx", "pixels")
@@ -86,6 +87,7 @@ def test_generate_applies_each_input_shape_to_the_models_with_that_input(tmp_pat
     assert stats[dynamic_gpt.stem]["layers"] == len(gpt.nodes)
 
 
+@pytest.mark.slow  # exports a torch model (the `dynamic_gpt` fixture)
 def test_generate_input_shape_errors(tmp_path, save, dynamic_gpt):
     a = conv_model(save, "a.onnx", "image")
     b = conv_model(save, "b.onnx", "pixels")

@@ -193,6 +193,7 @@ def test_a_malformed_sample_summary_is_a_malformed_result(bench, bad, problem):
         parse_result(variant, "box", line)
 
 
+@pytest.mark.slow  # runs stand-in benchmarks through the runner against busy loops
 def test_the_bound_uses_the_clean_calls_of_a_benchmark_with_quantum_stalls(tmp_path, bench):
     """Every third call of a 0.2 ms computation sleeps 5 ms (a descheduled thread): the median of
     the repetitions' means is several times the work; the bound is a call nothing interrupted.
@@ -258,6 +259,7 @@ def test_a_benchmark_starved_of_its_cpu_is_contended_though_it_ran_little():
     assert contention(before, CpuClock({1: ThreadClock(10_300_000, 2_400_000, 41)}, 0, 100)) is None  # 0.7 ms
 
 
+@pytest.mark.slow  # runs stand-in benchmarks through the runner against busy loops
 def test_a_benchmark_stalled_in_every_call_is_flagged_and_refused(tmp_path, bench):
     """20 ms calls on a core two busy loops share: every call loses quanta, in every measurement
     (the first four variants: conv1's)."""
@@ -315,6 +317,7 @@ def _unpreempted(call: dict) -> float:
     return statistics.mean(wall <= 1.2 * cpu + 0.02 for wall, cpu in zip(call["samples_ms"], call["cpu_ms"]))
 
 
+@pytest.mark.slow  # runs stand-in benchmarks through the runner against busy loops
 def test_short_calls_keep_their_estimator_under_the_same_contention(tmp_path, bench):
     """The same competitors, 0.1 ms calls: most calls run between two losses of the core, so the low
     percentile is a clean call and the result is kept, its contention recorded. The stand-in's own
@@ -348,6 +351,7 @@ def test_short_calls_keep_their_estimator_under_the_same_contention(tmp_path, be
             return
 
 
+@pytest.mark.slow  # runs stand-in benchmarks through the runner against busy loops
 def test_the_contention_a_benchmark_reads_of_itself_is_the_one_stored(tmp_path, bench):
     """A binary that reports its own scheduler clocks around each benchmark (the runtime's
     ``sched``): the stored contention is the one those clocks give, not the runner's own reading
@@ -494,6 +498,7 @@ def _rows_per_variant(db: Path) -> dict[str, int]:
         return dict(conn.execute("SELECT variant, count(*) FROM results GROUP BY variant").fetchall())
 
 
+@pytest.mark.slow  # runs stand-in benchmarks through the runner against busy loops
 def test_a_refusal_rests_on_the_bounds_own_candidates_and_its_command_remeasures_them(tmp_path, monkeypatch):
     """generate → run (the stand-in for the built binary) → DB → analyze, through the CLI. Results
     made contended by competitors started here: a bf16 variant and one of batch 2 leave the f32

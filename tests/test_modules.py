@@ -119,6 +119,7 @@ def _runs(a: dict, m: dict) -> list[tuple[str, str]]:
                   if rows[i]["status"] in ("ok", "missing", "not_covered"))
 
 
+@pytest.mark.slow  # exports torch models and profiles them in ONNX Runtime (the `pipeline` fixture)
 def test_both_torch_exporters_give_one_tree(pipeline):
     d, models, _ = pipeline
     dyn, ts = analysis(d, models["dynamo"]), analysis(d, models["torchscript"])
@@ -142,6 +143,7 @@ def test_both_torch_exporters_give_one_tree(pipeline):
     assert trees["d"][("layers.1",)]["class"] == "torch_models.GptBlock" and trees["t"][("layers.1",)]["class"] is None
 
 
+@pytest.mark.slow  # exports torch models and profiles them in ONNX Runtime (the `pipeline` fixture)
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_folded_blocks_sum_to_their_layers(pipeline, exporter):
     d, models, _ = pipeline
@@ -181,6 +183,7 @@ def test_folded_blocks_sum_to_their_layers(pipeline, exporter):
                    for c in parallel.splitlines() if c.startswith("│")), parallel
 
 
+@pytest.mark.slow  # exports torch models and profiles them in ONNX Runtime (the `pipeline` fixture)
 def test_module_time_from_the_ort_profile(pipeline):
     d, models, profiles = pipeline
     a = analysis(d, models["torchscript"], "--profile", str(profiles["torchscript"]))
@@ -201,6 +204,7 @@ def test_module_time_from_the_ort_profile(pipeline):
     assert any(m["measured_ms"] for m in modules(root) if len(m["path"]) == 2)
 
 
+@pytest.mark.slow  # exports torch models and profiles them in ONNX Runtime (the `pipeline` fixture)
 def test_model_without_module_records_groups_by_op_type(pipeline, tmp_path):
     d, models, _ = pipeline
     a = analysis(d, models["cnn"], "--report", str(tmp_path / "r.html"))
@@ -218,6 +222,7 @@ def test_model_without_module_records_groups_by_op_type(pipeline, tmp_path):
     assert "class='icicle'" in html and "http" not in html.split("<body>")[1].replace("http://www.w3.org/2000/svg", "")
 
 
+@pytest.mark.slow  # exports torch models and profiles them in ONNX Runtime (the `pipeline` fixture)
 def test_advice_names_the_module(pipeline):
     """The dynamo exporter's node names (``node_view_1``) say nothing of where a layer is: per-layer
     advice adds its module."""
@@ -264,6 +269,7 @@ def _paths(m) -> set[tuple[str, ...]]:
     return {m.path}.union(*(_paths(c) for c in m.children))
 
 
+@pytest.mark.slow  # exports a torch model with both exporters
 def test_nested_containers_qualify_alike(tmp_path):
     torch.manual_seed(0)
     module, x = _Nested().eval(), torch.randn(1, 3, 8, 8)

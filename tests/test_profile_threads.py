@@ -22,6 +22,9 @@ from onnx import helper
 
 from benanza.cli import main
 
+# profiles ONNX Runtime and torch runs of models end to end
+pytestmark = pytest.mark.slow
+
 
 def conv_net() -> onnx.ModelProto:
     """A convolution torch sends to oneDNN on one thread (so its log names its threads), and a ReLU."""

@@ -16,11 +16,12 @@ from onnx import TensorProto, helper
 
 from benanza.cli import main
 from benanza.fusion import BY_NAME as FUSION_PATTERNS
-from benanza.fusion import NODE_FINDERS
+from benanza.fusion import NODE_FINDERS, FusionPattern
 from benanza.layers import TensorSpec
 from benanza.ops.base import Family, NodeView
 from benanza.ops.grammar import Problem, parse_key
 from benanza.ops.pool import PoolProblem
+from benanza.ops.reference import Fills
 from benanza.ops.registry import FAMILIES, PATTERN_LOWERINGS, PROBLEM_TYPES, build_layer, parse_problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,8 +101,9 @@ def test_no_two_families_share_a_name_or_a_record() -> None:
 def _gaps(family: Family, view: NodeView) -> list[str]:
     """What ``family`` lacks that a user of the registry relies on, walked from one node it
     recognises: its own problem record, a FLOP formula of its own (Problem's default, 2·MACs with
-    no MACs, would silently cost it 0), a key that parses back to the same problem, and a lowering
-    for every call it names on a backend, whose row is a typed record of named fields."""
+    no MACs, would silently cost it 0), a key that parses back to the same problem, a lowering
+    for every call it names on a backend, whose row is a typed record of named fields, and with a
+    oneDNN lowering, the reference ``benanza check`` compares its benchmarks with."""
     gaps = []
     if view.op not in family.ops or not family.when(view):
         gaps.append(f"does not recognise its example {view.op}")
@@ -125,6 +127,8 @@ def _gaps(family: Family, view: NodeView) -> list[str]:
             row = family.cudnn[api].row(p, api)
             if not (dataclasses.is_dataclass(row) and dataclasses.fields(row)):
                 gaps.append(f"the cuDNN row of {api} is no typed record")
+    if family.onednn is not None and family.onednn.reference is None:
+        gaps.append("has a oneDNN lowering but no reference for benanza check")
     primitive = family.onednn_api(p)
     if primitive is not None:
         if family.onednn is None:
@@ -175,6 +179,8 @@ def test_the_walk_fails_a_family_that_lacks_a_part() -> None:
     assert _gaps(pool, EXAMPLES["pool"]) == [] and _gaps(gemm, EXAMPLES["gemm"]) == []
     no_onednn = dataclasses.replace(pool, onednn=None)
     assert _gaps(no_onednn, EXAMPLES["pool"]) == ["names pooling but has no oneDNN lowering"]
+    no_reference = dataclasses.replace(pool, onednn=dataclasses.replace(pool.onednn, reference=None))
+    assert _gaps(no_reference, EXAMPLES["pool"]) == ["has a oneDNN lowering but no reference for benanza check"]
     no_cudnn = dataclasses.replace(gemm, cudnn={})
     assert _gaps(no_cudnn, EXAMPLES["gemm"]) == [f"names {build_layer(EXAMPLES['gemm']).cudnn_api} but has no "
                                                  "cuDNN lowering for it"]
@@ -325,11 +331,24 @@ def test_generated_code_matches_golden(models, tmp_path, backend) -> None:
         assert got[name] == want[name], f"{backend}/{name} differs from tests/fixtures/golden/{backend}/{name}"
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.onednn is not None and f.onednn.fills is not None],
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.onednn is not None and isinstance(f.onednn.reference,
+                                                                                                Fills)],
                          ids=lambda f: f.name)
 def test_reference_fills_name_the_nodes_inputs(family) -> None:
     """A family's check hook names distinct inputs the node has, the data input first."""
     view = EXAMPLES[family.name]
-    fills = family.onednn.fills(build_layer(view).problem)
+    fills = family.onednn.reference.order(build_layer(view).problem)
     assert fills[0] == 0 and len(set(fills)) == len(fills)
     assert all(i < len(view.inputs) and view.inputs[i] is not None for i in fills)
+
+
+def _pattern_gaps(pattern: FusionPattern) -> list[str]:
+    """What a fusion pattern lacks: the oneDNN backend benchmarks every pattern fused, and
+    ``benanza check`` compares each with its reference."""
+    return [] if callable(pattern.reference) else ["no reference for benanza check"]
+
+
+@pytest.mark.parametrize("pattern", FUSION_PATTERNS.values(), ids=lambda p: p.name)
+def test_every_fusion_pattern_has_a_check_reference(pattern) -> None:
+    assert _pattern_gaps(pattern) == []
+    assert _pattern_gaps(dataclasses.replace(pattern, reference=None)) == ["no reference for benanza check"]

@@ -82,6 +82,7 @@ def dump_dom(page: Path) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # renders the page in headless Chromium
 @needs_chromium
 def test_html_renders_in_headless_chromium(tmp_path, save):
     model = load_model(save(__import__("helpers").conv_net(), "convnet.onnx"), 1)

@@ -65,6 +65,7 @@ def _shapes(m) -> dict[str, tuple[int, ...]]:
     return {t: s.shape for n in m.nodes for t, s in zip(n.outputs, n.layer.outputs)}
 
 
+@pytest.mark.slow  # runs ONNX Runtime on onnx's backend test cases
 @pytest.mark.parametrize("op", SHAPE_BY_VALUE_OPS)
 def test_backend_cases_process_with_the_shapes_onnx_runtime_computes(op, cases, tmp_path):
     chosen = [c for c in cases.values() if "expanded" not in c.name and _tensor_only(c)
@@ -91,6 +92,7 @@ def test_backend_cases_process_with_the_shapes_onnx_runtime_computes(op, cases, 
     assert checked, op
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_expand_by_input_value_end_to_end(cases, tmp_path):
     path, data, expected = _write(cases["test_expand_dim_changed"], tmp_path)
     value = ",".join(str(int(v)) for v in data["new_shape"])
@@ -102,6 +104,7 @@ def test_expand_by_input_value_end_to_end(cases, tmp_path):
     assert [la["outputs"][0]["shape"] for la in layers] == [list(expected["expanded"])]
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_nonzero_is_marked_data_dependent_with_the_size_seen(cases, tmp_path):
     path, data, expected = _write(cases["test_nonzero_example"], tmp_path)
     m = load_model(path, input_data=data)
@@ -114,6 +117,7 @@ def test_nonzero_is_marked_data_dependent_with_the_size_seen(cases, tmp_path):
     assert stats["data_dependent"] == {"result": list(expected["result"])} and stats["uncosted_nodes"] == []
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_input_data_file_feeds_the_run(cases, tmp_path):
     path, data, expected = _write(cases["test_top_k"], tmp_path)
     npz = tmp_path / "in.npz"
@@ -131,6 +135,7 @@ def test_input_data_file_feeds_the_run(cases, tmp_path):
     (["--input-value", "new_shape=2,1"], "--input-value new_shape: 2 values for an input of shape 3"),
     (["--input-value", "shape=2,1,6"], "--input-value shape: no given model has such an input"),
 ])
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_bad_or_missing_input_value_is_one_clear_line(cases, tmp_path, args, message):
     path, _, _ = _write(cases["test_expand_dim_changed"], tmp_path)
     r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none", *args])
@@ -139,6 +144,7 @@ def test_bad_or_missing_input_value_is_one_clear_line(cases, tmp_path, args, mes
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_unreadable_input_data_is_one_clear_line(cases, tmp_path):
     path, _, _ = _write(cases["test_top_k"], tmp_path)
     bad = tmp_path / "bad.npz"
@@ -191,6 +197,7 @@ def test_a_node_without_shape_is_uncosted_and_the_rest_costed(tmp_path):
         "uncosted: node 'Sigmoid_2' (Sigmoid): it reads the output of uncosted node 'Mystery_2'"]
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 @pytest.mark.parametrize("backend", ["cudnn", "onednn"])
 def test_coverage_is_each_backends_share_of_the_running_layers(cases, tmp_path, backend):
     """The LSTM of ONNX's test case (cuDNN's RNN call, oneDNN's lstm_forward) beside a
@@ -217,6 +224,7 @@ def test_coverage_is_each_backends_share_of_the_running_layers(cases, tmp_path, 
                                                    if n.layer.problem not in benchmarked))
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 @pytest.mark.parametrize("cond, branch", [("1", "then"), ("0", "else")])
 def test_if_of_the_backend_case_takes_the_branch_its_condition_selects(cases, tmp_path, cond, branch):
     path, _, _ = _write(cases["test_if"], tmp_path)
@@ -229,6 +237,7 @@ def test_if_of_the_backend_case_takes_the_branch_its_condition_selects(cases, tm
 @pytest.mark.parametrize("name, branch", [("test_affine_grid_2d_expanded", "then"),
                                           ("test_affine_grid_3d_expanded", "else"),
                                           ("test_affine_grid_3d_align_corners_expanded", "else")])
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_affine_grid_function_costs_the_branches_its_size_selects(cases, tmp_path, name, branch):
     """ONNX's AffineGrid function body picks its 2-D or 3-D computation with Ifs on the length of
     ``size``: the 2-D case takes the then branches, the 3-D case the else branches, and every node
@@ -271,6 +280,7 @@ def test_if_costs_the_layers_of_the_branch_taken(tmp_path, cond):
     assert next(la for name, la in by_name.items() if name.startswith("Sigmoid")).outputs[0].shape == ort_shape
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_profile_feeds_the_given_values_and_ort_runs_the_shapes_generate_costs(cases, tmp_path):
     """ORT's own trace of the profiled run records the Expand's output shape: the one the
     processor costs for the same --input-value."""
@@ -345,6 +355,7 @@ def test_a_run_that_does_not_end_is_stopped_and_said(tmp_path, monkeypatch):
     assert nz.name == "NonZero_1" and "did not finish the run within 2 s" in nz.reason
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_loop_of_the_backend_case_is_unrolled_its_trip_count_times(cases, tmp_path):
     """test_loop11: trip_count 5, the condition passed through: the body runs 5 times (its Add
     once per iteration), and the outputs, scan output stacked, have the shapes ONNX's reference
@@ -360,6 +371,7 @@ def test_loop_of_the_backend_case_is_unrolled_its_trip_count_times(cases, tmp_pa
     assert {o: got[o] for o in expected} == expected == ort_out
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_range_functions_unroll_their_loop_to_the_length_they_compute(cases, tmp_path):
     """ONNX's Range function body is a Loop whose trip count is computed from start, limit and
     delta: each case unrolls to its output's length."""
@@ -404,6 +416,7 @@ def test_a_loop_that_stops_on_what_it_computes_stays_one_node_and_says_so(tmp_pa
                                  "condition it computes") in r.stdout
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_scan_of_the_backend_case_stays_one_node_and_says_so(cases, tmp_path):
     path, data, expected = _write(cases["test_scan9_sum"], tmp_path)
     m = load_model(path, input_data=data)
@@ -429,6 +442,7 @@ def test_an_unrolled_loop_holds_its_body_weights_once(tmp_path):
     assert all(n.layer.macs == 64 * 64 for n in matmuls)
 
 
+@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
 def test_a_graph_too_close_to_protobufs_limit_is_refused_in_one_line(cases, tmp_path, monkeypatch):
     """The copy handed to ONNX Runtime must serialise: past protobuf's 2 GB (here lowered to 64
     bytes) the model is refused with the way out, never an EncodeError."""

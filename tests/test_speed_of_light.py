@@ -189,6 +189,7 @@ def _numpy_copy(nbytes: int, seconds: float = 0.5) -> float:
     return 2 * src.nbytes / best
 
 
+@pytest.mark.slow  # measures peaks through oneDNN and torch
 def test_peaks_against_torch_mm_and_numpy_copy():
     """oneDNN's GEMM peak must reach 0.9× torch.mm (its BLAS in f32, its own oneDNN build in bf16;
     the size of our per-thread GEMM) at the same threads, each side the best of its batches.
@@ -244,6 +245,7 @@ configure_file(standin.py benanza_bench COPYONLY FILE_PERMISSIONS OWNER_READ OWN
 """
 
 
+@pytest.mark.slow  # generate, run and analyze end to end
 def test_result_beyond_its_roof_is_flagged_and_kept_out_of_the_bound(tmp_path, save):
     """conv_net generated for oneDNN; a stand-in binary reports one conv variant at 0.1 ns (an
     empty timed region) and 0.5 ms for the rest; `benanza run` stores them and the stack's real

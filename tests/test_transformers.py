@@ -462,6 +462,7 @@ def test_folded_layers_are_exactly_the_constants_given_the_shapes(exported, name
         assert same == n.folded, (n.name, n.layer.op)
 
 
+@pytest.mark.slow  # exports torch models
 def test_folded_layers_show_as_folded_not_uncovered(exported):
     from benanza.analyzer import analyze
     from benanza.processor import model_stats, unique_layers
@@ -530,6 +531,7 @@ def test_attention_patterns_compute_what_the_fused_chain_runs(exported, name, ex
 
 @pytest.mark.parametrize(("name", "exporter", "opset"), [("gpt", "dynamo", 18), ("vit", "dynamo", 18),
                                                          ("gpt", "torchscript", 17)])
+@pytest.mark.slow  # exports torch models
 def test_gelu_erf_pattern_computes_gelu(exported, name, exporter, opset):
     """Both orders of the erf GELU decomposition (dynamo multiplies by ½ before x): ONNX
     Runtime's value of the pattern's last node is torch's exact GELU of its Div's input."""
@@ -850,6 +852,7 @@ def attention_model() -> onnx.ModelProto:
     return model(nodes, ins, [io("att", [1, 4, 16, 8])], inits, opset=14)
 
 
+@pytest.mark.slow  # exports torch models
 def test_attention_patterns_match(save, exported):
     from benanza.fusion import match_fusions
 

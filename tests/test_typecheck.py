@@ -21,6 +21,7 @@ needs_mypy = pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
                                 reason="mypy is not installed (pip install -e '.[test]')")
 
 
+@pytest.mark.slow  # mypy over the whole package: a minute without its cache
 @needs_mypy
 def test_mypy_clean():
     # from the repository root, so mypy reads pyproject.toml and checks files = ["benanza"]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from .base import (
     CudnnLowering,
@@ -24,10 +26,13 @@ from .base import (
 from .binary import BinaryProblem
 from .gemm import MatMulProblem
 from .grammar import FLOAT_DTYPES, F, Problem, f32
+from .reference import Gen, NoReference, Site, Slot, Spec, fill, last_output
 from .softmax import SoftmaxProblem
 
 if TYPE_CHECKING:
+    from ..fusion import FusionPattern
     from ..layers import Model, Node
+    from ..records import Variant
 
 # the cuDNN graph API's scaled dot-product attention (runtime_cpp/cudnn/graph.cpp)
 CUDNN_SDPA = "cudnn_frontend.sdpa"
@@ -141,11 +146,66 @@ def _pattern_row(p: MatMulProblem, api: str) -> SdpaLayer:
 
 CUDNN_SDPA_TABLE = CudnnTable("sdpa", "add_sdpa", False, False)
 
+
+def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
+    """Q, Kᵀ (K's last two dims swapped, read through strides), the mask, V. A causal op is run
+    as one more additive [S, Skv] mask: the reference is the op with is_causal 0 and that mask."""
+    p = v.problem
+    assert isinstance(p, AttentionProblem)
+    kt = p.k[:-2] + (p.k[-1], p.k[-2])
+    feeds = {(0, 0): gen(0, p.q), (0, 1): np.ascontiguousarray(np.swapaxes(gen(1, kt), -1, -2))}
+    masked = p.mask is not None or p.causal
+    extra: dict[int, tuple[str, ...]] = {}
+    attrs: dict[int, dict[str, Any]] = {}
+    note = ""
+    if masked:
+        shape = p.mask if p.mask is not None else (p.q[2], p.k[2])
+        mask = gen(2, shape)
+        if p.mask is None:
+            if len(site.proto(0).input) != 3:
+                raise NoReference("a causal Attention with optional inputs after V")
+            extra[0] = ("__mask",)
+            feeds[(0, 3)] = mask
+        else:
+            feeds[(0, 3)] = mask.reshape(site.in_shape(0, 3))
+        if p.causal:
+            attrs[0] = {"is_causal": 0}
+            note = (" with its causal mask as the benchmark runs it: one more additive [S, Skv] mask "
+                    "(generated), so the reference is Attention(is_causal=0, attn_mask=that mask)")
+    feeds[(0, 2)] = gen(3 if masked else 2, p.v)
+    return Spec(site.nodes, feeds, (site.proto(0).output[0],), note, attrs=attrs, extra_inputs=extra)
+
+
+def _qk_slot(site: Site, i: int) -> Slot:
+    """The slot of the tensor the pattern's Mul scales into input ``i`` of the scores' MatMul."""
+    anchor = site.proto(0)
+    pos = next(j for j in range(1, len(site.nodes)) if site.proto(j).output[0] == anchor.input[i])
+    want = site.in_shape(0, i)
+    return pos, next(k for k, name in enumerate(site.proto(pos).input) if site.shape(name) == want)
+
+
+def pattern_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """Q and Kᵀ: the scores' MatMul inputs, or where the pattern scales them first, the scaling
+    Muls' data inputs (the model's own two scales then make the chain's one); the mask; V."""
+    p = v.problem
+    assert isinstance(p, MatMulProblem)
+    last = len(site.nodes) - 1
+    feeds = fill(site, gen, [_qk_slot(site, i) if pattern.prescaled else (0, i) for i in (0, 1)])
+    k = 2
+    if pattern.mask:
+        add = 1 + pattern.tail.index("Add")
+        scores = next(o for q in range(add) for o in site.proto(q).output if o in site.proto(add).input)
+        mask_slot = (add, site.external(add, scores))
+        feeds[mask_slot] = gen(k, p.a[-2:-1] + p.b[-1:]).reshape(site.in_shape(*mask_slot))
+        k += 1
+    feeds[(last, 1)] = gen(k, site.in_shape(last, 1))
+    return Spec(site.nodes, feeds, last_output(site))
+
 # oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too
 ATTENTION = Family("attention", AttentionProblem, ("Attention",), _attention_build, _attention_plain,
                    cudnn_api=const(CUDNN_SDPA), onednn_api=const("matmul_softmax_matmul"),
                    cudnn={CUDNN_SDPA: CudnnLowering(CUDNN_SDPA_TABLE, _cudnn_row)},
-                   onednn=OnednnLowering("attention", False, _onednn_row))
+                   onednn=OnednnLowering("attention", False, _onednn_row, reference=_reference))
 FAMILIES = (ATTENTION,)
 
 # the attention patterns' cuDNN call, by (scale, mask) (every scaled one, Q and Kᵀ prescaled

@@ -23,6 +23,7 @@ from .grammar import Problem
 
 if TYPE_CHECKING:
     from ..layers import Model, TensorSpec
+    from .reference import Reference
 
 ELEMENT_SIZE = {
     "f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2,
@@ -84,10 +85,10 @@ class OnednnLowering:
     row: Callable[[Any, str], Any]
     # a family whose layers are spatial only when every input is 4-d (Concat)
     spatial_if: Callable[[Any], bool] | None = None
-    # the node's ONNX inputs the runtime fills, in the order of its generated streams (0, 1, ...),
-    # so ``benanza check`` feeds the ONNX reference the same values; None: check has no
-    # reference for the family, or builds the feeds itself (check.py's adapters)
-    fills: Callable[[Any], tuple[int, ...]] | None = None
+    # how ``benanza check`` recomputes what the benchmark computes (``reference.Fills``: the
+    # node's inputs the runtime fills, in the order of its generated streams); None is a
+    # registry error (tests/test_registry.py), a family without one says why (``unchecked``)
+    reference: Reference | None = None
     # a non-spatial family's layouts besides ``plain`` for a problem (the softmax axis innermost)
     layouts: Callable[[Any], tuple[str, ...]] | None = None
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from .base import Cpp, CudnnLowering, CudnnTable, Dims, DimsList, Family, NodeView, OnednnLowering, align, dims8
 from .grammar import F, Problem, f32
+from .reference import Gen, NoReference, Site, Spec, fill
+
+if TYPE_CHECKING:
+    from ..records import Variant
 
 # the cuDNN graph API's single pointwise node (runtime_cpp/cudnn/graph.cpp), for the element-wise
 # ops the legacy API lacks
@@ -196,6 +200,38 @@ def _pointwise_cudnn(p: BinaryProblem, api: str) -> PointwiseLayer:
     return pointwise_row(p.alg, a, b, p.out)
 
 
+def _operand_order(p: BinaryProblem, shapes: list[Dims]) -> list[int]:
+    """The ONNX input of each of the benchmark's operands: the problem's canonical order, then
+    the runtime's swap (oneDNN broadcasts only its second source)."""
+    order = list(range(len(shapes)))
+    out = broadcast(tuple(shapes))
+    if p.alg in COMMUTATIVE:
+        order.sort(key=lambda i: (tuple(shapes[i]) != out, -len(shapes[i]), tuple(shapes[i])))
+    if [tuple(shapes[i]) for i in order] != [tuple(s) for s in p.shapes]:
+        raise NoReference("the node's operands do not give the problem's")
+    if len(order) == 2:
+        rank = max(len(out), 1)
+
+        def pad(s: Dims) -> Dims:
+            return (1,) * (rank - len(s)) + tuple(s)
+
+        if pad(shapes[order[0]]) != pad(out) and pad(shapes[order[1]]) == pad(out) and p.alg in COMMUTATIVE:
+            order.reverse()
+    return order
+
+
+def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
+    """The operands in the benchmark's order; Pow's exponent stays the model's constant."""
+    p = v.problem
+    assert isinstance(p, BinaryProblem)
+    if p.alg == "pow":
+        feeds = fill(site, gen, [(0, 0)])
+    else:
+        shapes = [site.in_shape(0, i) for i in range(len(site.proto(0).input))]
+        feeds = fill(site, gen, [(0, i) for i in _operand_order(p, shapes)])
+    return Spec(site.nodes, feeds, (site.proto(0).output[0],))
+
+
 CUDNN_BINARY = CudnnTable("binary", "add_binary", False, False)
 CUDNN_POINTWISE_TABLE = CudnnTable("pointwise", "add_pointwise", False, False)
 
@@ -204,5 +240,5 @@ BINARY = Family("binary", BinaryProblem, tuple(_BINARY), _binary_build,
                 cudnn={**{api: CudnnLowering(CUDNN_BINARY, _cudnn_row)
                           for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")},
                        CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE, _pointwise_cudnn)},
-                onednn=OnednnLowering("binary", False, _onednn_row), exact=True)
+                onednn=OnednnLowering("binary", False, _onednn_row, reference=_reference), exact=True)
 FAMILIES = (BINARY,)

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .base import Dims, Family, NodeView, OnednnLowering, required
 from .generic import same_cast
 from .grammar import FLOAT_DTYPES, F, Problem
+from .reference import Gen, Site, Spec, as_filled, np_type
+
+if TYPE_CHECKING:
+    from ..records import Variant
 
 # source types a oneDNN reorder reads (oneDNN's data types, in ONNX's short names)
 ONEDNN_SOURCES = ("f32", "bf16", "f16", "i32", "i8", "u8")
@@ -70,8 +74,16 @@ class CastParams:
     shape: Dims
 
 
+def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
+    """The source, typed as the node reads it (onednn.cpp: make_cast)."""
+    p = v.problem
+    assert isinstance(p, CastProblem)
+    x = as_filled(gen(0, site.in_shape(0, 0)), np_type(WORD_TYPES[p.source]))
+    return Spec(site.nodes, {(0, 0): x}, (site.proto(0).output[0],))
+
+
 CAST = Family("convert", CastProblem, ("Cast",), _build, when=_converts, onednn_api=_onednn_api,
               onednn=OnednnLowering("cast", False, lambda p, api: CastParams(from_=p.source, shape=p.shape),
-                                    fills=lambda p: (0,)),
+                                    reference=_reference),
               dtype=lambda view: view.outputs[0].dtype)
 FAMILIES = (CAST,)

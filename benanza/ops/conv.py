@@ -6,11 +6,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from ..errors import NodeError
 from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, present, required
 from .grammar import F, Problem, windowed
+from .reference import Fills, Gen, Site, Spec, fill, last_output, unchecked
+
+if TYPE_CHECKING:
+    from ..fusion import FusionPattern
+    from ..records import Variant
 
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -239,9 +246,32 @@ CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, lambda v: v.inputs[0]
               and len(v.inputs[0].shape) in (3, 4),
               cudnn_api=const("cudnnConvolutionForward"), onednn_api=const("convolution"),
               cudnn={"cudnnConvolutionForward": CudnnLowering(CUDNN_CONV, cudnn_row, "kConvForward")},
-              onednn=OnednnLowering("conv", True, onednn_row, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)),
+              onednn=OnednnLowering("conv", True, onednn_row,
+                                    reference=Fills(lambda p: (0, 1, 2) if p.bias else (0, 1))),
               exact=True)
 # cuDNN has a backward-data convolution, but the benchmarks do not run it: not covered there
 DECONV = Family("deconv", DeconvProblem, ("ConvTranspose",), _deconv_build, is_4d,
-                onednn_api=const("deconvolution"), onednn=OnednnLowering("deconv", True, onednn_row))
+                onednn_api=const("deconvolution"),
+                onednn=OnednnLowering("deconv", True, onednn_row, reference=unchecked(
+                    "no reference for the deconv family: the runtime fills a deconvolution's weights in oneDNN's "
+                    "(OC, IC, kH, kW) order, ConvTranspose holds them as (IC, OC/g, kH, kW)")))
+
+
+def fused_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """A conv pattern's: x, the weights, and the bias where the fused call adds one. A folded
+    BatchNorm gets scale 1, mean 0 and variance 1 − ε, so it adds B, which is the benchmark's
+    bias."""
+    p = v.problem
+    assert isinstance(p, ConvProblem)
+    if "BatchNormalization" in pattern.tail:
+        bn = site.proto(1)
+        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        feeds = fill(site, gen, [(0, 0), (0, 1)])
+        feeds[(1, 1)] = np.ones(p.oc, np.float32)
+        feeds[(1, 2)] = gen(2, (p.oc,))
+        feeds[(1, 3)] = np.zeros(p.oc, np.float32)
+        feeds[(1, 4)] = np.full(p.oc, 1.0 - eps, np.float32)
+        return Spec(site.nodes, feeds, last_output(site), " (BatchNorm as the folded bias it is benchmarked as)")
+    slots = [(0, 0), (0, 1)] + ([(0, 2)] if pattern.adds_bias else [])
+    return Spec(site.nodes, fill(site, gen, slots), last_output(site))
 FAMILIES = (CONV, DECONV)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .base import (
     CudnnLowering,
@@ -22,6 +22,10 @@ from .base import (
     word,
 )
 from .grammar import FLOAT_DTYPES, F, Problem
+from .reference import Fills, Gen, Site, Spec, fill
+
+if TYPE_CHECKING:
+    from ..records import Variant
 
 
 @dataclass(frozen=True)
@@ -282,22 +286,37 @@ def _copy_copy(p: CopyProblem, api: str) -> CopyLayer:
 
 CUDNN_COPY = CudnnTable("copy", "add_copy", False, False)
 
+def _copy_reference(site: Site, v: Variant, gen: Gen) -> Spec:
+    """The source and every output of the op it computes; a dense copy, which stands in for an
+    op it does not compute, is compared for the bytes it moves, never as the op."""
+    p = v.problem
+    assert isinstance(p, CopyProblem)
+    proto = site.proto(0)
+    if p.how == "dense":
+        note = (f" as a dense copy: its output's {sum(math.prod(o) for o in p.outs)} elements moved from a buffer of "
+                f"their shape (the values are generated, not the op's: the copy does not compute {proto.op_type}); "
+                f"sizes against the op's real outputs")
+        return Spec(site.nodes, {}, tuple(proto.output), note, dense=p.outs)
+    return Spec(site.nodes, fill(site, gen, [(0, 0)]), tuple(proto.output))
+
+
 CONCAT = Family("concat", ConcatProblem, ("Concat",), _concat_build, cudnn_api=_concat_cudnn,
                 onednn_api=const("concat"),
                 cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _concat_copy)},
                 onednn=OnednnLowering("concat", False, lambda p, api: ConcatParams(axis=p.axis, inputs=p.shapes),
                                       spatial_if=lambda p: all(len(s) == 4 for s in p.shapes),
-                                      fills=lambda p: tuple(range(len(p.shapes)))), exact=True)
+                                      reference=Fills(lambda p: tuple(range(len(p.shapes))))), exact=True)
 TRANSPOSE = Family("transpose", TransposeProblem, ("Transpose",), _transpose_build, cudnn_api=_transpose_cudnn,
                    onednn_api=const("reorder"),
                    cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _transpose_copy)},
                    onednn=OnednnLowering("transpose", False,
                                          lambda p, api: TransposeParams(shape=p.shape, perm=p.perm),
-                                         fills=lambda p: (0,)), exact=True)
+                                         reference=Fills(lambda p: (0,))), exact=True)
 COPY = Family("copy", CopyProblem, ("Slice", "Split", "Gather", "Expand", "Trilu", "Where"), _copy_build,
               _copy_when, cudnn_api=_copy_cudnn, onednn_api=_copy_onednn,
               cudnn={"cudnnTransformTensor": CudnnLowering(CUDNN_COPY, _copy_copy)},
               onednn=OnednnLowering("copy", False, lambda p, api: CopyParams(
-                  op=p.op, region=p.how == "region", src=p.src or (), outs=p.outs, offsets=p.offsets)),
+                  op=p.op, region=p.how == "region", src=p.src or (), outs=p.outs, offsets=p.offsets),
+                  reference=_copy_reference),
               dtype=lambda view: view.outputs[0].dtype, exact=True)
 FAMILIES = (CONCAT, TRANSPOSE, COPY)

@@ -26,9 +26,12 @@ from .base import (
 )
 from .binary import CUDNN_BINARY, CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE, BinaryLayer, BinaryProblem, pointwise_row
 from .grammar import FLT_MAX, F, Problem, f32
+from .reference import Fills, Gen, Site, Spec, fill, last_output
 
 if TYPE_CHECKING:
+    from ..fusion import FusionPattern
     from ..layers import Model
+    from ..records import Variant
 
 
 @dataclass(frozen=True)
@@ -289,10 +292,10 @@ ELTWISE = Family("eltwise", EltwiseProblem, tuple(_ELTWISE), _eltwise_build,
                         "cudnnOpTensor": CudnnLowering(CUDNN_BINARY, _sqrt_row),
                         CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE,
                                                        lambda p, api: pointwise_row(p.alg, p.shape, None, p.shape))},
-                 onednn=OnednnLowering("eltwise", False, _onednn_row, fills=lambda p: (0,)))
+                 onednn=OnednnLowering("eltwise", False, _onednn_row, reference=Fills(lambda p: (0,))))
 PRELU = Family("prelu", PreluProblem, ("PRelu",), _prelu_build, onednn_api=const("prelu"),
                onednn=OnednnLowering("prelu", False, lambda p, api: PreluParams(shape=p.shape, slope=p.slope),
-                                     fills=lambda p: (0, 1)))
+                                     reference=Fills(lambda p: (0, 1))))
 DROPOUT = Family("dropout", DropoutProblem, ("Dropout",), _dropout_build, cudnn_api=_dropout_cudnn,
                  cudnn={"cudnnDropoutForward": CudnnLowering(CudnnTable("dropout", "add_dropout", False, False),
                                                              _dropout_row)})
@@ -312,6 +315,11 @@ def _gelu_pointwise(p: BinaryProblem, api: str) -> object:
 
 PATTERNS = (PatternLowering("gelu_erf", onednn=("eltwise", _gelu_of),
                             cudnn=CudnnLowering(CUDNN_POINTWISE_TABLE, _gelu_pointwise, "kGeluOfA")),)
+
+
+def gelu_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """x, the Div's input (the decomposition reads it again in its Mul)."""
+    return Spec(site.nodes, fill(site, gen, [(0, 0)]), last_output(site))
 
 
 # --- fusion: the nodes of the erf GELU decomposition in a model ------------------------------

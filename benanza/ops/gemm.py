@@ -7,13 +7,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
+
 from .base import CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, const, present, required
 from .binary import BinaryProblem, broadcast
 from .eltwise import EltwiseProblem
 from .grammar import F, Problem, f32
+from .reference import Fills, Gen, Site, Slot, Spec, external_slot, fill, last_output
 
 if TYPE_CHECKING:
+    from ..fusion import FusionPattern
     from ..layers import Node
+    from ..records import Variant
 
 
 @dataclass(frozen=True)
@@ -180,16 +185,33 @@ CUDNN_BLAS = CudnnTable("blas", "add_blas", spatial=False, math=True)
 _BLAS_CALLS = {"cublasGemmEx": "kGemmEx", "cublasGemmStridedBatchedEx": "kGemmStridedBatchedEx",
                "cublasSgemv": "kSgemv"}
 
+def _gemm_reference(site: Site, v: Variant, gen: Gen) -> Spec:
+    """A and B as the runtime fills them (logical m×k and k×n — n×k for an inner product — read
+    through strides where transposed), C (the bias) unscaled: the runtime folds beta into C."""
+    p = v.problem
+    assert isinstance(p, GemmProblem)
+    a = gen(0, (p.m, p.k))
+    if v.api == "inner_product":
+        b = gen(1, (p.n, p.k))
+    else:
+        b = gen(1, (p.k, p.n))
+        b = b.T if p.tb else b
+    feeds = {(0, 0): np.ascontiguousarray(a.T if p.ta else a), (0, 1): np.ascontiguousarray(b)}
+    if p.c is not None and p.beta != 0.0:
+        feeds[(0, 2)] = (gen(2, p.c) / np.float32(p.beta)).reshape(site.in_shape(0, 2))
+    return Spec(site.nodes, feeds, (site.proto(0).output[0],))
+
+
 GEMM = Family("gemm", GemmProblem, ("Gemm",), _gemm_build, cudnn_api=_gemm_cudnn_api, onednn_api=_gemm_onednn_api,
               cudnn={api: CudnnLowering(CUDNN_BLAS, _gemm_blas, call) for api, call in _BLAS_CALLS.items()},
               onednn=OnednnLowering("gemm", False, lambda p, api: GemmParams(
                   m=p.m, n=p.n, k=p.k, ta=p.ta, tb=p.tb, alpha=p.alpha, beta=p.beta, has_c=p.c is not None,
-                  c=p.c or (), inner_product=api == "inner_product")), exact=True)
+                  c=p.c or (), inner_product=api == "inner_product"), reference=_gemm_reference), exact=True)
 MATMUL = Family("matmul", MatMulProblem, ("MatMul",), _matmul_build, cudnn_api=_matmul_cudnn_api,
                 onednn_api=const("matmul"),
                 cudnn={api: CudnnLowering(CUDNN_BLAS, _matmul_blas, call) for api, call in _BLAS_CALLS.items()},
                 onednn=OnednnLowering("matmul", False, lambda p, api: MatmulParams(a=p.a, b=p.b),
-                                      fills=lambda p: (0, 1)), exact=True)
+                                      reference=Fills(lambda p: (0, 1))), exact=True)
 FAMILIES = (GEMM, MATMUL)
 
 
@@ -211,3 +233,9 @@ def gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bool:
     if math.prod(bias) != gemm.n or not bias or bias[-1] != gemm.n:
         return False
     return all(isinstance(n.layer.problem, EltwiseProblem) and n.layer.problem.alg == activation for n in tail[1:])
+
+
+def epilogue_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """A GEMM with a bias epilogue (mm_bias, its activations): A, B, then the Add's bias."""
+    slots: list[Slot] = [(0, 0), (0, 1), external_slot(site, 1, 0)]
+    return Spec(site.nodes, fill(site, gen, slots), last_output(site))

@@ -27,9 +27,12 @@ from .base import (
 from .binary import BinaryProblem
 from .grammar import F, Problem, f32
 from .reduce import ReduceProblem
+from .reference import Fills, Gen, Site, Spec, external_slot, fill, last_output
 
 if TYPE_CHECKING:
+    from ..fusion import FusionPattern
     from ..layers import Model
+    from ..records import Variant
 
 # the cuDNN graph API's layer norm (runtime_cpp/cudnn/graph.cpp)
 CUDNN_LAYERNORM = "cudnn_frontend.layernorm"
@@ -272,7 +275,7 @@ BNORM = Family("bnorm", BnormProblem, ("BatchNormalization",), _bnorm_build,
                # the runtime fills src, mean, variance, scale, shift
                onednn=OnednnLowering("bnorm", True,
                                      lambda p, api: BnormParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw, eps=p.eps),
-                                     fills=lambda p: (0, 3, 4, 1, 2)))
+                                     reference=Fills(lambda p: (0, 3, 4, 1, 2))))
 LRN = Family("lrn", LrnProblem, ("LRN",), _lrn_build, lambda v: 2 <= len(required(v, 0).shape) <= 4,
              cudnn_api=const("cudnnLRNCrossChannelForward"), onednn_api=const("lrn"),
              cudnn={"cudnnLRNCrossChannelForward": CudnnLowering(
@@ -282,19 +285,20 @@ LRN = Family("lrn", LrnProblem, ("LRN",), _lrn_build, lambda v: 2 <= len(require
              onednn=OnednnLowering("lrn", True, lambda p, api: LrnParams(mb=p.mb, ic=p.ic, ih=p.ih, iw=p.iw,
                                                                           size=p.size, alpha=p.alpha, beta=p.beta,
                                                                           k=p.k),
-                                   fills=lambda p: (0,)))
+                                   reference=Fills(lambda p: (0,))))
 # The optional Mean/InvStdDev outputs are training statistics: only the inference form is a layer.
 LNORM = Family("lnorm", LnormProblem, ("LayerNormalization",), _lnorm_build, lambda v: len(v.outputs) == 1,
                cudnn_api=const(CUDNN_LAYERNORM), onednn_api=const("layer_normalization"),
                cudnn={CUDNN_LAYERNORM: CudnnLowering(CUDNN_LNORM, _lnorm_cudnn)},
-               onednn=OnednnLowering("lnorm", False, _lnorm_onednn, fills=lambda p: (0, 1, 2) if p.bias else (0, 1)))
+               onednn=OnednnLowering("lnorm", False, _lnorm_onednn,
+                                     reference=Fills(lambda p: (0, 1, 2) if p.bias else (0, 1))))
 # oneDNN runs it as its layer normalization's RMS mode where the version has one (the runtime
 # decides); cuDNN as the graph API's RMS norm node
 RMSNORM = Family("rmsnorm", RmsnormProblem, ("RMSNormalization", "SimplifiedLayerNormalization"), _rmsnorm_build,
                  lambda v: len(v.outputs) == 1, cudnn_api=const(CUDNN_RMSNORM),
                  onednn_api=const("layer_normalization"),
                  cudnn={CUDNN_RMSNORM: CudnnLowering(CUDNN_LNORM, _lnorm_cudnn)},
-                 onednn=OnednnLowering("lnorm", False, _lnorm_onednn, fills=lambda p: (0, 1)))
+                 onednn=OnednnLowering("lnorm", False, _lnorm_onednn, reference=Fills(lambda p: (0, 1))))
 FAMILIES = (BNORM, LRN, LNORM, RMSNORM)
 
 
@@ -308,6 +312,19 @@ PATTERNS = (PatternLowering("layernorm", onednn=("lnorm", lambda p, api: _lnorm_
                             cudnn=CudnnLowering(CUDNN_LNORM, lambda p, api: _lnorm_cudnn(_decomposition(p), api))),
             PatternLowering("rmsnorm", onednn=("lnorm", lambda p, api: _lnorm_onednn(_rms_decomposition(p), api)),
                             cudnn=CudnnLowering(CUDNN_LNORM, lambda p, api: _lnorm_cudnn(_rms_decomposition(p), api))))
+
+
+def layernorm_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """x, then the Mul's scale and the last Add's shift."""
+    last = len(site.nodes) - 1
+    slots = [(0, 0), external_slot(site, last - 1, last - 2), external_slot(site, last, last - 1)]
+    return Spec(site.nodes, fill(site, gen, slots), last_output(site))
+
+
+def rmsnorm_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """x (the Pow's input, second in the match), then the last Mul's scale."""
+    last = len(site.nodes) - 1
+    return Spec(site.nodes, fill(site, gen, [(1, 0), external_slot(site, last, last - 1)]), last_output(site))
 
 
 # --- fusion: the nodes of the LayerNorm and RMSNorm decompositions in a model ----------------

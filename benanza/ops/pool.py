@@ -8,6 +8,7 @@ from typing import ClassVar
 from .base import Cpp, CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, required
 from .conv import explicit_pads, pads
 from .grammar import F, Problem, windowed
+from .reference import Fills
 
 
 @dataclass(frozen=True)
@@ -135,5 +136,5 @@ POOL = Family("pool", PoolProblem, ("MaxPool", "AveragePool", "GlobalMaxPool", "
               lambda v: is_4d(v) and len(v.outputs) == 1,
               cudnn_api=const("cudnnPoolingForward"), onednn_api=const("pooling"),
               cudnn={"cudnnPoolingForward": CudnnLowering(CudnnTable("pool", "add_pool", True, False), _cudnn_row)},
-              onednn=OnednnLowering("pool", True, _onednn_row, fills=lambda p: (0,)), exact=True)
+              onednn=OnednnLowering("pool", True, _onednn_row, reference=Fills(lambda p: (0,))), exact=True)
 FAMILIES = (POOL,)

@@ -20,17 +20,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from .base import Dims, Family, NodeView, OnednnLowering, PatternLowering, const, is_4d, present, required
 from .binary import BinaryProblem
-from .cast import TYPE_WORDS
+from .cast import TYPE_WORDS, WORD_TYPES
 from .conv import ConvParams, ConvProblem, conv_fields, onednn_row
 from .gemm import MatMulProblem, matmul_operands
 from .grammar import F, Problem
+from .reference import Gen, Site, Slot, Spec, as_filled, as_scales, external_slot, fill, last_output, np_type
 
 if TYPE_CHECKING:
+    from ..fusion import FusionPattern
     from ..layers import Model, Node
+    from ..records import Variant
 
 INT8 = ("i8", "u8")
 
@@ -341,24 +346,79 @@ def _has_nbits_attrs(view: NodeView) -> bool:
     return all(name in view.attrs for name in ("K", "N", "block_size"))
 
 
+def _integer_feeds(site: Site, v: Variant, gen: Gen) -> dict[Slot, np.ndarray]:
+    """The inputs of a quantized benchmark, typed as the node reads them, in the runtime's stream
+    order (onednn.cpp: make_qmatmul, make_qconv, make_qdq)."""
+    p = v.problem
+
+    def feed(k: int, i: int, dtype: np.dtype[Any]) -> np.ndarray:
+        return as_filled(gen(k, site.in_shape(0, i)), dtype)
+
+    if isinstance(p, (QLinearMatMulProblem, QLinearConvProblem)):
+        # x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp[, bias]
+        a, b = np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
+        slots = [(0, a), (3, b)] + [(2, a)] * bool(p.azp) + [(5, b)] * bool(p.bzp)
+        feeds = {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
+        k = len(slots)
+        for i in (1, 4, 6):
+            feeds[(0, i)] = as_scales(gen(k, site.in_shape(0, i)))
+            k += 1
+        feeds[(0, 7)] = feed(k, 7, np.dtype(np.int8 if p.signed_y else np.uint8))
+        if isinstance(p, QLinearConvProblem) and p.bias:
+            feeds[(0, 8)] = feed(k + 1, 8, np.dtype(np.int32))
+        return feeds
+    if isinstance(p, ConvIntProblem):  # x, w, x_zp, w_zp
+        a, b = np_type(v.dtype), np.dtype(np.int8 if p.signed_b else np.uint8)
+        slots = [(0, a), (1, b)] + [(2, a)] * bool(p.azp) + [(3, b)] * bool(p.bzp)
+        return {(0, i): feed(k, i, t) for k, (i, t) in enumerate(slots)}
+    if isinstance(p, QMatMulProblem):
+        feeds = {(0, 0): feed(0, 0, np_type(v.dtype)),
+                 (0, 1): feed(1, 1, np.dtype(np.int8 if p.signed_b else np.uint8))}
+        k = 2
+        for i, count in ((2, p.azp), (3, p.bzp)):
+            if count:
+                feeds[(0, i)] = feed(k, i, feeds[(0, i - 2)].dtype)
+                k += 1
+        return feeds
+    assert isinstance(p, QdqProblem)
+    qtype = np_type(WORD_TYPES.get(p.qtype, p.qtype))
+    dequantize = p.family == "dequant"
+    feeds = {(0, 0): feed(0, 0, qtype if dequantize else np_type(v.dtype)),
+             (0, 1): as_scales(gen(1, site.in_shape(0, 1)))}
+    if p.zp:
+        feeds[(0, 2)] = feed(2, 2, qtype)
+    return feeds
+
+
+def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
+    return Spec(site.nodes, _integer_feeds(site, v, gen), (site.proto(0).output[0],))
+
+
+def _dynquant_reference(site: Site, v: Variant, gen: Gen) -> Spec:
+    """x; y, its scale and its zero point compared."""
+    return Spec(site.nodes, fill(site, gen, [(0, 0)]), tuple(site.proto(0).output))
+
+
+# int8 GEMMs, convolutions and reorders: one lowering each for the families they run
+_QMATMUL = OnednnLowering("qmatmul", False, _qmatmul_row, reference=_reference)
+_QDQ = OnednnLowering("qdq", False, _qdq_row, reference=_reference)
+_QCONV = OnednnLowering("qconv", True, _qconv_row, reference=_reference)
 MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_build, onednn_api=_qmatmul_onednn,
-                   onednn=OnednnLowering("qmatmul", False, _qmatmul_row), int_dtypes=INT8)
+                   onednn=_QMATMUL, int_dtypes=INT8)
 QLINEARMATMUL = Family("qmatmul", QLinearMatMulProblem, ("QLinearMatMul",), _qlinear_matmul_build,
-                       onednn_api=_qmatmul_onednn, onednn=OnednnLowering("qmatmul", False, _qmatmul_row),
-                       int_dtypes=INT8)
+                       onednn_api=_qmatmul_onednn, onednn=_QMATMUL, int_dtypes=INT8)
 DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
                   lambda view: DynQuantProblem(tuple(required(view, 0).shape)), onednn_api=const("reduction+reorder"),
                   onednn=OnednnLowering("dynquant", False, lambda p, api: DynquantParams(shape=p.shape),
-                                        fills=lambda p: (0,)))
+                                        reference=_dynquant_reference))
 QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_qdq_modelled, onednn_api=_qdq_onednn,
-               onednn=OnednnLowering("qdq", False, _qdq_row))
+               onednn=_QDQ)
 DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_qdq_modelled,
-                 onednn_api=_qdq_onednn, onednn=OnednnLowering("qdq", False, _qdq_row),
-                 dtype=lambda view: view.outputs[0].dtype)
+                 onednn_api=_qdq_onednn, onednn=_QDQ, dtype=lambda view: view.outputs[0].dtype)
 CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is_4d, onednn_api=_qconv_onednn,
-                 onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
+                 onednn=_QCONV, int_dtypes=INT8)
 QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
-                     onednn_api=_qconv_onednn, onednn=OnednnLowering("qconv", True, _qconv_row), int_dtypes=INT8)
+                     onednn_api=_qconv_onednn, onednn=_QCONV, int_dtypes=INT8)
 NBITS = Family("nbitsmatmul", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
 def int_gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bool:
     """Whether an integer MatMul's tail is what oneDNN's int8 GEMM computes at once: a Cast of
@@ -383,6 +443,38 @@ def int_gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bo
 
 
 PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),)
+
+
+def int_gemm_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """A, B, their zero points, then the Mul's scale and, where the pattern has it, the Add's
+    bias."""
+    feeds = _integer_feeds(site, v, gen)
+    k = len(feeds)
+    scale = external_slot(site, 2, 1)
+    feeds[scale] = as_scales(gen(k, site.in_shape(*scale)))
+    if "Add" in pattern.tail:
+        bias = external_slot(site, 3, 2)
+        feeds[bias] = gen(k + 1, site.in_shape(*bias))
+    return Spec(site.nodes, feeds, last_output(site))
+
+
+def qdq_matmul_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """The runtime's streams (make_qmatmul, a QLinearMatMul): A u8, B s8, A's zero point, A's,
+    B's and the output's scales, the output's zero point. B is the weights' DequantizeLinear's
+    input (a folded node, so not in the match) and, with the scales and zero points, a
+    constant, as in the model: ONNX Runtime then runs the pattern as it runs the model,
+    through its int8 QLinearMatMul kernel. Fed as float weights it would run a float MatMul,
+    exact where an int8 kernel without VNNI saturates u8·s8 pair sums at int16 (docs/quantized.md)."""
+    full = site.with_producer(0, 1)
+    u8 = np.dtype(np.uint8)
+    constants = {(3, 0): as_filled(gen(1, full.in_shape(3, 0)), np.dtype(np.int8)),
+                 (1, 2): as_filled(gen(2, site.in_shape(1, 2)), u8), (1, 1): as_scales(gen(3, site.in_shape(1, 1))),
+                 (3, 1): as_scales(gen(4, full.in_shape(3, 1))), (2, 1): as_scales(gen(5, site.in_shape(2, 1))),
+                 (2, 2): as_filled(gen(6, site.in_shape(2, 2)), u8)}
+    weights = full.proto(3)
+    return Spec(full.nodes, {(1, 0): as_filled(gen(0, site.in_shape(1, 0)), u8)}, last_output(site),
+                f" and the weights' DequantizeLinear {weights.name or weights.output[0]!r} (weights, scales and zero "
+                f"points constants, as in the model)", constants=constants)
 FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)
 
 

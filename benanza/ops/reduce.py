@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from .base import Cpp, CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, dims8, present, required
 from .grammar import F, Problem
+from .reference import Fills
 
 
 @dataclass(frozen=True)
@@ -123,5 +124,5 @@ REDUCE = Family("reduce", ReduceProblem, tuple(_REDUCE), _reduce_build, lambda v
                                                           _cudnn_row)},
                 onednn=OnednnLowering("reduce", False,
                                       lambda p, api: ReduceParams(alg=p.alg, shape=p.shape, axes=p.axes),
-                                      fills=lambda p: (0,), layouts=_axes_inner))
+                                      reference=Fills(lambda p: (0,)), layouts=_axes_inner))
 FAMILIES = (REDUCE,)

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from .base import Dims, Family, NodeView, OnednnLowering, const, required
 from .grammar import F, Problem
+from .reference import Fills
 
 
 @dataclass(frozen=True)
@@ -72,5 +73,5 @@ RESAMPLE = Family("resample", ResampleProblem, ("Resize", "Upsample"), _resample
                   onednn_api=const("resampling"),
                   onednn=OnednnLowering("resample", False,
                                         lambda p, api: ResampleParams(alg=p.alg, in_=p.shape, out=p.out),
-                                        fills=lambda p: (0,)))
+                                        reference=Fills(lambda p: (0,))))
 FAMILIES = (RESAMPLE,)

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from .base import CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, const, required
 from .grammar import F, Problem
+from .reference import Fills
 
 
 @dataclass(frozen=True)
@@ -87,5 +88,5 @@ SOFTMAX = Family("softmax", SoftmaxProblem, ("Softmax", "LogSoftmax"), _softmax_
                                                              _cudnn_row)},
                  onednn=OnednnLowering("softmax", False, lambda p, api: SoftmaxParams(alg=p.alg, shape=p.shape,
                                                                                       axis=p.axis, flat=p.flat),
-                                        fills=lambda p: (0,), layouts=_axis_inner))
+                                        reference=Fills(lambda p: (0,)), layouts=_axis_inner))
 FAMILIES = (SOFTMAX,)
