@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from .base import Cpp, CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, present, required, word
 from .grammar import F, Problem, f32
+from .reference import Fills
 
 # ONNX's default activations per direction
 RNN_DEFAULT_ACTIVATIONS = {"lstm": ("sigmoid", "tanh", "tanh"), "gru": ("sigmoid", "tanh"), "rnn": ("tanh",)}
@@ -178,5 +179,5 @@ def _fills(p: RnnProblem) -> tuple[int, ...]:
 
 RNN = Family("rnn", RnnProblem, ("LSTM", "GRU", "RNN"), _rnn_build, cudnn_api=_rnn_cudnn, onednn_api=_rnn_onednn,
              cudnn={"cudnnRNNForward": CudnnLowering(CudnnTable("rnn", "add_rnn", False, True), _cudnn_row)},
-             onednn=OnednnLowering("rnn", False, _onednn_row, fills=_fills), uncovered=_uncovered)
+             onednn=OnednnLowering("rnn", False, _onednn_row, reference=Fills(_fills)), uncovered=_uncovered)
 FAMILIES = (RNN,)
