@@ -91,18 +91,27 @@ def test_interrupted_run_keeps_results_and_resumes(bench, tmp_path):
     total = len(run(bench, "ci", "onednn", db, RunOptions(dry_run=True)).to_run)
     # A hanging benchmark late in the list holds the run so it can be interrupted mid-way.
     hang_at = run(bench, "ci", "onednn", db, RunOptions(dry_run=True)).to_run[total // 2]
-    env = dict(os.environ, BENANZA_FAULT_HANG=hang_at)
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "benanza"), "run", "--system", "ci",
-                             "--backend", "onednn", "--bench-dir", str(bench), "--db", str(db), "--min-time", "0.01",
-                             "--repetitions", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        if db.exists() and len(names(db)) >= total // 2:
-            break
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err.decode()
+    # PYTHONFAULTHANDLER: a run that ignores the interrupt is sent SIGABRT, which prints where
+    # each of its threads stood; its output goes to a file, which never fills as a pipe would
+    env = dict(os.environ, BENANZA_FAULT_HANG=hang_at, PYTHONFAULTHANDLER="1")
+    err_path = tmp_path / "stderr"
+    with open(err_path, "wb") as err_file:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "benanza"), "run", "--system", "ci",
+                                 "--backend", "onednn", "--bench-dir", str(bench), "--db", str(db), "--min-time",
+                                 "0.01", "--repetitions", "1"], env=env, stdout=subprocess.DEVNULL, stderr=err_file)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            if db.exists() and len(names(db)) >= total // 2:
+                break
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=60)
+            raise AssertionError("benanza run went on 180 s after SIGINT:\n" + err_path.read_text()[-8000:]) from None
+    assert proc.returncode == 130, err_path.read_text()[-8000:]
     kept = names(db)
     assert total // 2 <= len(kept) < total and hang_at not in kept
     resumed = run(bench, "ci", "onednn", db, RunOptions(**FAST))
