@@ -98,7 +98,10 @@ def test_interrupted_run_keeps_results_and_resumes(bench, tmp_path):
     with open(err_path, "wb") as err_file:
         proc = subprocess.Popen([str(Path(sys.executable).parent / "benanza"), "run", "--system", "ci",
                                  "--backend", "onednn", "--bench-dir", str(bench), "--db", str(db), "--min-time",
-                                 "0.01", "--repetitions", "1"], env=env, stdout=subprocess.DEVNULL, stderr=err_file)
+                                 "0.01", "--repetitions", "1"], env=env, stdout=subprocess.DEVNULL, stderr=err_file,
+                                # SIGINT as a terminal's Ctrl-C finds it: a suite started in the
+                                # background of a script inherits it ignored, and so would the run
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
