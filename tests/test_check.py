@@ -161,3 +161,73 @@ def test_a_crashing_benchmark_and_bad_input_are_one_line_each(bench, monkeypatch
     r = CliRunner().invoke(main, ["check", str(paths[0]), "--bench-dir", str(tmp_path / "none")])
     assert r.exit_code != 0 and "Traceback" not in r.output and "run `benanza generate` first" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+# --- binary layers whose first operand broadcasts ------------------------------------------
+
+def broadcast_first(path):
+    """Binary layers whose first operand broadcasts into the output, as exports write them:
+    ``1 − x`` with a scalar constant, the RMSNorm's ``Div(1, ·)`` with a [1] one, an attention
+    mask [1, 1, 1, 4] left of Sub, Div, Greater and Less over x [1, 2, 4, 4], an Add whose full
+    operand has the lower rank (commutative: its canonical order puts the broadcast one first),
+    and a Less whose operands both broadcast (no single oneDNN binary call computes it)."""
+    from helpers import io, model, tensor
+    from onnx import TensorProto, helper
+
+    n = helper.make_node
+    nodes = [n("Sub", ["one", "x"], ["inv"], name="one_minus"), n("Div", ["one1", "x"], ["rcp"], name="one_over"),
+             n("Sub", ["mask", "x"], ["sub"], name="sub"), n("Div", ["mask", "x"], ["div"], name="div"),
+             n("Greater", ["mask", "x"], ["gt"], name="gt"), n("Less", ["mask", "x"], ["lt"], name="lt"),
+             n("Add", ["row", "cols"], ["add"], name="add"), n("Less", ["row", "col"], ["both"], name="both")]
+    inputs = [io("x", [1, 2, 4, 4]), io("mask", [1, 1, 1, 4]), io("row", [1, 1, 4]), io("cols", [4, 4]),
+              io("col", [4, 1])]
+    outputs = [io(o, [1, 2, 4, 4]) for o in ("inv", "rcp", "sub", "div")]
+    outputs += [io(o, [1, 2, 4, 4], TensorProto.BOOL) for o in ("gt", "lt")]
+    outputs += [io("add", [1, 4, 4]), io("both", [1, 4, 4], TensorProto.BOOL)]
+    import onnx
+
+    onnx.save(model(nodes, inputs, outputs, [tensor("one", (), 1.0), tensor("one1", (1,), 1.0)]), str(path))
+    return path
+
+
+def test_a_broadcast_first_operand_runs_swapped_and_computes_the_layer(tmp_path):
+    """oneDNN's binary primitive broadcasts only its second source: the generator swaps the
+    operands and the runtime mirrors the operation (−(b − a), (b / a)^−1, a flipped comparison).
+    Generate → run → database → analyze, and `benanza check` against ONNX Runtime on the same
+    inputs for every swapped layer; the layer no swap helps is stored unsupported, with why."""
+    import json
+    import sqlite3
+
+    from test_bounds_e2e import node_keys
+
+    path = broadcast_first(tmp_path / "bfirst.onnx")
+    bench, db = tmp_path / "bench", tmp_path / "p.db"
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(bench), "--backend", "onednn"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["run", "--system", "cpu", "--bench-dir", str(bench), "--db", str(db), "--min-time",
+                                  "0.01", "--repetitions", "1", "--no-peaks", "--threads", "1", "-j", "1"])
+    assert r.exit_code == 0, r.output
+    keys = node_keys(bench, path.stem, "f32")
+    assert keys["one_minus"].startswith("binary:sub_in_in1x2x4x4") and keys["gt"].startswith("binary:gt_in1x1x1x4_")
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT layer_key, dtype, status, message FROM results").fetchall()
+    f32 = {k: (s, m) for k, d, s, m in rows if d == "f32"}
+    assert set(f32) == set(keys.values())
+    for name, key in keys.items():
+        status, message = f32[key]
+        if name == "both":
+            assert status == "unsupported" and "broadcasts both inputs" in message, message
+        else:
+            assert status == "ok", (name, message)
+    assert all(s in ("ok", "unsupported") for _, d, s, _ in rows if d != "f32")
+    r = CliRunner().invoke(main, ["analyze", str(path), "--system", "cpu", "--db", str(db), "--json",
+                                  "--allow-contended"])
+    assert r.exit_code == 0, r.output
+    (a,) = json.loads(r.output)["analyses"]
+    status = {la["name"]: la["status"] for la in a["layers"]}
+    assert status == {name: "missing" if name == "both" else "ok" for name in keys}
+    r = CliRunner().invoke(main, ["check", str(path), "--bench-dir", str(bench), "--show-ok", "-j", "1"])
+    assert r.exit_code == 0, r.output
+    ok = {ln.split(": ")[1].split("/")[0] for ln in r.output.splitlines() if ln.startswith("ok: ")}
+    assert {k for n, k in keys.items() if n != "both"} <= ok, r.output
+    assert keys["both"] not in ok and "mismatch" not in r.stderr

@@ -123,17 +123,34 @@ def _onednn_api(p: Problem) -> str | None:
 
 @dataclass(frozen=True)
 class BinaryParams:
-    """oneDNN BinaryParams (a constant Pow is oneDNN's eltwise pow, in this table too)."""
+    """oneDNN BinaryParams (a constant Pow is oneDNN's eltwise pow, in this table too): the
+    operands in the order of the primitive's sources; ``swapped``: the problem's are the other
+    way round, and the runtime mirrors the operation (onednn.cpp: ``mirrored``)."""
 
     alg: str
     inputs: DimsList
     out: Dims
     exponent: float
+    swapped: bool
+
+
+def onednn_swapped(p: BinaryProblem) -> bool:
+    """Whether oneDNN runs a two-operand problem with its operands swapped: its binary primitive
+    broadcasts only its second source, so a first operand that broadcasts into the output goes
+    second when the other operand has the output's shape. Not a part of the key: ``Sub(1, x)``
+    stays ``binary:sub_in1_in…`` on every backend."""
+    if p.alg == "pow" or len(p.shapes) != 2:
+        return False
+    rank = max(len(p.out), 1)
+    out = align(p.out, rank)
+    return align(p.shapes[0], rank) != out and align(p.shapes[1], rank) == out
 
 
 def _onednn_row(p: BinaryProblem, api: str) -> BinaryParams:
     exponent = float("nan") if p.exponent is None else p.exponent
-    return BinaryParams(alg=p.alg, inputs=p.shapes, out=p.out, exponent=exponent)
+    swapped = onednn_swapped(p)
+    return BinaryParams(alg=p.alg, inputs=p.shapes[::-1] if swapped else p.shapes, out=p.out, exponent=exponent,
+                        swapped=swapped)
 
 
 _BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "Min", "max": "Max"}
@@ -202,22 +219,14 @@ def _pointwise_cudnn(p: BinaryProblem, api: str) -> PointwiseLayer:
 
 def _operand_order(p: BinaryProblem, shapes: list[Dims]) -> list[int]:
     """The ONNX input of each of the benchmark's operands: the problem's canonical order, then
-    the runtime's swap (oneDNN broadcasts only its second source)."""
+    the lowering's swap (``onednn_swapped``)."""
     order = list(range(len(shapes)))
     out = broadcast(tuple(shapes))
     if p.alg in COMMUTATIVE:
         order.sort(key=lambda i: (tuple(shapes[i]) != out, -len(shapes[i]), tuple(shapes[i])))
     if [tuple(shapes[i]) for i in order] != [tuple(s) for s in p.shapes]:
         raise NoReference("the node's operands do not give the problem's")
-    if len(order) == 2:
-        rank = max(len(out), 1)
-
-        def pad(s: Dims) -> Dims:
-            return (1,) * (rank - len(s)) + tuple(s)
-
-        if pad(shapes[order[0]]) != pad(out) and pad(shapes[order[1]]) == pad(out) and p.alg in COMMUTATIVE:
-            order.reverse()
-    return order
+    return order[::-1] if onednn_swapped(p) else order
 
 
 def _reference(site: Site, v: Variant, gen: Gen) -> Spec:

@@ -725,6 +725,25 @@ algorithm binary_alg(const std::string& a) {
   throw Unsupported("binary algorithm " + a);
 }
 
+// ONNX's `alg`(a, b) on the sources the generator swapped (src0 = b, src1 = a): commutative
+// algorithms as they are, a comparison flipped (a > b is b < a), and a − b = −(b − a),
+// a / b = (b / a)^−1 as the swapped operation with an element-wise post-op (`post`, an
+// eltwise_alg name), applied in f32 before the result is written. Exact for the subtraction
+// and the comparisons; the division rounds twice, a few units in the last place of a / b.
+struct Mirror {
+  algorithm alg;
+  const char* post;
+};
+
+Mirror mirrored(const std::string& a) {
+  if (a == "add" || a == "sum" || a == "mul" || a == "min" || a == "max" || a == "eq") return {binary_alg(a), nullptr};
+  if (a == "gt") return {algorithm::binary_lt, nullptr};
+  if (a == "lt") return {algorithm::binary_gt, nullptr};
+  if (a == "sub") return {algorithm::binary_sub, "neg"};
+  if (a == "div") return {algorithm::binary_div, "reciprocal"};
+  throw Unsupported("binary " + a + " with its first input broadcast: no mirrored oneDNN form");
+}
+
 Prepared make_sum(const BinaryParams& b, const Config& cfg) {
   std::vector<memory::desc> srcs;
   for (const auto& d : b.inputs) srcs.push_back(plain_md(d, cfg.dtype));
@@ -768,20 +787,23 @@ Prepared make_binary(const BinaryParams& b, const Config& cfg) {
   }
   size_t rank = std::max<size_t>(b.out.size(), 1);
   Dims a0 = pad_rank(b.inputs.at(0), rank), a1 = pad_rank(b.inputs.at(1), rank), out = pad_rank(b.out, rank);
-  bool commutative = alg == "add" || alg == "sum" || alg == "mul" || alg == "min" || alg == "max" || alg == "eq";
-  if (a0 != out) {
-    // oneDNN broadcasts src1 only; ONNX may broadcast either side.
-    if (a1 == out && commutative) std::swap(a0, a1);
-    else throw Unsupported("binary " + alg + " broadcasts its first input; oneDNN broadcasts src1 only");
-  }
+  // oneDNN broadcasts src1 only; the generator already put a broadcast first ONNX operand second
+  if (a0 != out) throw Unsupported("binary " + alg + " broadcasts both inputs; oneDNN broadcasts src1 only");
   auto s0 = plain_md(a0, cfg.dtype), s1 = plain_md(a1, cfg.dtype), dst = plain_md(out, cfg.dtype);
   // comparisons write ONNX booleans: one byte each, as u8 0/1
   if (alg == "eq" || alg == "gt" || alg == "lt") dst = memory::desc(out, dt::u8, plain_tag(out.size()));
+  Mirror m = b.swapped ? mirrored(alg) : Mirror{binary_alg(alg), nullptr};
   auto attr = base_attr();
+  if (m.post) {
+    EltAlg e = eltwise_alg(EltwiseParams{m.post, {}, 0.f, 0.f});
+    dnnl::post_ops po;
+    append_eltwise(po, e.alg, e.alpha, e.beta);
+    attr.set_post_ops(po);
+  }
 #if BENANZA_DNNL3
-  dnnl::binary::primitive_desc pd(engine(), binary_alg(alg), s0, s1, dst, attr);
+  dnnl::binary::primitive_desc pd(engine(), m.alg, s0, s1, dst, attr);
 #else
-  dnnl::binary::desc d(binary_alg(alg), s0, s1, dst);
+  dnnl::binary::desc d(m.alg, s0, s1, dst);
   dnnl::binary::primitive_desc pd(d, attr, engine());
 #endif
   return prepare<dnnl::binary>(pd, {{DNNL_ARG_SRC_0, pd.src_desc(0)}, {DNNL_ARG_SRC_1, pd.src_desc(1)}});

@@ -54,8 +54,9 @@ struct BnormParams { int64_t mb, ic, ih, iw; float eps; };
 struct LrnParams { int64_t mb, ic, ih, iw, size; float alpha, beta, k; };
 struct EltwiseParams { const char* alg; Dims shape; float alpha, beta; };
 struct PreluParams { Dims shape, slope; };
-// exponent: Pow's constant uniform exponent (NaN for the other algorithms)
-struct BinaryParams { const char* alg; std::vector<Dims> inputs; Dims out; float exponent; };
+// exponent: Pow's constant uniform exponent (NaN for the other algorithms); inputs in the order
+// of the primitive's sources, `swapped` when that is not ONNX's (the first ONNX operand broadcasts)
+struct BinaryParams { const char* alg; std::vector<Dims> inputs; Dims out; float exponent; bool swapped; };
 struct GemmParams { int64_t m, n, k; bool ta, tb; float alpha, beta; bool has_c; Dims c; bool inner_product; };
 struct MatmulParams { Dims a, b; };
 struct SoftmaxParams { const char* alg; Dims shape; int axis; bool flat; };
