@@ -147,6 +147,11 @@ def test_phase_bounds_are_the_database_sums(measured):
         assert p["tokens_per_s"]["sequential"] == pytest.approx(seq / (p["sequential_ms"] / 1e3), rel=1e-5)
         assert p["tokens_per_s"]["parallel"] == pytest.approx(seq / (p["parallel_ms"] / 1e3), rel=1e-5)
         assert {la["index"] for la in p["layers"]} == {layers[n]["index"] for n in ok}
+        # every layer oneDNN covers has a result: the prefill's RMSNorm Div(1, ·) over [1, S, 1]
+        # (TorchScript's rsqrt) broadcasts its first operand and runs swapped (ops/binary.py)
+        assert not p["partial"] and not [n for n in keys if layers[n]["status"] == "missing"], label
+        one_over = [n for n in keys if keys[n].startswith(f"binary:div_in1_in1x{seq}x1_")]
+        assert len(one_over) == 2 * llm_models.LAYERS + 1 and all(layers[n]["status"] == "ok" for n in one_over)
 
 
 @pytest.mark.slow  # builds and runs oneDNN benchmarks
