@@ -44,9 +44,10 @@ class AlgoChoice:
     explanation: str = ""  # why bound_ms is above framework_ms (set by the analyzer when it is)
     used_variant: str = ""  # the benchmark behind used_ms ("" without one)
     best_variant: str = ""  # the benchmark behind best_ms ("" without one)
-    # Those of the two whose result racing stopped at its screening estimate (Result.eliminated):
-    # known to the screening precision only, not measured in full, so the layer is not judged
-    # until they are (the analysis prints the command that measures them).
+    # Where used_ms or best_ms is a result racing stopped at its screening estimate
+    # (Result.eliminated), known to the screening precision only: the variants to measure in full
+    # before the layer is judged (that one and the other candidates for its place racing only
+    # screened; the analysis prints the command).
     screened: tuple[str, ...] = ()
 
     @property
@@ -179,14 +180,18 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
         out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
                               fastest.implementation or fastest.variant.algo, float(fastest.latency_ms),  # type: ignore[arg-type]
                               framework_ms, layout, noise, post_ops, fastest.variant.fusion, bound.get(index),
-                              **_compared(match, fastest)))
+                              **_compared(match, same, fastest, results)))
     return out
 
 
-def _compared(used: Result | None, best: Result) -> dict:
-    """AlgoChoice's fields naming the two results compared, and those racing only screened."""
+def _compared(used: Result | None, used_from: list[Result], best: Result, best_from: list[Result]) -> dict:
+    """AlgoChoice's fields naming the two results compared (each the fastest of its candidates)
+    and, where one is a screening estimate, every candidate for its place that racing only
+    screened: measured in full, they leave a fastest that is a measurement whichever it is."""
+    screened = {r.variant.name for chosen, pool in ((used, used_from), (best, best_from))
+                if chosen is not None and chosen.eliminated for r in pool if r.eliminated}
     return {"used_variant": used.variant.name if used is not None else "", "best_variant": best.variant.name,
-            "screened": tuple(sorted({r.variant.name for r in (used, best) if r is not None and r.eliminated}))}
+            "screened": tuple(sorted(screened))}
 
 
 # --- Q3 on a framework's own backend: the kernel it ran vs its fastest variant ------------------
@@ -230,7 +235,8 @@ def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionM
         best_name = f"{fastest.implementation or v.algo} ({v.algo}, {v.layout})"
         out.append(AlgoChoice(g.nodes[0], node.name, name, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
                               best_name, float(fastest.latency_ms), g.time_ms, layout, noise,  # type: ignore[arg-type]
-                              fusion=fusion, bound_ms=bound.get(g.nodes[0]), **_compared(match, fastest)))
+                              fusion=fusion, bound_ms=bound.get(g.nodes[0]),
+                              **_compared(match, used, fastest, same)))
     return out
 
 
