@@ -123,6 +123,8 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(args.work)
     paths = build_all(work / "models", names=args.models)
+    if unknown := sorted(set(args.reference_models or ()) - {p.stem for p in paths}):
+        ap.error(f"--reference-models {' '.join(unknown)}: not among --models")
     t0 = time.monotonic()
     models, manifest, generated = generate_onednn(work, paths, GenOptions(dtypes=("f32",)))
     t1 = time.monotonic()
@@ -131,8 +133,6 @@ def main() -> None:
     threads = args.threads or free_cores().free
     by_name = {p.stem: (p, m) for p, m in zip(paths, models)}
     reference = args.reference_models or sorted(by_name)
-    if unknown := sorted(set(reference) - set(by_name)):
-        ap.error(f"--reference-models {' '.join(unknown)}: not among the models measured ({' '.join(sorted(by_name))})")
     keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype("f32")) for name in reference
                    for n in by_name[name][1].nodes})
     # a variant's name starts with its layer's key
