@@ -110,6 +110,11 @@ class FrameworkView:
         return [c for c in self.kernels if c.suboptimal]
 
     @property
+    def screened(self) -> list[AlgoChoice]:
+        """Ops compared with a screening estimate: not judged until it is measured in full."""
+        return [c for c in self.kernels if c.screened]
+
+    @property
     def kernel_gain_ms(self) -> float:
         return sum(c.gain_ms or 0.0 for c in self.suboptimal)
 
@@ -158,6 +163,11 @@ class LibraryView:
     @property
     def suboptimal(self) -> list[AlgoChoice]:
         return [a for a in self.algorithms if a.suboptimal]
+
+    @property
+    def screened(self) -> list[AlgoChoice]:
+        """Layers compared with a screening estimate: not judged until it is measured in full."""
+        return [a for a in self.algorithms if a.screened]
 
     @property
     def algorithm_gain_ms(self) -> float:
@@ -266,7 +276,14 @@ class Analysis:
     # of them, so any one may change it
     joint_contended: frozenset[str] = frozenset()
     remeasure_command: str = ""  # re-measures the contended results
+    screened_command: str = ""  # measures in full the results Q3 compares that racing only screened
     phase: PhaseAnalysis | None = None  # the LLM phase (prefill/decode) whose input shapes were analysed
+
+    @property
+    def screened(self) -> list[str]:
+        """The variants Q3 compares whose result racing stopped at its screening estimate."""
+        choices = [c for v in self.libraries for c in v.algorithms] + (self.framework.kernels if self.framework else [])
+        return sorted({n for c in choices for n in c.screened})
 
     @property
     def contended_rows(self) -> list[LayerRow]:

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 import sqlite3
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 from .errors import BenanzaError, FileProblem, LayerKeyError
 from .layers import Layer
 from .manifest import Manifest
-from .measurement import UNSTABLE_RSD
+from .measurement import MAX_SAMPLING_SECONDS, RACE_MAX_TIME, RACE_PRECISION, UNSTABLE_RSD
 from .peaks import Peak, Peaks
 from .problems import Problem, parse_layer_key
 from .records import Result, Status, System, Variant
@@ -785,6 +786,21 @@ def remeasure_flags(threads: int | None = None) -> list[str]:
     """The `benanza run` flags that measure again exactly the results the database flags
     contended (at ``threads``, the stack's, so the new results land on the same stack)."""
     return ["--remeasure-contended"] + (["--threads", str(threads)] if threads else [])
+
+
+def full_sampling_flags(screened: Iterable[Result], threads: int | None = None) -> list[str]:
+    """The `benanza run` flags that measure exactly ``screened`` (results racing stopped at their
+    screening estimate) again, each sampled in full: no race among them, at the --precision and
+    --max-time their full sampling would have had (the fixed budget where a result does not say),
+    at ``threads``, the stack's. The new results are the latest, so they are what analyses read."""
+    screened = list(screened)
+    names = sorted({r.variant.name for r in screened})
+    flags = ["--force", "--filter", "^(?:" + "|".join(re.escape(n) for n in names) + ")$", "--no-race"]
+    precisions = [r.metrics[RACE_PRECISION] for r in screened if r.metrics.get(RACE_PRECISION)]
+    if precisions:  # the strictest budget any of them had
+        max_time = max(r.metrics.get(RACE_MAX_TIME) or MAX_SAMPLING_SECONDS for r in screened)
+        flags += ["--precision", repr(float(min(precisions))), "--max-time", repr(float(max_time))]
+    return flags + (["--threads", str(threads)] if threads else [])
 
 
 # --- schema migration --------------------------------------------------------------------

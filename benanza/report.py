@@ -98,6 +98,8 @@ def analysis_json(a: Analysis) -> dict:
         "threads": None if a.threads is None else {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks,
                                                    "source": a.threads.source, "differ": a.threads.differ},
         "phase": None if a.phase is None else phase_json(a.phase),
+        # measures in full the screened estimates Q3 compares (null: it compares none)
+        "screened_command": a.screened_command or None,
         "warnings": a.warnings, "notes": a.notes,
     }
     if a.threads is not None and a.threads.differ:  # each ratio and Q3 judgement says so itself
@@ -191,6 +193,7 @@ def _framework_json(a: Analysis) -> dict | None:
         "gaps": [{"after": x, "before": y, "gap_us": _r(g, 3)} for x, y, g in v.match.gaps],
         "explanations": v.explanations,
         "kernels": [_choice_json(c) for c in v.kernels],
+        "screened": len(v.screened),
         "kernel_gain_ms": _r(v.kernel_gain_ms),
     }
 
@@ -215,7 +218,9 @@ def _choice_json(c) -> dict:
             "used_ms": _r(c.used_ms), "framework_ms": _r(c.framework_ms), "best": c.best or None,
             "best_ms": _r(c.best_ms), "bound_ms": _r(c.bound_ms), "gain_ms": _r(c.gain_ms),
             "suboptimal": c.suboptimal, "above_framework": c.above_framework,
-            "explanation": c.explanation or None}
+            "explanation": c.explanation or None, "used_variant": c.used_variant or None,
+            "best_variant": c.best_variant or None, "screened": list(c.screened),
+            "used_screened": c.used_screened, "best_screened": c.best_screened}
 
 
 def _library_json(v) -> dict:
@@ -232,6 +237,7 @@ def _library_json(v) -> dict:
         "framework_threads": v.framework_threads, "benchmark_threads": v.benchmark_threads,
         "algorithms": [_choice_json(c) for c in v.algorithms],
         "not_comparable": len(v.not_comparable),
+        "screened": len(v.screened),
         "algorithm_gain_ms": _r(v.algorithm_gain_ms),
     }
 
@@ -242,6 +248,10 @@ def document(analyses: Sequence[Analysis]) -> dict:
 
 
 # --- terminal ----------------------------------------------------------------------------------
+
+
+# How a figure racing stopped at its screening estimate is labelled wherever it is shown.
+SCREENED = " (screened estimate)"
 
 
 def _ms(x: float | None) -> str:
@@ -383,7 +393,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                 console.print(f"Q3: {len(v.suboptimal)} sub-optimal layers (a measured gain beyond the noise), "
                               f"{v.algorithm_gain_ms:.4g} ms to gain"
                               + (f"; {unknown} used an implementation never benchmarked here" if unknown else "")
-                              + _unequal(a), highlight=False, markup=False)
+                              + _screened(v.screened) + _unequal(a), highlight=False, markup=False)
             if v.not_comparable:
                 console.print(f"Q3: {len(v.not_comparable)} calls not comparable (no benchmark computes what the "
                               f"call fused, or none in its layout): not judged", highlight=False, markup=False)
@@ -402,7 +412,7 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
             judged = sum(1 for c in f.kernels if c.comparable)
             console.print(f"Q3: {len(f.suboptimal)} of {judged} {f.framework} ops ran a slower variant than its "
                           f"fastest (a measured gain beyond the noise), {f.kernel_gain_ms:.4g} ms to gain"
-                          + _unequal(a), highlight=False, markup=False)
+                          + _screened(f.screened) + _unequal(a), highlight=False, markup=False)
     _print_across_stack(a, console)
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
@@ -414,6 +424,11 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"), soft_wrap=True)
     for n in a.notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _screened(choices) -> str:
+    return (f"; {len(choices)} not judged: compared with a screened estimate (the warnings give the command "
+            f"that measures it in full)" if choices else "")
 
 
 def _unequal(a: Analysis) -> str:
@@ -470,9 +485,10 @@ def _choices_table(title: str, choices) -> Table:
               "gain ms", title=Text(title))
     for c in choices:
         fusion = c.fusion or ("+".join(c.post_ops) + " (no benchmark)" if c.post_ops else "no benchmark")
-        _row(t, c.name, c.layout or "?", fusion, c.used, _ms(c.used_ms), _ms(c.framework_ms),
-             c.best or "not comparable", _ms(c.best_ms),
-             _ms(c.bound_ms) + (" > framework" if c.above_framework else ""), _ms(c.gain_ms))
+        _row(t, c.name, c.layout or "?", fusion, c.used, _ms(c.used_ms) + (SCREENED if c.used_screened else ""),
+             _ms(c.framework_ms), c.best or "not comparable", _ms(c.best_ms) + (SCREENED if c.best_screened else ""),
+             _ms(c.bound_ms) + (" > framework" if c.above_framework else ""),
+             _ms(c.gain_ms) + (SCREENED if c.screened and c.gain_ms is not None else ""))
     return t
 
 

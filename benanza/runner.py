@@ -38,6 +38,8 @@ from .measurement import (
     MAX_SAMPLING_SECONDS,
     MIN_SAMPLES,
     MIN_SAMPLING_SECONDS,
+    RACE_MAX_TIME,
+    RACE_PRECISION,
     UNSTABLE_RSD,
     Contention,
     CpuClock,
@@ -459,7 +461,7 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
             if options.precision is not None and options.race:
                 screen = replace(options, max_time=options.max_time * RACE_SCREEN)
                 _run_all(command, batch, env, screen, system, store, by_name, progress, summary.expected)
-                batch = _race(store, batch)
+                batch = _race(store, batch, options)
             for attempt in range(options.remeasure + 1):
                 if not batch:
                     break
@@ -516,16 +518,19 @@ def eliminated(results: list[Result]) -> set[str]:
     return out
 
 
-def _race(store: _Store, names: list[str]) -> list[str]:
+def _race(store: _Store, names: list[str], options: RunOptions) -> list[str]:
     """After the screening pass: stores the verdict of the variants that cannot win (their
     screening result, flagged eliminated: the latest row is what analyses read) and returns those
     still to measure in full (not at the precision yet, or contended)."""
     screened = [store.final[n] for n in names]
     # every screened variant may be the best; only one not at the precision yet is stopped
     out = eliminated(screened) & {r.variant.name for r in screened if r.unstable}
+    # what measures it in full later, on demand (Q3, when a framework ran it: perfdb.full_sampling_flags)
+    budget = {RACE_PRECISION: options.precision, RACE_MAX_TIME: options.max_time}
     for n in names:
         if n in out:
-            store.add(replace(store.final[n], eliminated=True), {"name": n, "eliminated": True})
+            r = store.final[n]
+            store.add(replace(r, eliminated=True, metrics={**r.metrics, **budget}), {"name": n, "eliminated": True})
     return [n for n in names if n not in out and (store.final[n].unstable or store.final[n].contended)]
 
 

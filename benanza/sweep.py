@@ -62,7 +62,7 @@ def _profile_for(profile: ExecutionProfile | None, batch: int, single: bool) -> 
 
 def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) -> list[Analysis]:
     """``db`` is a ``benanza.perfdb.PerfDB``."""
-    from .perfdb import missing_command, remeasure_flags
+    from .perfdb import full_sampling_flags, missing_command, remeasure_flags
 
     if profile is not None:
         check_model(profile, req.model)
@@ -78,7 +78,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
             prof = _profile_for(profile, batch, single)
             system = resolve_system(db, name, req.backend or native_backend(db, name, prof), req.stack)
             measured = req.measured_ms if single else None
-            a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
+            results = db.results(system, keys)
+            a = analyze(model, results, name, system.backend, req.dtype, prof, measured,
                         stack=system, math=req.math, peaks=db.peaks(system), one_thread=_one_thread(db, system, keys))
             dtypes = get_backend(system.backend).dtypes
             if a.missing and req.dtype not in dtypes:
@@ -94,19 +95,31 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                                     GenOptions(dtypes=(req.dtype,)), cmd)
                     # the run stores under the stack this machine has now
                     system = resolve_system(db, name, system.backend, req.stack)
-                    a = analyze(model, db.results(system, keys), name, system.backend, req.dtype, prof, measured,
+                    results = db.results(system, keys)
+                    a = analyze(model, results, name, system.backend, req.dtype, prof, measured,
                                 stack=system, math=req.math, peaks=db.peaks(system),
                                 one_thread=_one_thread(db, system, keys))
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
+            threads = dict(system.stack).get("threads", "")
+            stack_threads = int(threads) if threads.isdigit() else None
             if a.contended or contended_figures(a):
-                threads = dict(system.stack).get("threads", "")
                 a.remeasure_command = missing_command(
                     [req.model], name, system.backend, batch_size=batch, db=str(db.path),
                     input_shapes=req.input_shapes, input_values=req.input_values, input_data=req.input_data,
-                    run_flags=remeasure_flags(int(threads) if threads.isdigit() else None))
+                    run_flags=remeasure_flags(stack_threads))
                 a.warnings.append(f"to re-measure the contended results when the machine is idle: "
                                   f"{a.remeasure_command}")
+            if screened := a.screened:
+                by_name = {r.variant.name: r for r in results}
+                a.screened_command = missing_command(
+                    [req.model], name, system.backend, batch_size=batch, db=str(db.path), dtype=req.dtype,
+                    input_shapes=req.input_shapes, input_values=req.input_values, input_data=req.input_data,
+                    run_flags=full_sampling_flags([by_name[n] for n in screened], stack_threads))
+                a.warnings.append(f"Q3 compares {len(screened)} screened estimates (results racing stopped early, "
+                                  f"at a coarse precision, because they cannot be their layer's best), not full "
+                                  f"measurements: the layers they decide are not judged. To measure them in full: "
+                                  f"{a.screened_command}")
             others = [s for s, _, _ in db.stacks(name) if s.backend == system.backend and s != system]
             if others:
                 a.notes.append(f"system {name!r} has {len(others)} other {system.backend} stack(s) "

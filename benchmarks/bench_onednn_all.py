@@ -38,16 +38,21 @@ class OneDNNRun:
     seconds_build_and_run: float
 
 
+def generate_onednn(work: Path, paths: list[Path], options: GenOptions) -> tuple[list[Model], Manifest, Generated]:
+    """The models' unique layers as oneDNN benchmarks in ``work/bench``, with their manifest."""
+    models = [load_model(p, batch_size=1) for p in paths]
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, work / "bench")
+    return models, manifest, generate(manifest, "onednn", work / "bench", options)
+
+
 def benchmark_onednn(work: Path, paths: list[Path], layouts: tuple[str, ...], min_time: float,
                      repetitions: int, threads: int | None = None, system: str = "bench",
                      fresh: bool = True, jobs: int | None = None) -> OneDNNRun:
     """The models' unique layers as f32 oneDNN benchmarks (no fusion variants), built and run
     into ``work/bench.db``; ``fresh=False`` keeps what the database holds and runs the rest."""
     t0 = time.monotonic()
-    models = [load_model(p, batch_size=1) for p in paths]
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, work / "bench")
-    gen = generate(manifest, "onednn", work / "bench", GenOptions(dtypes=("f32",), layouts=layouts, fusion=False))
+    models, manifest, gen = generate_onednn(work, paths, GenOptions(dtypes=("f32",), layouts=layouts, fusion=False))
     t1 = time.monotonic()
     db = work / "bench.db"
     if fresh:

@@ -210,6 +210,8 @@ def test_racing_stops_what_cannot_win_and_never_the_true_best(standin, bench, tm
         results, raw, rows = measure(standin, tmp_path / f"race{seed}.db", spec, options, seed)
         assert not results[best].eliminated and rows[best] == 2 and raw[best]["stopped"] == "max_time"
         assert results[slow].eliminated and rows[slow] == 2 and not results[slow].unstable
+        # the budget its full sampling would have had, for measuring it in full on demand (Q3)
+        assert (results[slow].metrics["race_precision"], results[slow].metrics["race_max_time"]) == (0.002, 0.4)
         assert abs(results[slow].low_ms - low_ms(100.0, 0.5)) <= 0.05 * low_ms(100.0, 0.5)
     results, _, rows = measure(standin, tmp_path / "full.db", spec, replace(options, race=False))
     assert not any(r.eliminated for r in results.values()) and set(rows.values()) == {1}

@@ -14,7 +14,7 @@ from ..layers import Model
 from ..parsers import ExecutionProfile, FrameworkTrace, LibraryCall
 from ..parsers.ort import NCHWC_SUFFIX
 from ..problems import ConvProblem
-from ..records import Variant
+from ..records import Result, Variant
 from .bounds import LayerRow, LayerStatus, ResultIndex, best, layer_results
 from .matching import CallAlignment, TraceMatch
 
@@ -42,6 +42,13 @@ class AlgoChoice:
     fusion: str = ""  # the benchmark fusion (Variant.fusion) compared with the call; "" if none
     bound_ms: float | None = None  # the layer's latency in the bound (any layout, unfused)
     explanation: str = ""  # why bound_ms is above framework_ms (set by the analyzer when it is)
+    used_variant: str = ""  # the benchmark behind used_ms ("" without one)
+    best_variant: str = ""  # the benchmark behind best_ms ("" without one)
+    # Where used_ms or best_ms is a result racing stopped at its screening estimate
+    # (Result.eliminated), known to the screening precision only: the variants to measure in full
+    # before the layer is judged (that one and the other candidates for its place racing only
+    # screened; the analysis prints the command).
+    screened: tuple[str, ...] = ()
 
     @property
     def comparable(self) -> bool:
@@ -56,12 +63,21 @@ class AlgoChoice:
 
     @property
     def suboptimal(self) -> bool:
-        """A measured gain beyond the measurements' own spread; never without a measurement."""
-        return self.gain_ms is not None and self.gain_ms > max(self.noise_ms, 1e-9)
+        """A measured gain beyond the measurements' own spread; never without a measurement,
+        nor from a screening estimate."""
+        return not self.screened and self.gain_ms is not None and self.gain_ms > max(self.noise_ms, 1e-9)
 
     @property
     def optimal(self) -> bool:
-        return self.used_ms is not None and not self.suboptimal
+        return self.used_ms is not None and not self.screened and not self.suboptimal
+
+    @property
+    def used_screened(self) -> bool:
+        return bool(self.used_variant) and self.used_variant in self.screened
+
+    @property
+    def best_screened(self) -> bool:
+        return bool(self.best_variant) and self.best_variant in self.screened
 
     @property
     def above_framework(self) -> bool:
@@ -163,8 +179,19 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
         noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
         out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
                               fastest.implementation or fastest.variant.algo, float(fastest.latency_ms),  # type: ignore[arg-type]
-                              framework_ms, layout, noise, post_ops, fastest.variant.fusion, bound.get(index)))
+                              framework_ms, layout, noise, post_ops, fastest.variant.fusion, bound.get(index),
+                              **_compared(match, same, fastest, results)))
     return out
+
+
+def _compared(used: Result | None, used_from: list[Result], best: Result, best_from: list[Result]) -> dict:
+    """AlgoChoice's fields naming the two results compared (each the fastest of its candidates)
+    and, where one is a screening estimate, every candidate for its place that racing only
+    screened: measured in full, they leave a fastest that is a measurement whichever it is."""
+    screened = {r.variant.name for chosen, pool in ((used, used_from), (best, best_from))
+                if chosen is not None and chosen.eliminated for r in pool if r.eliminated}
+    return {"used_variant": used.variant.name if used is not None else "", "best_variant": best.variant.name,
+            "screened": tuple(sorted(screened))}
 
 
 # --- Q3 on a framework's own backend: the kernel it ran vs its fastest variant ------------------
@@ -208,7 +235,8 @@ def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionM
         best_name = f"{fastest.implementation or v.algo} ({v.algo}, {v.layout})"
         out.append(AlgoChoice(g.nodes[0], node.name, name, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
                               best_name, float(fastest.latency_ms), g.time_ms, layout, noise,  # type: ignore[arg-type]
-                              fusion=fusion, bound_ms=bound.get(g.nodes[0])))
+                              fusion=fusion, bound_ms=bound.get(g.nodes[0]),
+                              **_compared(match, used, fastest, same)))
     return out
 
 
