@@ -14,7 +14,7 @@ from helpers import conv_net
 from benanza.cli import main
 
 
-@pytest.mark.parametrize("backend", ["onednn", "cudnn", "onnxruntime", "torch"])
+@pytest.mark.parametrize("backend", ["onednn", "cudnn", "onnxruntime"])
 def test_indexes_do_not_depend_on_model_order(save, zoo_model, tmp_path, backend) -> None:
     # the same network under two names (each of its layers occurs in both) and LeNet (layers of
     # its own): the order given decides which model and which layer the processor meets first
