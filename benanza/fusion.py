@@ -59,7 +59,7 @@ class FusionPattern:
     epilogue: Callable[[Node, Sequence[Node], str], bool] | None = None
     # how ``benanza check`` recomputes the fused benchmark from a match's nodes (which inputs
     # the runtime fills, in stream order): the anchor family's; None is a registry error
-    # (tests/test_registry.py)
+    # (tests/ops/test_registry.py)
     reference: PatternReference | None = None
 
     @property

@@ -14,6 +14,9 @@ Output layout, under the ``--out`` folder::
     <backend>/*.cpp|*.cu        generated tables and registrations
     <backend>/models/*.onnx     the layers' subgraphs (framework backends)
     <backend>/variants.json     every variant generated, by benchmark name
+
+Every file, the two JSON indexes included, lists what it holds in an order of its own content
+(``records.variant_order``), so the same models give the same bytes in any order.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from .escape import c_string, cmake_quoted
 from .layers import Model
 from .manifest import Manifest
 from .outputs import make_folder, write_text, write_with
-from .records import Variant
+from .records import Variant, variant_order
 from .resources import runtime_dir, templates_dir
 
 if TYPE_CHECKING:
@@ -102,6 +105,8 @@ class Generated:
 
 
 def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -> list[Variant]:
+    """Every variant of the manifest's layers, once each, in ``variant_order``: variants.json
+    lists them so, the same for the same models in any order."""
     fusions: dict[str, list[str]] = {}
     for f in manifest.fusions:
         fusions.setdefault(f.layer, []).append(f.pattern)
@@ -112,7 +117,7 @@ def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -
             # one benchmark per problem and configuration: an f16 model's conv and the f16
             # variant of an f32 model's identical conv are the same benchmark
             out.setdefault(v.name, v)
-    return list(out.values())
+    return sorted(out.values(), key=variant_order)
 
 
 def generate(manifest: Manifest, backend_name: str, out_root: str | Path,

@@ -67,14 +67,20 @@ class Manifest:
 
 
 def build_manifest(models: list[Model], uniques: list[UniqueLayer]) -> Manifest:
+    """The manifest of ``models`` and their ``uniques``, each list sorted on what its entries
+    hold: layers.json is the same file for the same models in any order, like the sources. Models
+    by name, then path; layers in the generator's order (``records.variant_order``: by problem
+    text, then key); a layer's occurrences by model, then node index."""
     batch = models[0].batch_size if models else 1
-    entries = [ManifestModel(m.path, model_stats(m)) for m in models]
+    entries = sorted((ManifestModel(m.path, model_stats(m)) for m in models), key=lambda e: (e.stats.model, e.path))
+    layers = [UniqueLayer(u.layer, sorted(u.occurrences, key=lambda o: (o.model, o.index)))
+              for u in sorted(uniques, key=lambda u: (u.layer.problem.text(), u.layer.key))]
     counts: Counter[tuple[str, str]] = Counter()
     for m in models:
         for match in match_fusions(m):
             counts[(match.conv_key, match.pattern.name)] += 1
     fusions = [FusionCount(k, p, n) for (k, p), n in sorted(counts.items())]
-    return Manifest(batch, entries, uniques, fusions)
+    return Manifest(batch, entries, layers, fusions)
 
 
 def write_manifest(manifest: Manifest, out_dir: str | Path) -> Path:

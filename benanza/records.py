@@ -153,6 +153,13 @@ class Variant:
         return cls(problem, **{f: fields_[f] for f in _VARIANT_FIELDS})
 
 
+def variant_order(v: Variant) -> tuple[str, str]:
+    """The order of variants in everything the generator writes: by problem text (which starts
+    with the family: by family, then problem), then by name. A key of the variant alone, so the
+    same models give the same files whatever order they are given in."""
+    return (v.problem.text(), v.name)
+
+
 @dataclass(frozen=True)
 class System:
     """A machine and its software stack; results compare only within one stack."""

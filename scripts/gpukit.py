@@ -497,9 +497,9 @@ torch.onnx.export(encoder, (torch.randn(1, 64, 256),), sys.argv[1], input_names=
 
 _SMOKE_MODEL = """
 import sys
-sys.path[:0] = ["tests"]
+sys.path[:0] = [".", "tests"]  # the tests package (cwd: the repository), and the helpers it imports
 import onnx
-from test_cudnn import every_family_model
+from tests.backends.test_cudnn import every_family_model
 onnx.save(every_family_model(), sys.argv[1])
 """
 

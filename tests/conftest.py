@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+# the shared helpers (helpers, torch_models, llm_models, ...) import by name from every test folder
 sys.path.insert(0, str(Path(__file__).parent))
 
 

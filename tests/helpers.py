@@ -1,13 +1,21 @@
-"""Small ONNX graphs for tests, built with onnx.helper (no committed blobs)."""
+"""Small ONNX graphs for tests, built with onnx.helper (no committed blobs), and where the
+repository's folders lie."""
 
 from __future__ import annotations
 
 import sqlite3
 import zlib
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+# Test files sit in folders of different depths (docs/contributing.md): they find the repository
+# and the fixtures through these, never by counting parents of their own path.
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+FIXTURES = TESTS / "fixtures"
 
 
 def tensor(name: str, shape, value: float | None = None, dtype=np.float32) -> onnx.TensorProto:

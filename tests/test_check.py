@@ -8,8 +8,6 @@ import shlex
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_onednn import small_cnn
-from test_transformers import attention_model, attention_op_model
 from torch_models import export
 
 from benanza.backends.base import build
@@ -20,6 +18,8 @@ from benanza.layers import UniqueLayer
 from benanza.manifest import build_manifest, write_manifest
 from benanza.problems import CopyProblem
 from benanza.processor import load_model, unique_layers
+from tests.backends.test_onednn import small_cnn
+from tests.e2e.test_transformers import attention_model, attention_op_model
 
 pytestmark = pytest.mark.slow
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import FIXTURES
 
 from benanza.cli import main
 from benanza.perfdb import DEFAULT_PATH, SCHEMA_VERSION, DatabaseError, PerfDB, missing_command, resolve_db_path
@@ -177,7 +178,6 @@ def test_db_serve_shows_the_results_in_a_web_page(tmp_path):
     with socket.socket() as s:  # a free loopback port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    from pathlib import Path
 
     cli = Path(sys.executable).parent / "benanza"  # the installed console command
     proc = subprocess.Popen([str(cli), "db", "serve", "--db", str(path),
@@ -200,7 +200,6 @@ def test_db_serve_shows_the_results_in_a_web_page(tmp_path):
         proc.wait(timeout=10)
 
 
-FIXTURES = Path(__file__).parent / "fixtures"
 CUDNN = System("box", "cudnn", "Test GPU", (("cudnn", "9.1.0"), ("driver", "550")))
 
 

@@ -19,15 +19,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import FIXTURES
 from onnx import numpy_helper, shape_inference
-from test_bounds_e2e import JSON_MS
 
 import benanza
 from benanza.parsers import load_profile
 from benanza.profiler import LOG_ENV, MEASURE_FILE_ENV
+from tests.analysis.test_bounds_e2e import JSON_MS
 
 pytestmark = pytest.mark.slow
-APP = Path(__file__).parent / "fixtures" / "resnet18_app.py"
+APP = FIXTURES / "resnet18_app.py"
 BIN = Path(sys.executable).parent
 WARMUP, ITERATIONS = 2, 5
 MODES = ("eager", "jit", "compiled")
@@ -166,7 +167,7 @@ def test_inductor_freezing_calls_with_post_ops_map_too(work):
     """torch.compile with inductor's freezing folds BN and fuses ReLU and the residual add into
     the convs as oneDNN post-ops, with bias and blocked weights; the log is torch 2.13's own
     output of this network (fixtures/resnet18_app.py, batch 2, 64x64, freezing on)."""
-    log = Path(__file__).parent / "fixtures" / "onednn_inductor_freezing.log"
+    log = FIXTURES / "onednn_inductor_freezing.log"
     lines = [ln for ln in log.read_text().splitlines() if ",exec," in ln and ",convolution," in ln]
     assert sum("attr-post-ops:sum+eltwise_relu" in ln for ln in lines) > 0
     a = analyze(work, str(log))

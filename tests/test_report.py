@@ -10,15 +10,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import FIXTURES, REPO
 from rich.console import Console
-from test_analyzer import FIX, inception_like, ok, results_for
 
 from benanza.analyzer import analyze
 from benanza.parsers import load_file
 from benanza.processor import load_model
 from benanza.report import SCHEMA_VERSION, dag_layout, document, print_analysis, render_html
+from tests.analysis.test_analyzer import inception_like, ok, results_for
 
-DOC = Path(__file__).parent.parent / "docs" / "analyze-json.md"
+DOC = REPO / "docs" / "analyze-json.md"
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def dump_dom(page: Path) -> str:
 @needs_chromium
 def test_html_renders_in_headless_chromium(tmp_path, save):
     model = load_model(save(__import__("helpers").conv_net(), "convnet.onnx"), 1)
-    prof = load_file(FIX / "ort_convnet.json")
+    prof = load_file(FIXTURES / "ort_convnet.json")
     a = analyze(model, results_for(model, lambda n: 0.01), "sys", "onednn", profile=prof)
     page = tmp_path / "report.html"
     page.write_text(render_html([a]))

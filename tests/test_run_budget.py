@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import generated_conv_net
+from helpers import FIXTURES, generated_conv_net
 
 from benanza.cli import _duration, main
 from benanza.generator import read_variants
@@ -98,7 +98,6 @@ def test_benchmarks_run_in_a_seeded_shuffle_that_a_resumed_run_continues(bench, 
     assert run(bench, "box", "onednn", db, RunOptions(dry_run=True)).to_run == order[half:]
 
 
-
 def test_first_groups_run_before_the_others_each_in_the_seeded_order(bench, tmp_path):
     """--first FILE (repeatable): the names of the first file, then those of the second, then the
     rest, each part in the order the seeded shuffle gives it alone; a name in both files goes with
@@ -134,7 +133,7 @@ def test_first_groups_run_before_the_others_each_in_the_seeded_order(bench, tmp_
 
 # --- adaptive sampling (docs/measurement.md) ------------------------------------------------------
 
-STANDIN_SOURCE = Path(__file__).parent / "fixtures" / "adaptive_standin"
+STANDIN_SOURCE = FIXTURES / "adaptive_standin"
 
 
 def low_ms(base_us: float, spread: float) -> float:

@@ -22,9 +22,7 @@ from benanza.processor import load_model, unique_layers
 from benanza.records import Status, System
 from benanza.runner import NoDeviceError, RunOptions, run
 from benanza.system import probe_gpu
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_onednn import HAVE_TOOLCHAIN, small_cnn  # noqa: E402
+from tests.backends.test_onednn import HAVE_TOOLCHAIN, small_cnn
 
 # No re-measurement (of results unstable or contended on a busy machine: tested on its own), so
 # these tests can count measurements.

@@ -187,9 +187,8 @@ def test_a_node_without_shape_is_uncosted_and_the_rest_costed(tmp_path):
     (mystery, sigmoid) = processed.uncosted
     assert (mystery.name, mystery.op) == ("Mystery_2", "Mystery") and "ONNX Runtime could not run it" in mystery.reason
     assert (sigmoid.op, sigmoid.reason) == ("Sigmoid", "it reads the output of uncosted node 'Mystery_2'")
-    from test_analyzer import _db_with
-
     from benanza.sweep import SweepRequest, run_sweep
+    from tests.analysis.test_analyzer import _db_with
 
     (a,) = run_sweep(SweepRequest(str(path), ("cpu-a",)), _db_with(tmp_path / "p.db", processed))
     assert [w for w in a.warnings if "uncosted" in w] == [
@@ -315,7 +314,7 @@ def _if_model(tmp_path):
 def test_analyze_bounds_the_branch_its_input_value_selects(tmp_path):
     """The database holds each branch's layers at 1 ms (Conv) and 0.25 ms (Relu), the Sigmoid at
     0.5 ms: the bound of each analysis is the sum along the branch taken, and says which."""
-    from test_analyzer import _db_with
+    from tests.analysis.test_analyzer import _db_with
 
     path = _if_model(tmp_path)
     ms = {"Conv": 1.0, "Relu": 0.25, "Sigmoid": 0.5}
@@ -475,7 +474,7 @@ def test_the_command_that_fills_a_bound_keeps_the_input_values(tmp_path, monkeyp
     model with the same value (another value takes another branch, other layers)."""
     import shlex
 
-    from test_analyzer import _db_with
+    from tests.analysis.test_analyzer import _db_with
 
     path = _if_model(tmp_path)
     db_path = tmp_path / "p.db"

@@ -96,7 +96,7 @@ from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..problems import ConvProblem, Problem
-from ..records import Variant
+from ..records import Variant, variant_order
 from .base import CMakeBackend, Device
 
 if TYPE_CHECKING:
@@ -417,7 +417,7 @@ def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_P
         assert found is not None  # layers without a cuDNN API produce no variants
         families[found.table.name] = found.table
         row = found.row(problem, layer.cudnn_api or "")
-        by_family.setdefault(found.table.name, []).append((fused_family, layer, row, sorted(vs, key=lambda v: v.name)))
+        by_family.setdefault(found.table.name, []).append((fused_family, layer, row, sorted(vs, key=variant_order)))
     parts: list[_Part] = []
     for name, entries in sorted(by_family.items()):
         index = 0

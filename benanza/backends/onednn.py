@@ -28,7 +28,7 @@ from ..ops.quantized import QMatMulProblem
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..problems import BinaryProblem, ConvProblem, DeconvProblem, MatMulProblem, Problem, ReduceProblem
-from ..records import Variant
+from ..records import Variant, variant_order
 from .base import CMakeBackend, Device
 
 if TYPE_CHECKING:
@@ -159,11 +159,11 @@ class _Table:
 
     def rendered(self) -> dict[str, Any]:
         """The template's view: params rows as (designated initializer, problem key), sorted by
-        key; variant rows sorted by (their params row, name)."""
+        key; variant rows in the generator's order (by problem, then name)."""
         order = sorted(self.params, key=lambda p: p.text())
         index = {p: i for i, p in enumerate(order)}
         rows = [_row(v, index[v.problem], fused_config(v.problem, v.fusion))
-                for v in sorted(self.variants, key=lambda v: (index[v.problem], v.name))]
+                for v in sorted(self.variants, key=variant_order)]
         params = [(initializer(self.params[p]), p.text()) for p in order]
         struct = type(self.params[order[0]]).__name__
         return {"family": self.family, "params_type": struct, "bench": self.spec.bench, "params": params, "rows": rows}

@@ -1,4 +1,4 @@
-// Host-only checks of the cuDNN runtime pieces that need no device (tests/test_cudnn.py):
+// Host-only checks of the cuDNN runtime pieces that need no device (tests/backends/test_cudnn.py):
 //   host_checks tables              every status rule and the sticky CUDA errors, as JSON lines
 //   host_checks cudnn|cublas|cuda N  what check_cudnn / check_cublas / check_cuda do with status N
 //   host_checks duration START END  the CUPTI record guard

@@ -3,7 +3,7 @@
 // failure) or, for CUDA, whether the error poisons the context for the rest of the process.
 //
 // Only headers, no library calls: a host-only test program checks these tables against the
-// installed cudnn_graph.h, cublas_api.h and driver_types.h (tests/test_cudnn.py).
+// installed cudnn_graph.h, cublas_api.h and driver_types.h (tests/backends/test_cudnn.py).
 #pragma once
 
 #include <cublas_v2.h>

@@ -1,0 +1,504 @@
+"""The GPU kit (scripts/gpukit.py) without a GPU: the travelling folder it prepares, and a dry run
+of the device steps against a stand-in of the GPU machine's image (a venv at opt/torch/.venv with
+the cu13 cuDNN/cuBLAS wheel folders, nvcc 13.0 at a CUDA_HOME of its own, no Google Benchmark,
+no sqlite-utils, no cuDNN frontend headers), which must pass every step that needs no GPU and
+stop with one clear line at the first that does."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import tomllib
+from helpers import REPO
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+KIT_SCRIPT = REPO / "scripts" / "gpukit.py"
+
+
+def _load_kit():
+    spec = importlib.util.spec_from_file_location("gpukit", KIT_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpukit"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gpukit = _load_kit()
+
+
+def kit_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(KIT_SCRIPT), *args]
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory) -> Path:
+    """`gpukit.py prepare` for real: pip download from PyPI, apt-get source from Debian."""
+    out = tmp_path_factory.mktemp("kit") / "kit"
+    done = subprocess.run(kit_cmd("--kit", str(out), "prepare"), check=False, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow  # `gpukit.py prepare` downloads wheels and sources (the `kit` fixture)
+def test_prepare_carries_only_what_the_image_lacks_under_the_limit(kit):
+    manifest = json.loads((kit / "MANIFEST.json").read_text())
+    wheels = {Requirement(w.split("-")[0].replace("_", "-")).name: kit / "wheels" / w for w in manifest["wheels"]}
+    assert sorted(p.name for p in (kit / "wheels").iterdir()) == sorted(manifest["wheels"])
+    assert set(wheels) == {"sqlite-utils", "sqlite-fts4", "click-default-group", "click"}
+
+    # every requirement, Benanza's own and the carried wheels', is met on the image: by a carried
+    # wheel whose version satisfies it, or by a package the image has (unversioned requirements only)
+    versions = {name: path.name.split("-")[1] for name, path in wheels.items()}
+    for req in map(Requirement, gpukit._requirements("dependencies")):  # their floors are checked on the device
+        name = gpukit.norm(req.name)
+        assert name in gpukit.IMAGE_PACKAGES or req.specifier.contains(versions[name]), req
+    assert manifest["requires"]["benanza (pyproject.toml)"] == gpukit._requirements("dependencies")
+    reqs = []
+    for path in wheels.values():
+        with zipfile.ZipFile(path) as z:
+            meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        for line in meta.splitlines():
+            if line.startswith("Requires-Dist:") and "extra ==" not in line:
+                req = Requirement(line.split(":", 1)[1])
+                if req.marker is None or req.marker.evaluate({"sys_platform": "linux", "python_version": "3.12"}):
+                    reqs.append(req)
+    for req in reqs:
+        name = gpukit.norm(req.name)
+        if name in versions:
+            assert req.specifier.contains(versions[name]), (req, versions[name])
+        else:
+            assert name in gpukit.IMAGE_PACKAGES and not str(req.specifier), req
+
+    # the frontend's headers, byte for byte those of the wheel setup.sh installed here (same version)
+    here = next(Path(p) / "include" for p in sys.path if (Path(p) / "include" / "cudnn_frontend.h").is_file())
+    carried = sorted(p.relative_to(kit / "cudnn-frontend" / "include")
+                     for p in (kit / "cudnn-frontend" / "include").rglob("*") if p.is_file())
+    assert Path("cudnn_frontend.h") in carried and len(carried) > 50
+    for rel in carried:
+        assert (kit / "cudnn-frontend" / "include" / rel).read_bytes() == (here / rel).read_bytes(), rel
+    assert (kit / "cudnn-frontend" / "LICENSE.txt").is_file()
+    assert not list(kit.rglob("*.so")), "the frontend's compiled Python module must not travel"
+
+    # Google Benchmark's source, of the version the manifest names
+    (tarball,) = (kit / "benchmark").iterdir()
+    with tarfile.open(tarball) as t:
+        cmake = next(m for m in t.getmembers() if m.name.count("/") == 1 and m.name.endswith("/CMakeLists.txt"))
+        text = t.extractfile(cmake).read().decode()
+    assert f"VERSION {manifest['benchmark']}" in text
+
+    # what travels, counted here independently of the kit: the tree git would send, plus the kit
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    tree = sum(os.path.getsize(REPO / n) for n in listed if n and (REPO / n).is_file())
+    kit_bytes = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
+    assert gpukit.travelling_bytes(kit) == (tree, kit_bytes)
+    assert tree + kit_bytes < 64 * 2**20
+    assert kit_bytes < 16 * 2**20  # headers and sources, not the 12 MB frontend wheel
+
+
+# The image's versions as KINDS.md's pip list records them (2026-11, Python 3.12.3): an oracle
+# apart from the kit, which knows only the image's package names.
+IMAGE_PYTHON_VERSION = "3.12.3"
+IMAGE_VERSIONS = {"torch": "2.11.0", "onnx": "1.23.1", "onnxruntime": "1.30.0", "numpy": "2.5.2",
+                  "onnxscript": "0.7.2", "jax": "0.11.2", "triton": "3.6.0", "transformers": "5.17.0"}
+
+
+@pytest.mark.slow  # `gpukit.py prepare` downloads wheels and sources (the `kit` fixture)
+def test_the_image_versions_meet_every_requirement_the_install_checks(kit):
+    """What the install checks on the device, checked here against the versions KINDS.md read on
+    the image: a floor the image misses would otherwise first show on the GPU machine."""
+    manifest = json.loads((kit / "MANIFEST.json").read_text())
+    carried = {gpukit.norm(w.split("-")[0]): w.split("-")[1] for w in manifest["wheels"]}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert manifest["requires"]["benanza (pyproject.toml)"] == project["dependencies"]
+    assert manifest["requires"]["benanza[torch] (pyproject.toml)"] == project["optional-dependencies"]["torch"]
+    for req in (Requirement(r) for reqs in manifest["requires"].values() for r in reqs):
+        name = gpukit.norm(req.name)
+        have = carried.get(name, IMAGE_VERSIONS.get(name))
+        if have is not None:
+            assert req.specifier.contains(have, prereleases=True), (req, have)
+        else:  # on the image, version not recorded: the device's check is the only one
+            assert name in gpukit.IMAGE_PACKAGES, req
+    for wheel in manifest["wheels"]:
+        with zipfile.ZipFile(kit / "wheels" / wheel) as z:
+            meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        python = next((line.split(":", 1)[1].strip() for line in meta.splitlines()
+                       if line.startswith("Requires-Python:")), "")
+        assert SpecifierSet(python).contains(IMAGE_PYTHON_VERSION), (wheel, python)
+    ours = re.search(r'^requires-python = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    assert ours is not None and SpecifierSet(ours[1]).contains(IMAGE_PYTHON_VERSION), ours
+
+
+@pytest.mark.slow  # `gpukit.py prepare` downloads wheels and sources (the `kit` fixture)
+def test_size_check_fails_loudly(kit):
+    with pytest.raises(gpukit.KitError, match=r"over the 0\.5 MiB that may travel"):
+        gpukit.check_size(kit, 0.5)
+
+
+def test_commands_name_the_calls_in_order_with_the_carry():
+    """One call does it all; a second, only with device time left, continues inside it."""
+    done = subprocess.run(kit_cmd("commands"), capture_output=True, text=True, check=True)
+    calls = [line for line in done.stdout.splitlines() if " run  command=" in line]
+    steps = [line.split("device ")[1].split("'")[0] for line in calls]
+    assert steps == ["all", "all --budget B"]
+    assert calls[1].startswith("2. ") and "budget_left_s" in calls[1]
+    assert all('carry=[".gpukit"]' in line and "timeout_s=600" in line for line in calls)
+
+
+def _fake_image(root: Path) -> tuple[Path, Path, Path]:
+    """A venv shaped like the image's /opt/torch/.venv: its own site-packages with the cu13 wheel
+    folders (this machine's, linked), the test environment's packages behind them (a .pth), and
+    a CUDA_HOME of its own, a system install of this machine's CUDA 13.0 compiler."""
+    from benanza.toolchain import cuda_toolkit, nvcc_version
+
+    real_nvcc = cuda_toolkit()
+    assert real_nvcc is not None and nvcc_version(real_nvcc.nvcc) == "13.0", "scripts/setup.sh installs nvcc 13.0"
+    venv = root / "opt" / "torch" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python3"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    ours = Path(sysconfig.get_paths()["purelib"])
+    (site / "nvidia").mkdir()
+    for wheel_dir in ("cudnn", "cu13"):
+        (site / "nvidia" / wheel_dir).symlink_to(ours / "nvidia" / wheel_dir)
+    (site / "zz-test-env.pth").write_text(f"{ours}\n")
+    return python, site, _system_install(real_nvcc, root / "usr" / "local" / "cuda")
+
+
+def _system_install(real, cuda: Path) -> Path:
+    """A CUDA home laid out as NVIDIA's installer lays it out (the image's /usr/local/cuda), made
+    of this machine's toolkit, which may be PyPI's wheels: nvcc finds its tree from its own file's
+    folder, so nvcc and its profile are copies here and the rest links; lib64/ holds the libraries
+    with the unversioned libcudart.so a system install has (the wheels ship only the soname)."""
+    (cuda / "bin").mkdir(parents=True)
+    for entry in real.nvcc.parent.iterdir():
+        if entry.name in ("nvcc", "nvcc.profile"):
+            shutil.copy2(entry, cuda / "bin" / entry.name)
+        else:
+            (cuda / "bin" / entry.name).symlink_to(entry.resolve())
+    for name in ("include", "nvvm"):
+        (cuda / name).symlink_to((real.root / name).resolve())
+    (cuda / "lib64").mkdir()
+    for entry in real.lib.iterdir():
+        (cuda / "lib64" / entry.name).symlink_to(entry.resolve())
+    if not (cuda / "lib64" / "libcudart.so").exists():
+        (cuda / "lib64" / "libcudart.so").symlink_to(real.cudart.resolve())
+    return cuda
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA driver: the GPU steps would run")
+    python, site, cuda = _fake_image(tmp_path / "image")
+    state, perfdb, docs = tmp_path / "state", tmp_path / "perfdb", tmp_path / "docs"
+    common = ["--kit", str(kit), "device"]
+    opts = ["--python", str(python), "--state", str(state), "--perfdb", str(perfdb), "--docs", str(docs)]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CMAKE_PREFIX_PATH", "CUDACXX")}
+    env["CUDA_HOME"] = str(cuda)
+
+    # `device plan`: install and generate, then what `device all` would do with the time left
+    done = subprocess.run(kit_cmd(*common, "plan", *opts), check=False, capture_output=True, text=True,
+                          timeout=1500, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    log = done.stderr
+
+    # install: the wheels beside the image's Python, Google Benchmark built from its source
+    assert (state / "site" / "sqlite_utils" / "__init__.py").is_file()
+    found = subprocess.run([str(python), "-c", "import sqlite_utils; print(sqlite_utils.__file__)"],
+                           env=dict(env, PYTHONPATH=str(state / "site")), capture_output=True, text=True, check=True)
+    assert found.stdout.strip().startswith(str(state / "site"))
+    (config,) = state.joinpath("benchmark").glob("lib*/cmake/benchmark/benchmarkConfig.cmake")
+    assert "install: Google Benchmark 1.9.1 built" in log
+    assert f"nvcc                               {cuda / 'bin' / 'nvcc'} (13.0)" in done.stdout
+
+    # generate: the models, the sources, and CMake's discovery at the image's paths
+    names = json.loads((state / "models.json").read_text())["names"]
+    assert names[:3] == ["resnet50-v1", "inception-v1", "mobilenet-v2"]
+    assert ("transformer encoder is processable" in log) == (names[3:] == ["transformer-encoder"])
+    from benanza.generator import read_variants
+
+    variants = read_variants(state / "bench" / "cudnn")
+    assert f"generate: {len(variants)} campaign variants of {', '.join(names)}" in log
+    assert {v.api for v in variants} >= {"cudnnConvolutionForward", "cudnnPoolingForward"}
+
+    def cmake_cache(project: str) -> dict[str, str]:
+        cache = {}
+        for line in (state / project / "cudnn" / "build" / "CMakeCache.txt").read_text().splitlines():
+            if "=" in line and ":" in line.split("=", 1)[0]:
+                cache[line.split(":", 1)[0]] = line.split("=", 1)[1]
+        assert cache["CMAKE_CUDA_COMPILER"] == str(cuda / "bin" / "nvcc")
+        assert cache["BENANZA_CUDNN_LIBRARY"].startswith(str(site / "nvidia" / "cudnn" / "lib"))
+        assert cache["BENANZA_CUDNN_INCLUDE_DIR"] == str(site / "nvidia" / "cudnn" / "include")
+        assert cache["BENANZA_CUBLAS_LIBRARY"].startswith(str(site / "nvidia" / "cu13" / "lib"))
+        assert cache["BENANZA_CUDNN_FRONTEND_INCLUDE_DIR"] == str(kit / "cudnn-frontend" / "include")
+        assert cache["benchmark_DIR"] == str(config.parent)
+        assert cache["CMAKE_GENERATOR"] == "Ninja"
+        assert not (state / project / "cudnn" / "build" / "benanza_bench").exists()
+        return cache
+
+    cmake_cache("bench")
+    assert not (state / "smoke").exists()  # the smoke run's project is its own step's work
+
+    # the plan: the report's reserve in the order its stages run (no GPU here: no campaign log,
+    # the defaults) before the campaign's share, and the campaign's order
+    plan = json.loads((state / "plan.json").read_text())
+    priority = [m for m in ("resnet50-v1", "transformer-encoder") if m in names]
+    others = [m for m in names if m not in priority]
+    assert [stage for stage, _ in plan["reserve"]] == [
+        "stop", *(f"profile {m}" for m in priority), *(f"analyze {m}" for m in priority + others), "page"]
+    assert [s for _, s in plan["reserve"]] == [gpukit.DEFAULT_SECONDS[stage.split()[0]] for stage, _ in plan["reserve"]]
+    assert 0 < plan["left_s"] <= gpukit.ALL_BUDGET_S
+    assert plan["campaign_s"] == pytest.approx(plan["left_s"] - sum(s for _, s in plan["reserve"]), abs=0.11)
+    assert [set(t["names"]) for t in plan["tiers"]] == _oracle_tiers(state / "bench", names)
+    assert sorted(n for t in plan["tiers"] for n in t["names"]) == sorted(v.name for v in variants)
+    for stage in ("install", "generate"):
+        assert re.search(rf"^gpukit: stage {stage}: \d+ s \(the call at \d+ s of 540\)$", log, re.MULTILINE), stage
+
+    # the smoke step makes its own project (the test suite's every-family model), then needs a GPU
+    stop = subprocess.run(kit_cmd(*common, "smoke", *opts), check=False, capture_output=True, text=True,
+                          timeout=900, env=env)
+    assert stop.returncode == 3, stop.stderr[-2000:]
+    smoke = read_variants(state / "smoke" / "cudnn")
+    assert {v.api for v in smoke} >= {"cudnnConvolutionForward", "cudnnRNNForward", "cublasSgemv",
+                                      "cudnnConvolutionBiasActivationForward", "cudnnSoftmaxForward"}
+    cmake_cache("smoke")
+
+    # the one call stops with one line at the first stage that needs a GPU, and writes nothing
+    stop = subprocess.run(kit_cmd(*common, "all", *opts), check=False, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert stop.returncode == 3, stop.stderr[-2000:]
+    lines = stop.stderr.strip().splitlines()
+    assert [re.sub(r"\d+ s", "N s", line) for line in lines] == [
+        "gpukit: install: done on this machine already",
+        "gpukit: stage install: N s (the call at N s of 540)",
+        "gpukit: install: done on this machine already",  # each step first runs those before it
+        "gpukit: generate: done on this machine already",
+        "gpukit: stage generate: N s (the call at N s of 540)",
+        ("gpukit: all needs a GPU: nvidia-smi not found (no NVIDIA driver here); the steps before it ran, "
+         "run this one on the GPU machine (`scripts/gpukit.py commands`)")]
+    assert not perfdb.exists() and not docs.exists()
+
+
+def test_a_step_without_the_kit_says_how_to_make_it(tmp_path):
+    done = subprocess.run(kit_cmd("--kit", str(tmp_path / "none"), "device", "install", "--python", sys.executable,
+                                  "--state", str(tmp_path / "state")), check=False, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 4
+    assert done.stderr.strip().splitlines() == [
+        (f"gpukit: {tmp_path / 'none'}: no kit here (MANIFEST.json missing): run `scripts/gpukit.py prepare` on a "
+         f"connected machine and name {tmp_path / 'none'} in the call's carry")]
+
+
+def test_results_page_says_why_the_smoke_run_was_skipped(tmp_path):
+    """The line the smoke step writes where compute-sanitizer refuses the device, rendered by
+    gpu-results.py from a database the perfdb layer wrote."""
+    from benanza.perfdb import PerfDB
+    from benanza.records import System
+
+    with PerfDB(tmp_path / "gpu.db") as db:
+        db.upsert_system(System("nvidia-h200", "cudnn", "NVIDIA H200", (("cudnn", "9.13"),)))
+    log = tmp_path / "nvidia-h200-smoke.log"
+    log.write_text(f"{gpukit.SMOKE_SKIPPED}compute-sanitizer refused the device (Device not supported); "
+                   "the campaign does not depend on it\n")
+    page = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-results.py"), "--db", str(tmp_path / "gpu.db"),
+                           "--system", "nvidia-h200", "--out", str(page), "--campaign-seconds", "0", "--smoke",
+                           str(log)], check=False, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    section = text[text.index("## Smoke run under compute-sanitizer"):]
+    assert section.splitlines()[2] == ("Skipped: compute-sanitizer refused the device (Device not supported); "
+                                       "the campaign does not depend on it.")
+    assert "| cudnn | 9.13 |" in text
+
+
+# --- the one call: its budget, the campaign's order, the report of a stopped campaign -------------
+
+GPU = "nvidia-h100-80gb-hbm3"  # the slug of the H100's nvidia-smi name (KINDS.md)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> tuple[Path, dict]:
+    """What `device generate` writes, made the way it makes it: the zoo's ResNet-50 and
+    MobileNet-v2, the transformer encoder exported by the kit's own script, the cuDNN sources of
+    the three (`benanza generate`), and models.json."""
+    root = tmp_path_factory.mktemp("generated")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    bz = [sys.executable, "-c", "from benanza.cli import main; main(prog_name='benanza')"]
+    subprocess.run([*bz, "zoo", "--out", str(root / "models"), "--only", "resnet50-v1", "--only", "mobilenet-v2"],
+                   check=True, capture_output=True, env=env, timeout=600)
+    transformer = root / "models" / "transformer-encoder.onnx"
+    subprocess.run([sys.executable, "-c", gpukit._TRANSFORMER_EXPORT, str(transformer)], check=True,
+                   capture_output=True, env=env, timeout=600)
+    names = ["resnet50-v1", "mobilenet-v2", "transformer-encoder"]
+    paths = [str(root / "models" / f"{n}.onnx") for n in names]
+    subprocess.run([*bz, "generate", *paths, "--out", str(root / "state" / "bench"), "--backend", "cudnn"],
+                   check=True, capture_output=True, env=env, timeout=600)
+    models = {"names": names, "paths": paths, "note": ""}
+    (root / "state" / "models.json").write_text(json.dumps(models) + "\n")
+    return root / "state", models
+
+
+def _oracle_tiers(bench: Path, models: list[str]) -> list[set[str]]:
+    """The campaign's tiers recomputed from Benanza's own records: the manifest's unique layers
+    with the models they occur in, each variant matched to its layer through the key grammar."""
+    from benanza.generator import read_variants
+    from benanza.manifest import read_manifest
+    from benanza.ops.grammar import layer_key
+
+    manifest = read_manifest(bench)
+    variants = read_variants(bench / "cudnn")
+    users = {}
+    for u in manifest.layers:
+        for v in variants:
+            if layer_key(u.layer.problem, v.dtype) == v.layer_key:
+                users.setdefault(v.name, set()).update(o.model for o in u.occurrences)
+    own = {u.layer.key for u in manifest.layers}
+    priority = {"resnet50-v1", "transformer-encoder"} & set(models)
+    others = set(models) - priority
+    first = {v.name for v in variants if v.layout == "nchw"
+             and v.algo in ("default", "heuristic0", "plan0", "IMPLICIT_PRECOMP_GEMM")}
+    t1 = {v.name for v in variants if users[v.name] & priority and v.name in first and v.layer_key in own}
+    t2 = {v.name for v in variants if users[v.name] & others and v.name in first and v.layer_key in own} - t1
+    t3 = {v.name for v in variants if users[v.name] & priority and v.name in first} - t1 - t2
+    t4 = {v.name for v in variants if users[v.name] & priority} - t1 - t2 - t3
+    return [t1, t2, t3, t4, {v.name for v in variants} - t1 - t2 - t3 - t4]
+
+
+def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first(generated, tmp_path):
+    state, models = generated
+    tiers = gpukit.campaign_tiers(state / "bench", models["names"])
+    assert [set(t.names) for t in tiers] == _oracle_tiers(state / "bench", models["names"])
+    assert [t.label for t in tiers] == [
+        "first choice in the model's dtype: resnet50-v1, transformer-encoder",
+        "first choice in the model's dtype: mobilenet-v2",
+        "first choice in other dtypes: resnet50-v1, transformer-encoder",
+        "every variant: resnet50-v1, transformer-encoder", "every other variant"]
+    first = set(tiers[0].names)
+    # ResNet-50's convolutions and the transformer's GEMMs and attention are in the first tier,
+    # one first-choice variant each (per fusion pattern), before any exhaustive algorithm
+    apis = {n.split("/api=")[1].split("/")[0] for n in first}
+    assert {"cudnnConvolutionForward", "cublasGemmEx", "cublasLtMatmul", "cublasGemmStridedBatchedEx",
+            "cudnn_frontend.layernorm", "cudnnSoftmaxForward"} <= apis
+    assert all("/algo=IMPLICIT_PRECOMP_GEMM/" in n for n in first if "/api=cudnnConvolution" in n)
+    assert any("/api=cudnn_frontend.sdpa/algo=plan0/" in n for n in tiers[2].names)  # attention: fp16 only
+    # every layer of every model that has variants has one in the first two tiers: a bound per layer
+    from benanza.generator import read_variants
+
+    variants = read_variants(state / "bench" / "cudnn")
+    early = set(tiers[0].names) | set(tiers[1].names)
+    manifest_keys = {layer["key"] for layer in json.loads((state / "bench" / "layers.json").read_text())["layers"]}
+    assert {v.layer_key for v in variants if v.layer_key in manifest_keys} == {
+        v.layer_key for v in variants if v.name in early}
+
+    # the --first files the campaign gives `benanza run`: every tier but the rest, in order
+    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", tmp_path, 0.0, tmp_path / "perfdb", tmp_path / "docs")
+    files = gpukit.write_tiers(d, tiers)
+    assert [f.read_text().splitlines() for f in files] == [list(t.names) for t in tiers[:-1]]
+    from benanza.runner import measurement_order
+
+    everything = [n for t in tiers for n in t.names]
+    order = measurement_order(everything, 0, tuple(t.names for t in tiers[:-1]))
+    assert order[:len(tiers[0].names)] == measurement_order(list(tiers[0].names), 0)
+
+
+def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
+    """Before any call measured a stage: the defaults; once the campaign log holds a stage's
+    time (as the Timeline writes it), the latest one. Profiles are reserved for the priority
+    models not yet profiled on this machine, analyses for every model, priority models first."""
+    models = ["resnet50-v1", "inception-v1", "mobilenet-v2", "transformer-encoder"]
+    plan = gpukit.plan_call(400.0, models, set(), "")
+    assert [stage for stage, _ in plan.reserve] == [
+        "stop", "profile resnet50-v1", "profile transformer-encoder", "analyze resnet50-v1",
+        "analyze transformer-encoder", "analyze inception-v1", "analyze mobilenet-v2", "page"]
+    defaults = gpukit.DEFAULT_SECONDS
+    reserve = defaults["stop"] + 2 * defaults["profile"] + 4 * defaults["analyze"] + defaults["page"]
+    assert sum(s for _, s in plan.reserve) == reserve
+    assert plan.campaign_s == 400.0 - reserve
+
+    # measured: the Timeline's lines, and a later measurement of a stage replaces an earlier one
+    tl = gpukit.Timeline(0.0, 540.0)
+    tl.record("profile resnet50-v1", 41.2)
+    tl.record("page", 3.0)
+    tl.record("profile resnet50-v1", 35.0)
+    log = "2026-11-26T03:00:00Z 300 s stopped at the call's time limit: cudnn on NVIDIA H100\n" + "".join(
+        line + "\n" for line in tl.pending)
+    measured = gpukit.plan_call(400.0, models, {"transformer-encoder"}, log)
+    assert dict(measured.reserve) == {"stop": defaults["stop"], "profile resnet50-v1": 35.0,
+                                      **{f"analyze {m}": defaults["analyze"] for m in models}, "page": 3.0}
+    assert measured.campaign_s == 400.0 - sum(dict(measured.reserve).values())
+    # no time for a campaign: none, never a negative share
+    assert gpukit.plan_call(60.0, models, set(), "").campaign_s == 0.0
+
+
+def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(generated, tmp_path):
+    """The report of a call whose campaign was stopped after the first tier: written from the
+    database as the runner stores it, every model analysed with its missing layers counted, the
+    page saying the campaign is partial with each tier's share, and the models not profiled for
+    lack of time saying so. With no time left at all the page is still written."""
+    from benanza.generator import read_variants
+    from benanza.perfdb import PerfDB
+    from benanza.records import Result, Status, System
+
+    state, models = generated
+    perfdb, docs = tmp_path / "perfdb", tmp_path / "docs"
+    perfdb.mkdir()
+    tiers = gpukit.campaign_tiers(state / "bench", models["names"])
+    by_name = {v.name: v for v in read_variants(state / "bench" / "cudnn")}
+    system = System(GPU, "cudnn", "NVIDIA H100 80GB HBM3", (("cudnn", "9.13"),))
+    with PerfDB(perfdb / f"{GPU}.db") as db:
+        db.upsert_system(system)
+        db.insert_results(system, [Result(by_name[n], GPU, Status.OK, median_ms=0.01, low_ms=0.01)
+                                   for n in tiers[0].names])
+    # a profile measured at more than this call has: none is attempted
+    (perfdb / f"{GPU}-campaign.log").write_text(
+        "2026-11-26T03:00:00Z 180 s stopped at the call's time limit: cudnn on NVIDIA H100 80GB HBM3\n"
+        + "".join(f"2026-11-26T03:00:00Z stage profile {m} 9999 s\n" for m in models["names"]))
+    state = tmp_path / "state"
+    shutil.copytree(generated[0], state)
+    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, time.monotonic() + 400, perfdb, docs)
+    page = gpukit._report(d, GPU, gpukit.Timeline(time.monotonic(), 400), "stopped at the call's time limit")
+    text = page.read_text()
+    total = sum(len(t.names) for t in tiers)
+    assert (f"- **Partial campaign** (stopped at the call's time limit): {len(tiers[0].names)} of {total} variants "
+            f"have a result") in text
+    assert f"{tiers[0].label}: {len(tiers[0].names)}/{len(tiers[0].names)}; {tiers[1].label}: 0/" in text
+    for m in models["names"]:
+        assert f"- {m}: not profiled under PyTorch in this call (about 9999 s, " in text
+    # every model analysed (the bounds table): the priority models' bounds rest on the first tier
+    # alone, MobileNet's layers have no result yet (its tier was not reached), so its bound is partial
+    head = "| model | dtype | measured ms | sequential bound | parallel bound | BR seq | BR par | partial |"
+    table = text[text.index(head):].split("\n\n")[0].splitlines()[2:]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table)}
+    assert set(rows) == set(models["names"])
+    assert rows["mobilenet-v2"][7] == "yes" and int(rows["mobilenet-v2"][8]) > 0
+    for m in ("resnet50-v1", "transformer-encoder"):
+        assert rows[m][7:9] == ["no", "0"], rows[m]
+        assert rows[m][2] == "—"  # not profiled: nothing measured to compare
+
+    # no time left at all: the page all the same, from what there is
+    late = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, time.monotonic(), perfdb, docs)
+    page.unlink()
+    gpukit._report(late, GPU, gpukit.Timeline(time.monotonic(), 0), "stopped at the call's time limit")
+    text = page.read_text()
+    assert "**Partial campaign** (stopped at the call's time limit)" in text
+    for m in models["names"]:  # analysed within the second it gets, or a line that says it was not
+        assert f"\n| {m} | f32 | " in text or f"\n- {m}: not analysed: " in text
