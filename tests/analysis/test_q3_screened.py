@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from helpers import io, model, tensor
 from onnx import helper
-from test_bounds_e2e import JSON_MS
+
+from tests.analysis.test_bounds_e2e import JSON_MS
 
 pytestmark = pytest.mark.slow
 SYSTEM = "race"
