@@ -170,7 +170,10 @@ def broadcast_first(path):
     ``1 − x`` with a scalar constant, the RMSNorm's ``Div(1, ·)`` with a [1] one, an attention
     mask [1, 1, 1, 4] left of Sub, Div, Greater and Less over x [1, 2, 4, 4], an Add whose full
     operand has the lower rank (commutative: its canonical order puts the broadcast one first),
-    and a Less whose operands both broadcast (no single oneDNN binary call computes it)."""
+    a Less whose operands both broadcast (no single oneDNN binary call computes it), and Muls
+    whose operands both broadcast as an outer product: the rotary frequencies' pos [1, 4, 1] ·
+    inv_freq [1, 1, 8], one with the [.., 1, N] operand first and a batch of its own [2, 1, 8],
+    and one whose batch comes from the [.., M, 1] operand [3, 4, 1] (matmul's source)."""
     from helpers import io, model, tensor
     from onnx import TensorProto, helper
 
@@ -178,12 +181,17 @@ def broadcast_first(path):
     nodes = [n("Sub", ["one", "x"], ["inv"], name="one_minus"), n("Div", ["one1", "x"], ["rcp"], name="one_over"),
              n("Sub", ["mask", "x"], ["sub"], name="sub"), n("Div", ["mask", "x"], ["div"], name="div"),
              n("Greater", ["mask", "x"], ["gt"], name="gt"), n("Less", ["mask", "x"], ["lt"], name="lt"),
-             n("Add", ["row", "cols"], ["add"], name="add"), n("Less", ["row", "col"], ["both"], name="both")]
+             n("Add", ["row", "cols"], ["add"], name="add"), n("Less", ["row", "col"], ["both"], name="both"),
+             n("Mul", ["pos", "freq"], ["outer"], name="outer"),
+             n("Mul", ["freqs", "pos"], ["outer_wb"], name="outer_weights_batched"),
+             n("Mul", ["poss", "freq"], ["outer_sb"], name="outer_source_batched")]
     inputs = [io("x", [1, 2, 4, 4]), io("mask", [1, 1, 1, 4]), io("row", [1, 1, 4]), io("cols", [4, 4]),
-              io("col", [4, 1])]
+              io("col", [4, 1]), io("pos", [1, 4, 1]), io("freq", [1, 1, 8]), io("freqs", [2, 1, 8]),
+              io("poss", [3, 4, 1])]
     outputs = [io(o, [1, 2, 4, 4]) for o in ("inv", "rcp", "sub", "div")]
     outputs += [io(o, [1, 2, 4, 4], TensorProto.BOOL) for o in ("gt", "lt")]
     outputs += [io("add", [1, 4, 4]), io("both", [1, 4, 4], TensorProto.BOOL)]
+    outputs += [io("outer", [1, 4, 8]), io("outer_wb", [2, 4, 8]), io("outer_sb", [3, 4, 8])]
     import onnx
 
     onnx.save(model(nodes, inputs, outputs, [tensor("one", (), 1.0), tensor("one1", (1,), 1.0)]), str(path))
@@ -192,9 +200,11 @@ def broadcast_first(path):
 
 def test_a_broadcast_first_operand_runs_swapped_and_computes_the_layer(tmp_path):
     """oneDNN's binary primitive broadcasts only its second source: the generator swaps the
-    operands and the runtime mirrors the operation (−(b − a), (b / a)^−1, a flipped comparison).
-    Generate → run → database → analyze, and `benanza check` against ONNX Runtime on the same
-    inputs for every swapped layer; the layer no swap helps is stored unsupported, with why."""
+    operands and the runtime mirrors the operation (−(b − a), (b / a)^−1, a flipped comparison);
+    an outer-product Mul runs as oneDNN's matmul with K = 1, its key the binary layer's.
+    Generate → run → database → analyze, and `benanza check` against ONNX Runtime running the
+    model's node on the same inputs for every one of them; the layer neither helps is stored
+    unsupported, with why."""
     import json
     import sqlite3
 
@@ -209,8 +219,13 @@ def test_a_broadcast_first_operand_runs_swapped_and_computes_the_layer(tmp_path)
     assert r.exit_code == 0, r.output
     keys = node_keys(bench, path.stem, "f32")
     assert keys["one_minus"].startswith("binary:sub_in_in1x2x4x4") and keys["gt"].startswith("binary:gt_in1x1x1x4_")
+    outer = ("outer", "outer_weights_batched", "outer_source_batched")
+    assert keys["outer"] == "binary:mul_in1x1x8_in1x4x1_f32"
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT layer_key, dtype, status, message FROM results").fetchall()
+        apis = dict(conn.execute("SELECT layer_key, api FROM variants WHERE dtype = 'f32'").fetchall())
+    assert {n: apis[keys[n]] for n in outer} == dict.fromkeys(outer, "matmul")
+    assert {apis[k] for n, k in keys.items() if n not in outer} == {"binary"}
     f32 = {k: (s, m) for k, d, s, m in rows if d == "f32"}
     assert set(f32) == set(keys.values())
     for name, key in keys.items():
@@ -228,6 +243,9 @@ def test_a_broadcast_first_operand_runs_swapped_and_computes_the_layer(tmp_path)
     assert status == {name: "missing" if name == "both" else "ok" for name in keys}
     r = CliRunner().invoke(main, ["check", str(path), "--bench-dir", str(bench), "--show-ok", "-j", "1"])
     assert r.exit_code == 0, r.output
-    ok = {ln.split(": ")[1].split("/")[0] for ln in r.output.splitlines() if ln.startswith("ok: ")}
-    assert {k for n, k in keys.items() if n != "both"} <= ok, r.output
+    ok = {ln.split(": ")[1].split("/")[0]: ln.rpartition("(error ")[2].split()[0] for ln in r.output.splitlines()
+          if ln.startswith("ok: ")}
+    assert {k for n, k in keys.items() if n != "both"} <= set(ok), r.output
     assert keys["both"] not in ok and "mismatch" not in r.stderr
+    # K = 1: one product per output, no sum, so the matmul's f32 result is ONNX Runtime's Mul's
+    assert {ok[keys[n]] for n in outer} == {"0"}, r.output

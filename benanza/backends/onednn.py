@@ -129,10 +129,11 @@ class OneDNNBackend(CMakeBackend):
         tables: dict[str, _Table] = {}
         for v in variants:
             # a pattern's fused form is benchmarked in another family's table (the LayerNorm
-            # decomposition as one layer_normalization), keyed by its anchor's problem and the fusion
+            # decomposition as one layer_normalization), keyed by its anchor's problem and the
+            # fusion; so is a primitive of another family (an outer-product Mul as a matmul)
             fused = PATTERN_LOWERINGS.get(v.fusion)
             family, row = fused.onednn if fused is not None and fused.onednn is not None else (
-                v.problem.family, FAMILIES[v.problem.family].row)
+                FAMILIES[v.problem.family].table(v.problem.family, v.api))
             table = tables.setdefault(family, _Table(family, FAMILIES[family]))
             table.add(v, row)
         # sorted by family, then problem text: the same models give the same file in any order

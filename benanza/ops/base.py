@@ -91,6 +91,13 @@ class OnednnLowering:
     reference: Reference | None = None
     # a non-spatial family's layouts besides ``plain`` for a problem (the softmax axis innermost)
     layouts: Callable[[Any], tuple[str, ...]] | None = None
+    # primitives run by another family's runtime function: primitive → (that family, the row of
+    # a problem of this one for it), as a fusion pattern's fused form (``PatternLowering``)
+    via: Mapping[str, tuple[str, Callable[[Any, str], Any]]] = field(default_factory=dict)
+
+    def table(self, family: str, api: str) -> tuple[str, Callable[[Any, str], Any]]:
+        """The runtime family whose function runs ``family``'s primitive ``api``, and the row."""
+        return self.via.get(api, (family, self.row))
 
 
 @dataclass(frozen=True)

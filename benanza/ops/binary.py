@@ -15,6 +15,7 @@ from .reference import Gen, NoReference, Site, Spec, fill
 
 if TYPE_CHECKING:
     from ..records import Variant
+    from .gemm import MatmulParams
 
 # the cuDNN graph API's single pointwise node (runtime_cpp/cudnn/graph.cpp), for the element-wise
 # ops the legacy API lacks
@@ -115,7 +116,27 @@ def _onednn_api(p: Problem) -> str | None:
         # x^c with a constant uniform exponent is oneDNN's eltwise pow; a tensor of exponents
         # has no oneDNN call
         return "eltwise" if p.exponent is not None and tuple(p.shapes[0]) == p.out else None
-    return "binary"
+    return "matmul" if outer_product(p) is not None else "binary"
+
+
+def outer_product(p: BinaryProblem) -> tuple[int, int] | None:
+    """A Mul whose operands both broadcast into the output, one [..., M, 1] and the other
+    [..., 1, N] (right-aligned to the output's rank, at least 2; batch dims equal or 1): the
+    outer products oneDNN's matmul computes with K = 1 (it broadcasts the batch dims of either
+    operand), one product per output and no sum, so exactly ONNX's. The operands' order as the
+    matmul's source and weights; None for any other problem (oneDNN's binary primitive
+    broadcasts only its second source, so no binary call computes a layer whose operands both
+    broadcast)."""
+    if p.alg != "mul" or len(p.shapes) != 2 or len(p.out) < 2:
+        return None
+    a, b = (align(s, len(p.out)) for s in p.shapes)
+    if p.out in (a, b):
+        return None
+    if a[-1] == 1 and b[-2] == 1:
+        return 0, 1
+    if b[-1] == 1 and a[-2] == 1:
+        return 1, 0
+    return None
 
 
 
@@ -137,10 +158,14 @@ class BinaryParams:
 def onednn_swapped(p: BinaryProblem) -> bool:
     """Whether oneDNN runs a two-operand problem with its operands swapped: its binary primitive
     broadcasts only its second source, so a first operand that broadcasts into the output goes
-    second when the other operand has the output's shape. Not a part of the key: ``Sub(1, x)``
-    stays ``binary:sub_in1_in…`` on every backend."""
+    second when the other operand has the output's shape; an outer product's matmul takes its
+    [..., M, 1] operand first. Not a part of the key: ``Sub(1, x)`` stays ``binary:sub_in1_in…``
+    on every backend."""
     if p.alg == "pow" or len(p.shapes) != 2:
         return False
+    outer = outer_product(p)
+    if outer is not None:
+        return outer == (1, 0)
     rank = max(len(p.out), 1)
     out = align(p.out, rank)
     return align(p.shapes[0], rank) != out and align(p.shapes[1], rank) == out
@@ -151,6 +176,17 @@ def _onednn_row(p: BinaryProblem, api: str) -> BinaryParams:
     swapped = onednn_swapped(p)
     return BinaryParams(alg=p.alg, inputs=p.shapes[::-1] if swapped else p.shapes, out=p.out, exponent=exponent,
                         swapped=swapped)
+
+
+def _outer_product_row(p: BinaryProblem, api: str) -> MatmulParams:
+    """The matmul family's row of an outer product: [..., M, 1] times [..., 1, N], both at the
+    output's rank (the runtime reads a 1-d operand as a vector)."""
+    from .gemm import MatmulParams  # at call time: gemm.py imports this module
+
+    outer = outer_product(p)
+    assert outer is not None
+    src, weights = (align(p.shapes[i], len(p.out)) for i in outer)
+    return MatmulParams(a=src, b=weights)
 
 
 _BINARY_OPS = {"add": "Add", "sum": "Add", "sub": "Sub", "mul": "Mul", "min": "Min", "max": "Max"}
@@ -249,5 +285,6 @@ BINARY = Family("binary", BinaryProblem, tuple(_BINARY), _binary_build,
                 cudnn={**{api: CudnnLowering(CUDNN_BINARY, _cudnn_row)
                           for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")},
                        CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE, _pointwise_cudnn)},
-                onednn=OnednnLowering("binary", False, _onednn_row, reference=_reference), exact=True)
+                onednn=OnednnLowering("binary", False, _onednn_row, reference=_reference,
+                                      via={"matmul": ("matmul", _outer_product_row)}), exact=True)
 FAMILIES = (BINARY,)

@@ -134,7 +134,7 @@ def _gaps(family: Family, view: NodeView) -> list[str]:
         if family.onednn is None:
             gaps.append(f"names {primitive} but has no oneDNN lowering")
         else:
-            row = family.onednn.row(p, primitive)
+            row = family.onednn.table(family.name, primitive)[1](p, primitive)
             if not (dataclasses.is_dataclass(row) and dataclasses.fields(row)):
                 gaps.append(f"the oneDNN row of {primitive} is no typed record")
     return gaps
@@ -223,6 +223,33 @@ def test_every_fusion_with_a_fused_form_is_lowered() -> None:
         assert lowering.pattern in FUSION_PATTERNS
         if lowering.onednn is not None:
             assert lowering.onednn[0] in onednn.FAMILIES
+
+
+def test_a_primitive_of_another_family_renders_that_familys_struct() -> None:
+    """A primitive a family runs through another family's runtime function (``via``) names a
+    family the oneDNN backend has, and its row is the struct that family's function takes: an
+    outer-product Mul (both operands broadcast, [.., M, 1]·[.., 1, N]) is a K = 1 matmul, its
+    [.., M, 1] operand the source; any other both-broadcast Mul stays the binary primitive's."""
+    from benanza.backends import onednn
+    for family in FAMILIES:
+        for target, _ in (family.onednn.via.values() if family.onednn is not None else ()):
+            assert target in onednn.FAMILIES, family.name
+    binary = next(f for f in FAMILIES if f.name == "binary")
+    matmul = next(f for f in FAMILIES if f.name == "matmul")
+    assert binary.onednn is not None and matmul.onednn is not None
+    own = matmul.onednn.row(build_layer(EXAMPLES["matmul"]).problem, "matmul")
+    for a, b, src, weights in (((1, 1, 8), (1, 4, 1), (1, 4, 1), (1, 1, 8)), ((4, 1), (8,), (4, 1), (1, 8)),
+                               ((2, 1, 8), (1, 4, 1), (1, 4, 1), (2, 1, 8))):
+        layer = build_layer(_view("Mul", [_t(*a), _t(*b)], [_t(*np.broadcast_shapes(a, b))]))
+        assert layer.onednn_primitive == "matmul", (a, b)
+        target, row = binary.onednn.table("binary", "matmul")
+        assert target == "matmul" and row(layer.problem, "matmul") == type(own)(a=src, b=weights)
+    # one operand the output's shape; both broadcast, but neither is [.., M, 1] against [.., 1, N]
+    for a, b in (((1, 1, 4), (4, 4)), ((4, 1, 8), (1, 3, 8))):
+        layer = build_layer(_view("Mul", [_t(*a), _t(*b)], [_t(*np.broadcast_shapes(a, b))]))
+        assert layer.onednn_primitive == "binary", (a, b)
+    less = build_layer(_view("Less", [_t(1, 1, 4), _t(4, 1)], [_t(1, 4, 4, dtype="b")]))
+    assert less.onednn_primitive == "binary"
 
 
 def test_lowering_rows_name_the_runtime_structs() -> None:
