@@ -66,7 +66,9 @@ struct Work {
 };
 
 // Pads are ONNX's [top, left, bottom, right]; cuDNN's legacy API is symmetric, so the runtime
-// uses max(top, bottom) x max(left, right) and reports the rows/columns it added.
+// uses max(top, bottom) x max(left, right) and reports the rows/columns it added. A transposed
+// convolution's row (add_deconv) reads from its output's side: (n, c, h, w) is its input,
+// (k, out_h, out_w) its output, (c, k / groups, r, s) its weight, and its begin pads are cuDNN's.
 struct ConvLayer {
   int n, c, h, w, k, r, s;
   int pad_t, pad_l, pad_b, pad_r;
@@ -222,6 +224,7 @@ struct PointwiseLayer {
 
 // Registration entry points the generated tables call, one per family (defined in the runtime).
 void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
+void add_deconv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
 void add_pool(Registry& r, const PoolLayer* layers, const Variant* variants, size_t count);
 void add_bnorm(Registry& r, const BnormLayer* layers, const Variant* variants, size_t count);
 void add_lrn(Registry& r, const LrnLayer* layers, const Variant* variants, size_t count);
