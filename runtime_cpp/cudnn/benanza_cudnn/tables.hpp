@@ -183,6 +183,14 @@ struct ReduceLayer {
   Work work;
 };
 
+// ONNX Pad, constant 0: `before` and `after` elements added to each of `rank` (4 or 5) dims of
+// `src`, right-aligned with leading 1s (pads 0); cudnnTransformTensorEx writes the zeros.
+struct PadLayer {
+  int rank;
+  int src[8], before[8], after[8];
+  Work work;
+};
+
 // --- the cuDNN graph API (cudnn_frontend) families ------------------------------------------
 // A graph variant's `algo` is a plan slot: the slot-th distinct engine config that the
 // heuristics (mode A, then fallback) return for the graph of its layer and data type. A slot
@@ -236,6 +244,7 @@ void add_rnn(Registry& r, const RnnLayer* layers, const Variant* variants, size_
 void add_blas(Registry& r, const BlasLayer* layers, const Variant* variants, size_t count);
 void add_copy(Registry& r, const CopyLayer* layers, const Variant* variants, size_t count);
 void add_reduce(Registry& r, const ReduceLayer* layers, const Variant* variants, size_t count);
+void add_pad(Registry& r, const PadLayer* layers, const Variant* variants, size_t count);
 void add_lnorm(Registry& r, const LnormLayer* layers, const Variant* variants, size_t count);
 void add_sdpa(Registry& r, const SdpaLayer* layers, const Variant* variants, size_t count);
 void add_pointwise(Registry& r, const PointwiseLayer* layers, const Variant* variants, size_t count);
