@@ -1,11 +1,11 @@
 """Layers audio, detection and OCR models hold, on the cuDNN backend: a transposed convolution
 (2-D and 1-D) as cudnnConvolutionBackwardData, 1-D and global pooling as cudnnPoolingForward,
-a zero Pad as cudnnTransformTensorEx. Checked on ONNX's own backend test cases (the onnx
-wheel's models and expected outputs, which nobody here wrote) and on ONNX Runtime's outputs.
-There is no GPU here: each generated table row is replayed in NumPy with
-the semantics of the cuDNN call it feeds and compared with ONNX's expected output, and the
-generated project compiles, links and reports every benchmark with the CUDA error, none refused
-by cuDNN's own shape checks."""
+a zero Pad as cudnnTransformTensorEx, HardSigmoid as a graph-API pointwise chain. Checked on
+ONNX's own backend test cases (the onnx wheel's models and expected outputs, which nobody here
+wrote) and on ONNX Runtime's outputs. There is no GPU here: each generated table row is
+replayed in NumPy with the semantics of the cuDNN call it feeds and compared with the expected
+output, and the generated project compiles, links and reports every benchmark with the CUDA
+error, none refused by cuDNN's own shape checks."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ DECONV_CASES = ("test_convtranspose", "test_convtranspose_1d", "test_convtranspo
                 "test_convtranspose_output_shape", "test_convtranspose_pad", "test_convtranspose_pads")
 POOL_CASES = ("test_maxpool_1d_default", "test_averagepool_1d_default", "test_globalmaxpool",
               "test_globalmaxpool_precomputed", "test_globalaveragepool", "test_globalaveragepool_precomputed")
+HARDSIGMOID_CASES = ("test_hardsigmoid", "test_hardsigmoid_default", "test_hardsigmoid_example")
 
 
 def _cases() -> dict:
@@ -43,7 +44,7 @@ def _cases() -> dict:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the case code's own overflow warnings
-        return {c.name: c for c in collect_testcases(None) if c.name in DECONV_CASES + POOL_CASES
+        return {c.name: c for c in collect_testcases(None) if c.name in DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES
                 or c.name == "test_convtranspose_autopad_same"}
 
 
@@ -53,7 +54,7 @@ def generated(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("coverage")
     cases = _cases()
     models = {"pads": load_model(_pad_model(tmp / "pads.onnx"))}
-    for name in DECONV_CASES + POOL_CASES:
+    for name in DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES:
         c = cases[name]
         path = tmp / f"{name}.onnx"
         onnx.save(c.model, str(path))
@@ -153,6 +154,24 @@ def test_one_d_and_global_pooling_rows_compute_onnx_outputs(generated):
         np.testing.assert_allclose(got, want.reshape(got.shape), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_hardsigmoid_rows_compute_onnx_outputs(generated):
+    """HardSigmoid is a graph-API chain (alpha·x, + beta, a ReLU clipped to [0, 1]) whose scalars
+    are the node's: replayed in NumPy, it gives ONNX's expected output."""
+    cases, models, gen = generated
+    text = (gen.out_dir / "tables_pointwise_0.cpp").read_text()
+    for name in HARDSIGMOID_CASES:
+        (node,) = models[name].nodes
+        assert node.layer.cudnn_api == "cudnn_frontend.pointwise", name
+        attrs = {a.name: a.f for a in cases[name].model.graph.node[0].attribute}
+        line = re.search(r"\{\.op = PointwiseOp::HardSigmoid, [^\n]*// " + re.escape(node.layer.problem.text())
+                         + r"\s*$", text, re.M).group(0)
+        alpha, beta = (float(re.search(rf"\.{f} = ([-\d.e]+)", line).group(1)) for f in ("alpha", "beta"))
+        assert (alpha, beta) == pytest.approx((attrs.get("alpha", 0.2), attrs.get("beta", 0.5)), rel=1e-7), name
+        (x,), (want,) = cases[name].data_sets[0]
+        got = np.maximum(0, np.minimum(1, np.float32(alpha) * x + np.float32(beta)))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 def test_a_transposed_convolution_cudnn_cannot_pad_is_not_covered_with_its_reason(tmp_path):
     """SAME_UPPER with an odd total pads the end more than the begin: cuDNN's descriptor pads
     both alike, so the layer is counted not covered on cuDNN and `generate` says why; oneDNN
@@ -176,7 +195,7 @@ def test_the_generated_project_builds_and_reports_every_benchmark_without_a_gpu(
     compiles and links, and without a GPU every benchmark fails with the CUDA error; none is
     refused by the shape checks the runtime makes before it needs the device."""
     _, _, gen = generated
-    assert {v.problem.family for v in gen.variants} == {"deconv", "pool", "pad"}
+    assert {v.problem.family for v in gen.variants} == {"deconv", "pool", "pad", "eltwise"}
     binary = _build(gen.out_dir)
     listed = subprocess.run([str(binary), "--benanza_list"], capture_output=True, text=True, check=True)
     assert sorted(listed.stdout.split()) == sorted(v.name for v in gen.variants)
@@ -187,6 +206,11 @@ def test_the_generated_project_builds_and_reports_every_benchmark_without_a_gpu(
     for r in results:
         assert r["status"] == "failed", r
         assert "cudaErrorInsufficientDriver" in r["message"] or "cudaErrorNoDevice" in r["message"], r
+    # the frontend validates the HardSigmoid graphs for an sm_90 GPU without one
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    graphs = _lines(done.stdout, "BENANZA_GRAPH")
+    assert len(graphs) == len(HARDSIGMOID_CASES) and all(g["ok"] for g in graphs), graphs
 
 
 def _pad_model(path: Path) -> Path:
@@ -251,4 +275,4 @@ def test_zero_pads_are_covered_and_their_rows_pad_as_onnx_runtime_does(tmp_path)
 
 
 def test_the_cases_exist_in_the_installed_onnx():
-    assert set(DECONV_CASES + POOL_CASES) <= set(_cases()), Path(onnx.__file__).parent
+    assert set(DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES) <= set(_cases()), Path(onnx.__file__).parent

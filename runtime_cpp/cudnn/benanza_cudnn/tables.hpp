@@ -218,8 +218,10 @@ struct SdpaLayer {
 
 // One pointwise node. Shapes are right-aligned to `rank` (3..8) dims with leading 1s; `b`
 // broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans.
+// HardSigmoid, max(0, min(1, alpha·x + beta)), is a chain: no single pointwise mode computes it.
 enum class PointwiseOp : uint8_t {
-  Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin
+  Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin,
+  HardSigmoid
 };
 
 struct PointwiseLayer {
@@ -227,6 +229,7 @@ struct PointwiseLayer {
   bool binary;
   int rank;
   int a[8], b[8], out[8];
+  double alpha, beta;  // HardSigmoid's; 0 for the other ops
   Work work;
 };
 
