@@ -274,5 +274,20 @@ def test_zero_pads_are_covered_and_their_rows_pad_as_onnx_runtime_does(tmp_path)
                        "Pad 'value': constant value 1.5 (cudnnTransformTensorEx pads with zeros only)"]
 
 
+def test_resize_stays_not_covered_on_cudnn_with_its_reason(tmp_path):
+    """A detector's 2× upsample: oneDNN resamples it; cuDNN's resample node documents no
+    coordinate mapping to match ONNX's, so `generate` says so instead of costing it."""
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", name="up")]
+    path = tmp_path / "up.onnx"
+    onnx.save(model(nodes, [io("x", [1, 8, 10, 10])], [io("y", None)], [scales], opset=13), str(path))
+    (node,) = load_model(path).nodes
+    assert node.layer.cudnn_api is None and node.layer.onednn_primitive == "resampling"
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "b"), "--backend", "cudnn"])
+    assert r.exit_code == 0, r.output
+    assert "up: not covered by cudnn: Resize 'up': cuDNN's resample node documents no output-to-input " \
+           "coordinate mapping to match ONNX's coordinate_transformation_mode with" in r.stdout
+
+
 def test_the_cases_exist_in_the_installed_onnx():
     assert set(DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES) <= set(_cases()), Path(onnx.__file__).parent
