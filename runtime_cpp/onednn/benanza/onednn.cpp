@@ -497,8 +497,9 @@ memory lstm_peephole(const memory::desc& target, int64_t dirs, int64_t hidden) {
 
 // One ONNX LSTM/GRU/RNN node as one oneDNN RNN primitive (one layer, ONNX's direction, every
 // sequence full length: the Python side covers only those). Fills X, W, R, then B, initial_h,
-// initial_c and an LSTM's peepholes P where the node has them, in ONNX's layouts; the check output is ONNX's Y
-// [T, D, N, H] (batch first: [N, T, D, H]), a strided view of oneDNN's [T, N, D·H] destination.
+// initial_c and an LSTM's peepholes P where the node has them, in ONNX's layouts; the check
+// output is ONNX's Y [T, D, N, H] (batch first: [N, T, D, H]), a strided view of oneDNN's
+// [T, N, D·H] destination.
 Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   const std::string cell = r.cell;
   const int64_t gates = cell == "lstm" ? 4 : cell == "gru" ? 3 : 1;
