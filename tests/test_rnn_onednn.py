@@ -46,9 +46,9 @@ def recurrent_model(path: Path) -> Path:
     """Every direction, cell, layout and optional input oneDNN's RNN primitives run: a
     bidirectional LSTM with initial states, a linear-before-reset GRU, a reversed GRU with
     full-length sequence_lens and an initial state, a plain RNN without biases, a
-    batch-first (layout=1) LSTM, and a bidirectional LSTM with peepholes and a cell state."""
+    batch-first (layout=1) LSTM, and a bidirectional LSTM with peepholes and initial states."""
     specs = [("LSTM", "lstm_bi", "x", 4, 2, ("B", "h0", "c0"), {"direction": "bidirectional"}),
-             ("LSTM", "lstm_peep", "x", 4, 2, ("B", "c0", "P"), {"direction": "bidirectional"}),
+             ("LSTM", "lstm_peep", "x", 4, 2, ("B", "h0", "c0", "P"), {"direction": "bidirectional"}),
              ("GRU", "gru_lbr", "x", 3, 1, ("B",), {"linear_before_reset": 1}),
              ("GRU", "gru_rev", "x", 3, 1, ("lens", "h0"), {"direction": "reverse"}),
              ("RNN", "rnn", "x", 1, 1, (), {}),
