@@ -197,9 +197,9 @@ def _full_length_lens_omitted(case) -> onnx.ModelProto:
     m = onnx.ModelProto()
     m.CopyFrom(case.model)
     node = m.graph.node[0]
-    if len(node.input) <= 4 or not node.input[4]:
-        return m
     names = [i.name for i in m.graph.input]
+    if len(node.input) <= 4 or node.input[4] not in names:
+        return m
     lens, x = case.data_sets[0][0][names.index(node.input[4])], case.data_sets[0][0][0]
     layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
     assert (lens == x.shape[1 if layout else 0]).all(), lens
