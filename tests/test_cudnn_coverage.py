@@ -192,8 +192,9 @@ def test_a_transposed_convolution_cudnn_cannot_pad_is_not_covered_with_its_reaso
 @NEED_TOOLCHAIN
 def test_the_generated_project_builds_and_reports_every_benchmark_without_a_gpu(generated):
     """nvcc/g++ against the cuDNN wheel's headers: the backward-data and padding runtime
-    compiles and links, and without a GPU every benchmark fails with the CUDA error; none is
-    refused by the shape checks the runtime makes before it needs the device."""
+    compiles and links, and without a GPU every benchmark fails with the CUDA error; no
+    transposed convolution is refused by the shape check cuDNN makes before the device is
+    needed (a Pad's transform descriptor needs the device to load)."""
     _, _, gen = generated
     assert {v.problem.family for v in gen.variants} == {"deconv", "pool", "pad", "eltwise"}
     binary = _build(gen.out_dir)

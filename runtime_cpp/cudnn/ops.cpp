@@ -353,6 +353,8 @@ class PadProblem : public Problem {
     implementation = "cudnnTransformTensorEx";
     counters["flops"] = L.work.flops;
     counters["bytes"] = bytes_of(L.work, v);
+    // the device first: without one, the transform descriptor's sublibrary does not even load
+    x_buf_ = filled(numel(L.rank, L.src), v.dtype);
     std::vector<int> strides = packed_strides(L.src, L.rank);
     BZ_CUDNN(cudnnSetTensorNdDescriptor(x_, cudnn_dtype(v.dtype), L.rank, L.src, strides.data()));
     BZ_CUDNN(cudnnSetTensorTransformDescriptor(transform_, static_cast<uint32_t>(L.rank), CUDNN_TENSOR_NCHW,
@@ -366,7 +368,6 @@ class PadProblem : public Problem {
       if (rank != L.rank || dims[d] != L.src[d] + L.before[d] + L.after[d])
         unsupported("cudnnInitTransformDest gives dim " + std::to_string(d) + " of " + std::to_string(dims[d]) +
                     ", not the padded " + std::to_string(L.src[d] + L.before[d] + L.after[d]));
-    x_buf_ = filled(numel(L.rank, L.src), v.dtype);
     y_buf_ = DeviceBuffer(bytes);
   }
   void enqueue() override {
