@@ -430,9 +430,9 @@ def _threads(stack: System | None) -> int | None:
 
 def _heuristic(model: Model, graph, by_key, dtype: str, weight: dict[int, float],
                partial: bool) -> HeuristicAnalysis | None:
-    from .backends.cudnn import CONV_ALGOS  # the counters index cuDNN's algorithm enum
+    from .backends.cudnn import CONV_ALGOS, DECONV_ALGOS  # the counters index cuDNN's algorithm enums
 
-    view = heuristic_choices(model, by_key, dtype, weight, CONV_ALGOS)
+    view = heuristic_choices(model, by_key, dtype, weight, {"conv": CONV_ALGOS, "deconv": DECONV_ALGOS})
     if view is None:
         return None
     return HeuristicAnalysis(view.choices, bounds_from_weights(graph, view.weights, partial),

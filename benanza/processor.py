@@ -247,16 +247,18 @@ _RNNS = {"LSTM", "GRU", "RNN"}
 
 def batch_axis(graph: onnx.GraphProto, name: str, dims: Sequence[Any], path: Path, batch_size: int) -> int | None:
     """The axis ``--batch-size`` sets on a graph input: the one its consumers document as the
-    batch (dim 0 of a Conv input, dim 1 of a sequence-first LSTM input), else dim 0 when that is
-    symbolic. A concrete dim 0 nothing documents as a batch is the model's own and stays."""
+    batch (dim 0 of a Conv input, dim 1 of a sequence-first LSTM input and of its initial
+    states, dim 0 of its sequence_lens), else dim 0 when that is symbolic. A concrete dim 0
+    nothing documents as a batch is the model's own and stays."""
     documented = set()
     for node in graph.node:
-        if node.input and node.input[0] == name:
-            if node.op_type in _BATCH_FIRST:
-                documented.add(0)
-            elif node.op_type in _RNNS:
-                layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
-                documented.add(0 if layout else 1)
+        if node.input and node.input[0] == name and node.op_type in _BATCH_FIRST:
+            documented.add(0)
+        elif node.op_type in _RNNS:
+            layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+            # X [T, N, I] and initial_h/initial_c [D, N, H], batch first with layout 1
+            documented.update(0 if layout or i == 4 else 1 for i, inp in enumerate(node.input)
+                              if inp == name and i in (0, 4, 5, 6))
     if len(documented) == 1:
         return documented.pop()
     if documented:

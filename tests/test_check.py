@@ -208,7 +208,7 @@ def test_a_broadcast_first_operand_runs_swapped_and_computes_the_layer(tmp_path)
     import json
     import sqlite3
 
-    from test_bounds_e2e import node_keys
+    from tests.analysis.test_bounds_e2e import node_keys
 
     path = broadcast_first(tmp_path / "bfirst.onnx")
     bench, db = tmp_path / "bench", tmp_path / "p.db"

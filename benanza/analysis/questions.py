@@ -288,12 +288,16 @@ def _algo_name(metrics: dict, counter: str, algos: tuple[str, ...]) -> str:
 
 
 def heuristic_choices(model: Model, by_problem: ResultIndex, dtype: str, weight: Mapping[int, float],
-                      algos: tuple[str, ...]) -> HeuristicView | None:
-    """Per conv layer, from the database alone: the heuristic's and Find's algorithm (recorded by
-    each cuDNN conv benchmark as ``heuristic_algo`` / ``find_algo``, indexes into ``algos``) and
-    their measured latency vs the fastest. None when no result records the heuristic's choice."""
+                      algos: Mapping[str, tuple[str, ...]]) -> HeuristicView | None:
+    """Per conv (or transposed conv) layer, from the database alone: the heuristic's and Find's
+    algorithm (recorded by each cuDNN benchmark of it as ``heuristic_algo`` / ``find_algo``,
+    indexes into its family's enum in ``algos``) and their measured latency vs the fastest. None
+    when no result records the heuristic's choice."""
     out = []
     for node in model.nodes:
+        enum = algos.get(node.layer.problem.family)
+        if enum is None:
+            continue
         results = [r for r in layer_results(by_problem, node.layer, dtype)
                    if r.ok and r.variant.fusion == "none" and "heuristic_algo" in r.metrics]
         fastest = best(results, node.layer.in_dtype(dtype))
@@ -302,8 +306,8 @@ def heuristic_choices(model: Model, by_problem: ResultIndex, dtype: str, weight:
         group = [r for r in results
                  if (r.variant.layout, r.variant.math) == (fastest.variant.layout, fastest.variant.math)]
         by_algo = {r.variant.algo: float(r.latency_ms) for r in group}  # type: ignore[arg-type]
-        heuristic = _algo_name(fastest.metrics, "heuristic_algo", algos)
-        find = _algo_name(fastest.metrics, "find_algo", algos)
+        heuristic = _algo_name(fastest.metrics, "heuristic_algo", enum)
+        find = _algo_name(fastest.metrics, "find_algo", enum)
         out.append(HeuristicChoice(node.index, node.name, fastest.variant.layout, fastest.variant.math,
                                    heuristic, by_algo.get(heuristic), find, by_algo.get(find),
                                    fastest.variant.algo, float(fastest.latency_ms)))  # type: ignore[arg-type]

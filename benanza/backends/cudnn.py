@@ -14,6 +14,11 @@ time, recorded as "unsupported" with its status string):
   IMPLICIT_PRECOMP_GEMM only, the one algorithm cuDNN allows with it. A convolution with a bias
   input is timed unfused as cudnnConvolutionForward followed by cudnnAddTensor, as a framework
   runs it.
+- Transposed convolution (ConvTranspose): cudnnConvolutionBackwardData, the 6 backward-data
+  algorithms (``DECONV_ALGOS``) × dtypes × layouts × math modes, a bias added by cudnnAddTensor;
+  covered only where the descriptor's symmetric padding computes the layer exactly (the family
+  says why not, per layer), with the same heuristic and Find counters as a convolution, indexing
+  ``DECONV_ALGOS``.
 - Asymmetric padding (which cuDNN's legacy API cannot express) is benchmarked with the larger pad
   on both sides; the result reports the added padding in its ``pad_added`` counter and a warning
   is logged here. The measured work is then a slight superset of the layer's.
@@ -90,7 +95,7 @@ from ..manifest import Manifest
 from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
 from ..ops.binary import CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE
-from ..ops.conv import CUDNN_CONV
+from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
 from ..ops.registry import FAMILIES as REGISTRY
@@ -110,6 +115,8 @@ NAME = "cudnn"
 # cudnnConvolutionFwdAlgo_t, in enum order: the runtime's algo counters index this tuple.
 CONV_ALGOS = ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
               "WINOGRAD", "WINOGRAD_NONFUSED")
+# cudnnConvolutionBwdDataAlgo_t, in enum order (a transposed convolution's algo counters)
+DECONV_ALGOS = ("ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED")
 FUSED_API = "cudnnConvolutionBiasActivationForward"
 # cuDNN runs the IDENTITY activation in the fused call with this algorithm only.
 IDENTITY_ALGOS = ("IMPLICIT_PRECOMP_GEMM",)
@@ -305,6 +312,9 @@ class CudnnBackend(CMakeBackend):
                 out += [Variant(problem, NAME, FUSED_API, algo, d, lay, m, fusion)
                         for algo in algos for d, lay, m in combos]
             return out
+        if family is CUDNN_DECONV:
+            return [Variant(problem, NAME, api, algo, d, lay, m) for algo in DECONV_ALGOS
+                    for d, lay, m in exp.combos(family)]
         if family in GRAPH_FAMILIES:
             return _graph_variants(layer, family, api, "none", exp) + _graph_fusion_variants(layer, fusions, exp)
         if family is BLAS:  # the GEMM epilogues (attention patterns are graph-API SDPA variants, below)
@@ -392,7 +402,9 @@ def _variant_fields(v: Variant, layer_index: int) -> Fields:
         family = _BY_NAME.get(v.problem.family)
         found = family.cudnn.get(v.api) if family is not None else None
         call = found.call if found is not None else "kCall"
-    order = LT_ALGOS if v.api == LT_API else PLAN_ALGOS if v.algo in PLAN_ALGOS else CONV_ALGOS
+    # FFT, WINOGRAD … are in both convolution enums, at other values
+    order = (LT_ALGOS if v.api == LT_API else PLAN_ALGOS if v.algo in PLAN_ALGOS
+             else DECONV_ALGOS if v.api == DECONV_API else CONV_ALGOS)
     algo = order.index(v.algo) if v.algo in order else 0
     return [("name", c_string(v.name)), ("layer", str(layer_index)), ("call", call), ("algo", str(algo)),
             ("dtype", _CPP["dtype"][v.dtype]), ("layout", _CPP["layout"][v.layout]),

@@ -225,12 +225,14 @@ def _cudnn_row(p: BinaryProblem, api: str) -> BinaryLayer:
 
 _POINTWISE_OPS = {"div": "Div", "pow": "Pow", "eq": "CmpEq", "gt": "CmpGt", "lt": "CmpLt", "erf": "Erf",
                   "gelu": "Gelu", "gelutanh": "GeluTanh", "exp": "Exp", "log": "Log", "abs": "Abs", "neg": "Neg",
-                  "softplus": "Softplus", "reciprocal": "Reciprocal", "cos": "Cos", "sin": "Sin"}
+                  "softplus": "Softplus", "reciprocal": "Reciprocal", "cos": "Cos", "sin": "Sin",
+                  "hardsigmoid": "HardSigmoid"}
 
 
 @dataclass(frozen=True)
 class PointwiseLayer:
-    """cuDNN PointwiseLayer (graph API): one pointwise node, operands broadcast into ``out``."""
+    """cuDNN PointwiseLayer (graph API): one pointwise node (HardSigmoid: its short chain),
+    operands broadcast into ``out``; ``alpha``, ``beta``: HardSigmoid's, 0 for the others."""
 
     op: Cpp
     binary: bool
@@ -238,14 +240,17 @@ class PointwiseLayer:
     a: Dims
     b: Dims
     out: Dims
+    alpha: float
+    beta: float
 
 
-def pointwise_row(alg: str, a: Dims, b: Dims | None, out: Dims) -> PointwiseLayer:
+def pointwise_row(alg: str, a: Dims, b: Dims | None, out: Dims, alpha: float = 0.0,
+                  beta: float = 0.0) -> PointwiseLayer:
     """A pointwise node of ``alg`` over A (and B for a binary op)."""
     rank = max(4, len(out))  # the frontend broadcasts either operand into the output
     return PointwiseLayer(op=Cpp("PointwiseOp::" + _POINTWISE_OPS[alg]), binary=b is not None, rank=rank,
                           a=dims8(a, rank, 1), b=dims8(b, rank, 1) if b is not None else dims8((), 0, 0),
-                          out=dims8(out, rank, 1))
+                          out=dims8(out, rank, 1), alpha=alpha, beta=beta)
 
 
 def _pointwise_cudnn(p: BinaryProblem, api: str) -> PointwiseLayer:

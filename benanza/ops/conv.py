@@ -1,5 +1,7 @@
-"""Convolution and transposed convolution (ONNX Conv, ConvTranspose), 2-D NCHW; a 1-D Conv (NCW,
-an audio front end's) is the 2-D convolution of height 1 it computes, which the libraries run."""
+"""Convolution and transposed convolution (ONNX Conv, ConvTranspose), 2-D NCHW; a 1-D one (NCW,
+an audio front end's) is the 2-D one of height 1 it computes, which the libraries run. cuDNN
+runs a transposed convolution as the backward-data convolution it is, where its symmetric
+padding computes the layer exactly."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..errors import NodeError
-from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, present, required
+from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, present, required
 from .grammar import F, Problem, windowed
 from .reference import Fills, Gen, Site, Spec, fill, last_output, unchecked
 
@@ -43,10 +45,18 @@ def explicit_pads(attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequenc
     return [int(p) for p in (attrs.get("pads") or [0] * 2 * n)]
 
 
+def height_one(dims: Sequence[int], fill: int = 1) -> tuple[int, int]:
+    """A 1-D op's per-axis values (sizes, kernel, strides, pads) as those of the 2-D op of height
+    1 it computes (``fill`` on H: 1 for sizes, 0 for pads); a 2-D op's as they are. A unit H axis
+    leaves row-major data as it is."""
+    h, w = (fill,) * (2 - len(dims)) + tuple(dims)
+    return h, w
+
+
 def conv_fields(view: NodeView, weight: int = 1, bias: int = 2) -> dict[str, int | bool]:
     """A 2-D convolution's fields from its node: input 0, the weights and the bias at the
     given inputs (a quantized conv has scales and zero points between them). A 1-D conv's
-    are those of height 1: a unit H axis leaves its row-major data as it is."""
+    are those of height 1."""
     x = required(view, 0)
     w = required(view, weight, rank=len(x.shape))
     a = view.attrs
@@ -55,13 +65,13 @@ def conv_fields(view: NodeView, weight: int = 1, bias: int = 2) -> dict[str, int
     s = tuple(a.get("strides") or (1,) * n)
     d = tuple(a.get("dilations") or (1,) * n)
     pads = explicit_pads(a, x.shape[2:], k, s, d)
-    unit = (1,) * (2 - n)
-    ih, iw = unit + tuple(x.shape[2:])
-    oh, ow = unit + tuple(view.outputs[0].shape[2:])
-    kh, kw = unit + k
-    sh, sw = unit + s
-    dh, dw = unit + d
-    pt, pl, pb, pr = (0, pads[0], 0, pads[1]) if n == 1 else pads
+    ih, iw = height_one(x.shape[2:])
+    oh, ow = height_one(view.outputs[0].shape[2:])
+    kh, kw = height_one(k)
+    sh, sw = height_one(s)
+    dh, dw = height_one(d)
+    pt, pl = height_one(pads[:n], 0)
+    pb, pr = height_one(pads[n:], 0)
     return dict(mb=x.shape[0], ic=x.shape[1], ih=ih, iw=iw, oc=w.shape[0], oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw,
                 pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw, g=group(a, x.shape[1], w.shape, 1), bias=present(view, bias))
 
@@ -73,28 +83,34 @@ def _conv_build(view: NodeView) -> Problem:
 def _deconv_build(view: NodeView) -> Problem:
     """ONNX ConvTranspose. Its begin pads are the given ones (or auto_pad's/output_shape's
     split of the total); its end pads are what makes the inferred output come out, so
-    output_padding and output_shape need no fields of their own."""
-    x, w = required(view, 0), required(view, 1, rank=4)
-    y = view.outputs[0]
+    output_padding and output_shape need no fields of their own. A 1-D one is that of height 1."""
+    x = required(view, 0)
+    w = required(view, 1, rank=len(x.shape))
     a = view.attrs
-    mb, ic, ih, iw = x.shape
-    g = group(a, ic, w.shape, 0)
+    n = len(x.shape) - 2
+    g = group(a, x.shape[1], w.shape, 0)
     k = tuple(a.get("kernel_shape") or w.shape[2:])
-    s = tuple(a.get("strides") or (1, 1))
-    d = tuple(a.get("dilations") or (1, 1))
-    out = y.shape[2:]
-    total = [s[i] * ((ih, iw)[i] - 1) + (k[i] - 1) * d[i] + 1 - out[i] for i in range(2)]
+    s = tuple(a.get("strides") or (1,) * n)
+    d = tuple(a.get("dilations") or (1,) * n)
+    spatial, out = x.shape[2:], view.outputs[0].shape[2:]
+    total = [s[i] * (spatial[i] - 1) + (k[i] - 1) * d[i] + 1 - out[i] for i in range(n)]
     auto = a.get("auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if auto in ("SAME_UPPER", "SAME_LOWER") or (a.get("output_shape") and not a.get("pads")):
         begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
     elif auto == "VALID":
-        begin = [0, 0]
+        begin = [0] * n
     else:
-        begin = [int(p) for p in (a.get("pads") or [0, 0, 0, 0])[:2]]
-    return DeconvProblem(mb=mb, ic=ic, ih=ih, iw=iw, oc=w.shape[1] * g, oh=out[0], ow=out[1], kh=k[0], kw=k[1],
-                         sh=s[0], sw=s[1], pt=begin[0], pl=begin[1], pb=total[0] - begin[0], pr=total[1] - begin[1],
-                         dh=d[0], dw=d[1], g=g, bias=present(view, 2))
+        begin = [int(p) for p in (a.get("pads") or [0] * 2 * n)[:n]]
+    ih, iw = height_one(spatial)
+    oh, ow = height_one(out)
+    kh, kw = height_one(k)
+    sh, sw = height_one(s)
+    dh, dw = height_one(d)
+    pt, pl = height_one(begin, 0)
+    pb, pr = height_one([t - b for t, b in zip(total, begin)], 0)
+    return DeconvProblem(mb=x.shape[0], ic=x.shape[1], ih=ih, iw=iw, oc=w.shape[1] * g, oh=oh, ow=ow, kh=kh, kw=kw,
+                         sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw, g=g, bias=present(view, 2))
 
 
 # --- the problem records -------------------------------------------------------------------
@@ -234,24 +250,51 @@ class ConvLayer:
     bias: bool
 
 
-def cudnn_row(p: ConvProblem, api: str) -> ConvLayer:
+def cudnn_row(p: _Conv2d, api: str) -> ConvLayer:
     return ConvLayer(n=p.mb, c=p.ic, h=p.ih, w=p.iw, k=p.oc, r=p.kh, s=p.kw, pad_t=p.pt, pad_l=p.pl, pad_b=p.pb,
                      pad_r=p.pr, stride_h=p.sh, stride_w=p.sw, dil_h=p.dh, dil_w=p.dw, groups=p.g, out_h=p.oh,
                      out_w=p.ow, bias=p.bias)
 
 
 CUDNN_CONV = CudnnTable("conv", "add_conv", spatial=True, math=True)
+CUDNN_DECONV = CudnnTable("deconv", "add_deconv", spatial=True, math=True)
+DECONV_API = "cudnnConvolutionBackwardData"
 
-CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, lambda v: v.inputs[0] is not None
-              and len(v.inputs[0].shape) in (3, 4),
+
+def _deconv_pads_refused(p: Problem) -> str | None:
+    """Why cuDNN's backward-data convolution does not compute the transposed convolution, in
+    one line; None: it does. Its descriptor pads both ends by the begin pad, and the output
+    size is then what the forward convolution of it gives back the input from: an end pad
+    short of the begin by less than the stride (ONNX's output_padding) comes out exact, any
+    other asymmetry does not."""
+    assert isinstance(p, DeconvProblem)
+    if 0 <= p.pt - p.pb < p.sh and 0 <= p.pl - p.pr < p.sw:
+        return None
+    return (f"pads begin {p.pt},{p.pl} end {p.pb},{p.pr} (cuDNN's backward-data convolution pads both ends "
+            f"alike; an end short of the begin by less than the stride, as output_padding makes, is exact)")
+
+
+def _deconv_cudnn(p: Problem) -> str | None:
+    return DECONV_API if _deconv_pads_refused(p) is None else None
+
+
+def _deconv_uncovered(p: Problem, backend: str) -> str | None:
+    return _deconv_pads_refused(p) if backend == "cudnn" else None
+
+
+def spatial_1d_or_2d(view: NodeView) -> bool:
+    return view.inputs[0] is not None and len(view.inputs[0].shape) in (3, 4)
+
+
+CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, spatial_1d_or_2d,
               cudnn_api=const("cudnnConvolutionForward"), onednn_api=const("convolution"),
               cudnn={"cudnnConvolutionForward": CudnnLowering(CUDNN_CONV, cudnn_row, "kConvForward")},
               onednn=OnednnLowering("conv", True, onednn_row,
                                     reference=Fills(lambda p: (0, 1, 2) if p.bias else (0, 1))),
               exact=True)
-# cuDNN has a backward-data convolution, but the benchmarks do not run it: not covered there
-DECONV = Family("deconv", DeconvProblem, ("ConvTranspose",), _deconv_build, is_4d,
-                onednn_api=const("deconvolution"),
+DECONV = Family("deconv", DeconvProblem, ("ConvTranspose",), _deconv_build, spatial_1d_or_2d,
+                cudnn_api=_deconv_cudnn, onednn_api=const("deconvolution"),
+                cudnn={DECONV_API: CudnnLowering(CUDNN_DECONV, cudnn_row)}, uncovered=_deconv_uncovered,
                 onednn=OnednnLowering("deconv", True, onednn_row, reference=unchecked(
                     "no reference for the deconv family: the runtime fills a deconvolution's weights in oneDNN's "
                     "(OC, IC, kH, kW) order, ConvTranspose holds them as (IC, OC/g, kH, kW)")))

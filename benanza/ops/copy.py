@@ -1,5 +1,6 @@
-"""Data movement: Transpose, Concat, and the copies no library has a primitive for (Slice, Split,
-Gather, Expand, Where, Trilu), each benchmarked as a copy of the same bytes, never as free."""
+"""Data movement: Transpose, Concat, Pad, and the copies no library has a primitive for (Slice,
+Split, Gather, Expand, Where, Trilu), each benchmarked as a copy of the same bytes, never as
+free. Pad is cuDNN's padding transform where that computes it (constant 0), on no other backend."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from .base import (
     required,
     word,
 )
-from .grammar import FLOAT_DTYPES, F, Problem
+from .grammar import FLOAT_DTYPES, F, Problem, f32
 from .reference import Fills, Gen, Site, Spec, fill
 
 if TYPE_CHECKING:
@@ -91,6 +92,27 @@ class CopyProblem(Problem):
         Where and Trilu read no more than they write from buffers of the output's shape."""
         return 2 * outputs
 
+
+
+@dataclass(frozen=True)
+class PadProblem(Problem):
+    """ONNX Pad with its pads known at load time: ``before`` and ``after`` elements on each axis
+    of ``shape`` (negative: a crop), in ``mode`` (constant, reflect, edge, wrap), a constant
+    mode's ``value``."""
+
+    FAMILY: ClassVar[str] = "pad"
+    KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
+        (F("", "mode", "word"),), (F("in", "shape", "dims"),), (F("pb", "before", "dims"), F("pa", "after", "dims")),
+        (F("val", "value", "float", 0.0),))
+
+    mode: str
+    shape: tuple[int, ...]
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    value: float = 0.0
+
+    def flops(self) -> int:
+        return 0  # data movement: its cost is bytes
 
 
 # --- recognition ---------------------------------------------------------------------------
@@ -178,6 +200,59 @@ def _copy_build(view: NodeView) -> Problem:
                        for j in idx.reshape(-1))
         return CopyProblem(op, "region", src, (box,) * len(starts), starts)
     return dense  # Expand, Where, Trilu
+
+
+def _pad_given(view: NodeView) -> tuple[list[int], float, list[int] | None] | None:
+    """The pads (ONNX's order: every axis's begin, then every end), the constant and the axes
+    they apply to (None: all); None when one is a run-time tensor."""
+    if view.opset < 11:
+        pads = view.attrs.get("pads", view.attrs.get("paddings"))
+        return None if pads is None else ([int(x) for x in pads], float(view.attrs.get("value", 0.0)), None)
+    got = [view.value(i) if present(view, i) else None for i in (1, 2, 3)]
+    if got[0] is None or any(present(view, i) and g is None for i, g in zip((2, 3), got[1:])):
+        return None
+    value = float(got[1].reshape(-1)[0]) if got[1] is not None and got[1].size else 0.0
+    axes = None if got[2] is None else [int(a) for a in got[2].reshape(-1)]
+    return [int(x) for x in got[0].reshape(-1)], value, axes
+
+
+def _pad_when(view: NodeView) -> bool:
+    return _float_data(view) and _pad_given(view) is not None
+
+
+def _pad_build(view: NodeView) -> Problem:
+    shape = tuple(required(view, 0).shape)
+    given = _pad_given(view)
+    assert given is not None
+    pads, value, axes = given
+    rank = len(shape)
+    axes = [a + rank if a < 0 else a for a in (axes if axes is not None else range(rank))]
+    before, after = [0] * rank, [0] * rank
+    for i, a in enumerate(axes):
+        before[a], after[a] = pads[i], pads[i + len(axes)]
+    return PadProblem(word(view.attrs.get("mode", "constant")), shape, tuple(before), tuple(after), f32(value))
+
+
+def _pad_refused(p: Problem) -> str | None:
+    """Why cudnnTransformTensorEx does not compute the Pad, in one line; None: it does."""
+    assert isinstance(p, PadProblem)
+    if p.mode != "constant":
+        return f"mode {p.mode} (cudnnTransformTensorEx pads with zeros only)"
+    if p.value != 0:
+        return f"constant value {p.value:g} (cudnnTransformTensorEx pads with zeros only)"
+    if min(p.before + p.after, default=0) < 0:
+        return "negative pads (a crop: cudnnTransformTensorEx only adds)"
+    if not 1 <= len(p.shape) <= 5:
+        return f"rank {len(p.shape)} (cuDNN's transform takes 4 or 5 dims)"
+    return None
+
+
+def _pad_cudnn(p: Problem) -> str | None:
+    return "cudnnTransformTensorEx" if _pad_refused(p) is None else None
+
+
+def _pad_uncovered(p: Problem, backend: str) -> str | None:
+    return _pad_refused(p) if backend == "cudnn" else None
 
 
 def _copy_cudnn(p: Problem) -> str | None:
@@ -286,6 +361,24 @@ def _copy_copy(p: CopyProblem, api: str) -> CopyLayer:
 
 CUDNN_COPY = CudnnTable("copy", "add_copy", False, False)
 
+
+@dataclass(frozen=True)
+class PadLayer:
+    """cuDNN PadLayer: dims right-aligned to 4 (or 5) with leading 1s and pads 0, padded to the
+    runtime's 8."""
+
+    rank: int
+    src: Dims
+    before: Dims
+    after: Dims
+
+
+def _pad_layer(p: PadProblem, api: str) -> PadLayer:
+    rank = max(4, len(p.shape))
+    return PadLayer(rank=rank, src=dims8(p.shape, rank, 1), before=dims8(p.before, rank, 0),
+                    after=dims8(p.after, rank, 0))
+
+
 def _copy_reference(site: Site, v: Variant, gen: Gen) -> Spec:
     """The source and every output of the op it computes; a dense copy, which stands in for an
     op it does not compute, is compared for the bytes it moves, never as the op."""
@@ -319,4 +412,8 @@ COPY = Family("copy", CopyProblem, ("Slice", "Split", "Gather", "Expand", "Trilu
                   op=p.op, region=p.how == "region", src=p.src or (), outs=p.outs, offsets=p.offsets),
                   reference=_copy_reference),
               dtype=lambda view: view.outputs[0].dtype, exact=True)
-FAMILIES = (CONCAT, TRANSPOSE, COPY)
+# oneDNN has no padding primitive: not covered there
+PAD = Family("pad", PadProblem, ("Pad",), _pad_build, _pad_when, cudnn_api=_pad_cudnn,
+             cudnn={"cudnnTransformTensorEx": CudnnLowering(CudnnTable("pad", "add_pad", False, False), _pad_layer)},
+             uncovered=_pad_uncovered, exact=True)
+FAMILIES = (CONCAT, TRANSPOSE, COPY, PAD)

@@ -160,8 +160,9 @@ def _eltwise_build(view: NodeView) -> Problem:
 
 
 # element-wise ops the cuDNN legacy API lacks, each one pointwise node of the graph API
+# (HardSigmoid a chain of three: alpha·x, + beta, a ReLU clipped to [0, 1])
 CUDNN_POINTWISE_UNARY = ("erf", "gelu", "gelutanh", "exp", "log", "abs", "neg", "softplus", "reciprocal", "cos",
-                         "sin")
+                         "sin", "hardsigmoid")
 
 
 def _cudnn_api(p: Problem) -> str | None:
@@ -291,7 +292,8 @@ ELTWISE = Family("eltwise", EltwiseProblem, tuple(_ELTWISE), _eltwise_build,
                                                                 _activation_row),
                         "cudnnOpTensor": CudnnLowering(CUDNN_BINARY, _sqrt_row),
                         CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE,
-                                                       lambda p, api: pointwise_row(p.alg, p.shape, None, p.shape))},
+                                                       lambda p, api: pointwise_row(p.alg, p.shape, None, p.shape,
+                                                                                    p.alpha or 0.0, p.beta or 0.0))},
                  onednn=OnednnLowering("eltwise", False, _onednn_row, reference=Fills(lambda p: (0,))))
 PRELU = Family("prelu", PreluProblem, ("PRelu",), _prelu_build, onednn_api=const("prelu"),
                onednn=OnednnLowering("prelu", False, lambda p, api: PreluParams(shape=p.shape, slope=p.slope),

@@ -1,12 +1,14 @@
-"""Pooling (ONNX MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool), 2-D NCHW."""
+"""Pooling (ONNX MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool), 2-D NCHW; a 1-D one
+(NCW, an audio model's) is the 2-D pooling of height 1 it computes. A global pooling is the
+pooling whose window is the whole spatial size."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Cpp, CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, is_4d, required
-from .conv import explicit_pads, pads
+from .base import Cpp, CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, required
+from .conv import explicit_pads, height_one, pads, spatial_1d_or_2d
 from .grammar import F, Problem, windowed
 from .reference import Fills
 
@@ -56,21 +58,24 @@ _POOL_ALG = {"MaxPool": "max", "GlobalMaxPool": "gmax", "GlobalAveragePool": "ga
 def _pool_build(view: NodeView) -> Problem:
     x, y = required(view, 0), view.outputs[0]
     a = view.attrs
-    mb, ic, ih, iw = x.shape
+    spatial = tuple(x.shape[2:])
+    n = len(spatial)
     if view.op.startswith("Global"):
-        k, s, d, pads = (ih, iw), (1, 1), (1, 1), [0, 0, 0, 0]
+        k, s, d, pads = spatial, (1,) * n, (1,) * n, [0] * 2 * n
     else:
         k = tuple(a["kernel_shape"])
-        s = tuple(a.get("strides") or (1, 1))
-        d = tuple(a.get("dilations") or (1, 1))
-        pads = explicit_pads(a, (ih, iw), k, s, d)
+        s = tuple(a.get("strides") or (1,) * n)
+        d = tuple(a.get("dilations") or (1,) * n)
+        pads = explicit_pads(a, spatial, k, s, d)
     if view.op == "AveragePool":
         alg = "avgi" if a.get("count_include_pad", 0) else "avgx"
     else:
         alg = _POOL_ALG[view.op]
-    pt, pl, pb, pr = pads
-    return PoolProblem(alg=alg, mb=mb, ic=ic, ih=ih, iw=iw, oh=y.shape[2], ow=y.shape[3], kh=k[0], kw=k[1],
-                       sh=s[0], sw=s[1], pt=pt, pl=pl, pb=pb, pr=pr, dh=d[0], dw=d[1])
+    (ih, iw), (oh, ow), (kh, kw) = height_one(spatial), height_one(y.shape[2:]), height_one(k)
+    (sh, sw), (dh, dw) = height_one(s), height_one(d)
+    (pt, pl), (pb, pr) = height_one(pads[:n], 0), height_one(pads[n:], 0)
+    return PoolProblem(alg=alg, mb=x.shape[0], ic=x.shape[1], ih=ih, iw=iw, oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw,
+                       pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw)
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ def _cudnn_row(p: PoolProblem, api: str) -> PoolLayer:
 
 
 POOL = Family("pool", PoolProblem, ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"), _pool_build,
-              lambda v: is_4d(v) and len(v.outputs) == 1,
+              lambda v: spatial_1d_or_2d(v) and len(v.outputs) == 1,
               cudnn_api=const("cudnnPoolingForward"), onednn_api=const("pooling"),
               cudnn={"cudnnPoolingForward": CudnnLowering(CudnnTable("pool", "add_pool", True, False), _cudnn_row)},
               onednn=OnednnLowering("pool", True, _onednn_row, reference=Fills(lambda p: (0,))), exact=True)

@@ -1,4 +1,7 @@
-"""Resizing (ONNX Resize, Upsample): nearest or linear over the spatial dims."""
+"""Resizing (ONNX Resize, Upsample): nearest or linear over the spatial dims, on oneDNN. cuDNN's
+graph API has a resample node, but it defines an output by a window, stride and pads, with no
+documented mapping of output to input coordinates: which of ONNX's coordinate_transformation_modes
+it computes is unknown, so it is not covered there (with that reason) rather than costed as one."""
 
 from __future__ import annotations
 
@@ -69,8 +72,13 @@ class ResampleParams:
     out: Dims
 
 
+def _uncovered(p: Problem, backend: str) -> str | None:
+    return ("cuDNN's resample node documents no output-to-input coordinate mapping to match ONNX's "
+            "coordinate_transformation_mode with" if backend == "cudnn" else None)
+
+
 RESAMPLE = Family("resample", ResampleProblem, ("Resize", "Upsample"), _resample_build, _resample_plain,
-                  onednn_api=const("resampling"),
+                  onednn_api=const("resampling"), uncovered=_uncovered,
                   onednn=OnednnLowering("resample", False,
                                         lambda p, api: ResampleParams(alg=p.alg, in_=p.shape, out=p.out),
                                         reference=Fills(lambda p: (0,))))

@@ -1,8 +1,9 @@
 """Recurrent layers (ONNX LSTM, GRU, RNN): cuDNN's cudnnRNNForward and oneDNN's RNN primitives
-(lstm_forward, gru_forward, lbr_gru_forward for a GRU's linear_before_reset, vanilla_rnn_forward),
-one layer each, in ONNX's direction. What neither library's cell computes (non-default
-activations, a cell clip, a coupled input-forget gate, peepholes, sequences shorter than T) is
-not covered, with the reason (``uncovered``), never costed as the plain cell."""
+(lstm_forward, with an LSTM's peepholes, gru_forward, lbr_gru_forward for a GRU's
+linear_before_reset, vanilla_rnn_forward), one layer each, in ONNX's direction. What neither
+library's cell computes (non-default activations, a cell clip, a coupled input-forget gate,
+sequences shorter than T), and peepholes on cuDNN, whose LSTM cell has none, is not covered,
+with the reason (``uncovered``), never costed as the plain cell."""
 
 from __future__ import annotations
 
@@ -103,15 +104,19 @@ def _unexpressed(p: Problem) -> str | None:
         return f"cell clip {p.clip:g} (the libraries' cells do not clip)"
     if p.input_forget:
         return "input_forget=1 (no library cell couples the input and forget gates)"
-    if p.peephole:
-        return "peepholes (input P; the benchmarks pass none)"
     if p.ragged:
         return "sequence_lens shorter than the sequence or computed at run time (the benchmarks run full length)"
     return None
 
 
+def _cudnn_refuses(p: Problem) -> str | None:
+    """Why cudnnRNNForward does not run the layer, in one line; None: it does."""
+    assert isinstance(p, RnnProblem)
+    return _unexpressed(p) or ("peepholes (input P; cuDNN's LSTM cell has none)" if p.peephole else None)
+
+
 def _rnn_cudnn(p: Problem) -> str | None:
-    return "cudnnRNNForward" if _unexpressed(p) is None else None
+    return "cudnnRNNForward" if _cudnn_refuses(p) is None else None
 
 
 _ONEDNN = {"lstm": "lstm_forward", "gru": "gru_forward", "rnn": "vanilla_rnn_forward"}
@@ -125,7 +130,7 @@ def _rnn_onednn(p: Problem) -> str | None:
 
 
 def _uncovered(p: Problem, backend: str) -> str | None:
-    return _unexpressed(p)
+    return _cudnn_refuses(p) if backend == "cudnn" else _unexpressed(p)
 
 
 _CELLS = {"lstm": "Lstm", "gru": "Gru", "rnn": "RnnTanh"}
@@ -165,16 +170,18 @@ class RnnParams:
     batch_first: bool
     init_h: bool
     init_c: bool
+    peephole: bool
 
 
 def _onednn_row(p: RnnProblem, api: str) -> RnnParams:
     return RnnParams(cell=p.cell, seq=p.seq, mb=p.mb, ic=p.ic, hidden=p.hidden, dirs=p.dirs, bias=p.bias,
-                     lbr=p.lbr, reverse=p.reverse, batch_first=p.batch_first, init_h=p.init_h, init_c=p.init_c)
+                     lbr=p.lbr, reverse=p.reverse, batch_first=p.batch_first, init_h=p.init_h, init_c=p.init_c,
+                     peephole=p.peephole)
 
 
 def _fills(p: RnnProblem) -> tuple[int, ...]:
-    """X, W, R, then B, initial_h and initial_c where the layer has them."""
-    return (0, 1, 2) + tuple(i for i, given in ((3, p.bias), (5, p.init_h), (6, p.init_c)) if given)
+    """X, W, R, then B, initial_h, initial_c and P where the layer has them."""
+    return (0, 1, 2) + tuple(i for i, given in ((3, p.bias), (5, p.init_h), (6, p.init_c), (7, p.peephole)) if given)
 
 
 RNN = Family("rnn", RnnProblem, ("LSTM", "GRU", "RNN"), _rnn_build, cudnn_api=_rnn_cudnn, onednn_api=_rnn_onednn,

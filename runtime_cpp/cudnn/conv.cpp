@@ -1,5 +1,6 @@
 // Convolution: cudnnConvolutionForward for every forward algorithm, and the fused
-// cudnnConvolutionBiasActivationForward (Conv→Bias→Activation, Conv→Bias with IDENTITY).
+// cudnnConvolutionBiasActivationForward (Conv→Bias→Activation, Conv→Bias with IDENTITY);
+// transposed convolution: cudnnConvolutionBackwardData for every backward-data algorithm.
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -14,6 +15,10 @@ static_assert(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM == 0 && CUDNN_CONVOLUTION
               "the generator numbers algorithms in cudnnConvolutionFwdAlgo_t order");
 constexpr const char* kAlgoNames[] = {"IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT",
                                       "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+static_assert(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 == 0 && CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED == 5,
+              "the generator numbers backward-data algorithms in cudnnConvolutionBwdDataAlgo_t order");
+constexpr const char* kBwdDataAlgoNames[] = {"ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD",
+                                             "WINOGRAD_NONFUSED"};
 
 // What cuDNN would choose for a problem: the heuristic's first and cudnnFind's fastest
 // supported algorithm (-1 where it found none) with the math type and workspace each chose,
@@ -31,25 +36,27 @@ struct Choice {
   std::map<int, cudnnStatus_t> find_status;  // algo → status; absent: Find did not report it
 };
 
+// a convolution's and a transposed convolution's rows live in different tables: their
+// addresses never collide
 using ChoiceKey = std::tuple<const ConvLayer*, DType, Layout, Math>;
 
-Pick first_supported(const cudnnConvolutionFwdAlgoPerf_t* perf, int returned) {
+template <class Perf>
+Pick first_supported(const Perf* perf, int returned) {
   for (int i = 0; i < returned; ++i)
     if (perf[i].status == CUDNN_STATUS_SUCCESS)
       return {perf[i].algo, perf[i].mathType, static_cast<double>(perf[i].memory)};
   return {};
 }
 
-Choice choose(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t conv,
-              cudnnTensorDescriptor_t y) {
+// `get` and `find` are one call's cudnnGet…Algorithm_v7 and cudnnFind…Algorithm with its
+// descriptors bound: (requested count, returned count, perf array) → status.
+template <class Perf, int kCount, class Get, class Find>
+Choice choose(Get get, Find find) {
   Choice c;
-  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  Perf perf[kCount];
   int returned = 0;
-  if (cudnnGetConvolutionForwardAlgorithm_v7(cudnn_handle(), x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                             &returned, perf) == CUDNN_STATUS_SUCCESS)
-    c.heuristic = first_supported(perf, returned);
-  if (cudnnFindConvolutionForwardAlgorithm(cudnn_handle(), x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                           &returned, perf) == CUDNN_STATUS_SUCCESS) {
+  if (get(kCount, &returned, perf) == CUDNN_STATUS_SUCCESS) c.heuristic = first_supported(perf, returned);
+  if (find(kCount, &returned, perf) == CUDNN_STATUS_SUCCESS) {
     c.found = first_supported(perf, returned);
     for (int i = 0; i < returned; ++i) {
       if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].algo == c.found.algo && c.found_ms < 0)
@@ -61,14 +68,36 @@ Choice choose(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w, cudnnConvolu
   return c;
 }
 
-const Choice& choice_for(const ConvLayer& L, const Variant& v, cudnnTensorDescriptor_t x,
-                         cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t conv,
-                         cudnnTensorDescriptor_t y) {
+template <class Choose>
+const Choice& choice_for(const ConvLayer& L, const Variant& v, Choose choose_now) {
   static std::map<ChoiceKey, Choice> choices;
   const ChoiceKey key{&L, v.dtype, v.layout, v.math};
   auto it = choices.find(key);
-  if (it == choices.end()) it = choices.emplace(key, choose(x, w, conv, y)).first;
+  if (it == choices.end()) it = choices.emplace(key, choose_now()).first;
   return it->second;
+}
+
+// The counters every convolution-like benchmark reports: its algorithm, what the heuristic and
+// Find chose, its work.
+void choice_counters(Problem& p, const Choice& choice, const ConvLayer& L, const Variant& v) {
+  p.counters["algo"] = v.algo;
+  p.counters["heuristic_algo"] = choice.heuristic.algo;
+  p.counters["heuristic_math"] = choice.heuristic.math;
+  p.counters["heuristic_workspace_bytes"] = choice.heuristic.workspace_bytes;
+  p.counters["find_algo"] = choice.found.algo;
+  p.counters["find_math"] = choice.found.math;
+  p.counters["find_workspace_bytes"] = choice.found.workspace_bytes;
+  p.counters["find_ms"] = choice.found_ms;
+  p.counters["flops"] = L.work.flops;
+  p.counters["bytes"] = bytes_of(L.work, v);
+}
+
+// Find ran the variant's algorithm on this very problem: a refusal there is final, so the
+// variant is stored without allocating or timing anything.
+void refused_by_find(const Choice& choice, const Variant& v, const char* find, const char* algo) {
+  auto status = choice.find_status.find(v.algo);
+  if (status != choice.find_status.end() && cudnn_rule(status->second).verdict == Verdict::Unsupported)
+    unsupported(std::string(find) + ": " + cudnn_rule(status->second).name + " for " + algo);
 }
 
 class ConvProblem : public Problem {
@@ -96,30 +125,22 @@ class ConvProblem : public Problem {
       counters["output_extra_cols"] = w - L.out_w;
     }
 
-    const Choice& choice = choice_for(L, v, x_, w_, conv_, y_);
-    if (call_ == kConvForward) {
-      // Find ran this algorithm on this very problem: a refusal there is final, so the
-      // variant is stored without allocating or timing anything (the fused call is checked
-      // by its own first call, Find does not cover it).
-      auto status = choice.find_status.find(v.algo);
-      if (status != choice.find_status.end() && cudnn_rule(status->second).verdict == Verdict::Unsupported)
-        unsupported(std::string("cudnnFindConvolutionForwardAlgorithm: ") + cudnn_rule(status->second).name +
-                    " for " + kAlgoNames[v.algo]);
-    }
+    const Choice& choice = choice_for(L, v, [&] {
+      return choose<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+          [&](int count, int* returned, cudnnConvolutionFwdAlgoPerf_t* perf) {
+            return cudnnGetConvolutionForwardAlgorithm_v7(cudnn_handle(), x_, w_, conv_, y_, count, returned, perf);
+          },
+          [&](int count, int* returned, cudnnConvolutionFwdAlgoPerf_t* perf) {
+            return cudnnFindConvolutionForwardAlgorithm(cudnn_handle(), x_, w_, conv_, y_, count, returned, perf);
+          });
+    });
+    // the fused call is checked by its own first call: Find does not cover it
+    if (call_ == kConvForward)
+      refused_by_find(choice, v, "cudnnFindConvolutionForwardAlgorithm", kAlgoNames[v.algo]);
     size_t ws = 0;
     BZ_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cudnn_handle(), x_, w_, conv_, y_, algo_, &ws));
     workspace_bytes = ws;
-
-    counters["algo"] = v.algo;
-    counters["heuristic_algo"] = choice.heuristic.algo;
-    counters["heuristic_math"] = choice.heuristic.math;
-    counters["heuristic_workspace_bytes"] = choice.heuristic.workspace_bytes;
-    counters["find_algo"] = choice.found.algo;
-    counters["find_math"] = choice.found.math;
-    counters["find_workspace_bytes"] = choice.found.workspace_bytes;
-    counters["find_ms"] = choice.found_ms;
-    counters["flops"] = L.work.flops;
-    counters["bytes"] = bytes_of(L.work, v);
+    choice_counters(*this, choice, L, v);
 
     x_buf_ = filled(size_t(L.n) * L.c * L.h * L.w, v.dtype);
     w_buf_ = filled(size_t(L.k) * (L.c / L.groups) * L.r * L.s, v.dtype, -0.1f, 0.1f);
@@ -163,14 +184,94 @@ class ConvProblem : public Problem {
   DeviceBuffer x_buf_, w_buf_, y_buf_, ws_buf_, bias_buf_;
 };
 
+// A transposed convolution (ONNX ConvTranspose) as the backward-data convolution it is: the
+// row's input (n, c, h, w) is cuDNN's dy, its output (n, k, out_h, out_w) is dx, and the ONNX
+// weight (c, k / groups, r, s) is the forward filter as it lies. The descriptor pads both ends
+// by the row's begin pads; the generator covers only rows where that computes the layer (an
+// end pad short of the begin by less than the stride, as output_padding makes, is exact), and
+// the forward output of dx must give back dy here.
+class DeconvProblem : public Problem {
+ public:
+  DeconvProblem(const ConvLayer& L, const Variant& v)
+      : algo_(static_cast<cudnnConvolutionBwdDataAlgo_t>(v.algo)), bias_(L.bias) {
+    set_tensor4d(dy_, v.layout, v.dtype, L.n, L.c, L.h, L.w);
+    set_tensor4d(dx_, v.layout, v.dtype, L.n, L.k, L.out_h, L.out_w);
+    BZ_CUDNN(cudnnSetFilter4dDescriptor(w_, cudnn_dtype(v.dtype), cudnn_format(v.layout), L.c, L.k / L.groups,
+                                        L.r, L.s));
+    BZ_CUDNN(cudnnSetConvolution2dDescriptor(conv_, L.pad_t, L.pad_l, L.stride_h, L.stride_w, L.dil_h, L.dil_w,
+                                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    BZ_CUDNN(cudnnSetConvolutionGroupCount(conv_, L.groups));
+    BZ_CUDNN(cudnnSetConvolutionMathType(conv_, cudnn_math(v.math)));
+    int n, c, h, w;
+    BZ_CUDNN(cudnnGetConvolution2dForwardOutputDim(conv_, dx_, w_, &n, &c, &h, &w));
+    if (n != L.n || c != L.c || h != L.h || w != L.w)
+      unsupported("the forward convolution of the " + std::to_string(L.out_h) + "x" + std::to_string(L.out_w) +
+                  " output gives " + std::to_string(h) + "x" + std::to_string(w) + ", not the " +
+                  std::to_string(L.h) + "x" + std::to_string(L.w) + " input");
+    set_tensor4d(bias_desc_, Layout::NCHW, v.dtype, 1, L.k, 1, 1);
+
+    const Choice& choice = choice_for(L, v, [&] {
+      return choose<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+          [&](int count, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+            return cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_handle(), w_, dy_, conv_, dx_, count, returned,
+                                                               perf);
+          },
+          [&](int count, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+            return cudnnFindConvolutionBackwardDataAlgorithm(cudnn_handle(), w_, dy_, conv_, dx_, count, returned,
+                                                             perf);
+          });
+    });
+    refused_by_find(choice, v, "cudnnFindConvolutionBackwardDataAlgorithm", kBwdDataAlgoNames[v.algo]);
+    size_t ws = 0;
+    BZ_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_handle(), w_, dy_, conv_, dx_, algo_, &ws));
+    workspace_bytes = ws;
+    choice_counters(*this, choice, L, v);
+
+    dy_buf_ = filled(size_t(L.n) * L.c * L.h * L.w, v.dtype);
+    w_buf_ = filled(size_t(L.c) * (L.k / L.groups) * L.r * L.s, v.dtype, -0.1f, 0.1f);
+    dx_buf_ = filled(size_t(L.n) * L.k * L.out_h * L.out_w, v.dtype);
+    ws_buf_ = DeviceBuffer(ws);
+    implementation = kBwdDataAlgoNames[v.algo];
+    if (bias_) {
+      bias_buf_ = filled(L.k, v.dtype);
+      implementation += "+cudnnAddTensor";
+    }
+  }
+
+  void enqueue() override {
+    const Scale one{1.0f}, zero{0.0f};
+    BZ_CUDNN(cudnnConvolutionBackwardData(cudnn_handle(), one.ptr(), w_, w_buf_.get(), dy_, dy_buf_.get(), conv_,
+                                          algo_, ws_buf_.get(), ws_buf_.bytes(), zero.ptr(), dx_, dx_buf_.get()));
+    if (bias_)
+      BZ_CUDNN(cudnnAddTensor(cudnn_handle(), one.ptr(), bias_desc_, bias_buf_.get(), one.ptr(), dx_,
+                              dx_buf_.get()));
+  }
+
+ private:
+  cudnnConvolutionBwdDataAlgo_t algo_;
+  bool bias_;
+  TensorDesc dy_, dx_, bias_desc_;
+  FilterDesc w_;
+  ConvDesc conv_;
+  DeviceBuffer dy_buf_, w_buf_, dx_buf_, ws_buf_, bias_buf_;
+};
+
 std::unique_ptr<Problem> make_conv(const ConvLayer& L, const Variant& v) {
   return std::make_unique<ConvProblem>(L, v);
+}
+
+std::unique_ptr<Problem> make_deconv(const ConvLayer& L, const Variant& v) {
+  return std::make_unique<DeconvProblem>(L, v);
 }
 
 }  // namespace
 
 void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count) {
   add_family(r, layers, variants, count, make_conv);
+}
+
+void add_deconv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count) {
+  add_family(r, layers, variants, count, make_deconv);
 }
 
 }  // namespace benanza::cudnn

@@ -161,6 +161,7 @@ PointwiseMode pointwise_mode(PointwiseOp op) {
     case PointwiseOp::Reciprocal: return {fe::PointwiseMode_t::RECIPROCAL, "RECIPROCAL"};
     case PointwiseOp::Cos: return {fe::PointwiseMode_t::COS, "COS"};
     case PointwiseOp::Sin: return {fe::PointwiseMode_t::SIN, "SIN"};
+    case PointwiseOp::HardSigmoid: return {fe::PointwiseMode_t::RELU_FWD, "MUL ADD RELU_FWD[0,1]"};
   }
   return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
 }
@@ -173,6 +174,14 @@ Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
   const bool compare = L.op == PointwiseOp::CmpEq || L.op == PointwiseOp::CmpGt || L.op == PointwiseOp::CmpLt;
   auto options = fe::graph::Pointwise_attributes().set_mode(m.mode).set_compute_data_type(fe::DataType_t::FLOAT);
   auto a = s.tensor("A", {L.a, L.a + L.rank}, t);
+  if (L.op == PointwiseOp::HardSigmoid) {  // alpha·x + beta (scalars by value), clipped to [0, 1]
+    auto with = [](fe::PointwiseMode_t mode) {
+      return fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
+    };
+    auto scaled = s.graph->pointwise(a, s.graph->tensor(static_cast<float>(L.alpha)), with(fe::PointwiseMode_t::MUL));
+    a = s.graph->pointwise(scaled, s.graph->tensor(static_cast<float>(L.beta)), with(fe::PointwiseMode_t::ADD));
+    options.set_relu_lower_clip(0.0f).set_relu_upper_clip(1.0f);
+  }
   TensorPtr y = L.binary && !gelu ? s.graph->pointwise(a, s.tensor("B", {L.b, L.b + L.rank}, t), options)
                                   : s.graph->pointwise(a, options);
   s.output(y, {L.out, L.out + L.rank}, t, compare);

@@ -342,6 +342,45 @@ class CopyProblem : public Problem {
   std::vector<std::unique_ptr<TensorDesc>> from_, to_;
 };
 
+// --- constant padding: cudnnTransformTensorEx ----------------------------------------------
+
+// ONNX Pad in constant mode with value 0 (the generator covers no other): the transform
+// descriptor's pads before and after each dim, the output descriptor the one cuDNN derives
+// from it, which must have the padded dims.
+class PadProblem : public Problem {
+ public:
+  PadProblem(const PadLayer& L, const Variant& v) {
+    implementation = "cudnnTransformTensorEx";
+    counters["flops"] = L.work.flops;
+    counters["bytes"] = bytes_of(L.work, v);
+    // the device first: without one, the transform descriptor's sublibrary does not even load
+    x_buf_ = filled(numel(L.rank, L.src), v.dtype);
+    std::vector<int> strides = packed_strides(L.src, L.rank);
+    BZ_CUDNN(cudnnSetTensorNdDescriptor(x_, cudnn_dtype(v.dtype), L.rank, L.src, strides.data()));
+    BZ_CUDNN(cudnnSetTensorTransformDescriptor(transform_, static_cast<uint32_t>(L.rank), CUDNN_TENSOR_NCHW,
+                                               L.before, L.after, nullptr, CUDNN_TRANSFORM_FOLD));
+    size_t bytes = 0;
+    BZ_CUDNN(cudnnInitTransformDest(transform_, x_, y_, &bytes));
+    cudnnDataType_t type;
+    int rank = 0, dims[8], out_strides[8];
+    BZ_CUDNN(cudnnGetTensorNdDescriptor(y_, 8, &type, &rank, dims, out_strides));
+    for (int d = 0; d < L.rank; ++d)
+      if (rank != L.rank || dims[d] != L.src[d] + L.before[d] + L.after[d])
+        unsupported("cudnnInitTransformDest gives dim " + std::to_string(d) + " of " + std::to_string(dims[d]) +
+                    ", not the padded " + std::to_string(L.src[d] + L.before[d] + L.after[d]));
+    y_buf_ = DeviceBuffer(bytes);
+  }
+  void enqueue() override {
+    BZ_CUDNN(cudnnTransformTensorEx(cudnn_handle(), transform_, kOne.ptr(), x_, x_buf_.get(), kZero.ptr(), y_,
+                                    y_buf_.get()));
+  }
+
+ private:
+  TensorDesc x_, y_;
+  TransformDesc transform_;
+  DeviceBuffer x_buf_, y_buf_;
+};
+
 // --- reductions: cudnnReduceTensor ----------------------------------------------------------
 
 cudnnReduceTensorOp_t reduce_op(ReduceOp op) {
@@ -423,6 +462,9 @@ void add_copy(Registry& r, const CopyLayer* l, const Variant* v, size_t n) {
 }
 void add_reduce(Registry& r, const ReduceLayer* l, const Variant* v, size_t n) {
   add_family(r, l, v, n, make<ReduceProblem, ReduceLayer>);
+}
+void add_pad(Registry& r, const PadLayer* l, const Variant* v, size_t n) {
+  add_family(r, l, v, n, make<PadProblem, PadLayer>);
 }
 
 }  // namespace benanza::cudnn

@@ -1,7 +1,7 @@
-"""1-D convolutions (audio front ends) are the 2-D convolutions of height 1 they compute: checked
-on the PyTorch-exported Conv1d files the `onnx` wheel ships with its backend test data (files
-nobody here wrote), against the reference outputs shipped beside them and against ONNX Runtime
-(`benanza check`)."""
+"""1-D convolutions (audio front ends) are the 2-D convolutions of height 1 they compute, and 1-D
+pooling the 2-D pooling of height 1: checked on the PyTorch-exported Conv1d files and the pooling
+cases the `onnx` wheel ships with its backend test data (files nobody here wrote), against the
+reference outputs shipped beside them and against ONNX Runtime (`benanza check`)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,31 @@ def test_conv1d_benchmarks_compute_what_onnx_runtime_computes(tmp_path):
                 if r.status not in (CheckStatus.OK, CheckStatus.UNSUPPORTED)]
     ok = {r.name for r in results if r.status is CheckStatus.OK}
     assert {v.problem for v in gen.variants if v.name in ok} == {u.layer.problem for u in manifest.layers}
+
+
+@pytest.mark.slow
+def test_one_d_pooling_benchmarks_compute_what_onnx_runtime_computes(tmp_path):
+    """ONNX's own 1-D MaxPool and AveragePool cases (the onnx wheel's): pooled as the 2-D pooling
+    of height 1, every oneDNN benchmark (each layout) gives ONNX Runtime's output."""
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the case code's own overflow warnings
+        cases = [c for c in collect_testcases(None) if c.name in ("test_maxpool_1d_default",
+                                                                    "test_averagepool_1d_default")]
+    assert len(cases) == 2
+    models = []
+    for c in cases:
+        onnx.save(c.model, str(tmp_path / f"{c.name}.onnx"))
+        models.append(load_model(tmp_path / f"{c.name}.onnx"))
+    assert all(n.layer.problem.ih == 1 for m in models for n in m.nodes)
+    out = tmp_path / "bench"
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, out)
+    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",), fusion=False))
+    build(out / "onednn", jobs=1)
+    results = check(out, models, CheckOptions(build_jobs=1))
+    assert len(results) == len(gen.variants) >= 2
+    assert all(r.status is CheckStatus.OK for r in results), [(r.name, r.status.value, r.where) for r in results]

@@ -27,13 +27,14 @@ T, N, IC, H = 6, 2, 5, 8  # sequence, batch, input and hidden sizes
 def _node(op: str, name: str, x: str, hidden: int, gates: int, dirs: int, extra=(), **attrs):
     """A recurrent node reading ``x`` with its own W and R, and the optional inputs named in
     ``extra``: "B", "lens" (sequence_lens, each ``T`` unless given as ("lens", values)), "h0",
-    "c0"; its initializers in ONNX's shapes."""
+    "c0", "P" (an LSTM's peepholes); its initializers in ONNX's shapes."""
     inits = [tensor(f"{name}_W", (dirs, gates * hidden, IC)), tensor(f"{name}_R", (dirs, gates * hidden, hidden))]
-    shapes = {"B": (dirs, 2 * gates * hidden), "h0": (dirs, N, hidden), "c0": (dirs, N, hidden)}
-    names = [x, f"{name}_W", f"{name}_R", "", "", "", ""]
+    shapes = {"B": (dirs, 2 * gates * hidden), "h0": (dirs, N, hidden), "c0": (dirs, N, hidden),
+              "P": (dirs, 3 * hidden)}
+    names = [x, f"{name}_W", f"{name}_R", "", "", "", "", ""]
     for item in extra:
         what, lens = (item, [T] * N) if isinstance(item, str) else item
-        names[{"B": 3, "lens": 4, "h0": 5, "c0": 6}[what]] = f"{name}_{what}"
+        names[{"B": 3, "lens": 4, "h0": 5, "c0": 6, "P": 7}[what]] = f"{name}_{what}"
         inits.append(numpy_helper.from_array(np.array(lens, np.int32), f"{name}_{what}") if what == "lens"
                      else tensor(f"{name}_{what}", shapes[what]))
     while not names[-1]:
@@ -44,9 +45,10 @@ def _node(op: str, name: str, x: str, hidden: int, gates: int, dirs: int, extra=
 def recurrent_model(path: Path) -> Path:
     """Every direction, cell, layout and optional input oneDNN's RNN primitives run: a
     bidirectional LSTM with initial states, a linear-before-reset GRU, a reversed GRU with
-    full-length sequence_lens and an initial state, a plain RNN without biases, and a
-    batch-first (layout=1) LSTM."""
+    full-length sequence_lens and an initial state, a plain RNN without biases, a
+    batch-first (layout=1) LSTM, and a bidirectional LSTM with peepholes and initial states."""
     specs = [("LSTM", "lstm_bi", "x", 4, 2, ("B", "h0", "c0"), {"direction": "bidirectional"}),
+             ("LSTM", "lstm_peep", "x", 4, 2, ("B", "h0", "c0", "P"), {"direction": "bidirectional"}),
              ("GRU", "gru_lbr", "x", 3, 1, ("B",), {"linear_before_reset": 1}),
              ("GRU", "gru_rev", "x", 3, 1, ("lens", "h0"), {"direction": "reverse"}),
              ("RNN", "rnn", "x", 1, 1, (), {}),
@@ -79,12 +81,15 @@ def test_every_cell_direction_and_layout_is_covered_with_the_right_primitive_and
     proto = onnx.load(str(path))
     by_name = {n.name: n for n in proto.graph.node}
     primitives = {n.name: n.layer.onednn_primitive for n in m.nodes}
-    assert primitives == {"lstm_bi": "lstm_forward", "gru_lbr": "lbr_gru_forward", "gru_rev": "gru_forward",
-                          "rnn": "vanilla_rnn_forward", "lstm_bf": "lstm_forward"}
+    assert primitives == {"lstm_bi": "lstm_forward", "lstm_peep": "lstm_forward", "gru_lbr": "lbr_gru_forward",
+                          "gru_rev": "gru_forward", "rnn": "vanilla_rnn_forward", "lstm_bf": "lstm_forward"}
     for n in m.nodes:
         assert n.layer.flops == _gemm_flops(proto, by_name[n.name]), n.name
-    onednn = model_stats(m).backend("onednn")
-    assert (onednn.covered, onednn.running, onednn.not_covered) == (5, 5, ())
+    stats = model_stats(m)
+    onednn, cudnn = stats.backend("onednn"), stats.backend("cudnn")
+    assert (onednn.covered, onednn.running, onednn.not_covered) == (6, 6, ())
+    # cuDNN's LSTM cell has no peepholes: the one layer it cannot run
+    assert cudnn.covered == 5 and dict(cudnn.not_covered) == {"LSTM": 1}
     gen = generate(build_manifest([m], unique_layers([m])), "onednn", tmp_path / "b", GenOptions(dtypes=("f32",)))
     assert sorted(v.api for v in gen.variants) == sorted(primitives.values())
 
@@ -130,7 +135,7 @@ def test_generate_run_analyze_and_check_against_onnx_runtime(tmp_path):
     write_manifest(manifest, bench)
     gen = generate(manifest, "onednn", bench, GenOptions(dtypes=("f32",)))
     summary = run(bench, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
-    assert summary.stored == summary.total == len(gen.variants) == 5 and summary.failed == 0
+    assert summary.stored == summary.total == len(gen.variants) == 6 and summary.failed == 0
     with PerfDB(tmp_path / "r.db") as pdb:
         results = pdb.results("ci")
     assert all(r.ok and r.median_ms > 0 and r.implementation for r in results), results
@@ -146,7 +151,7 @@ def test_generate_run_analyze_and_check_against_onnx_runtime(tmp_path):
     assert a["bounds"]["sequential_ms"] == pytest.approx(sum(best[k] for k in keys.values()), **JSON_MS)
 
     checked = check(bench, [m])
-    assert [c.status for c in checked] == [CheckStatus.OK] * 5, [c for c in checked if c.status != CheckStatus.OK]
+    assert [c.status for c in checked] == [CheckStatus.OK] * 6, [c for c in checked if c.status != CheckStatus.OK]
     assert {c.compared.split(" node ")[0] for c in checked} == {"LSTM", "GRU", "RNN"}
     assert BACKEND.covers(m.nodes[0].layer)
 
@@ -154,9 +159,10 @@ def test_generate_run_analyze_and_check_against_onnx_runtime(tmp_path):
 @pytest.mark.slow
 def test_onnx_backend_recurrent_cases_match_onnx_runtime(tmp_path):
     """ONNX's own LSTM, GRU and RNN test models (shipped in the onnx wheel: defaults, biases,
-    full-length sequence_lens, batch-first, reverse, bidirectional): each is covered and its
-    oneDNN benchmark's Y equals ONNX Runtime's on the same inputs, except the LSTM with peepholes,
-    which no benchmark runs and `generate` says why."""
+    full-length sequence_lens, batch-first, reverse, bidirectional, peepholes): each is covered and
+    its oneDNN benchmark's Y equals ONNX Runtime's on the same inputs. The peephole case feeds
+    sequence_lens as a graph input, known only at run time; its data gives every sequence its
+    full length, which is what omitting the input means, so it is omitted here."""
     import warnings
 
     from onnx.backend.test.case.node import collect_testcases
@@ -170,15 +176,32 @@ def test_onnx_backend_recurrent_cases_match_onnx_runtime(tmp_path):
     paths = []
     for c in cases:
         paths.append(tmp_path / f"{c.name}.onnx")
-        onnx.save(c.model, str(paths[-1]))
+        onnx.save(_full_length_lens_omitted(c), str(paths[-1]))
     r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(tmp_path / "b"), "--backend", "onednn",
                                   "--dtype", "f32"])
     assert r.exit_code == 0, r.output
-    (odd,) = [ln for ln in r.stdout.splitlines() if ": not covered by onednn:" in ln]
-    assert odd == ("test_lstm_with_peepholes: not covered by onednn: LSTM 'LSTM_0': "
-                   "peepholes (input P; the benchmarks pass none)")
+    assert not [ln for ln in r.stdout.splitlines() if ": not covered by onednn:" in ln], r.stdout
     models = [load_model(p) for p in paths]
     checked = check(tmp_path / "b", models)
     covered = {n.layer.key for m in models for n in m.nodes if n.layer.onednn_primitive is not None}
-    assert len(checked) == len(covered) and len(covered) >= 15
+    assert len(checked) == len(covered) and len(covered) >= 16
     assert all(c.status == CheckStatus.OK for c in checked), [c for c in checked if c.status != CheckStatus.OK]
+    (peep,) = [m for m in models if m.name == "test_lstm_with_peepholes"]
+    assert peep.nodes[0].layer.problem.peephole and peep.nodes[0].layer.key in covered
+
+
+def _full_length_lens_omitted(case) -> onnx.ModelProto:
+    """The case's model with a sequence_lens graph input removed where the case's data gives
+    every sequence the full length T (ONNX's meaning of an omitted sequence_lens)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(case.model)
+    node = m.graph.node[0]
+    names = [i.name for i in m.graph.input]
+    if len(node.input) <= 4 or node.input[4] not in names:
+        return m
+    lens, x = case.data_sets[0][0][names.index(node.input[4])], case.data_sets[0][0][0]
+    layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+    assert (lens == x.shape[1 if layout else 0]).all(), lens
+    del m.graph.input[names.index(node.input[4])]
+    node.input[4] = ""
+    return m

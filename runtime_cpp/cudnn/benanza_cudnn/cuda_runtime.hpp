@@ -79,6 +79,8 @@ using ReduceDesc = Descriptor<cudnnReduceTensorDescriptor_t, cudnnCreateReduceTe
                               cudnnDestroyReduceTensorDescriptor>;
 using RnnDataDesc = Descriptor<cudnnRNNDataDescriptor_t, cudnnCreateRNNDataDescriptor,
                                cudnnDestroyRNNDataDescriptor>;
+using TransformDesc = Descriptor<cudnnTensorTransformDescriptor_t, cudnnCreateTensorTransformDescriptor,
+                                 cudnnDestroyTensorTransformDescriptor>;
 
 // Device memory; a zero-byte buffer holds nullptr.
 class DeviceBuffer {

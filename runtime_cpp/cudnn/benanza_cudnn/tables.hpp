@@ -66,7 +66,9 @@ struct Work {
 };
 
 // Pads are ONNX's [top, left, bottom, right]; cuDNN's legacy API is symmetric, so the runtime
-// uses max(top, bottom) x max(left, right) and reports the rows/columns it added.
+// uses max(top, bottom) x max(left, right) and reports the rows/columns it added. A transposed
+// convolution's row (add_deconv) reads from its output's side: (n, c, h, w) is its input,
+// (k, out_h, out_w) its output, (c, k / groups, r, s) its weight, and its begin pads are cuDNN's.
 struct ConvLayer {
   int n, c, h, w, k, r, s;
   int pad_t, pad_l, pad_b, pad_r;
@@ -181,6 +183,14 @@ struct ReduceLayer {
   Work work;
 };
 
+// ONNX Pad, constant 0: `before` and `after` elements added to each of `rank` (4 or 5) dims of
+// `src`, right-aligned with leading 1s (pads 0); cudnnTransformTensorEx writes the zeros.
+struct PadLayer {
+  int rank;
+  int src[8], before[8], after[8];
+  Work work;
+};
+
 // --- the cuDNN graph API (cudnn_frontend) families ------------------------------------------
 // A graph variant's `algo` is a plan slot: the slot-th distinct engine config that the
 // heuristics (mode A, then fallback) return for the graph of its layer and data type. A slot
@@ -208,8 +218,10 @@ struct SdpaLayer {
 
 // One pointwise node. Shapes are right-aligned to `rank` (3..8) dims with leading 1s; `b`
 // broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans.
+// HardSigmoid, max(0, min(1, alpha·x + beta)), is a chain: no single pointwise mode computes it.
 enum class PointwiseOp : uint8_t {
-  Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin
+  Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin,
+  HardSigmoid
 };
 
 struct PointwiseLayer {
@@ -217,11 +229,13 @@ struct PointwiseLayer {
   bool binary;
   int rank;
   int a[8], b[8], out[8];
+  double alpha, beta;  // HardSigmoid's; 0 for the other ops
   Work work;
 };
 
 // Registration entry points the generated tables call, one per family (defined in the runtime).
 void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
+void add_deconv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
 void add_pool(Registry& r, const PoolLayer* layers, const Variant* variants, size_t count);
 void add_bnorm(Registry& r, const BnormLayer* layers, const Variant* variants, size_t count);
 void add_lrn(Registry& r, const LrnLayer* layers, const Variant* variants, size_t count);
@@ -233,6 +247,7 @@ void add_rnn(Registry& r, const RnnLayer* layers, const Variant* variants, size_
 void add_blas(Registry& r, const BlasLayer* layers, const Variant* variants, size_t count);
 void add_copy(Registry& r, const CopyLayer* layers, const Variant* variants, size_t count);
 void add_reduce(Registry& r, const ReduceLayer* layers, const Variant* variants, size_t count);
+void add_pad(Registry& r, const PadLayer* layers, const Variant* variants, size_t count);
 void add_lnorm(Registry& r, const LnormLayer* layers, const Variant* variants, size_t count);
 void add_sdpa(Registry& r, const SdpaLayer* layers, const Variant* variants, size_t count);
 void add_pointwise(Registry& r, const PointwiseLayer* layers, const Variant* variants, size_t count);

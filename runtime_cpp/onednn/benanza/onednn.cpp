@@ -483,10 +483,23 @@ memory rnn_bias(const memory::desc& target, const RnnParams& r, int64_t gates) {
   return from_values(target, tag::ldgo, v);
 }
 
+// ONNX's P [D, 3·H] (gates i, o, f) as oneDNN's peephole weights [1, D, 3, H] (gates i, f, o:
+// its LSTM cell adds row 0 to the input gate, 1 to the forget gate, 2 to the output gate).
+memory lstm_peephole(const memory::desc& target, int64_t dirs, int64_t hidden) {
+  static const int onnx_of[] = {0, 2, 1};
+  std::vector<float> onnx = next_stream(static_cast<size_t>(dirs * 3 * hidden), Fill::value);
+  std::vector<float> v;
+  for (int64_t d = 0; d < dirs; ++d)
+    for (int64_t g = 0; g < 3; ++g)
+      for (int64_t h = 0; h < hidden; ++h) v.push_back(onnx[static_cast<size_t>((d * 3 + onnx_of[g]) * hidden + h)]);
+  return from_values(target, tag::ldgo, v);
+}
+
 // One ONNX LSTM/GRU/RNN node as one oneDNN RNN primitive (one layer, ONNX's direction, every
-// sequence full length: the Python side covers only those). Fills X, W, R, then B, initial_h
-// and initial_c where the node has them, in ONNX's layouts; the check output is ONNX's Y
-// [T, D, N, H] (batch first: [N, T, D, H]), a strided view of oneDNN's [T, N, D·H] destination.
+// sequence full length: the Python side covers only those). Fills X, W, R, then B, initial_h,
+// initial_c and an LSTM's peepholes P where the node has them, in ONNX's layouts; the check
+// output is ONNX's Y [T, D, N, H] (batch first: [N, T, D, H]), a strided view of oneDNN's
+// [T, N, D·H] destination.
 Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   const std::string cell = r.cell;
   const int64_t gates = cell == "lstm" ? 4 : cell == "gru" ? 3 : 1;
@@ -506,6 +519,8 @@ Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   // ONNX's initial_h and initial_c [D, N, H] are oneDNN's [1, D, N, H] (ldnc) as they lie
   auto h0 = r.init_h ? md({1, d, n, h}, cfg.dtype, tag::ldnc) : none;
   auto c0 = r.init_c ? md({1, d, n, h}, cfg.dtype, tag::ldnc) : none;
+  // f32 whatever the variant's type: oneDNN's cell reads peepholes as floats
+  auto peep = r.peephole ? memory::desc({1, d, 3, h}, dt::f32, tag::ldgo) : none;
   auto attr = base_attr();
   auto pk = prop_kind::forward_inference;
   Prepared p;
@@ -524,6 +539,7 @@ Prepared make_rnn(const RnnParams& r, const Config& cfg) {
       memory::desc state = pd.query_md(dnnl::query::exec_arg_md, arg);
       if (!dims_of(state).empty()) bound.push_back({arg, filled(state)});
     }
+    if (r.peephole) bound.push_back({DNNL_ARG_WEIGHTS_PEEPHOLE, lstm_peephole(pd.weights_peephole_desc(), d, h)});
     memory y(pd.dst_layer_desc(), engine());
     bound.push_back({DNNL_ARG_DST_LAYER, y});
     p = prepare<decltype(prim)>(pd, {}, bound);
@@ -534,7 +550,8 @@ Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   };
 #if BENANZA_DNNL3
   if (cell == "lstm") {
-    finish(dnnl::lstm_forward::primitive_desc(engine(), pk, dir, src, h0, c0, wl, wi, bias, dst, none, none, attr),
+    finish(dnnl::lstm_forward::primitive_desc(engine(), pk, dir, src, h0, c0, wl, wi, peep, bias, dst, none, none,
+                                              attr),
            dnnl::lstm_forward());
   } else if (cell == "gru" && r.lbr) {
     finish(dnnl::lbr_gru_forward::primitive_desc(engine(), pk, dir, src, h0, wl, wi, bias, dst, none, attr),
@@ -549,7 +566,7 @@ Prepared make_rnn(const RnnParams& r, const Config& cfg) {
   }
 #else
   if (cell == "lstm") {
-    dnnl::lstm_forward::desc desc(pk, dir, src, h0, c0, wl, wi, bias, dst, none, none);
+    dnnl::lstm_forward::desc desc(pk, dir, src, h0, c0, wl, wi, peep, bias, dst, none, none);
     finish(dnnl::lstm_forward::primitive_desc(desc, attr, engine()), dnnl::lstm_forward());
   } else if (cell == "gru" && r.lbr) {
     dnnl::lbr_gru_forward::desc desc(pk, dir, src, h0, wl, wi, bias, dst, none);

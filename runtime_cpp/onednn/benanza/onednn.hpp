@@ -75,11 +75,12 @@ struct ResampleParams { const char* alg; Dims in, out; };
 struct AttentionParams { Dims q, k, v, mask; bool causal; float scale; };
 // One ONNX LSTM/GRU/RNN layer (`cell` "lstm", "gru", "rnn"), sequence-first unless
 // `batch_first` (ONNX layout=1); `dirs` 2: bidirectional, else `reverse` runs right to left;
-// `lbr`: a GRU's linear_before_reset; `init_h`, `init_c`: initial states given (else zeros).
+// `lbr`: a GRU's linear_before_reset; `init_h`, `init_c`: initial states given (else zeros);
+// `peephole`: an LSTM's P given (else none).
 struct RnnParams {
   const char* cell;
   int64_t seq, mb, ic, hidden, dirs;
-  bool bias, lbr, reverse, batch_first, init_h, init_c;
+  bool bias, lbr, reverse, batch_first, init_h, init_c, peephole;
 };
 // Type words (benanza/ops/cast.py): "float", "int", "sbyte", "byte", ...
 // A Cast: a reorder from `from` into the variant's type.
