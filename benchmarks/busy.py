@@ -110,7 +110,8 @@ def main() -> None:
     ap.add_argument("--models", default="inception-v1,resnet50-v1")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--busy", type=int, default=2, help="busy-loop processes in the busy phase")
-    ap.add_argument("--busy-limit", type=float, default=3600.0, help="seconds a busy loop spins at most")
+    ap.add_argument("--busy-limit", type=float, default=14400.0,
+                    help="seconds a busy loop spins at most (killed when its phase ends; this bounds an orphan)")
     ap.add_argument("--min-time", type=float, default=0.2)
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
