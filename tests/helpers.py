@@ -121,6 +121,16 @@ def best_low_ms(db, backend: str, layer_key: str, dtype: str = "f32") -> float |
     return row[0]
 
 
+def newest_row(db, name: str) -> sqlite3.Row:
+    """The newest measurement of a variant, straight from SQL."""
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    row = con.execute("SELECT * FROM results WHERE variant = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+    con.close()
+    assert row is not None, name
+    return row
+
+
 def invoke(*args: str) -> str:
     """The CLI's stdout for ``args``, which must succeed."""
     from click.testing import CliRunner

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from helpers import assert_faults_isolated, best_low_ms, invoke, io, model, tensor
+from helpers import assert_faults_isolated, best_low_ms, invoke, io, model, newest_row, tensor
 from onnx import helper
 
 from benanza.cli import main
@@ -86,16 +85,6 @@ def _kernel_lows_ms(profile: Path) -> dict[str, float]:
     return {name: float(np.percentile(t[len(t) // 3:], 10)) for name, t in times.items()}
 
 
-def _row(db: Path, name: str) -> sqlite3.Row:
-    """The newest measurement of a variant, straight from SQL."""
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    row = con.execute("SELECT * FROM results WHERE variant = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
-    con.close()
-    assert row is not None, name
-    return row
-
-
 def _variant(bench: Path, prefix: str, **fields: str) -> str:
     index = json.loads((bench / "onnxruntime" / "benchmarks.json").read_text())
     names = [n for n in index if n.startswith(prefix) and all(f"/{k}={v}/" in n + "/" for k, v in fields.items())]
@@ -131,7 +120,7 @@ def test_isolated_kernels_match_their_time_inside_the_whole_model(measured):
         for attempt in range(3):
             whole = _kernel_lows_ms(profile)
             assert node in whole, sorted(whole)
-            row = _row(db, name)
+            row = newest_row(db, name)
             assert row["status"] == "ok", (name, row["message"])
             assert "com.microsoft.nchwc.Conv" in row["implementation"]
             if 1 / 1.3 < row["low_ms"] / whole[node] < 1.3:
@@ -196,8 +185,8 @@ def test_analysis_defaults_to_ort_and_judges_its_kernels(measured):
     kernels = {k["name"]: k for k in a["framework"]["kernels"]}
     conv1 = kernels["conv1"]
     assert (conv1["fusion"], conv1["layout"]) == ("bias_relu", "any")
-    used = _row(db, _variant(bench, "conv:mb1_ic16", algo="all", fusion="bias_relu"))
-    other = _row(db, _variant(bench, "conv:mb1_ic16", algo="extended", fusion="bias_relu"))
+    used = newest_row(db, _variant(bench, "conv:mb1_ic16", algo="all", fusion="bias_relu"))
+    other = newest_row(db, _variant(bench, "conv:mb1_ic16", algo="extended", fusion="bias_relu"))
     assert conv1["used_ms"] == pytest.approx(used["low_ms"], rel=1e-3)
     assert conv1["best_ms"] == pytest.approx(min(used["low_ms"], other["low_ms"]), rel=1e-3)
     assert conv1["gain_ms"] == pytest.approx(used["low_ms"] - conv1["best_ms"], abs=1e-6)

@@ -14,14 +14,13 @@ import re
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import assert_faults_isolated, best_low_ms, invoke, io, model, tensor
+from helpers import assert_faults_isolated, best_low_ms, invoke, io, model, newest_row, tensor
 from onnx import helper
 
 from benanza.cli import main
@@ -97,16 +96,6 @@ def measured(tmp_path_factory):
     return path, bench, db
 
 
-def _row(db: Path, name: str) -> sqlite3.Row:
-    """The newest measurement of a variant, straight from SQL."""
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    row = con.execute("SELECT * FROM results WHERE variant = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
-    con.close()
-    assert row is not None, name
-    return row
-
-
 def _variant(layer: str, algo: str, layout: str, fusion: str = "none") -> str:
     return f"{layer}/backend=torch/api=Conv/algo={algo}/dtype=f32/layout={layout}/math=default/fusion={fusion}"
 
@@ -133,7 +122,7 @@ def _agrees_with(measured, name: str, oracle) -> sqlite3.Row:
     with an oracle run in a quiet one."""
     _, bench, db = measured
     for _ in range(3):
-        row = _row(db, name)
+        row = newest_row(db, name)
         assert row["status"] == "ok", row["message"]
         lows = [oracle()[0] for _ in range(ORACLE_RUNS)]
         if min(lows) / 1.3 < row["low_ms"] < max(lows) * 1.3:
@@ -249,8 +238,9 @@ def test_analysis_of_a_torch_profile_defaults_to_torch_and_judges_its_kernels(me
     a = doc["analyses"][0]
     assert a["backend"] == "torch"
     conv1 = {k["name"]: k for k in a["framework"]["kernels"]}["conv1"]
-    used = _row(db, _variant(CONV, "onednn", "nchw"))
-    others = [_row(db, _variant(CONV, algo, layout)) for algo in ("onednn", "native") for layout in ("nchw", "nhwc")]
+    used = newest_row(db, _variant(CONV, "onednn", "nchw"))
+    others = [newest_row(db, _variant(CONV, algo, layout))
+              for algo in ("onednn", "native") for layout in ("nchw", "nhwc")]
     assert conv1["used_ms"] == pytest.approx(used["low_ms"], rel=1e-3)
     assert conv1["best_ms"] == pytest.approx(min(r["low_ms"] for r in others), rel=1e-3)
     assert conv1["gain_ms"] == pytest.approx(used["low_ms"] - conv1["best_ms"], abs=1e-6)
@@ -327,10 +317,10 @@ def test_bf16_through_the_pipeline_against_torchs_own_bf16(tmp_path):
     invoke("run", "--system", "bf16box", "--backend", "torch", "--bench-dir", str(bench), "--db", str(db),
            "--threads", "1", "--min-time", "0.01", "--repetitions", "2", "--remeasure", "0", "--max-contention", "1")
     for name in index:
-        row = _row(db, name)
+        row = newest_row(db, name)
         assert row["status"] == "ok", (name, row["message"])
     native = next(n for n in conv if "/algo=native/" in n)
-    assert _row(db, native)["implementation"].startswith("aten::")
+    assert newest_row(db, native)["implementation"].startswith("aten::")
 
     out = CliRunner().invoke(main, ["check", str(path), "--bench-dir", str(bench), "--backend", "torch"])
     assert out.exit_code == 0, out.output
