@@ -47,6 +47,15 @@ def test_conv1d_is_costed_as_a_conv_both_backends_cover(path):
     assert {b.backend: (b.covered, b.running) for b in model_stats(m).backends} == {"cudnn": (1, 1), "onednn": (1, 1)}
 
 
+def _checked_on_onednn(models, out):
+    """The models' f32 oneDNN benchmarks generated into ``out``, built, and checked against ONNX Runtime."""
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, out)
+    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",), fusion=False))
+    build(out / "onednn", jobs=1)
+    return manifest, gen, check(out, models, CheckOptions(build_jobs=1))
+
+
 @pytest.mark.slow
 def test_conv1d_benchmarks_compute_what_onnx_runtime_computes(tmp_path):
     """generate → build → check: every 1-D conv's oneDNN benchmarks (f32, each layout and
@@ -54,12 +63,7 @@ def test_conv1d_benchmarks_compute_what_onnx_runtime_computes(tmp_path):
     chosen = [p for p in CONV1D if p.parent.name in ("test_Conv1d_dilated", "test_Conv1d_groups",
                                                      "test_Conv1d_pad2", "test_Conv1d_stride")]
     models = [load_model(p) for p in chosen]
-    out = tmp_path / "bench"
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",), fusion=False))
-    build(out / "onednn", jobs=1)
-    results = check(out, models, CheckOptions(build_jobs=1))
+    manifest, gen, results = _checked_on_onednn(models, tmp_path / "bench")
     assert not [(r.name, r.status.value, r.where) for r in results
                 if r.status not in (CheckStatus.OK, CheckStatus.UNSUPPORTED)]
     ok = {r.name for r in results if r.status is CheckStatus.OK}
@@ -84,11 +88,6 @@ def test_one_d_pooling_benchmarks_compute_what_onnx_runtime_computes(tmp_path):
         onnx.save(c.model, str(tmp_path / f"{c.name}.onnx"))
         models.append(load_model(tmp_path / f"{c.name}.onnx"))
     assert all(n.layer.problem.ih == 1 for m in models for n in m.nodes)
-    out = tmp_path / "bench"
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",), fusion=False))
-    build(out / "onednn", jobs=1)
-    results = check(out, models, CheckOptions(build_jobs=1))
+    _, gen, results = _checked_on_onednn(models, tmp_path / "bench")
     assert len(results) == len(gen.variants) >= 2
     assert all(r.status is CheckStatus.OK for r in results), [(r.name, r.status.value, r.where) for r in results]
