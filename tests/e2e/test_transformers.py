@@ -354,8 +354,8 @@ COVERAGE = {
     ("gpt", "torchscript", 17): (50, 5, 16, 28, 29),
     ("vit", "torchscript", 14): (98, 15, 20, 62, 63),
     ("vit", "torchscript", 17): (74, 15, 20, 38, 39),
-    ("mbv3", "torchscript", 14): (12, 0, 0, 12, 9),
-    ("mbv3", "torchscript", 17): (12, 0, 0, 12, 9),
+    ("mbv3", "torchscript", 14): (12, 0, 0, 12, 10),
+    ("mbv3", "torchscript", 17): (12, 0, 0, 12, 10),
     ("encoder", "dynamo", 18): (39, 11, 0, 28, 28),
     ("encoder", "dynamo", 23): (34, 11, 0, 23, 23),
     ("encoder", "dynamic", 18): (47, 13, 6, 28, 28),
@@ -366,8 +366,8 @@ COVERAGE = {
     ("gpt", "dynamic", 23): (23, 4, 0, 19, 19),
     ("vit", "dynamo", 18): (51, 12, 0, 38, 39),
     ("vit", "dynamo", 23): (42, 12, 0, 30, 30),
-    ("mbv3", "dynamo", 18): (12, 0, 0, 12, 9),
-    ("mbv3", "dynamo", 23): (12, 0, 0, 12, 9),
+    ("mbv3", "dynamo", 18): (12, 0, 0, 12, 10),
+    ("mbv3", "dynamo", 23): (12, 0, 0, 12, 10),
 }
 TITLES = {"encoder": "encoder", "gpt": "GPT block", "vit": "ViT (tiny)", "mbv3": "MobileNet-v3 block"}
 EXPORTER_TITLES = {"torchscript": "TorchScript", "dynamo": "dynamo", "dynamic": "dynamo, dynamic seq"}
