@@ -4,6 +4,9 @@
 //   --gemm=f32,bf16,s8      GEMM throughput through oneDNN's matmul, per data type: the best
 //                           of square sizes 512, 1024, 2048 on all threads together, or
 //                           of every thread's own 512³ GEMM at once (summed)
+//   --fma=f32               the core's own FMA throughput: every thread runs a register-only loop
+//                           of independent vector FMAs at the widest width this build targets
+//                           (summed): a ceiling no kernel of the library passes
 //   --level=NAME:BYTES      streaming bandwidth with a working set of BYTES (repeatable): the
 //                           better of a triad (a = b + s·c) and a read-only sum, all threads
 //   --seconds=S             measuring time per peak (default 0.25)
@@ -24,6 +27,9 @@
 
 #include <dnnl.hpp>
 #include <omp.h>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "benanza/json.hpp"
 
@@ -70,6 +76,29 @@ double best_per_call(const std::function<void(int)>& fn, double budget) {
     fn(reps);
     best = std::min(best, seconds_since(t) / reps);
   } while (seconds_since(start) < budget);
+  return best;
+}
+
+// The calling thread's fastest time per unit of `batch(reps)` (reps units back to back) over
+// `budget` seconds: the batch doubles until it lasts 0.5 ms (shorter than a time slice, so an
+// undisturbed batch is likely on a busy machine), then every batch counts. Each thread of a
+// parallel region times its own: no barrier, so a thread waiting for a core never stalls the
+// others' measurement.
+double own_best(const std::function<void(int64_t)>& batch, double budget) {
+  batch(1);  // warm-up: first touch, caches, clocks
+  int64_t reps = 1;
+  double best = 1e9;
+  auto start = Clock::now();
+  while (seconds_since(start) < budget) {
+    auto t = Clock::now();
+    batch(reps);
+    double took = seconds_since(t);
+    if (took < 0.0005 && reps < (int64_t(1) << 40)) {
+      reps *= 2;
+      continue;
+    }
+    best = std::min(best, took / reps);
+  }
   return best;
 }
 
@@ -162,20 +191,9 @@ double per_thread_gemm(const GemmType& t, int64_t n, double budget) {
                          {DNNL_ARG_SCRATCHPAD, g.mems[3]}});
       s.wait();
     };
-    call();  // warm-up
-    int reps = 1;
-    double best = 1e9;
-    auto start = Clock::now();
-    while (seconds_since(start) < budget) {
-      auto t0 = Clock::now();
-      for (int r = 0; r < reps; ++r) call();
-      double took = seconds_since(t0);
-      if (took < 0.0005 && reps < (1 << 20)) {
-        reps *= 2;
-        continue;
-      }
-      best = std::min(best, took / reps);
-    }
+    double best = own_best([&](int64_t reps) {
+      for (int64_t r = 0; r < reps; ++r) call();
+    }, budget);
     if (best < 1e9) total += 2.0 * n * n * n / best;
   }
   return total;
@@ -223,6 +241,83 @@ void measure_gemm(const std::string& name, double budget) {
   emit("BENANZA_PEAK", o.str());
 }
 
+// The core's f32 FMA throughput, the compute ceiling of every f32 kernel: independent vector
+// FMAs on registers only, at the widest width this build targets (-march=native), through
+// intrinsics so that each is one fused instruction whatever the compiler's contraction
+// settings. kAccumulators independent chains cover FMA latency × FMA ports (4–5 cycles × 2 on
+// current x86 cores) while fitting with the two operands in AVX2's 16 vector registers.
+#if defined(__AVX512F__)
+using FmaVec = __m512;
+constexpr int kLanes = 16;
+constexpr const char* kFmaIsa = "avx512f";
+inline FmaVec fma_splat(float x) { return _mm512_set1_ps(x); }
+inline FmaVec fma_step(FmaVec acc, FmaVec m, FmaVec a) { return _mm512_fmadd_ps(acc, m, a); }
+inline float fma_sum(FmaVec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__FMA__)
+using FmaVec = __m256;
+constexpr int kLanes = 8;
+constexpr const char* kFmaIsa = "avx2 fma";
+inline FmaVec fma_splat(float x) { return _mm256_set1_ps(x); }
+inline FmaVec fma_step(FmaVec acc, FmaVec m, FmaVec a) { return _mm256_fmadd_ps(acc, m, a); }
+inline float fma_sum(FmaVec v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float s = 0;
+  for (float x : lanes) s += x;
+  return s;
+}
+#else
+// No vector FMA this program knows: a scalar multiply-add, far below what the library's
+// vector kernels reach, so the GEMM peak stays the roof (benanza/peaks.py takes the faster).
+using FmaVec = float;
+constexpr int kLanes = 1;
+constexpr const char* kFmaIsa = "scalar";
+inline FmaVec fma_splat(float x) { return x; }
+inline FmaVec fma_step(FmaVec acc, FmaVec m, FmaVec a) { return acc * m + a; }
+inline float fma_sum(FmaVec v) { return v; }
+#endif
+constexpr int kAccumulators = 12;
+
+// `iterations` rounds of kAccumulators FMAs; acc ← acc·m + a converges to a / (1 − m) = 1, so
+// the values stay normal (no denormal slow path). The sum is returned so that no FMA is dead.
+float fma_loop(int64_t iterations) {
+  const FmaVec m = fma_splat(0.999f), a = fma_splat(0.001f);
+  FmaVec acc[kAccumulators];
+  for (int k = 0; k < kAccumulators; ++k) acc[k] = fma_splat(0.5f + 0.01f * k);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (int k = 0; k < kAccumulators; ++k) acc[k] = fma_step(acc[k], m, a);
+  float s = 0;
+  for (int k = 0; k < kAccumulators; ++k) s += fma_sum(acc[k]);
+  return s;
+}
+
+// FLOP/s of every thread running its own FMA loop at once, each timing its own batches
+// (`own_best`), summed: 2 FLOP per lane per FMA. A unit of a batch is 1024 rounds, so that the
+// loop, not the timer, is what a short batch measures.
+void measure_fma(const std::string& name, double budget) {
+  benanza::JsonObject o;
+  o.add("name", "fma_" + name).add("kind", "fma").add("dtype", name);
+  if (name != "f32") {
+    emit("BENANZA_PEAK", o.add("status", "failed").add("message", "no FMA loop for data type " + name).str());
+    return;
+  }
+  constexpr int64_t kRounds = 1024;
+  double total = 0, sink = 0;
+#pragma omp parallel reduction(+ : total, sink)
+  {
+    float s = 0;
+    double best = own_best([&](int64_t reps) { s += fma_loop(reps * kRounds); }, budget);
+    if (best < 1e9) total += 2.0 * kLanes * kAccumulators * kRounds / best;
+    sink += s;
+  }
+  std::string impl = std::string(kFmaIsa) + " " + std::to_string(8 * sizeof(FmaVec)) + "-bit, " +
+                     std::to_string(kAccumulators) + " accumulators";
+  o.add("status", "ok").add("value", total).add("unit", "flop/s")
+      .add("size", static_cast<int64_t>(8 * sizeof(FmaVec))).add("isa", kFmaIsa).add("lanes", static_cast<int64_t>(kLanes))
+      .add("accumulators", static_cast<int64_t>(kAccumulators)).add("implementation", impl).add("checksum", sink);
+  emit("BENANZA_PEAK", o.str());
+}
+
 // Σ b[i] + c[i] in eight independent partial sums, so the loads, not the latency of one
 // chain of additions, limit it.
 double sum(const double* b, const double* c, size_t lo, size_t hi) {
@@ -244,32 +339,18 @@ std::pair<size_t, size_t> chunk(size_t n, int t, int nt) {
 }
 
 // Bytes/s of all threads together, each timing its own loop over its own part (`kernel(lo,
-// hi)` moving `bytes_per_element` per element): a thread repeats it in batches of at least
-// 0.5 ms (shorter than a time slice) for `budget` seconds, and its fastest batch counts. No
-// barrier between batches, so a thread that waits for a core on a busy machine never stalls
-// the others' measurement. The
-// sum over threads is what the private caches (L1, L2) deliver together; for a shared level
-// it can exceed what all threads get at once, which only raises the roof.
+// hi)` moving `bytes_per_element` per element) with `own_best`. The sum over threads is what
+// the private caches (L1, L2) deliver together; for a shared level it can exceed what all
+// threads get at once, which only raises the roof.
 template <class Kernel>
 double threads_bandwidth(size_t n, double bytes_per_element, double budget, Kernel kernel) {
   double total = 0;
 #pragma omp parallel reduction(+ : total)
   {
     auto [lo, hi] = chunk(n, omp_get_thread_num(), omp_get_num_threads());
-    kernel(lo, hi);  // warm-up
-    int reps = 1;
-    double best = 1e9;
-    auto start = Clock::now();
-    while (seconds_since(start) < budget) {
-      auto t = Clock::now();
-      for (int r = 0; r < reps; ++r) kernel(lo, hi);
-      double took = seconds_since(t);
-      if (took < 0.0005 && reps < (1 << 24)) {
-        reps *= 2;
-        continue;
-      }
-      best = std::min(best, took / reps);
-    }
+    double best = own_best([&](int64_t reps) {
+      for (int64_t r = 0; r < reps; ++r) kernel(lo, hi);
+    }, budget);
     if (best < 1e9 && hi > lo) total += bytes_per_element * (hi - lo) / best;
   }
   return total;
@@ -323,7 +404,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> gemms;
+  std::vector<std::string> gemms, fmas;
   std::vector<std::pair<std::string, int64_t>> levels;
   double budget = 0.25;
   for (int i = 1; i < argc; ++i) {
@@ -331,6 +412,8 @@ int main(int argc, char** argv) {
     try {
       if (arg.rfind("--gemm=", 0) == 0) {
         gemms = split(arg.substr(7), ',');
+      } else if (arg.rfind("--fma=", 0) == 0) {
+        fmas = split(arg.substr(6), ',');
       } else if (arg.rfind("--level=", 0) == 0) {
         auto parts = split(arg.substr(8), ':');
         if (parts.size() != 2) throw std::invalid_argument(arg);
@@ -349,6 +432,7 @@ int main(int argc, char** argv) {
                                             {"threads", std::to_string(omp_get_max_threads())}};
   emit("BENANZA_CONTEXT", benanza::JsonObject().add("custom", custom).str());
   for (const auto& g : gemms) measure_gemm(g, budget);
+  for (const auto& f : fmas) measure_fma(f, budget);
   for (const auto& l : levels) measure_bandwidth(l.first, l.second, budget);
   return 0;
 }
