@@ -778,7 +778,7 @@ _FLOOR_BEATEN = {
               "layers) or the stored memory bandwidth is below what this machine attains (peaks measured while it "
               "was busy)",
     "compute": "the framework computed fewer FLOPs than the layers count (fused or skipped layers, Winograd-like "
-               "algorithms) or the stored GEMM peak is below what this machine attains (peaks measured while it "
+               "algorithms) or the stored compute peak is below what this machine attains (peaks measured while it "
                "was busy)",
     "work": "the framework ran more threads than the stack's, or its kernels did the layers' work in less time than "
             "the one-thread benchmarks",

@@ -687,7 +687,8 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
     """Measure the stack's attainable peaks and store them with it (a re-run replaces them).
 
     GEMM throughput per data type the library runs here (f32, bf16, int8: what the CPU lacks is
-    reported as the library's refusal), and streaming bandwidth from the L1 cache to main
+    reported as the library's refusal), the cores' own f32 FMA throughput (the f32 compute roof:
+    the library's GEMM is printed beside it) and streaming bandwidth from the L1 cache to main
     memory; on a GPU (cudnn) cuBLAS GEMMs (f32, tf32, f16, bf16, int8) and device-memory
     bandwidth inside and beyond L2, beside the GPU's datasheet figures where it is a known one.
     `benanza analyze` holds every layer to these roofs (docs/speed-of-light.md).
@@ -729,10 +730,14 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
             return [f"{value:g} TFLOP/s" if value else "—"]
         return [f"{sheet.memory_gb_s:g} GB/s" if level == "DRAM" else ""]
 
-    for p in measured.peaks:
-        if p.kind == "gemm":
-            table.add_row(Text(f"GEMM {p.dtype}"), f"{p.value / 1e12:.3f} TFLOP/s", f"{p.size}³",
-                          Text(p.implementation), *reference(dtype=p.dtype))
+    # the cores' FMA peak first where measured: the dtype's compute roof unless the library's GEMM,
+    # printed beside it, measured faster
+    for p in sorted((p for p in measured.peaks if p.kind != "bandwidth"), key=lambda p: p.kind != "fma"):
+        fma = p.kind == "fma"
+        roof = " (compute roof)" if fma and measured.compute_peak(p.dtype) == p else ""
+        table.add_row(Text(f"FMA {p.dtype}{roof}" if fma else f"library GEMM {p.dtype}"),
+                      f"{p.value / 1e12:.3f} TFLOP/s", f"{p.size}-bit" if fma else f"{p.size}³",
+                      Text(p.implementation), *reference(dtype="" if fma else p.dtype))
     for dtype, message in measured.unsupported:
         table.add_row(Text(f"GEMM {dtype}"), "not run", "", Text(message), *reference(dtype=dtype))
     for p in measured.ladder:
@@ -761,10 +766,10 @@ def _warn_contended_peaks(p) -> None:
 
 
 def _peaks_line(p) -> str:
-    gemm = ", ".join(f"{x.dtype} {x.value / 1e12:.3g} TFLOP/s" for x in p.peaks if x.kind == "gemm")
+    compute = ", ".join(f"{x.label} {x.value / 1e12:.3g} TFLOP/s" for x in p.peaks if x.kind != "bandwidth")
     dram, llc = p.dram, p.llc
-    return (f"GEMM {gemm}; bandwidth {dram.value / 1e9:.3g} GB/s to memory"
-            + (f", {llc.value / 1e9:.3g} GB/s in the last-level cache" if llc else "")) if dram else gemm
+    return (f"{compute}; bandwidth {dram.value / 1e9:.3g} GB/s to memory"
+            + (f", {llc.value / 1e9:.3g} GB/s in the last-level cache" if llc else "")) if dram else compute
 
 
 @main.command("check")

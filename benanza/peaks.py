@@ -1,5 +1,6 @@
 """``benanza peaks``: what this machine's stack attains — GEMM throughput per data type through
-the backend's own library, and streaming bandwidth from the L1 cache out to main memory.
+the backend's own library, the CPU cores' own f32 FMA throughput, and streaming bandwidth from
+the L1 cache out to main memory.
 
 The measurement is a small C++ program (``runtime_cpp/peaks/<backend>``) built with CMake
 against the same library as the benchmarks and run with the same threads, so a result of the
@@ -36,6 +37,9 @@ BINARY = "benanza_peaks"
 # what each backend's program can ask its library for (cuDNN's: cuBLAS, "tf32" being fp32 data
 # on Tensor Cores)
 GEMM_TYPES = {"onednn": ("f32", "bf16", "s8"), "cudnn": ("f32", "tf32", "f16", "bf16", "s8")}
+# dtypes whose compute ceiling the program measures with a register-only FMA loop of the cores
+# (bf16 and int8 have none yet: their roof stays the library's GEMM, docs/speed-of-light.md)
+FMA_TYPES = {"onednn": ("f32",)}
 SECONDS = 0.15  # measuring time per peak: the whole run stays within a few seconds
 _DRAM_FACTOR = 4  # the largest working set, in last-level caches
 _MIN_DRAM = 64 << 20
@@ -48,19 +52,24 @@ class PeaksError(BenanzaError):
 
 @dataclass(frozen=True)
 class Peak:
-    """One attained peak: FLOP/s of a GEMM in ``dtype``, or bytes/s over a working set of
-    ``size`` bytes in cache ``level`` (L1, L2, L3 or DRAM beyond them)."""
+    """One attained peak: FLOP/s of a GEMM in ``dtype`` or of the cores' FMA loop (``fma``), or
+    bytes/s over a working set of ``size`` bytes in cache ``level`` (L1, L2, L3 or DRAM beyond)."""
 
-    kind: str  # "gemm" | "bandwidth"
+    kind: str  # "gemm" | "fma" | "bandwidth"
     value: float  # flop/s or byte/s
-    size: int  # the GEMM's M = N = K, or the working set in bytes
-    dtype: str = ""  # gemm: f32, bf16, s8
+    size: int  # the GEMM's M = N = K, the FMA loop's vector width in bits, or the working set in bytes
+    dtype: str = ""  # gemm, fma: f32, bf16, s8
     level: str = ""  # bandwidth: the cache level the working set fits in
-    implementation: str = ""  # the library's kernel (gemm)
+    implementation: str = ""  # the library's kernel (gemm), the FMA loop's ISA and accumulators (fma)
 
     @property
     def name(self) -> str:
-        return f"gemm_{self.dtype}" if self.kind == "gemm" else f"bandwidth_{self.size}"
+        return f"bandwidth_{self.size}" if self.kind == "bandwidth" else f"{self.kind}_{self.dtype}"
+
+    @property
+    def label(self) -> str:
+        """How a report names a compute peak: "f32 FMA" (the cores' ceiling) or "f32 GEMM"."""
+        return f"{self.dtype} {'FMA' if self.kind == 'fma' else 'GEMM'}"
 
 
 # A quantized layer is analysed in its activations' type; the peaks program measures the int8
@@ -96,14 +105,21 @@ class Peaks:
     def gemm(self, dtype: str) -> Peak | None:
         return next((p for p in self.peaks if p.kind == "gemm" and p.dtype == dtype), None)
 
+    def fma(self, dtype: str) -> Peak | None:
+        return next((p for p in self.peaks if p.kind == "fma" and p.dtype == dtype), None)
+
     def compute_peak(self, dtype: str, math: str = "default") -> Peak | None:
-        """The GEMM peak a kernel of ``dtype`` under ``math`` can reach: fp32 data whose math
-        allows TF32 (cuDNN/cuBLAS ``tf32_allowed``) may run on Tensor Cores, so its roof is the
-        faster of the f32 and tf32 peaks; a kernel held to the f32 one would look impossible.
-        A quantized layer's dtype is its activations' (u8 or i8): the int8 GEMM peak is its roof."""
+        """The compute roof of a kernel of ``dtype`` under ``math``: the fastest of the peaks it
+        can reach. On a CPU that is the cores' FMA loop where measured (f32): a ceiling, where the
+        library's GEMM at one size is not (oneDNN's direct convolutions outran it by up to 23% on
+        an idle AVX2 core); the GEMM stays the roof where the loop measured slower (a CPU the
+        loop has no vector FMA for). fp32 data whose math allows TF32 (cuDNN/cuBLAS
+        ``tf32_allowed``) may run on Tensor Cores, so its roof is the faster of the f32 and tf32
+        peaks; a kernel held to the f32 one would look impossible. A quantized layer's dtype is
+        its activations' (u8 or i8): the int8 GEMM peak is its roof."""
         dtype = _INT8_ACTIVATIONS.get(dtype, dtype)
         found = [p for d in ((dtype, "tf32") if dtype == "f32" and math == "tf32_allowed" else (dtype,))
-                 if (p := self.gemm(d)) is not None]
+                 for p in (self.gemm(d), self.fma(d)) if p is not None]
         return max(found, key=lambda p: p.value) if found else None
 
     @property
@@ -142,6 +158,8 @@ class Peaks:
                 "command": self.command, "contended": self.contended,
                 "gemm": {p.dtype: {"flops_per_s": p.value, "size": p.size, "implementation": p.implementation}
                          for p in self.peaks if p.kind == "gemm"},
+                "fma": {p.dtype: {"flops_per_s": p.value, "vector_bits": p.size, "implementation": p.implementation}
+                        for p in self.peaks if p.kind == "fma"},
                 "unsupported": dict(self.unsupported),
                 "bandwidth": [{"bytes": p.size, "level": p.level, "bytes_per_s": p.value} for p in self.ladder],
                 "dram_bytes_per_s": self.dram.value if self.dram else None,
@@ -381,14 +399,14 @@ def measure(backend: str = "onednn", threads: int | None = None, cmake_args: tup
     sets = working_sets(levels, _mem_available())
     label = {n: lvl for lvl, n in sets}
     binary = _build(backend, cmake_args)
-    args = [f"--gemm={','.join(GEMM_TYPES[backend])}", f"--seconds={SECONDS:g}",
-            *(f"--level={lvl}:{n}" for lvl, n in sets)]
+    args = [f"--gemm={','.join(GEMM_TYPES[backend])}", f"--fma={','.join(FMA_TYPES[backend])}",
+            f"--seconds={SECONDS:g}", *(f"--level={lvl}:{n}" for lvl, n in sets)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     log.info("measuring peaks: %s", shlex.join([str(binary), *args]))
     output, contended = _run(binary, args, env)
     context, peaks, unsupported = parse_output(output, str(binary))
     # the program's working set is the requested one rounded to whole doubles: label by nearest
-    peaks = [p if p.kind == "gemm"
+    peaks = [p if p.kind != "bandwidth"
              else Peak(p.kind, p.value, p.size, level=label[min(label, key=lambda n: abs(n - p.size))])
              for p in peaks]
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")

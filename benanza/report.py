@@ -498,10 +498,10 @@ def _print_speed_of_light(a: Analysis, console: Console, top: int = 10) -> None:
     sol = a.speed_of_light
     assert sol is not None
     p = sol.peaks
-    gemm = ", ".join(f"{x.dtype} {x.value / 1e9:.4g} GFLOP/s" for x in p.peaks if x.kind == "gemm")
+    compute = ", ".join(f"{x.label} {x.value / 1e9:.4g} GFLOP/s" for x in p.peaks if x.kind != "bandwidth")
     ladder = ", ".join(f"{x.level} {x.size / 2**20:.3g} MiB {x.value / 1e9:.3g} GB/s" for x in p.ladder)
     console.print(f"speed of light from the stack's peaks ({p.source} {p.measured_at}, {p.threads} threads"
-                  + (f", {p.contended:.0%} of it contended" if p.contended else "") + f"): GEMM {gemm}; "
+                  + (f", {p.contended:.0%} of it contended" if p.contended else "") + f"): {compute}; "
                   f"bandwidth {ladder}", highlight=False, markup=False, soft_wrap=True)
     if a.bounds.sequential_ms:
         console.print(f"{sol.memory_bound_ms():.4g} ms of the {a.bounds.sequential_ms:.4g} ms bound "
@@ -659,8 +659,8 @@ def _log_scale(lo: float, hi: float, size: float, flip: bool = False):
 
 def roofline_svg(a: Analysis) -> str:
     """The roofline plot: attained FLOP/s against FLOPs per byte, one point per layer of the
-    bound (critical-path layers in red), the GEMM roof of each dtype and the bandwidth roofs of
-    the L1 cache and of main memory."""
+    bound (critical-path layers in red), the compute roofs (each dtype's GEMM, the cores' FMA
+    peak) and the bandwidth roofs of the L1 cache and of main memory."""
     from markupsafe import escape
 
     sol = a.speed_of_light
@@ -668,7 +668,7 @@ def roofline_svg(a: Analysis) -> str:
         return ""
     points = [(r, r.roof.intensity, r.roof.flops / (r.latency_ms / 1e3)) for r in sol.layers
               if r.roof.flops and r.roof.intensity and r.latency_ms]
-    gemms = [p for p in sol.peaks.peaks if p.kind == "gemm"]
+    gemms = [p for p in sol.peaks.peaks if p.kind != "bandwidth"]
     ladder = sol.peaks.ladder
     if not points or not ladder:
         return ""
@@ -697,7 +697,7 @@ def roofline_svg(a: Analysis) -> str:
         if x0 < x_hi:
             y = fy(g.value)
             out.append(f"<line class='roof compute' x1='{fx(x0):.1f}' y1='{y:.1f}' x2='{w}' y2='{y:.1f}'/>"
-                       f"<text x='{w + 4}' y='{y + 4:.1f}'>{escape(g.dtype)} GEMM {g.value / 1e9:.4g} GFLOP/s</text>")
+                       f"<text x='{w + 4}' y='{y + 4:.1f}'>{escape(g.label)} {g.value / 1e9:.4g} GFLOP/s</text>")
     peak = max(g.value for g in gemms) if gemms else y_hi
     for bw in roofs_bw:  # bandwidth roofs: FLOP/s = bytes/s × FLOP/byte, up to the highest compute roof
         x1 = min(x_hi, peak / bw.value)

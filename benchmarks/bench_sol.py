@@ -91,8 +91,8 @@ def main() -> None:
                 share = sol.memory_bound_ms() / b.sequential_ms if b.sequential_ms else 0.0
                 print(f"{head} {sol.sequential_ms:.4g} / {sol.parallel_ms:.4g} | {'yes' if ok else 'NO'} | "
                       f"{share:.0%} | {len(sol.impossible)} | {beyond} |")
-    gemm = ", ".join(f"{x.dtype} {x.value / 1e9:.4g} GFLOP/s ({x.implementation})" for x in peaks.peaks
-                     if x.kind == "gemm")
+    gemm = ", ".join(f"{x.label} {x.value / 1e9:.4g} GFLOP/s ({x.implementation})" for x in peaks.peaks
+                     if x.kind != "bandwidth")
     dram, llc = (x.value / 1e9 if x else 0.0 for x in (peaks.dram, peaks.llc))
     print(f"peaks: {peaks.threads} threads, {peaks.contended:.0%} contended; {gemm}; DRAM {dram:.3g} GB/s, "
           f"LLC {llc:.3g} GB/s")

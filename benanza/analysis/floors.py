@@ -122,9 +122,10 @@ def memory_floor(model: Model, rows: list[LayerRow], dtype: str, peaks: Peaks) -
 
 
 def compute_floor(model: Model, rows: list[LayerRow], dtype: str, peaks: Peaks) -> Floor | str:
-    """FLOPs at the GEMM peak each layer's kernel can reach (its dtype and math: fp32 allowed TF32
-    is held to the faster of the two), grouped by that peak; the group that takes longest (kernels
-    of different peaks may run on different units at once; integer layers have none, left out)."""
+    """FLOPs at the compute peak each layer's kernel can reach (its dtype and math: the cores'
+    FMA peak where measured, fp32 allowed TF32 held to the faster of f32 and tf32), grouped by
+    that peak; the group that takes longest (kernels of different peaks may run on different
+    units at once; integer layers without an int8 peak are left out)."""
     groups: dict[str, tuple[float, list[LayerRow]]] = {}
     without: set[str] = set()
     for row in rows:
@@ -136,7 +137,7 @@ def compute_floor(model: Model, rows: list[LayerRow], dtype: str, peaks: Peaks) 
         if peak is None:
             without.add(dt)
             continue
-        groups.setdefault(peak.dtype, (peak.value, []))[1].append(row)
+        groups.setdefault(peak.label, (peak.value, []))[1].append(row)
     floors = []
     for name, (value, members) in sorted(groups.items()):
         flops = [model.nodes[r.index].layer.flops for r in members]
@@ -145,10 +146,10 @@ def compute_floor(model: Model, rows: list[LayerRow], dtype: str, peaks: Peaks) 
         raised = f", raised to {_rate(rate, 'FLOP/s')} that a layer reached" if rate > value else ""
         total = sum(flops)
         floors.append(Floor(COMPUTE, 1e3 * total / rate, total, rate,
-                            f"{total / 1e9:.4g} GFLOP at the {name} GEMM peak {_rate(value, 'FLOP/s')}{raised}",
+                            f"{total / 1e9:.4g} GFLOP at the {name} peak {_rate(value, 'FLOP/s')}{raised}",
                             len(members)))
     if not floors:
-        return (f"compute floor: no GEMM peak measured in the dtypes of the bound's layers with FLOPs "
+        return (f"compute floor: no compute peak measured in the dtypes of the bound's layers with FLOPs "
                 f"({', '.join(sorted(without)) or 'none'})")
     return max(floors, key=lambda f: f.ms)
 

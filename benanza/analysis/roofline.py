@@ -1,17 +1,19 @@
 """Speed of light: each layer's roofline time from its work and the stack's measured peaks, a
 model bound over those times, and the results no kernel can have produced.
 
-A layer's roofline time is max(FLOPs / GEMM peak of its dtype, compulsory bytes / bandwidth),
-where the bandwidth is that of the largest measured working set not above the layer's bytes
-(a layer that fits in a cache is held to that cache). Algorithms that compute fewer
-multiplications than the direct count (Winograd, FFT) are held to the memory roof only, in the
-speed-of-light bound as in the check below.
+A layer's roofline time is max(FLOPs / compute peak of its dtype, compulsory bytes / bandwidth),
+where the compute peak is the cores' FMA loop where measured (f32 on a CPU), else the library's
+GEMM (``Peaks.compute_peak``), and the bandwidth is that of the largest measured working set
+not above the layer's bytes (a layer that fits in a cache is held to that cache). Algorithms
+that compute fewer multiplications than the direct count (Winograd, FFT) are held to the memory
+roof only, in the speed-of-light bound as in the check below.
 
 A result more than 10% faster than what no kernel can beat is a measurement defect, not a lower
-bound: it is flagged ``impossible`` and kept out of the bound. That floor takes the fastest
-bandwidth measured anywhere (the smallest working set's): the ladder's streaming copies read and
-write, while a kernel that mostly reads (a GEMM's weights) can stream faster than a copy of its
-size, and a defect (an empty timed region) is far below either.
+bound: it is flagged ``impossible`` and kept out of the bound. That floor takes the FMA roof
+itself, or half a GEMM roof (``COMPUTE_SLACK``), and the fastest bandwidth measured anywhere
+(the smallest working set's): the ladder's streaming copies read and write, while a kernel that
+mostly reads (a GEMM's weights) can stream faster than a copy of its size, and a defect (an
+empty timed region) is far below either.
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ from dataclasses import dataclass
 
 from ..layers import FLOAT_DTYPES, Dag, Layer, Model, TensorSpec
 from ..ops.base import ELEMENT_SIZE
-from ..peaks import Peaks
+from ..peaks import Peak, Peaks
 from ..records import Result, Variant
 from .bounds import LayerRow, LayerStatus, critical_path
 
 # A result faster than this share of its roofline time cannot be true (the margin absorbs the
 # peaks' own noise: they are the best batches of a few seconds on a possibly busy machine).
 IMPOSSIBLE_BELOW = 0.9
-# The defect check's compute floor is the GEMM peak over this: the peak is what one GEMM shape
+# The defect check's compute floor is a GEMM peak over this: the peak is what one GEMM shape
 # reaches, and other kernels beat it (seen in a clean room: Inception-v1's 5×5 convolutions, 5
 # real results past 1.11× a trusted 462 GFLOP/s). A defect (an empty timed region) is orders of
-# magnitude below either.
+# magnitude below either. The cores' FMA peak is a ceiling, so a roof that is one takes no slack;
+# bf16 and int8 have no FMA/VNNI/AMX loop yet and keep their GEMM roof and this slack.
 COMPUTE_SLACK = 2.0
 # Words in an algorithm or implementation name of kernels that do fewer multiplications than
 # the direct method, whose FLOP count the roof assumes.
@@ -45,10 +48,17 @@ class Roof:
 
     flops: int
     bytes: int
-    compute_ms: float | None  # None: no measured GEMM peak in this dtype
+    compute_ms: float | None  # None: no measured compute peak in this dtype
     memory_ms: float
     level: str  # the cache level (or DRAM) whose bandwidth is the memory roof
     fastest_memory_ms: float  # the bytes at the fastest bandwidth measured (the defect check's floor)
+    compute_peak: Peak | None  # the peak behind compute_ms: the cores' FMA loop or the library's GEMM
+
+    @property
+    def compute_slack(self) -> float:
+        """How far a real kernel may beat the compute roof: not at all past the cores' FMA peak,
+        up to ``COMPUTE_SLACK`` past a GEMM's."""
+        return 1.0 if self.compute_peak is not None and self.compute_peak.kind == "fma" else COMPUTE_SLACK
 
     @property
     def ms(self) -> float:
@@ -70,7 +80,7 @@ class Roof:
     def floor_ms(self, variant: Variant, implementation: str) -> float:
         """What a result of ``variant`` cannot beat, whatever cache holds its data."""
         compute = 0.0 if computes_fewer(variant.algo, implementation) else (self.compute_ms or 0.0)
-        return max(compute / COMPUTE_SLACK, self.fastest_memory_ms)
+        return max(compute / self.compute_slack, self.fastest_memory_ms)
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,7 @@ class SpeedOfLight:
     parallel_ms: float
     critical_path: tuple[int, ...]
     impossible: tuple[ImpossibleResult, ...]
-    no_compute_roof: tuple[str, ...]  # dtypes of layers with no GEMM peak: held to memory only
+    no_compute_roof: tuple[str, ...]  # dtypes of layers with no compute peak: held to memory only
 
     def memory_bound_ms(self) -> float:
         """Of the bound (sum of the layers' latencies), the part in memory-bound layers."""
@@ -141,10 +151,11 @@ def roof(layer: Layer, dtype: str, peaks: Peaks, math: str = "default") -> Roof 
     bandwidth = peaks.bandwidth_for(nbytes)
     if bandwidth is None:
         return None
-    gemm = peaks.compute_peak(dtype, math)
-    compute = 1e3 * layer.flops / gemm.value if gemm is not None else None
+    peak = peaks.compute_peak(dtype, math)
+    compute = 1e3 * layer.flops / peak.value if peak is not None else None
     fastest = max(p.value for p in peaks.ladder)
-    return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level, 1e3 * nbytes / fastest)
+    return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level, 1e3 * nbytes / fastest,
+                peak)
 
 
 def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[Result], list[ImpossibleResult]]:

@@ -313,8 +313,9 @@ void measure_fma(const std::string& name, double budget) {
   std::string impl = std::string(kFmaIsa) + " " + std::to_string(8 * sizeof(FmaVec)) + "-bit, " +
                      std::to_string(kAccumulators) + " accumulators";
   o.add("status", "ok").add("value", total).add("unit", "flop/s")
-      .add("size", static_cast<int64_t>(8 * sizeof(FmaVec))).add("isa", kFmaIsa).add("lanes", static_cast<int64_t>(kLanes))
-      .add("accumulators", static_cast<int64_t>(kAccumulators)).add("implementation", impl).add("checksum", sink);
+      .add("size", static_cast<int64_t>(8 * sizeof(FmaVec))).add("isa", kFmaIsa)
+      .add("lanes", static_cast<int64_t>(kLanes)).add("accumulators", static_cast<int64_t>(kAccumulators))
+      .add("implementation", impl).add("checksum", sink);
   emit("BENANZA_PEAK", o.str());
 }
 
