@@ -606,8 +606,8 @@ def _warn_speed_of_light(a: Analysis) -> None:
             f"--filter`: " + ", ".join(f"{f.variant} {f.latency_ms:.3g} ms < roof {f.floor_ms:.3g} ms"
                                        for f in sol.impossible[:3]) + (", …" if len(sol.impossible) > 3 else ""))
     if sol.no_compute_roof:
-        a.notes.append(f"no GEMM peak in {', '.join(sol.no_compute_roof)} was measured on this stack: those "
-                       f"layers' roofline is their memory roof only")
+        a.notes.append(f"no compute peak (GEMM or FMA) in {', '.join(sol.no_compute_roof)} was measured on this "
+                       f"stack: those layers' roofline is their memory roof only")
 
 
 def _note_floors(a: Analysis) -> None:

@@ -8,7 +8,7 @@ below any of these floors (each a lower bound of every schedule):
 
 - **memory**: the weights that cannot stay in the last-level cache between runs stream from
   main memory once per run at least: (weight bytes − LLC capacity) / the memory bandwidth;
-- **compute**: the FLOPs at the attainable GEMM peak of their dtype;
+- **compute**: the FLOPs at the compute peak of their dtype (the cores' FMA peak, else the GEMM's);
 - **work**: each layer's single-thread time is its work, and the stack's threads do it all at
   most that many at once: Σ single-thread time / threads.
 

@@ -8,7 +8,7 @@ tokens (S, or 1 in a decode step), except an axis named as a sum (``past + seq``
 The model is then processed and analysed at those shapes as ``--input-shape`` would.
 
 Per layer of the bound, the shares of its time (docs/analyze.md, "Phases"): the layer's roofline
-times from the stack's peaks, compute c = FLOPs / GEMM peak and memory m (its compulsory bytes at
+times from the stack's peaks, compute c = FLOPs / compute peak and memory m (its compulsory bytes at
 the bandwidth of the cache level they fit in); compute gets c / (c + m), and m / (c + m) is split
 over the bytes it reads and writes by where they come from: weights (initializers, and constants
 folded from them; a copy such as the embedding Gather reads at most what it writes of its
@@ -165,7 +165,7 @@ class LayerShare:
     weight_bytes: int
     kv_bytes: int
     activation_bytes: int
-    compute_ms: float | None  # the roofline's compute time (None: no roofline, or no GEMM peak in its dtype)
+    compute_ms: float | None  # the roofline's compute time (None: no roofline, or no compute peak in its dtype)
     memory_ms: float | None  # the roofline's memory time (None: no roofline)
 
     @property
