@@ -668,14 +668,14 @@ def roofline_svg(a: Analysis) -> str:
         return ""
     points = [(r, r.roof.intensity, r.roof.flops / (r.latency_ms / 1e3)) for r in sol.layers
               if r.roof.flops and r.roof.intensity and r.latency_ms]
-    gemms = [p for p in sol.peaks.peaks if p.kind != "bandwidth"]
+    roofs_compute = [p for p in sol.peaks.peaks if p.kind != "bandwidth"]
     ladder = sol.peaks.ladder
     if not points or not ladder:
         return ""
     roofs_bw = [ladder[0], ladder[-1]] if len(ladder) > 1 else ladder
     x_lo = 10 ** math.floor(math.log10(min(i for _, i, _ in points) / 2))
     x_hi = 10 ** math.ceil(math.log10(max(i for _, i, _ in points) * 2))
-    top = max([g.value for g in gemms] + [v for _, _, v in points])
+    top = max([g.value for g in roofs_compute] + [v for _, _, v in points])
     y_hi = 10 ** math.ceil(math.log10(top * 1.5))
     y_lo = 10 ** math.floor(math.log10(max(min(v for _, _, v in points) / 2, y_hi * 1e-9)))
     w, h, ml, mt, mb = 640, 400, 70, 24, 40
@@ -692,13 +692,13 @@ def roofline_svg(a: Analysis) -> str:
                    f"<text x='-6' y='{y + 4:.1f}' text-anchor='end'>1e{e}</text>")
     out.append(f"<text x='{w / 2}' y='{h + 34}' text-anchor='middle'>arithmetic intensity (FLOP per compulsory byte)"
                f"</text><text transform='rotate(-90)' x='{-h / 2}' y='-52' text-anchor='middle'>attained FLOP/s</text>")
-    for g in gemms:  # each dtype's compute roof, from where the highest bandwidth roof meets it
+    for g in roofs_compute:  # each compute peak (GEMM per dtype, the cores' FMA), from where the highest bandwidth roof meets it
         x0 = max(x_lo, g.value / roofs_bw[0].value)
         if x0 < x_hi:
             y = fy(g.value)
             out.append(f"<line class='roof compute' x1='{fx(x0):.1f}' y1='{y:.1f}' x2='{w}' y2='{y:.1f}'/>"
                        f"<text x='{w + 4}' y='{y + 4:.1f}'>{escape(g.label)} {g.value / 1e9:.4g} GFLOP/s</text>")
-    peak = max(g.value for g in gemms) if gemms else y_hi
+    peak = max(g.value for g in roofs_compute) if roofs_compute else y_hi
     for bw in roofs_bw:  # bandwidth roofs: FLOP/s = bytes/s × FLOP/byte, up to the highest compute roof
         x1 = min(x_hi, peak / bw.value)
         if x1 > x_lo:
