@@ -692,7 +692,7 @@ def roofline_svg(a: Analysis) -> str:
                    f"<text x='-6' y='{y + 4:.1f}' text-anchor='end'>1e{e}</text>")
     out.append(f"<text x='{w / 2}' y='{h + 34}' text-anchor='middle'>arithmetic intensity (FLOP per compulsory byte)"
                f"</text><text transform='rotate(-90)' x='{-h / 2}' y='-52' text-anchor='middle'>attained FLOP/s</text>")
-    for g in roofs_compute:  # each compute peak (GEMM per dtype, the cores' FMA), from where the highest bandwidth roof meets it
+    for g in roofs_compute:  # each compute peak (GEMM per dtype, the FMA), from where the top bandwidth roof meets it
         x0 = max(x_lo, g.value / roofs_bw[0].value)
         if x0 < x_hi:
             y = fy(g.value)
