@@ -284,8 +284,10 @@ float fma_loop(int64_t iterations) {
   const FmaVec m = fma_splat(0.999f), a = fma_splat(0.001f);
   FmaVec acc[kAccumulators];
   for (int k = 0; k < kAccumulators; ++k) acc[k] = fma_splat(0.5f + 0.01f * k);
-  for (int64_t i = 0; i < iterations; ++i)
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12  // every accumulator its own register: no store/load between FMAs
     for (int k = 0; k < kAccumulators; ++k) acc[k] = fma_step(acc[k], m, a);
+  }
   float s = 0;
   for (int k = 0; k < kAccumulators; ++k) s += fma_sum(acc[k]);
   return s;
