@@ -295,7 +295,9 @@ float fma_loop(int64_t iterations) {
 
 // FLOP/s of every thread running its own FMA loop at once, each timing its own batches
 // (`own_best`), summed: 2 FLOP per lane per FMA. A unit of a batch is 1024 rounds, so that the
-// loop, not the timer, is what a short batch measures.
+// loop, not the timer, is what a short batch measures. Two hyperthreads of one core may each
+// have their best batch while the other waits: the sum can then exceed the core, which only
+// raises the roof (a lower bound stays one).
 void measure_fma(const std::string& name, double budget) {
   benanza::JsonObject o;
   o.add("name", "fma_" + name).add("kind", "fma").add("dtype", name);
