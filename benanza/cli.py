@@ -739,7 +739,7 @@ def peaks(system_name: str, backend: str, threads: int | None, db_path: str | No
                       f"{p.value / 1e12:.3f} TFLOP/s", f"{p.size}-bit" if fma else f"{p.size}³",
                       Text(p.implementation), *reference(dtype="" if fma else p.dtype))
     for dtype, message in measured.unsupported:
-        table.add_row(Text(f"GEMM {dtype}"), "not run", "", Text(message), *reference(dtype=dtype))
+        table.add_row(Text(f"library GEMM {dtype}"), "not run", "", Text(message), *reference(dtype=dtype))
     for p in measured.ladder:
         table.add_row(Text("bandwidth"), f"{p.value / 1e9:.1f} GB/s", f"{p.size / 2**20:.3g} MiB", p.level,
                       *reference(level=p.level))
