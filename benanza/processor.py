@@ -149,8 +149,8 @@ class ProcessOptions:
     # What a run for the shapes static inference leaves unknown feeds (shapes_by_execution).
     input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()
     input_data: tuple[tuple[str, np.ndarray], ...] = ()
-    # Replace each If by the branch taken and unroll clean Loops (control_flow); off for consumers that map the
-    # Model's nodes back onto the file's own graph (check, the torch executor).
+    # Replace each If by the branch taken and unroll clean Loops and Scans (control_flow); off for
+    # consumers that map the Model's nodes back onto the file's own graph (check, the torch executor).
     take_branches: bool = True
 
 
@@ -866,7 +866,8 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset, scope_source=scopes, uncosted=uncosted,
                  executed_shapes=len(executed.specs), data_dependent=data_dependent,
-                 control_flow={b.node: b.branch for b in taken}, branch_failure=branch_failure)
+                 control_flow={b.node: b.branch for b in taken}, control_flow_ops={b.node: b.op for b in taken},
+                 branch_failure=branch_failure)
 
 
 def _dims(shape: Sequence[int]) -> str:
