@@ -52,7 +52,7 @@ def _same_outputs(m: onnx.ModelProto, tmp_path, feed: dict[str, np.ndarray]) -> 
 
 
 @pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
-def test_the_backend_scan_cases_unroll_to_the_outputs_onnx_computed(cases, tmp_path):
+def test_the_backend_scan_cases_unroll_to_the_outputs_onnx_computed(cases, tmp_path):  # noqa: F811
     """Every opset-9+ Scan case of the ONNX package: the unrolled model's outputs are the ones
     ONNX's reference computed (the case's expected outputs) and ORT computes on the original; the
     body runs once per element of the scan input, named by its path."""
@@ -78,7 +78,7 @@ def test_the_backend_scan_cases_unroll_to_the_outputs_onnx_computed(cases, tmp_p
 
 
 @pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
-def test_opset8_scan_stays_one_node_and_says_why(cases, tmp_path):
+def test_opset8_scan_stays_one_node_and_says_why(cases, tmp_path):  # noqa: F811
     path, data, expected = _write(cases["test_scan_sum"], tmp_path)
     m = load_model(path, input_data=data)
     why = "stays one node: opset 8's batched Scan (with sequence_lens) is not unrolled"
