@@ -189,6 +189,8 @@ def _scan_trips(node: onnx.NodeProto, body: onnx.GraphProto | None, found: dict[
     if shape is None:
         return 0, "its scan inputs' length was not seen"
     axis = int(_attr(node, "scan_input_axes", [0])[0])
+    if not -len(shape) <= axis < len(shape):
+        return 0, f"scan_input_axes {axis} is outside its first scan input's rank {len(shape)}"
     return shape[axis], ""
 
 
