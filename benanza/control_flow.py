@@ -50,12 +50,17 @@ class TakenBranch:
 _LOOPS = ("Loop", "Scan")
 
 
-def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[int, ...]],
-                        values: dict[str, tuple[float, ...]], data: dict[str, np.ndarray]
+Shapes = dict[str, tuple[int, ...]]
+
+
+def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: Shapes,
+                        values: dict[str, tuple[float, ...]], data: dict[str, np.ndarray],
+                        inferred: Callable[[onnx.ModelProto, Path, Shapes], Shapes]
                         ) -> tuple[onnx.ModelProto, tuple[TakenBranch, ...], str]:
     """``model`` with every default-domain If replaced by the branch taken and every clean Loop
     and Scan unrolled (a copy when any is), what each became, and why the run that decides them
-    could not be made ("" when it could)."""
+    could not be made ("" when it could). ``inferred`` gives the static shapes of a graph's
+    tensors at the input shapes (the processor's ``inferred_shapes``)."""
     taken: list[TakenBranch] = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     left: set[str] = set()  # Loops and Scans already found not clean: not asked about again
@@ -65,8 +70,11 @@ def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: dict[s
                 and (n.op_type == "If" or n.op_type in _LOOPS and _name(n, i) not in left)}
         if not flow:
             break
-        # Shapes known without a run: the trip count of a Scan over an input or a weight needs none.
+        # Shapes known without a run: a Scan's trip count needs a run only where its length depends
+        # on values (a run would also ask for every small integer input upstream, token ids too).
         static = {**input_shapes, **{t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}}
+        if any(t not in static for n in flow.values() if n.op_type == "Scan" for t in _deciding(n, static, opset)):
+            static = {**inferred(model, path, input_shapes), **static}
         wanted = {t for n in flow.values() for t in _deciding(n, static, opset) if t}
         found: dict[str, np.ndarray] = {}
         if wanted:
@@ -96,7 +104,7 @@ def _name(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
-def _deciding(node: onnx.NodeProto, static: dict[str, tuple[int, ...]], opset: int) -> list[str]:
+def _deciding(node: onnx.NodeProto, static: Shapes, opset: int) -> list[str]:
     """The tensors whose values the run must give to decide the node: an If's condition, a
     Loop's trip count and condition, the scan inputs of a Scan whose length is not static
     (none for opset 8's Scan, which stays one node)."""
@@ -132,7 +140,7 @@ def _taken_branch(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray],
                    if dst and src != dst]
 
 
-def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], static: dict[str, tuple[int, ...]],
+def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], static: Shapes,
               main: onnx.GraphProto, taken: list[TakenBranch], left: set[str], opset: int
               ) -> list[onnx.NodeProto] | None:
     """The Loop or Scan as its body once per iteration (None, said in ``taken``, when it stays one node)."""
@@ -151,7 +159,7 @@ def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], sta
         return None
     assert body is not None
     nodes = _loop(node, body, name, trips, main, opset) if node.op_type == "Loop" else \
-        _scan(node, body, name, trips, static, found, main, opset)
+        _scan(node, body, name, trips, main, opset)
     taken.append(TakenBranch(name, f"{trips} iterations", node.op_type))
     return nodes
 
@@ -178,7 +186,7 @@ def _loop_trips(node: onnx.NodeProto, body: onnx.GraphProto | None, found: dict[
 
 
 def _scan_trips(node: onnx.NodeProto, body: onnx.GraphProto | None, found: dict[str, np.ndarray],
-                static: dict[str, tuple[int, ...]], opset: int) -> tuple[int, str]:
+                static: Shapes, opset: int) -> tuple[int, str]:
     """The Scan's trip count, the length of its scan inputs on their axes, else why it is not known."""
     if opset < 9:
         return 0, "opset 8's batched Scan (with sequence_lens) is not unrolled"
@@ -188,13 +196,13 @@ def _scan_trips(node: onnx.NodeProto, body: onnx.GraphProto | None, found: dict[
     shape = _shape(inputs[0], static, found)
     if shape is None:
         return 0, "its scan inputs' length was not seen"
-    axis = int(_attr(node, "scan_input_axes", [0])[0])
+    axis = int((_attr(node, "scan_input_axes", []) or [0])[0])
     if not -len(shape) <= axis < len(shape):
         return 0, f"scan_input_axes {axis} is outside its first scan input's rank {len(shape)}"
     return shape[axis], ""
 
 
-def _shape(tensor: str, static: dict[str, tuple[int, ...]], found: dict[str, np.ndarray]) -> tuple[int, ...] | None:
+def _shape(tensor: str, static: Shapes, found: dict[str, np.ndarray]) -> tuple[int, ...] | None:
     if tensor in static:
         return static[tensor]
     return tuple(found[tensor].shape) if tensor in found else None
@@ -217,8 +225,8 @@ def _loop(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, ma
                        1, start, [0] * scans, [False] * scans)
 
 
-def _scan(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, static: dict[str, tuple[int, ...]],
-          found: dict[str, np.ndarray], main: onnx.GraphProto, opset: int) -> list[onnx.NodeProto]:
+def _scan(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, main: onnx.GraphProto,
+          opset: int) -> list[onnx.NodeProto]:
     """A Scan unrolled: iteration i reads element i of each scan input (element trips-1-i when
     its direction is reverse), a Gather of a scalar index on the input's axis, which drops that
     axis as the body's input does; scan outputs stack on their axes, prepended when reverse."""

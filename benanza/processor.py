@@ -389,6 +389,23 @@ def _unknown_outputs(model: onnx.ModelProto) -> int:
     return sum(1 for n in graph.node for o in n.output if o and o in needed and o not in known)
 
 
+def inferred_shapes(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[int, ...]]
+                    ) -> dict[str, tuple[int, ...]]:
+    """The concrete shapes ONNX shape inference gives ``model``'s tensors at these input shapes ({}
+    where it refuses the graph): what a Scan's trip count needs before its body is inlined, so that
+    a run is made, and its deciding inputs asked for, only where shapes depend on values. The full
+    inference (folding, symbolic) runs once, on the inlined graph."""
+    proxy = _shape_proxy(model)
+    _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, path,
+                      ProcessOptions(input_shapes=tuple(sorted(input_shapes.items()))))
+    try:
+        graph = _onnx_infer(proxy).graph
+    except Exception:  # noqa: BLE001 - ONNX's inference errors have no common type; the run decides instead
+        return {}
+    specs = ((vi.name, _tensor_spec(vi)) for vi in list(graph.value_info) + list(graph.output))
+    return {name: spec.shape for name, spec in specs if spec is not None}
+
+
 def _onnx_infer(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=True, data_prop=True)
 
@@ -790,7 +807,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     branch_failure = ""
     if opts.take_branches:
         model, taken, branch_failure = inline_control_flow(model, p, in_shapes, dict(opts.input_values),
-                                                             dict(opts.input_data))
+                                                             dict(opts.input_data), inferred_shapes)
     if taken:  # the taken branches' nodes are now the graph's own
         _check_claimed_sizes(model, p)
         proxy = _shape_proxy(model)

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from benanza import control_flow
 from benanza.cli import main
 from benanza.control_flow import inline_control_flow
-from benanza.processor import load_model
+from benanza.processor import inferred_shapes, load_model
 from tests.test_shapes_by_execution import _write, cases  # noqa: F401 - `cases` is a fixture
 
 
@@ -31,7 +31,8 @@ def _unrolled(m: onnx.ModelProto, tmp_path, feed: dict[str, np.ndarray]) -> tupl
     """The model as the processor inlines it, and what each control-flow node became."""
     path = tmp_path / "scan.onnx"
     onnx.save(m, str(path))
-    out, taken, failure = inline_control_flow(m, path, {k: v.shape for k, v in feed.items()}, {}, feed)
+    out, taken, failure = inline_control_flow(m, path, {k: v.shape for k, v in feed.items()}, {}, feed,
+                                              inferred_shapes)
     assert failure == ""
     return out, {t.node: t.branch for t in taken}
 
@@ -187,6 +188,25 @@ def test_a_scan_in_the_branch_taken_unrolls(tmp_path, cond):
     feed = {"x": np.arange(6, dtype=np.float32).reshape(3, 2), "cond": np.array(cond)}
     became = _same_outputs(m, tmp_path, feed)
     assert became == ({"If_0": "then", "If_0/then/Scan_0": "3 iterations"} if cond else {"If_0": "else"})
+
+
+def test_a_scan_over_embedded_token_ids_needs_no_value_and_no_run(tmp_path, monkeypatch):
+    """The Scan reads the embeddings of 8 token ids (int64, few enough to be a deciding input if a
+    run were made for them): static inference gives the sequence's length, so no run is made and
+    no --input-value is asked for, and the Scan unrolls to the ids' count."""
+    runs = []
+    real = control_flow.run_once
+    monkeypatch.setattr(control_flow, "run_once", lambda *a: runs.append(a[3]) or real(*a))
+    m = model([helper.make_node("Gather", ["table", "ids"], ["emb"]),
+               helper.make_node("Squeeze", ["emb", "zero_axis"], ["seq"]),
+               _scan_of("seq", "zero", "")],
+              [io("ids", [1, 8], TensorProto.INT64)], [io("sum", None), io("partial", None)],
+              [tensor("table", (100, 2)), tensor("zero", (2,), 0.0),
+               numpy_helper.from_array(np.array([0], np.int64), "zero_axis")], opset=16)
+    path = tmp_path / "embedded.onnx"
+    onnx.save(m, str(path))
+    processed = load_model(path)
+    assert processed.control_flow == {"Scan_0": "8 iterations"} and runs == []
 
 
 def test_a_scan_past_max_trips_stays_one_node_and_says_so(tmp_path, monkeypatch):
