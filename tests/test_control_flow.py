@@ -15,11 +15,26 @@ from click.testing import CliRunner
 from helpers import io, model, tensor
 from onnx import TensorProto, helper, numpy_helper
 
-from benanza import control_flow
+from benanza import control_flow, shapes_by_execution
 from benanza.cli import main
 from benanza.control_flow import inline_control_flow
 from benanza.processor import inferred_shapes, load_model
 from tests.test_shapes_by_execution import _write, cases  # noqa: F401 - `cases` is a fixture
+
+
+@pytest.fixture
+def runs(monkeypatch) -> list[set[str]]:
+    """The tensors each ONNX Runtime run of the processor was made for (the real runs, recorded)."""
+    made: list[set[str]] = []
+    real = shapes_by_execution.run_once
+
+    def recorded(*args):
+        made.append(args[3])
+        return real(*args)
+
+    monkeypatch.setattr(control_flow, "run_once", recorded)
+    monkeypatch.setattr(shapes_by_execution, "run_once", recorded)
+    return made
 
 
 def _ort(m: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -123,11 +138,8 @@ def _two_way_scan(opset: int) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("opset", [9, 11, 17])  # axes as attributes ≥ 0, negative, Unsqueeze's axes an input
-def test_a_scan_backward_on_other_axes_unrolls_to_what_ort_computes(tmp_path, monkeypatch, opset):
+def test_a_scan_backward_on_other_axes_unrolls_to_what_ort_computes(tmp_path, runs, opset):
     """Its scan inputs are graph inputs, so their length is static: no run is made for it."""
-    runs = []
-    real = control_flow.run_once
-    monkeypatch.setattr(control_flow, "run_once", lambda *a: runs.append(a[3]) or real(*a))
     rng = np.random.default_rng(0)
     feed = {"h0": rng.standard_normal((2, 4)), "x": rng.standard_normal((2, 5, 3)),
             "y": rng.standard_normal((5, 3))}
@@ -150,12 +162,9 @@ def _scan_of(seq: str, state: str, prefix: str) -> onnx.NodeProto:
                             name="Scan_0")
 
 
-def test_a_scan_in_a_loop_unrolls_in_each_iteration(tmp_path, monkeypatch):
-    """The Loop's state (4×2) is the Scan's sequence: in iteration 0 the graph input (static), in
-    the next ones a tensor the previous iteration computes, whose length the run gives."""
-    runs = []
-    real = control_flow.run_once
-    monkeypatch.setattr(control_flow, "run_once", lambda *a: runs.append(a[3]) or real(*a))
+def test_a_scan_in_a_loop_unrolls_in_each_iteration(tmp_path):
+    """The Loop's state (4×2) is the Scan's sequence: in iteration 0 the graph input, in the next
+    ones the tensor the previous iteration computes."""
     body = helper.make_graph(
         [helper.make_node("Identity", ["c_in"], ["c_out"]),
          _scan_of("v_in", "zero", "in_"),
@@ -170,7 +179,6 @@ def test_a_scan_in_a_loop_unrolls_in_each_iteration(tmp_path, monkeypatch):
     feed = {"x": np.arange(8, dtype=np.float32).reshape(4, 2)}
     became = _same_outputs(m, tmp_path, feed)
     assert became == {"Loop_0": "3 iterations", **{f"Loop_0/iter{i}/Scan_0": "4 iterations" for i in range(3)}}
-    assert any("Loop_0/iter1/v_out" in wanted for wanted in runs)  # iteration 1's sequence: seen in a run
     path = tmp_path / "scan.onnx"
     names = {n.name for n in load_model(path, input_data=feed).nodes}
     assert {f"Loop_0/iter{i}/Scan_0/iter{j}/Add_0" for i in range(3) for j in range(4)} <= names
@@ -190,13 +198,10 @@ def test_a_scan_in_the_branch_taken_unrolls(tmp_path, cond):
     assert became == ({"If_0": "then", "If_0/then/Scan_0": "3 iterations"} if cond else {"If_0": "else"})
 
 
-def test_a_scan_over_embedded_token_ids_needs_no_value_and_no_run(tmp_path, monkeypatch):
+def test_a_scan_over_embedded_token_ids_needs_no_value_and_no_run(tmp_path, runs):
     """The Scan reads the embeddings of 8 token ids (int64, few enough to be a deciding input if a
     run were made for them): static inference gives the sequence's length, so no run is made and
     no --input-value is asked for, and the Scan unrolls to the ids' count."""
-    runs = []
-    real = control_flow.run_once
-    monkeypatch.setattr(control_flow, "run_once", lambda *a: runs.append(a[3]) or real(*a))
     m = model([helper.make_node("Gather", ["table", "ids"], ["emb"]),
                helper.make_node("Squeeze", ["emb", "zero_axis"], ["seq"]),
                _scan_of("seq", "zero", "")],
@@ -207,6 +212,22 @@ def test_a_scan_over_embedded_token_ids_needs_no_value_and_no_run(tmp_path, monk
     onnx.save(m, str(path))
     processed = load_model(path)
     assert processed.control_flow == {"Scan_0": "8 iterations"} and runs == []
+
+
+def test_a_scan_whose_length_a_value_decides_takes_it_from_the_run(tmp_path, runs):
+    """The Scan reads the first k rows of x, k an input: static inference cannot tell the length,
+    the run made for it can, with k's value given (and asked for when it is not)."""
+    m = model([helper.make_node("Slice", ["x", "start", "k"], ["rows"]), _scan_of("rows", "zero", "")],
+              [io("x", [6, 2]), io("k", [1], TensorProto.INT64)], [io("sum", None), io("partial", None)],
+              [tensor("zero", (2,), 0.0), numpy_helper.from_array(np.array([0], np.int64), "start")], opset=16)
+    feed = {"x": np.arange(12, dtype=np.float32).reshape(6, 2), "k": np.array([4], np.int64)}
+    assert _same_outputs(m, tmp_path, feed) == {"Scan_0": "4 iterations"} and runs == [{"rows"}]
+    path = tmp_path / "scan.onnx"
+    assert load_model(path, input_values={"k": (4.0,)}).control_flow == {"Scan_0": "4 iterations"}
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none"])
+    assert r.exit_code != 0 and r.stderr.strip().splitlines()[-1].endswith(
+        "input 'k' (int64, 1) decides shapes or branches static inference cannot resolve: give its value with "
+        "--input-value k=V (or real inputs with --input-data FILE.npz)")
 
 
 def test_a_scan_past_max_trips_stays_one_node_and_says_so(tmp_path, monkeypatch):
