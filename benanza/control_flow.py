@@ -7,10 +7,11 @@
   iterations' outputs). A Loop that stops on a value it computes (a generation loop), or runs more
   than ``MAX_TRIPS`` iterations, stays one node, and says why;
 - each ``Scan`` (opset 9 and later) is unrolled the same way, its trip count the length of its
-  scan inputs (from static shape inference, else from the run): iteration i reads slice i of each scan input
-  (from the end when that input's direction is reverse) with a ``Gather`` of a scalar index,
-  which copies the slice as ONNX Runtime's Scan does off axis 0, and its scan outputs are stacked
-  on their axes (prepended when reverse). Opset 8's batched Scan stays one node.
+  scan inputs (from static shape inference, else from the run): iteration i reads slice i of each
+  scan input (from the end when that input's direction is reverse) with a ``Gather`` of a scalar
+  index, a copy of the slice (ONNX Runtime's Scan reads axis-0 slices in place: a small excess the
+  bound carries), and its scan outputs are stacked on their axes (prepended when reverse). Opset
+  8's batched Scan stays one node.
 
 The inlined nodes join the main graph under path names (``If_1/then/Conv_3``,
 ``Loop_0/iter2/Add_1``, ``Scan_0/iter2/Add_1``, nested: ``If_28/else/If_4/else/Div_0``), their
