@@ -5,17 +5,24 @@
   passes it through unchanged) is unrolled: its body once per iteration, with the iteration's
   number, and its scan outputs stacked as ONNX Runtime's Loop stacks them (a Concat of the
   iterations' outputs). A Loop that stops on a value it computes (a generation loop), or runs more
-  than ``MAX_TRIPS`` iterations, stays one node, and says why.
+  than ``MAX_TRIPS`` iterations, stays one node, and says why;
+- each ``Scan`` (opset 9 and later) is unrolled the same way, its trip count the length of its
+  scan inputs (from static shape inference, else from the run): iteration i reads slice i of each
+  scan input (from the end when that input's direction is reverse) with a ``Gather`` of a scalar
+  index, a copy of the slice (ONNX Runtime's Scan reads axis-0 slices in place: a small excess the
+  bound carries), and its scan outputs are stacked on their axes (prepended when reverse). Opset
+  8's batched Scan stays one node.
 
 The inlined nodes join the main graph under path names (``If_1/then/Conv_3``,
-``Loop_0/iter2/Add_1``, nested: ``If_28/else/If_4/else/Div_0``), their internal tensors and weights
-renamed the same way, so they get shapes, keys and costs like any other layer and join the dedup.
-``Scan`` is left as one node.
+``Loop_0/iter2/Add_1``, ``Scan_0/iter2/Add_1``, nested: ``If_28/else/If_4/else/Div_0``), their
+internal tensors and weights renamed the same way, so they get shapes, keys and costs like any
+other layer and join the dedup.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,44 +34,56 @@ from .shapes_by_execution import run_once
 
 log = logging.getLogger(__name__)
 
-# Each round inlines the If and Loop nodes of the graph as it is then; a body holding one needs another.
+# Each round inlines the If, Loop and Scan nodes of the graph as it is then; a body holding one needs another.
 MAX_NESTING = 16
-# Past this many iterations a Loop is left as one node: unrolled, its graph would grow past what
+# Past this many iterations a Loop or Scan is left as one node: unrolled, its graph would grow past what
 # is worth processing for a lower bound (and a generation loop of that length is not "clean").
 MAX_TRIPS = 256
 
 
 @dataclass(frozen=True)
 class TakenBranch:
-    node: str  # the If's or Loop's path name
-    branch: str  # "then" or "else"; for a Loop: "N iterations", or why it stays one node
+    node: str  # the If's, Loop's or Scan's path name
+    branch: str  # "then" or "else"; for a Loop or Scan: "N iterations", or why it stays one node
+    op: str  # "If", "Loop" or "Scan": what the report calls the node
 
 
-def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[int, ...]],
-                        values: dict[str, tuple[float, ...]], data: dict[str, np.ndarray]
+_LOOPS = ("Loop", "Scan")
+
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: Shapes,
+                        values: dict[str, tuple[float, ...]], data: dict[str, np.ndarray],
+                        inferred: Callable[[onnx.ModelProto, Path, Shapes], Shapes]
                         ) -> tuple[onnx.ModelProto, tuple[TakenBranch, ...], str]:
     """``model`` with every default-domain If replaced by the branch taken and every clean Loop
-    unrolled (a copy when any is), what each became, and why the run that decides them could
-    not be made ("" when it could)."""
+    and Scan unrolled (a copy when any is), what each became, and why the run that decides them
+    could not be made ("" when it could). ``inferred`` gives the static shapes of a graph's
+    tensors at the input shapes (the processor's ``inferred_shapes``)."""
     taken: list[TakenBranch] = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    left: set[str] = set()  # Loops already found not clean: not asked about again
+    left: set[str] = set()  # Loops and Scans already found not clean: not asked about again
     for _ in range(MAX_NESTING):
         nodes = list(model.graph.node)
-        for i, n in enumerate(nodes):
-            if n.op_type == "Scan" and n.domain in ("", "ai.onnx") and _name(n, i) not in left:
-                left.add(_name(n, i))
-                taken.append(TakenBranch(_name(n, i), "stays one node: Benanza does not unroll Scan yet"))
         flow = {i: n for i, n in enumerate(nodes) if n.domain in ("", "ai.onnx")
-                and (n.op_type == "If" or n.op_type == "Loop" and _name(n, i) not in left)}
+                and (n.op_type == "If" or n.op_type in _LOOPS and _name(n, i) not in left)}
         if not flow:
             break
-        wanted = {t for n in flow.values() for t in (n.input[:1] if n.op_type == "If" else n.input[:2]) if t}
-        found, failure = run_once(model, path, input_shapes, wanted, values, data)
-        if failure:
-            log.warning("%s: the branches and trip counts of its control flow cannot be found (%s); "
-                        "their bodies are not costed", path, failure)
-            return model, tuple(taken), failure
+        # Shapes known without a run: a Scan's trip count needs a run only where its length depends
+        # on values (a run would also ask for every small integer input upstream, token ids too).
+        static = {**input_shapes, **{t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}}
+        if any(t not in static for n in flow.values() if n.op_type == "Scan" for t in _deciding(n, static, opset)):
+            static = {**inferred(model, path, input_shapes), **static}
+        wanted = {t for n in flow.values() for t in _deciding(n, static, opset) if t}
+        found: dict[str, np.ndarray] = {}
+        if wanted:
+            found, failure = run_once(model, path, input_shapes, wanted, values, data)
+            if failure:
+                log.warning("%s: the branches and trip counts of its control flow cannot be found (%s); "
+                            "their bodies are not costed", path, failure)
+                return model, tuple(taken), failure
         out = onnx.ModelProto()
         out.CopyFrom(model)
         del out.graph.node[:]
@@ -74,7 +93,7 @@ def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: dict[s
             if i in flow and node.op_type == "If":
                 inlined = _taken_branch(node, _name(node, i), found, out.graph, taken)
             elif i in flow:
-                inlined = _unrolled(node, _name(node, i), found, out.graph, taken, left, opset)
+                inlined = _unrolled(node, _name(node, i), found, static, out.graph, taken, left, opset)
             out.graph.node.extend(inlined if inlined is not None else [node])
         if len(taken) == before:  # the run gave nothing to inline
             break
@@ -86,6 +105,27 @@ def _name(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
+def _deciding(node: onnx.NodeProto, static: Shapes, opset: int) -> list[str]:
+    """The tensors whose values the run must give to decide the node: an If's condition, a
+    Loop's trip count and condition, the scan inputs of a Scan whose length is not static
+    (none for opset 8's Scan, which stays one node)."""
+    if node.op_type == "If":
+        return list(node.input[:1])
+    if node.op_type == "Loop":
+        return list(node.input[:2])
+    return [t for t in _scan_inputs(node) if t not in static] if opset >= 9 else []
+
+
+def _scan_inputs(node: onnx.NodeProto) -> list[str]:
+    count = int(_attr(node, "num_scan_inputs", 0))
+    return list(node.input[len(node.input) - count:]) if count else []
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    a = next((a for a in node.attribute if a.name == name), None)
+    return default if a is None else helper.get_attribute_value(a)
+
+
 def _taken_branch(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], main: onnx.GraphProto,
                   taken: list[TakenBranch]) -> list[onnx.NodeProto] | None:
     cond = found.get(node.input[0])
@@ -95,27 +135,140 @@ def _taken_branch(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray],
     graph = next((a.g for a in node.attribute if a.name == f"{branch}_branch"), None)
     if graph is None:
         return None
-    taken.append(TakenBranch(name, branch))
+    taken.append(TakenBranch(name, branch, "If"))
     body, outs = _inlined(graph, f"{name}/{branch}/", {}, main, list(node.output))
     return body + [_copy(src, dst, f"{name}/{branch}/output_{k}") for k, (src, dst) in enumerate(zip(outs, node.output))
                    if dst and src != dst]
 
 
-def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], main: onnx.GraphProto,
-              taken: list[TakenBranch], left: set[str], opset: int) -> list[onnx.NodeProto] | None:
+def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], static: Shapes,
+              main: onnx.GraphProto, taken: list[TakenBranch], left: set[str], opset: int
+              ) -> list[onnx.NodeProto] | None:
+    """The Loop or Scan as its body once per iteration (None, said in ``taken``, when it stays one node)."""
     body = next((a.g for a in node.attribute if a.name == "body"), None)
-    why = _not_clean(node, body, found)
+    if node.op_type == "Loop":
+        trips, why = _loop_trips(node, body, found)
+    else:
+        trips, why = _scan_trips(node, body, found, static, opset)
+    if not why and trips > MAX_TRIPS:
+        why = f"{trips} iterations, more than the {MAX_TRIPS} Benanza unrolls"
+    if not why and trips == 0 and len(node.output) > _state_count(node):
+        why = "no iteration, so its scan outputs have no shape to stack"
     if why:
         left.add(name)
-        taken.append(TakenBranch(name, f"stays one node: {why}"))
+        taken.append(TakenBranch(name, f"stays one node: {why}", node.op_type))
         return None
     assert body is not None
-    trips = int(found[node.input[0]].reshape(-1)[0]) if bool(found[node.input[1]].reshape(-1)[0]) else 0
-    carried = len(node.input) - 2
-    scans = len(body.output) - 1 - carried
-    cond_in = body.input[1].name
-    state = list(node.input[2:])
-    scanned: list[list[str]] = [[] for _ in range(scans)]
+    nodes = _loop(node, body, name, trips, main, opset) if node.op_type == "Loop" else \
+        _scan(node, body, name, trips, main, opset)
+    taken.append(TakenBranch(name, f"{trips} iterations", node.op_type))
+    return nodes
+
+
+def _state_count(node: onnx.NodeProto) -> int:
+    """How many of the node's outputs are its final state variables (the rest are scan outputs)."""
+    if node.op_type == "Loop":
+        return len(node.input) - 2
+    return len(node.input) - len(_scan_inputs(node))
+
+
+def _loop_trips(node: onnx.NodeProto, body: onnx.GraphProto | None, found: dict[str, np.ndarray]) -> tuple[int, str]:
+    """The Loop's trip count when it is its M input alone, else why it is not."""
+    if body is None or len(node.input) < 2 or not node.input[0] or not node.input[1]:
+        return 0, "no trip count M or no initial condition"
+    if node.input[0] not in found or node.input[1] not in found:
+        return 0, "its trip count or condition was not seen"
+    cond_in, cond_out = body.input[1].name, body.output[0].name
+    passes = cond_out == cond_in or any(n.op_type == "Identity" and list(n.input) == [cond_in]
+                                        and list(n.output) == [cond_out] for n in body.node)
+    if not passes:
+        return 0, "it stops on a condition it computes"
+    return (int(found[node.input[0]].reshape(-1)[0]) if bool(found[node.input[1]].reshape(-1)[0]) else 0), ""
+
+
+def _scan_trips(node: onnx.NodeProto, body: onnx.GraphProto | None, found: dict[str, np.ndarray],
+                static: Shapes, opset: int) -> tuple[int, str]:
+    """The Scan's trip count, the length of its scan inputs on their axes, else why it is not known."""
+    if opset < 9:
+        return 0, "opset 8's batched Scan (with sequence_lens) is not unrolled"
+    inputs = _scan_inputs(node)
+    if body is None or not inputs:
+        return 0, "no body or no scan input"
+    shape = _shape(inputs[0], static, found)
+    if shape is None:
+        return 0, "its scan inputs' length was not seen"
+    axis = int((_attr(node, "scan_input_axes", []) or [0])[0])
+    if not -len(shape) <= axis < len(shape):
+        return 0, f"scan_input_axes {axis} is outside its first scan input's rank {len(shape)}"
+    return shape[axis], ""
+
+
+def _shape(tensor: str, static: Shapes, found: dict[str, np.ndarray]) -> tuple[int, ...] | None:
+    if tensor in static:
+        return static[tensor]
+    return tuple(found[tensor].shape) if tensor in found else None
+
+
+def _loop(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, main: onnx.GraphProto,
+          opset: int) -> list[onnx.NodeProto]:
+    """A clean Loop unrolled: each iteration gets its number as a constant and the initial
+    condition (which the body passes through); scan outputs stack on a new axis 0, in order."""
+    counter, cond_in = body.input[0].name, body.input[1].name
+
+    def start(i: int, prefix: str) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+        number = helper.make_node("Constant", [], [prefix + counter], name=prefix + "iteration",
+                                  value=numpy_helper.from_array(np.array(i, np.int64)))
+        return [number], {counter: prefix + counter, cond_in: node.input[1]}
+
+    carried = _state_count(node)
+    scans = len(node.output) - carried
+    return _iterations(node, body, name, trips, main, opset, list(node.input[2:]), body.input[2:2 + carried],
+                       1, start, [0] * scans, [False] * scans)
+
+
+def _scan(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, main: onnx.GraphProto,
+          opset: int) -> list[onnx.NodeProto]:
+    """A Scan unrolled: iteration i reads element i of each scan input (element trips-1-i when
+    its direction is reverse), a Gather of a scalar index on the input's axis, which drops that
+    axis as the body's input does; scan outputs stack on their axes, prepended when reverse."""
+    carried = _state_count(node)
+    inputs = _scan_inputs(node)
+    in_axes = list(_attr(node, "scan_input_axes", [0] * len(inputs)))
+    backward = [bool(d) for d in _attr(node, "scan_input_directions", [0] * len(inputs))]
+    scans = len(node.output) - carried
+    out_axes = [int(a) for a in _attr(node, "scan_output_axes", [0] * scans)]
+    prepend = [bool(d) for d in _attr(node, "scan_output_directions", [0] * scans)]
+    positions: dict[int, str] = {}  # element index → its scalar initializer, shared by all inputs
+
+    def position(p: int) -> str:
+        if p not in positions:
+            positions[p] = f"{name}/position/{p}"
+            main.initializer.append(numpy_helper.from_array(np.array(p, np.int64), positions[p]))
+        return positions[p]
+
+    def start(i: int, prefix: str) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+        slices, bound = [], {}
+        for k, (src, slot) in enumerate(zip(inputs, body.input[carried:])):
+            element = prefix + slot.name
+            slices.append(helper.make_node("Gather", [src, position(trips - 1 - i if backward[k] else i)], [element],
+                                           name=f"{prefix}scan_input_{k}", axis=int(in_axes[k])))
+            bound[slot.name] = element
+        return slices, bound
+
+    return _iterations(node, body, name, trips, main, opset, list(node.input[:carried]), body.input[:carried],
+                       0, start, out_axes, prepend)
+
+
+def _iterations(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, main: onnx.GraphProto,
+                opset: int, state: list[str], state_in: Sequence[onnx.ValueInfoProto], first_out: int,
+                start: Callable[[int, str], tuple[list[onnx.NodeProto], dict[str, str]]],
+                out_axes: list[int], prepend: list[bool]) -> list[onnx.NodeProto]:
+    """The body inlined once per iteration under ``name/iterI/``: ``state`` (outer tensors) feeds
+    the body inputs ``state_in`` and each iteration's state outputs (the body's outputs from
+    ``first_out`` on) the next; ``start`` gives an iteration's own nodes and the bindings of its
+    other body inputs. The node's outputs: the final state, then the scan outputs stacked."""
+    carried = len(state)
+    scanned: list[list[str]] = [[] for _ in out_axes]
     nodes: list[onnx.NodeProto] = []
     weights = {}  # the body's weights, once for all iterations
     for t in body.initializer:
@@ -125,44 +278,23 @@ def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], mai
         main.initializer.append(w)
     for i in range(trips):
         prefix = f"{name}/iter{i}/"
-        counter = prefix + body.input[0].name
-        nodes.append(helper.make_node("Constant", [], [counter], name=prefix + "iteration",
-                                      value=numpy_helper.from_array(np.array(i, np.int64))))
-        bound = {**weights, body.input[0].name: counter, cond_in: node.input[1]}
-        bound.update((body.input[2 + j].name, state[j]) for j in range(carried))
+        own, bound = start(i, prefix)
+        nodes.extend(own)
+        bound.update(weights)
+        bound.update((slot.name, state[j]) for j, slot in enumerate(state_in))
         inlined, outs = _inlined(body, prefix, bound, main)
         nodes.extend(inlined)
-        state = outs[1:1 + carried]
-        for k in range(scans):
-            scanned[k].append(outs[1 + carried + k])
+        state = outs[first_out:first_out + carried]
+        for k, part in enumerate(outs[first_out + carried:]):
+            scanned[k].append(part)
     for j, dst in enumerate(node.output[:carried]):
         if dst:
             nodes.append(_copy(state[j], dst, f"{name}/output_{j}"))
     for k, dst in enumerate(node.output[carried:]):
         if dst:
-            nodes.extend(_stacked(scanned[k], dst, f"{name}/scan_{k}/", main, opset))
-    taken.append(TakenBranch(name, f"{trips} iterations"))
+            parts = scanned[k][::-1] if prepend[k] else scanned[k]
+            nodes.extend(_stacked(parts, dst, f"{name}/scan_{k}/", out_axes[k], main, opset))
     return nodes
-
-
-def _not_clean(node: onnx.NodeProto, body: onnx.GraphProto | None, found: dict[str, np.ndarray]) -> str:
-    """Why the Loop's trip count is not its M input alone ("" when it is)."""
-    if body is None or len(node.input) < 2 or not node.input[0] or not node.input[1]:
-        return "no trip count M or no initial condition"
-    if node.input[0] not in found or node.input[1] not in found:
-        return "its trip count or condition was not seen"
-    cond_in, cond_out = body.input[1].name, body.output[0].name
-    passes = cond_out == cond_in or any(n.op_type == "Identity" and list(n.input) == [cond_in]
-                                        and list(n.output) == [cond_out] for n in body.node)
-    if not passes:
-        return "it stops on a condition it computes"
-    trips = int(found[node.input[0]].reshape(-1)[0])
-    if trips > MAX_TRIPS:
-        return f"{trips} iterations, more than the {MAX_TRIPS} Benanza unrolls"
-    scans = len(body.output) - 1 - (len(node.input) - 2)
-    if scans and (trips == 0 or not bool(found[node.input[1]].reshape(-1)[0])):
-        return "no iteration, so its scan outputs have no shape to stack"
-    return ""
 
 
 def _inlined(graph: onnx.GraphProto, prefix: str, bound: dict[str, str], main: onnx.GraphProto,
@@ -200,19 +332,21 @@ def _copy(src: str, dst: str, name: str) -> onnx.NodeProto:
     return helper.make_node("Identity", [src], [dst], name=name)
 
 
-def _stacked(parts: list[str], dst: str, prefix: str, main: onnx.GraphProto, opset: int) -> list[onnx.NodeProto]:
-    """The iterations' scan outputs stacked on a new axis 0, as the Loop returns them: each gets
-    the axis (a free view), then one Concat copies them together."""
+def _stacked(parts: list[str], dst: str, prefix: str, axis: int, main: onnx.GraphProto, opset: int
+             ) -> list[onnx.NodeProto]:
+    """The iterations' scan outputs stacked on a new ``axis`` (of the stacked rank, as Loop's 0 and
+    Scan's scan_output_axes are), as the node returns them: each gets the axis (a free view), then
+    one Concat copies them together."""
     if opset >= 13:  # axes became an input in opset 13
         axes = prefix + "axes"
-        main.initializer.append(numpy_helper.from_array(np.array([0], np.int64), axes))
+        main.initializer.append(numpy_helper.from_array(np.array([axis], np.int64), axes))
         views = [helper.make_node("Unsqueeze", [p, axes], [f"{prefix}{i}"], name=f"{prefix}unsqueeze_{i}")
                  for i, p in enumerate(parts)]
     else:
-        views = [helper.make_node("Unsqueeze", [p], [f"{prefix}{i}"], name=f"{prefix}unsqueeze_{i}", axes=[0])
+        views = [helper.make_node("Unsqueeze", [p], [f"{prefix}{i}"], name=f"{prefix}unsqueeze_{i}", axes=[axis])
                  for i, p in enumerate(parts)]
     return views + [helper.make_node("Concat", [v.output[0] for v in views], [dst], name=f"{prefix}concat",
-                                     axis=0)]
+                                     axis=axis)]
 
 
 def _rename(node: onnx.NodeProto, rename: dict[str, str]) -> None:

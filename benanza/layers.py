@@ -189,10 +189,12 @@ class Model:
     # of those, the ones whose size the data decided (after NonZero, NMS, TopK): the size seen.
     executed_shapes: int = 0
     data_dependent: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    # What each If and Loop became (control_flow): If path → "then"/"else" (the branch taken for
-    # these inputs), Loop path → "N iterations" (unrolled) or why it stays one node; and why the run
-    # deciding them could not be made, when it could not (their bodies are then uncosted).
+    # What each If, Loop and Scan became (control_flow): If path → "then"/"else" (the branch taken
+    # for these inputs), Loop or Scan path → "N iterations" (unrolled) or why it stays one node, with
+    # each path's op type (control_flow_ops); and why the run deciding them could not be made, when
+    # it could not (their bodies are then uncosted).
     control_flow: dict[str, str] = field(default_factory=dict)
+    control_flow_ops: dict[str, str] = field(default_factory=dict)
     branch_failure: str = ""
 
     @property

@@ -149,8 +149,8 @@ class ProcessOptions:
     # What a run for the shapes static inference leaves unknown feeds (shapes_by_execution).
     input_values: tuple[tuple[str, tuple[float, ...]], ...] = ()
     input_data: tuple[tuple[str, np.ndarray], ...] = ()
-    # Replace each If by the branch taken and unroll clean Loops (control_flow); off for consumers that map the
-    # Model's nodes back onto the file's own graph (check, the torch executor).
+    # Replace each If by the branch taken and unroll clean Loops and Scans (control_flow); off for
+    # consumers that map the Model's nodes back onto the file's own graph (check, the torch executor).
     take_branches: bool = True
 
 
@@ -387,6 +387,23 @@ def _unknown_outputs(model: onnx.ModelProto) -> int:
              if _tensor_spec(vi) is not None} | {t.name for t in graph.initializer}
     needed = _needed(graph)
     return sum(1 for n in graph.node for o in n.output if o and o in needed and o not in known)
+
+
+def inferred_shapes(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[int, ...]]
+                    ) -> dict[str, tuple[int, ...]]:
+    """The concrete shapes ONNX shape inference gives ``model``'s tensors at these input shapes ({}
+    where it refuses the graph): what a Scan's trip count needs before its body is inlined, so that
+    a run is made, and its deciding inputs asked for, only where shapes depend on values. The full
+    inference (folding, symbolic) runs once, on the inlined graph."""
+    proxy = _shape_proxy(model)
+    _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, path,
+                      ProcessOptions(input_shapes=tuple(sorted(input_shapes.items()))))
+    try:
+        graph = _onnx_infer(proxy).graph
+    except Exception:  # noqa: BLE001 - ONNX's inference errors have no common type; the run decides instead
+        return {}
+    specs = ((vi.name, _tensor_spec(vi)) for vi in list(graph.value_info) + list(graph.output))
+    return {name: spec.shape for name, spec in specs if spec is not None}
 
 
 def _onnx_infer(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -790,7 +807,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     branch_failure = ""
     if opts.take_branches:
         model, taken, branch_failure = inline_control_flow(model, p, in_shapes, dict(opts.input_values),
-                                                             dict(opts.input_data))
+                                                             dict(opts.input_data), inferred_shapes)
     if taken:  # the taken branches' nodes are now the graph's own
         _check_claimed_sizes(model, p)
         proxy = _shape_proxy(model)
@@ -866,7 +883,8 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     return Model(name=name or p.stem, path=str(p), nodes=nodes, edges=sorted(set(edges)),
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset, scope_source=scopes, uncosted=uncosted,
                  executed_shapes=len(executed.specs), data_dependent=data_dependent,
-                 control_flow={b.node: b.branch for b in taken}, branch_failure=branch_failure)
+                 control_flow={b.node: b.branch for b in taken}, control_flow_ops={b.node: b.op for b in taken},
+                 branch_failure=branch_failure)
 
 
 def _dims(shape: Sequence[int]) -> str:

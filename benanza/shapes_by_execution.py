@@ -273,7 +273,7 @@ def _downstream_of_data_dependent(graph: onnx.GraphProto, executed: set[str]) ->
 
 def shape_notes(model: Model) -> list[str]:
     """What static inference could not give, in lines for the user: the shapes a run found, the
-    sizes the data decided in it, and the branch each If took."""
+    sizes the data decided in it, the branch each If took and the iterations each Loop and Scan ran."""
     notes = []
     if model.executed_shapes:
         notes.append(f"{model.executed_shapes} tensor shapes found by running the model once in ONNX Runtime "
@@ -286,27 +286,28 @@ def shape_notes(model: Model) -> list[str]:
             notes.append(f"If {node!r} took its {became} branch for these inputs (its layers are costed under "
                          f"'{node}/{became}/')")
         elif became.endswith(" iterations"):
-            notes.append(f"Loop {node!r} ran {became} for these inputs (unrolled: its layers are costed under "
-                         f"'{node}/iter0/', '{node}/iter1/', …)")
+            notes.append(f"{model.control_flow_ops[node]} {node!r} ran {became} for these inputs "
+                         f"(unrolled: its layers are costed under '{node}/iter0/', '{node}/iter1/', …)")
     return notes
 
 
 def execution_json(model: Model) -> dict:
-    """The same for ``generate --json``: shapes found by the run, data-decided sizes, what each If
-    and Loop became, and the uncosted nodes with their reasons."""
+    """The same for ``generate --json``: shapes found by the run, data-decided sizes, what each If,
+    Loop and Scan became, and the uncosted nodes with their reasons."""
     return {"executed_shapes": model.executed_shapes,
             "data_dependent": {t: list(s) for t, s in sorted(model.data_dependent.items())},
-            "control_flow": dict(model.control_flow), "control_flow_failure": model.branch_failure,
+            "control_flow": dict(model.control_flow), "control_flow_ops": dict(model.control_flow_ops),
+            "control_flow_failure": model.branch_failure,
             "uncosted_nodes": [u.to_json() for u in model.uncosted]}
 
 
 def uncosted_notes(model: Model) -> list[str]:
-    """What is missing from the costs, and why: each node left without shapes, and the branches
-    of If nodes whose conditions could not be found."""
+    """What is missing from the costs, and why: each node left without shapes, the bodies of If,
+    Loop and Scan nodes the run could not decide, and of those that stay one node."""
     notes = []
     if model.branch_failure:
-        notes.append(f"uncosted: the branches of its If nodes, whose conditions cannot be found: "
-                     f"{model.branch_failure}")
+        notes.append(f"uncosted: the bodies of its If, Loop and Scan nodes, whose branches and trip counts "
+                     f"cannot be found: {model.branch_failure}")
     notes.extend(f"uncosted: the body of {node!r}, which {became}"
                  for node, became in model.control_flow.items() if became.startswith("stays one node"))
     notes.extend(f"uncosted: node {u.name!r} ({u.op}): {u.reason}" for u in model.uncosted)

@@ -4,8 +4,9 @@ shapes static inference cannot give costs.
 Every node test case of the installed `onnx` (onnx.backend.test.case.node: the models and data of
 its backend test suite) whose inputs and outputs are tensors is processed as `benanza generate`
 would, fed its own test inputs (as `--input-data` does). Printed: cases processed and refused (by
-reason), how many needed a run (shapes by execution, If branches taken, Loops unrolled), the share of their running
-layers each backend covers, and the time and peak memory of the slowest processing.
+reason), how many needed a run (shapes by execution, If branches taken, Loops and Scans unrolled),
+the share of their running layers each backend covers, and the time and peak memory of the slowest
+processing.
 
     python benchmarks/bench_backend_cases.py [--json out.json]
 """
@@ -43,7 +44,8 @@ def main() -> None:
     import onnxruntime.tools.symbolic_shape_infer  # noqa: F401
 
     refused: Counter[str] = Counter()
-    models, executed, branched, unrolled, slowest = [], 0, 0, 0, (0.0, "")
+    models, executed, branched, slowest = [], 0, 0, (0.0, "")
+    unrolled: Counter[str] = Counter()  # cases with a Loop, with a Scan unrolled
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             path = Path(tmp) / f"{case.name}.onnx"
@@ -62,12 +64,13 @@ def main() -> None:
             models.append(m)
             executed += bool(m.executed_shapes)
             branched += any(b in ("then", "else") for b in m.control_flow.values())
-            unrolled += any(b.endswith(" iterations") for b in m.control_flow.values())
+            unrolled.update({m.control_flow_ops[n] for n, b in m.control_flow.items() if b.endswith(" iterations")})
     total = total_stats(models)
     out = {
         "cases": len(cases), "processed": len(models), "refused": sum(refused.values()),
         "refused_by_reason": dict(refused.most_common()), "shapes_by_execution": executed,
-        "if_branches_taken": branched, "loops_unrolled": unrolled, "uncosted_nodes": total.uncosted,
+        "if_branches_taken": branched, "loops_unrolled": unrolled["Loop"],
+        "scans_unrolled": unrolled["Scan"], "uncosted_nodes": total.uncosted,
         "running_layers": total.running_layers,
         "covered_pct": {b.backend: round(b.covered_pct, 1) for b in total.backends},
         "slowest_s": round(slowest[0], 3), "slowest_case": slowest[1],

@@ -415,14 +415,6 @@ def test_a_loop_that_stops_on_what_it_computes_stays_one_node_and_says_so(tmp_pa
                                  "condition it computes") in r.stdout
 
 
-@pytest.mark.slow  # runs onnx's backend test cases (the `cases` fixture: they take a quarter minute to build)
-def test_scan_of_the_backend_case_stays_one_node_and_says_so(cases, tmp_path):
-    path, data, expected = _write(cases["test_scan9_sum"], tmp_path)
-    m = load_model(path, input_data=data)
-    assert m.control_flow == {"Scan_0": "stays one node: Benanza does not unroll Scan yet"}
-    assert [n.layer.op for n in m.nodes] == ["Scan"] and _shapes(m)["z"] == expected["z"]
-
-
 def test_an_unrolled_loop_holds_its_body_weights_once(tmp_path):
     """A Loop of 8 iterations whose body multiplies by a 64×64 weight: 8 MatMuls, one weight."""
     body = helper.make_graph([helper.make_node("Identity", ["c_in"], ["c_out"]),
