@@ -13,9 +13,10 @@ import onnx
 from helpers import conv_net
 
 from benanza.generator import GenOptions, expand_variants, get_backend
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import Result, Status, System
 
 # Libraries `analyze --json` has no use for: terminal tables (rich), the HTML report (jinja2,
