@@ -107,12 +107,13 @@ def main() -> int:
                 # the console script's own call, with the package imported from ``tree``
                 cmd = [sys.executable, "-c", "import sys; from benanza.cli import main; sys.exit(main())", *argv]
                 cache = root / "model-cache" if which != "cold" else root / f"cold-cache-{i}"
+                pycache = root / "pycache" / ("compare" if which == "compare" else "this")
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t = time.perf_counter()
                 # run where no package lies: `-c` puts the working directory first on the path
                 out = subprocess.run(cmd, check=True, capture_output=True, cwd=root,
                                      env={**env, "PYTHONPATH": str(tree), "BENANZA_MODEL_CACHE": str(cache),
-                                          "PYTHONPYCACHEPREFIX": str(root / "pycache" / which.replace("cold", "this"))}).stdout
+                                          "PYTHONPYCACHEPREFIX": str(pycache)}).stdout
                 if i:
                     cli[which].append(time.perf_counter() - t)
                     after = resource.getrusage(resource.RUSAGE_CHILDREN)
