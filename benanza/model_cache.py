@@ -27,10 +27,10 @@ import pickle
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .layers import Model
 
@@ -87,15 +87,18 @@ def _key(path: str, content: bytes, batch_size: int, input_shapes: dict[str, tup
          input_values: dict[str, tuple[float, ...]] | None, input_data: dict[str, np.ndarray] | None) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    h = hashlib.sha256(content)
+    h = hashlib.sha256()
 
     def part(*values: object) -> None:
         h.update(repr(values).encode())
 
+    part(len(content))  # each byte string after its length: no two keys' streams run together
+    h.update(content)
     part(path, batch_size, sorted((input_shapes or {}).items()), sorted((input_values or {}).items()))
     for name, arr in sorted((input_data or {}).items()):
-        part(name, arr.dtype.str, arr.shape)
-        h.update(arr.tobytes())
+        data = arr.tobytes()
+        part(name, arr.dtype.str, arr.shape, len(data))
+        h.update(data)
     part(logging.getLogger("benanza").getEffectiveLevel(), sys.version)
     for lib in _LIBRARIES:
         try:
@@ -104,8 +107,9 @@ def _key(path: str, content: bytes, batch_size: int, input_shapes: dict[str, tup
             part(lib, None)
     package = Path(__file__).parent
     for source in sorted(package.rglob("*.py")):
-        part(str(source.relative_to(package)))
-        h.update(source.read_bytes())
+        text = source.read_bytes()
+        part(str(source.relative_to(package)), len(text))
+        h.update(text)
     return h.hexdigest()
 
 
@@ -114,25 +118,32 @@ def _read(key: str) -> _Entry | None:
     try:
         with open(file, "rb") as f:
             entry = pickle.load(f)
-        os.utime(file)  # recently used: pruned last
     except FileNotFoundError:
         return None
     except Exception as exc:  # noqa: BLE001 - a truncated, foreign or stale pickle raises anything
         log.debug("%s: unreadable cache entry (%s: %s)", file, type(exc).__name__, exc)
         return None
-    return entry if isinstance(entry, _Entry) and entry.key == key else None
+    if not isinstance(entry, _Entry) or entry.key != key:
+        return None
+    with suppress(OSError):  # recently used, so pruned last (a cache others share may be read-only)
+        os.utime(file)
+    return entry
 
 
 def _write(key: str, entry: _Entry) -> None:
     folder = cache_dir()
+    part = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".tmp-", suffix=".pickle", delete=False) as f:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".", suffix=".part", delete=False) as f:
+            part = Path(f.name)
             pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(f.name, folder / f"{key}.pickle")
+        os.replace(part, folder / f"{key}.pickle")
         _prune(folder)
     except OSError as exc:  # a cache that cannot be written costs time, never the command
         log.debug("%s: cannot keep the processed model (%s)", folder, exc)
+        if part is not None:
+            part.unlink(missing_ok=True)
 
 
 def _prune(folder: Path) -> None:
@@ -159,17 +170,19 @@ def _self_contained(model: Model, path: str | Path) -> bool:
 
 @contextmanager
 def _recording() -> Iterator[list[tuple[str, int, str]]]:
-    """What is logged inside, as the command's own handlers receive it."""
+    """What is logged inside: each record a logger makes (it makes one only at a level it
+    handles). Taken where records are made, not by a handler: a handler would change where they
+    go (Python prints to stderr only while no handler is found)."""
     logged: list[tuple[str, int, str]] = []
+    made = logging.getLogRecordFactory()
 
-    class _Record(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            logged.append((record.name, record.levelno, record.getMessage()))
+    def record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        r = made(*args, **kwargs)
+        logged.append((r.name, r.levelno, r.getMessage()))
+        return r
 
-    handler = _Record()
-    root = logging.getLogger()
-    root.addHandler(handler)
+    logging.setLogRecordFactory(record)
     try:
         yield logged
     finally:
-        root.removeHandler(handler)
+        logging.setLogRecordFactory(made)
