@@ -1,27 +1,21 @@
 """The processed-model cache: a hit is the model processing gives (the processor itself is the
-oracle), says what processing said, and is never taken for another file, option or source."""
+oracle), says what processing said, and is never taken for another file or option. That the
+command prints the same bytes from it, loading neither ONNX nor the processor: contract/test_startup.py."""
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import onnx
-from click.testing import CliRunner
 from helpers import REPO, conv_net, io, model, tensor
 from onnx import helper
 
-from benanza.cli import main
-from benanza.generator import GenOptions, expand_variants, get_backend
-from benanza.layers import unique_layers
-from benanza.manifest import build_manifest
 from benanza.model_cache import cache_dir, load_model_cached
-from benanza.perfdb import PerfDB
 from benanza.processor import load_model
-from benanza.records import Result, Status, System
 
 
 def _entries() -> list:
@@ -85,28 +79,33 @@ def test_an_unreadable_entry_is_a_miss(save):
     assert entry.stat().st_size > 100  # written again, whole
 
 
-def test_analyze_prints_the_same_bytes_from_the_cache_and_a_hit_processes_nothing(save, tmp_path):
-    """The real command twice, the cache cold then warm; the warm one in a fresh interpreter,
-    whose loaded modules show that neither the processor nor ONNX ran."""
-    net = save(conv_net())
-    models = [load_model(net)]
-    variants = expand_variants(build_manifest(models, unique_layers(models)), get_backend("onednn"),
-                               GenOptions(dtypes=("f32",)))
-    system = System("box", "onednn", "cpu", (("onednn", "2.6"),))
-    with PerfDB(tmp_path / "b.db") as db:
-        db.insert_results(system, [Result(v, "box", Status.OK, median_ms=0.5, iterations=10, repetitions=1)
-                                   for v in variants])
-    args = ["analyze", str(net), "--system", "box", "--db", str(tmp_path / "b.db"), "--json"]
-    cold = CliRunner().invoke(main, args)
-    assert cold.exit_code == 0, cold.output
-    assert len(_entries()) == 1
-    probe = ("import atexit, json, sys\n"
-             "atexit.register(lambda: sys.stderr.write('\\nLOADED ' + json.dumps(sorted(sys.modules))))\n"
-             "from benanza.cli import main\n"
-             "sys.exit(main())\n")
-    warm = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert warm.returncode == 0, warm.stderr
-    assert warm.stdout == cold.stdout
-    loaded = set(json.loads(warm.stderr.rpartition("\nLOADED ")[2]))
-    assert "benanza.model_cache" in loaded and "benanza.processor" not in loaded and "onnx" not in loaded
+_PROCESS = ("import sys\n"
+            "from benanza.model_cache import load_model_cached\n"
+            "print(*(n.layer.key for n in load_model_cached(sys.argv[1]).nodes))\n")
+
+
+def _in_subprocess(path, tree=REPO) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _PROCESS, str(path)], stdout=subprocess.PIPE, text=True,
+                            cwd=path.parent, env={**os.environ, "PYTHONPATH": str(tree)})
+
+
+def test_other_source_is_another_key(save, tmp_path):
+    path = save(conv_net())
+    load_model_cached(path)
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO / "benanza", tree / "benanza", ignore=shutil.ignore_patterns("__pycache__"))
+    layers = tree / "benanza" / "layers.py"
+    layers.write_text(layers.read_text() + "\n# a comment: another source all the same\n")
+    proc = _in_subprocess(path, tree)
+    assert proc.wait() == 0
+    assert len(_entries()) == 2
+
+
+def test_commands_processing_one_model_at_once_all_get_it(save):
+    path = save(conv_net())
+    procs = [_in_subprocess(path) for _ in range(4)]
+    printed = [p.communicate()[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert set(printed) == {" ".join(n.layer.key for n in load_model(path).nodes) + "\n"}
+    assert len(_entries()) == 1 and not list(cache_dir().glob(".*.part"))  # one whole entry, nothing half-written
+    assert load_model_cached(path) == load_model(path)
