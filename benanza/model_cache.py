@@ -162,10 +162,11 @@ def _self_contained(model: Model, path: str | Path) -> bool:
     nothing beside the file (external weights, whose bytes are not in the key)."""
     if model.executed_shapes or model.uncosted or model.control_flow or model.branch_failure:
         return False
+    import onnx  # processing loaded it
+
     from .processor import read_onnx
 
-    external = 1  # onnx.TensorProto.EXTERNAL
-    return not any(t.data_location == external for t in read_onnx(path).graph.initializer)
+    return not any(t.data_location == onnx.TensorProto.EXTERNAL for t in read_onnx(path).graph.initializer)
 
 
 @contextmanager
