@@ -65,7 +65,7 @@ def test_what_processing_read_or_ran_beside_the_file_is_not_kept(save, tmp_path)
     onnx.save(conv_net(), str(external), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     assert load_model_cached(external) == load_model(external)
     runs = [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Transpose", ["nz"], ["y"])]
-    path = save(model(runs, [io("x", [4, 4])], [io("y", None)]), "run.onnx")
+    path = save(model(runs, [io("x", [4, 4])], [io("y", None, onnx.TensorProto.INT64)]), "run.onnx")
     ran = load_model(path)
     assert ran.executed_shapes and load_model_cached(path) == ran
     assert _entries() == []
