@@ -2,10 +2,11 @@
 
 Processing (reading the ONNX file, shape inference, a layer record per node) took about 0.35 s of
 the 1.4–1.7 s of CPU of ``benanza analyze --json`` of DenseNet-121, with ONNX's import another
-0.1 s (docs/measurements.md), done again by every command although the file had not changed. An entry is found by a key of everything that changes the processed
-model: the file's bytes and the path it is named by (the model's name and path come from it), the
-processing options, Benanza's own source, and the Python and library versions processing runs
-(ONNX's shape inference, ONNX Runtime's symbolic fallback, NumPy's folding, protobuf's reading).
+0.1 s (docs/measurements.md), done again by every command although the file had not changed. An
+entry is found by a key of everything that changes the processed model: the file's bytes and the
+path it is named by (the model's name and path come from it), the processing options, Benanza's
+own source, and the Python and library versions processing runs (ONNX's shape inference, ONNX
+Runtime's symbolic fallback, NumPy's folding, protobuf's reading).
 
 What processing logged is kept with the model and logged again on a hit, so a hit says what
 processing said; the logging level is part of the key, as it decides what was logged. Kept only
