@@ -45,10 +45,11 @@ import submitit
 from . import runner
 from .errors import BenanzaError, UsageError
 from .generator import GenOptions, expand_variants, generate, get_backend
+from .layers import unique_layers
 from .manifest import Manifest, build_manifest, write_manifest
 from .measurement import MAX_CONTENTION
 from .perfdb import PerfDB
-from .processor import load_model, unique_layers
+from .processor import load_model
 from .records import Variant
 from .system import default_threads
 

@@ -346,16 +346,11 @@ def generate(models: tuple[str, ...], out_dir: str, batch_size: int, input_shape
     """
     from .generator import LIBRARY_BACKENDS
     from .generator import generate as generate_backend
+    from .layers import unique_layers
     from .manifest import build_manifest, write_manifest
-    from .processor import (
-        coverage_notes,
-        input_shapes_per_model,
-        input_values_per_model,
-        load_model,
-        model_stats,
-        total_stats,
-        unique_layers,
-    )
+    from .model_inputs import input_shapes_per_model, input_values_per_model
+    from .model_stats import coverage_notes, model_stats, total_stats
+    from .processor import load_model
     from .shapes_by_execution import (
         execution_json,
         load_input_data,
@@ -806,7 +801,8 @@ def check_command(models: tuple[str, ...], bench_dir: str, backend: str, batch_s
     import shlex
 
     from .check import CheckOptions, CheckStatus, check, check_subgraphs
-    from .processor import input_shapes_per_model, load_model
+    from .model_inputs import input_shapes_per_model
+    from .processor import load_model
 
     command = shlex.join(["benanza", "check", *models, "--bench-dir", bench_dir, "--batch-size", str(batch_size),
                           *(f"--input-shape={s}" for s in input_shape), *(["--backend", backend]
@@ -1038,15 +1034,11 @@ def db_lookup(models: tuple[str, ...], db_path: str | None, system_name: str, ba
     """
     from .errors import UsageError
     from .generator import expand_variants, get_backend
+    from .layers import unique_layers
     from .manifest import build_manifest
+    from .model_inputs import input_shapes_per_model, input_values_per_model, parse_input_shapes
     from .perfdb import PerfDB, missing_command, resolve_db_path
-    from .processor import (
-        input_shapes_per_model,
-        input_values_per_model,
-        load_model,
-        parse_input_shapes,
-        unique_layers,
-    )
+    from .processor import load_model
     from .shapes_by_execution import load_input_data, parse_input_value
     from .sweep import measure_missing
 
@@ -1322,7 +1314,7 @@ def profile(model: str | None, framework: str, batch_size: int, input_shape: tup
             raise click.UsageError(f"{opt} applies to --command only")
     if model is None:
         raise click.UsageError("give MODEL, or --command 'CMD' (or `-- CMD…`) to profile your own application")
-    from .processor import input_values_per_model, parse_input_shapes
+    from .model_inputs import input_values_per_model, parse_input_shapes
     from .profiler import ProfileSpec, profile_model
 
     out = out_dir or str(Path("profiles") / f"{Path(model).stem}-{framework}-b{batch_size}")
@@ -1442,10 +1434,10 @@ def analyze(model: str, systems: tuple[str, ...], profiles: tuple[str, ...], db_
     and its time per layer.
     """
     from .analysis.phases import parse_phase
+    from .model_inputs import input_values_per_model, parse_input_shapes
     from .parsers import load_profile
     from .parsers.bundle import check_model
     from .perfdb import PerfDB, resolve_db_path
-    from .processor import input_values_per_model, parse_input_shapes
     from .report import document, layers_csv, print_analysis, print_sweep, render_html
     from .report_phases import print_phases
     from .sweep import SweepRequest, phase_plan, run_phases, run_sweep, write_report

@@ -16,7 +16,8 @@ from .errors import BenanzaError
 from .ops.grammar import FLOAT_DTYPES, LayerKey, Problem, format_dims, format_number, key_hash, layer_key, parse_key
 
 __all__ = ["DTYPE_NAMES", "FLOAT_DTYPES", "LayerKey", "format_dims", "format_number", "key_hash", "parse_key",
-           "TensorSpec", "Layer", "Node", "Model", "Dag", "Occurrence", "UniqueLayer", "Uncosted"]
+           "TensorSpec", "Layer", "Node", "Model", "Dag", "Occurrence", "UniqueLayer", "Uncosted",
+           "unique_layers"]
 
 # Short names used in keys and manifests; ONNX TensorProto element types map onto them.
 DTYPE_NAMES = {
@@ -304,3 +305,18 @@ class UniqueLayer:
             Layer.from_json(d),
             [Occurrence(o["model"], o["node"], o["index"]) for o in d.get("occurrences", [])],
         )
+
+
+def unique_layers(models: Iterable[Model]) -> list[UniqueLayer]:
+    """Dedup layers within and across models in one pass; order of first appearance. A folded
+    node runs nothing, so nothing is benchmarked for it."""
+    table: dict[str, UniqueLayer] = {}
+    for m in models:
+        for n in m.nodes:
+            if n.folded:
+                continue
+            u = table.get(n.layer.key)
+            if u is None:
+                u = table[n.layer.key] = UniqueLayer(n.layer)
+            u.occurrences.append(Occurrence(m.name, n.name, n.index))
+    return list(table.values())

@@ -11,8 +11,8 @@ from typing import Any
 from .errors import FileProblem
 from .fusion import match_fusions
 from .layers import Model, UniqueLayer
+from .model_stats import ModelStats, model_stats
 from .outputs import write_text
-from .processor import ModelStats, model_stats
 
 MANIFEST_VERSION = 2  # 2: layers carry typed problems (keys parse back), no params
 MANIFEST_NAME = "layers.json"

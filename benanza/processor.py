@@ -19,11 +19,10 @@ import tempfile
 import threading
 import time
 import warnings
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,15 +30,14 @@ from onnx import numpy_helper
 
 from .control_flow import TakenBranch, inline_control_flow
 from .errors import BenanzaError, ModelError, NodeError, ShapeError, UsageError
-from .layers import DTYPE_NAMES, Layer, Model, Node, Occurrence, TensorSpec, Uncosted, UniqueLayer
+from .layers import DTYPE_NAMES, Layer, Model, Node, TensorSpec, Uncosted
 from .limits import MAX_DIM, MAX_RANK
 from .ops.base import NodeView
-from .ops.registry import build_layer, uncovered_reason
+from .ops.registry import build_layer
 from .scopes import node_scope, scope_source
-from .shapes_by_execution import complete_by_execution, parse_input_value
+from .shapes_by_execution import complete_by_execution
 
 log = logging.getLogger(__name__)
-_V = TypeVar("_V")
 
 # Nodes that only materialise a constant: what another exporter stores as an initializer.
 _CONSTANT_MAKERS = {"ConstantOfShape", "Identity", "Cast"}
@@ -50,85 +48,6 @@ _CONSTANT_MAKERS = {"ConstantOfShape", "Identity", "Cast"}
 SYMBOLIC_SECONDS = 60.0
 # Ops whose input at this index is a shape (one element per output dim).
 _SHAPE_INPUTS = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Tile": 1}
-
-
-def _parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = spec.rpartition("=")
-    try:
-        shape = tuple(int(d) for d in dims.split("x"))
-    except ValueError:
-        shape = ()
-    if not sep or not name or not shape or any(d < 0 for d in shape):
-        raise UsageError(f"--input-shape {spec!r}: want NAME=D1xD2x... with dims ≥ 0 (0: an empty axis, such as "
-                         f"an empty KV cache)")
-    if len(shape) > MAX_RANK or max(shape) > MAX_DIM:
-        raise UsageError(f"--input-shape {spec!r}: at most {MAX_RANK} dims of at most {MAX_DIM} each")
-    return name, shape
-
-
-def parse_input_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
-    """``["data=1x3x224x224"]`` → ``{"data": (1, 3, 224, 224)}``."""
-    return dict(_parse_input_shape(spec) for spec in specs)
-
-
-def input_shapes_per_model(specs: Iterable[str], models: Sequence[str]) -> dict[str, dict[str, tuple[int, ...]]]:
-    """The ``--input-shape`` values of each model of a multi-model command.
-
-    ``NAME=D1xD2x..`` applies to every model that has an input ``NAME``; ``MODEL:NAME=D1xD2x..``
-    (``MODEL``: the path as given, its file name or its stem) to that model alone, and wins
-    over the plain form. A plain ``NAME`` no model has is an error; a model whose file cannot
-    be read gets none, and its own error from ``load_model``.
-    """
-    aliases: dict[str, set[str]] = {}
-    for m in models:
-        for alias in (m, Path(m).name, Path(m).stem):
-            aliases.setdefault(alias, set()).add(m)
-    plain: dict[str, tuple[int, ...]] = {}
-    out: dict[str, dict[str, tuple[int, ...]]] = {m: {} for m in models}
-    for spec in specs:
-        name, shape = _parse_input_shape(spec)
-        target = next(((name[:i], name[i + 1:]) for i, c in enumerate(name) if c == ":" and name[:i] in aliases),
-                      None)
-        if target is None:
-            plain[name] = shape
-            continue
-        owners = aliases[target[0]]
-        if len(owners) > 1:
-            raise UsageError(f"--input-shape {spec!r}: {target[0]!r} names {len(owners)} of the models "
-                             f"({', '.join(sorted(owners))}); use the path as given")
-        out[next(iter(owners))][target[1]] = shape
-    if plain:
-        for m, given in _per_model("--input-shape", plain, models).items():
-            out[m] = {**given, **out[m]}
-    return out
-
-
-def input_values_per_model(specs: Iterable[str], models: Sequence[str]) -> dict[str, dict[str, tuple[float, ...]]]:
-    """The ``--input-value`` values of each model of a multi-model command: ``NAME=…`` applies to
-    every model with an input NAME; a NAME no model has is an error."""
-    return _per_model("--input-value", dict(parse_input_value(s) for s in specs), models)
-
-
-def _per_model(option: str, given: dict[str, _V], models: Sequence[str]) -> dict[str, dict[str, _V]]:
-    """Each model's share of ``given`` (input name → value): the names among its graph inputs."""
-    if not given:
-        return {m: {} for m in models}
-    inputs = {m: _real_inputs(m) for m in models}
-    stray = sorted(n for n in given if not any(n in names for names in inputs.values()))
-    if stray:
-        listing = "; ".join(f"{m}: {', '.join(sorted(names)) or 'none'}" for m, names in inputs.items())
-        raise UsageError(f"{option} {', '.join(stray)}: no given model has such an input ({listing})")
-    return {m: {n: v for n, v in given.items() if n in names} for m, names in inputs.items()}
-
-
-def _real_inputs(path: str) -> set[str]:
-    """A model's graph inputs that are not weights; none when the file cannot be read."""
-    try:
-        graph = read_onnx(path).graph
-    except BenanzaError:
-        return set()
-    weights = {t.name for t in graph.initializer}
-    return {i.name for i in graph.input if i.name not in weights}
 
 
 def input_shapes_of(source: str | Path, batch_size: int = 1,
@@ -1011,133 +930,3 @@ def _node_view(proto: onnx.NodeProto, opset: int, specs: dict[str, TensorSpec],
     return NodeView(op=proto.op_type, inputs=tuple(inputs), outputs=tuple(outputs),
                     attrs=attrs_with_defaults(proto, opset_for_node), values=values,
                     constant=tuple(constant), opset=opset)
-
-
-def unique_layers(models: Iterable[Model]) -> list[UniqueLayer]:
-    """Dedup layers within and across models in one pass; order of first appearance. A folded
-    node runs nothing, so nothing is benchmarked for it."""
-    table: dict[str, UniqueLayer] = {}
-    for m in models:
-        for n in m.nodes:
-            if n.folded:
-                continue
-            u = table.get(n.layer.key)
-            if u is None:
-                u = table[n.layer.key] = UniqueLayer(n.layer)
-            u.occurrences.append(Occurrence(m.name, n.name, n.index))
-    return list(table.values())
-
-
-# The library call each backend runs a layer with (None: it cannot), as Layer records it.
-BACKEND_CALLS = {"cudnn": "cudnn_api", "onednn": "onednn_primitive"}
-
-
-@dataclass(frozen=True)
-class BackendCoverage:
-    """How many of the layers that run one backend's benchmarks cost, and the ops it leaves out."""
-
-    backend: str
-    covered: int
-    running: int
-    not_covered: tuple[tuple[str, int], ...]
-
-    @property
-    def covered_pct(self) -> float:
-        return 100.0 * self.covered / self.running if self.running else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"covered_layers": self.covered, "covered_pct": round(self.covered_pct, 2),
-                "not_covered": dict(self.not_covered)}
-
-
-@dataclass(frozen=True)
-class ModelStats:
-    model: str
-    layers: int
-    unique_layers: int
-    covered_layers: int  # by cuDNN/cuBLAS, as the paper counts; per backend in ``backends``
-    free_layers: int  # views and inference identities: nothing to run, so never "not covered"
-    folded_layers: int  # constants given the input shapes: computed at load time, never "not covered"
-    macs: int
-    ops: tuple[tuple[str, int], ...]
-    not_covered: tuple[tuple[str, int], ...]
-    running_layers: int = 0  # neither free nor folded: what coverage divides by
-    backends: tuple[BackendCoverage, ...] = ()
-    uncosted: int = 0  # nodes left without shapes (Model.uncosted), not among the layers
-
-    @property
-    def unique_pct(self) -> float:
-        return 100.0 * self.unique_layers / self.layers if self.layers else 0.0
-
-    @property
-    def covered_pct(self) -> float:
-        """cuDNN/cuBLAS's share of the layers that run."""
-        return 100.0 * self.covered_layers / self.running_layers if self.running_layers else 0.0
-
-    def backend(self, name: str) -> BackendCoverage:
-        return next(b for b in self.backends if b.backend == name)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model, "layers": self.layers, "unique_layers": self.unique_layers,
-            "unique_pct": round(self.unique_pct, 2), "running_layers": self.running_layers,
-            "covered_layers": self.covered_layers, "covered_pct": round(self.covered_pct, 2),
-            "free_layers": self.free_layers, "folded_layers": self.folded_layers, "macs": self.macs,
-            "ops": dict(self.ops), "not_covered": dict(self.not_covered),
-            "backends": {b.backend: b.to_json() for b in self.backends}, "uncosted": self.uncosted,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ModelStats:
-        """Inverse of ``to_json``; the percentages are derived, so not read back."""
-        return cls(model=d["model"], layers=int(d["layers"]), unique_layers=int(d["unique_layers"]),
-                   covered_layers=int(d["covered_layers"]), free_layers=int(d["free_layers"]),
-                   folded_layers=int(d["folded_layers"]), macs=int(d["macs"]),
-                   ops=tuple(sorted((str(k), int(v)) for k, v in d["ops"].items())),
-                   not_covered=tuple(sorted((str(k), int(v)) for k, v in d["not_covered"].items())),
-                   running_layers=int(d.get("running_layers", 0)), uncosted=int(d.get("uncosted", 0)),
-                   backends=tuple(BackendCoverage(name, int(b["covered_layers"]), int(d.get("running_layers", 0)),
-                                                  tuple((str(k), int(v)) for k, v in b["not_covered"].items()))
-                                  for name, b in d.get("backends", {}).items()))
-
-
-def node_stats(name: str, nodes: list[Node], uncosted: int = 0) -> ModelStats:
-    """Counts, coverage and MACs of a list of layer occurrences (one model, or several): a layer
-    is covered, free, folded or not covered; coverage and MACs count the layers that run."""
-    layers = [n.layer for n in nodes]
-    running = [n.layer for n in nodes if n.runs]
-    ops = Counter(la.op for la in layers)
-    uncovered = Counter(la.op for la in running if not la.covered)
-    backends = []
-    for backend, call in BACKEND_CALLS.items():
-        missing = Counter(la.op for la in running if getattr(la, call) is None)
-        backends.append(BackendCoverage(backend, len(running) - sum(missing.values()), len(running),
-                                        tuple(sorted(missing.items()))))
-    return ModelStats(
-        model=name, layers=len(layers), unique_layers=len({la.key for la in layers}),
-        covered_layers=sum(1 for la in running if la.covered), free_layers=sum(1 for la in layers if la.free),
-        folded_layers=sum(1 for n in nodes if n.folded), macs=sum(la.macs for la in running),
-        ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())),
-        running_layers=len(running), backends=tuple(backends), uncosted=uncosted)
-
-
-def coverage_notes(model: Model, backends: Iterable[str]) -> list[str]:
-    """One line per running layer a backend leaves out for a reason its family gives (an LSTM's
-    cell clip), so "not covered by onednn: LSTM×1" says why."""
-    notes = []
-    for backend in backends:
-        call = BACKEND_CALLS[backend]
-        for n in model.nodes:
-            reason = uncovered_reason(n.layer, backend) if n.runs and getattr(n.layer, call) is None else None
-            if reason is not None:
-                notes.append(f"not covered by {backend}: {n.layer.op} {n.name!r}: {reason}")
-    return notes
-
-
-def model_stats(model: Model) -> ModelStats:
-    return node_stats(model.name, model.nodes, len(model.uncosted))
-
-
-def total_stats(models: list[Model]) -> ModelStats:
-    """The union across models: unique layers are deduplicated across them too."""
-    return node_stats("total", [n for m in models for n in m.nodes], sum(len(m.uncosted) for m in models))

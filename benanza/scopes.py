@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import onnx
+if TYPE_CHECKING:  # the analyses read the module names below without loading ONNX
+    import onnx
 
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"

@@ -21,12 +21,15 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
 
 from .errors import ModelError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Model, TensorSpec
+
+if TYPE_CHECKING:  # ONNX loads where a model is run: an analysis of a processed model reads only its notes
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,8 @@ def execute_for_shapes(model: onnx.ModelProto, path: Path, input_shapes: dict[st
                        wanted: set[str], values: dict[str, tuple[float, ...]],
                        data: dict[str, np.ndarray]) -> ExecutedShapes:
     """The shapes of the ``wanted`` tensors in one run of ``model``; which of them the data sized."""
+    import onnx
+
     results, failure = run_once(model, path, input_shapes, wanted, values, data)
     if failure:
         log.info("%s: %s; tensors static inference left unknown stay uncosted", path, failure)
@@ -127,6 +132,8 @@ def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[i
     A missing value for a deciding input, or a value or array that does not fit its input, is a
     ShapeError naming the input; a run ONNX Runtime refuses (a custom op, a dtype without a
     kernel) is the returned reason, which the caller reports on what it could not cost."""
+    import onnx
+
     graph = model.graph
     inits = {t.name for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in inits]
@@ -182,6 +189,8 @@ def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[i
 
 
 def _itemsize(elem: int) -> int:
+    import onnx
+
     try:
         return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).itemsize)
     except Exception:  # noqa: BLE001 - no numpy match: _feed names the input
@@ -190,6 +199,8 @@ def _itemsize(elem: int) -> int:
 
 def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, values: dict[str, tuple[float, ...]],
           data: dict[str, np.ndarray], path: Path) -> np.ndarray:
+    import onnx
+
     elem = inp.type.tensor_type.elem_type
     try:
         np_type = onnx.helper.tensor_dtype_to_np_dtype(elem)
@@ -248,6 +259,8 @@ def _upstream_inputs(graph: onnx.GraphProto, wanted: set[str], inputs: set[str])
 
 def _node_reads(node: onnx.NodeProto) -> list[str]:
     """A node's inputs plus what its subgraphs (If branches, Loop bodies) read from outside."""
+    import onnx
+
     reads = list(node.input)
     for a in node.attribute:
         for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):

@@ -18,13 +18,13 @@ from .analysis.phases import Phase, PhaseInputs, graph_inputs, phase_analysis, p
 from .analyzer import MATH_EXACT, Analysis, analyze, contended_figures
 from .errors import BenanzaError, UsageError
 from .generator import BACKEND_MODULES, GenOptions, generate, get_backend
-from .layers import Model
+from .layers import Model, unique_layers
 from .manifest import build_manifest, write_manifest
+from .model_cache import load_model_cached
 from .outputs import write_text
 from .parsers import ExecutionProfile
 from .parsers.bundle import check_model
 from .problems import layer_key
-from .processor import load_model, unique_layers
 from .records import Result, System
 from .shapes_by_execution import load_input_data, shape_notes, uncosted_notes
 
@@ -70,8 +70,8 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
     out = []
     data = load_input_data(req.input_data) if req.input_data else {}
     for batch in req.batch_sizes:
-        model = load_model(req.model, batch_size=batch, input_shapes=dict(req.input_shapes),
-                           input_values=dict(req.input_values), input_data=data)
+        model = load_model_cached(req.model, batch_size=batch, input_shapes=dict(req.input_shapes),
+                                  input_values=dict(req.input_values), input_data=data)
         keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype(d))
                        for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
         for name in req.systems:

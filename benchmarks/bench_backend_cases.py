@@ -27,7 +27,8 @@ import onnx
 from onnx import numpy_helper
 
 from benanza.errors import BenanzaError
-from benanza.processor import load_model, total_stats
+from benanza.model_stats import total_stats
+from benanza.processor import load_model
 
 
 def main() -> None:

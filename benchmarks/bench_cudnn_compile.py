@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.zoo import MODELS, build_all
 
 

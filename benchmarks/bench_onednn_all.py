@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benanza.generator import Generated, GenOptions, generate
-from benanza.layers import Model
+from benanza.layers import Model, unique_layers
 from benanza.manifest import Manifest, build_manifest, write_manifest
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.runner import RunOptions, RunSummary, run
 from benanza.zoo import build_all
 

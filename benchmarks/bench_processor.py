@@ -16,7 +16,8 @@ from pathlib import Path
 
 import onnx
 
-from benanza.processor import load_model, unique_layers
+from benanza.layers import unique_layers
+from benanza.processor import load_model
 
 
 def bare(path: Path) -> None:

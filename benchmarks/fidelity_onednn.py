@@ -23,9 +23,10 @@ from pathlib import Path
 
 from benanza.backends.base import build
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
 from benanza.problems import ConvProblem
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import Variant
 from benanza.runner import parse_result
 from benanza.system import default_threads

@@ -30,11 +30,12 @@ import numpy as np
 import onnxruntime as ort
 
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
 from benanza.parsers import load_profile
 from benanza.parsers.ort import parse_ort_profile
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.runner import RunOptions, run
 from benanza.sweep import SweepRequest, run_sweep
 from benanza.system import cpu_model

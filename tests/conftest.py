@@ -7,6 +7,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+@pytest.fixture(autouse=True)
+def _model_cache(tmp_path_factory, monkeypatch):
+    """Each test its own cache of processed models (benanza.model_cache), commands it runs too:
+    no test reads a model another one processed, and none writes into the user's cache."""
+    monkeypatch.setenv("BENANZA_MODEL_CACHE", str(tmp_path_factory.mktemp("model-cache")))
+
+
 @pytest.fixture
 def save(tmp_path):
     """Save a ModelProto under tmp_path and return its path."""

@@ -81,8 +81,9 @@ def generated_conv_net(root):
     """`benanza generate` output in ``root`` (manifest and oneDNN f32 NCHW variants, no fusions)
     for conv_net: the small real model the fault and measurement tests run."""
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
-    from benanza.processor import load_model, unique_layers
+    from benanza.processor import load_model
 
     models = [load_model(conv_net(), batch_size=1, name="conv_net")]
     manifest = build_manifest(models, unique_layers(models))

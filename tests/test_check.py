@@ -14,10 +14,10 @@ from benanza.backends.base import build
 from benanza.check import CheckOptions, CheckStatus, check, generated
 from benanza.cli import main
 from benanza.generator import GenOptions, generate
-from benanza.layers import UniqueLayer
+from benanza.layers import UniqueLayer, unique_layers
 from benanza.manifest import build_manifest, write_manifest
 from benanza.problems import CopyProblem
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from tests.backends.test_onednn import small_cnn
 from tests.e2e.test_transformers import attention_model, attention_op_model
 

@@ -13,8 +13,9 @@ from onnx import helper, numpy_helper
 
 from benanza.cli import main
 from benanza.errors import ModelError, ShapeError, UsageError
-from benanza.layers import key_hash, parse_key
-from benanza.processor import load_model, parse_input_shapes, unique_layers
+from benanza.layers import key_hash, parse_key, unique_layers
+from benanza.model_inputs import parse_input_shapes
+from benanza.processor import load_model
 
 GOLDEN = {
     "conv1": "conv:mb1_ic3ih8iw8_oc8oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias1_f32",

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 
 from benanza.cli import main
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import Status, System
 from benanza.runner import NoDeviceError, RunOptions, run
 from benanza.system import probe_gpu

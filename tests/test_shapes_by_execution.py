@@ -205,8 +205,9 @@ def test_coverage_is_each_backends_share_of_the_running_layers(cases, tmp_path, 
     from helpers import conv_net
 
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest
-    from benanza.processor import total_stats, unique_layers
+    from benanza.model_stats import total_stats
 
     lstm, _, _ = _write(cases["test_lstm_defaults"], tmp_path)
     conv = tmp_path / "conv.onnx"

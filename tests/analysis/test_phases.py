@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 from benanza.analysis.phases import DECODE, PREFILL, Phase, graph_inputs, parse_phase, phase_shapes
 from benanza.cli import main
 from benanza.errors import ModelError, UsageError
-from benanza.processor import parse_input_shapes
+from benanza.model_inputs import parse_input_shapes
 
 # the phases of the end-to-end test: (label, new tokens S, KV length L)
 PHASES = (("prefill:4", 4, 0), ("decode:8", 1, 8), ("decode:32", 1, 32))

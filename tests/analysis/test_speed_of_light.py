@@ -21,9 +21,10 @@ from onnx import helper
 
 from benanza.analysis.roofline import COMPUTE_SLACK, computes_fewer, roof
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
 from benanza.peaks import SECONDS, Peak, Peaks, cache_levels, measure, parse_output, working_sets
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.system import cpu_has_bf16
 
 # Hand-made peaks: 100 GFLOP/s in f32; 400 GB/s up to 4000 bytes, 200 GB/s up to 1 MiB, 100 beyond.

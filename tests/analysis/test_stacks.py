@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from benanza.cli import main
 from benanza.errors import BenanzaError
 from benanza.generator import GenOptions, expand_variants, get_backend
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import Result, Status, System, Variant
 from benanza.sweep import SweepRequest, run_sweep
 

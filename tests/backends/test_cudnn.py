@@ -27,8 +27,9 @@ from benanza.backends import cudnn
 from benanza.errors import BenanzaError
 from benanza.fusion import BY_NAME
 from benanza.generator import GenOptions, generate, read_variants
+from benanza.layers import unique_layers
 from benanza.manifest import Manifest, build_manifest
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import Variant
 from benanza.toolchain import cuda_toolkit
 

@@ -25,8 +25,10 @@ from onnx import helper, numpy_helper
 from benanza.backends.cudnn import DECONV_ALGOS
 from benanza.cli import main
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
-from benanza.processor import load_model, model_stats, unique_layers
+from benanza.model_stats import model_stats
+from benanza.processor import load_model
 from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines, _rows
 
 # the cases each lowering covers exactly; 3-D ones (generic) and SAME-padded transposed

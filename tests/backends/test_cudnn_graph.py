@@ -21,9 +21,10 @@ from torch_models import D_MODEL, HEADS, SEQ, export
 
 from benanza.backends import cudnn
 from benanza.generator import GenOptions, expand_variants, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
 from benanza.ops.registry import FAMILIES, PATTERN_LOWERINGS
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
 from tests.e2e.test_transformers import attention_op_model
 

@@ -28,10 +28,11 @@ from benanza.cli import main
 from benanza.fusion import BY_NAME as FUSION_PATTERNS
 from benanza.fusion import match_fusions
 from benanza.generator import GenOptions, generate, read_variants
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
 from benanza.ops.attention import CUDNN_SDPA
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import System, Variant
 from benanza.runner import RunOptions, RunSummary, _execute
 from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines

@@ -13,8 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benanza.backends.onednn import BACKEND, CONV_ALGOS, DTYPES, SPATIAL_LAYOUTS
 from benanza.generator import GenOptions, expand_variants, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import Variant
 
 HAVE_TOOLCHAIN = bool(shutil.which("cmake")) and Path("/usr/include/dnnl.hpp").exists() or bool(

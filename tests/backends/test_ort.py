@@ -237,8 +237,9 @@ def test_layers_are_cut_from_the_model_files(tmp_path):
     the models, is one clear error, not a benchmark of something else."""
     from benanza.errors import BenanzaError
     from benanza.generator import generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest
-    from benanza.processor import load_model, unique_layers
+    from benanza.processor import load_model
 
     models = [load_model(small_net(), name="in-memory")]
     manifest = build_manifest(models, unique_layers(models))

@@ -21,9 +21,10 @@ from onnx import helper
 
 from benanza.cli import main
 from benanza.generator import GenOptions, expand_variants, get_backend
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
 from benanza.perfdb import SCHEMA_VERSION, PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from benanza.records import Result, Status, System
 
 BENANZA = str(Path(sys.executable).parent / "benanza")

@@ -22,7 +22,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("vocabulary", ("ops", "layers", "problems", "records", "fusion", "system", "parsers")),
     # torch_exec: ONNX graphs run eagerly in torch, over the processor only (the torch backend
     # measures its calls, the profiler runs whole models with it)
-    ("model", ("processor", "control_flow", "shapes_by_execution", "manifest", "torch_exec")),
+    ("model", ("processor", "control_flow", "shapes_by_execution", "manifest", "torch_exec", "model_inputs",
+               "model_stats", "model_cache")),
     ("generate", ("generator", "backends")),
     ("run", ("runner", "peaks", "perfdb")),
     ("profile", ("profiler",)),

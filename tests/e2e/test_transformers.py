@@ -168,7 +168,7 @@ VIEWS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
 @pytest.mark.parametrize("backend", ["onednn", "cudnn"])
 def test_pure_views_are_free_not_uncovered(exported, backend):
     from benanza.analyzer import analyze
-    from benanza.processor import model_stats
+    from benanza.model_stats import model_stats
     from benanza.report import document
 
     m = load_model(exported("encoder", 17))
@@ -308,9 +308,9 @@ VERBOSE = {
 def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
     from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
-    from benanza.processor import unique_layers
     from benanza.runner import RunOptions, run
 
     m = load_model(save(transformer_ops_model()))
@@ -464,7 +464,8 @@ def test_folded_layers_are_exactly_the_constants_given_the_shapes(exported, name
 @pytest.mark.slow  # exports torch models
 def test_folded_layers_show_as_folded_not_uncovered(exported):
     from benanza.analyzer import analyze
-    from benanza.processor import model_stats, unique_layers
+    from benanza.layers import unique_layers
+    from benanza.model_stats import model_stats
     from benanza.report import document
 
     m = exported_model(exported, "gpt", "dynamic", 18)
@@ -554,9 +555,9 @@ def test_dynamo_export_with_a_dynamic_sequence_is_costed_on_onednn(tmp_path, exp
     the folded ones cost 0, and Q5 substitutes the attention and GELU chains the database has."""
     from benanza.analyzer import analyze
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
-    from benanza.processor import unique_layers
     from benanza.runner import RunOptions, run
 
     m = load_model(exported("gpt", 18, "dynamo", True), input_shapes={"x": (1, SEQ + 8, D_MODEL)})
@@ -619,9 +620,9 @@ def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     from benanza.analyzer import analyze
     from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
-    from benanza.processor import unique_layers
     from benanza.runner import RunOptions, run
 
     m = load_model(save(mlp_model()))
@@ -683,9 +684,9 @@ def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, export
     from benanza.analyzer import analyze
     from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
-    from benanza.processor import unique_layers
     from benanza.runner import RunOptions, run
 
     m = load_model(exported("gpt", 14))
@@ -796,10 +797,10 @@ def test_data_movement_is_a_labelled_copy_of_the_same_bytes(save):
 def test_data_movement_copies_run_as_reorders(tmp_path, save):
     from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
     from benanza.problems import CopyProblem
-    from benanza.processor import unique_layers
     from benanza.runner import RunOptions, run
 
     rows = 4096  # x is 2×16×12288 f32 (1.5 MiB): a copy that did nothing would show
@@ -884,9 +885,9 @@ def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     from benanza.analyzer import analyze
     from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
-    from benanza.processor import unique_layers
     from benanza.runner import RunOptions, run
 
     m = load_model(save(attention_model()))
@@ -947,9 +948,9 @@ def test_attention_op_is_one_layer_on_the_chain(save):
 def test_attention_op_runs_as_the_chain(tmp_path, save):
     from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
-    from benanza.processor import unique_layers
     from benanza.runner import RunOptions, run
 
     m = load_model(save(attention_op_model()))
@@ -1028,9 +1029,9 @@ def test_deconv_and_resize_keys(save):
 def test_deconv_and_resize_run_on_onednn(tmp_path, save):
     from benanza.backends.base import build
     from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, write_manifest
     from benanza.perfdb import PerfDB
-    from benanza.processor import unique_layers
     from benanza.runner import RunOptions, run
 
     m = load_model(save(upsampling_model()))

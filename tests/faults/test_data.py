@@ -20,9 +20,10 @@ from faultprobe import benanza
 from helpers import REPO, TESTS, conv_net
 
 from benanza.generator import GenOptions, generate, read_variants
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
 from benanza.perfdb import PerfDB
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from tests.faults.test_run import execute
 
 

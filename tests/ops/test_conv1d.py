@@ -15,8 +15,10 @@ from onnx import numpy_helper
 from benanza.backends.base import build
 from benanza.check import CheckOptions, CheckStatus, check
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
-from benanza.processor import load_model, model_stats, unique_layers
+from benanza.model_stats import model_stats
+from benanza.processor import load_model
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data" / "pytorch-converted"
 CONV1D = sorted(DATA.glob("test_Conv1d*/model.onnx"))

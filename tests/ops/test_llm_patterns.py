@@ -15,10 +15,11 @@ from onnx import helper, numpy_helper
 from benanza.backends import onednn
 from benanza.fusion import BY_NAME, match_fusions
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
 from benanza.ops.norm import RmsnormProblem
 from benanza.ops.registry import PATTERN_LOWERINGS, parse_layer_key
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
 
 ROWS, COLS = 3, 32

@@ -235,8 +235,8 @@ def test_integer_layers_are_covered_by_neither_library():
 def test_layers_json_round_trips_typed_problems(tmp_path):
     from helpers import conv_net
 
+    from benanza.layers import unique_layers
     from benanza.manifest import build_manifest, read_manifest, write_manifest
-    from benanza.processor import unique_layers
 
     m = load_model(conv_net(), name="c")
     manifest = build_manifest([m], unique_layers([m]))

@@ -18,8 +18,10 @@ from onnx import helper, numpy_helper
 from benanza.backends.onednn import BACKEND
 from benanza.cli import main
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
-from benanza.processor import load_model, model_stats, unique_layers
+from benanza.model_stats import model_stats
+from benanza.processor import load_model
 
 T, N, IC, H = 6, 2, 5, 8  # sequence, batch, input and hidden sizes
 

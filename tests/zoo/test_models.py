@@ -17,7 +17,8 @@ import pytest
 
 from benanza import zoo
 from benanza.errors import UsageError
-from benanza.processor import load_model, model_stats
+from benanza.model_stats import model_stats
+from benanza.processor import load_model
 
 # Table I of the paper, transcribed independently of the registry: id -> (MACs, layers).
 TABLE_I = {
