@@ -4,16 +4,18 @@ inputs), exported with both of torch.onnx.export's exporters, and ONNX Runtime's
 quantization of each decode export: what Benanza costs of them and how their oneDNN bound compares
 with the frameworks' latency.
 
-Per file: the export's time (or the exporter's exact error), Benanza's processing time (load_model
-and its statistics, in process), the share of the layers that run costed on oneDNN and on
-cuDNN/cuBLAS and the ops left uncovered (`benanza generate --json` of every file together: the
-generator's own numbers). Then on oneDNN, f32, at ``--threads``: `benanza run` with short settings
-(``--min-time 0.02 --repetitions 2``), `benanza profile --framework onnxruntime` at the same threads,
-PyTorch eager's time of the same step (the transformers module itself; for the int8 files torch's
-own dynamic int8 quantization of its Linear layers) at the same threads, and `benanza analyze` of
-each file: the sequential bound and BR = bound / measured for both. A bound resting on results
-measured under contention is refused by `analyze`: the script re-measures the contended results once
-(`run --remeasure-contended`) and prints a bound still refused marked as contended. Prints a Markdown
+Every step both with the padding mask as an input (``attention_mask``, as Optimum and
+transformers' own exporter write it) and without (one unpadded sequence). Per file: the export's
+time (or the exporter's exact error), Benanza's processing time (load_model and its statistics, in
+process), the share of the layers that run costed on oneDNN and on cuDNN/cuBLAS and the ops left
+uncovered (`benanza generate --json` of every file together: the generator's own numbers). Then on
+oneDNN, f32, at ``--threads``: `benanza run` with short settings (``--min-time 0.02 --repetitions
+2``), `benanza profile --framework onnxruntime` at the same threads, PyTorch eager's time of the
+same step (the transformers module itself; for the int8 files torch's own dynamic int8
+quantization of its Linear layers) at the same threads, and `benanza analyze` of each file: the
+sequential bound and BR = bound / measured for both. A bound resting on results measured under
+contention is refused by `analyze`: the script re-measures the contended results once (`run
+--remeasure-contended`) and prints a bound still refused marked as contended. Prints a Markdown
 table, the uncovered ops and the load.
 
     python benchmarks/llm_exports.py [--work out/llm_exports] [--threads 2] [--seq 32] [--past 128]
@@ -69,7 +71,8 @@ def sh(*args: str, ok: tuple[int, ...] = (0,)) -> tuple[subprocess.CompletedProc
 def export_all(families: list[str], seq: int, past: int, out: Path) -> list[File]:
     files = []
     for family in families:
-        for step in (hf_models.Step(family, seq, 0), hf_models.Step(family, 1, past)):
+        shapes = ((seq, 0), (1, past))  # a prefill, a decode step
+        for step in (hf_models.Step(family, s, p, masked) for masked in (True, False) for s, p in shapes):
             for exporter in hf_models.EXPORTERS:
                 f = File(step, exporter)
                 start = time.monotonic()
@@ -107,7 +110,7 @@ def torch_ms(f: File, threads: int, iterations: int = 50, warmup: int = 5) -> fl
     from benanza.parsers.bundle import latency_stats
 
     torch.set_num_threads(threads)
-    module = hf_models.Forward(hf_models.model(f.step.family))
+    module = hf_models.Forward(hf_models.model(f.step.family), f.step.masked)
     if f.int8:
         module = torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
     args = hf_models.inputs(f.step)
@@ -137,7 +140,7 @@ def pct(stats: dict, backend: str) -> str:
 
 
 def row(f: File) -> str:
-    label = f"| {f.step.family} | {f.step.phase} | {f.form} |"
+    label = f"| {f.step.family} | {f.step.phase}{'' if f.step.masked else ', no mask'} | {f.form} |"
     if f.path is None:
         return f"{label} — | failed: `{f.error}` | | | | | | | |"
     a, s = f.analysis, f.stats

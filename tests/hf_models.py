@@ -29,11 +29,15 @@ EXPORTERS = {"torchscript": 17, "dynamo": 18}  # exporter → the opset it write
 
 @dataclass(frozen=True)
 class Step:
-    """One exported forward step: ``seq`` new tokens after a cache of ``past`` (0: a prefill)."""
+    """One exported forward step: ``seq`` new tokens after a cache of ``past`` (0: a prefill).
+    ``masked``: the padding mask is an input (``attention_mask``, as Optimum's and transformers'
+    own exporters write it), so the step computes its attention mask from data; unmasked, one
+    unpadded sequence, whose causal mask transformers builds from the positions alone."""
 
     family: str
     seq: int
     past: int
+    masked: bool = True
 
     @property
     def phase(self) -> str:
@@ -41,7 +45,7 @@ class Step:
 
     def name(self, exporter: str) -> str:
         shape = f"s{self.seq}" if self.past == 0 else f"l{self.past}"
-        return f"{self.family}_{self.phase}_{shape}_{exporter}"
+        return f"{self.family}_{self.phase}_{shape}{'' if self.masked else '_nomask'}_{exporter}"
 
 
 def config(family: str):
@@ -60,17 +64,19 @@ def model(family: str) -> nn.Module:
 
 
 class Forward(nn.Module):
-    """``input_ids`` [1, S], ``attention_mask`` [1, L+S] and ``position_ids`` [1, S], then per
-    layer the cache's keys and values [1, kv_heads, L, head_dim] (none in a prefill), into
-    transformers' DynamicCache; returns the logits and the cache after the step, flat."""
+    """``input_ids`` [1, S], ``attention_mask`` [1, L+S] (when ``masked``) and ``position_ids``
+    [1, S], then per layer the cache's keys and values [1, kv_heads, L, head_dim] (none in a
+    prefill), into transformers' DynamicCache; returns the logits and the cache after the step,
+    flat."""
 
-    def __init__(self, lm: nn.Module) -> None:
+    def __init__(self, lm: nn.Module, masked: bool) -> None:
         super().__init__()
-        self.lm = lm
+        self.lm, self.masked = lm, masked
 
-    def forward(self, input_ids, attention_mask, position_ids, *past):
+    def forward(self, input_ids, *rest):
         from transformers import DynamicCache
 
+        attention_mask, position_ids, *past = rest if self.masked else (None, *rest)
         cache = DynamicCache(list(zip(past[::2], past[1::2])), config=self.lm.config) if past else None
         out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                       use_cache=True)
@@ -86,12 +92,12 @@ def inputs(step: Step) -> tuple[torch.Tensor, ...]:
     pos = torch.arange(step.past, step.past + step.seq)[None]
     cache = [torch.randn(1, cfg.num_key_value_heads, step.past, head_dim, generator=g)
              for _ in range(2 * cfg.num_hidden_layers if step.past else 0)]
-    return (ids, mask, pos, *cache)
+    return (ids, *([mask] if step.masked else []), pos, *cache)
 
 
 def input_names(step: Step) -> list[str]:
     layers = config(step.family).num_hidden_layers
-    return ["input_ids", "attention_mask", "position_ids"] + (
+    return ["input_ids", *(["attention_mask"] if step.masked else []), "position_ids"] + (
         [f"past_{kv}{i}" for i in range(layers) for kv in ("key", "value")] if step.past else [])
 
 
@@ -102,8 +108,9 @@ def export(step: Step, exporter: str, out_dir: Path) -> Path:
     outputs = ["logits"] + [f"present_{kv}{i}" for i in range(layers) for kv in ("key", "value")]
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Forward(model(step.family)), inputs(step), str(path), input_names=input_names(step),
-                          output_names=outputs, opset_version=EXPORTERS[exporter], dynamo=exporter == "dynamo")
+        torch.onnx.export(Forward(model(step.family), step.masked), inputs(step), str(path),
+                          input_names=input_names(step), output_names=outputs, opset_version=EXPORTERS[exporter],
+                          dynamo=exporter == "dynamo")
     return path
 
 

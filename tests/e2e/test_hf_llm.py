@@ -29,7 +29,7 @@ def test_llama_decode_step_from_transformers_is_costed(tmp_path) -> None:
     path = hf_models.export(STEP, "torchscript", tmp_path)
     args = hf_models.inputs(STEP)
     with torch.no_grad():
-        expected = hf_models.Forward(hf_models.model("llama"))(*args)
+        expected = hf_models.Forward(hf_models.model("llama"), STEP.masked)(*args)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, dict(zip(hf_models.input_names(STEP), (a.numpy() for a in args))))
     assert len(got) == len(expected)
