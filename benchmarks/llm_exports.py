@@ -96,7 +96,8 @@ def export_all(families: list[str], seq: int, past: int, out: Path) -> list[File
 
 def process_time(path: Path) -> float:
     """Benanza's processing of one file: load (shape inference, layers, folding) and statistics."""
-    from benanza.processor import load_model, model_stats
+    from benanza.model_stats import model_stats
+    from benanza.processor import load_model
 
     start = time.monotonic()
     model_stats(load_model(path))
