@@ -694,9 +694,10 @@ def contended_subject(a: Analysis) -> str:
 
 def contended_figures(a: Analysis) -> list[str]:
     """The figures besides the bound in the analysed dtype (another dtype's or layout's bound,
-    the joint bound) that rest on contended results."""
+    the joint bound, the across-stack split) that rest on contended results."""
     labels = [f"the {label} bound" for label in a.tensor_cores.contended if label != a.dtype]
-    return labels + (["the joint bound"] if a.joint is not None and a.joint_contended else [])
+    return (labels + (["the joint bound"] if a.joint is not None and a.joint_contended else [])
+            + (["the across-stack split"] if a.across_stack is not None and a.across_stack.contended else []))
 
 
 def withhold_contended(a: Analysis) -> None:
@@ -712,6 +713,9 @@ def withhold_contended(a: Analysis) -> None:
                              if k == a.dtype or k not in a.tensor_cores.contended}
     if a.joint_contended:
         a.joint, a.joint_label = None, ""
+    if a.across_stack is not None and a.across_stack.contended:
+        results |= a.across_stack.contended
+        a.across_stack = None
     named = " and ".join([", ".join(figures[:-1]), figures[-1]] if len(figures) > 1 else figures)
     a.warnings.append(f"{named} {'are' if len(figures) > 1 else 'is'} not shown: "
                       f"{'they rest' if len(figures) > 1 else 'it rests'} on {len(results)} results measured while "

@@ -205,7 +205,7 @@ def _across_stack_json(a: Analysis) -> dict | None:
     return {"framework": x.framework, "vendor": x.vendor, "vendor_stack": x.vendor_stack,
             "measured_ms": _r(x.measured_ms), "native_bound_ms": _r(x.native_bound_ms),
             "vendor_bound_ms": _r(x.vendor_bound_ms), "framework_overhead_ms": _r(x.framework_overhead_ms),
-            "kernel_headroom_ms": _r(x.kernel_headroom_ms), "partial": x.partial,
+            "kernel_headroom_ms": _r(x.kernel_headroom_ms), "partial": x.partial, "contended": len(x.contended),
             "layers": [{"index": la.index, "name": la.name, "op": la.op, "native_ms": _r(la.native_ms),
                         "vendor_ms": _r(la.vendor_ms), "framework_ms": _r(la.framework_ms),
                         "kernel_headroom_ms": _r(la.kernel_headroom_ms),
@@ -464,7 +464,9 @@ def _print_across_stack(a: Analysis, console: Console, top: int = 10) -> None:
                 if x.measured_ms is not None and x.framework_overhead_ms is not None else f"{bound}; ")
     console.print(f"across the stack: {measured}kernel headroom {x.kernel_headroom_ms:.4g} ms to the {x.vendor} "
                   f"bound {x.vendor_bound_ms:.4g} ms (stack {x.vendor_stack})"
-                  + (" (partial: layers without results are left out)" if x.partial else ""),
+                  + (" (partial: layers without results are left out)" if x.partial else "")
+                  + (f" (CONTENDED: {len(x.contended)} {x.vendor} results were measured while other processes "
+                     f"took the CPU)" if x.contended else ""),
                   highlight=False, markup=False, soft_wrap=True)
     rows = sorted((la for la in x.layers if la.kernel_headroom_ms is not None),
                   key=lambda la: -abs(la.kernel_headroom_ms or 0.0))[:top]

@@ -53,6 +53,9 @@ class AcrossStack:
     vendor_bound_ms: float
     layers: tuple[StackLayer, ...]
     partial: bool  # a bound lacks layers (missing results): the split is no floor either
+    # the vendor results its bound chooses from that were measured while other processes took the
+    # CPU: its share would read as kernel headroom (shown only with --allow-contended, labelled)
+    contended: frozenset[str] = frozenset()
 
     @property
     def framework_overhead_ms(self) -> float | None:
@@ -85,4 +88,4 @@ def across_stack(native: Analysis, vendor: Analysis) -> AcrossStack:
                    for r in native.rows if r.status not in _COST_NOTHING)
     return AcrossStack(native.backend, vendor.backend, vendor.stack.stack_id if vendor.stack is not None else "",
                        native.measured_ms, native.bounds.sequential_ms, vendor.bounds.sequential_ms, layers,
-                       bool(native.missing or vendor.missing))
+                       bool(native.missing or vendor.missing), vendor.contended)

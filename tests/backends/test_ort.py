@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,14 @@ from click.testing import CliRunner
 from helpers import assert_faults_isolated, best_low_ms, invoke, io, model, newest_row, tensor
 from onnx import helper
 
+from benanza.analyzer import withhold_contended
 from benanza.cli import main
 from benanza.generator import GenOptions, expand_variants, get_backend
 from benanza.manifest import read_manifest
+from benanza.parsers import load_profile
 from benanza.perfdb import PerfDB
 from benanza.records import Status
+from benanza.sweep import SweepRequest, run_sweep
 
 SYSTEM = "ortbox"
 RUNS = 150  # whole-model runs profiled for the oracle
@@ -209,8 +213,8 @@ def test_across_stack_split_recomputed_from_sql(measured):
     measured − ORT bound, kernel headroom = ORT bound − oneDNN bound, per layer from SQL."""
     path, bench, db, profile = measured
     invoke("generate", str(path), "--backend", "onednn", "--dtype", "f32", "--no-fusion", "--out", str(bench))
-    # --max-contention 1: never stored contended, which on a busy machine withholds the split (its
-    # own test); this one recomputes the split's arithmetic
+    # --max-contention 1: never stored contended (the end of this test flags them, as a busy machine
+    # would); first the split's arithmetic
     invoke("run", "--system", SYSTEM, "--backend", "onednn", "--bench-dir", str(bench), "--db", str(db),
            "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1", "--no-peaks",
            "--max-contention", "1")
@@ -229,7 +233,29 @@ def test_across_stack_split_recomputed_from_sql(measured):
     assert x["vendor_bound_ms"] == pytest.approx(sum(la["vendor_ms"] for la in x["layers"]), rel=1e-3)
     assert x["kernel_headroom_ms"] == pytest.approx(x["native_bound_ms"] - x["vendor_bound_ms"], abs=1e-5)
     assert x["framework_overhead_ms"] == pytest.approx(x["measured_ms"] - x["native_bound_ms"], abs=1e-5)
-    assert x["measured_ms"] == a["measured_ms"]
+    assert x["measured_ms"] == a["measured_ms"] and x["contended"] == 0
+
+    # oneDNN's results flagged as the runner flags those other processes took the CPU from: its
+    # share would read as kernel headroom, so the split is withheld unless asked for, then labelled
+    con = sqlite3.connect(db)
+    flagged = con.execute("UPDATE results SET contended = 1 WHERE status = 'ok' AND variant IN "
+                          "(SELECT name FROM variants WHERE backend = 'onednn')").rowcount
+    con.commit()
+    con.close()
+    assert flagged
+    # the library (the CLI refuses the whole analysis instead where ORT's own results are contended)
+    with PerfDB(db, readonly=True) as pdb:
+        (withheld,) = run_sweep(SweepRequest(str(path), (SYSTEM,)), pdb, load_profile([str(profile)]))
+    assert withheld.across_stack is not None and len(withheld.across_stack.contended) > 0
+    withhold_contended(withheld)
+    assert withheld.across_stack is None and withheld.bounds.sequential_ms == pytest.approx(x["native_bound_ms"])
+    assert any(w.startswith("the across-stack split is not shown: it rests on ") for w in withheld.warnings)
+    assert any("--backend onednn --remeasure-contended" in w for w in withheld.warnings)
+    args = ["analyze", str(path), "--system", SYSTEM, "--db", str(db), "--profile", str(profile), "--json"]
+    (labelled,) = json.loads(invoke(*args, "--allow-contended"))["analyses"]
+    y = labelled["across_stack"]
+    assert y["contended"] > 0 and {k: v for k, v in y.items() if k != "contended"} == \
+        {k: v for k, v in x.items() if k != "contended"}
 
 
 def test_layers_are_cut_from_the_model_files(tmp_path):
