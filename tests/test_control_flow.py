@@ -46,10 +46,9 @@ def _unrolled(m: onnx.ModelProto, tmp_path, feed: dict[str, np.ndarray]) -> tupl
     """The model as the processor inlines it, and what each control-flow node became."""
     path = tmp_path / "scan.onnx"
     onnx.save(m, str(path))
-    out, taken, failure = inline_control_flow(m, path, {k: v.shape for k, v in feed.items()}, {}, feed,
-                                              inferred_shapes)
-    assert failure == ""
-    return out, {t.node: t.branch for t in taken}
+    inlined = inline_control_flow(m, path, {k: v.shape for k, v in feed.items()}, {}, feed, inferred_shapes)
+    assert inlined.failure == ""
+    return inlined.model, {t.node: t.branch for t in inlined.taken}
 
 
 def _ops(m: onnx.ModelProto) -> set[str]:
