@@ -189,8 +189,14 @@ def test_a_scan_in_a_loop_unrolls_in_each_iteration(tmp_path):
     became = _same_outputs(m, tmp_path, feed)
     assert became == {"Loop_0": "3 iterations", **{f"Loop_0/iter{i}/Scan_0": "4 iterations" for i in range(3)}}
     path = tmp_path / "scan.onnx"
-    names = {n.name for n in load_model(path, input_data=feed).nodes}
-    assert {f"Loop_0/iter{i}/Scan_0/iter{j}/Add_0" for i in range(3) for j in range(4)} <= names
+    nodes = {n.name: n for n in load_model(path, input_data=feed).nodes}
+    assert {f"Loop_0/iter{i}/Scan_0/iter{j}/Add_0" for i in range(3) for j in range(4)} <= set(nodes)
+    # the inner Scan reads and writes its axis-0 slices in place; ORT's Loop copies its iterations'
+    # outputs together (loop.cc, ConcatenateLoopOutput), so the Loop's Concat stays a copy
+    assert {n for n, node in nodes.items() if node.in_place} == \
+        {f"Loop_0/iter{i}/Scan_0/iter{j}/scan_input_0" for i in range(3) for j in range(4)} | \
+        {f"Loop_0/iter{i}/Scan_0/scan_0/concat" for i in range(3)}
+    assert nodes["Loop_0/scan_0/concat"].runs
 
 
 @pytest.mark.parametrize("cond", [True, False])
