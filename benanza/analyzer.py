@@ -668,7 +668,8 @@ def _warn(a: Analysis) -> None:
     if a.views:
         ops = sorted({r.op for r in a.views})
         a.notes.append(f"{len(a.views)} layers are free views and cost 0 ({', '.join(ops)}: "
-                       f"the output is the input's data under another shape)")
+                       f"the output is the input's data under another shape, or a Scan's slice of it read or "
+                       f"written in place)")
     if a.folded:
         ops = sorted({r.op for r in a.folded})
         a.notes.append(f"{len(a.folded)} layers are folded at load time and cost 0 ({', '.join(ops)}: their "

@@ -4,14 +4,17 @@
 - each ``Loop`` whose trip count is its M input alone (the condition starts true and the body
   passes it through unchanged) is unrolled: its body once per iteration, with the iteration's
   number, and its scan outputs stacked as ONNX Runtime's Loop stacks them (a Concat of the
-  iterations' outputs). A Loop that stops on a value it computes (a generation loop), or runs more
-  than ``MAX_TRIPS`` iterations, stays one node, and says why;
+  iterations' outputs, a copy). A Loop that stops on a value it computes (a generation loop), or
+  runs more than ``MAX_TRIPS`` iterations, stays one node, and says why;
 - each ``Scan`` (opset 9 and later) is unrolled the same way, its trip count the length of its
   scan inputs (from static shape inference, else from the run): iteration i reads slice i of each
   scan input (from the end when that input's direction is reverse) with a ``Gather`` of a scalar
-  index, a copy of the slice (ONNX Runtime's Scan reads axis-0 slices in place: a small excess the
-  bound carries), and its scan outputs are stacked on their axes (prepended when reverse). Opset
-  8's batched Scan stays one node.
+  index, and its scan outputs are stacked on their axes (prepended when reverse) by a Concat.
+  Where the slice is one block of memory (axis 0, or every axis before it of size 1) the Gather
+  and the Concat are marked ``in_place``: they move no data, as ONNX Runtime's Scan reads axis-0
+  slices of its inputs and writes its body's outputs into axis-0 slices of its outputs in place.
+  Other slices are copies, as ONNX Runtime transposes such an input (or output) whole. Opset 8's
+  batched Scan stays one node.
 
 The inlined nodes join the main graph under path names (``If_1/then/Conv_3``,
 ``Loop_0/iter2/Add_1``, ``Scan_0/iter2/Add_1``, nested: ``If_28/else/If_4/else/Div_0``), their
@@ -48,6 +51,28 @@ class TakenBranch:
     op: str  # "If", "Loop" or "Scan": what the report calls the node
 
 
+@dataclass(frozen=True)
+class Inlined:
+    """What ``inline_control_flow`` made of a model."""
+
+    model: onnx.ModelProto  # the input model itself when nothing was inlined
+    taken: tuple[TakenBranch, ...]  # what each If, Loop and Scan became
+    failure: str  # why the run deciding them could not be made; "" when it could
+    # Names of the nodes the unrolling made that move no data although their op copies in general:
+    # a Scan's Gather of a contiguous slice of a scan input, its Concat of contiguous slices of a
+    # scan output. The processor costs them as free views.
+    in_place: frozenset[str]
+
+
+@dataclass(frozen=True)
+class _Stacking:
+    """How one scan output of a Loop or Scan stacks its iterations' values."""
+
+    axis: int  # the new axis, of the stacked rank
+    prepend: bool  # last iteration first (a Scan's reverse scan_output_directions)
+    in_place: bool  # each iteration writes its value into its slice of the output: the Concat moves nothing
+
+
 _LOOPS = ("Loop", "Scan")
 
 
@@ -56,13 +81,13 @@ Shapes = dict[str, tuple[int, ...]]
 
 def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: Shapes,
                         values: dict[str, tuple[float, ...]], data: dict[str, np.ndarray],
-                        inferred: Callable[[onnx.ModelProto, Path, Shapes], Shapes]
-                        ) -> tuple[onnx.ModelProto, tuple[TakenBranch, ...], str]:
+                        inferred: Callable[[onnx.ModelProto, Path, Shapes], Shapes]) -> Inlined:
     """``model`` with every default-domain If replaced by the branch taken and every clean Loop
-    and Scan unrolled (a copy when any is), what each became, and why the run that decides them
-    could not be made ("" when it could). ``inferred`` gives the static shapes of a graph's
-    tensors at the input shapes (the processor's ``inferred_shapes``)."""
+    and Scan unrolled (a copy when any is), what each became, why the run that decides them could
+    not be made, and which of the nodes made move no data. ``inferred`` gives the static shapes of
+    a graph's tensors at the input shapes (the processor's ``inferred_shapes``)."""
     taken: list[TakenBranch] = []
+    in_place: set[str] = set()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     left: set[str] = set()  # Loops and Scans already found not clean: not asked about again
     for _ in range(MAX_NESTING):
@@ -83,7 +108,7 @@ def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: Shapes
             if failure:
                 log.warning("%s: the branches and trip counts of its control flow cannot be found (%s); "
                             "their bodies are not costed", path, failure)
-                return model, tuple(taken), failure
+                return Inlined(model, tuple(taken), failure, frozenset(in_place))
         out = onnx.ModelProto()
         out.CopyFrom(model)
         del out.graph.node[:]
@@ -93,12 +118,12 @@ def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: Shapes
             if i in flow and node.op_type == "If":
                 inlined = _taken_branch(node, _name(node, i), found, out.graph, taken)
             elif i in flow:
-                inlined = _unrolled(node, _name(node, i), found, static, out.graph, taken, left, opset)
+                inlined = _unrolled(node, _name(node, i), found, static, out.graph, taken, left, opset, in_place)
             out.graph.node.extend(inlined if inlined is not None else [node])
         if len(taken) == before:  # the run gave nothing to inline
             break
         model = out
-    return model, tuple(taken), ""
+    return Inlined(model, tuple(taken), "", frozenset(in_place))
 
 
 def _name(node: onnx.NodeProto, index: int) -> str:
@@ -142,9 +167,10 @@ def _taken_branch(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray],
 
 
 def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], static: Shapes,
-              main: onnx.GraphProto, taken: list[TakenBranch], left: set[str], opset: int
+              main: onnx.GraphProto, taken: list[TakenBranch], left: set[str], opset: int, in_place: set[str]
               ) -> list[onnx.NodeProto] | None:
-    """The Loop or Scan as its body once per iteration (None, said in ``taken``, when it stays one node)."""
+    """The Loop or Scan as its body once per iteration (None, said in ``taken``, when it stays one
+    node); the names of the nodes made that move no data join ``in_place``."""
     body = next((a.g for a in node.attribute if a.name == "body"), None)
     if node.op_type == "Loop":
         trips, why = _loop_trips(node, body, found)
@@ -159,8 +185,11 @@ def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], sta
         taken.append(TakenBranch(name, f"stays one node: {why}", node.op_type))
         return None
     assert body is not None
-    nodes = _loop(node, body, name, trips, main, opset) if node.op_type == "Loop" else \
-        _scan(node, body, name, trips, main, opset)
+    if node.op_type == "Loop":
+        nodes = _loop(node, body, name, trips, main, opset)
+    else:
+        shapes = [_shape(t, static, found) for t in _scan_inputs(node)]
+        nodes = _scan(node, body, name, trips, main, opset, shapes, in_place)
     taken.append(TakenBranch(name, f"{trips} iterations", node.op_type))
     return nodes
 
@@ -221,23 +250,35 @@ def _loop(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, ma
         return [number], {counter: prefix + counter, cond_in: node.input[1]}
 
     carried = _state_count(node)
-    scans = len(node.output) - carried
+    # ONNX Runtime's Loop keeps each iteration's scan outputs apart and copies them into the output
+    # at the end (loop.cc, ConcatenateLoopOutput): the Concat is a copy there, not in place.
+    stacking = [_Stacking(0, False, False)] * (len(node.output) - carried)
     return _iterations(node, body, name, trips, main, opset, list(node.input[2:]), body.input[2:2 + carried],
-                       1, start, [0] * scans, [False] * scans)
+                       1, start, stacking, set())
 
 
 def _scan(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, main: onnx.GraphProto,
-          opset: int) -> list[onnx.NodeProto]:
-    """A Scan unrolled: iteration i reads element i of each scan input (element trips-1-i when
-    its direction is reverse), a Gather of a scalar index on the input's axis, which drops that
-    axis as the body's input does; scan outputs stack on their axes, prepended when reverse."""
+          opset: int, shapes: list[tuple[int, ...] | None], in_place: set[str]) -> list[onnx.NodeProto]:
+    """A Scan unrolled: iteration i reads element i of each scan input (of shape ``shapes``, None
+    when unknown; element trips-1-i when its direction is reverse), a Gather of a scalar index on
+    the input's axis, which drops that axis as the body's input does; scan outputs stack on their
+    axes, prepended when reverse. Gathers and Concats of contiguous slices join ``in_place``: ONNX
+    Runtime's Scan feeds the body axis-0 slices of its inputs and lets the body write into axis-0
+    slices of its outputs (scan_9.cc: an input on axis 0 needs no transpose; scan_utils.cc,
+    OutputIterator: "we can write directly to the Scan output"); on another axis it transposes the
+    whole input before, or output after, the loop, a copy as large as the slices'. A slice with
+    only 1s before its axis is as contiguous as an axis-0 one: a lower bound takes it in place too."""
     carried = _state_count(node)
     inputs = _scan_inputs(node)
-    in_axes = list(_attr(node, "scan_input_axes", [0] * len(inputs)))
+    in_axes = [int(a) for a in _attr(node, "scan_input_axes", [0] * len(inputs))]
     backward = [bool(d) for d in _attr(node, "scan_input_directions", [0] * len(inputs))]
-    scans = len(node.output) - carried
-    out_axes = [int(a) for a in _attr(node, "scan_output_axes", [0] * scans)]
-    prepend = [bool(d) for d in _attr(node, "scan_output_directions", [0] * scans)]
+    contiguous = [_contiguous(shape, axis, 0) for shape, axis in zip(shapes, in_axes)]
+    outputs = body.output[carried:]
+    out_axes = [int(a) for a in _attr(node, "scan_output_axes", [0] * len(outputs))]
+    prepend = [bool(d) for d in _attr(node, "scan_output_directions", [0] * len(outputs))]
+    # a stacked output's dims before its axis are the body output's, its rank one more
+    stacking = [_Stacking(axis, first, _contiguous(_dims(out), axis, 1))
+                for out, axis, first in zip(outputs, out_axes, prepend)]
     positions: dict[int, str] = {}  # element index → its scalar initializer, shared by all inputs
 
     def position(p: int) -> str:
@@ -251,24 +292,47 @@ def _scan(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, ma
         for k, (src, slot) in enumerate(zip(inputs, body.input[carried:])):
             element = prefix + slot.name
             slices.append(helper.make_node("Gather", [src, position(trips - 1 - i if backward[k] else i)], [element],
-                                           name=f"{prefix}scan_input_{k}", axis=int(in_axes[k])))
+                                           name=f"{prefix}scan_input_{k}", axis=in_axes[k]))
+            if contiguous[k]:
+                in_place.add(slices[-1].name)
             bound[slot.name] = element
         return slices, bound
 
     return _iterations(node, body, name, trips, main, opset, list(node.input[:carried]), body.input[:carried],
-                       0, start, out_axes, prepend)
+                       0, start, stacking, in_place)
+
+
+def _contiguous(dims: Sequence[int | None] | None, axis: int, added: int) -> bool:
+    """Whether one index on ``axis`` of a row-major tensor selects one block of memory: every dim
+    before the axis is 1. ``dims``: the tensor's dims (None for one not known), or, with ``added``
+    1, those of a tensor the axis is inserted into (None: its rank is not known either)."""
+    if axis == 0:
+        return True
+    if dims is None:
+        return False
+    axis = axis + len(dims) + added if axis < 0 else axis
+    return 0 <= axis < len(dims) + added and all(d == 1 for d in dims[:axis])
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | None] | None:
+    """A graph output's declared dims (None for a symbolic one), None when its rank is not declared."""
+    t = value.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
 
 
 def _iterations(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, main: onnx.GraphProto,
                 opset: int, state: list[str], state_in: Sequence[onnx.ValueInfoProto], first_out: int,
                 start: Callable[[int, str], tuple[list[onnx.NodeProto], dict[str, str]]],
-                out_axes: list[int], prepend: list[bool]) -> list[onnx.NodeProto]:
+                stacking: list[_Stacking], in_place: set[str]) -> list[onnx.NodeProto]:
     """The body inlined once per iteration under ``name/iterI/``: ``state`` (outer tensors) feeds
     the body inputs ``state_in`` and each iteration's state outputs (the body's outputs from
     ``first_out`` on) the next; ``start`` gives an iteration's own nodes and the bindings of its
-    other body inputs. The node's outputs: the final state, then the scan outputs stacked."""
+    other body inputs. The node's outputs: the final state, then the scan outputs stacked (the
+    Concats of those stacked in place join ``in_place``)."""
     carried = len(state)
-    scanned: list[list[str]] = [[] for _ in out_axes]
+    scanned: list[list[str]] = [[] for _ in stacking]
     nodes: list[onnx.NodeProto] = []
     weights = {}  # the body's weights, once for all iterations
     for t in body.initializer:
@@ -292,8 +356,10 @@ def _iterations(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: i
             nodes.append(_copy(state[j], dst, f"{name}/output_{j}"))
     for k, dst in enumerate(node.output[carried:]):
         if dst:
-            parts = scanned[k][::-1] if prepend[k] else scanned[k]
-            nodes.extend(_stacked(parts, dst, f"{name}/scan_{k}/", out_axes[k], main, opset))
+            parts = scanned[k][::-1] if stacking[k].prepend else scanned[k]
+            nodes.extend(_stacked(parts, dst, f"{name}/scan_{k}/", stacking[k].axis, main, opset))
+            if stacking[k].in_place:
+                in_place.add(nodes[-1].name)
     return nodes
 
 
@@ -336,7 +402,7 @@ def _stacked(parts: list[str], dst: str, prefix: str, axis: int, main: onnx.Grap
              ) -> list[onnx.NodeProto]:
     """The iterations' scan outputs stacked on a new ``axis`` (of the stacked rank, as Loop's 0 and
     Scan's scan_output_axes are), as the node returns them: each gets the axis (a free view), then
-    one Concat copies them together."""
+    one Concat, the last node, puts them together."""
     if opset >= 13:  # axes became an input in opset 13
         axes = prefix + "axes"
         main.initializer.append(numpy_helper.from_array(np.array([axis], np.int64), axes))

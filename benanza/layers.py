@@ -154,11 +154,20 @@ class Node:
     # the module the node came from, as (qualified name, class or "") pairs, outermost first
     # (``benanza.scopes``); None when the file records none for this node
     scope: tuple[tuple[str, str], ...] | None = None
+    # Its op copies in general, but here moves no data: a slice an unrolled Scan reads of its input,
+    # or the Concat of the slices its iterations write of its output, in place (``control_flow``).
+    # A free view, like a Reshape.
+    in_place: bool = False
+
+    @property
+    def free(self) -> bool:
+        """Costs nothing by definition: its layer is free, or it works in place."""
+        return self.layer.free or self.in_place
 
     @property
     def runs(self) -> bool:
         """Whether anything runs here at inference: neither free by definition nor folded."""
-        return not (self.layer.free or self.folded)
+        return not (self.free or self.folded)
 
 
 @dataclass(frozen=True)
@@ -309,11 +318,11 @@ class UniqueLayer:
 
 def unique_layers(models: Iterable[Model]) -> list[UniqueLayer]:
     """Dedup layers within and across models in one pass; order of first appearance. A folded
-    node runs nothing, so nothing is benchmarked for it."""
+    node, or one that works in place, runs nothing, so nothing is benchmarked for it."""
     table: dict[str, UniqueLayer] = {}
     for m in models:
         for n in m.nodes:
-            if n.folded:
+            if n.folded or n.in_place:
                 continue
             u = table.get(n.layer.key)
             if u is None:

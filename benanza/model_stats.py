@@ -102,7 +102,7 @@ def node_stats(name: str, nodes: list[Node], uncosted: int = 0) -> ModelStats:
                                         tuple(sorted(missing.items()))))
     return ModelStats(
         model=name, layers=len(layers), unique_layers=len({la.key for la in layers}),
-        covered_layers=sum(1 for la in running if la.covered), free_layers=sum(1 for la in layers if la.free),
+        covered_layers=sum(1 for la in running if la.covered), free_layers=sum(1 for n in nodes if n.free),
         folded_layers=sum(1 for n in nodes if n.folded), macs=sum(la.macs for la in running),
         ops=tuple(sorted(ops.items())), not_covered=tuple(sorted(uncovered.items())),
         running_layers=len(running), backends=tuple(backends), uncosted=uncosted)

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .control_flow import TakenBranch, inline_control_flow
+from .control_flow import Inlined, inline_control_flow
 from .errors import BenanzaError, ModelError, NodeError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Layer, Model, Node, TensorSpec, Uncosted
 from .limits import MAX_DIM, MAX_RANK
@@ -722,11 +722,11 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
     _check_claimed_sizes(model, p)
     proxy = _shape_proxy(model)
     in_shapes = _fix_input_shapes(proxy, {t.name for t in model.graph.initializer}, p, opts)
-    taken: tuple[TakenBranch, ...] = ()
-    branch_failure = ""
+    inlined = Inlined(model, (), "", frozenset())
     if opts.take_branches:
-        model, taken, branch_failure = inline_control_flow(model, p, in_shapes, dict(opts.input_values),
-                                                             dict(opts.input_data), inferred_shapes)
+        inlined = inline_control_flow(model, p, in_shapes, dict(opts.input_values), dict(opts.input_data),
+                                      inferred_shapes)
+    model, taken = inlined.model, inlined.taken
     if taken:  # the taken branches' nodes are now the graph's own
         _check_claimed_sizes(model, p)
         proxy = _shape_proxy(model)
@@ -791,10 +791,12 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
         for t in proto.output:
             if t:
                 producer[t] = index
+        in_place = proto.name in inlined.in_place
         nodes.append(Node(index, node_name, layer, data_in, tuple(o for o in proto.output if o),
                           tuple(i for i in proto.input if i and i in consts),
                           tuple(s for s, c in zip(view.inputs, view.constant) if c and s is not None),
-                          constant and not layer.free, node_scope(proto, scopes, model.functions)))
+                          constant and not (layer.free or in_place), node_scope(proto, scopes, model.functions),
+                          in_place))
     if uncosted and not nodes:
         first = uncosted[0]
         raise ShapeError(p, f"no node can be costed: node {first.name!r} ({first.op}): {first.reason}")
@@ -803,7 +805,7 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset, scope_source=scopes, uncosted=uncosted,
                  executed_shapes=len(executed.specs), data_dependent=data_dependent,
                  control_flow={b.node: b.branch for b in taken}, control_flow_ops={b.node: b.op for b in taken},
-                 branch_failure=branch_failure)
+                 branch_failure=inlined.failure)
 
 
 def _dims(shape: Sequence[int]) -> str:

@@ -1,7 +1,8 @@
 """Scan unrolled like Loop (benanza.control_flow): ONNX Runtime on the unrolled model gives the
 outputs ONNX Runtime gives on the original (where it runs the Scan itself) and, on the ONNX
 package's own Scan cases, the outputs ONNX's reference computed; `generate` then costs the body
-once per iteration, with the keys and FLOPs the same ops have outside a Scan."""
+once per iteration, with the keys and FLOPs the same ops have outside a Scan, and the slices of
+the Scan's inputs and outputs that are contiguous in memory as free views."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from helpers import io, model, tensor
+from helpers import best_low_ms, invoke, io, model, tensor
 from onnx import TensorProto, helper, numpy_helper
 
 from benanza import control_flow, shapes_by_execution
@@ -46,10 +47,9 @@ def _unrolled(m: onnx.ModelProto, tmp_path, feed: dict[str, np.ndarray]) -> tupl
     """The model as the processor inlines it, and what each control-flow node became."""
     path = tmp_path / "scan.onnx"
     onnx.save(m, str(path))
-    out, taken, failure = inline_control_flow(m, path, {k: v.shape for k, v in feed.items()}, {}, feed,
-                                              inferred_shapes)
-    assert failure == ""
-    return out, {t.node: t.branch for t in taken}
+    inlined = inline_control_flow(m, path, {k: v.shape for k, v in feed.items()}, {}, feed, inferred_shapes)
+    assert inlined.failure == ""
+    return inlined.model, {t.node: t.branch for t in inlined.taken}
 
 
 def _ops(m: onnx.ModelProto) -> set[str]:
@@ -189,8 +189,14 @@ def test_a_scan_in_a_loop_unrolls_in_each_iteration(tmp_path):
     became = _same_outputs(m, tmp_path, feed)
     assert became == {"Loop_0": "3 iterations", **{f"Loop_0/iter{i}/Scan_0": "4 iterations" for i in range(3)}}
     path = tmp_path / "scan.onnx"
-    names = {n.name for n in load_model(path, input_data=feed).nodes}
-    assert {f"Loop_0/iter{i}/Scan_0/iter{j}/Add_0" for i in range(3) for j in range(4)} <= names
+    nodes = {n.name: n for n in load_model(path, input_data=feed).nodes}
+    assert {f"Loop_0/iter{i}/Scan_0/iter{j}/Add_0" for i in range(3) for j in range(4)} <= set(nodes)
+    # the inner Scan reads and writes its axis-0 slices in place; ORT's Loop copies its iterations'
+    # outputs together (loop.cc, ConcatenateLoopOutput), so the Loop's Concat stays a copy
+    assert {n for n, node in nodes.items() if node.in_place} == \
+        {f"Loop_0/iter{i}/Scan_0/iter{j}/scan_input_0" for i in range(3) for j in range(4)} | \
+        {f"Loop_0/iter{i}/Scan_0/scan_0/concat" for i in range(3)}
+    assert nodes["Loop_0/scan_0/concat"].runs
 
 
 @pytest.mark.parametrize("cond", [True, False])
@@ -250,15 +256,15 @@ def test_a_scan_past_max_trips_stays_one_node_and_says_so(tmp_path, monkeypatch)
     assert [n.layer.op for n in processed.nodes] == ["Scan"]
 
 
-def _rnn_body() -> onnx.GraphProto:
-    """An Elman cell on 1×64: h = Tanh(x_t·W + h·U)."""
+def _rnn_body(batch: int = 1) -> onnx.GraphProto:
+    """An Elman cell on batch×64: h = Tanh(x_t·W + h·U)."""
     return helper.make_graph(
         [helper.make_node("MatMul", ["x_t", "W"], ["xw"], name="MatMul_0"),
          helper.make_node("MatMul", ["h_in", "U"], ["hu"], name="MatMul_1"),
          helper.make_node("Add", ["xw", "hu"], ["pre"], name="Add_2"),
          helper.make_node("Tanh", ["pre"], ["h_out"], name="Tanh_3"),
          helper.make_node("Identity", ["h_out"], ["h_seq"], name="Identity_4")], "cell",
-        [io("h_in", [1, 64]), io("x_t", [1, 64])], [io("h_out", [1, 64]), io("h_seq", [1, 64])],
+        [io("h_in", [batch, 64]), io("x_t", [batch, 64])], [io("h_out", [batch, 64]), io("h_seq", [batch, 64])],
         [tensor("W", (64, 64)), tensor("U", (64, 64))])
 
 
@@ -295,3 +301,115 @@ def test_generate_costs_the_scan_body_once_per_iteration(tmp_path):
         for name, layer in cell.items():
             assert at[f"Scan_0/iter{i}/{name}"]["key"] == layer.key
     assert sum(la["flops"] * len(la["occurrences"]) for la in layers) == trips * sum(la.flops for la in cell.values())
+
+
+TRIPS = 6
+
+
+def _rnn_scan(batch: int, in_axis: int, out_axis: int = 0) -> onnx.ModelProto:
+    """The Elman cell on batch×64 scanned over TRIPS steps of x, its sequence on ``in_axis`` (0:
+    TRIPS×batch×64, 1 or -2: batch×TRIPS×64), its hidden states stacked on ``out_axis``."""
+    x = [TRIPS, batch, 64] if in_axis == 0 else [batch, TRIPS, 64]
+    scan = helper.make_node("Scan", ["h0", "x"], ["h", "hs"], body=_rnn_body(batch), num_scan_inputs=1,
+                            scan_input_axes=[in_axis], scan_output_axes=[out_axis], name="Scan_0")
+    return model([scan], [io("h0", [batch, 64]), io("x", x)], [io("h", None), io("hs", None)], opset=17)
+
+
+def _feed(m: onnx.ModelProto) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+            for i in m.graph.input}
+
+
+def _contiguous_by_numpy(m: onnx.ModelProto, unrolled: onnx.ModelProto, feed: dict[str, np.ndarray]) -> set[str]:
+    """The unroll's slicing nodes whose slices are contiguous NumPy views of the real arrays: a
+    Gather's slice of the graph input it reads, a Concat's slices of the output ORT computes for
+    the original model (every slice, one per iteration)."""
+    arrays = {**feed, **dict(zip([o.name for o in m.graph.output], _ort(m, feed)))}
+    index = {t.name: int(numpy_helper.to_array(t)) for t in unrolled.graph.initializer if "/position/" in t.name}
+    found = set()
+    for n in unrolled.graph.node:
+        tensor_name = n.input[0] if n.op_type == "Gather" else n.output[0]
+        if n.op_type not in ("Gather", "Concat") or tensor_name not in arrays:
+            continue
+        a = arrays[tensor_name]
+        axis = helper.get_attribute_value(next(x for x in n.attribute if x.name == "axis")) % a.ndim
+        at = [index[n.input[1]]] if n.op_type == "Gather" else range(a.shape[axis])
+        if all(a[(slice(None),) * axis + (i,)].flags.c_contiguous for i in at):
+            found.add(n.name)
+    return found
+
+
+@pytest.mark.parametrize("scan", [
+    _rnn_scan(1, 0), _rnn_scan(1, 1), _rnn_scan(1, -2), _rnn_scan(2, 1), _rnn_scan(1, 0, 1), _rnn_scan(2, 0, 1),
+    _two_way_scan(17)], ids=["axis0", "axis1-after-1", "axis-2-after-1", "axis1-after-2", "out-axis1-after-1",
+                             "out-axis1-after-2", "two-way"])
+def test_the_scan_slices_marked_in_place_are_the_contiguous_ones(tmp_path, scan):
+    """The nodes the unroll marks in place are exactly those whose slices NumPy views contiguously:
+    the sequence on axis 0 or after dims of 1; in the two-way Scan, y (axis 0) alone, as x is
+    scanned on axis 1 after a dim of 2 and both outputs stack after one. The outputs stay ORT's."""
+    feed = _feed(scan)
+    assert _same_outputs(scan, tmp_path, feed)["Scan_0"].endswith(" iterations")
+    path = tmp_path / "scan.onnx"
+    inlined = inline_control_flow(scan, path, {k: v.shape for k, v in feed.items()}, {}, feed, inferred_shapes)
+    assert inlined.in_place == _contiguous_by_numpy(scan, inlined.model, feed)
+    assert inlined.in_place  # every case has one: the oracle is not vacuous
+
+
+@pytest.fixture(scope="module")
+def rnn_bounds(tmp_path_factory):
+    """The RNN Scan on axis 0 (batch 1) and on axis 1 after a dim of 2, generated, benchmarked with
+    oneDNN on one thread and analyzed: each one's processed model, cell model, analysis and DB."""
+    root = tmp_path_factory.mktemp("rnn_bounds")
+    paths = {}
+    for name, batch, axis in (("axis0", 1, 0), ("axis1", 2, 1)):
+        paths[name] = root / f"{name}.onnx"
+        onnx.save(_rnn_scan(batch, axis), paths[name])
+        body = _rnn_body(batch)
+        onnx.save(helper.make_model(helper.make_graph(body.node, "cell", body.input, body.output, body.initializer),
+                                    opset_imports=[helper.make_opsetid("", 17)]), root / f"{name}_cell.onnx")
+    db = root / "perf.db"
+    invoke("generate", *map(str, paths.values()), "--backend", "onednn", "--out", str(root / "bench"))
+    invoke("run", "--system", "box", "--backend", "onednn", "--bench-dir", str(root / "bench"), "--db", str(db),
+           "--threads", "1", "--min-time", "0.01", "--repetitions", "1")
+    out = {}
+    for name, path in paths.items():
+        (analysis,) = json.loads(invoke("analyze", str(path), "--system", "box", "--db", str(db),
+                                        "--backend", "onednn", "--json"))["analyses"]
+        out[name] = (load_model(path), load_model(root / f"{name}_cell.onnx"), analysis, db)
+    return out
+
+
+def _cell_bound_ms(cell, db) -> float:
+    """One step of the cell, its layers processed outside any Scan, from the database in SQL."""
+    return sum(best_low_ms(db, "onednn", n.layer.key) or 0.0 for n in cell.nodes if n.runs)
+
+
+@pytest.mark.slow  # builds and runs oneDNN benchmarks
+def test_the_bound_of_an_rnn_scan_on_axis_0_has_no_copy_of_its_slices(rnn_bounds):
+    """Scanned on axis 0, x's slices and the stacked hidden states are free views: the bound is
+    TRIPS × the cell's, from the database in SQL; the FLOPs are TRIPS × the cell's."""
+    m, cell, analysis, db = rnn_bounds["axis0"]
+    rows = {r["name"]: r for r in analysis["layers"]}
+    slicing = [f"Scan_0/iter{i}/scan_input_0" for i in range(TRIPS)] + ["Scan_0/scan_0/concat"]
+    assert [rows[n]["status"] for n in slicing] == ["free_view"] * (TRIPS + 1)
+    assert not [r for r in analysis["layers"] if r["status"] != "free_view" and r["op"] in ("Gather", "Concat")]
+    assert analysis["bounds"]["partial"] is False
+    assert analysis["bounds"]["sequential_ms"] == pytest.approx(TRIPS * _cell_bound_ms(cell, db), abs=1e-5)
+    assert sum(n.layer.flops for n in m.nodes) == TRIPS * sum(n.layer.flops for n in cell.nodes)
+
+
+@pytest.mark.slow  # builds and runs oneDNN benchmarks
+def test_the_bound_of_an_rnn_scan_on_axis_1_keeps_the_copies_of_its_slices(rnn_bounds):
+    """Scanned on axis 1 after a dim of 2, each step's slice is a copy of its own, measured (ORT
+    transposes x whole); its hidden states still stack on axis 0, in place."""
+    m, cell, analysis, db = rnn_bounds["axis1"]
+    rows = {r["name"]: r for r in analysis["layers"]}
+    copies = [rows[f"Scan_0/iter{i}/scan_input_0"] for i in range(TRIPS)]
+    assert {r["status"] for r in copies} == {"ok"} and len({r["key"] for r in copies}) == TRIPS
+    assert [r["latency_ms"] for r in copies] == pytest.approx([best_low_ms(db, "onednn", r["key"]) for r in copies],
+                                                              abs=1e-6)
+    assert rows["Scan_0/scan_0/concat"]["status"] == "free_view"
+    assert analysis["bounds"]["sequential_ms"] == pytest.approx(
+        TRIPS * _cell_bound_ms(cell, db) + sum(r["latency_ms"] for r in copies), abs=1e-5)
+    assert sum(n.layer.flops for n in m.nodes) == TRIPS * sum(n.layer.flops for n in cell.nodes)

@@ -13,7 +13,7 @@ from typing import cast
 
 from ..fusion import FusionMatch
 from ..generator import get_backend
-from ..layers import Dag, Layer, Model
+from ..layers import Dag, Layer, Model, Node
 from ..problems import Problem, layer_key
 from ..records import Result, Status, StrEnum
 
@@ -108,7 +108,7 @@ class LayerTable:
     def __init__(self, model: Model, by_problem: ResultIndex, backend: str):
         self.model = model
         self.by_problem = by_problem
-        self.static = [_static_status(node.layer, node.folded, backend) for node in model.nodes]
+        self.static = [_static_status(node, backend) for node in model.nodes]
         # each node's problem as a number: a problem hashes all its fields, every time
         numbers: dict[Problem, int] = {}
         self._problem = [numbers.setdefault(node.layer.problem, len(numbers)) for node in model.nodes]
@@ -154,13 +154,14 @@ class LayerTable:
         return rows
 
 
-def _static_status(layer: Layer, folded: bool, backend: str) -> LayerStatus | None:
-    """A layer's status whatever the dtype and the results: None for one the results decide."""
+def _static_status(node: Node, backend: str) -> LayerStatus | None:
+    """A node's status whatever the dtype and the results: None for one the results decide."""
+    layer = node.layer
     if layer.identity:
         return LayerStatus.IDENTITY
-    if layer.view:
+    if layer.view or node.in_place:
         return LayerStatus.VIEW
-    if folded:
+    if node.folded:
         return LayerStatus.FOLDED
     if not covered(layer, backend):
         return LayerStatus.NOT_COVERED

@@ -232,7 +232,7 @@ def phase_analysis(applied: PhaseInputs, analysis: Analysis, model: Model) -> Ph
     for node in model.nodes:  # topological: a KV tensor's producer comes first
         if node.folded:
             folded.update(node.outputs)
-        elif (node.layer.free or node.layer.family in _MOVEMENT) and any(t in kv for t in node.inputs):
+        elif (node.free or node.layer.family in _MOVEMENT) and any(t in kv for t in node.inputs):
             kv.update(node.outputs)
     roofs = {r.index: r.roof for r in analysis.speed_of_light.layers} if analysis.speed_of_light else {}
     out = []
