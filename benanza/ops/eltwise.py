@@ -1,5 +1,5 @@
 """Element-wise unary ops: activations (ONNX Relu, Sigmoid, Tanh, Elu, Clip, LeakyRelu, Softplus,
-HardSigmoid, Exp, Log, Abs, Sqrt, Neg, Swish, HardSwish, Gelu, Erf, Reciprocal, Cos, Sin), PRelu and
+HardSigmoid, Exp, Log, Abs, Sqrt, Neg, Swish, HardSwish, Gelu, Erf, Reciprocal, Cos, Sin, IsNaN), PRelu and
 Dropout; and the
 fused forms of the GELU decompositions (patterns of ``benanza.fusion``): the erf one
 (``gelu_erf``: one GELU of its Div's input) and the tanh approximation (``gelu_tanh``: one
@@ -119,6 +119,10 @@ _ELTWISE = {
     # has no trigonometric eltwise algorithm
     "Cos": ("cos", (), None, None),
     "Sin": ("sin", (), None, None),
+    # the masked softmax's NaN guard: oneDNN's binary_ne of x with itself (x ≠ x only for NaN,
+    # runtime_cpp make_isnan); cuDNN has no isnan pointwise mode and the runtime's pointwise node
+    # takes two distinct operands, so not covered there
+    "IsNaN": ("isnan", (), None, "binary_ne"),
 }
 _CUDNN_ACTIVATION = {alg: mode for alg, _, mode, _ in _ELTWISE.values()}
 
