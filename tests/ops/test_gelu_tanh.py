@@ -143,3 +143,47 @@ def test_found_in_phi_exports(tmp_path) -> None:
         assert len(matches) == layers and sorted(f.nodes[0] for f in matches) == tanhs
         width = hf_models.config("phi").intermediate_size
         assert {f.conv_key for f in matches} == {f"eltwise:tanh_in1x8x{width}_f32"}
+
+
+@pytest.mark.slow  # builds and runs a oneDNN project
+def test_generate_run_check_on_onednn(tmp_path) -> None:
+    """The fused variant and IsNaN through the real pipeline: generated, built, run into the
+    database (every result OK), substituted by Q5 for the pattern's 8 or 9 layers, and computing
+    what ONNX Runtime computes of the model's own nodes (``benanza check``)."""
+    from benanza.analyzer import analyze
+    from benanza.check import CheckOptions, CheckStatus, check
+    from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.runner import RunOptions, run
+
+    isnan = tmp_path / "isnan.onnx"
+    onnx.save(model([helper.make_node("IsNaN", ["x"], ["y"], name="isnan")], [io("x", [1, SEQ, D_MODEL])],
+                    [io("y", None)]), isnan)
+    paths = [export("gelu-tanh", 17, tmp_path), export("gelu-tanh", 18, tmp_path, exporter="dynamo"), isnan]
+    models = [load_model(p) for p in paths]
+    out = tmp_path / "bench"
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, out)
+    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",)))
+    fused = [v for v in gen.variants if v.fusion == "gelu_tanh"]
+    assert {v.layer_key for v in fused} == {f"eltwise:tanh_in1x{SEQ}x{4 * D_MODEL}_f32"}
+    summary = run(out, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1, build_jobs=1))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    assert all(r.ok for r in results), [(r.variant.name, r.message) for r in results if not r.ok]
+    assert any(r.variant.fusion == "gelu_tanh" for r in results)
+    assert any(r.variant.layer_key.startswith("eltwise:isnan_") for r in results)
+    for m in models[:2]:
+        a = analyze(m, results, "ci", "onednn")
+        uses = [u for u in a.fusion.applied + a.fusion.unprofitable if u.pattern == "gelu_tanh"]
+        assert len(uses) == 1 and len(uses[0].nodes) in (8, 9)
+        assert uses[0].fused_ms == pytest.approx(min(r.latency_ms for r in results if r.variant.fusion == "gelu_tanh"))
+    checked = check(out, models, CheckOptions(build_jobs=1))
+    by_name = {r.name: r for r in checked}
+    for v in gen.variants:
+        if v.fusion == "gelu_tanh" or v.layer_key.startswith("eltwise:isnan_"):
+            r = by_name[v.name]
+            assert r.status is CheckStatus.OK, (v.name, r.status, r.compared, r.where)
