@@ -6,6 +6,7 @@ lowerings by hand, and generate → run → database → ``check`` against ONNX 
 from __future__ import annotations
 
 import math
+import subprocess
 
 import numpy as np
 import onnx
@@ -21,6 +22,7 @@ from benanza.fusion import BY_NAME, match_fusions
 from benanza.ops.eltwise import EltwiseProblem
 from benanza.ops.registry import PATTERN_LOWERINGS, parse_layer_key
 from benanza.processor import load_model
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
 
 ROWS, COLS = 4, 64
 K0, K1 = 0.044715, math.sqrt(2 / math.pi)
@@ -187,3 +189,30 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
         if v.fusion == "gelu_tanh" or v.layer_key.startswith("eltwise:isnan_"):
             r = by_name[v.name]
             assert r.status is CheckStatus.OK, (v.name, r.status, r.compared, r.where)
+
+
+@pytest.mark.slow  # builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_cudnn_fused_form_is_one_gelu_tanh_node_that_validates(tmp_path) -> None:
+    """On cuDNN the Tanh gets the pattern's fused variants (one per plan slot and dtype): one
+    GELU_APPROX_TANH_FWD pointwise node, built and accepted by the cuDNN frontend's own validation
+    for an sm_90 GPU (no GPU needed)."""
+    from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
+    from benanza.manifest import build_manifest
+
+    path = tmp_path / "gelu_tanh.onnx"
+    onnx.save(model(_decomposition("pow", "half_x_apart"), [io("x", [1, ROWS, COLS])], [io("y", None)], _inits(),
+                    opset=17), path)
+    models = [load_model(path)]
+    g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
+    fused = [v for v in g.variants if v.fusion == "gelu_tanh"]
+    assert {(v.layer_key, v.api) for v in fused} == {(f"eltwise:tanh_in1x{ROWS}x{COLS}_{d}", "cudnn_frontend.pointwise")
+                                                     for d in ("f32", "f16")}
+    assert sorted(v.algo for v in fused) == sorted(cudnn.PLAN_ALGOS * 2)
+    binary = _build(g.out_dir)
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [ln for ln in _lines(done.stdout, "BENANZA_GRAPH") if "/fusion=gelu_tanh" in ln["name"]]
+    assert len(lines) == 2 and all(ln["ok"] for ln in lines), lines
