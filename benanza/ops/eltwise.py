@@ -432,10 +432,11 @@ def gelu_tanh_nodes(model: Model, consumers: dict[int, list[int]], start: int) -
     if tanh.layer.op != "Tanh" or len(tanh.inputs) != 1:
         return None
     scaled = producer(start)  # √(2/π)·(x + 0.044715·x³)
-    add = producer(scaled) if by_scalar(scaled, "Mul") and alone(scaled, start) else None
+    if scaled is None or not by_scalar(scaled, "Mul") or not alone(scaled, start):
+        return None
+    add = producer(scaled)
     if add is None or nodes[add].layer.op != "Add" or len(nodes[add].inputs) != 2 or not alone(add, scaled):
         return None
-    assert scaled is not None
     head = None
     for k in (0, 1):
         kappa, x = producer(add, k), nodes[add].inputs[1 - k]
@@ -449,9 +450,8 @@ def gelu_tanh_nodes(model: Model, consumers: dict[int, list[int]], start: int) -
         return None
     # forward: + 1, then ·x and ·½ in either order, or (½·x) computed apart times (1 + tanh)
     plus = consumers[start][0] if len(consumers[start]) == 1 else None
-    if not by_scalar(plus, "Add") or len(consumers[plus]) != 1:
+    if plus is None or not by_scalar(plus, "Add") or len(consumers[plus]) != 1:
         return None
-    assert plus is not None
     first = consumers[plus][0]
     one_plus = nodes[plus].outputs[0]
     tail: list[int] | None = None
