@@ -464,7 +464,7 @@ def gelu_tanh_nodes(model: Model, consumers: dict[int, list[int]], start: int) -
         half = model.producer.get(other)
         if other == x and len(consumers[first]) == 1 and by_scalar(consumers[first][0], "Mul"):
             tail = [plus, first, consumers[first][0]]  # x·(1 + tanh), then ·½
-        elif by_scalar(half, "Mul") and nodes[half].inputs == (x,) and alone(half, first):
+        elif half is not None and by_scalar(half, "Mul") and nodes[half].inputs == (x,) and alone(half, first):
             tail = [plus, half, first]  # (½·x)·(1 + tanh)
     if tail is None:
         return None
