@@ -20,7 +20,7 @@ from .ops.base import NodeFinder
 from .ops.binary import BinaryProblem
 from .ops.conv import ConvProblem
 from .ops.conv import fused_reference as conv_reference
-from .ops.eltwise import gelu_nodes, gelu_reference
+from .ops.eltwise import EltwiseProblem, gelu_nodes, gelu_reference, gelu_tanh_nodes, gelu_tanh_reference
 from .ops.gemm import MatMulProblem, epilogue_reference, gemm_epilogue
 from .ops.norm import layernorm_nodes, layernorm_reference, rmsnorm_nodes, rmsnorm_reference
 from .ops.quantized import (
@@ -122,6 +122,12 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("gelu_erf", ("Erf", "Add", "Mul", "Mul"), False, "gelu",
                   "the erf GELU decomposition of opsets < 20 (x/√2 → Erf → +1 → ·x → ·½): one GELU", anchor="Div",
                   find=gelu_nodes, reference=gelu_reference),
+    # anchored on its Tanh: the nodes before it (x³, …) come first in topological order, in any
+    # of the exporters' orders, and no pattern anchors on them
+    FusionPattern("gelu_tanh", ("Pow", "Mul", "Add", "Mul", "Add", "Mul", "Mul"), False, "identity",
+                  "the tanh GELU decomposition (x³ as Pow(x, 3) or x·x·x → ·0.044715 → +x → ·√(2/π) → Tanh → +1 "
+                  "→ ·x and ·½ in either order): one tanh-approximation GELU (ONNX Runtime's FastGelu)",
+                  anchor="Tanh", find=gelu_tanh_nodes, reference=gelu_tanh_reference),
 )
 
 
@@ -169,7 +175,7 @@ def match_fusions(model: Model) -> list[FusionMatch]:
     for node in model.nodes:
         anchor = node.layer.problem
         if node.index in used or not isinstance(anchor, (ConvProblem, MatMulProblem, ReduceProblem, BinaryProblem,
-                                                          QMatMulProblem)):
+                                                          QMatMulProblem, EltwiseProblem)):
             continue
         # a GEMM epilogue fuses into a plain GEMM; a batched MatMul only anchors attention
         plain = not isinstance(anchor, MatMulProblem) or (len(anchor.a) == 2 and len(anchor.b) == 2)

@@ -13,7 +13,9 @@ oneDNN, f32, at ``--threads``: `benanza run` with short settings (``--min-time 0
 2``), `benanza profile --framework onnxruntime` at the same threads, PyTorch eager's time of the
 same step (the transformers module itself; for the int8 files torch's own dynamic int8
 quantization of its Linear layers) at the same threads, and `benanza analyze` of each file: the
-sequential bound and BR = bound / measured for both. A bound resting on results measured under
+sequential bound and BR = bound / measured for both, and Q5's fused bound (every matched fusion
+pattern that pays off run as its one fused call: what a framework that fuses, as ONNX Runtime does,
+is to be compared with) and its BR against ONNX Runtime. A bound resting on results measured under
 contention is refused by `analyze`: the script re-measures the contended results once (`run
 --remeasure-contended`) and prints a bound still refused marked as contended. Prints a Markdown
 table, the uncovered ops and the load.
@@ -143,16 +145,18 @@ def pct(stats: dict, backend: str) -> str:
 def row(f: File) -> str:
     label = f"| {f.step.family} | {f.step.phase}{'' if f.step.masked else ', no mask'} | {f.form} |"
     if f.path is None:
-        return f"{label} — | failed: `{f.error}` | | | | | | | |"
+        return f"{label} — | failed: `{f.error}` | | | | | | | | | |"
     a, s = f.analysis, f.stats
     bound, ort = a["bounds"]["sequential_ms"], a["measured_ms"]
     head = (f"{label} {s['running_layers']} | {f.export_s:.1f} / {f.process_s:.2f} | {pct(s, 'onednn')} | "
             f"{pct(s, 'cudnn')} |")
     if f.contended:  # what analyze refuses is no bound: its figure is shown only as the refusal's
         return (f"{head} refused: {len(a['contended_layers'])} layers rest on contended results "
-                f"({bound:.4g} with them) | {ort:.4g} | — | {f.torch_ms:.4g} | — |")
+                f"({bound:.4g} with them) | {ort:.4g} | — | — | — | {f.torch_ms:.4g} | — |")
     mark = " (partial)" if a["bounds"].get("partial") else ""
-    return f"{head} {bound:.4g}{mark} | {ort:.4g} | {bound / ort:.2f} | {f.torch_ms:.4g} | {bound / f.torch_ms:.2f} |"
+    fused = a["fusion"]["bounds"]["sequential_ms"]
+    return (f"{head} {bound:.4g}{mark} | {ort:.4g} | {bound / ort:.2f} | {fused:.4g} | {fused / ort:.2f} | "
+            f"{f.torch_ms:.4g} | {bound / f.torch_ms:.2f} |")
 
 
 def main() -> None:
@@ -192,8 +196,8 @@ def main() -> None:
     print(f"\nprefill {args.seq} tokens, decode 1 token after a KV cache of {args.past}; oneDNN f32, "
           f"{args.threads} threads\n")
     print("| family | step | exporter | layers that run | export / process s | oneDNN-costed | cuDNN/cuBLAS-costed "
-          "| bound ms | ORT ms | BR ORT | PyTorch ms | BR PyTorch |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| bound ms | ORT ms | BR ORT | fused bound ms | fused BR ORT | PyTorch ms | BR PyTorch |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for f in files:
         print(row(f))
     print()

@@ -108,8 +108,13 @@ class MobileV3Block(nn.Module):
         return x + self.project(h * self.se(h))
 
 
+def gelu_tanh_mlp() -> nn.Module:
+    """A Linear and ``nn.GELU(approximate="tanh")``, the module itself (not the functional form)."""
+    return nn.Sequential(nn.Linear(D_MODEL, 4 * D_MODEL), nn.GELU(approximate="tanh"))
+
+
 MODELS = {"encoder": Encoder, "gpt": GptBlock, "vit": TinyVit, "mbv3": MobileV3Block, "bert": BertLayer,
-          "bert-tanh": partial(BertLayer, "tanh")}
+          "bert-tanh": partial(BertLayer, "tanh"), "gelu-tanh": gelu_tanh_mlp}
 INPUTS = {"vit": (1, 3, 32, 32), "mbv3": (1, 16, 16, 16)}  # the others take 1×SEQ×D_MODEL
 
 

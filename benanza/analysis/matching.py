@@ -133,9 +133,9 @@ class _Graph:
     @cached_property
     def decompositions(self) -> dict[str, list[tuple[int, ...]]]:
         consumers = self.model.consumers()
-        out: dict[str, list[tuple[int, ...]]] = {"layernorm": [], "gelu": []}
+        out: dict[str, list[tuple[int, ...]]] = {"layernorm": [], "gelu": [], "fastgelu": []}
         for n in self.model.nodes:
-            for kind, pattern in (("layernorm", "layernorm"), ("gelu", "gelu_erf")):
+            for kind, pattern in (("layernorm", "layernorm"), ("gelu", "gelu_erf"), ("fastgelu", "gelu_tanh")):
                 find = NODE_FINDERS[pattern]
                 nodes = find(self.model, consumers, n.index) if n.layer.op == PATTERNS[pattern].anchor else None
                 if nodes:
@@ -313,10 +313,14 @@ def _bias_add(graph: _Graph, node: Node, group: set[int]) -> bool:
 def _bias_gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
     """BiasGeluFusion: the Add of a constant bias and the GELU that alone reads it."""
     gelu = _gelu_cover(graph, anchor)
-    if gelu is None:
-        return None
-    bias = [p for p in _entry(graph, gelu) if _bias_add(graph, p, set(gelu))]
-    return tuple(sorted(gelu + (bias[0].index,))) if len(bias) == 1 else None
+    biased = _with_bias(graph, gelu) if gelu is not None else None
+    return biased if biased != gelu else None
+
+
+def _with_bias(graph: _Graph, nodes: tuple[int, ...]) -> tuple[int, ...]:
+    """A group and the one constant-bias Add before it that only the group reads, if there is one."""
+    bias = [p for p in _entry(graph, nodes) if _bias_add(graph, p, set(nodes))]
+    return tuple(sorted(nodes + (bias[0].index,))) if len(bias) == 1 else nodes
 
 
 def _skip_layernorm_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
@@ -344,47 +348,12 @@ def _split_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
     return tuple(sorted(r.index for r in graph.readers[anchor.inputs[0]] if r.layer.op in ("Gather", "Slice")))
 
 
-_ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Tanh")
-
-
 def _fast_gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """FastGeluFusion: the tanh GELU x·½(1 + tanh(√(2/π)(x + 0.044715x³))), in whatever order
-    of products the exporter wrote, from its Tanh: back to x, the one tensor the paths from the
-    Tanh meet at (the producer latest in the graph is expanded first, so the walk never passes
-    x), forward through the products with 1, x or ½x that close it, and the constant-bias Add
-    before x (FastGelu with a bias input) when only the group reads it."""
-    if anchor.layer.op != "Tanh":
-        return None
-    group = {anchor.index}
-    while True:
-        frontier = {t for i in group for t in graph.model.nodes[i].inputs
-                    if t not in graph.producer or graph.producer[t].index not in group}
-        readers = {r.index for t in frontier for r in graph.readers[t]} & group
-        if len(frontier) == 1 and len(readers) > 1:
-            break
-        nxt = max((graph.producer[t] for t in frontier if t in graph.producer), key=lambda n: n.index, default=None)
-        if nxt is None or nxt.layer.op not in _ELEMENTWISE or len(group) > 8:
-            return None
-        group.add(nxt.index)
-    (x,) = frontier
-    node = anchor
-    while True:
-        after = [r for t in node.outputs for r in graph.readers[t]]
-        if len(after) != 1 or after[0].layer.op not in ("Add", "Mul"):
-            break
-        r = after[0]
-        side = [graph.producer.get(t) for t in r.inputs if t not in node.outputs and t != x]
-        if any(p is None or p.layer.op != "Mul" or p.inputs != (x,) for p in side):
-            break  # a product with something other than x or ½x: not part of the GELU
-        group |= {r.index} | {p.index for p in side if p is not None}
-        node = r
-    if not any(x in graph.model.nodes[i].inputs for i in group if graph.model.nodes[i].layer.op == "Mul"
-               and graph.model.nodes[i].index > anchor.index):
-        return None  # the tanh term never multiplied x: not a GELU
-    source = graph.producer.get(x)
-    if source is not None and _bias_add(graph, source, group):
-        group.add(source.index)
-    return tuple(sorted(group))
+    """FastGeluFusion: the tanh GELU decomposition (the ``gelu_tanh`` pattern's nodes, in any of
+    the exporters' orders), and the constant-bias Add before x (FastGelu with a bias input) when
+    only the group reads it."""
+    gelu = _containing(graph, "fastgelu", anchor, "FastGelu")
+    return _with_bias(graph, gelu) if gelu is not None else None
 
 
 def _attention_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:

@@ -27,7 +27,7 @@ from ..ops.base import OnednnLowering, cpp_literal, row_fields
 from ..ops.quantized import QMatMulProblem
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
-from ..problems import BinaryProblem, ConvProblem, DeconvProblem, MatMulProblem, Problem, ReduceProblem
+from ..problems import BinaryProblem, ConvProblem, DeconvProblem, EltwiseProblem, MatMulProblem, Problem, ReduceProblem
 from ..records import Variant, variant_order
 from .base import CMakeBackend, Device
 
@@ -112,8 +112,9 @@ class OneDNNBackend(CMakeBackend):
         algos = CONV_ALGOS if conv else ("default",)
         # conv post-ops, a MatMul's bias/GELU epilogue (fusion.match_fusions only names 2-D
         # MatMuls, which oneDNN runs as one GEMM), a LayerNorm or RMSNorm decomposition from its
-        # ReduceMean, an int8 GEMM's scale and bias
-        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem, QMatMulProblem))
+        # ReduceMean, an int8 GEMM's scale and bias, a tanh GELU decomposition from its Tanh
+        fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem, QMatMulProblem,
+                                             EltwiseProblem))
         fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
         for fusion in fusion_names:

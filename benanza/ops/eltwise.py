@@ -1,8 +1,9 @@
 """Element-wise unary ops: activations (ONNX Relu, Sigmoid, Tanh, Elu, Clip, LeakyRelu, Softplus,
-HardSigmoid, Exp, Log, Abs, Sqrt, Neg, Swish, HardSwish, Gelu, Erf, Reciprocal, Cos, Sin), PRelu and
+HardSigmoid, Exp, Log, Abs, Sqrt, Neg, Swish, HardSwish, Gelu, Erf, Reciprocal, Cos, Sin, IsNaN), PRelu and
 Dropout; and the
-fused form of the erf GELU decomposition (``gelu_erf`` pattern of ``benanza.fusion``: one GELU
-of its Div's input)."""
+fused forms of the GELU decompositions (patterns of ``benanza.fusion``): the erf one
+(``gelu_erf``: one GELU of its Div's input) and the tanh approximation (``gelu_tanh``: one
+tanh-GELU of the x its Tanh's argument is computed from)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,10 @@ _ELTWISE = {
     # has no trigonometric eltwise algorithm
     "Cos": ("cos", (), None, None),
     "Sin": ("sin", (), None, None),
+    # the masked softmax's NaN guard: oneDNN's binary_ne of x with itself (x ≠ x only for NaN,
+    # runtime_cpp make_isnan); cuDNN has no isnan pointwise mode and the runtime's pointwise node
+    # takes two distinct operands, so not covered there
+    "IsNaN": ("isnan", (), None, "binary_ne"),
 }
 _CUDNN_ACTIVATION = {alg: mode for alg, _, mode, _ in _ELTWISE.values()}
 
@@ -315,8 +320,21 @@ def _gelu_pointwise(p: BinaryProblem, api: str) -> object:
     return pointwise_row(p.alg, a, b, p.out)
 
 
+def _gelu_tanh_of(p: EltwiseProblem, api: str) -> EltwiseParams:
+    """The tanh GELU decomposition, from its Tanh (whose shape is x's: every other operand is a
+    scalar): one oneDNN eltwise_gelu_tanh of x."""
+    return EltwiseParams(alg="gelutanh", shape=p.shape, alpha=0.0, beta=0.0)
+
+
+def _gelu_tanh_pointwise(p: EltwiseProblem, api: str) -> object:
+    """cuDNN: one GELU_APPROX_TANH_FWD pointwise node of x."""
+    return pointwise_row("gelutanh", p.shape, None, p.shape)
+
+
 PATTERNS = (PatternLowering("gelu_erf", onednn=("eltwise", _gelu_of),
-                            cudnn=CudnnLowering(CUDNN_POINTWISE_TABLE, _gelu_pointwise, "kGeluOfA")),)
+                            cudnn=CudnnLowering(CUDNN_POINTWISE_TABLE, _gelu_pointwise, "kGeluOfA")),
+            PatternLowering("gelu_tanh", onednn=("eltwise", _gelu_tanh_of),
+                            cudnn=CudnnLowering(CUDNN_POINTWISE_TABLE, _gelu_tanh_pointwise)))
 
 
 def gelu_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
@@ -324,7 +342,13 @@ def gelu_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> 
     return Spec(site.nodes, fill(site, gen, [(0, 0)]), last_output(site))
 
 
-# --- fusion: the nodes of the erf GELU decomposition in a model ------------------------------
+def gelu_tanh_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """x, which the node after the Tanh in ``gelu_tanh_nodes``' order (Pow(x, 3) or Mul(x, x))
+    reads as its first input (every other reader of x in the pattern shares the tensor)."""
+    return Spec(site.nodes, fill(site, gen, [(1, 0)]), last_output(site))
+
+
+# --- fusion: the nodes of the GELU decompositions in a model ---------------------------------
 
 def gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
     """The nodes of x → Div(x, c) → Erf → Add(·, c) → Mul(x, ·) → Mul(·, c) from its Div (the
@@ -359,3 +383,89 @@ def gelu_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> lis
     if set(nodes[times_x].inputs) != {x, nodes[reaching].outputs[0]}:
         return None
     return [start, erf, plus, first, second]
+
+
+def gelu_tanh_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of the tanh GELU ½·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) from its Tanh, or None:
+    x³ as Pow(x, 3) (dynamo, transformers' ``gelu_new``) or x·(x·x) (TorchScript's decomposition of
+    ``gelu(approximate="tanh")``), its product with a scalar constant, the Add of x, the product
+    with a scalar constant, the Tanh, the Add of a scalar constant, then the products with x and a
+    scalar constant in any order, ½·x possibly computed apart (``0.5 * x * (…)``). Each step is
+    read by the next alone. The model keeps no constant's value (only Pow's exponent), so, as
+    ``gelu_nodes``, the constants are recognised by their place: scalars where 0.044715, √(2/π),
+    1 and ½ stand. The Tanh first, then the node reading x first (``gelu_tanh_reference``), the
+    node writing the GELU last."""
+    nodes = model.nodes
+
+    def alone(i: int | None, reader: int) -> bool:
+        return i is not None and consumers[i] == [reader]
+
+    def by_scalar(i: int | None, op: str) -> bool:
+        """Node ``i`` is ``op`` of one tensor and one scalar constant."""
+        if i is None:
+            return False
+        n = nodes[i]
+        return n.layer.op == op and len(n.inputs) == 1 and len(n.constant_specs) == 1 \
+            and math.prod(n.constant_specs[0].shape) == 1
+
+    def producer(i: int, k: int = 0) -> int | None:
+        return model.producer.get(nodes[i].inputs[k]) if len(nodes[i].inputs) > k else None
+
+    def cube(i: int | None, x: str, reader: int) -> list[int] | None:
+        """x³ computed at node ``i``: Pow(x, 3), or x·(x·x) in either order of the outer product."""
+        if not alone(i, reader):
+            return None
+        assert i is not None
+        n = nodes[i]
+        if isinstance(n.layer.problem, BinaryProblem) and n.layer.problem.alg == "pow" \
+                and n.layer.problem.exponent == 3.0 and n.inputs == (x,):
+            return [i]
+        if n.layer.op != "Mul" or n.constant_inputs or x not in n.inputs or len(n.inputs) != 2:
+            return None
+        square = model.producer.get(n.inputs[1] if n.inputs[0] == x else n.inputs[0])
+        if square is None or nodes[square].layer.op != "Mul" or nodes[square].inputs != (x, x) \
+                or not alone(square, i):
+            return None
+        return [square, i]
+
+    tanh = nodes[start]
+    if tanh.layer.op != "Tanh" or len(tanh.inputs) != 1:
+        return None
+    scaled = producer(start)  # √(2/π)·(x + 0.044715·x³)
+    if scaled is None or not by_scalar(scaled, "Mul") or not alone(scaled, start):
+        return None
+    add = producer(scaled)
+    if add is None or nodes[add].layer.op != "Add" or len(nodes[add].inputs) != 2 or not alone(add, scaled):
+        return None
+    head = None
+    for k in (0, 1):
+        kappa, x = producer(add, k), nodes[add].inputs[1 - k]
+        if by_scalar(kappa, "Mul") and alone(kappa, add):
+            assert kappa is not None
+            cubed = cube(producer(kappa), x, kappa)
+            if cubed is not None:
+                head = cubed + [kappa, add, scaled, start]
+                break
+    if head is None:
+        return None
+    # forward: + 1, then ·x and ·½ in either order, or (½·x) computed apart times (1 + tanh)
+    plus = consumers[start][0] if len(consumers[start]) == 1 else None
+    if plus is None or not by_scalar(plus, "Add") or len(consumers[plus]) != 1:
+        return None
+    first = consumers[plus][0]
+    one_plus = nodes[plus].outputs[0]
+    tail: list[int] | None = None
+    if by_scalar(first, "Mul") and len(consumers[first]) == 1:  # (1 + tanh)·½, then ·x
+        second = consumers[first][0]
+        if nodes[second].layer.op == "Mul" and set(nodes[second].inputs) == {x, nodes[first].outputs[0]}:
+            tail = [plus, first, second]
+    elif nodes[first].layer.op == "Mul" and len(nodes[first].inputs) == 2 and one_plus in nodes[first].inputs:
+        other = nodes[first].inputs[1] if nodes[first].inputs[0] == one_plus else nodes[first].inputs[0]
+        half = model.producer.get(other)
+        if other == x and len(consumers[first]) == 1 and by_scalar(consumers[first][0], "Mul"):
+            tail = [plus, first, consumers[first][0]]  # x·(1 + tanh), then ·½
+        elif half is not None and by_scalar(half, "Mul") and nodes[half].inputs == (x,) and alone(half, first):
+            tail = [plus, half, first]  # (½·x)·(1 + tanh)
+    if tail is None:
+        return None
+    return [start] + head[:-1] + tail

@@ -318,3 +318,26 @@ def test_end_to_end_costs_onnxruntimes_fused_ops(perf_db, profiled, offline, flo
         monkeypatch.delitem(matching._CANDIDATES, "Attention")
         (a,) = json.loads(cli(*args))["analyses"]
         assert [w for w in a["warnings"] if "cannot map back" in w and "Attention_0 (Attention)" in w], a["warnings"]
+
+
+@pytest.mark.slow  # exports transformers' Phi with both exporters
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_fast_gelu_of_transformers_phi_costs_its_gelu_tanh_nodes(tmp_path, exporter):
+    """ONNX Runtime's default session fuses Phi's tanh GELU (``gelu_new``: ½·x computed apart,
+    x³ as Pow) into FastGelu ops it names by type alone (``GPT2Gelu``): each maps to exactly the
+    original nodes the oracle says it replaced, and nothing fused stays unmapped."""
+    import hf_models
+
+    path = hf_models.export(hf_models.Step("phi", 8, 0), exporter, tmp_path)
+    bundle = profile_model(ProfileSpec(str(path), "onnxruntime", str(tmp_path / "prof"), warmup=1, iterations=3,
+                                       trace_iterations=2))
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "phi.opt.onnx")
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    model = load_model(path)
+    match = match_trace(model, load_bundle(bundle).trace)
+    oracle = replaced_nodes(onnx.load(str(path)), onnx.load(so.optimized_model_filepath))
+    fast = {g.name: g for g in match.groups if g.op == "FastGelu"}
+    assert len(fast) == hf_models.config("phi").num_hidden_layers
+    _assert_fused_as_the_oracle_says(model, match, {k: v for k, v in oracle.items() if k in fast})
+    assert not match.unmapped, [(g.name, g.op) for g in match.unmapped]

@@ -131,9 +131,9 @@ def test_small_eltwise_ops_and_casts() -> None:
     assert layers["recip"].onednn_primitive == "eltwise"
     assert layers["cos"].onednn_primitive is None and layers["sin"].onednn_primitive is None
     assert {layers[n].cudnn_api for n in ("cos", "sin", "recip")} == {"cudnn_frontend.pointwise"}
-    # IsNaN: no library call on either side, reported under its own op name
-    assert layers["isnan"].onednn_primitive is None and layers["isnan"].cudnn_api is None
-    assert layers["isnan"].op == "IsNaN"
+    # IsNaN: oneDNN's binary_ne of x with itself; cuDNN has no isnan pointwise mode
+    assert layers["isnan"].key == "eltwise:isnan_in1x8_f32"
+    assert layers["isnan"].onednn_primitive == "eltwise" and layers["isnan"].cudnn_api is None
     # an int64 source has no oneDNN type; int32 does; a Cast to its own type is free
     assert layers["cast64"].key == "convert:long_in1x8_f32" and not onednn.covers(layers["cast64"])
     assert layers["cast32"].key == "convert:int_in1x8_f32" and onednn.covers(layers["cast32"])

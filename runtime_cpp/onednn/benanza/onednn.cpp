@@ -692,7 +692,24 @@ EltAlg eltwise_alg(const EltwiseParams& e) {
                     ".x algorithm");
 }
 
+// ONNX IsNaN: oneDNN has no isnan algorithm, but x != x holds exactly for NaN (IEEE, unordered
+// compare), so binary_ne with one tensor bound as both sources computes it, writing u8 0/1.
+Prepared make_isnan(const EltwiseParams& e, const Config& cfg) {
+  Dims shape = pad_rank(e.shape, std::max<size_t>(e.shape.size(), 1));
+  auto src = plain_md(shape, cfg.dtype);
+  memory::desc dst(shape, dt::u8, plain_tag(shape.size()));
+#if BENANZA_DNNL3
+  dnnl::binary::primitive_desc pd(engine(), algorithm::binary_ne, src, src, dst, base_attr());
+#else
+  dnnl::binary::desc d(algorithm::binary_ne, src, src, dst);
+  dnnl::binary::primitive_desc pd(d, base_attr(), engine());
+#endif
+  memory x = filled(pd.src_desc(0));
+  return prepare<dnnl::binary>(pd, {}, {{DNNL_ARG_SRC_0, x}, {DNNL_ARG_SRC_1, x}});
+}
+
 Prepared make_eltwise(const EltwiseParams& e, const Config& cfg) {
+  if (std::string(e.alg) == "isnan") return make_isnan(e, cfg);
   auto data = plain_md(e.shape, cfg.dtype);
   EltAlg a = eltwise_alg(e);
   auto attr = base_attr();
