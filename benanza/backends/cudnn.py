@@ -95,6 +95,7 @@ from ..manifest import Manifest
 from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
 from ..ops.binary import CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE
+from ..ops.cast import CUDNN_QUANT_TABLE
 from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
@@ -146,7 +147,10 @@ CUDNN_MATH_TYPES = ("CUDNN_DEFAULT_MATH", "CUDNN_TENSOR_OP_MATH", "CUDNN_TENSOR_
 # parts compile in parallel and a rebuild after regeneration recompiles only what changed.
 PART_SIZE = 2500
 
-_CPP = {"dtype": {"f32": "DType::F32", "f16": "DType::F16", "bf16": "DType::BF16"},
+# an int8 layer (MatMulInteger) is benchmarked in its own type only, as on oneDNN
+INT8_DTYPES = ("u8", "i8")
+_CPP = {"dtype": {"f32": "DType::F32", "f16": "DType::F16", "bf16": "DType::BF16", "u8": "DType::U8",
+                  "i8": "DType::I8"},
         "layout": {"nchw": "Layout::NCHW", "nhwc": "Layout::NHWC"},
         "math": {NO_MATH: "Math::Default", "fma": "Math::Fma", "tf32_allowed": "Math::Tf32Allowed",
                  "tensor_op": "Math::TensorOp"}}
@@ -176,7 +180,7 @@ def fields_of(row: Any, layer: Layer) -> Fields:
 # --- the runtime families (tables), from the registry's lowerings ---------------------------
 
 CONV, BLAS, LNORM, SDPA, POINTWISE = CUDNN_CONV, CUDNN_BLAS, CUDNN_LNORM, CUDNN_SDPA_TABLE, CUDNN_POINTWISE_TABLE
-GRAPH_FAMILIES = (LNORM, SDPA, POINTWISE)
+GRAPH_FAMILIES = (LNORM, SDPA, POINTWISE, CUDNN_QUANT_TABLE)
 # A graph family's variants are plan slots: the i-th distinct engine config the heuristics
 # (mode A, then fallback) return for the layer's graph, each built and timed as its own plan.
 # The count is known only on the GPU: a slot past it is stored as unsupported, and every result
@@ -315,6 +319,8 @@ class CudnnBackend(CMakeBackend):
         if family is CUDNN_DECONV:
             return [Variant(problem, NAME, api, algo, d, lay, m) for algo in DECONV_ALGOS
                     for d, lay, m in exp.combos(family)]
+        if layer.dtype in INT8_DTYPES:  # cuBLASLt's int8 GEMM: no math mode, one variant per heuristic rank
+            return [Variant(problem, NAME, api, algo, layer.dtype, "nchw", NO_MATH) for algo in LT_ALGOS]
         if family in GRAPH_FAMILIES:
             return _graph_variants(layer, family, api, "none", exp) + _graph_fusion_variants(layer, fusions, exp)
         if family is BLAS:  # the GEMM epilogues (attention patterns are graph-API SDPA variants, below)
@@ -394,7 +400,7 @@ def _warn_asymmetric(layer: Layer) -> None:
 def _variant_fields(v: Variant, layer_index: int) -> Fields:
     if v.api == FUSED_API:
         call = "kConvBiasRelu" if FUSION_PATTERNS[v.fusion].activation == "relu" else "kConvBiasIdentity"
-    elif v.api == LT_API:
+    elif v.api == LT_API and v.fusion in FUSION_PATTERNS:
         call = _LT_CALLS[FUSION_PATTERNS[v.fusion].activation]
     elif v.fusion in _GRAPH_FUSIONS:
         call = _GRAPH_FUSIONS[v.fusion].call
@@ -453,8 +459,9 @@ def _remove_stale_tables(out_dir: Path, keep: set[str]) -> None:
 
 
 def covers(layer: Layer) -> bool:
-    """Whether this backend benchmarks the layer: a cuDNN/cuBLAS call on float data."""
-    return layer.cudnn_api is not None and layer.dtype in FLOAT_DTYPES
+    """Whether this backend benchmarks the layer: a cuDNN/cuBLAS call on float data, or
+    cuBLASLt's int8 GEMM on int8 data."""
+    return layer.cudnn_api is not None and (layer.dtype in FLOAT_DTYPES or layer.dtype in INT8_DTYPES)
 
 
 BACKEND = CudnnBackend()

@@ -6,8 +6,11 @@ MatMul turned into floats before their scale.
 
 The layer computes in its output's type (that is the data it writes); the source type is part of
 the problem. oneDNN runs it as a reorder between the two types; it has no 64-bit integers, f64 or
-booleans, so a Cast from those is not covered. cuDNN: not generated (a pointwise identity node
-with two data types would do it; not done).
+booleans, so a Cast from those is not covered. cuDNN: the graph API's pointwise IDENTITY node
+reading the source's type and writing the variant's (``QuantLayer``, shared with the quantized
+family's DequantizeLinear and DynamicQuantizeLinear: runtime_cpp/cudnn/graph.cpp), from the
+types the graph API has (float, half, bfloat16, int32, int8, uint8); int64, f64 and booleans
+have no cuDNN tensor type here: not covered.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from .base import Dims, Family, NodeView, OnednnLowering, required
+from .base import Cpp, CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, dims8, required
 from .generic import same_cast
 from .grammar import FLOAT_DTYPES, F, Problem
 from .reference import Gen, Site, Spec, as_filled, np_type
@@ -66,6 +69,41 @@ def _onednn_api(p: Problem) -> str | None:
     return "reorder" if WORD_TYPES[p.source] in ONEDNN_SOURCES else None
 
 
+# --- cuDNN: quantization's element-wise layers on the graph API -----------------------------
+
+CUDNN_QUANT = "cudnn_frontend.quant"
+CUDNN_QUANT_TABLE = CudnnTable("quant", "add_quant", False, False)
+# source types the graph API's tensors take (cudnn_frontend DataType_t), as tables.hpp DType
+CUDNN_SOURCES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "i8": "I8", "u8": "U8", "i32": "I32"}
+
+
+@dataclass(frozen=True)
+class QuantLayer:
+    """cuDNN QuantLayer (graph API): ``op`` (QuantOp) on ``source``-typed ``in_`` (right-aligned to
+    ``rank``); a dequantization's scale (and zero point where ``zp``) of shape ``scale`` broadcast
+    into it."""
+
+    op: Cpp
+    source: Cpp
+    zp: bool
+    rank: int
+    in_: Dims
+    scale: Dims
+
+
+def quant_row(op: str, source: str, shape: Dims, scale: Dims = (), zp: bool = False) -> QuantLayer:
+    """The row of ``op`` (Convert, Dequantize, DynamicQuantize) reading ``source`` (a short type
+    name, CUDNN_SOURCES)."""
+    rank = max(4, len(shape))
+    return QuantLayer(op=Cpp("QuantOp::" + op), source=Cpp("DType::" + CUDNN_SOURCES[source]), zp=zp, rank=rank,
+                      in_=dims8(shape, rank, 1), scale=dims8(scale, rank, 1))
+
+
+def _cudnn_api(p: Problem) -> str | None:
+    assert isinstance(p, CastProblem)
+    return CUDNN_QUANT if WORD_TYPES[p.source] in CUDNN_SOURCES else None
+
+
 @dataclass(frozen=True)
 class CastParams:
     """oneDNN CastParams: a reorder from ``from`` (a type word) into the variant's type."""
@@ -82,7 +120,9 @@ def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
     return Spec(site.nodes, {(0, 0): x}, (site.proto(0).output[0],))
 
 
-CAST = Family("convert", CastProblem, ("Cast",), _build, when=_converts, onednn_api=_onednn_api,
+CAST = Family("convert", CastProblem, ("Cast",), _build, when=_converts, onednn_api=_onednn_api, cudnn_api=_cudnn_api,
+              cudnn={CUDNN_QUANT: CudnnLowering(CUDNN_QUANT_TABLE,
+                                                lambda p, api: quant_row("Convert", WORD_TYPES[p.source], p.shape))},
               onednn=OnednnLowering("cast", False, lambda p, api: CastParams(from_=p.source, shape=p.shape),
                                     reference=_reference),
               dtype=lambda view: view.outputs[0].dtype)

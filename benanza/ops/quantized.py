@@ -9,7 +9,14 @@ Runtime's 4-bit MatMulNBits, keyed and counted (its MACs and packed weight bytes
 here runs it.
 
 Scales and zero points are run-time values in every benchmark (oneDNN's run-time attributes), as a
-framework passes them; they are not part of the problems. cuDNN/cuBLASLt int8: not generated.
+framework passes them; they are not part of the problems.
+
+On the GPU (the ``cudnn`` backend): MatMulInteger as cuBLASLt's int8 GEMM (``cublasLtMatmul``,
+s8 operands, CUBLAS_COMPUTE_32I, s32 result; runtime_cpp/cudnn/blas.cpp says what it refuses and
+what of a u8 activation's zero point it does not time), without weights' zero points (cuBLASLt
+has none); DequantizeLinear and DynamicQuantizeLinear as cuDNN graph-API nodes (the ``quant``
+table shared with Cast: cast.QuantLayer). QLinearMatMul, QLinearConv, ConvInteger and
+QuantizeLinear have no cuDNN/cuBLASLt lowering: not covered there.
 Family names are none of an ONNX op's words, so the generic keys earlier versions stored for
 these ops still read: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
 MatMulNBits.
@@ -24,11 +31,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .base import Dims, Family, NodeView, OnednnLowering, PatternLowering, const, is_4d, present, required
+from .base import (
+    CudnnLowering,
+    Dims,
+    Family,
+    NodeView,
+    OnednnLowering,
+    PatternLowering,
+    const,
+    is_4d,
+    present,
+    required,
+)
 from .binary import BinaryProblem
-from .cast import TYPE_WORDS, WORD_TYPES
+from .cast import CUDNN_QUANT, CUDNN_QUANT_TABLE, CUDNN_SOURCES, TYPE_WORDS, WORD_TYPES, QuantLayer, quant_row
 from .conv import ConvParams, ConvProblem, conv_fields, onednn_row
-from .gemm import MatMulProblem, matmul_operands
+from .gemm import CUDNN_BLAS, BlasLayer, MatMulProblem, matmul_operands
 from .grammar import F, Problem
 from .reference import Gen, Site, Slot, Spec, as_filled, as_scales, external_slot, fill, last_output, np_type
 
@@ -104,6 +122,48 @@ def _qmatmul_onednn(p: Problem) -> str | None:
     # oneDNN's zero points are per tensor (A) or per tensor/per output column (B); ONNX's per-row
     # A zero points have no oneDNN attribute
     return "matmul" if p.azp <= 1 else None
+
+
+# cuBLASLt's int8 GEMM (runtime_cpp/cudnn/blas.cpp, call kLtInt8)
+LT_INT8 = "cublasLtMatmul"
+
+
+def _qmatmul_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, QMatMulProblem)
+    return LT_INT8 if _qmatmul_cudnn_gap(p) is None else None
+
+
+def _qmatmul_cudnn_gap(p: QMatMulProblem) -> str | None:
+    """Why cuBLASLt's int8 GEMM cannot run a MatMulInteger, or None."""
+    if p.bzp:
+        return "cuBLASLt's int8 GEMM has no weights' zero points"
+    if p.azp > 1:
+        return "cuBLASLt's int8 GEMM has no per-row activation zero points"
+    if MatMulProblem(p.a, p.b).batch > 1:
+        return "a batched integer MatMul: cuBLASLt's int8 GEMM is generated 2-D only"
+    return None
+
+
+def _qmatmul_uncovered(p: Problem, backend: str) -> str | None:
+    assert isinstance(p, QMatMulProblem)
+    return _qmatmul_cudnn_gap(p) if backend == "cudnn" else None
+
+
+def _qmatmul_blas(p: QMatMulProblem, api: str) -> BlasLayer:
+    """The int8 GEMM of MatMulInteger's shape; a u8 A runs as the s8 data of the same bytes."""
+    mm = MatMulProblem(p.a, p.b)
+    return BlasLayer(m=mm.m, n=mm.n, k=mm.k, trans_a=False, trans_b=False, batch=1, a_count=1, b_count=1, alpha=1.0,
+                     beta=0.0)
+
+
+def _qdq_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, QdqProblem)
+    return CUDNN_QUANT if isinstance(p, DequantProblem) and WORD_TYPES[p.qtype] in CUDNN_SOURCES else None
+
+
+def _dequant_row(p: DequantProblem, api: str) -> QuantLayer:
+    scale = tuple(n if i == p.axis else 1 for i, n in enumerate(p.shape))
+    return quant_row("Dequantize", WORD_TYPES[p.qtype], p.shape, scale, p.zp)
 
 
 @dataclass(frozen=True)
@@ -404,17 +464,22 @@ _QMATMUL = OnednnLowering("qmatmul", False, _qmatmul_row, reference=_reference)
 _QDQ = OnednnLowering("qdq", False, _qdq_row, reference=_reference)
 _QCONV = OnednnLowering("qconv", True, _qconv_row, reference=_reference)
 MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_build, onednn_api=_qmatmul_onednn,
-                   onednn=_QMATMUL, int_dtypes=INT8)
+                   onednn=_QMATMUL, int_dtypes=INT8, cudnn_api=_qmatmul_cudnn,
+                   cudnn={LT_INT8: CudnnLowering(CUDNN_BLAS, _qmatmul_blas, "kLtInt8")}, uncovered=_qmatmul_uncovered)
 QLINEARMATMUL = Family("qmatmul", QLinearMatMulProblem, ("QLinearMatMul",), _qlinear_matmul_build,
                        onednn_api=_qmatmul_onednn, onednn=_QMATMUL, int_dtypes=INT8)
 DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
                   lambda view: DynQuantProblem(tuple(required(view, 0).shape)), onednn_api=const("reduction+reorder"),
+                  cudnn_api=const(CUDNN_QUANT),
+                  cudnn={CUDNN_QUANT: CudnnLowering(CUDNN_QUANT_TABLE,
+                                                    lambda p, api: quant_row("DynamicQuantize", "f32", p.shape))},
                   onednn=OnednnLowering("dynquant", False, lambda p, api: DynquantParams(shape=p.shape),
                                         reference=_dynquant_reference))
 QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_qdq_modelled, onednn_api=_qdq_onednn,
                onednn=_QDQ)
 DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_qdq_modelled,
-                 onednn_api=_qdq_onednn, onednn=_QDQ, dtype=lambda view: view.outputs[0].dtype)
+                 onednn_api=_qdq_onednn, onednn=_QDQ, dtype=lambda view: view.outputs[0].dtype, cudnn_api=_qdq_cudnn,
+                 cudnn={CUDNN_QUANT: CudnnLowering(CUDNN_QUANT_TABLE, _dequant_row)})
 CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is_4d, onednn_api=_qconv_onednn,
                  onednn=_QCONV, int_dtypes=INT8)
 QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,

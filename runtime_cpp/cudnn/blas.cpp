@@ -1,5 +1,17 @@
 // GEMM and GEMV through cuBLAS for ONNX Gemm/MatMul (row-major), timed like the cuDNN calls, and
-// the fused MatMul→Add(bias)[→Gelu|→Relu] as one cublasLtMatmul with a bias epilogue.
+// the fused MatMul→Add(bias)[→Gelu|→Relu] as one cublasLtMatmul with a bias epilogue, and ONNX
+// MatMulInteger as cublasLtMatmul's int8 GEMM (kLtInt8: s8 operands, CUBLAS_COMPUTE_32I, s32 result).
+//
+// cuBLASLt's int8 GEMM (the cuBLAS documentation's cublasLtMatmul IMMA requirements, regular data
+// ordering) takes CUDA_R_8I A and B only, in the "TN" form (Lt's A transposed: here the weights,
+// stored N x K as a framework pre-packs constant weights once), leading dimensions multiples of 4
+// and m, k multiples of 4: a layer with N or K not a multiple of 4 is refused here, as cuBLASLt
+// would (ONNX Runtime's CUDA MatMulInteger pads K instead, a copy this benchmark does not time).
+// An unsigned A is benchmarked as its signed twin of the same bytes (u8 - 128 is s8; the shift
+// folds into the zero point): ONNX Runtime's CUDA EP registers MatMulInteger for s8·s8 only, so
+// ORT's quantize_dynamic models (u8 activations) run it on the CPU; the zero points' correction
+// (zp_A·colsum(B), an M x N int32 subtraction with the column sums of the constant weights
+// computed once) is not in the measured call.
 //
 // cuBLAS is column-major: a row-major M x N matrix is the column-major N x M transpose, so
 // Y = op(A) op(B) is computed as Y^T = op(B)^T op(A)^T with the operands swapped.
@@ -189,26 +201,38 @@ struct LtChoice {
 
 using LtChoiceKey = std::tuple<const BlasLayer*, DType, Math, uint8_t>;
 
+bool int8_gemm(const Variant& v) { return v.call == kLtInt8; }
+
 class LtProblem : public Problem {
  public:
   LtProblem(const BlasLayer& L, const Variant& v)
-      : type_(cuda_dtype(v.dtype)), alpha_{static_cast<float>(L.alpha)}, beta_{static_cast<float>(L.beta)} {
+      : int8_(int8_gemm(v)), type_(int8_ ? CUDA_R_8I : cuda_dtype(v.dtype)), out_type_(int8_ ? CUDA_R_32I : type_),
+        alpha_{static_cast<float>(L.alpha)}, beta_{static_cast<float>(L.beta)},
+        ialpha_{static_cast<int32_t>(L.alpha)}, ibeta_{static_cast<int32_t>(L.beta)} {
     if (L.batch != 1 || L.a_count != 1 || L.b_count != 1)
-      throw Failure("a bias epilogue on a batched GEMM: the generator fuses 2-D MatMuls only; regenerate the tables");
+      throw Failure("a batched cublasLtMatmul: the generator sends 2-D GEMMs only; regenerate the tables");
+    if (int8_ && (L.n % 4 || L.k % 4))
+      unsupported("cuBLASLt's int8 GEMM needs N and K multiples of 4 (IMMA, TN form); this layer has N=" +
+                  std::to_string(L.n) + ", K=" + std::to_string(L.k));
     lt_handle();  // no GPU: fail here, before allocating
-    const cublasComputeType_t compute = compute_type(v);
-    const cublasLtEpilogue_t ep = epilogue(v.call);
-    BZ_CUBLAS(cublasLtMatmulDescCreate(desc_.out(), compute, CUDA_R_32F));
+    const cublasComputeType_t compute = int8_ ? CUBLAS_COMPUTE_32I : compute_type(v);
+    BZ_CUBLAS(cublasLtMatmulDescCreate(desc_.out(), compute, int8_ ? CUDA_R_32I : CUDA_R_32F));
     // Lt's A is ONNX's B and Lt's B is ONNX's A (the column-major view above); a layout names the
-    // stored matrix, before its transpose.
-    set_attribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, L.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+    // stored matrix, before its transpose. The int8 GEMM's weights are stored N x K (TN form).
+    const bool trans_b = int8_ || L.trans_b;
+    set_attribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
     set_attribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, L.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-    set_attribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, ep);
-    BZ_CUBLAS(cublasLtMatrixLayoutCreate(a_.out(), type_, L.trans_b ? L.k : L.n, L.trans_b ? L.n : L.k,
-                                         L.trans_b ? L.k : L.n));
+    const char* what = "";
+    if (!int8_) {
+      const cublasLtEpilogue_t ep = epilogue(v.call);
+      set_attribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, ep);
+      what = epilogue_name(ep);
+    }
+    BZ_CUBLAS(cublasLtMatrixLayoutCreate(a_.out(), type_, trans_b ? L.k : L.n, trans_b ? L.n : L.k,
+                                         trans_b ? L.k : L.n));
     BZ_CUBLAS(cublasLtMatrixLayoutCreate(b_.out(), type_, L.trans_a ? L.m : L.k, L.trans_a ? L.k : L.m,
                                          L.trans_a ? L.m : L.k));
-    BZ_CUBLAS(cublasLtMatrixLayoutCreate(d_.out(), type_, L.n, L.m, L.n));
+    BZ_CUBLAS(cublasLtMatrixLayoutCreate(d_.out(), out_type_, L.n, L.m, L.n));
 
     const LtChoice& choice = choice_for(L, v);
     if (choice.status != CUBLAS_STATUS_SUCCESS)
@@ -224,7 +248,8 @@ class LtProblem : public Problem {
     const auto tile = algo_config<uint32_t>(algo_, CUBLASLT_ALGO_CONFIG_TILE_ID);
     const auto stages = algo_config<uint32_t>(algo_, CUBLASLT_ALGO_CONFIG_STAGES_ID);
     const auto splitk = algo_config<int32_t>(algo_, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-    implementation = std::string("cublasLtMatmul/") + epilogue_name(ep) + "/" + compute_name(compute) +
+    implementation = std::string("cublasLtMatmul/") + (int8_ ? "INT8/CUBLAS_COMPUTE_32I" : what) + "/" +
+                     (int8_ ? "CUDA_R_32I" : compute_name(compute)) +
                      "/id=" + std::to_string(id) + ",tile=" + std::to_string(tile) +
                      ",stages=" + std::to_string(stages) + ",splitk=" + std::to_string(splitk);
     counters["algo"] = v.algo;
@@ -237,16 +262,22 @@ class LtProblem : public Problem {
     counters["flops"] = L.work.flops;
     counters["bytes"] = bytes_of(L.work, v);
 
-    a_buf_ = filled(size_t(L.m) * L.k, v.dtype);
-    b_buf_ = filled(size_t(L.k) * L.n, v.dtype);
-    y_buf_ = filled(size_t(L.m) * L.n, v.dtype);
-    bias_buf_ = filled(L.n, v.dtype);
+    const DType in = int8_ ? DType::I8 : v.dtype;
+    a_buf_ = filled(size_t(L.m) * L.k, in);
+    b_buf_ = filled(size_t(L.k) * L.n, in);
+    y_buf_ = filled(size_t(L.m) * L.n, int8_ ? DType::I32 : v.dtype);
     ws_buf_ = DeviceBuffer(picked.workspaceSize);
-    set_attribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_buf_.get());
+    if (!int8_) {
+      bias_buf_ = filled(L.n, v.dtype);
+      set_attribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_buf_.get());
+    }
   }
 
   void enqueue() override {
-    BZ_CUBLAS(cublasLtMatmul(lt_handle(), desc_, &alpha_, b_buf_.get(), a_, a_buf_.get(), b_, &beta_, y_buf_.get(),
+    // alpha and beta are of the scale type: int32 for CUBLAS_COMPUTE_32I
+    const void* alpha = int8_ ? static_cast<const void*>(&ialpha_) : &alpha_;
+    const void* beta = int8_ ? static_cast<const void*>(&ibeta_) : &beta_;
+    BZ_CUBLAS(cublasLtMatmul(lt_handle(), desc_, alpha, b_buf_.get(), a_, a_buf_.get(), b_, beta, y_buf_.get(),
                              d_, y_buf_.get(), d_, &algo_, ws_buf_.get(), ws_buf_.bytes(), stream()));
   }
 
@@ -270,8 +301,10 @@ class LtProblem : public Problem {
     return choices.emplace(key, std::move(c)).first->second;
   }
 
-  cudaDataType_t type_;
+  bool int8_;
+  cudaDataType_t type_, out_type_;
   float alpha_, beta_;
+  int32_t ialpha_, ibeta_;
   LtMatmulDesc desc_;
   LtLayout a_, b_, d_;
   cublasLtMatmulAlgo_t algo_{};
@@ -279,7 +312,8 @@ class LtProblem : public Problem {
 };
 
 std::unique_ptr<Problem> make_blas(const BlasLayer& L, const Variant& v) {
-  if (v.call == kLtBias || v.call == kLtBiasGelu || v.call == kLtBiasRelu) return std::make_unique<LtProblem>(L, v);
+  if (v.call == kLtBias || v.call == kLtBiasGelu || v.call == kLtBiasRelu || int8_gemm(v))
+    return std::make_unique<LtProblem>(L, v);
   return std::make_unique<BlasProblem>(L, v);
 }
 

@@ -131,13 +131,23 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
-size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    case DType::I8: case DType::U8: return 1;
+  }
+  return 4;
+}
 
 cudnnDataType_t cudnn_dtype(DType t) {
   switch (t) {
     case DType::F32: return CUDNN_DATA_FLOAT;
     case DType::F16: return CUDNN_DATA_HALF;
     case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::I8: return CUDNN_DATA_INT8;
+    case DType::U8: return CUDNN_DATA_UINT8;
+    case DType::I32: return CUDNN_DATA_INT32;
   }
   return CUDNN_DATA_FLOAT;
 }
@@ -147,6 +157,9 @@ cudaDataType_t cuda_dtype(DType t) {
     case DType::F32: return CUDA_R_32F;
     case DType::F16: return CUDA_R_16F;
     case DType::BF16: return CUDA_R_16BF;
+    case DType::I8: return CUDA_R_8I;
+    case DType::U8: return CUDA_R_8U;
+    case DType::I32: return CUDA_R_32I;
   }
   return CUDA_R_32F;
 }
@@ -156,6 +169,9 @@ const char* dtype_name(DType t) {
     case DType::F32: return "f32";
     case DType::F16: return "f16";
     case DType::BF16: return "bf16";
+    case DType::I8: return "i8";
+    case DType::U8: return "u8";
+    case DType::I32: return "i32";
   }
   return "?";
 }

@@ -9,6 +9,7 @@
 // that plan asks for; the result's implementation names the engine config.
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <functional>
@@ -36,6 +37,9 @@ fe::DataType_t fe_dtype(DType t) {
     case DType::F32: return fe::DataType_t::FLOAT;
     case DType::F16: return fe::DataType_t::HALF;
     case DType::BF16: return fe::DataType_t::BFLOAT16;
+    case DType::I8: return fe::DataType_t::INT8;
+    case DType::U8: return fe::DataType_t::UINT8;
+    case DType::I32: return fe::DataType_t::INT32;
   }
   return fe::DataType_t::FLOAT;
 }
@@ -188,6 +192,47 @@ Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
   return s;
 }
 
+// Quantization's layers (tables.hpp QuantLayer). `part` picks one of DynamicQuantize's three
+// graphs (0: MAX reduction, 1: MIN reduction, 2: the quantization); the others have one.
+constexpr uint8_t kQuantParts = 3;
+
+Spec build(const QuantLayer& L, DType t, uint8_t part, int sm) {
+  const std::vector<int64_t> in(L.in, L.in + L.rank), scale(L.scale, L.scale + L.rank);
+  const std::vector<int64_t> one(L.rank, 1);
+  auto with = [](fe::PointwiseMode_t mode) {
+    return fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
+  };
+  if (L.op == QuantOp::Convert) {  // a Cast: the identity from the source type into the variant's
+    Spec s = new_spec(t, "pointwise IDENTITY (cast)", sm);
+    s.output(s.graph->pointwise(s.tensor("X", in, L.source), with(fe::PointwiseMode_t::IDENTITY)), in, t);
+    return s;
+  }
+  if (L.op == QuantOp::Dequantize) {  // (x - zero point) · scale
+    Spec s = new_spec(t, L.zp ? "pointwise SUB MUL (dequantize)" : "pointwise MUL (dequantize)", sm);
+    TensorPtr x = s.tensor("X", in, L.source);
+    if (L.zp) x = s.graph->pointwise(x, s.tensor("zero_point", scale, L.source), with(fe::PointwiseMode_t::SUB));
+    s.output(s.graph->pointwise(x, s.tensor("scale", scale, DType::F32), with(fe::PointwiseMode_t::MUL)), in, t);
+    return s;
+  }
+  if (part < 2) {  // DynamicQuantize's range: one reduction of x to a single value
+    const bool max = part == 0;
+    Spec s = new_spec(t, max ? "reduction MAX (dynamic quantize)" : "reduction MIN (dynamic quantize)", sm);
+    auto options = fe::graph::Reduction_attributes()
+                       .set_mode(max ? fe::ReductionMode_t::MAX : fe::ReductionMode_t::MIN)
+                       .set_compute_data_type(fe::DataType_t::FLOAT);
+    s.output(s.graph->reduction(s.tensor("X", in, t), options), one, DType::F32);
+    return s;
+  }
+  // the quantization with the range's scale and zero point (ONNX's round half to even; cuDNN's
+  // float→uint8 conversion saturates)
+  Spec s = new_spec(t, "pointwise DIV ADD (dynamic quantize)", sm);
+  auto scaled = s.graph->pointwise(s.tensor("X", in, t), s.tensor("scale", one, DType::F32),
+                                   with(fe::PointwiseMode_t::DIV));
+  auto shifted = s.graph->pointwise(scaled, s.tensor("zero_point", one, DType::F32), with(fe::PointwiseMode_t::ADD));
+  s.output(shifted, in, DType::U8);
+  return s;
+}
+
 // --- planning: heuristics once per graph, one plan per variant -----------------------------
 
 bool refused(fe::error_code_t code) {
@@ -298,6 +343,33 @@ std::unique_ptr<Problem> make(const Layer& layer, const Variant& v) {
   return std::make_unique<GraphProblem>(layer, v);
 }
 
+// DynamicQuantizeLinear: its three graphs (each in the variant's plan slot) timed back to back,
+// as a GPU framework runs the reductions and then the quantization
+class PartsProblem : public Problem {
+ public:
+  PartsProblem(const QuantLayer& L, const Variant& v) {
+    for (uint8_t part = 0; part < kQuantParts; ++part) {
+      Variant each = v;
+      each.call = part;
+      parts_.push_back(std::make_unique<GraphProblem>(L, each));
+      implementation += (part ? " + " : "") + parts_.back()->implementation;
+      workspace_bytes = std::max(workspace_bytes, parts_.back()->workspace_bytes);
+    }
+    counters = parts_.front()->counters;  // the layer's work; engine_configs: the first graph's
+  }
+  void enqueue() override {
+    for (auto& p : parts_) p->enqueue();
+  }
+
+ private:
+  std::vector<std::unique_ptr<GraphProblem>> parts_;
+};
+
+std::unique_ptr<Problem> make_quant(const QuantLayer& layer, const Variant& v) {
+  if (layer.op == QuantOp::DynamicQuantize) return std::make_unique<PartsProblem>(layer, v);
+  return std::make_unique<GraphProblem>(layer, v);
+}
+
 // --- validation without a device (--benanza_check_graphs) ----------------------------------
 
 struct GraphCheck {
@@ -310,19 +382,32 @@ std::vector<GraphCheck>& graph_checks() {
   return checks;
 }
 
+// `parts`: how many graphs a layer's variant builds (DynamicQuantize's three), each checked
 template <class Layer>
-void add_graphs(Registry& r, const Layer* layers, const Variant* variants, size_t count) {
-  add_family(r, layers, variants, count, make<Layer>);
+void add_checks(const Layer* layers, const Variant* variants, size_t count, uint8_t (*parts)(const Layer&)) {
   std::map<std::tuple<uint32_t, DType, uint8_t>, bool> seen;
   for (size_t i = 0; i < count; ++i) {
     const Variant& v = variants[i];
-    if (seen.emplace(std::make_tuple(v.layer, v.dtype, v.call), true).second) {
-      const Layer* layer = &layers[v.layer];
-      const DType t = v.dtype;
-      const uint8_t call = v.call;
-      graph_checks().push_back({v.name, [layer, t, call](int sm) { return build(*layer, t, call, sm); }});
+    const Layer* layer = &layers[v.layer];
+    const DType t = v.dtype;
+    for (uint8_t k = 0, n = parts(*layer); k < n; ++k) {
+      const uint8_t call = n > 1 ? k : v.call;
+      if (seen.emplace(std::make_tuple(v.layer, v.dtype, call), true).second)
+        graph_checks().push_back({std::string(v.name) + (n > 1 ? "#" + std::to_string(k) : ""),
+                                  [layer, t, call](int sm) { return build(*layer, t, call, sm); }});
     }
   }
+}
+
+template <class Layer>
+uint8_t one_graph(const Layer&) { return 1; }
+
+uint8_t quant_graphs(const QuantLayer& L) { return L.op == QuantOp::DynamicQuantize ? kQuantParts : 1; }
+
+template <class Layer>
+void add_graphs(Registry& r, const Layer* layers, const Variant* variants, size_t count) {
+  add_family(r, layers, variants, count, make<Layer>);
+  add_checks(layers, variants, count, one_graph<Layer>);
 }
 
 }  // namespace
@@ -345,5 +430,9 @@ int check_graphs(int sm_version) {
 void add_lnorm(Registry& r, const LnormLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_sdpa(Registry& r, const SdpaLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_pointwise(Registry& r, const PointwiseLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
+void add_quant(Registry& r, const QuantLayer* l, const Variant* v, size_t n) {
+  add_family(r, l, v, n, make_quant);
+  add_checks(l, v, n, quant_graphs);
+}
 
 }  // namespace benanza::cudnn

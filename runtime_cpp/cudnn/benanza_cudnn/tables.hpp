@@ -16,7 +16,9 @@ class Registry;
 
 namespace benanza::cudnn {
 
-enum class DType : uint8_t { F32, F16, BF16 };
+// I8, U8: an int8 layer's own type (MatMulInteger on cuBLASLt); I32 only as a tensor's type in a
+// quantized layer's row (QuantLayer.source), never a variant's.
+enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32 };
 enum class Layout : uint8_t { NCHW, NHWC };
 // One vocabulary for cuDNN and cuBLAS (benanza/backends/cudnn.py MATHS):
 //   Default      the call has no math setting (pooling, activations, ...)
@@ -39,6 +41,7 @@ constexpr uint8_t kSgemv = 2;               // cublasSgemv
 constexpr uint8_t kLtBias = 3;              // cublasLtMatmul, CUBLASLT_EPILOGUE_BIAS
 constexpr uint8_t kLtBiasGelu = 4;          // cublasLtMatmul, CUBLASLT_EPILOGUE_GELU_BIAS
 constexpr uint8_t kLtBiasRelu = 5;          // cublasLtMatmul, CUBLASLT_EPILOGUE_RELU_BIAS
+constexpr uint8_t kLtInt8 = 6;              // cublasLtMatmul, s8 operands, CUBLAS_COMPUTE_32I, s32 result
 // graph families: a fusion pattern's form of the row (see graph.cpp)
 constexpr uint8_t kGeluOfA = 1;             // pointwise: the erf GELU of operand a (gelu_erf pattern)
 constexpr uint8_t kSdpaMasked = 1;          // sdpa: add an [s_q, s_kv] mask (an attention pattern's Add)
@@ -233,6 +236,25 @@ struct PointwiseLayer {
   Work work;
 };
 
+// Quantization's element-wise layers as graph-API nodes (graph.cpp), in the variant's float type:
+//   Convert          Cast from `source` into the variant's type: a pointwise IDENTITY node
+//   Dequantize       (x - zero point) · scale, x of `source` (int8/uint8/int32), the scale (and
+//                    zero point, `zp`) of shape `scale` broadcast into `in`: pointwise SUB, MUL
+//   DynamicQuantize  ONNX DynamicQuantizeLinear of a float `in` into uint8: two graphs timed back
+//                    to back, the MAX and MIN reductions to [1], then the quantization pointwise
+//                    (x / scale + zero point, rounded and clipped into [0, 255], written as uint8)
+//                    with the scale and zero point as [1] tensors
+enum class QuantOp : uint8_t { Convert, Dequantize, DynamicQuantize };
+
+struct QuantLayer {
+  QuantOp op;
+  DType source;
+  bool zp;
+  int rank;
+  int in[8], scale[8];
+  Work work;
+};
+
 // Registration entry points the generated tables call, one per family (defined in the runtime).
 void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
 void add_deconv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
@@ -251,6 +273,7 @@ void add_pad(Registry& r, const PadLayer* layers, const Variant* variants, size_
 void add_lnorm(Registry& r, const LnormLayer* layers, const Variant* variants, size_t count);
 void add_sdpa(Registry& r, const SdpaLayer* layers, const Variant* variants, size_t count);
 void add_pointwise(Registry& r, const PointwiseLayer* layers, const Variant* variants, size_t count);
+void add_quant(Registry& r, const QuantLayer* layers, const Variant* variants, size_t count);
 
 // Defined by the generated registry.cpp: registers every family table of this build.
 void register_generated(Registry& r);
