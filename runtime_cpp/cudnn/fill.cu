@@ -58,7 +58,7 @@ DeviceBuffer filled(size_t count, DType type, float lo, float hi) {
     case DType::F32: launch<float>(buf.get(), count, lo, hi); break;
     case DType::F16: launch<__half>(buf.get(), count, lo, hi); break;
     case DType::BF16: launch<__nv_bfloat16>(buf.get(), count, lo, hi); break;
-    // integers over [-64·|lo|, 64·hi): the float range would truncate to a few values near 0
+    // integers: the float range times 64 (int8 in [-64, 64) by default), which alone would truncate to 0
     case DType::I8: launch<int8_t>(buf.get(), count, 64 * lo, 64 * hi); break;
     case DType::U8: launch<uint8_t>(buf.get(), count, 0.0f, 128 * hi); break;
     case DType::I32: launch<int32_t>(buf.get(), count, 64 * lo, 64 * hi); break;

@@ -3,13 +3,16 @@ embeddings from the position ids, grouped-query attention over a KV cache given 
 exported in the test with both of torch.onnx.export's exporters, and ONNX Runtime's dynamic int8
 quantization of it: coverage of the layers that run, then generator → oneDNN runner → database →
 analyzer for the int8 model, its bound recomputed from SQL, and every int8 benchmark's output
-compared with ONNX Runtime by `benanza check`."""
+compared with ONNX Runtime by `benanza check`; the int8 model's cuDNN/cuBLASLt project compiled,
+linked and its graphs validated by the cuDNN frontend (no GPU here)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from pathlib import Path
+
+import subprocess
 
 import llm_models
 import onnx
@@ -19,7 +22,10 @@ from helpers import REPO
 
 from benanza.cli import main
 from benanza.fusion import match_fusions
-from benanza.processor import load_model
+from benanza.generator import GenOptions, generate
+from benanza.manifest import build_manifest
+from benanza.processor import load_model, unique_layers
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
 
 pytestmark = pytest.mark.slow  # exports with torch, builds and runs oneDNN benchmarks
 
@@ -51,8 +57,11 @@ def test_decode_steps_are_costed(exports, tmp_path) -> None:
         assert onednn["covered_pct"] >= 95.0, (name, onednn["not_covered"])
         # what is left names itself: oneDNN has no sin/cos, no int64 (the position ids' Cast)
         assert set(onednn["not_covered"]) <= {"Cos", "Sin", "Cast", "Gather"}, (name, onednn["not_covered"])
-    for name in (exports["torchscript"].stem, exports["dynamo"].stem):
+    for name in stats:
         assert stats[name]["backends"]["cudnn"]["covered_pct"] >= 95.0, stats[name]["backends"]["cudnn"]
+    # on the GPU the int8 layers are cuBLASLt's int8 GEMM and cuDNN graph nodes; what is left: the
+    # position ids' int64 Cast and the Gather of the u8 embedding table (copies move float data only)
+    assert int8["backends"]["cudnn"]["not_covered"] == {"Cast": 1, "Gather": 1}, int8["backends"]["cudnn"]
     # every RMSNorm of every export (two per layer and the final one) is one RMS normalization
     for path in exports.values():
         matches = [m.pattern.name for m in match_fusions(load_model(path))]
@@ -129,3 +138,51 @@ def test_int8_outputs_match_onnx_runtime(int8_run) -> None:
     checked = {ln.split(":", 2)[1].strip() for ln in lines}
     assert checked >= set(QUANTIZED_FAMILIES)
     assert any("fusion=mmint_scale_bias" in ln for ln in lines) and any("fusion=mmint_scale:" in ln for ln in lines)
+
+
+# The int8 export's GEMMs, by hand from tests/llm_models.py (one token): q, o HIDDEN→HIDDEN; k, v
+# HIDDEN→KV_HEADS·HEAD_DIM; gate, up HIDDEN→INTER and the head HIDDEN→VOCAB (both 128 here); down
+# INTER→HIDDEN. u8 activations with their zero point, s8 weights without one (QInt8 is symmetric).
+INT8_GEMMS = {(llm_models.HIDDEN, llm_models.HIDDEN), (llm_models.HIDDEN, llm_models.KV_HEADS * llm_models.HEAD_DIM),
+              (llm_models.HIDDEN, llm_models.INTER), (llm_models.HIDDEN, llm_models.VOCAB),
+              (llm_models.INTER, llm_models.HIDDEN)}
+
+
+@pytest.mark.slow  # builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_int8_cudnn_project_builds_and_validates(exports, tmp_path) -> None:
+    """MatMulInteger as cuBLASLt's int8 GEMM (its own u8 type, one variant per heuristic rank),
+    Cast int32→float, DequantizeLinear and DynamicQuantizeLinear as cuDNN graph nodes: the project
+    compiles and links, every benchmark fails cleanly without a GPU, and the cuDNN frontend's own
+    validation for an sm_90 GPU accepts every quantization graph."""
+    models = [load_model(exports["int8"])]
+    g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32",)))
+    gemms = [v for v in g.variants if v.problem.family == "matmulint"]
+    assert {v.layer_key for v in gemms} == {f"matmulint:a1x{k}_b{k}x{n}_ws1_azp1_u8" for k, n in INT8_GEMMS}
+    assert {(v.api, v.dtype, v.math) for v in gemms} == {("cublasLtMatmul", "u8", "default")}
+    assert len(gemms) == 8 * len(INT8_GEMMS)
+    blas = "".join(p.read_text() for p in g.out_dir.glob("tables_blas_*.cpp"))
+    for k, n in INT8_GEMMS:  # the row cuBLASLt reads: M = 1 token, the layer's N and K
+        assert f"{{.m = 1, .n = {n}, .k = {k}, .trans_a = false, .trans_b = false, .batch = 1" in blas
+    assert blas.count(".call = kLtInt8") == len(gemms) and blas.count(".dtype = DType::U8") == len(gemms)
+    quant = {v.layer_key.split(":")[0] for v in g.variants if v.api == "cudnn_frontend.quant"}
+    assert quant == {"convert", "dequant", "dynquant"}
+
+    binary = _build(g.out_dir)
+    run = subprocess.run([str(binary), "--benchmark_min_time=0.01"], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = {r["name"]: r for r in _lines(run.stdout, "BENANZA_RESULT")}
+    assert set(results) == {v.name for v in g.variants}
+    for r in results.values():  # the device is needed first: the CUDA error, nothing else
+        assert r["status"] == "failed", r
+        assert "cudaErrorInsufficientDriver" in r["message"] or "cudaErrorNoDevice" in r["message"], r
+
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {ln["name"]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH") if "api=cudnn_frontend.quant" in ln["name"]}
+    # one graph per Cast and DequantizeLinear, three per DynamicQuantizeLinear (max, min, quantization)
+    keys = {v.layer_key for v in g.variants if v.api == "cudnn_frontend.quant"}
+    assert len(lines) == sum(3 if k.startswith("dynquant:") else 1 for k in keys)
+    assert all(ln["ok"] for ln in lines.values()), {n: ln["message"] for n, ln in lines.items() if not ln["ok"]}
