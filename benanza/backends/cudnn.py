@@ -61,6 +61,12 @@ time, recorded as "unsupported" with its status string):
   workspace; its name is the implementation, the config count the ``engine_configs`` counter.
   SDPA is generated in fp16/bf16 only: cuDNN's flash attention takes no fp32, and an fp32
   request gets a warning per layer instead of a variant.
+- Quantized layers (ONNX Runtime's ``quantize_dynamic`` exports, ``benanza.ops.quantized``):
+  MatMulInteger as cuBLASLt's int8 GEMM (``cublasLtMatmul``, s8 operands, CUBLAS_COMPUTE_32I,
+  s32 result; call ``kLtInt8``) in the layer's own type (``u8``/``i8``, whatever ``--dtype``
+  asks, math ``default``), one variant per heuristic rank (``LT_ALGOS``); Cast into a float type,
+  DequantizeLinear and DynamicQuantizeLinear as graph nodes of the ``quant`` table (plan slots;
+  DynamicQuantizeLinear is three graphs timed back to back).
 
 Run-time counters of every benchmark: ``flops``, ``bytes``, ``workspace_bytes``; convolutions
 add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``: what
