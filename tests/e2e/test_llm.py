@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from pathlib import Path
-
 import subprocess
+from pathlib import Path
 
 import llm_models
 import onnx
