@@ -5,8 +5,9 @@
 // cuBLASLt's int8 GEMM (the cuBLAS documentation's cublasLtMatmul IMMA requirements, regular data
 // ordering) takes CUDA_R_8I A and B only, in the "TN" form (Lt's A transposed: here the weights,
 // stored N x K as a framework pre-packs constant weights once), leading dimensions multiples of 4
-// and m, k multiples of 4: a layer with N or K not a multiple of 4 is refused here, as cuBLASLt
-// would (ONNX Runtime's CUDA MatMulInteger pads K instead, a copy this benchmark does not time).
+// and m, k multiples of 4 (here N and K). The heuristic decides what this cuBLASLt runs: a rank it
+// does not offer is stored as unsupported, its message naming that requirement where N or K
+// breaks it (ONNX Runtime's CUDA MatMulInteger pads K instead, a copy this benchmark does not time).
 // An unsigned A is benchmarked as its signed twin of the same bytes (u8 - 128 is s8; the shift
 // folds into the zero point): ONNX Runtime's CUDA EP registers MatMulInteger for s8·s8 only, so
 // ORT's quantize_dynamic models (u8 activations) run it on the CPU; the zero points' correction
@@ -211,9 +212,6 @@ class LtProblem : public Problem {
         ialpha_{static_cast<int32_t>(L.alpha)}, ibeta_{static_cast<int32_t>(L.beta)} {
     if (L.batch != 1 || L.a_count != 1 || L.b_count != 1)
       throw Failure("a batched cublasLtMatmul: the generator sends 2-D GEMMs only; regenerate the tables");
-    if (int8_ && (L.n % 4 || L.k % 4))
-      unsupported("cuBLASLt's int8 GEMM needs N and K multiples of 4 (IMMA, TN form); this layer has N=" +
-                  std::to_string(L.n) + ", K=" + std::to_string(L.k));
     lt_handle();  // no GPU: fail here, before allocating
     const cublasComputeType_t compute = int8_ ? CUBLAS_COMPUTE_32I : compute_type(v);
     BZ_CUBLAS(cublasLtMatmulDescCreate(desc_.out(), compute, int8_ ? CUDA_R_32I : CUDA_R_32F));
@@ -237,9 +235,14 @@ class LtProblem : public Problem {
     const LtChoice& choice = choice_for(L, v);
     if (choice.status != CUBLAS_STATUS_SUCCESS)
       check_cublas(choice.status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-    if (v.algo >= choice.results.size())
+    if (v.algo >= choice.results.size()) {
+      const bool misaligned = int8_ && (L.n % 4 || L.k % 4);
       unsupported("cublasLtMatmulAlgoGetHeuristic offered " + std::to_string(choice.results.size()) +
-                  " algorithms for this GEMM, none of rank " + std::to_string(v.algo));
+                  " algorithms for this GEMM, none of rank " + std::to_string(v.algo) +
+                  (misaligned ? " (cuBLAS documents its int8 IMMA kernels for N and K multiples of 4; N=" +
+                                    std::to_string(L.n) + ", K=" + std::to_string(L.k) + ")"
+                              : std::string()));
+    }
     const cublasLtMatmulHeuristicResult_t& picked = choice.results[v.algo];
     algo_ = picked.algo;
     workspace_bytes = picked.workspaceSize;

@@ -22,8 +22,9 @@ from helpers import REPO
 from benanza.cli import main
 from benanza.fusion import match_fusions
 from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
-from benanza.processor import load_model, unique_layers
+from benanza.processor import load_model
 from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
 
 pytestmark = pytest.mark.slow  # exports with torch, builds and runs oneDNN benchmarks
