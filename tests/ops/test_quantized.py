@@ -69,7 +69,7 @@ def test_dynamic_quantization_is_costed_as_int8_layers() -> None:
     assert mm.macs == real["xq"].shape[-2] * K * real["acc"].shape[-1]
     assert mm.flops == 2 * mm.macs
     assert mm.bytes == real["xq"].nbytes + K * N + 1 + 1 + real["acc"].nbytes
-    assert onednn.covers(mm) and mm.onednn_primitive == "matmul" and mm.cudnn_api is None
+    assert onednn.covers(mm) and mm.onednn_primitive == "matmul" and mm.cudnn_api == "cublasLtMatmul"
 
     dq = by_name["dq"]
     assert dq.key == f"dynquant:in1x{M}x{K}_f32" and dq.flops == 3 * x.size
@@ -96,6 +96,40 @@ def test_int8_layers_get_their_own_type_only() -> None:
     assert {(v.dtype, v.fusion) for v in variants} == {("u8", "none"), ("u8", "mmint_scale_bias")}
 
 
+def test_cudnn_rows_of_int8_layers_by_hand() -> None:
+    """The rows the cuDNN runtime reads, by hand from the ONNX shapes: MatMulInteger as cuBLASLt's
+    int8 GEMM (M x N x K of the activations and weights, one variant per heuristic rank in its
+    own u8 type), DynamicQuantizeLinear and the int32 Cast as quant-table graph nodes; weights'
+    zero points, which cuBLASLt has none of, leave a MatMulInteger not covered, with the reason."""
+    from benanza.backends import cudnn
+    from benanza.generator import GenOptions
+    from benanza.layers import UniqueLayer
+    from benanza.ops.registry import uncovered_reason
+
+    processed = load_model(_quantized_linear(), name="qlinear")
+    layers = {n.name: n.layer for n in processed.nodes}
+    mm, dq, cast = layers["mm"], layers["dq"], layers["cast"]
+    row = cudnn.lowering(mm).row(mm.problem, mm.cudnn_api)
+    assert (row.m, row.n, row.k, row.batch, row.trans_a, row.trans_b) == (M, N, K, 1, False, False)
+    assert cudnn.lowering(mm).call == "kLtInt8" and cudnn.family_of(mm) is cudnn.BLAS
+    variants = cudnn.BACKEND.variants(UniqueLayer(mm, []), ("mmint_scale_bias",), GenOptions(dtypes=("f32", "f16")))
+    assert [(v.api, v.algo, v.dtype, v.fusion) for v in variants] == [
+        ("cublasLtMatmul", f"heuristic{i}", "u8", "none") for i in range(8)]
+    dq_row = cudnn.lowering(dq).row(dq.problem, dq.cudnn_api)
+    assert (dq_row.op, dq_row.rank, dq_row.in_[:4]) == ("QuantOp::DynamicQuantize", 4, (1, 1, M, K))
+    cast_row = cudnn.lowering(cast).row(cast.problem, cast.cudnn_api)
+    assert (cast_row.op, cast_row.source, cast_row.in_[:4]) == ("QuantOp::Convert", "DType::I32", (1, 1, M, N))
+
+    # per-column weights' zero points (nonzero): no cuBLASLt int8 GEMM computes them
+    w = numpy_helper.from_array(np.ones((K, N), np.int8), "W")
+    wzp = numpy_helper.from_array(np.arange(1, N + 1, dtype=np.int8), "Wzp")
+    node = helper.make_node("MatMulInteger", ["x", "W", "", "Wzp"], ["y"], name="mm")
+    zp = load_model(model([node], [io("x", [M, K], TensorProto.UINT8)], [io("y", None)], [w, wzp]), name="zp")
+    (layer,) = [n.layer for n in zp.nodes]
+    assert layer.key == f"matmulint:a{M}x{K}_b{K}x{N}_ws1_bzp{N}_u8" and layer.cudnn_api is None
+    assert uncovered_reason(layer, "cudnn") == "cuBLASLt's int8 GEMM has no weights' zero points"
+
+
 def test_qdq_keys_name_type_axis_and_zero_point() -> None:
     w = np.arange(K * N, dtype=np.int8).reshape(K, N)
     inits = [numpy_helper.from_array(np.array(0.1, np.float32), "xs"),
@@ -113,6 +147,15 @@ def test_qdq_keys_name_type_axis_and_zero_point() -> None:
     for n in processed.nodes:
         assert parse_layer_key(n.layer.key)[0] == n.layer.problem
         assert onednn.covers(n.layer), n.name
+    # cuDNN: the dequantizations as graph nodes, the per-column scale [1, N] broadcast over [K, N]
+    from benanza.backends import cudnn
+
+    dqw = next(n.layer for n in processed.nodes if n.name == "dqw")
+    row = cudnn.lowering(dqw).row(dqw.problem, dqw.cudnn_api)
+    assert (row.op, row.source, row.zp, row.in_[:4], row.scale[:4]) == (
+        "QuantOp::Dequantize", "DType::I8", False, (1, 1, K, N), (1, 1, 1, N))
+    q = next(n.layer for n in processed.nodes if n.name == "q")
+    assert q.cudnn_api is None  # QuantizeLinear: no cuDNN lowering
 
 
 def test_small_eltwise_ops_and_casts() -> None:
@@ -137,6 +180,8 @@ def test_small_eltwise_ops_and_casts() -> None:
     # an int64 source has no oneDNN type; int32 does; a Cast to its own type is free
     assert layers["cast64"].key == "convert:long_in1x8_f32" and not onednn.covers(layers["cast64"])
     assert layers["cast32"].key == "convert:int_in1x8_f32" and onednn.covers(layers["cast32"])
+    # cuDNN: a pointwise IDENTITY node from int32; no cuDNN tensor holds int64
+    assert layers["cast32"].cudnn_api == "cudnn_frontend.quant" and layers["cast64"].cudnn_api is None
     assert layers["same"].free
     # a Cast into an integer type stays a generic layer, its key the `cast:` one it always had
     assert layers["toint"].key.startswith("cast:") and layers["toint"].family == "cast"
@@ -220,8 +265,9 @@ def test_static_quantization_costed_and_checked(tmp_path) -> None:
 
 
 def test_cudnn_runs_no_float_epilogue_for_a_qdq_matmul(tmp_path) -> None:
-    """cuDNN has no int8 GEMM here: a QDQ MatMul gets no cuBLASLt bias-epilogue variant (a float GEMM
-    would cost the int8 one wrongly), while the float MLP's MatMul→Add still gets its epilogues."""
+    """The qdq_matmul pattern's int8 GEMM is oneDNN's only: a QDQ MatMul gets no cuBLASLt bias-epilogue
+    variant (a float GEMM would cost the int8 one wrongly), while the float MLP's MatMul→Add still
+    gets its epilogues."""
     paths = _static_quantized(tmp_path)
     linear = tmp_path / "linear.onnx"
     onnx.save(model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "B"], ["y"])],
