@@ -28,7 +28,7 @@ from benanza.processor import load_model
 from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
 from tests.e2e.test_transformers import attention_op_model
 
-GRAPH_APIS = ("cudnn_frontend.layernorm", "cudnn_frontend.sdpa", "cudnn_frontend.pointwise")
+GRAPH_APIS = ("cudnn_frontend.layernorm", "cudnn_frontend.sdpa", "cudnn_frontend.pointwise", "cudnn_frontend.quant")
 
 
 @pytest.fixture(scope="module")
