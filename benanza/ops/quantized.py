@@ -17,6 +17,7 @@ what of a u8 activation's zero point it does not time), without weights' zero po
 has none); DequantizeLinear and DynamicQuantizeLinear as cuDNN graph-API nodes (the ``quant``
 table shared with Cast: cast.QuantLayer). QLinearMatMul, QLinearConv, ConvInteger and
 QuantizeLinear have no cuDNN/cuBLASLt lowering: not covered there.
+
 Family names are none of an ONNX op's words, so the generic keys earlier versions stored for
 these ops still read: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
 MatMulNBits.
