@@ -124,7 +124,8 @@ def test_cudnn_rows_of_int8_layers_by_hand() -> None:
     w = numpy_helper.from_array(np.ones((K, N), np.int8), "W")
     wzp = numpy_helper.from_array(np.arange(1, N + 1, dtype=np.int8), "Wzp")
     node = helper.make_node("MatMulInteger", ["x", "W", "", "Wzp"], ["y"], name="mm")
-    zp = load_model(model([node], [io("x", [M, K], TensorProto.UINT8)], [io("y", None, TensorProto.INT32)], [w, wzp]), name="zp")
+    graph = model([node], [io("x", [M, K], TensorProto.UINT8)], [io("y", None, TensorProto.INT32)], [w, wzp])
+    zp = load_model(graph, name="zp")
     (layer,) = [n.layer for n in zp.nodes]
     assert layer.key == f"matmulint:a{M}x{K}_b{K}x{N}_ws1_bzp{N}_u8" and layer.cudnn_api is None
     assert uncovered_reason(layer, "cudnn") == "cuBLASLt's int8 GEMM has no weights' zero points"
