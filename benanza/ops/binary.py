@@ -1,5 +1,15 @@
 """Element-wise binary and n-ary ops with broadcasting (ONNX Add, Sub, Mul, Div, Min, Max, Sum,
-Pow, Equal, Greater, Less)."""
+Pow, Equal, Greater, Less, And, Or).
+
+And and Or take booleans only (a padding mask's And with the causal mask). ONNX stores a bool
+as one byte, 0 or 1, as frameworks do, so on oneDNN they are its binary primitive on u8:
+``binary_min`` for And and ``binary_max`` for Or, which equal them exactly on 0/1 (min(a, b) is
+1 only where both are 1; max where either is), writing u8 0/1. cuDNN: not covered here. Its
+graph API has the modes (``LOGICAL_AND``, ``LOGICAL_OR`` on ``BOOLEAN`` tensors, as the cuDNN
+frontend's own SDPA builds its padding mask: ``scaled_dot_product_flash_attention.h``), but the
+runtime's pointwise node reads its operands in the variant's float type, and cuDNN 9's
+``BOOLEAN`` is not the byte per element an ONNX bool is (``CUDNN_DATA_BYTE_BOOLEAN``, which is,
+came in cuDNN 9.25)."""
 
 from __future__ import annotations
 
@@ -11,7 +21,7 @@ import numpy as np
 
 from .base import Cpp, CudnnLowering, CudnnTable, Dims, DimsList, Family, NodeView, OnednnLowering, align, dims8
 from .grammar import F, Problem, f32
-from .reference import Gen, NoReference, Site, Spec, fill
+from .reference import Gen, NoReference, Site, Spec, as_filled, fill
 
 if TYPE_CHECKING:
     from ..records import Variant
@@ -22,7 +32,7 @@ if TYPE_CHECKING:
 CUDNN_POINTWISE = "cudnn_frontend.pointwise"
 CUDNN_POINTWISE_BINARY = ("div", "pow", "eq", "gt", "lt")
 
-COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq")
+COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq", "and", "or")
 
 
 def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
@@ -40,7 +50,7 @@ def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
 class BinaryProblem(Problem):
     """Element-wise binary (n-ary for Sum) with broadcasting. Operands of commutative ops are in
     canonical order (``canonical_operands``); ``exponent`` is Pow's constant uniform exponent.
-    The comparisons (``eq``, ``gt``, ``lt``) write booleans."""
+    The comparisons (``eq``, ``gt``, ``lt``) write booleans; ``and``, ``or`` read and write them."""
 
     FAMILY: ClassVar[str] = "binary"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
@@ -71,7 +81,7 @@ def canonical_operands(alg: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[t
 # --- recognition ---------------------------------------------------------------------------
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min", "Max": "max",
-           "Sum": "sum", "Pow": "pow", "Equal": "eq", "Greater": "gt", "Less": "lt"}
+           "Sum": "sum", "Pow": "pow", "Equal": "eq", "Greater": "gt", "Less": "lt", "And": "and", "Or": "or"}
 
 
 def _binary_build(view: NodeView) -> Problem:
@@ -100,7 +110,7 @@ def _cudnn_api(p: Problem) -> str | None:
         return "cudnnOpTensor"
     if p.alg in CUDNN_POINTWISE_BINARY:
         return CUDNN_POINTWISE
-    return None
+    return None  # And, Or: booleans (the module's docstring)
 
 
 def _broadcasts_into(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
@@ -271,7 +281,8 @@ def _operand_order(p: BinaryProblem, shapes: list[Dims]) -> list[int]:
 
 
 def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
-    """The operands in the benchmark's order; Pow's exponent stays the model's constant."""
+    """The operands in the benchmark's order (booleans where the layer's are); Pow's exponent
+    stays the model's constant."""
     p = v.problem
     assert isinstance(p, BinaryProblem)
     if p.alg == "pow":
@@ -279,6 +290,8 @@ def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
     else:
         shapes = [site.in_shape(0, i) for i in range(len(site.proto(0).input))]
         feeds = fill(site, gen, [(0, i) for i in _operand_order(p, shapes)])
+    if v.dtype == "b":  # booleans as the runtime fills them
+        feeds = {slot: as_filled(x, np.dtype(np.bool_)) for slot, x in feeds.items()}
     return Spec(site.nodes, feeds, (site.proto(0).output[0],))
 
 
@@ -291,5 +304,6 @@ BINARY = Family("binary", BinaryProblem, tuple(_BINARY), _binary_build,
                           for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")},
                        CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE, _pointwise_cudnn)},
                 onednn=OnednnLowering("binary", False, _onednn_row, reference=_reference,
-                                      via={"matmul": ("matmul", _outer_product_row)}), exact=True)
+                                      via={"matmul": ("matmul", _outer_product_row)}),
+                int_dtypes=("b",), exact=True)
 FAMILIES = (BINARY,)
