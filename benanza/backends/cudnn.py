@@ -54,7 +54,8 @@ time, recorded as "unsupported" with its status string):
 - The graph API through the header-only cuDNN frontend (runtime_cpp/cudnn/graph.cpp) runs what
   the legacy API lacks: LayerNormalization (inference), the ONNX Attention op as SDPA (flash
   attention forward, inference), and single pointwise nodes (Div, Pow, comparisons, Erf, GELU
-  erf/tanh, Exp, Log, Abs, Neg, Softplus); and, as fused variants, the ``layernorm``, ``gelu_erf``
+  erf/tanh, Exp, Log, Abs, Neg, Softplus; And and Or of booleans, in the variant type ``b``:
+  ONNX's one-byte bool as the graph API's BYTE_BOOLEAN, cuDNN 9.25+); and, as fused variants, the ``layernorm``, ``gelu_erf``
   and attention patterns of ``benanza.fusion`` (on their anchors' problems, the pattern in the
   variant's call). Each graph variant is a plan slot (``PLAN_ALGOS``): the i-th distinct engine
   config of the heuristics (mode A, then fallback), built and timed as its own plan with its
@@ -77,6 +78,7 @@ CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernel
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -128,6 +130,7 @@ LT_ALGOS = tuple(f"heuristic{i}" for i in range(8))
 _LT_CALLS = {"identity": "kLtBias", "gelu": "kLtBiasGelu", "relu": "kLtBiasRelu"}
 
 DTYPES = ("f32", "f16", "bf16")
+BOOL = "b"  # a boolean layer (a mask's And, Or) computes in its own type only
 DEFAULT_DTYPES = ("f32", "f16")
 LAYOUTS = ("nchw", "nhwc")
 # Math modes, named for what they allow (runtime_cpp/cudnn/benanza_cudnn/tables.hpp maps each to
@@ -146,7 +149,7 @@ CUDNN_MATH_TYPES = ("CUDNN_DEFAULT_MATH", "CUDNN_TENSOR_OP_MATH", "CUDNN_TENSOR_
 # parts compile in parallel and a rebuild after regeneration recompiles only what changed.
 PART_SIZE = 2500
 
-_CPP = {"dtype": {"f32": "DType::F32", "f16": "DType::F16", "bf16": "DType::BF16"},
+_CPP = {"dtype": {"f32": "DType::F32", "f16": "DType::F16", "bf16": "DType::BF16", BOOL: "DType::Bool"},
         "layout": {"nchw": "Layout::NCHW", "nhwc": "Layout::NHWC"},
         "math": {NO_MATH: "Math::Default", "fma": "Math::Fma", "tf32_allowed": "Math::Tf32Allowed",
                  "tensor_op": "Math::TensorOp"}}
@@ -300,6 +303,8 @@ class CudnnBackend(CMakeBackend):
         if family is None or layer.cudnn_api is None:  # the second test repeats family_of's, for api below
             return []
         exp = expansion(options)
+        if layer.dtype == BOOL:
+            exp = dataclasses.replace(exp, dtypes=(BOOL,))
         problem, api = layer.problem, layer.cudnn_api
         out: list[Variant] = []
         if family is CONV:
@@ -453,8 +458,10 @@ def _remove_stale_tables(out_dir: Path, keep: set[str]) -> None:
 
 
 def covers(layer: Layer) -> bool:
-    """Whether this backend benchmarks the layer: a cuDNN/cuBLAS call on float data."""
-    return layer.cudnn_api is not None and layer.dtype in FLOAT_DTYPES
+    """Whether this backend benchmarks the layer: a cuDNN/cuBLAS call on float data, or a
+    graph-API pointwise node on booleans."""
+    return layer.cudnn_api is not None and (layer.dtype in FLOAT_DTYPES or (
+        layer.dtype == BOOL and layer.cudnn_api == CUDNN_POINTWISE))
 
 
 BACKEND = CudnnBackend()

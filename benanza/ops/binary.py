@@ -4,12 +4,11 @@ Pow, Equal, Greater, Less, And, Or).
 And and Or take booleans only (a padding mask's And with the causal mask). ONNX stores a bool
 as one byte, 0 or 1, as frameworks do, so on oneDNN they are its binary primitive on u8:
 ``binary_min`` for And and ``binary_max`` for Or, which equal them exactly on 0/1 (min(a, b) is
-1 only where both are 1; max where either is), writing u8 0/1. cuDNN: not covered here. Its
-graph API has the modes (``LOGICAL_AND``, ``LOGICAL_OR`` on ``BOOLEAN`` tensors, as the cuDNN
-frontend's own SDPA builds its padding mask: ``scaled_dot_product_flash_attention.h``), but the
-runtime's pointwise node reads its operands in the variant's float type, and cuDNN 9's
-``BOOLEAN`` is not the byte per element an ONNX bool is (``CUDNN_DATA_BYTE_BOOLEAN``, which is,
-came in cuDNN 9.25)."""
+1 only where both are 1; max where either is), writing u8 0/1. cuDNN: its graph API's pointwise
+``LOGICAL_AND`` / ``LOGICAL_OR`` with a boolean compute type, as the cuDNN frontend's own SDPA
+builds its padding mask (``scaled_dot_product_flash_attention.h``), on ``BYTE_BOOLEAN`` tensors:
+the one-byte boolean of cuDNN 9.25+ (the frontend's ``BOOLEAN`` is one bit per element, not
+ONNX's byte), in the variant type ``b``."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 # the cuDNN graph API's single pointwise node (runtime_cpp/cudnn/graph.cpp), for the element-wise
 # ops the legacy API lacks
 CUDNN_POINTWISE = "cudnn_frontend.pointwise"
-CUDNN_POINTWISE_BINARY = ("div", "pow", "eq", "gt", "lt")
+CUDNN_POINTWISE_BINARY = ("div", "pow", "eq", "gt", "lt", "and", "or")
 
 COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq", "and", "or")
 
@@ -110,7 +109,7 @@ def _cudnn_api(p: Problem) -> str | None:
         return "cudnnOpTensor"
     if p.alg in CUDNN_POINTWISE_BINARY:
         return CUDNN_POINTWISE
-    return None  # And, Or: booleans (the module's docstring)
+    return None
 
 
 def _broadcasts_into(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
@@ -236,7 +235,7 @@ def _cudnn_row(p: BinaryProblem, api: str) -> BinaryLayer:
 _POINTWISE_OPS = {"div": "Div", "pow": "Pow", "eq": "CmpEq", "gt": "CmpGt", "lt": "CmpLt", "erf": "Erf",
                   "gelu": "Gelu", "gelutanh": "GeluTanh", "exp": "Exp", "log": "Log", "abs": "Abs", "neg": "Neg",
                   "softplus": "Softplus", "reciprocal": "Reciprocal", "cos": "Cos", "sin": "Sin",
-                  "hardsigmoid": "HardSigmoid"}
+                  "hardsigmoid": "HardSigmoid", "and": "And", "or": "Or"}
 
 
 @dataclass(frozen=True)

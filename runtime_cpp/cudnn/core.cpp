@@ -131,13 +131,14 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
-size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+size_t dtype_size(DType t) { return t == DType::F32 ? 4 : t == DType::Bool ? 1 : 2; }
 
 cudnnDataType_t cudnn_dtype(DType t) {
   switch (t) {
     case DType::F32: return CUDNN_DATA_FLOAT;
     case DType::F16: return CUDNN_DATA_HALF;
     case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::Bool: break;  // graph API only (graph.cpp)
   }
   return CUDNN_DATA_FLOAT;
 }
@@ -147,6 +148,7 @@ cudaDataType_t cuda_dtype(DType t) {
     case DType::F32: return CUDA_R_32F;
     case DType::F16: return CUDA_R_16F;
     case DType::BF16: return CUDA_R_16BF;
+    case DType::Bool: return CUDA_R_8U;
   }
   return CUDA_R_32F;
 }
@@ -156,6 +158,7 @@ const char* dtype_name(DType t) {
     case DType::F32: return "f32";
     case DType::F16: return "f16";
     case DType::BF16: return "bf16";
+    case DType::Bool: return "b";
   }
   return "?";
 }

@@ -58,6 +58,7 @@ DeviceBuffer filled(size_t count, DType type, float lo, float hi) {
     case DType::F32: launch<float>(buf.get(), count, lo, hi); break;
     case DType::F16: launch<__half>(buf.get(), count, lo, hi); break;
     case DType::BF16: launch<__nv_bfloat16>(buf.get(), count, lo, hi); break;
+    case DType::Bool: launch<uint8_t>(buf.get(), count, 0.f, 2.f); break;  // 0/1, whatever the range
   }
   return buf;
 }

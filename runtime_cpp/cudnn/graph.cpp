@@ -36,6 +36,9 @@ fe::DataType_t fe_dtype(DType t) {
     case DType::F32: return fe::DataType_t::FLOAT;
     case DType::F16: return fe::DataType_t::HALF;
     case DType::BF16: return fe::DataType_t::BFLOAT16;
+    // one byte per element as ONNX's bool (the frontend's BOOLEAN is one bit); a cuDNN before 9.25
+    // refuses it when the graph is built
+    case DType::Bool: return fe::DataType_t::BYTE_BOOLEAN;
   }
   return fe::DataType_t::FLOAT;
 }
@@ -162,6 +165,8 @@ PointwiseMode pointwise_mode(PointwiseOp op) {
     case PointwiseOp::Cos: return {fe::PointwiseMode_t::COS, "COS"};
     case PointwiseOp::Sin: return {fe::PointwiseMode_t::SIN, "SIN"};
     case PointwiseOp::HardSigmoid: return {fe::PointwiseMode_t::RELU_FWD, "MUL ADD RELU_FWD[0,1]"};
+    case PointwiseOp::And: return {fe::PointwiseMode_t::LOGICAL_AND, "LOGICAL_AND"};
+    case PointwiseOp::Or: return {fe::PointwiseMode_t::LOGICAL_OR, "LOGICAL_OR"};
   }
   return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
 }
@@ -172,7 +177,11 @@ Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
   const PointwiseMode m = pointwise_mode(gelu ? PointwiseOp::Gelu : L.op);
   Spec s = new_spec(t, std::string("pointwise ") + m.name, sm);
   const bool compare = L.op == PointwiseOp::CmpEq || L.op == PointwiseOp::CmpGt || L.op == PointwiseOp::CmpLt;
-  auto options = fe::graph::Pointwise_attributes().set_mode(m.mode).set_compute_data_type(fe::DataType_t::FLOAT);
+  // And, Or compute in booleans, as the frontend's own SDPA builds its padding mask
+  // (scaled_dot_product_flash_attention.h: LOGICAL_AND with a BOOLEAN compute type)
+  const bool logical = L.op == PointwiseOp::And || L.op == PointwiseOp::Or;
+  auto options = fe::graph::Pointwise_attributes().set_mode(m.mode).set_compute_data_type(
+      logical ? fe::DataType_t::BOOLEAN : fe::DataType_t::FLOAT);
   auto a = s.tensor("A", {L.a, L.a + L.rank}, t);
   if (L.op == PointwiseOp::HardSigmoid) {  // alpha·x + beta (scalars by value), clipped to [0, 1]
     auto with = [](fe::PointwiseMode_t mode) {

@@ -1,13 +1,16 @@
 """The boolean ops of a padding mask (ONNX And, Or; Equal of booleans): keyed in the binary
 family in dtype ``b``, run on oneDNN as its binary primitive on u8 0/1 (binary_min for And,
-binary_max for Or, binary_eq), which equals them exactly on 0/1; not covered on cuDNN. Checked
-end to end on a model built here (generate → run → the database → `benanza check` against ONNX
-Runtime), and on the masked decode steps transformers' own code exports (tests/hf_models.py),
-from `generate --json`'s own coverage figures."""
+binary_max for Or, binary_eq), which equals them exactly on 0/1, and on cuDNN as graph-API
+pointwise nodes on one-byte booleans. Checked end to end on oneDNN on a model built here
+(generate → run → the database → `benanza check` against ONNX Runtime); the cuDNN graphs built
+and validated by the cuDNN frontend for an sm_90 GPU (no GPU here); and the coverage of the
+masked decode steps transformers' own code exports (tests/hf_models.py), from `generate --json`'s
+own figures."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from click.testing import CliRunner
@@ -19,7 +22,11 @@ from benanza.cli import main
 from benanza.ops.binary import BinaryProblem
 from benanza.ops.registry import parse_layer_key
 from benanza.perfdb import PerfDB
+from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
+from benanza.manifest import build_manifest
 from benanza.processor import load_model
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
 
 MASK, KEYS = [1, 1, 4, 9], [1, 1, 1, 9]
 
@@ -44,7 +51,26 @@ def test_boolean_ops_keys_and_coverage() -> None:
         assert parse_layer_key(la.key) == (la.problem, "b") and isinstance(la.problem, BinaryProblem)
         assert la.flops == 36 and la.bytes == 3 * 36 - (27 if la.op == "And" else 0)  # one byte per bool
         assert la.onednn_primitive == "binary" and onednn.covers(la)
-        assert not cudnn.covers(la)
+        assert la.cudnn_api == "cudnn_frontend.pointwise" and cudnn.covers(la)
+
+
+@pytest.mark.slow  # builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_cudnn_boolean_graphs_validate(tmp_path) -> None:
+    """One variant per layer, in its own type: LOGICAL_AND, LOGICAL_OR and CMP_EQ pointwise nodes
+    on one-byte booleans, accepted by the cuDNN frontend's own validation for an sm_90 GPU."""
+    path = tmp_path / "mask.onnx"
+    path.write_bytes(_mask_model().SerializeToString())
+    models = [load_model(path)]
+    g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
+    assert {v.dtype for v in g.variants} == {"b"}
+    done = subprocess.run([str(_build(g.out_dir)), "--benanza_check_graphs=90"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {ln["name"].split("/")[0]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
+    assert set(lines) == {"binary:and_in1x1x4x9_in1x1x1x9_b", "binary:or_in1x1x4x9_in1x1x4x9_b",
+                          "binary:eq_in1x1x4x9_in1x1x4x9_b"}
+    assert all(ln["ok"] for ln in lines.values()), lines
 
 
 @pytest.mark.slow  # builds and runs oneDNN benchmarks
@@ -75,8 +101,9 @@ def test_boolean_ops_measured_and_checked(tmp_path) -> None:
 
 @pytest.mark.slow  # exports transformers' Llama twice
 def test_masked_decode_step_coverage(tmp_path) -> None:
-    """A masked Llama decode step (1 token after 8): And is costed on oneDNN, which lifts the
-    TorchScript export over 95%; cuDNN still leaves the mask's booleans (and IsNaN) uncosted."""
+    """A masked Llama decode step (1 token after 8): And is costed on both backends, which lifts
+    the TorchScript export over 95% on both; the mask's Cast to bool, its Gather (GatherND) and
+    TorchScript's Expand of booleans stay uncosted."""
     import hf_models
 
     step = hf_models.Step("llama", seq=1, past=8)
@@ -90,7 +117,7 @@ def test_masked_decode_step_coverage(tmp_path) -> None:
     mask_gap = {"Cast": 2}  # the mask's Cast of int64 to bool and the positions' Cast to float
     assert got["llama_decode_l8_torchscript"] == (133, {
         "onednn": (95.49, {**mask_gap, "Cos": 1, "Sin": 1, "Expand": 1, "Gather": 1}),
-        "cudnn": (94.74, {**mask_gap, "And": 1, "Expand": 1, "Gather": 1, "IsNaN": 2})})
+        "cudnn": (95.49, {**mask_gap, "Expand": 1, "Gather": 1, "IsNaN": 2})})
     assert got["llama_decode_l8_dynamo"] == (132, {
         "onednn": (96.21, {**mask_gap, "Cos": 1, "Sin": 1, "GatherND": 1}),
-        "cudnn": (95.45, {**mask_gap, "And": 1, "GatherND": 1, "IsNaN": 2})})
+        "cudnn": (96.21, {**mask_gap, "GatherND": 1, "IsNaN": 2})})

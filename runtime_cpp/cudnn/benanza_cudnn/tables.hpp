@@ -16,7 +16,8 @@ class Registry;
 
 namespace benanza::cudnn {
 
-enum class DType : uint8_t { F32, F16, BF16 };
+// Bool: ONNX bool, one byte 0/1 (the graph API's BYTE_BOOLEAN, cuDNN 9.25+): a mask's And, Or
+enum class DType : uint8_t { F32, F16, BF16, Bool };
 enum class Layout : uint8_t { NCHW, NHWC };
 // One vocabulary for cuDNN and cuBLAS (benanza/backends/cudnn.py MATHS):
 //   Default      the call has no math setting (pooling, activations, ...)
@@ -217,11 +218,12 @@ struct SdpaLayer {
 };
 
 // One pointwise node. Shapes are right-aligned to `rank` (3..8) dims with leading 1s; `b`
-// broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans.
+// broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans; And,
+// Or read and write them (the variant's type is Bool).
 // HardSigmoid, max(0, min(1, alpha·x + beta)), is a chain: no single pointwise mode computes it.
 enum class PointwiseOp : uint8_t {
   Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin,
-  HardSigmoid
+  HardSigmoid, And, Or
 };
 
 struct PointwiseLayer {
