@@ -55,11 +55,11 @@ time, recorded as "unsupported" with its status string):
   the legacy API lacks: LayerNormalization (inference), the ONNX Attention op as SDPA (flash
   attention forward, inference), and single pointwise nodes (Div, Pow, comparisons, Erf, GELU
   erf/tanh, Exp, Log, Abs, Neg, Softplus; And and Or of booleans, in the variant type ``b``:
-  ONNX's one-byte bool as the graph API's BYTE_BOOLEAN, cuDNN 9.25+); and, as fused variants, the ``layernorm``, ``gelu_erf``
-  and attention patterns of ``benanza.fusion`` (on their anchors' problems, the pattern in the
-  variant's call). Each graph variant is a plan slot (``PLAN_ALGOS``): the i-th distinct engine
-  config of the heuristics (mode A, then fallback), built and timed as its own plan with its
-  workspace; its name is the implementation, the config count the ``engine_configs`` counter.
+  ONNX's one-byte bool as the graph API's BYTE_BOOLEAN, cuDNN 9.25+); and, as fused variants,
+  the ``layernorm``, ``gelu_erf`` and attention patterns of ``benanza.fusion`` (on their
+  anchors' problems, the pattern in the variant's call). Each graph variant is a plan slot
+  (``PLAN_ALGOS``): the i-th distinct engine config of the heuristics (mode A, then fallback),
+  built and timed as its own plan with its workspace; its name is the implementation, the config count the ``engine_configs`` counter.
   SDPA is generated in fp16/bf16 only: cuDNN's flash attention takes no fp32, and an fp32
   request gets a warning per layer instead of a variant.
 

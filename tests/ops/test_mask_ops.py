@@ -19,12 +19,12 @@ from onnx import TensorProto, helper
 
 from benanza.backends import cudnn, onednn
 from benanza.cli import main
-from benanza.ops.binary import BinaryProblem
-from benanza.ops.registry import parse_layer_key
-from benanza.perfdb import PerfDB
 from benanza.generator import GenOptions, generate
 from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
+from benanza.ops.binary import BinaryProblem
+from benanza.ops.registry import parse_layer_key
+from benanza.perfdb import PerfDB
 from benanza.processor import load_model
 from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
 
