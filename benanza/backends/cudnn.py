@@ -59,7 +59,8 @@ time, recorded as "unsupported" with its status string):
   the ``layernorm``, ``gelu_erf`` and attention patterns of ``benanza.fusion`` (on their
   anchors' problems, the pattern in the variant's call). Each graph variant is a plan slot
   (``PLAN_ALGOS``): the i-th distinct engine config of the heuristics (mode A, then fallback),
-  built and timed as its own plan with its workspace; its name is the implementation, the config count the ``engine_configs`` counter.
+  built and timed as its own plan with its workspace; its name is the implementation, the
+  config count the ``engine_configs`` counter.
   SDPA is generated in fp16/bf16 only: cuDNN's flash attention takes no fp32, and an fp32
   request gets a warning per layer instead of a variant.
 
