@@ -66,7 +66,7 @@ struct Spec {
   struct Buffer {
     int64_t uid, elements;
     DType type;
-    bool boolean;  // a comparison's output: one byte per element
+    bool boolean;  // a comparison's output: one byte per element, ONNX's bool (BYTE_BOOLEAN)
   };
   std::vector<Buffer> buffers;
 
@@ -76,14 +76,14 @@ struct Spec {
     if (strides.empty()) strides = packed(dims);
     buffers.push_back({uid, volume(dims), type, boolean});
     return graph->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
-        strides).set_data_type(boolean ? fe::DataType_t::BOOLEAN : fe_dtype(type)));
+        strides).set_data_type(fe_dtype(boolean ? DType::Bool : type)));
   }
   // marks a node's output as a graph output backed by its own buffer
   void output(const TensorPtr& t, std::vector<int64_t> dims, DType type, bool boolean = false) {
     const int64_t uid = static_cast<int64_t>(buffers.size()) + 1;
     buffers.push_back({uid, volume(dims), type, boolean});
     t->set_output(true).set_uid(uid).set_dim(dims).set_stride(packed(dims)).set_data_type(
-        boolean ? fe::DataType_t::BOOLEAN : fe_dtype(type));
+        fe_dtype(boolean ? DType::Bool : type));
   }
 };
 

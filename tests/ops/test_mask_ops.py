@@ -58,18 +58,22 @@ def test_boolean_ops_keys_and_coverage() -> None:
 @NEED_TOOLCHAIN
 def test_cudnn_boolean_graphs_validate(tmp_path) -> None:
     """One variant per layer, in its own type: LOGICAL_AND, LOGICAL_OR and CMP_EQ pointwise nodes
-    on one-byte booleans, accepted by the cuDNN frontend's own validation for an sm_90 GPU."""
-    path = tmp_path / "mask.onnx"
+    on one-byte booleans, accepted by the cuDNN frontend's own validation for an sm_90 GPU; and a
+    comparison of floats, which writes one-byte booleans too."""
+    path, floats = tmp_path / "mask.onnx", tmp_path / "greater.onnx"
     path.write_bytes(_mask_model().SerializeToString())
-    models = [load_model(path)]
+    greater = model([helper.make_node("Greater", ["x", "y"], ["g"])], [io("x", MASK), io("y", KEYS)], [io("g", None)])
+    floats.write_bytes(greater.SerializeToString())
+    models = [load_model(path), load_model(floats)]
     g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
-    assert {v.dtype for v in g.variants} == {"b"}
+    assert {v.dtype for v in g.variants} == {"b", "f32", "f16"}
     done = subprocess.run([str(_build(g.out_dir)), "--benanza_check_graphs=90"], capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = {ln["name"].split("/")[0]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
     assert set(lines) == {"binary:and_in1x1x4x9_in1x1x1x9_b", "binary:or_in1x1x4x9_in1x1x4x9_b",
-                          "binary:eq_in1x1x4x9_in1x1x4x9_b"}
+                          "binary:eq_in1x1x4x9_in1x1x4x9_b", "binary:gt_in1x1x4x9_in1x1x1x9_f32",
+                          "binary:gt_in1x1x4x9_in1x1x1x9_f16"}
     assert all(ln["ok"] for ln in lines.values()), lines
 
 
