@@ -138,7 +138,7 @@ cudnnDataType_t cudnn_dtype(DType t) {
     case DType::F32: return CUDNN_DATA_FLOAT;
     case DType::F16: return CUDNN_DATA_HALF;
     case DType::BF16: return CUDNN_DATA_BFLOAT16;
-    case DType::Bool: break;  // graph API only (graph.cpp)
+    case DType::Bool: unsupported("booleans run as graph-API nodes only (graph.cpp)");
   }
   return CUDNN_DATA_FLOAT;
 }
