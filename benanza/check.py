@@ -51,7 +51,7 @@ BACKEND = "onednn"
 # relative above 1, absolute below). f32: the generator's inputs make products and short sums
 # exact, what remains is the library's exp/erf/rsqrt approximations and summation order; bf16
 # outputs carry its 8-bit significand (2^-8 relative) and the chains' bf16 intermediates.
-TOLERANCE = {"f32": 1e-5, "bf16": 1e-2, "u8": 0.0, "i8": 0.0}
+TOLERANCE = {"f32": 1e-5, "bf16": 1e-2, "u8": 0.0, "i8": 0.0, "b": 0.0}
 # oneDNN's reductions and softmax/normalization sum in another order than the reference, and
 # their exp/erf/rsqrt are polynomial approximations: f32 results differ in the last bits.
 _APPROXIMATE_F32 = 1e-4

@@ -49,6 +49,8 @@ class Dtype(StrEnum):
     # integer layers of quantized models (oneDNN's int8 primitives): the type of their activations
     U8 = "u8"
     I8 = "i8"
+    # ONNX bool (a mask's And, Or), one byte 0/1: oneDNN's u8
+    B = "b"
 
 
 class Layout(StrEnum):

@@ -54,11 +54,13 @@ time, recorded as "unsupported" with its status string):
 - The graph API through the header-only cuDNN frontend (runtime_cpp/cudnn/graph.cpp) runs what
   the legacy API lacks: LayerNormalization (inference), the ONNX Attention op as SDPA (flash
   attention forward, inference), and single pointwise nodes (Div, Pow, comparisons, Erf, GELU
-  erf/tanh, Exp, Log, Abs, Neg, Softplus); and, as fused variants, the ``layernorm``, ``gelu_erf``
-  and attention patterns of ``benanza.fusion`` (on their anchors' problems, the pattern in the
-  variant's call). Each graph variant is a plan slot (``PLAN_ALGOS``): the i-th distinct engine
-  config of the heuristics (mode A, then fallback), built and timed as its own plan with its
-  workspace; its name is the implementation, the config count the ``engine_configs`` counter.
+  erf/tanh, Exp, Log, Abs, Neg, Softplus; And and Or of booleans, in the variant type ``b``:
+  ONNX's one-byte bool as the graph API's BYTE_BOOLEAN, cuDNN 9.25+); and, as fused variants,
+  the ``layernorm``, ``gelu_erf`` and attention patterns of ``benanza.fusion`` (on their
+  anchors' problems, the pattern in the variant's call). Each graph variant is a plan slot
+  (``PLAN_ALGOS``): the i-th distinct engine config of the heuristics (mode A, then fallback),
+  built and timed as its own plan with its workspace; its name is the implementation, the
+  config count the ``engine_configs`` counter.
   SDPA is generated in fp16/bf16 only: cuDNN's flash attention takes no fp32, and an fp32
   request gets a warning per layer instead of a variant.
 - Quantized layers (ONNX Runtime's ``quantize_dynamic`` exports, ``benanza.ops.quantized``):
@@ -83,6 +85,7 @@ CUPTI mode each benchmark also prints a ``BENANZA_METRICS`` line with its kernel
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -135,6 +138,7 @@ LT_ALGOS = tuple(f"heuristic{i}" for i in range(8))
 _LT_CALLS = {"identity": "kLtBias", "gelu": "kLtBiasGelu", "relu": "kLtBiasRelu"}
 
 DTYPES = ("f32", "f16", "bf16")
+BOOL = "b"  # a boolean layer (a mask's And, Or) computes in its own type only
 DEFAULT_DTYPES = ("f32", "f16")
 LAYOUTS = ("nchw", "nhwc")
 # Math modes, named for what they allow (runtime_cpp/cudnn/benanza_cudnn/tables.hpp maps each to
@@ -156,7 +160,7 @@ PART_SIZE = 2500
 # an int8 layer (MatMulInteger) is benchmarked in its own type only, as on oneDNN
 INT8_DTYPES = ("u8", "i8")
 _CPP = {"dtype": {"f32": "DType::F32", "f16": "DType::F16", "bf16": "DType::BF16", "u8": "DType::U8",
-                  "i8": "DType::I8"},
+                  "i8": "DType::I8", BOOL: "DType::Bool"},
         "layout": {"nchw": "Layout::NCHW", "nhwc": "Layout::NHWC"},
         "math": {NO_MATH: "Math::Default", "fma": "Math::Fma", "tf32_allowed": "Math::Tf32Allowed",
                  "tensor_op": "Math::TensorOp"}}
@@ -310,6 +314,8 @@ class CudnnBackend(CMakeBackend):
         if family is None or layer.cudnn_api is None:  # the second test repeats family_of's, for api below
             return []
         exp = expansion(options)
+        if layer.dtype == BOOL:
+            exp = dataclasses.replace(exp, dtypes=(BOOL,))
         problem, api = layer.problem, layer.cudnn_api
         out: list[Variant] = []
         if family is CONV:
@@ -465,9 +471,10 @@ def _remove_stale_tables(out_dir: Path, keep: set[str]) -> None:
 
 
 def covers(layer: Layer) -> bool:
-    """Whether this backend benchmarks the layer: a cuDNN/cuBLAS call on float data, or
-    cuBLASLt's int8 GEMM on int8 data."""
-    return layer.cudnn_api is not None and (layer.dtype in FLOAT_DTYPES or layer.dtype in INT8_DTYPES)
+    """Whether this backend benchmarks the layer: a cuDNN/cuBLAS call on float data,
+    cuBLASLt's int8 GEMM on int8 data, or a graph-API pointwise node on booleans."""
+    return layer.cudnn_api is not None and (layer.dtype in FLOAT_DTYPES or layer.dtype in INT8_DTYPES or (
+        layer.dtype == BOOL and layer.cudnn_api == CUDNN_POINTWISE))
 
 
 BACKEND = CudnnBackend()

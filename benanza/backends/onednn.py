@@ -41,7 +41,10 @@ log = logging.getLogger(__name__)
 NAME = "onednn"
 DTYPES = ("f32", "bf16")
 INT8_DTYPES = ("u8", "i8")  # the activations' type of a quantized layer
-_CPP_DTYPE = {"f32": "f32", "bf16": "bf16", "u8": "u8", "i8": "s8"}
+# layers computed in their own type only: quantized ones, and booleans (And, Or of a mask), which
+# oneDNN holds as u8 0/1 (ONNX's bool is a byte)
+OWN_DTYPES = (*INT8_DTYPES, "b")
+_CPP_DTYPE = {"f32": "f32", "bf16": "bf16", "u8": "u8", "i8": "s8", "b": "boolean"}
 SPATIAL_LAYOUTS = ("nchw", "nhwc", "any")
 CONV_ALGOS = ("direct", "winograd", "auto")
 
@@ -53,7 +56,7 @@ FAMILIES: dict[str, OnednnLowering] = {f.name: f.onednn for f in REGISTRY if f.o
 
 
 def _dtypes(layer: Layer, options: GenOptions) -> list[str]:
-    if layer.dtype in INT8_DTYPES:  # a quantized layer computes in its own integer type only
+    if layer.dtype in OWN_DTYPES:  # a quantized or boolean layer computes in its own type only
         return [layer.dtype]
     asked = options.dtypes or DTYPES
     return [d for d in asked if d in DTYPES]
@@ -203,10 +206,10 @@ def initializer(row: Any) -> str:
 
 def covers(layer: Layer) -> bool:
     """Whether this backend benchmarks the layer: a oneDNN primitive on float (or a quantized
-    family's int8) data that the runtime has a family for. Everything else is "not covered" by
-    oneDNN, never "missing"."""
+    family's int8, or a boolean family's u8 0/1) data that the runtime has a family for.
+    Everything else is "not covered" by oneDNN, never "missing"."""
     return (layer.onednn_primitive is not None and layer.family in FAMILIES
-            and (layer.dtype in FLOAT_DTYPES or layer.dtype in INT8_DTYPES))
+            and (layer.dtype in FLOAT_DTYPES or layer.dtype in OWN_DTYPES))
 
 
 BACKEND = OneDNNBackend()

@@ -167,8 +167,8 @@ class Family:
     # the dtype the layer computes in: its first input's, unless the family says otherwise
     # (Where's first input is its boolean condition; the data it moves is its output's type)
     dtype: Callable[[NodeView], str] = lambda view: view.dtype
-    # integer dtypes the family's library calls compute in (quantized layers); a layer in any
-    # other non-float dtype is covered by no library
+    # non-float dtypes the family's library calls compute in (quantized layers' int8, the binary
+    # family's booleans); a layer in any other non-float dtype is covered by no library
     int_dtypes: tuple[str, ...] = ()
     # why a backend has no call for a problem of the family, in one line, where the family knows
     # (an attribute no library cell computes); None: no reason to give beyond "no call"

@@ -1,5 +1,14 @@
 """Element-wise binary and n-ary ops with broadcasting (ONNX Add, Sub, Mul, Div, Min, Max, Sum,
-Pow, Equal, Greater, Less)."""
+Pow, Equal, Greater, Less, And, Or).
+
+And and Or take booleans only (a padding mask's And with the causal mask). ONNX stores a bool
+as one byte, 0 or 1, as frameworks do, so on oneDNN they are its binary primitive on u8:
+``binary_min`` for And and ``binary_max`` for Or, which equal them exactly on 0/1 (min(a, b) is
+1 only where both are 1; max where either is), writing u8 0/1. cuDNN: its graph API's pointwise
+``LOGICAL_AND`` / ``LOGICAL_OR`` with a boolean compute type, as the cuDNN frontend's own SDPA
+builds its padding mask (``scaled_dot_product_flash_attention.h``), on ``BYTE_BOOLEAN`` tensors:
+the one-byte boolean of cuDNN 9.25+ (the frontend's ``BOOLEAN`` is one bit per element, not
+ONNX's byte), in the variant type ``b``."""
 
 from __future__ import annotations
 
@@ -11,7 +20,7 @@ import numpy as np
 
 from .base import Cpp, CudnnLowering, CudnnTable, Dims, DimsList, Family, NodeView, OnednnLowering, align, dims8
 from .grammar import F, Problem, f32
-from .reference import Gen, NoReference, Site, Spec, fill
+from .reference import Gen, NoReference, Site, Spec, as_filled, fill
 
 if TYPE_CHECKING:
     from ..records import Variant
@@ -20,9 +29,9 @@ if TYPE_CHECKING:
 # the cuDNN graph API's single pointwise node (runtime_cpp/cudnn/graph.cpp), for the element-wise
 # ops the legacy API lacks
 CUDNN_POINTWISE = "cudnn_frontend.pointwise"
-CUDNN_POINTWISE_BINARY = ("div", "pow", "eq", "gt", "lt")
+CUDNN_POINTWISE_BINARY = ("div", "pow", "eq", "gt", "lt", "and", "or")
 
-COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq")
+COMMUTATIVE = ("add", "mul", "min", "max", "sum", "eq", "and", "or")
 
 
 def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
@@ -40,7 +49,7 @@ def broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
 class BinaryProblem(Problem):
     """Element-wise binary (n-ary for Sum) with broadcasting. Operands of commutative ops are in
     canonical order (``canonical_operands``); ``exponent`` is Pow's constant uniform exponent.
-    The comparisons (``eq``, ``gt``, ``lt``) write booleans."""
+    The comparisons (``eq``, ``gt``, ``lt``) write booleans; ``and``, ``or`` read and write them."""
 
     FAMILY: ClassVar[str] = "binary"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
@@ -71,7 +80,7 @@ def canonical_operands(alg: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[t
 # --- recognition ---------------------------------------------------------------------------
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min", "Max": "max",
-           "Sum": "sum", "Pow": "pow", "Equal": "eq", "Greater": "gt", "Less": "lt"}
+           "Sum": "sum", "Pow": "pow", "Equal": "eq", "Greater": "gt", "Less": "lt", "And": "and", "Or": "or"}
 
 
 def _binary_build(view: NodeView) -> Problem:
@@ -226,7 +235,7 @@ def _cudnn_row(p: BinaryProblem, api: str) -> BinaryLayer:
 _POINTWISE_OPS = {"div": "Div", "pow": "Pow", "eq": "CmpEq", "gt": "CmpGt", "lt": "CmpLt", "erf": "Erf",
                   "gelu": "Gelu", "gelutanh": "GeluTanh", "exp": "Exp", "log": "Log", "abs": "Abs", "neg": "Neg",
                   "softplus": "Softplus", "reciprocal": "Reciprocal", "cos": "Cos", "sin": "Sin",
-                  "hardsigmoid": "HardSigmoid"}
+                  "hardsigmoid": "HardSigmoid", "and": "And", "or": "Or"}
 
 
 @dataclass(frozen=True)
@@ -271,7 +280,8 @@ def _operand_order(p: BinaryProblem, shapes: list[Dims]) -> list[int]:
 
 
 def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
-    """The operands in the benchmark's order; Pow's exponent stays the model's constant."""
+    """The operands in the benchmark's order (booleans where the layer's are); Pow's exponent
+    stays the model's constant."""
     p = v.problem
     assert isinstance(p, BinaryProblem)
     if p.alg == "pow":
@@ -279,6 +289,8 @@ def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
     else:
         shapes = [site.in_shape(0, i) for i in range(len(site.proto(0).input))]
         feeds = fill(site, gen, [(0, i) for i in _operand_order(p, shapes)])
+    if v.dtype == "b":  # booleans as the runtime fills them
+        feeds = {slot: as_filled(x, np.dtype(np.bool_)) for slot, x in feeds.items()}
     return Spec(site.nodes, feeds, (site.proto(0).output[0],))
 
 
@@ -291,5 +303,6 @@ BINARY = Family("binary", BinaryProblem, tuple(_BINARY), _binary_build,
                           for api in ("cudnnAddTensor", "cudnnOpTensor", "cudnnScaleTensor")},
                        CUDNN_POINTWISE: CudnnLowering(CUDNN_POINTWISE_TABLE, _pointwise_cudnn)},
                 onednn=OnednnLowering("binary", False, _onednn_row, reference=_reference,
-                                      via={"matmul": ("matmul", _outer_product_row)}), exact=True)
+                                      via={"matmul": ("matmul", _outer_product_row)}),
+                int_dtypes=("b",), exact=True)
 FAMILIES = (BINARY,)

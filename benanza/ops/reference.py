@@ -59,7 +59,10 @@ def generated(stream: int, shape: Dims, seed: int = 0) -> np.ndarray:
 def as_filled(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     """A stream's values as the runtime fills a tensor of ``dtype`` (onednn.cpp: fill_as):
     floats as they are, signed integers 128·v, unsigned ones floor(64·v + 64) in [0, 127]
-    (7-bit, so no int8 kernel's u8·s8 pair sum saturates at int16, VNNI or not)."""
+    (7-bit, so no int8 kernel's u8·s8 pair sum saturates at int16, VNNI or not), booleans
+    v ≥ 0 (0/1, a mask's both values in about equal shares)."""
+    if dtype.kind == "b":
+        return np.asarray(values >= 0)
     if dtype.kind == "f":
         return np.asarray(values, dtype)
     if dtype.kind == "u":

@@ -67,9 +67,10 @@ def _io_bytes(view: NodeView) -> int:
 def build_layer(view: NodeView) -> Layer:
     """The Layer record of one node: its problem, work and library coverage.
 
-    The benchmarks compute in float types, and in int8 where a quantized family says so (cuDNN
-    has no int64 tensors, oneDNN no s64), so other integer and boolean layers (shape arithmetic,
-    masks) are covered by neither library.
+    The benchmarks compute in float types, in int8 where a quantized family says so and in
+    booleans where the binary family does (And, Or, Equal of a mask); the runtimes have no int64
+    tensors (oneDNN no s64 at all), so other integer and boolean layers (shape arithmetic, a
+    mask's Cast, Gather, Expand) are covered by neither library.
     """
     family = family_of(view)
     problem = family.build(view)

@@ -40,6 +40,9 @@ fe::DataType_t fe_dtype(DType t) {
     case DType::I8: return fe::DataType_t::INT8;
     case DType::U8: return fe::DataType_t::UINT8;
     case DType::I32: return fe::DataType_t::INT32;
+    // one byte per element as ONNX's bool (the frontend's BOOLEAN is one bit); a cuDNN before 9.25
+    // refuses it when the graph is built
+    case DType::Bool: return fe::DataType_t::BYTE_BOOLEAN;
   }
   return fe::DataType_t::FLOAT;
 }
@@ -67,7 +70,7 @@ struct Spec {
   struct Buffer {
     int64_t uid, elements;
     DType type;
-    bool boolean;  // a comparison's output: one byte per element
+    bool boolean;  // a comparison's output: one byte per element, ONNX's bool (BYTE_BOOLEAN)
   };
   std::vector<Buffer> buffers;
 
@@ -77,14 +80,14 @@ struct Spec {
     if (strides.empty()) strides = packed(dims);
     buffers.push_back({uid, volume(dims), type, boolean});
     return graph->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
-        strides).set_data_type(boolean ? fe::DataType_t::BOOLEAN : fe_dtype(type)));
+        strides).set_data_type(fe_dtype(boolean ? DType::Bool : type)));
   }
   // marks a node's output as a graph output backed by its own buffer
   void output(const TensorPtr& t, std::vector<int64_t> dims, DType type, bool boolean = false) {
     const int64_t uid = static_cast<int64_t>(buffers.size()) + 1;
     buffers.push_back({uid, volume(dims), type, boolean});
     t->set_output(true).set_uid(uid).set_dim(dims).set_stride(packed(dims)).set_data_type(
-        boolean ? fe::DataType_t::BOOLEAN : fe_dtype(type));
+        fe_dtype(boolean ? DType::Bool : type));
   }
 };
 
@@ -166,6 +169,8 @@ PointwiseMode pointwise_mode(PointwiseOp op) {
     case PointwiseOp::Cos: return {fe::PointwiseMode_t::COS, "COS"};
     case PointwiseOp::Sin: return {fe::PointwiseMode_t::SIN, "SIN"};
     case PointwiseOp::HardSigmoid: return {fe::PointwiseMode_t::RELU_FWD, "MUL ADD RELU_FWD[0,1]"};
+    case PointwiseOp::And: return {fe::PointwiseMode_t::LOGICAL_AND, "LOGICAL_AND"};
+    case PointwiseOp::Or: return {fe::PointwiseMode_t::LOGICAL_OR, "LOGICAL_OR"};
   }
   return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
 }
@@ -176,7 +181,11 @@ Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
   const PointwiseMode m = pointwise_mode(gelu ? PointwiseOp::Gelu : L.op);
   Spec s = new_spec(t, std::string("pointwise ") + m.name, sm);
   const bool compare = L.op == PointwiseOp::CmpEq || L.op == PointwiseOp::CmpGt || L.op == PointwiseOp::CmpLt;
-  auto options = fe::graph::Pointwise_attributes().set_mode(m.mode).set_compute_data_type(fe::DataType_t::FLOAT);
+  // And, Or compute in booleans, as the frontend's own SDPA builds its padding mask
+  // (scaled_dot_product_flash_attention.h: LOGICAL_AND with a BOOLEAN compute type)
+  const bool logical = L.op == PointwiseOp::And || L.op == PointwiseOp::Or;
+  auto options = fe::graph::Pointwise_attributes().set_mode(m.mode).set_compute_data_type(
+      logical ? fe::DataType_t::BOOLEAN : fe::DataType_t::FLOAT);
   auto a = s.tensor("A", {L.a, L.a + L.rank}, t);
   if (L.op == PointwiseOp::HardSigmoid) {  // alpha·x + beta (scalars by value), clipped to [0, 1]
     auto with = [](fe::PointwiseMode_t mode) {

@@ -17,8 +17,9 @@ class Registry;
 namespace benanza::cudnn {
 
 // I8, U8: an int8 layer's own type (MatMulInteger on cuBLASLt); I32 only as a tensor's type in a
-// quantized layer's row (QuantLayer.source), never a variant's.
-enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32 };
+// quantized layer's row (QuantLayer.source), never a variant's. Bool: ONNX bool, one byte 0/1 (the
+// graph API's BYTE_BOOLEAN, cuDNN 9.25+): a mask's And, Or
+enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32, Bool };
 enum class Layout : uint8_t { NCHW, NHWC };
 // One vocabulary for cuDNN and cuBLAS (benanza/backends/cudnn.py MATHS):
 //   Default      the call has no math setting (pooling, activations, ...)
@@ -220,11 +221,12 @@ struct SdpaLayer {
 };
 
 // One pointwise node. Shapes are right-aligned to `rank` (3..8) dims with leading 1s; `b`
-// broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans.
+// broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans; And,
+// Or read and write them (the variant's type is Bool).
 // HardSigmoid, max(0, min(1, alpha·x + beta)), is a chain: no single pointwise mode computes it.
 enum class PointwiseOp : uint8_t {
   Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin,
-  HardSigmoid
+  HardSigmoid, And, Or
 };
 
 struct PointwiseLayer {

@@ -67,7 +67,8 @@ bool has_avx512() {
 dt data_type(DType d) {
   switch (d) {
     case DType::bf16: return dt::bf16;
-    case DType::u8: return dt::u8;
+    case DType::u8:
+    case DType::boolean: return dt::u8;
     case DType::s8: return dt::s8;
     default: return dt::f32;
   }
@@ -131,7 +132,8 @@ uint64_t& fill_stream() {
 // activations never reach (|2·127·128| < 32767), so a check compares the computation on every
 // ISA rather than one CPU's saturation; scales 2^floor(4·v) (positive, exact reciprocals), or
 // their reciprocals where oneDNN 2.x wants 1/s.
-enum class Fill { value, signed_int, unsigned_int, scale, inverse_scale };
+// Booleans (u8 0/1): v ≥ 0, so a mask has both values in about equal shares.
+enum class Fill { value, signed_int, unsigned_int, scale, inverse_scale, boolean };
 
 Fill fill_of(dt t) {
   if (t == dt::u8) return Fill::unsigned_int;
@@ -145,6 +147,7 @@ float fill_as(Fill f, float v) {
     case Fill::unsigned_int: return std::floor(64.f * v + 64.f);
     case Fill::scale: return std::exp2(std::floor(4.f * v));
     case Fill::inverse_scale: return std::exp2(-std::floor(4.f * v));
+    case Fill::boolean: return v >= 0.f ? 1.f : 0.f;
     default: return v;
   }
 }
@@ -754,6 +757,9 @@ algorithm binary_alg(const std::string& a) {
   if (a == "min") return algorithm::binary_min;
   if (a == "max") return algorithm::binary_max;
   if (a == "eq") return algorithm::binary_eq;
+  // ONNX And, Or of booleans held as u8 0/1: min(a, b) is 1 only where both are, max where either
+  if (a == "and") return algorithm::binary_min;
+  if (a == "or") return algorithm::binary_max;
   if (a == "gt") return algorithm::binary_gt;
   if (a == "lt") return algorithm::binary_lt;
   throw Unsupported("binary algorithm " + a);
@@ -770,7 +776,8 @@ struct Mirror {
 };
 
 Mirror mirrored(const std::string& a) {
-  if (a == "add" || a == "sum" || a == "mul" || a == "min" || a == "max" || a == "eq") return {binary_alg(a), nullptr};
+  if (a == "add" || a == "sum" || a == "mul" || a == "min" || a == "max" || a == "eq" || a == "and" || a == "or")
+    return {binary_alg(a), nullptr};
   if (a == "gt") return {algorithm::binary_lt, nullptr};
   if (a == "lt") return {algorithm::binary_gt, nullptr};
   if (a == "sub") return {algorithm::binary_sub, "neg"};
@@ -840,7 +847,11 @@ Prepared make_binary(const BinaryParams& b, const Config& cfg) {
   dnnl::binary::desc d(m.alg, s0, s1, dst);
   dnnl::binary::primitive_desc pd(d, attr, engine());
 #endif
-  return prepare<dnnl::binary>(pd, {{DNNL_ARG_SRC_0, pd.src_desc(0)}, {DNNL_ARG_SRC_1, pd.src_desc(1)}});
+  std::vector<std::pair<int, memory>> bound;
+  if (cfg.dtype == DType::boolean)  // 0/1, not the quantized activations' u8 values
+    bound = {{DNNL_ARG_SRC_0, filled(pd.src_desc(0), Fill::boolean)},
+             {DNNL_ARG_SRC_1, filled(pd.src_desc(1), Fill::boolean)}};
+  return prepare<dnnl::binary>(pd, {{DNNL_ARG_SRC_0, pd.src_desc(0)}, {DNNL_ARG_SRC_1, pd.src_desc(1)}}, bound);
 }
 
 // --- GEMM, MatMul ------------------------------------------------------------------------

@@ -17,8 +17,9 @@ namespace onednn {
 
 using Dims = std::vector<int64_t>;
 
-// u8/s8: the activations of a quantized layer (its weights' type is in its params)
-enum class DType { f32, bf16, u8, s8 };
+// u8/s8: the activations of a quantized layer (its weights' type is in its params); boolean:
+// ONNX bool (And, Or of a mask), held as u8 0/1 as ONNX stores it
+enum class DType { f32, bf16, u8, s8, boolean };
 // plain: row-major of any rank; nchw/nhwc: 4-d activations; any: the library's choice
 // (blocked nChw8c/nChw16c), which is what oneDNN-native frameworks keep between layers.
 // axis_inner: a row-major tensor reordered to put an op's axis innermost and back (softmax)
