@@ -79,7 +79,7 @@ def load_model_cached(path: str | Path, batch_size: int = 1, input_shapes: dict[
     with _recording() as logged:
         model = load_model(path, batch_size=batch_size, input_shapes=input_shapes, input_values=input_values,
                            input_data=input_data)
-    if key is not None and _self_contained(model, path):
+    if key is not None and _self_contained(model):
         _write(key, _Entry(key, model, tuple(logged)))
     return model
 
@@ -158,16 +158,11 @@ def _prune(folder: Path) -> None:
         file.unlink(missing_ok=True)
 
 
-def _self_contained(model: Model, path: str | Path) -> bool:
+def _self_contained(model: Model) -> bool:
     """Processing ran nothing (no ONNX Runtime session, which may write to the terminal) and read
     nothing beside the file (external weights, whose bytes are not in the key)."""
-    if model.executed_shapes or model.uncosted or model.control_flow or model.branch_failure:
-        return False
-    import onnx  # processing loaded it
-
-    from .processor import read_onnx
-
-    return not any(t.data_location == onnx.TensorProto.EXTERNAL for t in read_onnx(path).graph.initializer)
+    return not (model.executed_shapes or model.uncosted or model.control_flow or model.branch_failure
+                or model.external_data)
 
 
 @contextmanager

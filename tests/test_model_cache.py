@@ -64,6 +64,7 @@ def test_what_processing_read_or_ran_beside_the_file_is_not_kept(save, tmp_path)
     external = tmp_path / "ext.onnx"
     onnx.save(conv_net(), str(external), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     assert load_model_cached(external) == load_model(external)
+    assert load_model(external).external_data and not load_model(save(conv_net())).external_data
     runs = [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Transpose", ["nz"], ["y"])]
     path = save(model(runs, [io("x", [4, 4])], [io("y", None, onnx.TensorProto.INT64)]), "run.onnx")
     ran = load_model(path)
