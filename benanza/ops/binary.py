@@ -7,8 +7,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-
 from .base import Cpp, CudnnLowering, CudnnTable, Dims, DimsList, Family, NodeView, OnednnLowering, align, dims8
 from .grammar import F, Problem, f32
 from .reference import Gen, NoReference, Site, Spec, fill
@@ -75,6 +73,8 @@ _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min",
 
 
 def _binary_build(view: NodeView) -> Problem:
+    import numpy as np
+
     alg = _BINARY[view.op]
     shapes = tuple(tuple(t.shape) for t in view.inputs if t is not None)
     exponent = None
