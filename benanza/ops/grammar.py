@@ -51,9 +51,10 @@ def f32(x: float) -> float:
     """The float32 value of an attribute (rounded to nearest, ±inf past the range), as a Python
     float: what every problem stores."""
     try:
-        return _F32.unpack(_F32.pack(x))[0]
+        value: float = _F32.unpack(_F32.pack(x))[0]
     except OverflowError:  # rounds past FLT_MAX: float32's infinity, as a C cast gives
         return math.copysign(math.inf, x)
+    return value
 
 
 def format_number(x: float | int) -> str:
