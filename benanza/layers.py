@@ -206,6 +206,9 @@ class Model:
     control_flow: dict[str, str] = field(default_factory=dict)
     control_flow_ops: dict[str, str] = field(default_factory=dict)
     branch_failure: str = ""
+    # Weights kept in files beside the model's (ONNX external data): what the model cache reads
+    # to refuse an entry whose key would not cover every byte processing read.
+    external_data: bool = False
 
     @property
     def layers(self) -> list[Layer]:

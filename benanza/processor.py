@@ -805,7 +805,8 @@ def _process(model: onnx.ModelProto, p: Path, opts: ProcessOptions, name: str | 
                  input_shapes=in_shapes, batch_size=batch_size, opset=opset, scope_source=scopes, uncosted=uncosted,
                  executed_shapes=len(executed.specs), data_dependent=data_dependent,
                  control_flow={b.node: b.branch for b in taken}, control_flow_ops={b.node: b.op for b in taken},
-                 branch_failure=inlined.failure)
+                 branch_failure=inlined.failure,
+                 external_data=any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer))
 
 
 def _dims(shape: Sequence[int]) -> str:

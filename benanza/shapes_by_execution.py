@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from .errors import ModelError, ShapeError, UsageError
 from .layers import DTYPE_NAMES, Model, TensorSpec
 
-if TYPE_CHECKING:  # ONNX loads where a model is run: an analysis of a processed model reads only its notes
+if TYPE_CHECKING:  # ONNX and NumPy load where a model is run: an analysis of a processed model reads only its notes
+    import numpy as np
     import onnx
 
 log = logging.getLogger(__name__)
@@ -75,6 +74,8 @@ def parse_input_value(spec: str) -> tuple[str, tuple[float, ...]]:
 
 def load_input_data(path: str | Path) -> dict[str, np.ndarray]:
     """``--input-data FILE.npz``: one array per graph input, by input name."""
+    import numpy as np
+
     p = Path(path)
     try:
         with np.load(p, allow_pickle=False) as npz:
@@ -132,6 +133,7 @@ def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[i
     A missing value for a deciding input, or a value or array that does not fit its input, is a
     ShapeError naming the input; a run ONNX Runtime refuses (a custom op, a dtype without a
     kernel) is the returned reason, which the caller reports on what it could not cost."""
+    import numpy as np
     import onnx
 
     graph = model.graph
@@ -189,6 +191,7 @@ def run_once(model: onnx.ModelProto, path: Path, input_shapes: dict[str, tuple[i
 
 
 def _itemsize(elem: int) -> int:
+    import numpy as np
     import onnx
 
     try:
@@ -199,6 +202,7 @@ def _itemsize(elem: int) -> int:
 
 def _feed(inp: onnx.ValueInfoProto, shape: tuple[int, ...], deciding: bool, values: dict[str, tuple[float, ...]],
           data: dict[str, np.ndarray], path: Path) -> np.ndarray:
+    import numpy as np
     import onnx
 
     elem = inp.type.tensor_type.elem_type

@@ -8,13 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 import onnx
 from helpers import REPO, conv_net, io, model, tensor
 from onnx import helper
 
-from benanza.model_cache import cache_dir, load_model_cached
+from benanza.model_cache import _LIBRARIES, _installed, cache_dir, load_model_cached
 from benanza.processor import load_model
 
 
@@ -64,6 +65,7 @@ def test_what_processing_read_or_ran_beside_the_file_is_not_kept(save, tmp_path)
     external = tmp_path / "ext.onnx"
     onnx.save(conv_net(), str(external), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     assert load_model_cached(external) == load_model(external)
+    assert load_model(external).external_data and not load_model(save(conv_net())).external_data
     runs = [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Transpose", ["nz"], ["y"])]
     path = save(model(runs, [io("x", [4, 4])], [io("y", None, onnx.TensorProto.INT64)]), "run.onnx")
     ran = load_model(path)
@@ -110,3 +112,16 @@ def test_commands_processing_one_model_at_once_all_get_it(save):
     assert set(printed) == {" ".join(n.layer.key for n in load_model(path).nodes) + "\n"}
     assert len(_entries()) == 1 and not list(cache_dir().glob(".*.part"))  # one whole entry, nothing half-written
     assert load_model_cached(path) == load_model(path)
+
+
+def test_the_key_names_the_versions_importlib_metadata_reads():
+    """The key reads a library's version from its metadata folder's name, not its files."""
+    listings: dict[str, list[str]] = {}
+    for lib in _LIBRARIES:
+        try:
+            expected = version(lib)
+        except PackageNotFoundError:
+            assert _installed(lib, listings) == ()
+            continue
+        (folder,) = _installed(lib, listings)
+        assert folder in (f"{lib}-{expected}.dist-info", f"{lib}-{expected}.egg-info")

@@ -183,11 +183,16 @@ def contended_variants(model: Model, rows: Iterable[LayerRow], by_problem: Resul
     dtypes, layouts, fusion patterns or problems (another batch size) cannot, and are not named."""
     nodes = {n.index: n.layer for n in model.nodes}
     names = set()
+    seen = set()  # a model repeats its layers: each key's candidates once
     for row in rows:
         if row.status == LayerStatus.OK:
             layer = nodes[row.index]
-            names |= {r.variant.name for r in candidates(layer_results(by_problem, layer, dtype),
-                                                         layer.in_dtype(dtype), layouts=layouts) if r.contended}
+            dt = layer.in_dtype(dtype)
+            if (row.key, dt) in seen:
+                continue
+            seen.add((row.key, dt))
+            names |= {r.variant.name for r in candidates(layer_results(by_problem, layer, dtype), dt,
+                                                         layouts=layouts) if r.contended}
     for m in matches:
         names |= {r.variant.name for r in candidates(layer_results(by_problem, m.conv, dtype), m.conv.in_dtype(dtype),
                                                      fusion=m.pattern.name, layouts=layouts) if r.contended}

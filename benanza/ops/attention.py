@@ -8,8 +8,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from .base import (
     CudnnLowering,
     CudnnTable,
@@ -150,6 +148,8 @@ CUDNN_SDPA_TABLE = CudnnTable("sdpa", "add_sdpa", False, False)
 def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
     """Q, Kᵀ (K's last two dims swapped, read through strides), the mask, V. A causal op is run
     as one more additive [S, Skv] mask: the reference is the op with is_causal 0 and that mask."""
+    import numpy as np
+
     p = v.problem
     assert isinstance(p, AttentionProblem)
     kt = p.k[:-2] + (p.k[-1], p.k[-2])

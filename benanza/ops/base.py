@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..errors import NodeError
 from .grammar import Problem
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..layers import Model, TensorSpec
     from .reference import Reference
 

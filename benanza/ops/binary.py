@@ -16,8 +16,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-
 from .base import Cpp, CudnnLowering, CudnnTable, Dims, DimsList, Family, NodeView, OnednnLowering, align, dims8
 from .grammar import F, Problem, f32
 from .reference import Gen, NoReference, Site, Spec, as_filled, fill
@@ -84,6 +82,8 @@ _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min",
 
 
 def _binary_build(view: NodeView) -> Problem:
+    import numpy as np
+
     alg = _BINARY[view.op]
     shapes = tuple(tuple(t.shape) for t in view.inputs if t is not None)
     exponent = None
@@ -290,6 +290,8 @@ def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
         shapes = [site.in_shape(0, i) for i in range(len(site.proto(0).input))]
         feeds = fill(site, gen, [(0, i) for i in _operand_order(p, shapes)])
     if v.dtype == "b":  # booleans as the runtime fills them
+        import numpy as np
+
         feeds = {slot: as_filled(x, np.dtype(np.bool_)) for slot, x in feeds.items()}
     return Spec(site.nodes, feeds, (site.proto(0).output[0],))
 

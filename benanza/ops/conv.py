@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from ..errors import NodeError
 from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, present, required
 from .grammar import F, Problem, windowed
@@ -304,6 +302,8 @@ def fused_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) ->
     """A conv pattern's: x, the weights, and the bias where the fused call adds one. A folded
     BatchNorm gets scale 1, mean 0 and variance 1 − ε, so it adds B, which is the benchmark's
     bias."""
+    import numpy as np
+
     p = v.problem
     assert isinstance(p, ConvProblem)
     if "BatchNormalization" in pattern.tail:

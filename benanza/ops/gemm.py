@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-
 from .base import CudnnLowering, CudnnTable, Dims, Family, NodeView, OnednnLowering, const, present, required
 from .binary import BinaryProblem, broadcast
 from .eltwise import EltwiseProblem
@@ -188,6 +186,8 @@ _BLAS_CALLS = {"cublasGemmEx": "kGemmEx", "cublasGemmStridedBatchedEx": "kGemmSt
 def _gemm_reference(site: Site, v: Variant, gen: Gen) -> Spec:
     """A and B as the runtime fills them (logical m×k and k×n — n×k for an inner product — read
     through strides where transposed), C (the bias) unscaled: the runtime folds beta into C."""
+    import numpy as np
+
     p = v.problem
     assert isinstance(p, GemmProblem)
     a = gen(0, (p.m, p.k))

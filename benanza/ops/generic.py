@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .base import Family, NodeView, required, word
 from .grammar import Problem, format_dims, format_number, key_hash
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Ops whose output is their input's data under another shape: views in every framework.
 VIEW_OPS = ("reshape", "squeeze", "unsqueeze", "flatten", "identity")
@@ -47,6 +48,8 @@ _VALUE_INPUT_MAX = 64
 
 
 def _attr_token(name: str, value: object) -> str:
+    import numpy as np
+
     n = word(name)
     if isinstance(value, (bytes, str)):
         return n + word(value)
@@ -61,6 +64,8 @@ def _attr_token(name: str, value: object) -> str:
 
 
 def _values_token(arr: np.ndarray) -> str:
+    import numpy as np
+
     flat = arr.reshape(-1)
     # the key grammar has no inf/nan (a causal mask's -inf): such values are identified by digest
     if flat.size > _VALUE_INPUT_MAX or (flat.dtype.kind == "f" and not np.all(np.isfinite(flat))):

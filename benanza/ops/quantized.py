@@ -30,8 +30,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from .base import (
     CudnnLowering,
     Dims,
@@ -52,6 +50,8 @@ from .grammar import F, Problem
 from .reference import Gen, Site, Slot, Spec, as_filled, as_scales, external_slot, fill, last_output, np_type
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..fusion import FusionPattern
     from ..layers import Model, Node
     from ..records import Variant
@@ -410,6 +410,8 @@ def _has_nbits_attrs(view: NodeView) -> bool:
 def _integer_feeds(site: Site, v: Variant, gen: Gen) -> dict[Slot, np.ndarray]:
     """The inputs of a quantized benchmark, typed as the node reads them, in the runtime's stream
     order (onednn.cpp: make_qmatmul, make_qconv, make_qdq)."""
+    import numpy as np
+
     p = v.problem
 
     def feed(k: int, i: int, dtype: np.dtype[Any]) -> np.ndarray:
@@ -531,6 +533,8 @@ def qdq_matmul_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPatter
     constant, as in the model: ONNX Runtime then runs the pattern as it runs the model,
     through its int8 QLinearMatMul kernel. Fed as float weights it would run a float MatMul,
     exact where an int8 kernel without VNNI saturates u8·s8 pair sums at int16 (docs/quantized.md)."""
+    import numpy as np
+
     full = site.with_producer(0, 1)
     u8 = np.dtype(np.uint8)
     constants = {(3, 0): as_filled(gen(1, full.in_shape(3, 0)), np.dtype(np.int8)),

@@ -16,11 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
 from .base import Dims, DimsList
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
     from ..fusion import FusionPattern
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
 # (the node's position in the site, its input index)
 Slot = tuple[int, int]
 # stream k's values for a tensor of the given dims, as f32 (``generated`` at the check's seed)
-Gen = Callable[[int, Dims], np.ndarray]
+Gen = Callable[[int, Dims], "np.ndarray"]
 
 
 class NoReference(Exception):
@@ -38,16 +37,18 @@ class NoReference(Exception):
 
 # --- the input generator (runtime_cpp/common/benanza/runtime.hpp: fill_value) ----------------
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
 def generated(stream: int, shape: Dims, seed: int = 0) -> np.ndarray:
     """The values the runtime fills its ``stream``-th tensor with, as f32 of ``shape``
     (row-major order of the dims the benchmark gives its library): splitmix64's mix of
     ``((seed·256 + stream) << 32) + i``, top byte, as a multiple of 1/128 in [−1, 1)."""
+    import numpy as np  # loaded by the checks that fill tensors, not by every reader of a key
+
     n = math.prod(shape)
     with np.errstate(over="ignore"):
-        z = np.uint64((seed * 256 + stream) << 32) + np.arange(n, dtype=np.uint64) + _GOLDEN
+        z = np.uint64((seed * 256 + stream) << 32) + np.arange(n, dtype=np.uint64) + np.uint64(_GOLDEN)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
@@ -61,6 +62,8 @@ def as_filled(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     floats as they are, signed integers 128·v, unsigned ones floor(64·v + 64) in [0, 127]
     (7-bit, so no int8 kernel's u8·s8 pair sum saturates at int16, VNNI or not), booleans
     v ≥ 0 (0/1, a mask's both values in about equal shares)."""
+    import numpy as np
+
     if dtype.kind == "b":
         return np.asarray(values >= 0)
     if dtype.kind == "f":
@@ -72,14 +75,18 @@ def as_filled(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
 
 def as_scales(values: np.ndarray) -> np.ndarray:
     """A stream's values as the runtime fills quantization scales: 2^floor(4·v)."""
+    import numpy as np
+
     return np.asarray(np.exp2(np.floor(4 * values)), np.float32)
 
 
-_NUMPY_TYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i8": np.int8, "u8": np.uint8}
+_NUMPY_TYPES = {"f32": "float32", "f16": "float16", "i32": "int32", "i8": "int8", "u8": "uint8"}
 
 
 def np_type(short: str) -> np.dtype[Any]:
     """The NumPy type of a short dtype name the reference is fed in."""
+    import numpy as np
+
     if short not in _NUMPY_TYPES:
         raise NoReference(f"no NumPy type to feed {short} data to the reference")
     return np.dtype(_NUMPY_TYPES[short])

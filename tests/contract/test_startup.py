@@ -26,8 +26,9 @@ NOT_FOR_ANALYZE_JSON = {"rich", "jinja2", "markupsafe", "sqlite_utils", "pandas"
                         "networkx", "scipy", "matplotlib", "submitit", "datasette"}
 
 # What analyzing a model whose processing is cached (benanza.model_cache) has no use for either:
-# reading ONNX (onnx, and protobuf's google package) and processing it.
-NOT_FOR_A_PROCESSED_MODEL = {"onnx", "google", "onnxruntime"}
+# reading ONNX (onnx, and protobuf's google package) and processing it, nor NumPy, whose import
+# was a fifth of the command's time while the key grammar printed its floats with it.
+NOT_FOR_A_PROCESSED_MODEL = {"onnx", "google", "onnxruntime", "numpy"}
 
 # Runs the console script's own call and, at exit, writes the modules it loaded.
 _LOADED = ("import atexit, json, sys\n"
