@@ -3,6 +3,7 @@
 Usage: python benchmarks/bench_campaign.py [--work DIR] [--models NAME ...] [--reference-models NAME ...]
            [--precision 0.02] [--max-time 0.5] [--min-time 0.2] [--repetitions 3]
            [--reference-min-time 1] [--reference-repetitions 5] [--threads N] [--jobs N]
+           [--modes defaults precision race reference]
 
 Builds the models (benanza.zoo), generates their oneDNN benchmarks once (f32, every layout and
 fusion variant, as `benanza generate` does) and builds them once, then runs the campaign into a
@@ -13,6 +14,10 @@ fresh database per mode, each timed on its own:
 - ``race``: ``--precision 0.02 --race`` (variants that cannot win stopped after screening);
 - ``reference``: ``--min-time 1 --repetitions 5``, only the layers of ``--reference-models``
   (default: every model).
+
+``--modes`` runs only those (default: all four): the whole 30-model campaign in ``race`` alone
+answers "how long", a few models in every mode answer "how close"; without ``reference`` no
+ratio is computed, only each mode's bounds.
 
 Every mode runs at the same threads (``--threads``, default the cores free at the start) and
 without measuring the stack's peaks (seconds, the same in every mode; the sequential bound does
@@ -47,6 +52,7 @@ from benanza.zoo import build_all
 SYSTEM = "campaign"
 BOUND_TOLERANCE = 0.02  # a fast mode's sequential bound within 2% of the reference's
 SAME_BEST_TARGET = 0.95  # and at least 95% of its layers with the reference's best variant
+MODE_NAMES = ("defaults", "precision", "race", "reference")
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,7 @@ def main() -> None:
     ap.add_argument("--reference-repetitions", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--jobs", type=int, default=None, help="parallel build jobs")
+    ap.add_argument("--modes", nargs="+", default=list(MODE_NAMES), choices=MODE_NAMES)
     args = ap.parse_args()
     work = Path(args.work)
     paths = build_all(work / "models", names=args.models)
@@ -144,7 +151,7 @@ def main() -> None:
                              "precision": args.precision},
                  "modes": {}, "per_model": {}}
     dbs: dict[str, Path] = {}
-    for mode in modes(args, threads, only):
+    for mode in (m for m in modes(args, threads, only) if m.name in args.modes):
         db, s, seconds = measure(work, mode)
         dbs[mode.name] = db
         out["modes"][mode.name] = {
@@ -152,8 +159,10 @@ def main() -> None:
             "unsupported": s.unsupported, "failed": s.failed, "unstable": s.unstable, "eliminated": s.eliminated,
             "contended": len(s.still_contended), "interrupted": s.interrupted}
         out.update(cpu=s.system.device, onednn=dict(s.system.stack).get("onednn"))
-    with PerfDB(dbs["reference"], readonly=True) as pdb:
-        ref_ms = {r.variant.name: float(r.latency_ms) for r in pdb.results(SYSTEM) if r.ok}  # type: ignore[arg-type]
+    ref_ms: dict[str, float] = {}
+    if "reference" in dbs:
+        with PerfDB(dbs["reference"], readonly=True) as pdb:
+            ref_ms = {r.variant.name: float(r.latency_ms) for r in pdb.results(SYSTEM) if r.ok}  # type: ignore[arg-type]
     for name, (path, _) in sorted(by_name.items()):
         analyses = {m: analyze(path, db) for m, db in dbs.items() if m != "reference" or name in reference}
         row: dict = {}

@@ -80,6 +80,22 @@ void time_each_call(benchmark::State& state, F&& call) {
 
 // Untimed calls before measuring so JIT, first-touch page faults and caches are settled.
 constexpr int kWarmupCalls = 3;
+// A blocking call this long has settled all of that in its first run (it streams more than any
+// cache holds): further warm-up calls of a 100 ms convolution cost 0.2 s each and teach nothing,
+// and were most of a 30-model campaign's time outside its timed loops.
+constexpr double kWarmupSeconds = 0.05;
+
+// The warm-up of a benchmark that blocks until its work is done (CPU libraries): kWarmupCalls
+// untimed calls, or fewer once kWarmupSeconds have passed, never fewer than one.
+template <class F>
+void warm_up(F&& call) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kWarmupCalls; ++i) {
+    call();
+    if (std::chrono::duration<double>(Clock::now() - t0).count() >= kWarmupSeconds) break;
+  }
+}
 
 // "model name" of /proc/cpuinfo (or an empty string where there is none).
 std::string cpu_model();

@@ -342,7 +342,7 @@ void measure(benchmark::State& st, const Config& cfg, const std::function<Prepar
     return;
   }
   try {
-    for (int i = 0; i < kWarmupCalls; ++i) run();
+    warm_up(run);
   } catch (const std::exception& e) {
     mark_failed(st, std::string("execute: ") + e.what());
     return;
