@@ -18,7 +18,7 @@ import click
 from .errors import BenanzaError, FileProblem
 from .escape import printable
 from .limits import MAX_DIM
-from .measurement import MAX_CONTENTION, MAX_SAMPLING_SECONDS, UNSTABLE_RSD
+from .measurement import DEFAULT_PRECISION, MAX_CONTENTION, MAX_SAMPLING_SECONDS, UNSTABLE_RSD
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -445,9 +445,11 @@ def db_option(f):
               help="Run only the benchmarks whose latest result on this system and stack is flagged contended "
                    "(nothing missing, no peaks): what `analyze` refused prints this.")
 @click.option("--min-time", type=FiniteRange(min=0.0, min_open=True), default=0.2, show_default=True,
-              help="Seconds per repetition (Google Benchmark min time; oneDNN only: cuDNN sizes each "
-                   "repetition to about 1 ms of GPU time).")
-@click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
+              help="Seconds per repetition of the fixed budget, which giving it or --repetitions (and not "
+                   "--precision) selects (Google Benchmark min time; cuDNN sizes each repetition to about 1 ms "
+                   "of GPU time; the in-process backends always use it).")
+@click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Repetitions of the fixed budget (see --min-time).")
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads (oneDNN: OpenMP; onnxruntime, torch: intra-op); default: the cores other work leaves "
                    "free when the run starts.")
@@ -470,10 +472,12 @@ def db_option(f):
                    "(stored in each result's l2_flushed counter; re-measure with --force).")
 @click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
               help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
-@click.option("--precision", type=FiniteRange(min=0.0, min_open=True),
-              help="Sample each CPU benchmark adaptively until its 10th percentile is known to this relative "
-                   "precision (95% interval half-width, e.g. 0.02) instead of --min-time × --repetitions "
-                   "(docs/measurement.md); the stability check then reads the precision reached.")
+@click.option("--precision", type=FiniteRange(min=0.0, min_open=True), default=DEFAULT_PRECISION,
+              show_default=True,
+              help="Sample each oneDNN benchmark adaptively until its 10th percentile is known to this relative "
+                   "precision (95% interval half-width) instead of a fixed --min-time × --repetitions, which "
+                   "giving either of those selects (docs/measurement.md); the stability check then reads the "
+                   "precision reached.")
 @click.option("--max-time", type=FiniteRange(min=0.0, min_open=True), default=MAX_SAMPLING_SECONDS,
               show_default=True, help="With --precision: the most seconds one benchmark samples.")
 @click.option("--race/--no-race", default=True, show_default=True,
@@ -512,6 +516,10 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     given_seed = any(a == "--seed" or a.startswith("--seed=") for a in sys.argv[1:])
     command = " ".join(["benanza", *sys.argv[1:], *([] if given_seed else ["--seed", str(seed)])])
     first = tuple(_names_file(path) for path in first_files)
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("precision") == click.core.ParameterSource.DEFAULT and any(
+            ctx.get_parameter_source(o) != click.core.ParameterSource.DEFAULT for o in ("min_time", "repetitions")):
+        precision = None  # a fixed budget asked for
     options = runner.RunOptions(filter=name_filter, dry_run=dry_run, force=force, first=first,
                                 remeasure_contended=remeasure_contended, min_time=min_time,
                                 repetitions=repetitions, threads=threads, timeout=timeout, build_jobs=jobs,
@@ -530,7 +538,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                       highlight=False)
         expected = _duration(sum(summary.expected.values()))
         budget = (f"about {expected} of timed loops at --min-time {min_time:g} s × {repetitions} repetitions"
-                  if precision is None else
+                  if summary.precision is None else
                   f"from about {expected} (each benchmark at its fewest samples) to at most "
                   f"{_duration(summary.at_most_s)} (each sampling --max-time {max_time:g} s) at --precision "
                   f"{precision:g}")
@@ -569,9 +577,10 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                           f"(stored eliminated, with their estimate; --no-race measures them in full)",
                           highlight=False)
     if summary.remeasured or summary.unstable:
-        err_console.print(
-            f"{summary.remeasured} unstable or contended results re-measured; {summary.unstable} still vary by "
-            f"more than {max_rsd:.0%} (relative stddev) and are flagged unstable in the database", highlight=False)
+        spread = (f"vary by more than {max_rsd:.0%} (relative stddev)" if summary.precision is None else
+                  f"reached no --precision {precision:g} in --max-time {max_time:g} s")
+        err_console.print(f"{summary.remeasured} unstable or contended results re-measured; {summary.unstable} still "
+                          f"{spread} and are flagged unstable in the database", highlight=False)
     _print_gave_up(summary, max_failures)
     if remeasure_contended and not summary.to_run:
         print_warning(f"no result of stack {summary.system.stack_id} among these {summary.total} benchmarks is "

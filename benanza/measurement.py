@@ -39,6 +39,9 @@ UNSTABLE_RSD = 0.1
 # MIN_SAMPLING_SECONDS, and never longer than --max-time (default MAX_SAMPLING_SECONDS).
 MIN_SAMPLING_SECONDS = 0.01
 MAX_SAMPLING_SECONDS = 0.5
+# `benanza run`'s default precision: on the 30 reference models it moved no sequential bound by
+# more than the fixed budget's own run-to-run spread (docs/measurements.md, bench_campaign.py).
+DEFAULT_PRECISION = 0.02
 # Racing stores a variant it stopped early with these in its metrics: the --precision and
 # --max-time its full sampling would have had, so it can be measured in full later, the same way.
 RACE_PRECISION, RACE_MAX_TIME = "race_precision", "race_max_time"

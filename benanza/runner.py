@@ -152,6 +152,7 @@ class RunSummary:
     expected: dict[str, float] = field(default_factory=dict)
     from_earlier: int = 0
     at_most_s: float = 0.0  # adaptive sampling: every variant that may run sampling to --max-time
+    precision: float | None = None  # what the run sampled to (None: the fixed budget)
 
     @property
     def stored(self) -> int:
@@ -213,6 +214,8 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     backend = resolve_backend(backend)
     check_device(backend)
     impl = get_backend(backend)
+    if options.precision is not None and not impl.samples_adaptively:
+        options = replace(options, precision=None)  # what its benchmarks do with any flags
     bench_dir = Path(bench_dir)
     project = bench_dir / backend
     manifest = read_manifest(bench_dir)
@@ -237,6 +240,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
             with PerfDB(path, readonly=True) as db:
                 summary = _plan(db, system, variants, options, path)
         summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
+        summary.precision = options.precision
         return summary
 
     binary = impl.prepare(project, options)
@@ -249,6 +253,7 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         summary = _plan(db, system, variants, options, path)
         summary.context = context
         summary.threads, summary.free, summary.threads_kept = threads, free, kept is not None
+        summary.precision = options.precision
         by_name = {v.name: v for v in variants}
         todo = [by_name[n] for n in summary.to_run]
         if todo:
@@ -457,12 +462,22 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
                    options.precision)
     try:
         with children.sigterm_interrupts():
-            batch = [v.name for v in todo]
+            names = batch = [v.name for v in todo]
+            first_attempt = 0
             if options.precision is not None and options.race:
                 screen = replace(options, max_time=options.max_time * RACE_SCREEN)
                 _run_all(command, batch, env, screen, system, store, by_name, progress, summary.expected)
-                batch = _race(store, batch, options)
-            for attempt in range(options.remeasure + 1):
+                batch = _race(store, names, options)
+                # Each layer's leader sampled in full first: its narrower interval stops more of
+                # the others before they are sampled in full too.
+                leaders = _leaders(store, batch)
+                if len(leaders) < len(batch):
+                    _run_all(command, leaders, env, options, system, store, by_name, progress, summary.expected)
+                    others = [n for n in _race(store, names, options) if n not in leaders]
+                    _run_all(command, others, env, options, system, store, by_name, progress, summary.expected)
+                    batch = [n for n in leaders + others if store.final[n].unstable or store.final[n].contended]
+                    first_attempt = 1  # every survivor has had its full sampling
+            for attempt in range(first_attempt, options.remeasure + 1):
                 if not batch:
                     break
                 if attempt:
@@ -519,12 +534,12 @@ def eliminated(results: list[Result]) -> set[str]:
 
 
 def _race(store: _Store, names: list[str], options: RunOptions) -> list[str]:
-    """After the screening pass: stores the verdict of the variants that cannot win (their
-    screening result, flagged eliminated: the latest row is what analyses read) and returns those
-    still to measure in full (not at the precision yet, or contended)."""
+    """After a pass of racing: stores the verdict of the variants of ``names`` that cannot win
+    now (their latest result, flagged eliminated: the latest row is what analyses read) and
+    returns those still to measure in full (not at the precision yet, or contended)."""
     screened = [store.final[n] for n in names]
-    # every screened variant may be the best; only one not at the precision yet is stopped
-    out = eliminated(screened) & {r.variant.name for r in screened if r.unstable}
+    # every variant may be the best; only one not at the precision yet (nor stopped) is stopped
+    out = eliminated(screened) & {r.variant.name for r in screened if r.unstable and not r.eliminated}
     # what measures it in full later, on demand (Q3, when a framework ran it: perfdb.full_sampling_flags)
     budget = {RACE_PRECISION: options.precision, RACE_MAX_TIME: options.max_time}
     for n in names:
@@ -532,6 +547,19 @@ def _race(store: _Store, names: list[str], options: RunOptions) -> list[str]:
             r = store.final[n]
             store.add(replace(r, eliminated=True, metrics={**r.metrics, **budget}), {"name": n, "eliminated": True})
     return [n for n in names if n not in out and (store.final[n].unstable or store.final[n].contended)]
+
+
+def _leaders(store: _Store, names: list[str]) -> list[str]:
+    """Of ``names``, each competing group's (a layer's variants of one dtype and fusion) lowest
+    estimate, in the order of ``names``."""
+    best: dict[tuple[str, str, str], Result] = {}
+    for n in names:
+        r = store.final[n]
+        key = (r.variant.layer_key, r.variant.dtype, r.variant.fusion)
+        if r.low_ms is not None and (key not in best or r.low_ms < (best[key].low_ms or 0.0)):
+            best[key] = r
+    chosen = {r.variant.name for r in best.values()}
+    return [n for n in names if n in chosen]
 
 
 def _run_all(binary: Command, names: list[str], env: dict[str, str], options: RunOptions, system: System,

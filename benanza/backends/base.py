@@ -76,6 +76,9 @@ class Backend(ABC):
     # a framework's own backend: the vendor library whose bound its kernels are held to (the
     # across-stack split); None for a vendor library's backend
     vendor: ClassVar[str | None] = None
+    # whether its benchmarks sample until --precision (the runtime's time_each_call); the others
+    # keep a fixed budget (cuDNN: GPU events around sized batches; the in-process frameworks)
+    samples_adaptively: ClassVar[bool] = False
 
     @abstractmethod
     def covers(self, layer: Layer) -> bool:

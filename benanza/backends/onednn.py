@@ -97,6 +97,7 @@ class OneDNNBackend(CMakeBackend):
     dtypes = DTYPES
     layouts = SPATIAL_LAYOUTS
     device = Device.CPU
+    samples_adaptively = True
     context_versions = {"onednn": "onednn_version"}
 
     def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
