@@ -19,7 +19,7 @@ from benanza.generator import read_variants
 from benanza.perfdb import PerfDB
 from benanza.records import Result, Status, System, Variant
 from benanza.resources import runtime_dir
-from benanza.runner import RunOptions, RunSummary, _execute, _left, run
+from benanza.runner import RunOptions, RunSummary, _execute, _left, race_bounds, run
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +191,20 @@ def test_adaptive_sampling_reaches_the_precision_or_stops_at_the_maximum_time(st
     # the calls it timed fit the maximum time, but for the one that crossed it (a slowest call at most)
     assert wide.samples * wide.mean_ms <= 300.0 + raw[w]["sample_percentiles_ms"][100] + 1e-6
     assert wide.low_ms is not None and low_ms(50.0, 0.0) <= wide.low_ms <= 1.5 * low_ms(50.0, 4.0)
+
+
+@pytest.mark.slow  # builds the stand-in against the runtime
+def test_a_single_call_that_uses_up_the_maximum_time_claims_no_precision(standin, bench, tmp_path):
+    """A kernel slower than --max-time is timed once: its interval is unknown (null), not a
+    zero width, so it is neither held to the precision (re-measured in vain) nor lets racing
+    stop another variant on one call."""
+    (v,) = read_variants(bench / "onednn")[:1]
+    options = RunOptions(precision=0.02, max_time=0.05, race=False, remeasure=0, timeout=120, max_contention=1.0)
+    results, raw, rows = measure(standin, tmp_path / "slow.db", {v: (80_000.0, 0.01)}, options)
+    r = results[v]
+    assert r.samples == 1 and raw[v]["stopped"] == "max_time" and raw[v]["precision"] is None
+    assert r.precision is None and not r.unstable and rows[v] == 1 and race_bounds(r) is None
+    assert r.low_ms is not None and 80.0 <= r.low_ms <= 80.0 * 1.5  # the one call: 80 ms of spinning
 
 
 @pytest.mark.slow  # builds the stand-in against the runtime

@@ -151,6 +151,8 @@ double order_statistic(std::vector<double>& xs, size_t k) {
 // the order statistics of ranks n·q ∓ 1.96·sqrt(n·q·(1−q)) bracket it. Too few samples for the
 // lower rank: the fastest call stands in (the interval is then narrower than 95% below).
 double relative_halfwidth(std::vector<double> xs, double q) {
+  // One call (a slow kernel that used up --max-time) bounds nothing: unknown, not exact.
+  if (xs.size() < 2) return std::numeric_limits<double>::infinity();
   const double n = static_cast<double>(xs.size());
   const double spread = 1.96 * std::sqrt(n * q * (1 - q));
   const double lo_rank = std::max(1.0, std::floor(n * q - spread));
