@@ -499,8 +499,10 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
     Incremental: variants with an ok or unsupported result on this system and software stack
     are skipped (unless --force); failed ones are retried. Results are stored as they
     arrive: Ctrl-C keeps them and a re-run continues where it stopped. A benchmark that
-    crashes or hangs is stored as failed. A result whose repetitions disagree by more than
-    --max-rsd is measured again, and flagged unstable if it stays so; one whose threads lost
+    crashes or hangs is stored as failed. oneDNN benchmarks are sampled until --precision,
+    racing each layer's variants; --min-time or --repetitions select a fixed budget. A result
+    short of the precision (or, with a fixed budget, whose repetitions disagree by more than
+    --max-rsd) is measured again, and flagged unstable if it stays so; one whose threads lost
     more than --max-contention of their time to other processes is measured again after the
     others, and flagged contended if it stays so (`analyze` then refuses its bound).
     """

@@ -59,6 +59,24 @@ def test_dry_run_counts_what_is_missing_and_estimates_from_the_budget_and_earlie
     assert sampled.at_most_s == pytest.approx((len(variants) - 1) * 0.3 * 1.25)  # racing's screening pass first
 
 
+def test_the_cli_samples_onednn_adaptively_unless_a_fixed_budget_is_given(bench, tmp_path):
+    """`benanza run` with no budget flags samples to --precision 0.02 and races; --min-time or
+    --repetitions select the fixed budget; an explicit --precision wins over them."""
+    variants = read_variants(bench / "onednn")
+
+    def dry(*flags: str) -> str:
+        out = CliRunner().invoke(main, ["run", "--system", "box", "--backend", "onednn", "--bench-dir", str(bench),
+                                        "--db", str(tmp_path / "r.db"), "--dry-run", *flags])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    limit = _duration(len(variants) * 0.5 * 1.25)  # each at --max-time, after racing's screening
+    assert f"to at most {limit} (each sampling --max-time 0.5 s) at --precision 0.02" in dry()
+    assert "of timed loops at --min-time 0.05 s × 3 repetitions" in dry("--min-time", "0.05")
+    assert "of timed loops at --min-time 0.2 s × 5 repetitions" in dry("--repetitions", "5")
+    assert "at --precision 0.05" in dry("--precision", "0.05", "--min-time", "0.05")
+
+
 def test_time_left_scales_the_expectation_by_how_the_finished_ones_went(monkeypatch):
     """Before anything finished, the expected time of all; later, the expected time of those left
     times the ratio of the time spent to the expected time of those finished."""
