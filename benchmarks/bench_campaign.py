@@ -3,11 +3,12 @@
 Usage: python benchmarks/bench_campaign.py [--work DIR] [--models NAME ...] [--reference-models NAME ...]
            [--precision 0.02] [--max-time 0.5] [--min-time 0.2] [--repetitions 3]
            [--reference-min-time 1] [--reference-repetitions 5] [--threads N] [--jobs N]
-           [--modes defaults precision race reference]
+           [--modes defaults precision race reference] [--chunks 8]
 
 Builds the models (benanza.zoo), generates their oneDNN benchmarks once (f32, every layout and
 fusion variant, as `benanza generate` does) and builds them once, then runs the campaign into a
-fresh database per mode, each timed on its own:
+fresh database per mode, each mode's time summed over ``--chunks`` chunks of the layers that the
+modes take in turn (interleaved, so the machine's drift over the campaign does not favour a mode):
 
 - ``defaults``: ``--min-time 0.2 --repetitions 3`` (`benanza run`'s fixed budget);
 - ``precision``: ``--precision 0.02 --no-race`` (every variant sampled to the precision);
@@ -31,12 +32,13 @@ the others, how many the reference measured within the precision of its own best
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench_onednn_all import generate_onednn
@@ -62,7 +64,7 @@ class Mode:
     options: RunOptions
 
 
-def modes(args: argparse.Namespace, threads: int, reference_filter: str | None) -> list[Mode]:
+def modes(args: argparse.Namespace, threads: int, reference_only: bool) -> list[Mode]:
     common = {"threads": threads, "peaks": False, "build_jobs": args.jobs}
     p, t = args.precision, args.max_time
     return [
@@ -72,20 +74,60 @@ def modes(args: argparse.Namespace, threads: int, reference_filter: str | None) 
              RunOptions(precision=p, max_time=t, race=False, **common)),
         Mode("race", f"--precision {p:g} --max-time {t:g} --race", RunOptions(precision=p, max_time=t, **common)),
         Mode("reference", f"--min-time {args.reference_min_time:g} --repetitions {args.reference_repetitions}"
-             + (f" --filter <the layers of {', '.join(args.reference_models)}>" if reference_filter else ""),
-             RunOptions(min_time=args.reference_min_time, repetitions=args.reference_repetitions,
-                        filter=reference_filter, **common)),
+             + (f" --filter <the layers of {', '.join(args.reference_models)}>" if reference_only else ""),
+             RunOptions(min_time=args.reference_min_time, repetitions=args.reference_repetitions, **common)),
     ]
 
 
-def measure(work: Path, mode: Mode) -> tuple[Path, RunSummary, float]:
-    """The campaign in ``mode`` into its own fresh database, and its wall time."""
-    db = work / f"{mode.name}.db"
-    for stale in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
-        stale.unlink(missing_ok=True)
-    t0 = time.monotonic()
-    summary = run(work / "bench", SYSTEM, "onednn", db, mode.options)
-    return db, summary, time.monotonic() - t0
+@dataclass
+class Tally:
+    """One mode's campaign, summed over its chunks."""
+
+    seconds: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+    interrupted: bool = False
+
+    def add(self, s: RunSummary, seconds: float) -> None:
+        self.seconds += seconds
+        self.interrupted |= s.interrupted
+        for k, v in {"variants_run": len(s.to_run), "ok": s.ok, "unsupported": s.unsupported, "failed": s.failed,
+                     "unstable": s.unstable, "eliminated": s.eliminated, "contended": len(s.still_contended)}.items():
+            self.counts[k] = self.counts.get(k, 0) + v
+
+
+def chunks(keys: list[str], n: int) -> list[list[str]]:
+    """The layers split into ``n`` chunks by a hash of their key (a layer's variants stay
+    together: racing compares them), each in its own stable order."""
+    out: list[list[str]] = [[] for _ in range(n)]
+    for k in keys:
+        out[int(hashlib.sha256(k.encode()).hexdigest(), 16) % n].append(k)
+    return [c for c in out if c]
+
+
+def layer_filter(keys: list[str]) -> str:
+    return "^(?:" + "|".join(re.escape(k) for k in keys) + ")/"  # a variant's name starts with its layer's key
+
+
+def measure(work: Path, todo: list[Mode], parts: list[list[str]], reference: set[str]) -> dict[str, Tally]:
+    """The campaign in every mode of ``todo``, each into its own fresh database, interleaved: chunk
+    by chunk of the layers, every mode in turn (the order rotated per chunk), so a drift of the
+    machine over the campaign (seen here: 5-10% slower bounds 15 minutes later) lands on every
+    mode alike instead of on whichever ran last. The reference measures only ``reference``'s layers."""
+    for mode in todo:
+        db = work / f"{mode.name}.db"
+        for stale in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+            stale.unlink(missing_ok=True)
+    tallies = {m.name: Tally() for m in todo}
+    for i, part in enumerate(parts):
+        for mode in todo[i % len(todo):] + todo[:i % len(todo)]:
+            keys = [k for k in part if mode.name != "reference" or k in reference]
+            if not keys:
+                continue
+            t0 = time.monotonic()
+            s = run(work / "bench", SYSTEM, "onednn", work / f"{mode.name}.db",
+                    replace(mode.options, filter=layer_filter(keys)))
+            tallies[mode.name].add(s, time.monotonic() - t0)
+    return tallies
 
 
 def analyze(model: Path, db: Path) -> dict:
@@ -127,6 +169,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--jobs", type=int, default=None, help="parallel build jobs")
     ap.add_argument("--modes", nargs="+", default=list(MODE_NAMES), choices=MODE_NAMES)
+    ap.add_argument("--chunks", type=int, default=8, help="interleave the modes over this many chunks of the layers")
     args = ap.parse_args()
     work = Path(args.work)
     paths = build_all(work / "models", names=args.models)
@@ -140,25 +183,27 @@ def main() -> None:
     threads = args.threads or free_cores().free
     by_name = {p.stem: (p, m) for p, m in zip(paths, models)}
     reference = args.reference_models or sorted(by_name)
-    keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype("f32")) for name in reference
-                   for n in by_name[name][1].nodes})
-    # a variant's name starts with its layer's key
-    only = "^(?:" + "|".join(re.escape(k) for k in keys) + ")/" if args.reference_models else None
+    reference_keys = {layer_key(n.layer.problem, n.layer.in_dtype("f32")) for name in reference
+                      for n in by_name[name][1].nodes}
+    parts = chunks(sorted({v.layer_key for v in generated.variants}), args.chunks)
     out: dict = {"models": sorted(by_name), "reference_models": reference, "unique_layers": len(manifest.layers),
                  "variants": len(generated.variants), "threads": threads,
                  "seconds_generate": round(t1 - t0, 1), "seconds_build": round(t2 - t1, 1),
                  "targets": {"bound_within": BOUND_TOLERANCE, "same_best_share": SAME_BEST_TARGET,
                              "precision": args.precision},
                  "modes": {}, "per_model": {}}
-    dbs: dict[str, Path] = {}
-    for mode in (m for m in modes(args, threads, only) if m.name in args.modes):
-        db, s, seconds = measure(work, mode)
-        dbs[mode.name] = db
-        out["modes"][mode.name] = {
-            "flags": mode.flags, "seconds": round(seconds, 1), "variants_run": len(s.to_run), "ok": s.ok,
-            "unsupported": s.unsupported, "failed": s.failed, "unstable": s.unstable, "eliminated": s.eliminated,
-            "contended": len(s.still_contended), "interrupted": s.interrupted}
-        out.update(cpu=s.system.device, onednn=dict(s.system.stack).get("onednn"))
+    todo = [m for m in modes(args, threads, bool(args.reference_models)) if m.name in args.modes]
+    tallies = measure(work, todo, parts, reference_keys)
+    dbs = {m.name: work / f"{m.name}.db" for m in todo}
+    out["chunks"] = len(parts)
+    for mode in todo:
+        t = tallies[mode.name]
+        out["modes"][mode.name] = {"flags": mode.flags, "seconds": round(t.seconds, 1), **t.counts,
+                                   "interrupted": t.interrupted}
+    with PerfDB(next(iter(dbs.values())), readonly=True) as pdb:
+        system = pdb.system(SYSTEM, "onednn")
+    if system is not None:
+        out.update(cpu=system.device, onednn=dict(system.stack).get("onednn"))
     ref_ms: dict[str, float] = {}
     if "reference" in dbs:
         with PerfDB(dbs["reference"], readonly=True) as pdb:
