@@ -270,8 +270,11 @@ def test_cli_run_prints_each_failure_with_its_reproduce_line(standin_bench, tmp_
     words = shlex.split(lines[at + 1].strip().removeprefix("reproduce: "))
     # what Benanza set for the binary is on the line; what the user's shell has (STANDIN_*) is not
     assert words[0].startswith("OMP_NUM_THREADS=") and not any(w.startswith("STANDIN_") for w in words)
-    assert words[-3] == f"--benchmark_filter=^{_regex_literal(crash)}(/|$)"
-    assert Path(words[-4]).name == "benanza_bench" and Path(words[-4]).is_absolute()
+    binary = next(i for i, w in enumerate(words) if Path(w).name == "benanza_bench")
+    assert Path(words[binary]).is_absolute()
+    assert words[binary + 1] == f"--benchmark_filter=^{_regex_literal(crash)}(/|$)"
+    # then the run's budget: the default, adaptive sampling to 2%
+    assert "--benanza_precision=0.02" in words[binary + 2:]
 
 
 @pytest.mark.slow
