@@ -16,7 +16,7 @@ in all, the machine's start (minutes) and every idle wait included.
                    priority order until the report's reserve, then the report; ends before 570 s
         install    carried wheels → out/gpukit/site (beside the image's Python, on PYTHONPATH),
                    Google Benchmark built from its carried source, the toolchain checked
-        generate   the four models, their cuDNN/cuBLAS benchmark sources, CMake configured
+        generate   the zoo's three CNNs and the kit's three exports, their cuDNN/cuBLAS sources, CMake configured
         plan       install and generate, then what `all` would do with the time left: the budget
                    split and the campaign's order (out/gpukit/plan.json); needs no GPU
         campaign   GPU: `benanza run` into perfdb/<gpu>.db for the whole budget
