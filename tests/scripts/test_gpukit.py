@@ -471,12 +471,11 @@ def test_the_kits_exports_reach_the_int8_quant_boolean_and_tanh_gelu_paths_early
     assert mnk and len({v["layer_key"] for v in int8}) == len(mnk)
     assert all(users[v["layer_key"]] == {"transformer-encoder-int8"} for v in int8)
     assert {v["algo"] for v in int8} == {f"heuristic{i}" for i in range(8)}  # one per rank of the heuristic
-    assert {v["name"] for v in int8 if v["algo"] == "heuristic0"} <= early
+    assert {v["name"] for v in int8 if v["algo"] == "heuristic0"} <= early  # not empty: every rank is there
     # quant: the graph API's nodes for the activations' quantization (and the Casts around the GEMM)
     assert any(n.op_type == "DynamicQuantizeLinear" for n in nodes)
     quant = [v for v in variants if v["api"] == "cudnn_frontend.quant"]
-    assert any(v["layer_key"].startswith("dynquant:") or "dynamicquantizelinear" in v["layer_key"].lower()
-               for v in quant), sorted({v["layer_key"] for v in quant})
+    assert any(v["layer_key"].startswith("dynquant:") for v in quant), sorted({v["layer_key"] for v in quant})
     assert all("transformer-encoder-int8" in users.get(v["layer_key"], {"transformer-encoder-int8"}) for v in quant)
     assert {v["name"] for v in quant if v["algo"] == "plan0" and v["layer_key"] in users} & early
 
@@ -491,11 +490,12 @@ def test_the_kits_exports_reach_the_int8_quant_boolean_and_tanh_gelu_paths_early
     assert {v["api"] for v in mask} == {"cudnn_frontend.pointwise"}
     for op, alg in (("And", "binary:and_"), ("Equal", "binary:eq_")):
         assert len({v["layer_key"] for v in mask if v["layer_key"].startswith(alg)}) == len(boolean[op]), op
-    assert {v["name"] for v in mask if v["algo"] == "plan0"} <= early
+    assert mask and {v["name"] for v in mask if v["algo"] == "plan0"} <= early
     # the tanh GELU: the MLP's decomposition as one GELU_APPROX_TANH node, on the Tanh's layer
     gelu = [v for v in variants if v["fusion"] == "gelu_tanh"]
     assert {v["layer_key"] for v in gelu} == {"eltwise:tanh_in1x64x1024_f32", "eltwise:tanh_in1x64x1024_f16"}
-    assert {v["name"] for v in gelu if v["algo"] == "plan0" and v["dtype"] == "f32"} <= early
+    first_gelu = {v["name"] for v in gelu if v["algo"] == "plan0" and v["dtype"] == "f32"}
+    assert len(first_gelu) == 1 and first_gelu <= early
 
 
 def test_results_page_counts_each_new_path(generated, tmp_path):
