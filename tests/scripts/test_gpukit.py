@@ -312,6 +312,29 @@ def test_a_step_without_the_kit_says_how_to_make_it(tmp_path):
          f"connected machine and name {tmp_path / 'none'} in the call's carry")]
 
 
+def test_an_export_that_fails_or_is_not_processable_is_a_note_and_the_others_go_on(tmp_path, monkeypatch):
+    """An export whose script fails, one made from it, and one Benanza's processor refuses (a file
+    that is no ONNX model): each a line that names the model and why, and the kit goes on to the
+    next; the export after them is in the campaign."""
+    good = gpukit.EXPORTS[0]
+    monkeypatch.setattr(gpukit, "EXPORTS", (
+        gpukit.Export("broken", "an exporter that fails", "import sys; sys.exit('no exporter on this image')"),
+        gpukit.Export("broken-int8", "its quantization", gpukit._INT8_EXPORT, "broken"),
+        gpukit.Export("garbage", "not a model", "import sys; open(sys.argv[1], 'w').write('not onnx')"),
+        good))
+    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", tmp_path / "state", time.monotonic() + 600,
+                      tmp_path / "perfdb", tmp_path / "docs")
+    (tmp_path / "models").mkdir()
+    names, paths, notes = gpukit.export_models(d, tmp_path / "models")
+    assert (names, paths) == ([good.name], [tmp_path / "models" / f"{good.name}.onnx"])
+    assert [n.split(": not in the campaign: ")[0] for n in notes] == [
+        "broken (an exporter that fails)", "broken-int8 (its quantization)", "garbage (not a model)"]
+    assert notes[0].endswith("export of broken failed (exit 1): no exporter on this image")
+    assert notes[1].endswith("its source, broken, was not exported")
+    assert "benanza generate --backend none garbage.onnx failed (exit 1)" in notes[2]
+    assert str(tmp_path / "models" / "garbage.onnx") in notes[2]  # the processor's own line, naming the file
+
+
 def test_results_page_says_why_the_smoke_run_was_skipped(tmp_path):
     """The line the smoke step writes where compute-sanitizer refuses the device, rendered by
     gpu-results.py from a database the perfdb layer wrote."""
