@@ -16,12 +16,13 @@ import json
 import statistics
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from benanza.backends.cudnn import CONV_ALGOS, CUDNN_MATH_TYPES
 from benanza.peaks import Peaks, datasheet_for
 from benanza.perfdb import PerfDB
-from benanza.records import Result, Status
+from benanza.records import Result, Status, Variant
 
 
 def _ms(x: float | None) -> str:
@@ -59,6 +60,36 @@ def campaign(results: list[Result], seconds: float) -> list[str]:
         lines += ["Most frequent failure messages:", ""]
         lines += _table(["count", "message"], [[str(n), m.replace("|", "\\|")] for m, n in failures.most_common(10)])
     return lines
+
+
+# The GPU paths the cuDNN/cuBLAS backends gained after the kit's first models (the zoo's CNNs and
+# the transformer encoder), which the kit's int8 encoder and masked decoder reach: whether the
+# GPU ran them is what the campaign first tells of them.
+PATHS: tuple[tuple[str, Callable[[Variant], bool]], ...] = (
+    ("int8 GEMM (MatMulInteger: cublasLtMatmul, s8, CUBLAS_COMPUTE_32I)",
+     lambda v: v.api == "cublasLtMatmul" and v.dtype in ("u8", "i8")),
+    ("quant graph nodes (Cast, DequantizeLinear, DynamicQuantizeLinear)", lambda v: v.api == "cudnn_frontend.quant"),
+    ("boolean mask ops (And, Or, Equal: BYTE_BOOLEAN pointwise)", lambda v: v.dtype == "b"),
+    ("tanh-GELU (GELU_APPROX_TANH_FWD pointwise)",
+     lambda v: v.fusion == "gelu_tanh" or v.layer_key.startswith("eltwise:gelutanh_")),
+)
+
+
+def paths(results: list[Result]) -> list[str]:
+    """Per path: its stored results by status, and the first failure's message (a cuDNN older
+    than 9.25 fails every boolean graph, for one)."""
+    rows = []
+    for label, on_path in PATHS:
+        mine = [r for r in results if on_path(r.variant)]
+        count = Counter(r.status.value for r in mine)
+        failure = next((r.message for r in mine if r.status is Status.FAILED), "")
+        rows.append([label, str(len(mine)), str(count["ok"]), str(count["unsupported"]), str(count["failed"]),
+                     failure[:120].replace("|", "\\|") or "—"])
+    return ["## int8, quantization, boolean and tanh-GELU paths", "",
+            ("Results stored for the variants of each path (0: the campaign did not reach them, or no model "
+             "of it has one). `benanza check` compares oneDNN benchmarks with ONNX Runtime, not these: "
+             "on the GPU they are timed, their values unchecked (docs/gpu.md)."), ""] + _table(
+        ["path", "results", "ok", "unsupported", "failed", "first failure"], rows)
 
 
 def algorithms(results: list[Result]) -> list[str]:
@@ -197,7 +228,7 @@ def main() -> int:
     lines += _table(["component", "version"], [[k, v] for k, v in system.stack])
     lines += [f"- {n}" for n in args.note] + ([""] if args.note else [])
     lines += campaign(results, args.campaign_seconds) + peaks(measured, system.device) + models(analyses)
-    lines += algorithms(results) + smoke(args.smoke)
+    lines += paths(results) + algorithms(results) + smoke(args.smoke)
     args.out.write_text("\n".join(lines))
     print(f"gpu-results: wrote {args.out}")
     return 0

@@ -16,7 +16,7 @@ in all, the machine's start (minutes) and every idle wait included.
                    priority order until the report's reserve, then the report; ends before 570 s
         install    carried wheels → out/gpukit/site (beside the image's Python, on PYTHONPATH),
                    Google Benchmark built from its carried source, the toolchain checked
-        generate   the four models, their cuDNN/cuBLAS benchmark sources, CMake configured
+        generate   the zoo's three CNNs and the kit's three exports, their cuDNN/cuBLAS sources, CMake configured
         plan       install and generate, then what `all` would do with the time left: the budget
                    split and the campaign's order (out/gpukit/plan.json); needs no GPU
         campaign   GPU: `benanza run` into perfdb/<gpu>.db for the whole budget
@@ -495,6 +495,70 @@ torch.onnx.export(encoder, (torch.randn(1, 64, 256),), sys.argv[1], input_names=
                   opset_version=17, dynamo=False)
 """
 
+# What CPU deployments of the encoder run: ONNX Runtime's dynamic int8 quantization (the image has
+# onnxruntime), its MatMuls as DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul.
+_INT8_EXPORT = """
+import sys
+from onnxruntime.quantization import QuantType, quantize_dynamic
+quantize_dynamic(sys.argv[2], sys.argv[1], weight_type=QuantType.QInt8)
+"""
+
+# One pre-LN decoder block in plain torch (the image has no transformers package), at the encoder's
+# sizes so that the layers they share are benchmarked once: causal attention over the tokens of the
+# same packed document that are not padding (a mask of And and Equal of booleans) and a tanh-GELU MLP.
+_DECODER_EXPORT = """
+import sys, warnings
+import torch
+from torch import nn
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+D, H, S = 256, 4, 64
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(approximate="tanh"), nn.Linear(4 * D, D))
+        self.register_buffer("causal", torch.ones(S, S, dtype=torch.bool).tril()[None, None])
+
+    def forward(self, x, pad, doc):
+        q, k, v = (t.view(1, S, H, D // H).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(D, dim=2))
+        same_doc = doc[:, None, :, None] == doc[:, None, None, :]
+        keep = self.causal & pad[:, None, None, :] & same_doc
+        scores = torch.where(keep, (q @ k.transpose(-1, -2)) / (D // H) ** 0.5, torch.finfo(x.dtype).min)
+        x = x + self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(1, S, D))
+        return x + self.mlp(self.ln2(x))
+
+
+pad, doc = torch.ones(1, S, dtype=torch.bool), torch.arange(S)[None] >= S // 2
+torch.onnx.export(Block().eval(), (torch.randn(1, S, D), pad, doc), sys.argv[1], input_names=["x", "pad", "doc"],
+                  output_names=["y"], opset_version=17, dynamo=False)
+"""
+
+
+@dataclass(frozen=True)
+class Export:
+    """A model the kit makes on the device with the image's torch and onnxruntime, for the GPU
+    paths the zoo's CNNs do not reach; ``source``: the export it is made from (the script's second
+    argument)."""
+
+    name: str
+    what: str
+    script: str
+    source: str | None = None
+
+
+EXPORTS = (
+    Export(TRANSFORMER, "PyTorch nn.TransformerEncoder export: GEMMs, layer norms, softmax", _TRANSFORMER_EXPORT),
+    Export(f"{TRANSFORMER}-int8", ("ONNX Runtime's quantize_dynamic of the transformer encoder: cuBLASLt's int8 "
+                                   "GEMM, Cast and (Dynamic)QuantizeLinear graph nodes"), _INT8_EXPORT, TRANSFORMER),
+    Export("masked-decoder", ("a decoder block in plain torch: its causal, padding and same-document mask as "
+                              "And and Equal of booleans, a tanh-GELU MLP"), _DECODER_EXPORT),
+)
+
+
 _SMOKE_MODEL = """
 import sys
 sys.path[:0] = [".", "tests"]  # the tests package (cwd: the repository), and the helpers it imports
@@ -533,6 +597,33 @@ def configure(d: Device, project: Path) -> dict[str, str]:
     return cache
 
 
+def export_models(d: Device, models: Path) -> tuple[list[str], list[Path], list[str]]:
+    """The kit's exports (EXPORTS) into ``models``: the names and paths of those Benanza processes
+    (probed with `generate --backend none`), and for each of the others a line saying why it is
+    not in the campaign. One failing export or probe never stops the others or the campaign."""
+    names, paths, notes, exported = [], [], [], set()
+    for e in EXPORTS:
+        path = models / f"{e.name}.onnx"
+        try:
+            if e.source is not None and e.source not in exported:
+                raise KitError(f"its source, {e.source}, was not exported")
+            d.call([str(d.python), "-c", e.script, str(path),
+                    *([str(models / f"{e.source}.onnx")] if e.source else [])], f"export of {e.name}")
+            exported.add(e.name)
+            d.call(d.bz("generate", str(path), "--out", str(d.state / "probe"), "--backend", "none"),
+                   f"benanza generate --backend none {e.name}.onnx")
+        except KitError as err:
+            if err.code == 75:  # out of time: the call ends here, as any step's
+                raise
+            notes.append(f"{e.name} ({e.what}): not in the campaign: {_first_line(err)}")
+            say(f"generate: {notes[-1]}")
+            continue
+        names.append(e.name)
+        paths.append(path)
+        say(f"generate: {e.name} is processable: in the campaign")
+    return names, paths, notes
+
+
 def step_generate(d: Device) -> None:
     step_install(d)
     if d.stamp("generate").is_file():
@@ -541,26 +632,10 @@ def step_generate(d: Device) -> None:
     models = d.state / "models"
     only = [a for m in MODELS for a in ("--only", m)]
     d.call(d.bz("zoo", "--out", str(models), *only), "benanza zoo")
-    paths = [models / f"{m}.onnx" for m in MODELS]
-    names = list(MODELS)
-    transformer = models / f"{TRANSFORMER}.onnx"
-    d.call([str(d.python), "-c", _TRANSFORMER_EXPORT, str(transformer)], "transformer encoder export")
-    probe = subprocess.run(d.bz("generate", str(transformer), "--out", str(d.state / "probe"), "--backend", "none"),
-                           env=d.env, check=False, capture_output=True, text=True, cwd=REPO, timeout=max(1.0, d.left()))
-    note = ""
-    if probe.returncode == 0:
-        names.append(TRANSFORMER)
-        paths.append(transformer)
-        say("generate: the transformer encoder is processable: in the campaign")
-    else:
-        lines = (probe.stderr + probe.stdout).strip().splitlines()
-        reason = next((line[len("error: "):] for line in lines if line.lower().startswith("error: ")),
-                      lines[-1] if lines else "")
-        note = ("transformer encoder (PyTorch nn.TransformerEncoder export): not processable by Benanza yet, "
-                f"so not in the campaign: {reason}")
-        say(f"generate: {note}")
+    names, paths, notes = export_models(d, models)
+    names, paths = [*MODELS, *names], [*(models / f"{m}.onnx" for m in MODELS), *paths]
     (d.state / "models.json").write_text(json.dumps({"names": names, "paths": [str(p) for p in paths],
-                                                     "note": note}) + "\n")
+                                                     "notes": notes}) + "\n")
     d.call(d.bz("generate", *map(str, paths), "--out", str(d.state / "bench"), "--backend", "cudnn"),
            "benanza generate (campaign)")
     _configure_and_say(d, d.state / "bench" / "cudnn")
@@ -998,8 +1073,7 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
         notes += ["--note", coverage_note(tiers, latest_statuses(db, gpu), stopped)]
         notes += ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
                              f"3 repetitions (perfdb/{gpu}-campaign.log)")]
-        if models["note"]:
-            notes += ["--note", models["note"]]
+        notes += [a for note in models["notes"] for a in ("--note", note)]
         smoke_log = d.perfdb / f"{gpu}-smoke.log"
         smoke = ["--smoke", str(smoke_log)] if smoke_log.is_file() else []
         d.docs.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import sysconfig
 import tarfile
 import time
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -230,13 +232,16 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
 
     # generate: the models, the sources, and CMake's discovery at the image's paths
     names = json.loads((state / "models.json").read_text())["names"]
-    assert names[:3] == ["resnet50-v1", "inception-v1", "mobilenet-v2"]
-    assert ("transformer encoder is processable" in log) == (names[3:] == ["transformer-encoder"])
+    assert names == ["resnet50-v1", "inception-v1", "mobilenet-v2", *EXPORTED]  # made by this machine's torch
+    for name in EXPORTED:
+        assert f"generate: {name} is processable: in the campaign" in log
     from benanza.generator import read_variants
 
     variants = read_variants(state / "bench" / "cudnn")
     assert f"generate: {len(variants)} campaign variants of {', '.join(names)}" in log
-    assert {v.api for v in variants} >= {"cudnnConvolutionForward", "cudnnPoolingForward"}
+    assert {v.api for v in variants} >= {"cudnnConvolutionForward", "cudnnPoolingForward", "cudnn_frontend.quant"}
+    assert {v.dtype for v in variants if v.api == "cublasLtMatmul"} >= {"f32", "u8"}  # the int8 GEMM too
+    assert {v.dtype for v in variants if v.api == "cudnn_frontend.pointwise"} >= {"f32", "b"}  # the mask's booleans
 
     def cmake_cache(project: str) -> dict[str, str]:
         cache = {}
@@ -266,6 +271,7 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     assert [s for _, s in plan["reserve"]] == [gpukit.DEFAULT_SECONDS[stage.split()[0]] for stage, _ in plan["reserve"]]
     assert 0 < plan["left_s"] <= gpukit.ALL_BUDGET_S
     assert plan["campaign_s"] == pytest.approx(plan["left_s"] - sum(s for _, s in plan["reserve"]), abs=0.11)
+    assert plan["campaign_s"] > 0  # six models' install, generate and report leave the campaign a share
     assert [set(t["names"]) for t in plan["tiers"]] == _oracle_tiers(state / "bench", names)
     assert sorted(n for t in plan["tiers"] for n in t["names"]) == sorted(v.name for v in variants)
     for stage in ("install", "generate"):
@@ -306,6 +312,29 @@ def test_a_step_without_the_kit_says_how_to_make_it(tmp_path):
          f"connected machine and name {tmp_path / 'none'} in the call's carry")]
 
 
+def test_an_export_that_fails_or_is_not_processable_is_a_note_and_the_others_go_on(tmp_path, monkeypatch):
+    """An export whose script fails, one made from it, and one Benanza's processor refuses (a file
+    that is no ONNX model): each a line that names the model and why, and the kit goes on to the
+    next; the export after them is in the campaign."""
+    good = gpukit.EXPORTS[0]
+    monkeypatch.setattr(gpukit, "EXPORTS", (
+        gpukit.Export("broken", "an exporter that fails", "import sys; sys.exit('no exporter on this image')"),
+        gpukit.Export("broken-int8", "its quantization", gpukit._INT8_EXPORT, "broken"),
+        gpukit.Export("garbage", "not a model", "import sys; open(sys.argv[1], 'w').write('not onnx')"),
+        good))
+    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", tmp_path / "state", time.monotonic() + 600,
+                      tmp_path / "perfdb", tmp_path / "docs")
+    (tmp_path / "models").mkdir()
+    names, paths, notes = gpukit.export_models(d, tmp_path / "models")
+    assert (names, paths) == ([good.name], [tmp_path / "models" / f"{good.name}.onnx"])
+    assert [n.split(": not in the campaign: ")[0] for n in notes] == [
+        "broken (an exporter that fails)", "broken-int8 (its quantization)", "garbage (not a model)"]
+    assert notes[0].endswith("export of broken failed (exit 1): no exporter on this image")
+    assert notes[1].endswith("its source, broken, was not exported")
+    assert "benanza generate --backend none garbage.onnx failed (exit 1)" in notes[2]
+    assert str(tmp_path / "models" / "garbage.onnx") in notes[2]  # the processor's own line, naming the file
+
+
 def test_results_page_says_why_the_smoke_run_was_skipped(tmp_path):
     """The line the smoke step writes where compute-sanitizer refuses the device, rendered by
     gpu-results.py from a database the perfdb layer wrote."""
@@ -335,24 +364,29 @@ def test_results_page_says_why_the_smoke_run_was_skipped(tmp_path):
 GPU = "nvidia-h100-80gb-hbm3"  # the slug of the H100's nvidia-smi name (KINDS.md)
 
 
+EXPORTED = ["transformer-encoder", "transformer-encoder-int8", "masked-decoder"]
+
+
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> tuple[Path, dict]:
     """What `device generate` writes, made the way it makes it: the zoo's ResNet-50 and
-    MobileNet-v2, the transformer encoder exported by the kit's own script, the cuDNN sources of
-    the three (`benanza generate`), and models.json."""
+    MobileNet-v2, the kit's own exports (`export_models`: the transformer encoder, its int8
+    quantization, the masked decoder block), the cuDNN sources of them all (`benanza generate`),
+    and models.json."""
     root = tmp_path_factory.mktemp("generated")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     bz = [sys.executable, "-c", "from benanza.cli import main; main(prog_name='benanza')"]
     subprocess.run([*bz, "zoo", "--out", str(root / "models"), "--only", "resnet50-v1", "--only", "mobilenet-v2"],
                    check=True, capture_output=True, env=env, timeout=600)
-    transformer = root / "models" / "transformer-encoder.onnx"
-    subprocess.run([sys.executable, "-c", gpukit._TRANSFORMER_EXPORT, str(transformer)], check=True,
-                   capture_output=True, env=env, timeout=600)
-    names = ["resnet50-v1", "mobilenet-v2", "transformer-encoder"]
-    paths = [str(root / "models" / f"{n}.onnx") for n in names]
+    d = gpukit.Device(Path(sys.executable), root / "kit", root / "state", time.monotonic() + 900, root / "perfdb",
+                      root / "docs")
+    exported, paths, notes = gpukit.export_models(d, root / "models")
+    assert (exported, notes) == (EXPORTED, [])
+    names = ["resnet50-v1", "mobilenet-v2", *exported]
+    paths = [str(root / "models" / f"{n}.onnx") for n in names[:2]] + [str(p) for p in paths]
     subprocess.run([*bz, "generate", *paths, "--out", str(root / "state" / "bench"), "--backend", "cudnn"],
-                   check=True, capture_output=True, env=env, timeout=600)
-    models = {"names": names, "paths": paths, "note": ""}
+                   check=True, capture_output=True, env=env, timeout=900)
+    models = {"names": names, "paths": paths, "notes": []}
     (root / "state" / "models.json").write_text(json.dumps(models) + "\n")
     return root / "state", models
 
@@ -389,7 +423,7 @@ def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first
     assert [set(t.names) for t in tiers] == _oracle_tiers(state / "bench", models["names"])
     assert [t.label for t in tiers] == [
         "first choice in the model's dtype: resnet50-v1, transformer-encoder",
-        "first choice in the model's dtype: mobilenet-v2",
+        "first choice in the model's dtype: mobilenet-v2, transformer-encoder-int8, masked-decoder",
         "first choice in other dtypes: resnet50-v1, transformer-encoder",
         "every variant: resnet50-v1, transformer-encoder", "every other variant"]
     first = set(tiers[0].names)
@@ -420,6 +454,113 @@ def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first
     assert order[:len(tiers[0].names)] == measurement_order(list(tiers[0].names), 0)
 
 
+def _shapes(path: Path) -> tuple[list, dict[str, tuple[int, tuple[int, ...]]]]:
+    """The model's nodes and every tensor's (ONNX element type, shape), by ONNX's own shape inference."""
+    import onnx
+
+    m = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    infos = [*m.graph.input, *m.graph.value_info, *m.graph.output]
+    known = {v.name: (v.type.tensor_type.elem_type, tuple(d.dim_value for d in v.type.tensor_type.shape.dim))
+             for v in infos}
+    known.update({t.name: (t.data_type, tuple(t.dims)) for t in m.graph.initializer})
+    return list(m.graph.node), known
+
+
+def test_the_kits_exports_reach_the_int8_quant_boolean_and_tanh_gelu_paths_early(generated):
+    """The int8 encoder and the masked decoder give cuDNN/cuBLAS variants on every path added
+    after the kit's first models, read from the generated variants.json and recomputed from the
+    exported ONNX files: one int8 GEMM layer per distinct (M, K, N) of the MatMulIntegers, quant
+    graph nodes for the quantization's DynamicQuantizeLinear, one boolean layer per distinct And
+    and Equal of booleans, the tanh GELU of the MLP; and their first-choice variants in the
+    campaign's first tier of the non-priority models."""
+    from onnx import TensorProto
+
+    state, models = generated
+    variants = json.loads((state / "bench" / "cudnn" / "variants.json").read_text())["variants"]
+    layers = json.loads((state / "bench" / "layers.json").read_text())["layers"]
+    users = {layer["key"]: {o["model"] for o in layer["occurrences"]} for layer in layers}
+    paths = dict(zip(models["names"], models["paths"]))
+    tiers = gpukit.campaign_tiers(state / "bench", models["names"])
+    assert tiers[1].label.endswith("mobilenet-v2, transformer-encoder-int8, masked-decoder")
+    early = set(tiers[1].names)
+
+    # int8: cuBLASLt's int8 GEMM, one layer per (M, K, N) of the quantized model's MatMulIntegers
+    nodes, known = _shapes(Path(paths["transformer-encoder-int8"]))
+    mnk = set()
+    for node in (n for n in nodes if n.op_type == "MatMulInteger"):
+        (_, a), (_, b) = known[node.input[0]], known[node.input[1]]
+        mnk.add((math.prod(a[:-1]), a[-1], b[-1]))
+    int8 = [v for v in variants if v["api"] == "cublasLtMatmul" and v["dtype"] in ("u8", "i8")]
+    assert mnk and len({v["layer_key"] for v in int8}) == len(mnk)
+    assert all(users[v["layer_key"]] == {"transformer-encoder-int8"} for v in int8)
+    assert {v["algo"] for v in int8} == {f"heuristic{i}" for i in range(8)}  # one per rank of the heuristic
+    assert {v["name"] for v in int8 if v["algo"] == "heuristic0"} <= early  # not empty: every rank is there
+    # quant: the graph API's nodes for the activations' quantization (and the Casts around the GEMM)
+    assert any(n.op_type == "DynamicQuantizeLinear" for n in nodes)
+    quant = [v for v in variants if v["api"] == "cudnn_frontend.quant"]
+    assert any(v["layer_key"].startswith("dynquant:") for v in quant), sorted({v["layer_key"] for v in quant})
+    assert all("transformer-encoder-int8" in users.get(v["layer_key"], {"transformer-encoder-int8"}) for v in quant)
+    assert {v["name"] for v in quant if v["algo"] == "plan0" and v["layer_key"] in users} & early
+
+    # booleans: one layer per distinct And / Equal of one-byte booleans, in their own type only
+    nodes, known = _shapes(Path(paths["masked-decoder"]))
+    boolean = {}
+    for node in nodes:
+        if node.op_type in ("And", "Equal") and known[node.input[0]][0] == TensorProto.BOOL:
+            boolean.setdefault(node.op_type, set()).add(tuple(sorted(known[i][1] for i in node.input)))
+    assert set(boolean) == {"And", "Equal"}
+    mask = [v for v in variants if v["dtype"] == "b"]
+    assert {v["api"] for v in mask} == {"cudnn_frontend.pointwise"}
+    for op, alg in (("And", "binary:and_"), ("Equal", "binary:eq_")):
+        assert len({v["layer_key"] for v in mask if v["layer_key"].startswith(alg)}) == len(boolean[op]), op
+    assert mask and {v["name"] for v in mask if v["algo"] == "plan0"} <= early
+    # the tanh GELU: the MLP's decomposition as one GELU_APPROX_TANH node, on the Tanh's layer
+    gelu = [v for v in variants if v["fusion"] == "gelu_tanh"]
+    assert {v["layer_key"] for v in gelu} == {"eltwise:tanh_in1x64x1024_f32", "eltwise:tanh_in1x64x1024_f16"}
+    first_gelu = {v["name"] for v in gelu if v["algo"] == "plan0" and v["dtype"] == "f32"}
+    assert len(first_gelu) == 1 and first_gelu <= early
+
+
+def test_results_page_counts_each_new_path(generated, tmp_path):
+    """gpu-results.py's table of the int8, quant, boolean and tanh-GELU paths, from a database the
+    perfdb layer wrote, against counts made here from the variant names."""
+    from benanza.generator import read_variants
+    from benanza.perfdb import PerfDB
+    from benanza.records import Result, Status, System
+
+    state, _ = generated
+    variants = read_variants(state / "bench" / "cudnn")
+    message = "CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE (graph build)"
+
+    def status(name: str) -> Status:
+        return Status.FAILED if "/dtype=b/" in name else Status.UNSUPPORTED if "/algo=plan1/" in name else Status.OK
+
+    system = System(GPU, "cudnn", "NVIDIA H100 80GB HBM3", (("cudnn", "9.13"),))
+    with PerfDB(tmp_path / "gpu.db") as db:
+        db.upsert_system(system)
+        db.insert_results(system, [Result(v, GPU, status(v.name), median_ms=0.01, low_ms=0.01,
+                                          message=message if status(v.name) is Status.FAILED else "")
+                                   for v in variants])
+    page = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-results.py"), "--db", str(tmp_path / "gpu.db"),
+                           "--system", GPU, "--out", str(page), "--campaign-seconds", "0"], check=False,
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    table = text[text.index("| path | results |"):].split("\n\n")[0].splitlines()[2:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    on_path = [lambda n: "/api=cublasLtMatmul/" in n and ("/dtype=u8/" in n or "/dtype=i8/" in n),
+               lambda n: "/api=cudnn_frontend.quant/" in n, lambda n: "/dtype=b/" in n,
+               lambda n: n.endswith("/fusion=gelu_tanh") or n.startswith("eltwise:gelutanh_")]
+    assert len(rows) == len(on_path)
+    for row, rule in zip(rows, on_path):
+        mine = [v.name for v in variants if rule(v.name)]
+        count = Counter(status(n).value for n in mine)
+        assert mine and row[1:5] == [str(len(mine)), str(count["ok"]), str(count["unsupported"]),
+                                     str(count["failed"])], row
+        assert row[5] == (message if count["failed"] else "—"), row
+
+
 def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
     """Before any call measured a stage: the defaults; once the campaign log holds a stage's
     time (as the Timeline writes it), the latest one. Profiles are reserved for the priority
@@ -445,6 +586,18 @@ def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
     assert dict(measured.reserve) == {"stop": defaults["stop"], "profile resnet50-v1": 35.0,
                                       **{f"analyze {m}": defaults["analyze"] for m in models}, "page": 3.0}
     assert measured.campaign_s == 400.0 - sum(dict(measured.reserve).values())
+    # the kit's six models: an analysis each in the reserve, profiles for the two priority models
+    # only (the dry run checks that install and generate leave the campaign a share)
+    six = [*gpukit.MODELS, *(e.name for e in gpukit.EXPORTS)]
+    assert six == ["resnet50-v1", "inception-v1", "mobilenet-v2", *EXPORTED]
+    plan = gpukit.plan_call(gpukit.ALL_BUDGET_S, six, set(), "")
+    assert [stage for stage, _ in plan.reserve if stage.startswith("profile ")] == [
+        "profile resnet50-v1", "profile transformer-encoder"]
+    assert [stage for stage, _ in plan.reserve if stage.startswith("analyze ")] == [
+        f"analyze {m}" for m in ["resnet50-v1", "transformer-encoder", "inception-v1", "mobilenet-v2",
+                                 "transformer-encoder-int8", "masked-decoder"]]
+    six_reserve = defaults["stop"] + 2 * defaults["profile"] + 6 * defaults["analyze"] + defaults["page"]
+    assert plan.campaign_s == gpukit.ALL_BUDGET_S - six_reserve
     # no time for a campaign: none, never a negative share
     assert gpukit.plan_call(60.0, models, set(), "").campaign_s == 0.0
 
