@@ -257,11 +257,11 @@ Spec build(const RopeLayer& L, DType t, uint8_t, int sm) {
   auto xb = s.view("Xb", part(x, half), steps(x, step), t, xs, second);
   TensorPtr ca, cb, sa, sb;
   if (cs.back() == L.rot) {
-    const int64_t cos = s.storage(volume(cs), t), sin = s.storage(volume(cs), t);
-    ca = s.view("cos_a", part(cs, half), steps(cs, step), t, cos, 0);
-    cb = s.view("cos_b", part(cs, half), steps(cs, step), t, cos, second);
-    sa = s.view("sin_a", part(cs, half), steps(cs, step), t, sin, 0);
-    sb = s.view("sin_b", part(cs, half), steps(cs, step), t, sin, second);
+    const int64_t cosines = s.storage(volume(cs), t), sines = s.storage(volume(cs), t);
+    ca = s.view("cos_a", part(cs, half), steps(cs, step), t, cosines, 0);
+    cb = s.view("cos_b", part(cs, half), steps(cs, step), t, cosines, second);
+    sa = s.view("sin_a", part(cs, half), steps(cs, step), t, sines, 0);
+    sb = s.view("sin_b", part(cs, half), steps(cs, step), t, sines, second);
   } else {
     ca = cb = s.tensor("cos", cs, t);
     sa = sb = s.tensor("sin", cs, t);

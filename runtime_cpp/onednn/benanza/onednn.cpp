@@ -1541,8 +1541,8 @@ Prepared make_rope(const RopeParams& r, const Config& cfg) {
   const int64_t d = r.x.back(), half = r.rot / 2;
   // the second of a pair: the next feature (interleaved) or the one half a rotation on
   const int64_t step = r.interleaved ? 2 : 1, second = r.interleaved ? 1 : half;
-  memory x = filled(plain_md(r.x, cfg.dtype)), cos = filled(plain_md(r.cs, cfg.dtype));
-  memory sin = filled(plain_md(r.cs, cfg.dtype)), y(plain_md(r.x, cfg.dtype), engine());
+  memory x = filled(plain_md(r.x, cfg.dtype)), cosines = filled(plain_md(r.cs, cfg.dtype));
+  memory sines = filled(plain_md(r.cs, cfg.dtype)), y(plain_md(r.x, cfg.dtype), engine());
   Dims part = r.x;
   part.back() = half;
   memory t(plain_md(part, cfg.dtype), engine());
@@ -1577,8 +1577,8 @@ Prepared make_rope(const RopeParams& r, const Config& cfg) {
     return prepare<dnnl::binary>(pd, {}, bound);
   };
   const bool split = r.cs.back() == r.rot;  // each half its own cos and sin
-  memory ca = split ? view(cos, half, step, 0) : cos, cb = split ? view(cos, half, step, second) : cos;
-  memory sa = split ? view(sin, half, step, 0) : sin, sb = split ? view(sin, half, step, second) : sin;
+  memory ca = split ? view(cosines, half, step, 0) : cosines, cb = split ? view(cosines, half, step, second) : cosines;
+  memory sa = split ? view(sines, half, step, 0) : sines, sb = split ? view(sines, half, step, second) : sines;
   memory xa = view(x, half, step, 0), xb = view(x, half, step, second);
   memory ya = view(y, half, step, 0), yb = view(y, half, step, second);
   Prepared all;
@@ -1591,7 +1591,7 @@ Prepared make_rope(const RopeParams& r, const Config& cfg) {
     dnnl::reorder::primitive_desc pd(engine(), from.get_desc(), engine(), to.get_desc(), base_attr());
     all.then(prepare<dnnl::reorder>(pd, {}, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}));
   }
-  all.owners = {x, cos, sin, y, t};
+  all.owners = {x, cosines, sines, y, t};
   all.outputs.push_back({y, false, {}});
   return all;
 }
