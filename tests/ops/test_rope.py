@@ -129,9 +129,9 @@ def _op_models() -> dict[str, tuple[onnx.ModelProto, RopeProblem]]:
     # ONNX Runtime's: (input, position_ids, cos_cache, sin_cache), 3-d
     node = n("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], name="rope", domain="com.microsoft",
              num_heads=heads)
-    graph = helper.make_graph([node], "g", [io("x", [1, seq, heads * head]), io("pos", [1, seq], onnx.TensorProto.INT64),
-                                            io("cos", [max_pos, head // 2]), io("sin", [max_pos, head // 2])],
-                              [io("y", None)])
+    inputs = [io("x", [1, seq, heads * head]), io("pos", [1, seq], onnx.TensorProto.INT64),
+              io("cos", [max_pos, head // 2]), io("sin", [max_pos, head // 2])]
+    graph = helper.make_graph([node], "g", inputs, [io("y", None)])
     out["ort"] = (helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                           helper.make_opsetid("com.microsoft", 1)]),
                   RopeProblem((1, seq, heads, head), (1, seq, 1, head // 2), head))
