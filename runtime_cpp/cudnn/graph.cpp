@@ -269,7 +269,9 @@ Spec build(const RopeLayer& L, DType t, uint8_t, int sm) {
   auto with = [](fe::PointwiseMode_t mode) {
     return fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
   };
-  auto mul = [&](const TensorPtr& a, const TensorPtr& b) { return s.graph->pointwise(a, b, with(fe::PointwiseMode_t::MUL)); };
+  auto mul = [&](const TensorPtr& a, const TensorPtr& b) {
+    return s.graph->pointwise(a, b, with(fe::PointwiseMode_t::MUL));
+  };
   auto ya = s.graph->pointwise(mul(xa, ca), mul(xb, sa), with(fe::PointwiseMode_t::SUB));
   auto yb = s.graph->pointwise(mul(xb, cb), mul(xa, sb), with(fe::PointwiseMode_t::ADD));
   s.view("Ya", part(x, half), steps(x, step), t, ys, 0, ya);
