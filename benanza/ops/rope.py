@@ -239,15 +239,15 @@ def rope_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> lis
     d = p.shapes[0][-1]
     for i, at in ((low, 0), (high, d // 2)):
         box = nodes[i].layer.problem
-        if not isinstance(box, CopyProblem) or box.how != "region" or nodes[i].inputs[:1] != (x,) \
-                or len(box.outs) != 1 or box.src[-1] != d or box.outs[0][-1] != d // 2 \
+        if not isinstance(box, CopyProblem) or box.how != "region" or box.src is None \
+                or nodes[i].inputs[:1] != (x,) or len(box.outs) != 1 or box.src[-1] != d or box.outs[0][-1] != d // 2 \
                 or box.offsets[0][-1] != at or any(box.offsets[0][:-1]) or box.outs[0][:-1] != box.src[:-1]:
             return None
     add = consumers[start]
     if d % 2 or len(add) != 1 or nodes[add[0]].layer.op != "Add" or len(nodes[add[0]].inputs) != 2:
         return None
-    other = next(t for t in nodes[add[0]].inputs if t not in anchor.outputs)
-    m1 = made(other, "Mul", add[0])
+    other = next((t for t in nodes[add[0]].inputs if t not in anchor.outputs), None)
+    m1 = made(other, "Mul", add[0]) if other is not None else None
     if m1 is None or x not in nodes[m1].inputs or nodes[m1].layer.problem != p:
         return None
     return [start, low, high, neg, cat, m1, add[0]]
