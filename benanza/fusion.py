@@ -32,6 +32,8 @@ from .ops.quantized import (
 )
 from .ops.reduce import ReduceProblem
 from .ops.reference import PatternReference
+from .ops.rope import pattern_reference as rope_reference
+from .ops.rope import rope_nodes
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,11 @@ PATTERNS: tuple[FusionPattern, ...] = (
                   "the tanh GELU decomposition (x³ as Pow(x, 3) or x·x·x → ·0.044715 → +x → ·√(2/π) → Tanh → +1 "
                   "→ ·x and ·½ in either order): one tanh-approximation GELU (ONNX Runtime's FastGelu)",
                   anchor="Tanh", find=gelu_tanh_nodes, reference=gelu_tanh_reference),
+    # anchored on its Mul by sin: the Slices, Neg and Concat before it are no pattern's anchor, and
+    # the Mul by cos, the same problem, finds no Concat among its inputs
+    FusionPattern("rope", ("Slice", "Slice", "Neg", "Concat", "Mul", "Add"), False, "identity",
+                  "the rotate-half rotary embedding of Llama/Qwen2/Phi exports (x·cos + Concat(−x[½:], x[:½])·sin "
+                  "over the last axis): one RoPE", anchor="Mul", find=rope_nodes, reference=rope_reference),
 )
 
 

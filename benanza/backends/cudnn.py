@@ -110,6 +110,7 @@ from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
+from ..ops.rope import CUDNN_ROPE, CUDNN_ROPE_TABLE
 from ..problems import ConvProblem, Problem
 from ..records import Variant, variant_order
 from .base import CMakeBackend, Device
@@ -190,7 +191,7 @@ def fields_of(row: Any, layer: Layer) -> Fields:
 # --- the runtime families (tables), from the registry's lowerings ---------------------------
 
 CONV, BLAS, LNORM, SDPA, POINTWISE = CUDNN_CONV, CUDNN_BLAS, CUDNN_LNORM, CUDNN_SDPA_TABLE, CUDNN_POINTWISE_TABLE
-GRAPH_FAMILIES = (LNORM, SDPA, POINTWISE, CUDNN_QUANT_TABLE)
+GRAPH_FAMILIES = (LNORM, SDPA, POINTWISE, CUDNN_QUANT_TABLE, CUDNN_ROPE_TABLE)
 # A graph family's variants are plan slots: the i-th distinct engine config the heuristics
 # (mode A, then fallback) return for the layer's graph, each built and timed as its own plan.
 # The count is known only on the GPU: a slot past it is stored as unsupported, and every result
@@ -202,7 +203,8 @@ SDPA_DTYPES = ("f16", "bf16")
 # fusion pattern → its fused form on the graph API (the table, the variant's call and the row)
 _GRAPH_FUSIONS: dict[str, CudnnLowering] = {name: p.cudnn for name, p in PATTERN_LOWERINGS.items()
                                             if p.cudnn is not None}
-_API_OF = {LNORM.name: CUDNN_LAYERNORM, SDPA.name: CUDNN_SDPA, POINTWISE.name: CUDNN_POINTWISE}
+_API_OF = {LNORM.name: CUDNN_LAYERNORM, SDPA.name: CUDNN_SDPA, POINTWISE.name: CUDNN_POINTWISE,
+           CUDNN_ROPE_TABLE.name: CUDNN_ROPE}
 _BY_NAME = {f.name: f for f in REGISTRY}
 
 
@@ -388,8 +390,9 @@ def _graph_variants(layer: Layer, family: CudnnTable, api: str, fusion: str, exp
 
 def _graph_fusion_variants(layer: Layer, fusions: tuple[str, ...], exp: Expansion) -> list[Variant]:
     """The graph-API fused forms of the patterns anchored on this layer: the LayerNorm
-    decomposition as one layernorm node, the erf GELU decomposition as one GELU node, and the
-    attention chains as one SDPA (their scale and mask from the pattern)."""
+    decomposition as one layernorm node, the erf GELU decomposition as one GELU node, the
+    attention chains as one SDPA (their scale and mask from the pattern), and the rotate-half
+    RoPE as one graph of pointwise nodes."""
     out: list[Variant] = []
     for fusion in fusions:
         if fusion in _GRAPH_FUSIONS:

@@ -15,12 +15,29 @@ import functools
 from ..errors import LayerKeyError
 from ..fusion import PATTERNS as FUSION_PATTERNS
 from ..layers import FLOAT_DTYPES, Layer
-from . import attention, binary, cast, conv, copy, eltwise, gemm, norm, pool, quantized, reduce, resample, rnn, softmax
+from . import (
+    attention,
+    binary,
+    cast,
+    conv,
+    copy,
+    eltwise,
+    gemm,
+    norm,
+    pool,
+    quantized,
+    reduce,
+    resample,
+    rnn,
+    rope,
+    softmax,
+)
 from .base import ELEMENT_SIZE, Family, NodeView, PatternLowering
 from .generic import GenericProblem, generic_family, identity_family
 from .grammar import DTYPE_RE, Problem, parse_key
 
-MODULES = (conv, pool, norm, eltwise, binary, gemm, softmax, reduce, copy, rnn, resample, attention, cast, quantized)
+MODULES = (conv, pool, norm, eltwise, binary, gemm, softmax, reduce, copy, rnn, resample, attention, cast, quantized,
+           rope)
 FAMILIES: tuple[Family, ...] = tuple(f for m in MODULES for f in m.FAMILIES)
 PROBLEM_TYPES: dict[str, type[Problem]] = {f.problem.FAMILY: f.problem for f in FAMILIES}
 GENERIC = generic_family(PROBLEM_TYPES)
@@ -41,7 +58,7 @@ _BY_OP = _by_op()
 
 # fusion pattern name → its fused form's lowering (patterns without one run unfused only)
 PATTERN_LOWERINGS: dict[str, PatternLowering] = {
-    p.pattern: p for p in norm.PATTERNS + eltwise.PATTERNS + quantized.PATTERNS + tuple(
+    p.pattern: p for p in norm.PATTERNS + eltwise.PATTERNS + quantized.PATTERNS + rope.PATTERNS + tuple(
         attention.pattern_lowering(f.name, f.scale, f.mask) for f in FUSION_PATTERNS if f.attention)}
 
 

@@ -47,6 +47,15 @@ fe::DataType_t fe_dtype(DType t) {
   return fe::DataType_t::FLOAT;
 }
 
+int64_t type_bytes(DType t) {
+  switch (t) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    case DType::I8: case DType::U8: case DType::Bool: return 1;
+  }
+  return 4;
+}
+
 std::vector<int64_t> packed(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size());
   int64_t stride = 1;
@@ -71,8 +80,31 @@ struct Spec {
     int64_t uid, elements;
     DType type;
     bool boolean;  // a comparison's output: one byte per element, ONNX's bool (BYTE_BOOLEAN)
+    // a view: no memory of its own, `offset` elements into buffer `base` (a strided part of a
+    // tensor, as RoPE's halves); 0 for a buffer
+    int64_t base = 0, offset = 0;
+    // false: memory that only views read and write, in no variant pack
+    bool bound = true;
   };
   std::vector<Buffer> buffers;
+
+  // memory for views only: its uid
+  int64_t storage(int64_t elements, DType type) {
+    const int64_t uid = static_cast<int64_t>(buffers.size()) + 1;
+    buffers.push_back({uid, elements, type, false, 0, 0, false});
+    return uid;
+  }
+  // a strided view of `base` from element `offset` on: an input tensor, or (`out`) a node's
+  // output `t` marked as a graph output
+  TensorPtr view(const char* name, std::vector<int64_t> dims, std::vector<int64_t> strides, DType type,
+                 int64_t base, int64_t offset, const TensorPtr& out = nullptr) {
+    const int64_t uid = static_cast<int64_t>(buffers.size()) + 1;
+    buffers.push_back({uid, 0, type, false, base, offset, true});
+    TensorPtr t = out ? out : graph->tensor(fe::graph::Tensor_attributes().set_name(name));
+    if (out) t->set_output(true);
+    t->set_uid(uid).set_dim(dims).set_stride(strides).set_data_type(fe_dtype(type));
+    return t;
+  }
 
   TensorPtr tensor(const char* name, std::vector<int64_t> dims, DType type, bool boolean = false,
                    std::vector<int64_t> strides = {}) {
@@ -198,6 +230,57 @@ Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
   TensorPtr y = L.binary && !gelu ? s.graph->pointwise(a, s.tensor("B", {L.b, L.b + L.rank}, t), options)
                                   : s.graph->pointwise(a, options);
   s.output(y, {L.out, L.out + L.rank}, t, compare);
+  return s;
+}
+
+// RoPE (tables.hpp RopeLayer): per half, two products and their difference or sum, reading
+// and writing strided views of x and y; cos and sin split the same way where each half has its
+// own values.
+Spec build(const RopeLayer& L, DType t, uint8_t, int sm) {
+  Spec s = new_spec(t, "pointwise MUL SUB MUL ADD (rope)", sm);
+  const std::vector<int64_t> x(L.x, L.x + L.rank), cs(L.cs, L.cs + L.rank);
+  const int64_t d = x.back(), half = L.rot / 2;
+  auto part = [&](const std::vector<int64_t>& dims, int64_t width) {
+    std::vector<int64_t> out(dims);
+    out.back() = width;
+    return out;
+  };
+  auto steps = [&](const std::vector<int64_t>& dims, int64_t step) {
+    std::vector<int64_t> out = packed(dims);
+    out.back() = step;
+    return out;
+  };
+  // the second of a pair: the next feature (interleaved) or the one half a rotation on
+  const int64_t step = L.interleaved ? 2 : 1, second = L.interleaved ? 1 : half;
+  const int64_t xs = s.storage(volume(x), t), ys = s.storage(volume(x), t);
+  auto xa = s.view("Xa", part(x, half), steps(x, step), t, xs, 0);
+  auto xb = s.view("Xb", part(x, half), steps(x, step), t, xs, second);
+  TensorPtr ca, cb, sa, sb;
+  if (cs.back() == L.rot) {
+    const int64_t cosines = s.storage(volume(cs), t), sines = s.storage(volume(cs), t);
+    ca = s.view("cos_a", part(cs, half), steps(cs, step), t, cosines, 0);
+    cb = s.view("cos_b", part(cs, half), steps(cs, step), t, cosines, second);
+    sa = s.view("sin_a", part(cs, half), steps(cs, step), t, sines, 0);
+    sb = s.view("sin_b", part(cs, half), steps(cs, step), t, sines, second);
+  } else {
+    ca = cb = s.tensor("cos", cs, t);
+    sa = sb = s.tensor("sin", cs, t);
+  }
+  auto with = [](fe::PointwiseMode_t mode) {
+    return fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
+  };
+  auto mul = [&](const TensorPtr& a, const TensorPtr& b) {
+    return s.graph->pointwise(a, b, with(fe::PointwiseMode_t::MUL));
+  };
+  auto ya = s.graph->pointwise(mul(xa, ca), mul(xb, sa), with(fe::PointwiseMode_t::SUB));
+  auto yb = s.graph->pointwise(mul(xb, cb), mul(xa, sb), with(fe::PointwiseMode_t::ADD));
+  s.view("Ya", part(x, half), steps(x, step), t, ys, 0, ya);
+  s.view("Yb", part(x, half), steps(x, step), t, ys, second, yb);
+  if (L.rot < d) {  // the features past the rotation, copied
+    auto rest = s.view("Xrest", part(x, d - L.rot), packed(x), t, xs, L.rot);
+    s.view("Yrest", part(x, d - L.rot), packed(x), t, ys, L.rot,
+           s.graph->pointwise(rest, with(fe::PointwiseMode_t::IDENTITY)));
+  }
   return s;
 }
 
@@ -327,10 +410,16 @@ class GraphProblem : public Problem {
     check(g.get_workspace_size_plan_at_index(index_, ws), "get_workspace_size_plan_at_index");
     workspace_bytes = static_cast<uint64_t>(ws);
     workspace_ = DeviceBuffer(static_cast<size_t>(ws));
+    std::unordered_map<int64_t, void*> memory;  // every buffer's and view's address, by uid
     for (const auto& b : planned_.spec.buffers) {
-      buffers_.push_back(b.boolean ? DeviceBuffer(static_cast<size_t>(b.elements))
-                                   : filled(static_cast<size_t>(b.elements), b.type));
-      pack_[b.uid] = buffers_.back().get();
+      if (b.base) {
+        memory[b.uid] = static_cast<char*>(memory.at(b.base)) + b.offset * type_bytes(b.type);
+      } else {
+        buffers_.push_back(b.boolean ? DeviceBuffer(static_cast<size_t>(b.elements))
+                                     : filled(static_cast<size_t>(b.elements), b.type));
+        memory[b.uid] = buffers_.back().get();
+      }
+      if (b.bound) pack_[b.uid] = memory[b.uid];
     }
     implementation = "cudnn_frontend " + planned_.spec.what + " " + planned_.names[slot];
   }
@@ -439,6 +528,7 @@ int check_graphs(int sm_version) {
 void add_lnorm(Registry& r, const LnormLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_sdpa(Registry& r, const SdpaLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_pointwise(Registry& r, const PointwiseLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
+void add_rope(Registry& r, const RopeLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_quant(Registry& r, const QuantLayer* l, const Variant* v, size_t n) {
   add_family(r, l, v, n, make_quant);
   add_checks(l, v, n, quant_graphs);

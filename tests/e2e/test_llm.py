@@ -111,9 +111,9 @@ def test_int8_bound_is_the_database_sum(int8_run) -> None:
     assert a["fusion"] is not None
     with sqlite3.connect(d / "p.db") as conn:
         rows = conn.execute("SELECT r.status, r.message, v.fusion FROM results r JOIN variants v ON v.name = r.variant "
-                            "WHERE v.fusion IN ('rmsnorm', 'mmint_scale', 'mmint_scale_bias')").fetchall()
+                            "WHERE v.fusion IN ('rmsnorm', 'mmint_scale', 'mmint_scale_bias', 'rope')").fetchall()
     fused = {f for _, _, f in rows}
-    assert fused == {"rmsnorm", "mmint_scale", "mmint_scale_bias"}
+    assert fused == {"rmsnorm", "mmint_scale", "mmint_scale_bias", "rope"}
     for status, message, fusion in rows:
         if fusion != "rmsnorm":
             assert status == "ok", message

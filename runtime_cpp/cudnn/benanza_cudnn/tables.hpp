@@ -238,6 +238,20 @@ struct PointwiseLayer {
   Work work;
 };
 
+// Rotary position embedding (RoPE) as graph-API pointwise nodes: x (dims right-aligned to `rank`,
+// padded with 0s to 8) rotated over the first `rot` features of its last dim, the pairs (a, b)
+// being its two halves or (`interleaved`) adjacent features: (a·cos − b·sin, b·cos + a·sin), the
+// features past `rot` copied (an IDENTITY node). cos and sin have dims `cs` each, broadcast into
+// x's, last dim `rot` (each half its own values) or rot/2 (both halves share them). The halves
+// are strided views of one x and one y buffer, as the tensors lie in a model.
+struct RopeLayer {
+  int rank;
+  int x[8], cs[8];
+  int rot;
+  bool interleaved;
+  Work work;
+};
+
 // Quantization's element-wise layers as graph-API nodes (graph.cpp), in the variant's float type:
 //   Convert          Cast from `source` into the variant's type: a pointwise IDENTITY node
 //   Dequantize       (x - zero point) · scale, x of `source` (int8/uint8/int32), the scale (and
@@ -276,6 +290,7 @@ void add_lnorm(Registry& r, const LnormLayer* layers, const Variant* variants, s
 void add_sdpa(Registry& r, const SdpaLayer* layers, const Variant* variants, size_t count);
 void add_pointwise(Registry& r, const PointwiseLayer* layers, const Variant* variants, size_t count);
 void add_quant(Registry& r, const QuantLayer* layers, const Variant* variants, size_t count);
+void add_rope(Registry& r, const RopeLayer* layers, const Variant* variants, size_t count);
 
 // Defined by the generated registry.cpp: registers every family table of this build.
 void register_generated(Registry& r);

@@ -1528,6 +1528,74 @@ Prepared make_qdq(const QdqParams& q, const Config& cfg) {
   return prepare<dnnl::reorder>(pd, {}, bound);
 }
 
+// --- rotary position embedding --------------------------------------------------------------
+
+// oneDNN has no rotary primitive. Per half of the rotated pairs (a, b), two binary primitives:
+// t = b·sin_a, then y_a = a·cos_a − t (a mul with a binary sub post-op reading t); t = a·sin_b,
+// then y_b = b·cos_b + t. They read and write strided views of x and y (and of cos and sin where
+// each half has its own values), as the tensors lie in a model; the features past `rot` are one
+// reorder. Fills x, cos, sin (streams 0, 1, 2).
+Prepared make_rope(const RopeParams& r, const Config& cfg) {
+  const dt type = data_type(cfg.dtype);
+  const size_t size = dnnl_data_type_size(static_cast<dnnl_data_type_t>(type));
+  const int64_t d = r.x.back(), half = r.rot / 2;
+  // the second of a pair: the next feature (interleaved) or the one half a rotation on
+  const int64_t step = r.interleaved ? 2 : 1, second = r.interleaved ? 1 : half;
+  memory x = filled(plain_md(r.x, cfg.dtype)), cosines = filled(plain_md(r.cs, cfg.dtype));
+  memory sines = filled(plain_md(r.cs, cfg.dtype)), y(plain_md(r.x, cfg.dtype), engine());
+  Dims part = r.x;
+  part.back() = half;
+  memory t(plain_md(part, cfg.dtype), engine());
+  // `width` features of each row of m from feature `offset` on, `stride` apart
+  auto view = [&](const memory& m, int64_t width, int64_t stride, int64_t offset) {
+    Dims dims = dims_of(m.get_desc()), strides(dims.size());
+    int64_t s = 1;
+    for (size_t i = dims.size(); i-- > 0;) {
+      strides[i] = s;
+      s *= dims[i];
+    }
+    dims.back() = width;
+    strides.back() = stride;
+    return memory(memory::desc(dims, type, strides), engine(), static_cast<char*>(m.get_data_handle()) + offset * size);
+  };
+  auto mul = [&](const memory& src, const memory& by, const memory& dst, const memory* then, algorithm alg) {
+    auto attr = base_attr();
+    std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC_0, src}, {DNNL_ARG_SRC_1, by}, {DNNL_ARG_DST, dst}};
+    if (then) {
+      dnnl::post_ops po;
+      po.append_binary(alg, then->get_desc());
+      attr.set_post_ops(po);
+      bound.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, *then});
+    }
+#if BENANZA_DNNL3
+    dnnl::binary::primitive_desc pd(engine(), algorithm::binary_mul, src.get_desc(), by.get_desc(), dst.get_desc(),
+                                    attr);
+#else
+    dnnl::binary::desc desc(algorithm::binary_mul, src.get_desc(), by.get_desc(), dst.get_desc());
+    dnnl::binary::primitive_desc pd(desc, attr, engine());
+#endif
+    return prepare<dnnl::binary>(pd, {}, bound);
+  };
+  const bool split = r.cs.back() == r.rot;  // each half its own cos and sin
+  memory ca = split ? view(cosines, half, step, 0) : cosines, cb = split ? view(cosines, half, step, second) : cosines;
+  memory sa = split ? view(sines, half, step, 0) : sines, sb = split ? view(sines, half, step, second) : sines;
+  memory xa = view(x, half, step, 0), xb = view(x, half, step, second);
+  memory ya = view(y, half, step, 0), yb = view(y, half, step, second);
+  Prepared all;
+  all.then(mul(xb, sa, t, nullptr, algorithm::binary_mul));
+  all.then(mul(xa, ca, ya, &t, algorithm::binary_sub));
+  all.then(mul(xa, sb, t, nullptr, algorithm::binary_mul));
+  all.then(mul(xb, cb, yb, &t, algorithm::binary_add));
+  if (r.rot < d) {
+    memory from = view(x, d - r.rot, 1, r.rot), to = view(y, d - r.rot, 1, r.rot);
+    dnnl::reorder::primitive_desc pd(engine(), from.get_desc(), engine(), to.get_desc(), base_attr());
+    all.then(prepare<dnnl::reorder>(pd, {}, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}));
+  }
+  all.owners = {x, cosines, sines, y, t};
+  all.outputs.push_back({y, false, {}});
+  return all;
+}
+
 }  // namespace
 
 #define BENANZA_BENCH(family, Params)                                          \
@@ -1558,6 +1626,7 @@ BENANZA_BENCH(qmatmul, QmatmulParams)
 BENANZA_BENCH(qconv, QconvParams)
 BENANZA_BENCH(dynquant, DynquantParams)
 BENANZA_BENCH(qdq, QdqParams)
+BENANZA_BENCH(rope, RopeParams)
 
 void bench_attention(benchmark::State& st, const AttentionParams& p, const Config& c) {
   measure(st, c, [&] { return make_attention_op(p, c); });

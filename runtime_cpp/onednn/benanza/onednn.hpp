@@ -114,6 +114,9 @@ struct DynquantParams { Dims shape; };
 // QuantizeLinear / DequantizeLinear: a reorder between the variant's float type and `qtype`,
 // run-time scales per tensor (axis -1) or per `axis`, and a run-time zero point where `zp`.
 struct QdqParams { const char* qtype; Dims shape; int axis; bool zp; bool dequantize; };
+// RoPE over the first `rot` features of x's last dim (pairs: its halves, or adjacent features when
+// `interleaved`); cos and sin of dims `cs` (x's rank; last dim `rot`, or rot/2 shared by both halves)
+struct RopeParams { Dims x, cs; int64_t rot; bool interleaved; };
 
 void bench_conv(benchmark::State&, const ConvParams&, const Config&);
 void bench_pool(benchmark::State&, const PoolParams&, const Config&);
@@ -140,6 +143,7 @@ void bench_qmatmul(benchmark::State&, const QmatmulParams&, const Config&);
 void bench_qconv(benchmark::State&, const QconvParams&, const Config&);
 void bench_dynquant(benchmark::State&, const DynquantParams&, const Config&);
 void bench_qdq(benchmark::State&, const QdqParams&, const Config&);
+void bench_rope(benchmark::State&, const RopeParams&, const Config&);
 
 // Registers every row of one family's table.
 template <class P, size_t NP, size_t NR>
