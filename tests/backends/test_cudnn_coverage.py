@@ -306,8 +306,8 @@ def upsample_model(path: Path) -> Path:
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
     sizes = numpy_helper.from_array(np.array([1, 8, 20, 20], np.int64), "sizes")
     n = helper.make_node
-    nodes = [n("Resize", ["x", "", "scales"], ["y_nearest"], mode="nearest", coordinate_transformation_mode="asymmetric",
-               nearest_mode="floor", name="nearest"),
+    nodes = [n("Resize", ["x", "", "scales"], ["y_nearest"], mode="nearest",
+               coordinate_transformation_mode="asymmetric", nearest_mode="floor", name="nearest"),
              n("Resize", ["x", "", "", "sizes"], ["y_linear"], mode="linear",
                coordinate_transformation_mode="asymmetric", name="linear")]
     onnx.save(model(nodes, [io("x", [1, 8, 10, 10])], [io("y_nearest", None), io("y_linear", None)],
