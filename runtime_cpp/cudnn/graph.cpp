@@ -209,9 +209,10 @@ std::vector<int64_t> nhwc_strides(int64_t c, int64_t h, int64_t w) { return {c *
 // Resize by 2 (tables.hpp ResampleLayer): the resample node with window 2, strides 1/2, pre-padding
 // 1/2 and post-padding 1, edge-value padding, in NHWC. The output size is cuDNN's pooling formula
 // with these fractions, 1 + (H + 1/2 + 1 - 2) / (1/2) = 2H; output i samples the input at
-// i·stride - pre + window/2 - 1/2 = i/2, clamped to the input (as measured of BILINEAR elsewhere;
-// NEAREST's rounding of the half-way samples is not documented). Which input pixels an output
-// reads moves no work: the timing stands for ONNX's coordinate modes alike.
+// i·stride - pre + window/2 - 1/2 = i/2, clamped to the input (BILINEAR as a third party measured
+// it on one GPU; not checked here, and NEAREST's rounding of the half-way samples is undocumented).
+// Which input pixels an output reads changes no work: the timing stands for ONNX's coordinate
+// modes alike.
 Spec build(const ResampleLayer& L, DType t, uint8_t, int sm) {
   Spec s = new_spec(t, L.linear ? "resample BILINEAR" : "resample NEAREST", sm);
   const int64_t n = L.n, c = L.c, h = L.h, w = L.w, oh = L.out_h, ow = L.out_w;
