@@ -60,7 +60,8 @@ time, recorded as "unsupported" with its status string):
   anchors' problems, the pattern in the variant's call). Each graph variant is a plan slot
   (``PLAN_ALGOS``): the i-th distinct engine config of the heuristics (mode A, then fallback),
   built and timed as its own plan with its workspace; its name is the implementation, the
-  config count the ``engine_configs`` counter.
+  config count the ``engine_configs`` counter. A Resize by 2 on both spatial dims is one resample
+  node (NEAREST or BILINEAR) in NHWC, in the configuration benanza.ops.resample describes.
   SDPA is generated in fp16/bf16 only: cuDNN's flash attention takes no fp32, and an fp32
   request gets a warning per layer instead of a variant.
 - Quantized layers (ONNX Runtime's ``quantize_dynamic`` exports, ``benanza.ops.quantized``):
@@ -110,6 +111,7 @@ from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
+from ..ops.resample import CUDNN_RESAMPLE_TABLE
 from ..ops.rope import CUDNN_ROPE, CUDNN_ROPE_TABLE
 from ..problems import ConvProblem, Problem
 from ..records import Variant, variant_order
@@ -191,7 +193,7 @@ def fields_of(row: Any, layer: Layer) -> Fields:
 # --- the runtime families (tables), from the registry's lowerings ---------------------------
 
 CONV, BLAS, LNORM, SDPA, POINTWISE = CUDNN_CONV, CUDNN_BLAS, CUDNN_LNORM, CUDNN_SDPA_TABLE, CUDNN_POINTWISE_TABLE
-GRAPH_FAMILIES = (LNORM, SDPA, POINTWISE, CUDNN_QUANT_TABLE, CUDNN_ROPE_TABLE)
+GRAPH_FAMILIES = (LNORM, SDPA, POINTWISE, CUDNN_QUANT_TABLE, CUDNN_ROPE_TABLE, CUDNN_RESAMPLE_TABLE)
 # A graph family's variants are plan slots: the i-th distinct engine config the heuristics
 # (mode A, then fallback) return for the layer's graph, each built and timed as its own plan.
 # The count is known only on the GPU: a slot past it is stored as unsupported, and every result

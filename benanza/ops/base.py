@@ -87,7 +87,7 @@ class OnednnLowering:
     spatial_if: Callable[[Any], bool] | None = None
     # how ``benanza check`` recomputes what the benchmark computes (``reference.Fills``: the
     # node's inputs the runtime fills, in the order of its generated streams); None is a
-    # registry error (tests/ops/test_registry.py), a family without one says why (``unchecked``)
+    # registry error (tests/ops/test_registry.py)
     reference: Reference | None = None
     # a non-spatial family's layouts besides ``plain`` for a problem (the softmax axis innermost)
     layouts: Callable[[Any], tuple[str, ...]] | None = None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import NodeError
 from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, present, required
 from .grammar import F, Problem, windowed
-from .reference import Fills, Gen, Site, Spec, fill, last_output, unchecked
+from .reference import Fills, Gen, Site, Spec, fill, last_output
 
 if TYPE_CHECKING:
     from ..fusion import FusionPattern
@@ -284,6 +284,20 @@ def spatial_1d_or_2d(view: NodeView) -> bool:
     return view.inputs[0] is not None and len(view.inputs[0].shape) in (3, 4)
 
 
+def _deconv_reference(site: Site, v: Variant, gen: Gen) -> Spec:
+    """The input and bias as the runtime fills them; the weights as it fills oneDNN's
+    deconvolution weights, ((G,) OC/G, IC/G, kH, kW) row-major, laid out as ConvTranspose holds
+    them, (IC, OC/G, kH, kW): the same weight w[g, o, i] multiplies input channel g·IC/G + i
+    into output channel g·OC/G + o in both."""
+    p = v.problem
+    assert isinstance(p, DeconvProblem)
+    w = gen(1, (p.g, p.oc // p.g, p.ic // p.g, p.kh, p.kw)).transpose(0, 2, 1, 3, 4)
+    feeds = {(0, 0): gen(0, site.in_shape(0, 0)), (0, 1): w.reshape(site.in_shape(0, 1))}
+    if p.bias:
+        feeds[(0, 2)] = gen(2, site.in_shape(0, 2))
+    return Spec(site.nodes, feeds, (site.proto(0).output[0],))
+
+
 CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, spatial_1d_or_2d,
               cudnn_api=const("cudnnConvolutionForward"), onednn_api=const("convolution"),
               cudnn={"cudnnConvolutionForward": CudnnLowering(CUDNN_CONV, cudnn_row, "kConvForward")},
@@ -293,9 +307,7 @@ CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, spatial_1d_or_2d,
 DECONV = Family("deconv", DeconvProblem, ("ConvTranspose",), _deconv_build, spatial_1d_or_2d,
                 cudnn_api=_deconv_cudnn, onednn_api=const("deconvolution"),
                 cudnn={DECONV_API: CudnnLowering(CUDNN_DECONV, cudnn_row)}, uncovered=_deconv_uncovered,
-                onednn=OnednnLowering("deconv", True, onednn_row, reference=unchecked(
-                    "no reference for the deconv family: the runtime fills a deconvolution's weights in oneDNN's "
-                    "(OC, IC, kH, kW) order, ConvTranspose holds them as (IC, OC/g, kH, kW)")))
+                onednn=OnednnLowering("deconv", True, onednn_row, reference=_deconv_reference))
 
 
 def fused_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:

@@ -1,6 +1,8 @@
 """Data movement: Transpose, Concat, Pad, and the copies no library has a primitive for (Slice,
 Split, Gather, Expand, Where, Trilu), each benchmarked as a copy of the same bytes, never as
-free. Pad is cuDNN's padding transform where that computes it (constant 0), on no other backend."""
+free. A constant zero Pad is cuDNN's padding transform; oneDNN has no padding primitive, so there
+it is what a framework runs (PyTorch's constant_pad_nd): the output zero-filled, then the input
+reordered into its box of the output."""
 
 from __future__ import annotations
 
@@ -233,26 +235,38 @@ def _pad_build(view: NodeView) -> Problem:
     return PadProblem(word(view.attrs.get("mode", "constant")), shape, tuple(before), tuple(after), f32(value))
 
 
-def _pad_refused(p: Problem) -> str | None:
-    """Why cudnnTransformTensorEx does not compute the Pad, in one line; None: it does."""
+# what computes a zero Pad on each backend, as its reasons name it
+_PAD_CALL = {"cudnn": "cudnnTransformTensorEx", "onednn": "a zero fill and a reorder into the padded box"}
+
+
+def _pad_refused(p: Problem, backend: str) -> str | None:
+    """Why the backend's zero pad does not compute the Pad, in one line; None: it does."""
     assert isinstance(p, PadProblem)
+    call = _PAD_CALL[backend]
     if p.mode != "constant":
-        return f"mode {p.mode} (cudnnTransformTensorEx pads with zeros only)"
+        return f"mode {p.mode} ({call} pads with zeros only)"
     if p.value != 0:
-        return f"constant value {p.value:g} (cudnnTransformTensorEx pads with zeros only)"
+        return f"constant value {p.value:g} ({call} pads with zeros only)"
     if min(p.before + p.after, default=0) < 0:
-        return "negative pads (a crop: cudnnTransformTensorEx only adds)"
-    if not 1 <= len(p.shape) <= 5:
+        return f"negative pads (a crop: {call} only adds)"
+    if backend == "cudnn" and not 1 <= len(p.shape) <= 5:
         return f"rank {len(p.shape)} (cuDNN's transform takes 4 or 5 dims)"
+    if backend == "onednn" and not 1 <= len(p.shape) <= 6:
+        return f"rank {len(p.shape)} (oneDNN's reorder takes 1 to 6 dims)"
     return None
 
 
 def _pad_cudnn(p: Problem) -> str | None:
-    return "cudnnTransformTensorEx" if _pad_refused(p) is None else None
+    return "cudnnTransformTensorEx" if _pad_refused(p, "cudnn") is None else None
+
+
+def _pad_onednn(p: Problem) -> str | None:
+    # labelled as the copy family's reorders are: no oneDNN primitive pads
+    return "reorder_pad" if _pad_refused(p, "onednn") is None else None
 
 
 def _pad_uncovered(p: Problem, backend: str) -> str | None:
-    return _pad_refused(p) if backend == "cudnn" else None
+    return _pad_refused(p, backend) if backend in _PAD_CALL else None
 
 
 def _copy_cudnn(p: Problem) -> str | None:
@@ -379,6 +393,15 @@ def _pad_layer(p: PadProblem, api: str) -> PadLayer:
                     after=dims8(p.after, rank, 0))
 
 
+@dataclass(frozen=True)
+class PadParams:
+    """oneDNN PadParams."""
+
+    shape: Dims
+    before: Dims
+    after: Dims
+
+
 def _copy_reference(site: Site, v: Variant, gen: Gen) -> Spec:
     """The source and every output of the op it computes; a dense copy, which stands in for an
     op it does not compute, is compared for the bytes it moves, never as the op."""
@@ -412,8 +435,10 @@ COPY = Family("copy", CopyProblem, ("Slice", "Split", "Gather", "Expand", "Trilu
                   op=p.op, region=p.how == "region", src=p.src or (), outs=p.outs, offsets=p.offsets),
                   reference=_copy_reference),
               dtype=lambda view: view.outputs[0].dtype, exact=True)
-# oneDNN has no padding primitive: not covered there
-PAD = Family("pad", PadProblem, ("Pad",), _pad_build, _pad_when, cudnn_api=_pad_cudnn,
+PAD = Family("pad", PadProblem, ("Pad",), _pad_build, _pad_when, cudnn_api=_pad_cudnn, onednn_api=_pad_onednn,
              cudnn={"cudnnTransformTensorEx": CudnnLowering(CudnnTable("pad", "add_pad", False, False), _pad_layer)},
+             onednn=OnednnLowering("pad", False, lambda p, api: PadParams(shape=p.shape, before=p.before,
+                                                                          after=p.after),
+                                   reference=Fills(lambda p: (0,))),
              uncovered=_pad_uncovered, exact=True)
 FAMILIES = (CONCAT, TRANSPOSE, COPY, PAD)

@@ -165,13 +165,3 @@ class Fills:
 
     def __call__(self, site: Site, v: Variant, gen: Gen) -> Spec:
         return Spec(site.nodes, fill(site, gen, [(0, i) for i in self.order(v.problem)]), (site.proto(0).output[0],))
-
-
-def unchecked(reason: str) -> Reference:
-    """The reference of a family whose benchmark has none: ``check`` reports it not checked,
-    saying ``reason``."""
-
-    def reference(site: Site, v: Variant, gen: Gen) -> Spec:
-        raise NoReference(reason)
-
-    return reference

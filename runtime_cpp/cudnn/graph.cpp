@@ -1,7 +1,7 @@
 // The cuDNN graph API through the header-only cuDNN frontend (cudnn_frontend), for what the
 // legacy API has no call for: layer normalization (inference), scaled dot-product attention
-// (flash attention forward, inference) and single pointwise nodes (Div, Pow, comparisons, Erf,
-// GELU ...).
+// (flash attention forward, inference), single pointwise nodes (Div, Pow, comparisons, Erf,
+// GELU ...) and resampling (ONNX Resize by 2).
 //
 // One graph per layer and data type, built, validated and lowered once and shared by that
 // layer's variants: the heuristics (mode A, then fallback) list engine configs, and each
@@ -115,10 +115,12 @@ struct Spec {
         strides).set_data_type(fe_dtype(boolean ? DType::Bool : type)));
   }
   // marks a node's output as a graph output backed by its own buffer
-  void output(const TensorPtr& t, std::vector<int64_t> dims, DType type, bool boolean = false) {
+  void output(const TensorPtr& t, std::vector<int64_t> dims, DType type, bool boolean = false,
+              std::vector<int64_t> strides = {}) {
     const int64_t uid = static_cast<int64_t>(buffers.size()) + 1;
     buffers.push_back({uid, volume(dims), type, boolean});
-    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(packed(dims)).set_data_type(
+    if (strides.empty()) strides = packed(dims);
+    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides).set_data_type(
         fe_dtype(boolean ? DType::Bool : type));
   }
 };
@@ -281,6 +283,34 @@ Spec build(const RopeLayer& L, DType t, uint8_t, int sm) {
     s.view("Yrest", part(x, d - L.rot), packed(x), t, ys, L.rot,
            s.graph->pointwise(rest, with(fe::PointwiseMode_t::IDENTITY)));
   }
+  return s;
+}
+
+// N x C x H x W in NHWC order, the layout the resample node's engines take
+std::vector<int64_t> nhwc_strides(int64_t c, int64_t h, int64_t w) { return {c * h * w, 1, c * w, c}; }
+
+// Resize by 2 (tables.hpp ResampleLayer): the resample node with window 2, strides 1/2, pre-padding
+// 1/2 and post-padding 1, edge-value padding, in NHWC. The output size is cuDNN's pooling formula
+// with these fractions, 1 + (H + 1/2 + 1 - 2) / (1/2) = 2H; output i samples the input at
+// i·stride - pre + window/2 - 1/2 = i/2, clamped to the input (BILINEAR as a third party measured
+// it on one GPU; not checked here, and NEAREST's rounding of the half-way samples is undocumented).
+// Which input pixels an output reads changes no work: the timing stands for ONNX's coordinate
+// modes alike.
+Spec build(const ResampleLayer& L, DType t, uint8_t, int sm) {
+  Spec s = new_spec(t, L.linear ? "resample BILINEAR" : "resample NEAREST", sm);
+  const int64_t n = L.n, c = L.c, h = L.h, w = L.w, oh = L.out_h, ow = L.out_w;
+  auto x = s.tensor("X", {n, c, h, w}, t, false, nhwc_strides(c, h, w));
+  const cudnnFraction_t half{1, 2}, one{1, 1}, two{2, 1};
+  auto options = fe::graph::Resample_attributes()
+                     .set_generate_index(false)
+                     .set_resampling_mode(L.linear ? fe::ResampleMode_t::BILINEAR : fe::ResampleMode_t::NEAREST)
+                     .set_padding_mode(fe::PaddingMode_t::EDGE_VAL_PAD)
+                     .set_window(std::vector<cudnnFraction_t>{two, two})
+                     .set_stride(std::vector<cudnnFraction_t>{half, half})
+                     .set_pre_padding(std::vector<cudnnFraction_t>{half, half})
+                     .set_post_padding(std::vector<cudnnFraction_t>{one, one});
+  auto outs = s.graph->resample(x, options);
+  s.output(outs[0], {n, c, oh, ow}, t, false, nhwc_strides(c, oh, ow));
   return s;
 }
 
@@ -529,6 +559,7 @@ void add_lnorm(Registry& r, const LnormLayer* l, const Variant* v, size_t n) { a
 void add_sdpa(Registry& r, const SdpaLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_pointwise(Registry& r, const PointwiseLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_rope(Registry& r, const RopeLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
+void add_resample(Registry& r, const ResampleLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_quant(Registry& r, const QuantLayer* l, const Variant* v, size_t n) {
   add_family(r, l, v, n, make_quant);
   add_checks(l, v, n, quant_graphs);

@@ -1,6 +1,7 @@
 """Layers audio, detection and OCR models hold, on the cuDNN backend: a transposed convolution
 (2-D and 1-D) as cudnnConvolutionBackwardData, 1-D and global pooling as cudnnPoolingForward,
-a zero Pad as cudnnTransformTensorEx, HardSigmoid as a graph-API pointwise chain. Checked on
+a zero Pad as cudnnTransformTensorEx, HardSigmoid as a graph-API pointwise chain, a Resize by 2
+as the graph API's resample node. Checked on
 ONNX's own backend test cases (the onnx wheel's models and expected outputs, which nobody here
 wrote) and on ONNX Runtime's outputs. There is no GPU here: each generated table row is
 replayed in NumPy with the semantics of the cuDNN call it feeds and compared with the expected
@@ -13,6 +14,7 @@ import json
 import re
 import subprocess
 import warnings
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -39,27 +41,46 @@ DECONV_CASES = ("test_convtranspose", "test_convtranspose_1d", "test_convtranspo
 POOL_CASES = ("test_maxpool_1d_default", "test_averagepool_1d_default", "test_globalmaxpool",
               "test_globalmaxpool_precomputed", "test_globalaveragepool", "test_globalaveragepool_precomputed")
 HARDSIGMOID_CASES = ("test_hardsigmoid", "test_hardsigmoid_default", "test_hardsigmoid_example")
+# Resize by 2 on both spatial dims (covered), by 2×3, 0.6 and to 7×8 (not covered)
+RESIZE_CASES = ("test_resize_upsample_scales_linear", "test_resize_upsample_scales_linear_align_corners")
+RESIZE_GAPS = ("test_resize_upsample_scales_nearest", "test_resize_downsample_scales_linear",
+               "test_resize_upsample_sizes_nearest")
+ALL_CASES = DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES + RESIZE_CASES + RESIZE_GAPS + (
+    "test_convtranspose_autopad_same",)
 
 
-def _cases() -> dict:
+def backend_cases(names: tuple[str, ...] = ALL_CASES) -> dict:
+    """ONNX's backend test cases of these names (models and expected outputs), from the onnx wheel."""
     from onnx.backend.test.case.node import collect_testcases
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the case code's own overflow warnings
-        return {c.name: c for c in collect_testcases(None) if c.name in DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES
-                or c.name == "test_convtranspose_autopad_same"}
+        return {c.name: c for c in collect_testcases(None) if c.name in names}
+
+
+def with_constant_inputs(case) -> onnx.ModelProto:
+    """The case's model with every input but the first an initializer holding the case's own value,
+    as exporters write a Resize's scales or sizes and a Pad's pads (the backend suite feeds them)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(case.model)
+    inputs, _ = case.data_sets[0]
+    graph = m.graph
+    for info, value in zip(list(graph.input)[1:], inputs[1:]):
+        graph.initializer.append(numpy_helper.from_array(value, info.name))
+    del graph.input[1:]
+    return m
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """Every case's model at its own batch, and the Pads below, generated for cuDNN in f32."""
     tmp = tmp_path_factory.mktemp("coverage")
-    cases = _cases()
-    models = {"pads": load_model(_pad_model(tmp / "pads.onnx"))}
-    for name in DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES:
+    cases = backend_cases()
+    models = {"pads": load_model(pad_model(tmp / "pads.onnx")), "yolo": load_model(upsample_model(tmp / "up.onnx"))}
+    for name in DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES + RESIZE_CASES:
         c = cases[name]
         path = tmp / f"{name}.onnx"
-        onnx.save(c.model, str(path))
+        onnx.save(with_constant_inputs(c) if name in RESIZE_CASES else c.model, str(path))
         models[name] = load_model(path, batch_size=c.data_sets[0][0][0].shape[0])
     manifest = build_manifest(list(models.values()), unique_layers(list(models.values())))
     gen = generate(manifest, "cudnn", tmp / "bench", GenOptions(dtypes=("f32",)))
@@ -179,7 +200,7 @@ def test_a_transposed_convolution_cudnn_cannot_pad_is_not_covered_with_its_reaso
     both alike, so the layer is counted not covered on cuDNN and `generate` says why; oneDNN
     still runs it."""
     path = tmp_path / "same.onnx"
-    onnx.save(_cases()["test_convtranspose_autopad_same"].model, str(path))
+    onnx.save(backend_cases()["test_convtranspose_autopad_same"].model, str(path))
     r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "b"), "--backend", "cudnn"])
     assert r.exit_code == 0, r.output
     (line,) = [ln for ln in r.stdout.splitlines() if "not covered by cudnn:" in ln]
@@ -198,7 +219,7 @@ def test_the_generated_project_builds_and_reports_every_benchmark_without_a_gpu(
     transposed convolution is refused by the shape check cuDNN makes before the device is
     needed (a Pad's transform descriptor needs the device to load)."""
     _, _, gen = generated
-    assert {v.problem.family for v in gen.variants} == {"deconv", "pool", "pad", "eltwise"}
+    assert {v.problem.family for v in gen.variants} == {"deconv", "pool", "pad", "eltwise", "resample"}
     binary = _build(gen.out_dir)
     listed = subprocess.run([str(binary), "--benanza_list"], capture_output=True, text=True, check=True)
     assert sorted(listed.stdout.split()) == sorted(v.name for v in gen.variants)
@@ -209,14 +230,16 @@ def test_the_generated_project_builds_and_reports_every_benchmark_without_a_gpu(
     for r in results:
         assert r["status"] == "failed", r
         assert "cudaErrorInsufficientDriver" in r["message"] or "cudaErrorNoDevice" in r["message"], r
-    # the frontend validates the HardSigmoid graphs for an sm_90 GPU without one
+    # the frontend validates the HardSigmoid and resample graphs (one per layer in f32) for an
+    # sm_90 GPU without one
     done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     graphs = _lines(done.stdout, "BENANZA_GRAPH")
-    assert len(graphs) == len(HARDSIGMOID_CASES) and all(g["ok"] for g in graphs), graphs
+    resample = {v.problem for v in gen.variants if v.problem.family == "resample"}
+    assert len(graphs) == len(HARDSIGMOID_CASES) + len(resample) and all(g["ok"] for g in graphs), graphs
 
 
-def _pad_model(path: Path) -> Path:
+def pad_model(path: Path) -> Path:
     """Pads a detector or an audio model holds, zero-padded (covered) and otherwise (not):
     asymmetric spatial pads of NCHW data, a 3-d one on the time axis, opset 18's axes with the
     constant 0 given, and reflect, a non-zero constant and a crop."""
@@ -245,11 +268,11 @@ def test_zero_pads_are_covered_and_their_rows_pad_as_onnx_runtime_does(tmp_path)
     ONNX Runtime's output; the other Pads are not covered on cuDNN, each with its reason."""
     import onnxruntime as ort
 
-    path = _pad_model(tmp_path / "pads.onnx")
+    path = pad_model(tmp_path / "pads.onnx")
     m = load_model(path)
     covered = {n.name: n.layer for n in m.nodes if n.layer.cudnn_api == "cudnnTransformTensorEx"}
     assert set(covered) == {"yolo", "audio", "axes"}
-    assert {n.name for n in m.nodes if n.layer.onednn_primitive is not None} == set()
+    assert {n.name for n in m.nodes if n.layer.onednn_primitive is not None} == set(covered)
     manifest = build_manifest([m], unique_layers([m]))
     gen = generate(manifest, "cudnn", tmp_path / "bench", GenOptions(dtypes=("f32",)))
     rows = _rows(gen.out_dir / "tables_pad_0.cpp")
@@ -277,20 +300,93 @@ def test_zero_pads_are_covered_and_their_rows_pad_as_onnx_runtime_does(tmp_path)
                        "Pad 'value': constant value 1.5 (cudnnTransformTensorEx pads with zeros only)"]
 
 
-def test_resize_stays_not_covered_on_cudnn_with_its_reason(tmp_path):
-    """A detector's 2× upsample: oneDNN resamples it; cuDNN's resample node documents no
-    coordinate mapping to match ONNX's, so `generate` says so instead of costing it."""
+def upsample_model(path: Path) -> Path:
+    """A detector's neck upsampling as YOLOv8's and the OCR detectors' exports write it (nearest by
+    2, asymmetric, floor) and a decoder's asymmetric bilinear one, by scales and by sizes."""
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
-    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", name="up")]
-    path = tmp_path / "up.onnx"
-    onnx.save(model(nodes, [io("x", [1, 8, 10, 10])], [io("y", None)], [scales], opset=13), str(path))
-    (node,) = load_model(path).nodes
-    assert node.layer.cudnn_api is None and node.layer.onednn_primitive == "resampling"
-    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "b"), "--backend", "cudnn"])
+    sizes = numpy_helper.from_array(np.array([1, 8, 20, 20], np.int64), "sizes")
+    n = helper.make_node
+    nodes = [n("Resize", ["x", "", "scales"], ["y_nearest"], mode="nearest",
+               coordinate_transformation_mode="asymmetric", nearest_mode="floor", name="nearest"),
+             n("Resize", ["x", "", "", "sizes"], ["y_linear"], mode="linear",
+               coordinate_transformation_mode="asymmetric", name="linear")]
+    onnx.save(model(nodes, [io("x", [1, 8, 10, 10])], [io("y_nearest", None), io("y_linear", None)],
+                    [scales, sizes], opset=17), str(path))
+    return path
+
+
+def _resampled(x: np.ndarray, row: dict[str, list[int]], linear: bool) -> np.ndarray:
+    """The resample node of the runtime's configuration (graph.cpp): output i samples the input at
+    i·(1/2) − 1/2 + 2/2 − 1/2 = i/2, clamped to the input; nearest takes the sample rounded down
+    (a half-way sample's rounding is cuDNN's, undocumented), bilinear weighs the two pixels either
+    side of it by distance, per spatial dim."""
+    f = {k: v[0] for k, v in row.items()}
+    x = x.reshape(f["n"], f["c"], f["h"], f["w"]).astype(np.float64)
+
+    def taps(out: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        at = np.minimum(np.arange(out) / 2, size - 1)
+        lo = np.floor(at).astype(int)
+        return lo, np.minimum(lo + 1, size - 1), at - lo
+
+    (y0, y1, fy), (x0, x1, fx) = taps(f["out_h"], f["h"]), taps(f["out_w"], f["w"])
+    if not linear:
+        return x[:, :, y0][:, :, :, x0]
+    rows = x[:, :, y0] * (1 - fy)[:, None] + x[:, :, y1] * fy[:, None]
+    return rows[..., x0] * (1 - fx) + rows[..., x1] * fx
+
+
+def test_resize_by_two_is_a_resample_node_whose_rows_compute_onnx_runtimes_outputs(generated):
+    """YOLOv8's nearest upsampling and an asymmetric bilinear one are covered on cuDNN; each row,
+    replayed with the resample node's sampling, gives ONNX Runtime's output. ONNX's own linear
+    cases by 2 (half_pixel, align_corners) are covered too: their rows name their shapes; they
+    sample a quarter pixel (or less) away from the node, which moves no work."""
+    import onnxruntime as ort
+
+    cases, models, gen = generated
+    rows = _rows(gen.out_dir / "tables_resample_0.cpp")
+    text = (gen.out_dir / "tables_resample_0.cpp").read_text()
+    up = models["yolo"]
+    sess = ort.InferenceSession(str(up.path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).standard_normal((1, 8, 10, 10)).astype(np.float32)
+    real = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    for node in up.nodes:
+        assert node.layer.cudnn_api == "cudnn_frontend.resample", node.name
+        key = node.layer.problem.text()
+        row = rows[key]
+        linear = re.search(r"\{\.linear = (true|false), [^\n]*// " + re.escape(key) + r"\s*$", text, re.M).group(1)
+        assert linear == ("true" if node.name == "linear" else "false")
+        # cuDNN's output size with the node's fractions: 1 + (in + 1/2 + 1 − 2) / (1/2) = 2·in
+        for size, out in (("h", "out_h"), ("w", "out_w")):
+            assert 1 + (Fraction(row[size][0]) + Fraction(1, 2) + 1 - 2) / Fraction(1, 2) == row[out][0]
+        got = _resampled(x, row, node.name == "linear")
+        np.testing.assert_allclose(got, real[f"y_{node.name}"], rtol=1e-6, atol=1e-6, err_msg=node.name)
+    for name in RESIZE_CASES:
+        (node,) = models[name].nodes
+        assert node.layer.cudnn_api == "cudnn_frontend.resample", name
+        (x, *_), (want,) = cases[name].data_sets[0]
+        row = rows[node.layer.problem.text()]
+        assert [row[k][0] for k in ("n", "c", "h", "w")] == list(x.shape), name
+        assert [row[k][0] for k in ("out_h", "out_w")] == list(want.shape[2:]), name
+    assert model_stats(up).backend("cudnn").not_covered == ()
+
+
+def test_resize_by_other_scales_is_not_covered_on_cudnn_with_its_reason(tmp_path):
+    """ONNX's nearest upsampling by 2×3 and to 7×8 and its linear downsampling by 0.6: oneDNN
+    resamples them; cuDNN's resample engines upsample by 2 only, which `generate` says."""
+    cases = backend_cases(RESIZE_GAPS)
+    paths = []
+    for name in RESIZE_GAPS:
+        paths.append(tmp_path / f"{name}.onnx")
+        onnx.save(with_constant_inputs(cases[name]), str(paths[-1]))
+        (node,) = load_model(paths[-1]).nodes
+        assert node.layer.cudnn_api is None and node.layer.onednn_primitive == "resampling", name
+    r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(tmp_path / "b"), "--backend", "cudnn"])
     assert r.exit_code == 0, r.output
-    assert "up: not covered by cudnn: Resize 'up': cuDNN's resample node documents no output-to-input " \
-           "coordinate mapping to match ONNX's coordinate_transformation_mode with" in r.stdout
+    reasons = sorted(ln.split(": not covered by cudnn: Resize ", 1)[1].split(": ", 1)[1] for ln in r.stdout.splitlines()
+                     if ": not covered by cudnn: " in ln)
+    because = "(cuDNN's resample engines upsample by 2 on both spatial dims only: window 2, strides 1/2)"
+    assert reasons == [f"scale 0.5×0.5 {because}", f"scale 2×3 {because}", f"scale 3.5×4 {because}"]
 
 
 def test_the_cases_exist_in_the_installed_onnx():
-    assert set(DECONV_CASES + POOL_CASES + HARDSIGMOID_CASES) <= set(_cases()), Path(onnx.__file__).parent
+    assert set(ALL_CASES) == set(backend_cases()), Path(onnx.__file__).parent

@@ -271,6 +271,16 @@ struct QuantLayer {
   Work work;
 };
 
+// ONNX Resize (nearest or linear) by 2 on both spatial dims of N x C x H x W, as one resample node
+// in NHWC: the graph API's resample, which defines an output by a window, strides and pads; the
+// runtime uses the one configuration cuDNN's engines are reported to take for upsampling by 2
+// (graph.cpp). `linear`: BILINEAR, else NEAREST.
+struct ResampleLayer {
+  bool linear;
+  int n, c, h, w, out_h, out_w;
+  Work work;
+};
+
 // Registration entry points the generated tables call, one per family (defined in the runtime).
 void add_conv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
 void add_deconv(Registry& r, const ConvLayer* layers, const Variant* variants, size_t count);
@@ -291,6 +301,7 @@ void add_sdpa(Registry& r, const SdpaLayer* layers, const Variant* variants, siz
 void add_pointwise(Registry& r, const PointwiseLayer* layers, const Variant* variants, size_t count);
 void add_quant(Registry& r, const QuantLayer* layers, const Variant* variants, size_t count);
 void add_rope(Registry& r, const RopeLayer* layers, const Variant* variants, size_t count);
+void add_resample(Registry& r, const ResampleLayer* layers, const Variant* variants, size_t count);
 
 // Defined by the generated registry.cpp: registers every family table of this build.
 void register_generated(Registry& r);

@@ -1229,6 +1229,30 @@ Prepared make_copy(const CopyParams& c, const Config& cfg) {
   return all;
 }
 
+// --- Pad: no oneDNN primitive pads; what a framework runs for a constant zero Pad ------------
+
+// PyTorch's constant_pad_nd fills the output, then copies the input into the box of it that the
+// leading pads offset: here a zero fill (one memset on the calling thread) and a reorder of the
+// input into that box, viewed through the output's strides.
+Prepared make_pad(const PadParams& p, const Config& cfg) {
+  Dims out(p.shape.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = p.before.at(i) + p.shape[i] + p.after.at(i);
+  memory dst(plain_md(out, cfg.dtype), engine());
+  memory box(dst.get_desc().submemory_desc(p.shape, p.before), engine(), dst.get_data_handle());
+  auto src = plain_md(p.shape, cfg.dtype);
+  dnnl::reorder::primitive_desc pd(engine(), src, engine(), box.get_desc(), base_attr());
+  Prepared all;
+  Step fill;
+  const size_t bytes = dst.get_desc().get_size();
+  fill.host = [dst, bytes] { std::memset(dst.get_data_handle(), 0, bytes); };
+  all.steps.push_back(std::move(fill));
+  all.impl = "memset";
+  all.then(prepare<dnnl::reorder>(pd, {{DNNL_ARG_FROM, src}}, {{DNNL_ARG_TO, box}}));
+  all.owners.push_back(dst);
+  all.outputs.push_back({dst, false, {}});  // the whole padded tensor
+  return all;
+}
+
 // --- casts and quantized layers ------------------------------------------------------------
 
 // A type word of benanza/ops/cast.py as oneDNN's data type.
@@ -1618,6 +1642,7 @@ BENANZA_BENCH(lnorm, LnormParams)
 BENANZA_BENCH(reduce, ReduceParams)
 BENANZA_BENCH(transpose, TransposeParams)
 BENANZA_BENCH(copy, CopyParams)
+BENANZA_BENCH(pad, PadParams)
 BENANZA_BENCH(deconv, ConvParams)
 BENANZA_BENCH(resample, ResampleParams)
 BENANZA_BENCH(rnn, RnnParams)

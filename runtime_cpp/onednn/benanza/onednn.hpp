@@ -70,6 +70,8 @@ struct TransposeParams { Dims shape; Dims perm; };
 // offset with src's strides; otherwise each output is copied from a buffer of its own shape.
 // `op` is the ONNX op the copy stands for (a label: no oneDNN primitive computes it).
 struct CopyParams { const char* op; bool region; Dims src; std::vector<Dims> outs, offsets; };
+// A constant zero Pad of `shape` by `before` and `after` elements per dim (none negative).
+struct PadParams { Dims shape, before, after; };
 // The ONNX Attention op over 4-d Q [B, H, S, D], K [B, H, Skv, D], V [B, H, Skv, Dv]; `mask`
 // empty when there is none; `scale` the one the op applies (1/√D by default).
 struct ResampleParams { const char* alg; Dims in, out; };
@@ -133,6 +135,7 @@ void bench_lnorm(benchmark::State&, const LnormParams&, const Config&);
 void bench_reduce(benchmark::State&, const ReduceParams&, const Config&);
 void bench_transpose(benchmark::State&, const TransposeParams&, const Config&);
 void bench_copy(benchmark::State&, const CopyParams&, const Config&);
+void bench_pad(benchmark::State&, const PadParams&, const Config&);
 void bench_attention(benchmark::State&, const AttentionParams&, const Config&);
 // ConvParams of an ONNX ConvTranspose: ih/iw its input, oh/ow its (larger) output.
 void bench_deconv(benchmark::State&, const ConvParams&, const Config&);
