@@ -544,6 +544,29 @@ def test_top_level_cmake_rejects_an_empty_folder(tmp_path):
     assert "holds no generated backend folder" in " ".join(done.stderr.split())  # CMake wraps lines
 
 
+@pytest.mark.slow  # configures cuDNN projects against the session's runtime build
+@NEED_TOOLCHAIN
+def test_a_prebuilt_runtime_is_refused_by_a_project_it_was_not_built_for(tmp_path, save, cudnn_runtime):
+    """A project links a prebuilt runtime only if it was compiled from the project's own runtime
+    sources with the project's BENANZA_CUPTI: otherwise configuring it fails, saying which."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    loaded = load_model(save(model(nodes, [io("x", [1, 4])], [io("y", None)])))
+    manifest = build_manifest([loaded], unique_layers([loaded]))
+
+    def configure(project: Path) -> str:
+        done = subprocess.run(["cmake", "-S", str(project), "-B", str(project / "build"),
+                               f"-DBENANZA_CUDNN_RUNTIME={cudnn_runtime}"], capture_output=True, text=True)
+        assert done.returncode != 0, done.stdout[-2000:]
+        return " ".join(done.stderr.split())  # CMake wraps lines
+
+    cupti = generate(manifest, "cudnn", tmp_path / "cupti", GenOptions(cupti=True)).out_dir
+    assert "was built with BENANZA_CUPTI=OFF, this project wants ON" in configure(cupti)
+    edited = generate(manifest, "cudnn", tmp_path / "edited").out_dir
+    with (edited / "runtime" / "cudnn" / "core.cpp").open("a") as f:
+        f.write("// a local change\n")
+    assert "was built from other runtime sources" in configure(edited)
+
+
 # --- host-only checks of the runtime (status tables, sticky errors, measurement arithmetic) ---
 
 HOST_SOURCES = TESTS / "cudnn_host"
