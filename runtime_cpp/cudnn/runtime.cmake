@@ -36,10 +36,6 @@ if(BENANZA_CUDNN_RUNTIME)
     message(FATAL_ERROR "BENANZA_CUDNN_RUNTIME=${BENANZA_CUDNN_RUNTIME} holds no BenanzaCudnnRuntime.cmake: "
                         "build runtime_cpp/cudnn there first (cmake -S <runtime>/cudnn -B <folder>)")
   endif()
-  find_package(benchmark REQUIRED)
-  if(BENANZA_CUPTI)
-    benanza_find_cupti()
-  endif()
   include("${_prebuilt}")  # sets BENANZA_CUDNN_RUNTIME_BUILT_CUPTI and _DIGEST, imports the targets
   benanza_cudnn_runtime_digest(_digest)
   if(NOT _digest STREQUAL BENANZA_CUDNN_RUNTIME_BUILT_DIGEST)
@@ -49,6 +45,11 @@ if(BENANZA_CUDNN_RUNTIME)
   if(NOT BENANZA_CUPTI_STATE STREQUAL BENANZA_CUDNN_RUNTIME_BUILT_CUPTI)
     message(FATAL_ERROR "BENANZA_CUDNN_RUNTIME=${BENANZA_CUDNN_RUNTIME} was built with "
                         "BENANZA_CUPTI=${BENANZA_CUDNN_RUNTIME_BUILT_CUPTI}, this project wants ${BENANZA_CUPTI_STATE}")
+  endif()
+  # what the imported targets link
+  find_package(benchmark REQUIRED)
+  if(BENANZA_CUPTI)
+    benanza_find_cupti()
   endif()
   set(BENANZA_CUDNN_RUNTIME_TARGET benanza_prebuilt::benanza_cudnn_runtime)
 else()
