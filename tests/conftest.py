@@ -73,3 +73,14 @@ def pytest_make_collect_report(collector):
     report = outcome.get_result()
     if report.skipped:  # a module-level importorskip
         _fail_skip(report)
+
+
+@pytest.fixture(scope="session")
+def cudnn_runtime(tmp_path_factory) -> Path:
+    """The cuDNN runtime (runtime_cpp/cudnn) built alone once per session: the tests that build a
+    generated cuDNN project to run or validate it link this (``_build(..., runtime=)``) instead of
+    each compiling the same runtime again. What still compiles the runtime inside a generated
+    project: test_reference_models_build_and_report_no_gpu, the CUPTI build and the top-level one."""
+    from tests.backends.test_cudnn import build_cudnn_runtime
+
+    return build_cudnn_runtime(tmp_path_factory.mktemp("cudnn-runtime"))

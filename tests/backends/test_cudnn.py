@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -413,19 +414,46 @@ def test_regeneration_keeps_unchanged_files(generated, family_manifest):
 
 # --- build and run (nvcc, no GPU) ----------------------------------------------------------
 
-def _build(project: Path, *args: str) -> Path:
-    build = project / "build"
-    cmd = ["cmake", "-S", str(project), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *args]
+def _cmake(source: Path, build: Path, *args: str) -> None:
+    """Configures (Release) and builds a CMake project, the way `benanza run` does."""
+    cmd = ["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *args]
     if shutil.which("ninja"):
         cmd += ["-G", "Ninja"]
     for step in (cmd, ["cmake", "--build", str(build), "-j", "2"]):
         done = subprocess.run(step, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return build / "benanza_bench"
+
+
+def _build(project: Path, *args: str, runtime: Path | None = None) -> Path:
+    """The generated project's binary; with ``runtime`` (the session's ``cudnn_runtime``) it links
+    that build of the runtime instead of compiling the runtime again, which is most of a build."""
+    if runtime is not None:
+        args = (*args, f"-DBENANZA_CUDNN_RUNTIME={runtime}")
+    _cmake(project, project / "build", *args)
+    return project / "build" / "benanza_bench"
+
+
+def build_cudnn_runtime(build: Path) -> Path:
+    """runtime_cpp/cudnn built alone (BENANZA_CUPTI off), for ``_build(..., runtime=)``; with the
+    wheels of this interpreter, as the generated projects are."""
+    _cmake(RUNTIME / "cudnn", build, f"-DBENANZA_PYTHON={sys.executable}")
+    return build
 
 
 def _lines(stdout: str, tag: str) -> list[dict]:
     return [json.loads(line.split(" ", 1)[1]) for line in stdout.splitlines() if line.startswith(tag + " ")]
+
+
+def _says_no_gpu(text: str) -> bool:
+    """Whether text holds the CUDA error of a machine without a GPU: no driver, or no device."""
+    return "cudaErrorInsufficientDriver" in text or "cudaErrorNoDevice" in text
+
+
+def _failed_for_no_gpu(results: Iterable[dict]) -> None:
+    """Every BENANZA_RESULT failed, with that error and nothing else."""
+    for r in results:
+        assert r["status"] == "failed", r
+        assert _says_no_gpu(r["message"]), r
 
 
 @pytest.mark.slow
@@ -452,9 +480,7 @@ def test_reference_models_build_and_report_no_gpu(tmp_path, save, zoo_model):
     assert sorted(r["name"] for r in results) == sorted(v.name for v in g.variants)
     statuses = Counter(r["status"] for r in results)
     assert statuses["ok"] == 0
-    for r in results:
-        assert r["status"] == "failed", r
-        assert "cudaErrorInsufficientDriver" in r["message"] or "cudaErrorNoDevice" in r["message"], r
+    _failed_for_no_gpu(results)
 
 
 def _registration_order(g) -> list[Variant]:
@@ -505,11 +531,7 @@ def test_top_level_cmake_builds_a_bench_folder(tmp_path, save):
     generate(manifest, "cudnn", bench)
     build = tmp_path / "build"
     # the wheels (and, without a CUDA install, their nvcc) are this interpreter's
-    cmd = ["cmake", "-S", str(REPO), "-B", str(build), f"-DBENANZA_BENCH_DIR={bench}",
-           f"-DBENANZA_PYTHON={sys.executable}"]
-    for step in (cmd, ["cmake", "--build", str(build), "-j", "2"]):
-        done = subprocess.run(step, capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _cmake(REPO, build, f"-DBENANZA_BENCH_DIR={bench}", f"-DBENANZA_PYTHON={sys.executable}")
     listed = subprocess.run([str(build / "cudnn" / "benanza_bench"), "--benanza_list"],
                             capture_output=True, text=True, check=True)
     assert len(listed.stdout.split()) == 2  # relu in f32 and f16
@@ -520,6 +542,29 @@ def test_top_level_cmake_rejects_an_empty_folder(tmp_path):
                            f"-DBENANZA_BENCH_DIR={tmp_path}"], capture_output=True, text=True)
     assert done.returncode != 0
     assert "holds no generated backend folder" in " ".join(done.stderr.split())  # CMake wraps lines
+
+
+@pytest.mark.slow  # configures cuDNN projects against the session's runtime build
+@NEED_TOOLCHAIN
+def test_a_prebuilt_runtime_is_refused_by_a_project_it_was_not_built_for(tmp_path, save, cudnn_runtime):
+    """A project links a prebuilt runtime only if it was compiled from the project's own runtime
+    sources with the project's BENANZA_CUPTI: otherwise configuring it fails, saying which."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    loaded = load_model(save(model(nodes, [io("x", [1, 4])], [io("y", None)])))
+    manifest = build_manifest([loaded], unique_layers([loaded]))
+
+    def configure(project: Path) -> str:
+        done = subprocess.run(["cmake", "-S", str(project), "-B", str(project / "build"),
+                               f"-DBENANZA_CUDNN_RUNTIME={cudnn_runtime}"], capture_output=True, text=True)
+        assert done.returncode != 0, done.stdout[-2000:]
+        return " ".join(done.stderr.split())  # CMake wraps lines
+
+    cupti = generate(manifest, "cudnn", tmp_path / "cupti", GenOptions(cupti=True)).out_dir
+    assert "was built with BENANZA_CUPTI=OFF, this project wants ON" in configure(cupti)
+    edited = generate(manifest, "cudnn", tmp_path / "edited").out_dir
+    with (edited / "runtime" / "cudnn" / "core.cpp").open("a") as f:
+        f.write("// a local change\n")
+    assert "was built from other runtime sources" in configure(edited)
 
 
 # --- host-only checks of the runtime (status tables, sticky errors, measurement arithmetic) ---
@@ -717,7 +762,7 @@ def test_sticky_error_aborts_and_the_runner_restarts_after_it(tmp_path):
 
 @pytest.mark.slow
 @NEED_TOOLCHAIN
-def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save):
+def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save, cudnn_runtime):
     """generate → real cuDNN binary (no GPU here: every variant fails) → runner → database →
     `benanza analyze --json` → gpu-results.py: the page's counts are the database's."""
     import os
@@ -735,7 +780,7 @@ def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save):
     loaded = load_model(path)
     manifest = build_manifest([loaded], unique_layers([loaded]))
     g = generate(manifest, "cudnn", tmp_path / "bench", GenOptions(dtypes=("f32",), layouts=("nchw",)))
-    binary = _build(g.out_dir)
+    binary = _build(g.out_dir, runtime=cudnn_runtime)
     db_path = tmp_path / "gpu.db"
     # named as CUDA names an H100, so the page sets the stored peaks beside that GPU's datasheet
     system = System("ci-gpu", "cudnn", "NVIDIA H100 80GB HBM3", (("cuda", "13"),))
@@ -772,7 +817,7 @@ def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save):
     missing = len(doc["coverage"]["missing"])
     assert missing == 2  # conv and relu: every variant failed, so no layer has a result
     assert f"| cr | f32 | 0.500 | 0.000 | 0.000 | 0.00 | 0.00 | yes | {missing} | 0 |" in text
-    assert "cudaErrorInsufficientDriver" in text or "cudaErrorNoDevice" in text
+    assert _says_no_gpu(text)
     assert "No convolution results." in text
     # measured / datasheet, recomputed: 700 of H100 SXM's 989.4 dense f16 TFLOP/s, 3000 of its 3350 GB/s
     assert "| GEMM f16 | 700.0 TFLOP/s | 8192³ | 989.4 TFLOP/s | 0.71 |" in text

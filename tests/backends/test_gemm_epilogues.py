@@ -35,7 +35,7 @@ from benanza.perfdb import PerfDB
 from benanza.processor import load_model
 from benanza.records import System, Variant
 from benanza.runner import RunOptions, RunSummary, _execute
-from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _failed_for_no_gpu, _lines
 from tests.e2e.test_transformers import verbose_execs
 
 EXPORTS = (("encoder", 17), ("gpt", 23))  # ReLU MLP (nn.TransformerEncoderLayer), exact-GELU MLP (opset 20+ Gelu)
@@ -185,11 +185,11 @@ def test_plain_matmul_rows_compute_what_numpy_does(tmp_path, save, a_shape, b_sh
 
 @pytest.mark.slow
 @NEED_TOOLCHAIN
-def test_epilogue_variants_build_and_report_no_gpu(exports, tmp_path):
+def test_epilogue_variants_build_and_report_no_gpu(exports, tmp_path, cudnn_runtime):
     models = [load_model(p) for p in exports]
     manifest = build_manifest(models, unique_layers(models))
     g = generate(manifest, "cudnn", tmp_path, GenOptions(dtypes=("f32", "bf16")))
-    binary = _build(g.out_dir)
+    binary = _build(g.out_dir, runtime=cudnn_runtime)
     lt = [v for v in g.variants if v.api == cudnn.LT_API]
     assert lt
     listed = subprocess.run([str(binary), "--benanza_list"], capture_output=True, text=True, check=True)
@@ -199,9 +199,7 @@ def test_epilogue_variants_build_and_report_no_gpu(exports, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     results = _lines(run.stdout, "BENANZA_RESULT")
     assert sorted(r["name"] for r in results) == sorted(v.name for v in lt)
-    for r in results:
-        assert r["status"] == "failed", r
-        assert "cudaErrorInsufficientDriver" in r["message"] or "cudaErrorNoDevice" in r["message"], r
+    _failed_for_no_gpu(results)
 
 
 # --- Q5 through the pipeline: generator → runner (line protocol) → database → analyze ----------

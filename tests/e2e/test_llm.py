@@ -25,7 +25,7 @@ from benanza.generator import GenOptions, generate
 from benanza.layers import unique_layers
 from benanza.manifest import build_manifest
 from benanza.processor import load_model
-from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _failed_for_no_gpu, _lines
 
 pytestmark = pytest.mark.slow  # exports with torch, builds and runs oneDNN benchmarks
 
@@ -150,7 +150,7 @@ INT8_GEMMS = {(llm_models.HIDDEN, llm_models.HIDDEN), (llm_models.HIDDEN, llm_mo
 
 @pytest.mark.slow  # builds a cuDNN project
 @NEED_TOOLCHAIN
-def test_int8_cudnn_project_builds_and_validates(exports, tmp_path) -> None:
+def test_int8_cudnn_project_builds_and_validates(exports, tmp_path, cudnn_runtime) -> None:
     """MatMulInteger as cuBLASLt's int8 GEMM (its own u8 type, one variant per heuristic rank),
     Cast int32→float, DequantizeLinear and DynamicQuantizeLinear as cuDNN graph nodes: the project
     compiles and links, every benchmark fails cleanly without a GPU, and the cuDNN frontend's own
@@ -168,15 +168,13 @@ def test_int8_cudnn_project_builds_and_validates(exports, tmp_path) -> None:
     quant = {v.layer_key.split(":")[0] for v in g.variants if v.api == "cudnn_frontend.quant"}
     assert quant == {"convert", "dequant", "dynquant"}
 
-    binary = _build(g.out_dir)
+    binary = _build(g.out_dir, runtime=cudnn_runtime)
     run = subprocess.run([str(binary), "--benchmark_min_time=0.01"], capture_output=True, text=True, timeout=600,
                          check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     results = {r["name"]: r for r in _lines(run.stdout, "BENANZA_RESULT")}
     assert set(results) == {v.name for v in g.variants}
-    for r in results.values():  # the device is needed first: the CUDA error, nothing else
-        assert r["status"] == "failed", r
-        assert "cudaErrorInsufficientDriver" in r["message"] or "cudaErrorNoDevice" in r["message"], r
+    _failed_for_no_gpu(results.values())  # the device is needed first: the CUDA error, nothing else
 
     done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
                           check=False)

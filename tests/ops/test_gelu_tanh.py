@@ -193,7 +193,7 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
 
 @pytest.mark.slow  # builds a cuDNN project
 @NEED_TOOLCHAIN
-def test_cudnn_fused_form_is_one_gelu_tanh_node_that_validates(tmp_path) -> None:
+def test_cudnn_fused_form_is_one_gelu_tanh_node_that_validates(tmp_path, cudnn_runtime) -> None:
     """On cuDNN the Tanh gets the pattern's fused variants (one per plan slot and dtype): one
     GELU_APPROX_TANH_FWD pointwise node, built and accepted by the cuDNN frontend's own validation
     for an sm_90 GPU (no GPU needed)."""
@@ -210,7 +210,7 @@ def test_cudnn_fused_form_is_one_gelu_tanh_node_that_validates(tmp_path) -> None
     assert {(v.layer_key, v.api) for v in fused} == {(f"eltwise:tanh_in1x{ROWS}x{COLS}_{d}", "cudnn_frontend.pointwise")
                                                      for d in ("f32", "f16")}
     assert sorted(v.algo for v in fused) == sorted(cudnn.PLAN_ALGOS * 2)
-    binary = _build(g.out_dir)
+    binary = _build(g.out_dir, runtime=cudnn_runtime)
     done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]

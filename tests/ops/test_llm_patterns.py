@@ -93,7 +93,7 @@ def test_rmsnorm_ops_and_their_work() -> None:
 
 @pytest.mark.slow  # builds a cuDNN project
 @NEED_TOOLCHAIN
-def test_cudnn_graphs_of_decoder_ops_validate(tmp_path) -> None:
+def test_cudnn_graphs_of_decoder_ops_validate(tmp_path, cudnn_runtime) -> None:
     """RMS normalization (the graph API's RMS norm node) and Cos, Sin, Reciprocal (pointwise nodes)
     built, and accepted by the cuDNN frontend's own validation for an sm_90 GPU (no GPU needed)."""
     w = numpy_helper.from_array(np.ones(COLS, np.float32), "w")
@@ -104,7 +104,7 @@ def test_cudnn_graphs_of_decoder_ops_validate(tmp_path) -> None:
     onnx.save(model(nodes, [io("x", [1, ROWS, COLS])], [io("r", None)], [w], opset=23), path)
     models = [load_model(path)]
     g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
-    binary = _build(g.out_dir)
+    binary = _build(g.out_dir, runtime=cudnn_runtime)
     done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]

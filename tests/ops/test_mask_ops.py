@@ -56,7 +56,7 @@ def test_boolean_ops_keys_and_coverage() -> None:
 
 @pytest.mark.slow  # builds a cuDNN project
 @NEED_TOOLCHAIN
-def test_cudnn_boolean_graphs_validate(tmp_path) -> None:
+def test_cudnn_boolean_graphs_validate(tmp_path, cudnn_runtime) -> None:
     """One variant per layer, in its own type: LOGICAL_AND, LOGICAL_OR and CMP_EQ pointwise nodes
     on one-byte booleans, accepted by the cuDNN frontend's own validation for an sm_90 GPU; and a
     comparison of floats, which writes one-byte booleans too."""
@@ -67,8 +67,9 @@ def test_cudnn_boolean_graphs_validate(tmp_path) -> None:
     models = [load_model(path), load_model(floats)]
     g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
     assert {v.dtype for v in g.variants} == {"b", "f32", "f16"}
-    done = subprocess.run([str(_build(g.out_dir)), "--benanza_check_graphs=90"], capture_output=True, text=True,
-                          timeout=300, check=False)
+    binary = _build(g.out_dir, runtime=cudnn_runtime)
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = {ln["name"].split("/")[0]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
     assert set(lines) == {"binary:and_in1x1x4x9_in1x1x1x9_b", "binary:or_in1x1x4x9_in1x1x4x9_b",

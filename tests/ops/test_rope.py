@@ -229,7 +229,7 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
 
 @pytest.mark.slow  # builds a cuDNN project
 @NEED_TOOLCHAIN
-def test_cudnn_graphs_validate(tmp_path) -> None:
+def test_cudnn_graphs_validate(tmp_path, cudnn_runtime) -> None:
     """The fused form and the ops as graphs of pointwise nodes over strided views, accepted by the
     cuDNN frontend's own validation for an sm_90 GPU (no GPU needed)."""
     from benanza.generator import GenOptions, generate
@@ -244,7 +244,7 @@ def test_cudnn_graphs_validate(tmp_path) -> None:
     g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
     mine = [v for v in g.variants if v.fusion == "rope" or v.problem.family == "rope"]
     assert len({(v.problem, v.dtype) for v in mine}) == 2 * 4
-    binary = _build(g.out_dir)
+    binary = _build(g.out_dir, runtime=cudnn_runtime)
     done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]
