@@ -94,7 +94,8 @@ class RunOptions:
     # groups of names measured before all others, the first group first (``measurement_order``)
     first: tuple[tuple[str, ...], ...] = ()
     # Adaptive sampling (docs/measurement.md): the relative precision of the low percentile each
-    # benchmark samples to, and the most seconds it may sample; None: the fixed budget above.
+    # benchmark samples to, and the most seconds it may sample; None: the fixed budget above
+    # (a library caller's default, reproducible for studies; `benanza run` asks DEFAULT_PRECISION).
     precision: float | None = None
     max_time: float = MAX_SAMPLING_SECONDS
     race: bool = True  # with precision: screen every variant first, measure fully only what may win (``_race``)
