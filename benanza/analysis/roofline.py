@@ -9,7 +9,8 @@ that compute fewer multiplications than the direct count (Winograd, FFT) are hel
 roof only, in the speed-of-light bound as in the check below.
 
 A result more than 10% faster than what no kernel can beat is a measurement defect, not a lower
-bound: it is flagged ``impossible`` and kept out of the bound. That floor takes the FMA roof
+bound: it is flagged ``impossible`` and kept out of the bound. That floor counts the essential
+FLOPs (``Problem.essential_flops``: no work on zero padding) and takes the FMA roof
 itself, or half a GEMM roof (``COMPUTE_SLACK``), and the fastest bandwidth measured anywhere
 (the smallest working set's): the ladder's streaming copies read and write, while a kernel that
 mostly reads (a GEMM's weights) can stream faster than a copy of its size, and a defect (an
@@ -53,6 +54,8 @@ class Roof:
     level: str  # the cache level (or DRAM) whose bandwidth is the memory roof
     fastest_memory_ms: float  # the bytes at the fastest bandwidth measured (the defect check's floor)
     compute_peak: Peak | None  # the peak behind compute_ms: the cores' FMA loop or the library's GEMM
+    # the essential FLOPs (no work on zero padding) at that peak: the defect check's compute floor
+    essential_compute_ms: float | None = None
 
     @property
     def compute_slack(self) -> float:
@@ -79,7 +82,8 @@ class Roof:
 
     def floor_ms(self, variant: Variant, implementation: str) -> float:
         """What a result of ``variant`` cannot beat, whatever cache holds its data."""
-        compute = 0.0 if computes_fewer(variant.algo, implementation) else (self.compute_ms or 0.0)
+        essential = self.compute_ms if self.essential_compute_ms is None else self.essential_compute_ms
+        compute = 0.0 if computes_fewer(variant.algo, implementation) else (essential or 0.0)
         return max(compute / self.compute_slack, self.fastest_memory_ms)
 
 
@@ -153,9 +157,10 @@ def roof(layer: Layer, dtype: str, peaks: Peaks, math: str = "default") -> Roof 
         return None
     peak = peaks.compute_peak(dtype, math)
     compute = 1e3 * layer.flops / peak.value if peak is not None else None
+    essential = layer.problem.essential_flops()
     fastest = max(p.value for p in peaks.ladder)
     return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level, 1e3 * nbytes / fastest,
-                peak)
+                peak, 1e3 * essential / peak.value if peak is not None and essential is not None else None)
 
 
 def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[Result], list[ImpossibleResult]]:

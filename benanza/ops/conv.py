@@ -161,8 +161,23 @@ class ConvProblem(_Conv2d):
     def macs(self) -> int:
         return self.mb * self.oc * self.oh * self.ow * (self.ic // self.g) * self.kh * self.kw
 
+    def essential_flops(self) -> int:
+        """Only the taps that fall inside the input: oneDNN's direct kernels skip those on the zero
+        padding (Inception-v1's 5×5 convolutions of 6×6 maps do 64% of the nominal multiply-adds,
+        and real results beat the FMA roof reckoned from the nominal count by 14%)."""
+        taps = (_taps(self.oh, self.ih, self.kh, self.sh, self.pt, self.dh)
+                * _taps(self.ow, self.iw, self.kw, self.sw, self.pl, self.dw))
+        bias = self.mb * self.oc * self.oh * self.ow if self.bias else 0
+        return 2 * self.mb * self.oc * (self.ic // self.g) * taps + bias
+
     def compulsory_bytes(self, inputs: int, outputs: int) -> int:
         return windowed(inputs, (self.kh, self.kw), (self.sh, self.sw)) + outputs
+
+
+def _taps(outputs: int, inputs: int, k: int, stride: int, pad: int, dilation: int) -> int:
+    """Over one spatial dim, the (output position, kernel tap) pairs that read the input, not
+    its padding."""
+    return sum(1 for o in range(outputs) for j in range(k) if 0 <= o * stride - pad + j * dilation < inputs)
 
 
 @dataclass(frozen=True)

@@ -253,6 +253,11 @@ class Problem:
         None: a family that does not model its work (an op no library runs)."""
         return 2 * self.macs()
 
+    def essential_flops(self) -> int | None:
+        """The FLOPs no kernel can skip: ``flops`` less the work a kernel need not do on zero
+        padding. The speed-of-light defect check holds results to it (docs/speed-of-light.md)."""
+        return self.flops()
+
     def compulsory_bytes(self, inputs: int, outputs: int) -> int:
         """The fewest bytes any kernel of the problem moves, given its tensors' bytes: every
         input read and every output written once, unless the op can skip inputs. The memory
