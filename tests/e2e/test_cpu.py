@@ -113,9 +113,13 @@ def test_torch_profile_maps_layers_and_names_onednn_algorithms(workdir, model):
     if model == "lenet":
         assert set(algos) == convs
     log = (workdir / f"torch-{model}" / "onednn.log").read_text()
+    # a layer every result of which the speed-of-light check flagged impossible (the peaks of a
+    # loaded machine can be that low) has no fastest variant: only then
+    keys = {la["name"]: la["key"] for la in a["layers"]}
+    flagged = {f["layer_key"] for f in (a["speed_of_light"] or {}).get("impossible", [])}
     for x in algos.values():
         assert f",convolution,{x['used']}," in log  # the implementation torch's oneDNN reported
-        assert x["best"] and x["best_ms"] > 0
+        assert (x["best"] and x["best_ms"] > 0) or (x["best"] is None and keys[x["name"]] in flagged), x
     conv_times = [float(line.split(",")[-1]) for line in log.splitlines()
                   if ",exec," in line and ",convolution," in line]
     lo, hi = min(conv_times) - JSON_MS["abs"], max(conv_times) + JSON_MS["abs"]  # the JSON's 6-decimal rounding
