@@ -55,6 +55,7 @@ class Roof:
     fastest_memory_ms: float  # the bytes at the fastest bandwidth measured (the defect check's floor)
     compute_peak: Peak | None  # the peak behind compute_ms: the cores' FMA loop or the library's GEMM
     # the essential FLOPs (no work on zero padding) at that peak: the defect check's compute floor
+    # (None: no measured compute peak in this dtype)
     essential_compute_ms: float | None = None
 
     @property
@@ -82,8 +83,7 @@ class Roof:
 
     def floor_ms(self, variant: Variant, implementation: str) -> float:
         """What a result of ``variant`` cannot beat, whatever cache holds its data."""
-        essential = self.compute_ms if self.essential_compute_ms is None else self.essential_compute_ms
-        compute = 0.0 if computes_fewer(variant.algo, implementation) else (essential or 0.0)
+        compute = 0.0 if computes_fewer(variant.algo, implementation) else (self.essential_compute_ms or 0.0)
         return max(compute / self.compute_slack, self.fastest_memory_ms)
 
 
@@ -158,9 +158,10 @@ def roof(layer: Layer, dtype: str, peaks: Peaks, math: str = "default") -> Roof 
     peak = peaks.compute_peak(dtype, math)
     compute = 1e3 * layer.flops / peak.value if peak is not None else None
     essential = layer.problem.essential_flops()
+    essential = layer.flops if essential is None else essential
     fastest = max(p.value for p in peaks.ladder)
     return Roof(layer.flops, nbytes, compute, 1e3 * nbytes / bandwidth.value, bandwidth.level, 1e3 * nbytes / fastest,
-                peak, 1e3 * essential / peak.value if peak is not None and essential is not None else None)
+                peak, 1e3 * essential / peak.value if peak is not None else None)
 
 
 def screen(results: Iterable[Result], model: Model, peaks: Peaks) -> tuple[list[Result], list[ImpossibleResult]]:
