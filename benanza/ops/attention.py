@@ -77,7 +77,7 @@ class AttentionProblem(Problem):
 
 
 
-def grouped_heads(q_heads: int, k_heads: int, v_heads: int) -> bool:
+def _grouped_heads(q_heads: int, k_heads: int, v_heads: int) -> bool:
     """K and V with one head count that divides Q's (multi-head attention, or grouped-query)."""
     return k_heads == v_heads and k_heads > 0 and q_heads % k_heads == 0
 
@@ -87,7 +87,7 @@ def _attention_plain(view: NodeView) -> bool:
     no softcap or extra outputs, a float mask (or none) that broadcasts as one [S, Skv]."""
     a = view.attrs
     shapes = [view.inputs[i].shape if present(view, i) else () for i in range(3)]  # type: ignore[union-attr]
-    if any(len(s) != 4 for s in shapes) or not grouped_heads(shapes[0][1], shapes[1][1], shapes[2][1]) \
+    if any(len(s) != 4 for s in shapes) or not _grouped_heads(shapes[0][1], shapes[1][1], shapes[2][1]) \
             or len(view.outputs) != 1:
         return False
     if any(present(view, i) for i in range(4, len(view.inputs))):
@@ -114,8 +114,8 @@ def _attention_build(view: NodeView) -> Problem:
 def _gqa_plain(view: NodeView) -> bool:
     """ONNX Runtime's com.microsoft GroupQueryAttention in the form the chain runs: query, key
     and value apart ([B, S, heads·D], not packed), no rotation, softcap, local window, smooth
-    softmax, attention bias, sinks or quantized cache inside (those inputs, from the cos cache
-    on, absent), one output."""
+    softmax, attention bias, sinks, quantized cache or scores output (the inputs from the cos
+    cache on absent)."""
     a = view.attrs
     if not all(present(view, i) for i in range(3)) or any(len(required(view, i).shape) != 3 for i in range(3)):
         return False
@@ -365,9 +365,11 @@ def attention_nodes(scaled: bool, masked: bool, prescaled: bool) -> NodeFinder:
         if sm is None or not isinstance(soft, SoftmaxProblem) or soft.axis != rank - 1 or soft.flat \
                 or soft.alg != "softmax":
             return None
-        # TorchScript casts the probabilities to the type they have (softmax(·, dtype=float32))
+        # TorchScript casts the probabilities to the type they have (softmax(·, dtype=float32));
+        # the exported SDPA guards them with Where(IsNaN(p), 0, p)
         cast = only(sm, ("Cast",))
         probs = [sm] + ([cast] if cast is not None and nodes[cast].layer.free else [])
+        probs += _nan_guard(model, consumers, probs[-1])
         pv = only(probs[-1], ("MatMul",))
         if pv is None or nodes[pv].inputs[:1] != nodes[probs[-1]].outputs[:1] or len(nodes[pv].inputs) != 2:
             return None
@@ -380,6 +382,22 @@ def attention_nodes(scaled: bool, masked: bool, prescaled: bool) -> NodeFinder:
         repeats = repeat_kv(model, consumers, k, (nodes[pv].inputs[1], pv))
         return found + (repeats[2] if repeats is not None else [])
     return match
+
+
+def _nan_guard(model: Model, consumers: dict[int, list[int]], probs: int) -> list[int]:
+    """[IsNaN, Where] of ``Where(IsNaN(p), c, p)`` on node ``probs``'s output p, the guard both
+    exporters write after SDPA's softmax (a fully masked row is NaN; the guard replaces it by a
+    constant), read by nothing else; or []. A fused kernel meets no NaN row unless a row is
+    masked whole, so the guard is part of the attention it runs."""
+    nodes = model.nodes
+    readers = consumers[probs]
+    isnan = next((i for i in readers if nodes[i].layer.op == "IsNaN"), None)
+    where = next((i for i in readers if nodes[i].layer.op == "Where"), None)
+    if len(readers) != 2 or isnan is None or where is None or consumers[isnan] != [where]:
+        return []
+    guarded = nodes[where].inputs == (nodes[isnan].outputs[0], nodes[probs].outputs[0]) \
+        and len(nodes[where].constant_inputs) == 1
+    return [isnan, where] if guarded else []
 
 
 def _data_input(model: Model, mul: Node) -> str:

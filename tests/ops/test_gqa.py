@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 
+import hf_models
 import llm_models
 import numpy as np
 import onnx
@@ -72,6 +73,27 @@ def test_attention_matches_through_repeat_kv(tmp_path, exporter) -> None:
     kv = out["present_k0"].size + out["present_v0"].size
     assert out["present_k0"].shape == (1, KV, KEYS, D)
     assert matches[0].conv.bytes == 4 * (2 * HEADS * SEQ * D + kv + feeds["mask"].size)
+
+
+@pytest.mark.slow  # exports transformers' Llama
+@pytest.mark.parametrize("step", [hf_models.Step("llama", 1, PAST), hf_models.Step("llama", 4, 0, masked=False)],
+                         ids=["decode_masked", "prefill"])
+def test_transformers_exports_match(tmp_path, step) -> None:
+    """Hugging Face's own Llama (dynamo exporter): transformers' repeat_kv, the exported SDPA's
+    Q and Kᵀ scales and its NaN guard Where(IsNaN(p), 0, p) after the softmax, all one match per
+    layer, keyed with the 2 KV heads."""
+    m = load_model(hf_models.export(step, "dynamo", tmp_path))
+    matches = _attention_matches(m)
+    cfg = hf_models.config("llama")
+    assert len(matches) == cfg.num_hidden_layers
+    keys = step.past + step.seq
+    mask = f"1x1x{step.seq}x{keys}"
+    assert {f.conv_key for f in matches} == {
+        f"attention:q1x{HEADS}x{step.seq}x{D}_k1x{KV}x{keys}x{D}_v1x{KV}x{keys}x{D}_mask{mask}_f32"}
+    for f in matches:
+        ops = [m.nodes[i].layer.op for i in f.nodes]
+        assert f.pattern.name == "sdpa_qk_scale_mask" and ops.count("Expand") == 2
+        assert {"IsNaN", "Where"} <= set(ops)
 
 
 def _op_model(kv_heads: int) -> onnx.ModelProto:
@@ -149,8 +171,9 @@ def test_ort_group_query_attention_is_one_attention(seq, past) -> None:
 
 @pytest.mark.slow  # exports and builds and runs a oneDNN project
 def test_generate_run_check_on_onednn(tmp_path) -> None:
-    """Both exporters' decoders and the grouped ops through the real pipeline: one fused benchmark
-    for the 2 layers × 2 exports, run into the database (OK), substituted by Q5 for each match's
+    """Both exporters' decoders, transformers' Llama (dynamo) and the grouped ops through the real
+    pipeline: one fused benchmark per pattern for the 2 layers of each, run into the database
+    (OK), substituted by Q5 for each match's
     nodes (the repeats' copies included), and computing what ONNX Runtime computes of the
     model's own nodes (``benanza check``); opset 23's op against ONNX Runtime's Attention; ONNX
     Runtime's GroupQueryAttention benchmarked through the same chain (no reference)."""
@@ -165,15 +188,17 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
     op, ort_op = tmp_path / "gqa_op.onnx", tmp_path / "ort_gqa.onnx"
     onnx.save(_op_model(2), op)
     onnx.save(_ort_gqa(SEQ, PAST), ort_op)
-    models = [load_model(_export(tmp_path, e)) for e in ("torchscript", "dynamo")] + [load_model(op),
-                                                                                       load_model(ort_op)]
+    hf = hf_models.export(hf_models.Step("llama", SEQ, PAST), "dynamo", tmp_path)
+    decoders = [load_model(_export(tmp_path, e)) for e in ("torchscript", "dynamo")] + [load_model(hf)]
+    models = decoders + [load_model(op), load_model(ort_op)]
     out = tmp_path / "bench"
     manifest = build_manifest(models, unique_layers(models))
     write_manifest(manifest, out)
     gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",)))
     mine = [v for v in gen.variants if v.problem.family == "attention"]
     fused = [v for v in mine if v.fusion != "none"]
-    assert {v.layer_key for v in fused} == {GQA_KEY} and {v.fusion for v in fused} == {"sdpa_scale_mask"}
+    assert {v.layer_key for v in fused} == {GQA_KEY}
+    assert {v.fusion for v in fused} == {"sdpa_scale_mask", "sdpa_qk_scale_mask"}  # ours; transformers' SDPA
     summary = run(out, "ci", "onednn", tmp_path / "r.db",
                   RunOptions(filter="^attention:", min_time=0.01, repetitions=1, build_jobs=1, threads=1,
                              peaks=False))
@@ -182,12 +207,14 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
         results = pdb.results("ci")
     got = [r for r in results if r.variant.problem.family == "attention"]
     assert len(got) == len(mine) and all(r.ok for r in got), [(r.variant.name, r.message) for r in got]
-    for m in models[:2]:
+    for m in decoders:
         a = analyze(m, results, "ci", "onednn")
-        uses = [u for u in a.fusion.applied + a.fusion.unprofitable if u.pattern == "sdpa_scale_mask"]
+        uses = [u for u in a.fusion.applied + a.fusion.unprofitable if u.pattern.startswith("sdpa")]
         assert len(uses) == llm_models.LAYERS
-        # 5 nodes (6 with TorchScript's Cast), K's repeat and Transpose (4), V's repeat (3)
-        assert {len(u.nodes) for u in uses} <= {12, 13}
+        # with both repeats' copies: the fused bound counts them 0
+        assert all([m.nodes[i].layer.op for i in u.nodes].count("Expand") == 2 for u in uses)
+        assert all(u.fused_ms == pytest.approx(min(r.latency_ms for r in got if r.variant.fusion == u.pattern))
+                   for u in uses)
     checked = {r.name: r for r in check(out, models, CheckOptions(build_jobs=1, filter="^attention:"))}
     # ONNX Runtime's op masks causally from its seqlens_k, the benchmark with generated values:
     # no reference (said why), never counted as passing
