@@ -172,7 +172,7 @@ class FusionMatch:
     pattern: FusionPattern
     nodes: tuple[int, ...]  # model node indices, the anchor first
     # the layer whose problem the fused variant is benchmarked on: the anchor's (Conv, MatMul, …),
-    # or the pattern's ``fused_layer`` (not a layer of the model: ``standalone``)
+    # or the pattern's ``fused_layer``, which no node of the model is (build_manifest lists it)
     conv: Layer
 
     @property

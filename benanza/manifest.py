@@ -76,7 +76,7 @@ def build_manifest(models: list[Model], uniques: list[UniqueLayer]) -> Manifest:
     counts: Counter[tuple[str, str]] = Counter()
     # a fused form benchmarked as a layer no node is (an attention through repeat_kv): a layer
     # of the manifest without occurrences, whose only variants are fused ones
-    fused_only = {}
+    fused_only: dict[str, UniqueLayer] = {}
     known = {u.layer.key for u in uniques}
     for m in models:
         for match in match_fusions(m):
