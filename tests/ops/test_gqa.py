@@ -1,9 +1,10 @@
 """Grouped-query attention as one layer: the attention patterns through transformers' repeat_kv
 (Unsqueeze → Expand → Reshape of K and V to Q's head count) in real exports of
-tests/llm_models.py's decoder (4 query heads over 2 KV heads, both exporters), opset 23's
-Attention with fewer K/V heads than Q's, and ONNX Runtime's com.microsoft GroupQueryAttention:
-keys, FLOPs and bytes recomputed from the shapes, generate → run → database → analyze on oneDNN,
-and the fused benchmark's output checked against ONNX Runtime running the model's own nodes."""
+tests/llm_models.py's decoder (4 query heads over 2 KV heads, both exporters) and of
+transformers' own Llama (dynamo), opset 23's Attention with fewer K/V heads than Q's, and ONNX
+Runtime's com.microsoft GroupQueryAttention: keys, FLOPs and bytes recomputed from the shapes,
+generate → run → database → analyze on oneDNN, the fused benchmark's output checked against ONNX
+Runtime running the model's own nodes, and cuDNN's SDPA graphs with 2 KV heads validated."""
 
 from __future__ import annotations
 
