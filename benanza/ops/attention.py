@@ -128,7 +128,11 @@ def _gqa_plain(view: NodeView) -> bool:
 def _gqa_build(view: NodeView) -> Problem:
     """Q [B, S, H·D] as [B, H, S, D]; K and V as [B, Hkv, T, D] over the T keys the op attends
     (total_sequence_length where it is a constant, else the past's length plus S: the present
-    K/V it writes); causal (the op's default) as the op's own mask of the new tokens."""
+    K/V it writes). The op's causal mask (its default) ends at the last key, where the ONNX
+    Attention's and cuDNN's causal mask start at the first: the two agree when the queries are all
+    the keys, one new token sees every key (no mask), and between the op's mask is an explicit
+    [1, 1, S, T] one (a top-left causal mask would skip keys the op attends: a cuDNN time of it
+    would undercount the op's work)."""
     heads, kv_heads = int(view.attrs.get("num_heads", 0)), int(view.attrs.get("kv_num_heads", 0))
     b, s, hidden = required(view, 0).shape
     if heads <= 0 or kv_heads <= 0 or hidden % heads or heads % kv_heads:
@@ -140,8 +144,10 @@ def _gqa_build(view: NodeView) -> Problem:
     past = required(view, 3).shape[2] if present(view, 3) else 0
     keys = int(total.reshape(-1)[0]) if total is not None and total.size == 1 else past + s
     scale = float(view.attrs.get("scale", 0.0))
-    return AttentionProblem((b, heads, s, d), (b, kv_heads, keys, d), (b, kv_heads, keys, d),
-                            causal=bool(int(view.attrs.get("causal", 1))), scale=f32(scale) if scale else None)
+    causal = bool(int(view.attrs.get("causal", 1))) and s > 1
+    mask = (1, 1, s, keys) if causal and s < keys else None
+    return AttentionProblem((b, heads, s, d), (b, kv_heads, keys, d), (b, kv_heads, keys, d), mask,
+                            causal and mask is None, f32(scale) if scale else None)
 
 
 def _attention_when(view: NodeView) -> bool:

@@ -145,19 +145,22 @@ def _gqa_reference(q, k, v, past: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("seq, past", [(1, 8), (3, 5)])
-def test_ort_group_query_attention_is_one_attention(seq, past) -> None:
+@pytest.mark.parametrize("seq, past, mask", [(1, 8, ""), (3, 5, "_mask1x1x3x8")])
+def test_ort_group_query_attention_is_one_attention(seq, past, mask) -> None:
     """Keyed and costed as the attention of 4 query heads over the 2 KV heads' past + new keys;
     what ONNX Runtime computes is that attention (recomputed here head by head), so the shapes
-    the problem records are the op's."""
+    the problem records are the op's. Its causal mask ends at the last key: one new token sees
+    them all (no mask), new tokens after a past need an explicit mask (a causal one would start
+    at the first key and skip keys the op attends)."""
     proto = _ort_gqa(seq, past)
     (node,) = load_model(proto, name="ort_gqa").nodes
     keys = past + seq
-    want = AttentionProblem((1, HEADS, seq, D), (1, KV, keys, D), (1, KV, keys, D), causal=True)
+    want = AttentionProblem((1, HEADS, seq, D), (1, KV, keys, D), (1, KV, keys, D),
+                            (1, 1, seq, keys) if mask else None)
     assert node.layer.problem == want and parse_layer_key(node.layer.key) == (want, "f32")
-    assert node.layer.key == f"attention:q1x{HEADS}x{seq}x{D}_k1x{KV}x{keys}x{D}_v1x{KV}x{keys}x{D}_causal_f32"
+    assert node.layer.key == f"attention:q1x{HEADS}x{seq}x{D}_k1x{KV}x{keys}x{D}_v1x{KV}x{keys}x{D}{mask}_f32"
     assert node.layer.macs == HEADS * seq * keys * 2 * D
-    assert node.layer.flops == 2 * node.layer.macs + 7 * HEADS * seq * keys
+    assert node.layer.flops == 2 * node.layer.macs + (7 if mask else 6) * HEADS * seq * keys  # the mask's add
     assert node.layer.onednn_primitive == "matmul_softmax_matmul"
     rng = np.random.default_rng(5)
     feed = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
@@ -219,7 +222,7 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
     checked = {r.name: r for r in check(out, models, CheckOptions(build_jobs=1, filter="^attention:"))}
     # ONNX Runtime's op masks causally from its seqlens_k, the benchmark with generated values:
     # no reference (said why), never counted as passing
-    ort_key = f"attention:q1x{HEADS}x{SEQ}x{D}_k1x{KV}x{KEYS}x{D}_v1x{KV}x{KEYS}x{D}_causal_f32"
+    ort_key = f"attention:q1x{HEADS}x{SEQ}x{D}_k1x{KV}x{KEYS}x{D}_v1x{KV}x{KEYS}x{D}_f32"  # one new token: no mask
     for v in mine:
         r = checked[v.name]
         want = CheckStatus.NOT_CHECKED if v.layer_key == ort_key else CheckStatus.OK
