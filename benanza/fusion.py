@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .layers import Layer, Model, Node
-from .ops.attention import attention_nodes
+from .ops.attention import attention_nodes, grouped_layer
 from .ops.attention import pattern_reference as attention_reference
 from .ops.base import NodeFinder
 from .ops.binary import BinaryProblem
@@ -63,6 +63,10 @@ class FusionPattern:
     # the runtime fills, in stream order): the anchor family's; None is a registry error
     # (tests/ops/test_registry.py)
     reference: PatternReference | None = None
+    # the layer a match is benchmarked as where it is not its anchor's: given the model and the
+    # match's nodes, that layer (an attention through repeat_kv: the attention with K/V's own
+    # heads), or None for the anchor's
+    fused_layer: Callable[[Model, Sequence[int], FusionPattern], Layer | None] | None = None
 
     @property
     def dag(self) -> bool:
@@ -148,7 +152,7 @@ def _attention(scale: bool, mask: bool, prescaled: bool = False) -> FusionPatter
                          f"attention {steps}: one oneDNN chain (scores' matmul with post-ops, softmax, matmul)",
                          anchor="MatMul", find=attention_nodes(scale or prescaled, mask, prescaled),
                          attention=True, scale=scale or prescaled, mask=mask, prescaled=prescaled,
-                         reference=attention_reference)
+                         reference=attention_reference, fused_layer=grouped_layer)
 
 
 # the longest first: Q and K scaled before the MatMul, then a scale after it, then neither
@@ -167,7 +171,9 @@ NODE_FINDERS: dict[str, NodeFinder] = {p.name: p.find for p in PATTERNS if p.fin
 class FusionMatch:
     pattern: FusionPattern
     nodes: tuple[int, ...]  # model node indices, the anchor first
-    conv: Layer  # the anchor layer (Conv or MatMul) whose problem the fused variant is benchmarked on
+    # the layer whose problem the fused variant is benchmarked on: the anchor's (Conv, MatMul, …),
+    # or the pattern's ``fused_layer``, which no node of the model is (build_manifest lists it)
+    conv: Layer
 
     @property
     def conv_key(self) -> str:
@@ -194,7 +200,8 @@ def match_fusions(model: Model) -> list[FusionMatch]:
                 nodes = pattern.find(model, consumers, node.index)
                 if nodes is not None and not used & set(nodes):
                     used.update(nodes)
-                    matches.append(FusionMatch(pattern, tuple(nodes), node.layer))
+                    fused = pattern.fused_layer(model, nodes, pattern) if pattern.fused_layer is not None else None
+                    matches.append(FusionMatch(pattern, tuple(nodes), fused or node.layer))
                     break
                 continue
             chain = [node.index]

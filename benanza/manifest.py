@@ -73,12 +73,18 @@ def build_manifest(models: list[Model], uniques: list[UniqueLayer]) -> Manifest:
     text, then key); a layer's occurrences by model, then node index."""
     batch = models[0].batch_size if models else 1
     entries = sorted((ManifestModel(m.path, model_stats(m)) for m in models), key=lambda e: (e.stats.model, e.path))
-    layers = [UniqueLayer(u.layer, sorted(u.occurrences, key=lambda o: (o.model, o.index)))
-              for u in sorted(uniques, key=lambda u: (u.layer.problem.text(), u.layer.key))]
     counts: Counter[tuple[str, str]] = Counter()
+    # a fused form benchmarked as a layer no node is (an attention through repeat_kv): a layer
+    # of the manifest without occurrences, whose only variants are fused ones
+    fused_only: dict[str, UniqueLayer] = {}
+    known = {u.layer.key for u in uniques}
     for m in models:
         for match in match_fusions(m):
             counts[(match.conv_key, match.pattern.name)] += 1
+            if match.conv_key not in known:
+                fused_only.setdefault(match.conv_key, UniqueLayer(match.conv))
+    layers = [UniqueLayer(u.layer, sorted(u.occurrences, key=lambda o: (o.model, o.index)))
+              for u in sorted([*uniques, *fused_only.values()], key=lambda u: (u.layer.problem.text(), u.layer.key))]
     fusions = [FusionCount(k, p, n) for (k, p), n in sorted(counts.items())]
     return Manifest(batch, entries, layers, fusions)
 

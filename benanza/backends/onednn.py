@@ -23,6 +23,7 @@ from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..generator import GenOptions, copy_runtime, write_if_changed
 from ..layers import FLOAT_DTYPES, Layer, Model, UniqueLayer
 from ..manifest import Manifest
+from ..ops.attention import AttentionProblem
 from ..ops.base import OnednnLowering, cpp_literal, row_fields
 from ..ops.quantized import QMatMulProblem
 from ..ops.registry import FAMILIES as REGISTRY
@@ -116,9 +117,10 @@ class OneDNNBackend(CMakeBackend):
         algos = CONV_ALGOS if conv else ("default",)
         # conv post-ops, a MatMul's bias/GELU epilogue (fusion.match_fusions only names 2-D
         # MatMuls, which oneDNN runs as one GEMM), a LayerNorm or RMSNorm decomposition from its
-        # ReduceMean, an int8 GEMM's scale and bias, a tanh GELU decomposition from its Tanh
+        # ReduceMean, an int8 GEMM's scale and bias, a tanh GELU decomposition from its Tanh, an
+        # attention pattern through repeat_kv as the attention it computes
         fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem, QMatMulProblem,
-                                             EltwiseProblem))
+                                             EltwiseProblem, AttentionProblem))
         fusion_names = ("none",) + tuple(fusions) if fused else ("none",)
         out = []
         for fusion in fusion_names:

@@ -5,10 +5,13 @@ MatMul: one cuDNN SDPA; on oneDNN a primitive chain in the matmul table)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..errors import NodeError
 from .base import (
+    ELEMENT_SIZE,
     CudnnLowering,
     CudnnTable,
     Dims,
@@ -29,7 +32,7 @@ from .softmax import SoftmaxProblem
 
 if TYPE_CHECKING:
     from ..fusion import FusionPattern
-    from ..layers import Model, Node
+    from ..layers import Layer, Model, Node, TensorSpec
     from ..records import Variant
 
 # the cuDNN graph API's scaled dot-product attention (runtime_cpp/cudnn/graph.cpp)
@@ -37,9 +40,11 @@ CUDNN_SDPA = "cudnn_frontend.sdpa"
 
 @dataclass(frozen=True)
 class AttentionProblem(Problem):
-    """The ONNX Attention op (opset 23) over 4-d Q [B, H, S, D], K [B, H, Skv, D] and V
-    [B, H, Skv, Dv]: softmax(scale·Q·Kᵀ + mask)·V. ``mask``: the float attn_mask's shape (None:
-    none); ``causal``: is_causal; ``scale`` None is ONNX's default 1/√D."""
+    """The ONNX Attention op (opset 23) over 4-d Q [B, H, S, D], K [B, Hkv, Skv, D] and V
+    [B, Hkv, Skv, Dv]: softmax(scale·Q·Kᵀ + mask)·V, query head h reading KV head h // (H/Hkv)
+    (grouped-query attention where Hkv < H: K's and V's dims in the key carry their head count).
+    ``mask``: the float attn_mask's shape (None: none); ``causal``: is_causal; ``scale`` None is
+    ONNX's default 1/√D."""
 
     FAMILY: ClassVar[str] = "attention"
     KEY: ClassVar[tuple[tuple[F, ...], ...]] = (
@@ -53,7 +58,13 @@ class AttentionProblem(Problem):
     causal: bool = False
     scale: float | None = None
 
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (1: multi-head attention)."""
+        return self.q[1] // self.k[1]
+
     def macs(self) -> int:
+        """Every query head's scores and weighting of V, whichever KV head it shares."""
         b, h, s, d = self.q
         return b * h * s * self.k[2] * (d + self.v[3])
 
@@ -66,12 +77,18 @@ class AttentionProblem(Problem):
 
 
 
+def _grouped_heads(q_heads: int, k_heads: int, v_heads: int) -> bool:
+    """K and V with one head count that divides Q's (multi-head attention, or grouped-query)."""
+    return k_heads == v_heads and k_heads > 0 and q_heads % k_heads == 0
+
+
 def _attention_plain(view: NodeView) -> bool:
-    """The form the runtime's chain runs: 4-d Q/K/V with as many K/V heads as Q's, no KV cache,
+    """The form the runtime's chain runs: 4-d Q/K/V with K/V heads dividing Q's, no KV cache,
     no softcap or extra outputs, a float mask (or none) that broadcasts as one [S, Skv]."""
     a = view.attrs
     shapes = [view.inputs[i].shape if present(view, i) else () for i in range(3)]  # type: ignore[union-attr]
-    if any(len(s) != 4 for s in shapes) or shapes[1][1] != shapes[0][1] or len(view.outputs) != 1:
+    if any(len(s) != 4 for s in shapes) or not _grouped_heads(shapes[0][1], shapes[1][1], shapes[2][1]) \
+            or len(view.outputs) != 1:
         return False
     if any(present(view, i) for i in range(4, len(view.inputs))):
         return False
@@ -85,11 +102,56 @@ def _attention_plain(view: NodeView) -> bool:
 
 
 def _attention_build(view: NodeView) -> Problem:
+    if view.op == "GroupQueryAttention":
+        return _gqa_build(view)
     q, k, v = (tuple(required(view, i).shape) for i in range(3))
     mask = tuple(required(view, 3).shape) if present(view, 3) else None
     scale = view.attrs.get("scale")
     return AttentionProblem(q, k, v, mask, bool(int(view.attrs.get("is_causal", 0))),
                             None if scale is None else f32(scale))
+
+
+def _gqa_plain(view: NodeView) -> bool:
+    """ONNX Runtime's com.microsoft GroupQueryAttention in the form the chain runs: query, key
+    and value apart ([B, S, heads·D], not packed), no rotation, softcap, local window, smooth
+    softmax, attention bias, sinks, quantized cache or scores output (the inputs from the cos
+    cache on absent)."""
+    a = view.attrs
+    if not all(present(view, i) for i in range(3)) or any(len(required(view, i).shape) != 3 for i in range(3)):
+        return False
+    if int(a.get("do_rotary", 0)) or float(a.get("softcap", 0.0)) or int(a.get("local_window_size", -1)) != -1 \
+            or int(a.get("smooth_softmax", 0)) or int(a.get("qk_output", 0)):
+        return False
+    return not any(present(view, i) for i in range(7, len(view.inputs)))
+
+
+def _gqa_build(view: NodeView) -> Problem:
+    """Q [B, S, H·D] as [B, H, S, D]; K and V as [B, Hkv, T, D] over the T keys the op attends
+    (total_sequence_length where it is a constant, else the past's length plus S: the present
+    K/V it writes). The op's causal mask (its default) ends at the last key, where the ONNX
+    Attention's and cuDNN's causal mask start at the first: the two agree when the queries are all
+    the keys, one new token sees every key (no mask), and between the op's mask is an explicit
+    [1, 1, S, T] one (a top-left causal mask would skip keys the op attends: a cuDNN time of it
+    would undercount the op's work)."""
+    heads, kv_heads = int(view.attrs.get("num_heads", 0)), int(view.attrs.get("kv_num_heads", 0))
+    b, s, hidden = required(view, 0).shape
+    if heads <= 0 or kv_heads <= 0 or hidden % heads or heads % kv_heads:
+        raise NodeError(f"num_heads {heads} and kv_num_heads {kv_heads} do not divide the query's {hidden} features")
+    d = hidden // heads
+    if required(view, 1).shape[-1] != kv_heads * d or required(view, 2).shape[-1] != kv_heads * d:
+        raise NodeError(f"key and value are not [B, S, kv_num_heads·{d}]")
+    total = view.value(6) if present(view, 6) else None
+    past = required(view, 3).shape[2] if present(view, 3) else 0
+    keys = int(total.reshape(-1)[0]) if total is not None and total.size == 1 else past + s
+    scale = float(view.attrs.get("scale", 0.0))
+    causal = bool(int(view.attrs.get("causal", 1))) and s > 1
+    mask = (1, 1, s, keys) if causal and s < keys else None
+    return AttentionProblem((b, heads, s, d), (b, kv_heads, keys, d), (b, kv_heads, keys, d), mask,
+                            causal and mask is None, f32(scale) if scale else None)
+
+
+def _attention_when(view: NodeView) -> bool:
+    return _gqa_plain(view) if view.op == "GroupQueryAttention" else _attention_plain(view)
 
 
 # --- lowerings -----------------------------------------------------------------------------
@@ -117,6 +179,7 @@ class SdpaLayer:
 
     b: int
     h: int
+    h_kv: int
     s_q: int
     s_kv: int
     d_qk: int
@@ -129,17 +192,21 @@ class SdpaLayer:
 def _cudnn_row(p: AttentionProblem, api: str) -> SdpaLayer:
     # 4-d [B, heads, S, D]
     scale = p.scale if p.scale is not None else 1 / math.sqrt(p.q[3])
-    return SdpaLayer(b=p.q[0], h=p.q[1], s_q=p.q[2], s_kv=p.k[2], d_qk=p.q[3], d_v=p.v[3], scale=scale,
-                     mask=p.mask is not None, causal=p.causal)
+    return SdpaLayer(b=p.q[0], h=p.q[1], h_kv=p.k[1], s_q=p.q[2], s_kv=p.k[2], d_qk=p.q[3], d_v=p.v[3],
+                     scale=scale, mask=p.mask is not None, causal=p.causal)
 
 
-def _pattern_row(p: MatMulProblem, api: str) -> SdpaLayer:
+def _pattern_row(p: MatMulProblem | AttentionProblem, api: str) -> SdpaLayer:
     """An attention pattern from its scores' MatMul: Q [.., S, D] · Kᵀ [.., D, Skv]; the pattern's
-    scale and mask are in the variant's call."""
+    scale and mask are in the variant's call. A pattern through repeat_kv is keyed as the
+    attention it computes (``grouped_layer``), K and V with their own heads."""
+    if isinstance(p, AttentionProblem):
+        return _cudnn_row(p, api)
     lead = p.a[:-2]
     b, h = (math.prod(lead[:-1]), lead[-1]) if lead else (1, 1)
     sq, d, skv = p.a[-2], p.a[-1], p.b[-1]
-    return SdpaLayer(b=b, h=h, s_q=sq, s_kv=skv, d_qk=d, d_v=d, scale=1 / math.sqrt(d), mask=False, causal=False)
+    return SdpaLayer(b=b, h=h, h_kv=h, s_q=sq, s_kv=skv, d_qk=d, d_v=d, scale=1 / math.sqrt(d), mask=False,
+                     causal=False)
 
 
 CUDNN_SDPA_TABLE = CudnnTable("sdpa", "add_sdpa", False, False)
@@ -152,6 +219,10 @@ def _reference(site: Site, v: Variant, gen: Gen) -> Spec:
 
     p = v.problem
     assert isinstance(p, AttentionProblem)
+    if site.proto(0).op_type == "GroupQueryAttention":
+        raise NoReference("ONNX Runtime's GroupQueryAttention masks causally from its seqlens_k and splits K/V "
+                          "into past and new tokens; the benchmark adds a generated [S, Skv] mask, which the op "
+                          "has no input for")
     kt = p.k[:-2] + (p.k[-1], p.k[-2])
     feeds = {(0, 0): gen(0, p.q), (0, 1): np.ascontiguousarray(np.swapaxes(gen(1, kt), -1, -2))}
     masked = p.mask is not None or p.causal
@@ -184,25 +255,53 @@ def _qk_slot(site: Site, i: int) -> Slot:
     return pos, next(k for k, name in enumerate(site.proto(pos).input) if site.shape(name) == want)
 
 
+def _mask_slot(site: Site, pattern: FusionPattern) -> Slot:
+    """The slot of the mask the pattern's Add adds to the scores."""
+    add = 1 + pattern.tail.index("Add")
+    scores = next(o for q in range(add) for o in site.proto(q).output if o in site.proto(add).input)
+    return add, site.external(add, scores)
+
+
 def pattern_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
     """Q and Kᵀ: the scores' MatMul inputs, or where the pattern scales them first, the scaling
     Muls' data inputs (the model's own two scales then make the chain's one); the mask; V."""
     p = v.problem
+    if isinstance(p, AttentionProblem):
+        return _grouped_reference(site, p, gen, pattern)
     assert isinstance(p, MatMulProblem)
     last = len(site.nodes) - 1
     feeds = fill(site, gen, [_qk_slot(site, i) if pattern.prescaled else (0, i) for i in (0, 1)])
     k = 2
     if pattern.mask:
-        add = 1 + pattern.tail.index("Add")
-        scores = next(o for q in range(add) for o in site.proto(q).output if o in site.proto(add).input)
-        mask_slot = (add, site.external(add, scores))
+        mask_slot = _mask_slot(site, pattern)
         feeds[mask_slot] = gen(k, p.a[-2:-1] + p.b[-1:]).reshape(site.in_shape(*mask_slot))
         k += 1
     feeds[(last, 1)] = gen(k, site.in_shape(last, 1))
     return Spec(site.nodes, feeds, last_output(site))
 
+
+def _grouped_reference(site: Site, p: AttentionProblem, gen: Gen, pattern: FusionPattern) -> Spec:
+    """A pattern through repeat_kv (``grouped_layer``): Q where the pattern reads it; K and V
+    unrepeated, at their Unsqueezes (the match's K repeat comes first), K's values as the
+    benchmark's Kᵀ view holds them (as the op's reference); the mask; the PV MatMul's output."""
+    import numpy as np
+
+    q = _qk_slot(site, 0) if pattern.prescaled else (0, 0)
+    k_at, v_at = (pos for pos in range(len(site.nodes)) if site.proto(pos).op_type == "Unsqueeze")
+    kt = p.k[:-2] + (p.k[-1], p.k[-2])
+    feeds = {q: gen(0, site.in_shape(*q)), (k_at, 0): np.ascontiguousarray(np.swapaxes(gen(1, kt), -1, -2))}
+    n = 2
+    if p.mask is not None:
+        slot = _mask_slot(site, pattern)
+        feeds[slot] = gen(n, p.mask).reshape(site.in_shape(*slot))
+        n += 1
+    feeds[(v_at, 0)] = gen(n, p.v)
+    pv = next(pos for pos in range(1, len(site.nodes)) if site.proto(pos).op_type == "MatMul")
+    return Spec(site.nodes, feeds, (site.proto(pv).output[0],))
+
 # oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too
-ATTENTION = Family("attention", AttentionProblem, ("Attention",), _attention_build, _attention_plain,
+ATTENTION = Family("attention", AttentionProblem, ("Attention", "GroupQueryAttention"), _attention_build,
+                   _attention_when,
                    cudnn_api=const(CUDNN_SDPA), onednn_api=const("matmul_softmax_matmul"),
                    cudnn={CUDNN_SDPA: CudnnLowering(CUDNN_SDPA_TABLE, _cudnn_row)},
                    onednn=OnednnLowering("attention", False, _onednn_row, reference=_reference))
@@ -272,14 +371,119 @@ def attention_nodes(scaled: bool, masked: bool, prescaled: bool) -> NodeFinder:
         if sm is None or not isinstance(soft, SoftmaxProblem) or soft.axis != rank - 1 or soft.flat \
                 or soft.alg != "softmax":
             return None
-        pv = only(sm, ("MatMul",))
-        if pv is None or nodes[pv].inputs[:1] != nodes[sm].outputs[:1] or len(nodes[pv].inputs) != 2:
+        # TorchScript casts the probabilities to the type they have (softmax(·, dtype=float32));
+        # the exported SDPA guards them with Where(IsNaN(p), 0, p)
+        cast = only(sm, ("Cast",))
+        probs = [sm] + ([cast] if cast is not None and nodes[cast].layer.free else [])
+        probs += _nan_guard(model, consumers, probs[-1])
+        pv = only(probs[-1], ("MatMul",))
+        if pv is None or nodes[pv].inputs[:1] != nodes[probs[-1]].outputs[:1] or len(nodes[pv].inputs) != 2:
             return None
         v = nodes[pv].layer.problem
         if not isinstance(v, MatMulProblem) or tuple(v.b) != scores[:-2] + (scores[-1], qk.k):
             return None
-        return chain[:1] + prescales + chain[1:] + [sm, pv]  # the anchor first, as every match has it
+        found = chain[:1] + prescales + chain[1:] + probs + [pv]  # the anchor first, as every match has it
+        # through repeat_kv the pattern takes in the copies that expand K and V (grouped_layer)
+        k = (_data_input(model, nodes[prescales[1]]), prescales[1]) if prescales else (first.inputs[1], start)
+        repeats = repeat_kv(model, consumers, k, (nodes[pv].inputs[1], pv))
+        return found + (repeats[2] if repeats is not None else [])
     return match
+
+
+def _nan_guard(model: Model, consumers: dict[int, list[int]], probs: int) -> list[int]:
+    """[IsNaN, Where] of ``Where(IsNaN(p), c, p)`` on node ``probs``'s output p, the guard both
+    exporters write after SDPA's softmax (a fully masked row is NaN; the guard replaces it by a
+    constant), read by nothing else; or []. A fused kernel meets no NaN row unless a row is
+    masked whole, so the guard is part of the attention it runs."""
+    nodes = model.nodes
+    readers = consumers[probs]
+    isnan = next((i for i in readers if nodes[i].layer.op == "IsNaN"), None)
+    where = next((i for i in readers if nodes[i].layer.op == "Where"), None)
+    if len(readers) != 2 or isnan is None or where is None or consumers[isnan] != [where]:
+        return []
+    guarded = nodes[where].inputs == (nodes[isnan].outputs[0], nodes[probs].outputs[0]) \
+        and len(nodes[where].constant_inputs) == 1
+    return [isnan, where] if guarded else []
+
+
+def _data_input(model: Model, mul: Node) -> str:
+    """The scaled operand of a prescaling Mul (``_operand_scales`` made sure it has one)."""
+    return next(x for x in mul.inputs if not (x in model.producer and model.nodes[model.producer[x]].folded))
+
+
+def _unrepeat(model: Model, consumers: dict[int, list[int]], tensor: str, reader: int, transposed: bool
+              ) -> tuple[TensorSpec, list[int]] | None:
+    """The K or V that transformers' ``repeat_kv`` (``x[:, :, None].expand(B, Hkv, G, Skv, D)
+    .reshape(B, H, Skv, D)``) expanded into ``tensor`` (read by node ``reader``), walking back
+    through Reshapes, K's one Transpose of the last two axes (``transposed``), the Expand of
+    the group axis and its Unsqueeze, each read only by the next: (the unrepeated [B, Hkv, Skv,
+    D] tensor's spec, those nodes), or None. The Reshapes keep the last two axes, so they only
+    merge B, Hkv and G in order: query head h reads KV head h // G, as repeat_kv's copies do."""
+    nodes, producer = model.nodes, model.producer
+    walked: list[int] = []
+    swaps = 0
+    t = tensor
+    while True:
+        i = producer.get(t)
+        if i is None or consumers[i] != [reader] or not nodes[i].inputs or not nodes[i].layer.outputs:
+            return None
+        layer = nodes[i].layer
+        src, out = tuple(layer.inputs[0].shape), tuple(layer.outputs[0].shape)
+        if layer.op == "Unsqueeze":
+            expanded = tuple(nodes[walked[-1]].layer.outputs[0].shape) if walked else ()
+            ok = (len(src) == 4 and swaps == transposed and out == (*src[:2], 1, *src[2:])
+                  and nodes[walked[-1]].layer.op == "Expand" and len(expanded) == 5 and expanded[2] > 1
+                  and expanded == (*src[:2], expanded[2], *src[2:]))
+            return (layer.inputs[0], walked + [i]) if ok else None
+        if layer.op == "Transpose":
+            perm = tuple(getattr(layer.problem, "perm", ()))
+            swaps += 1
+            if len(perm) < 2 or perm != (*range(len(perm) - 2), len(perm) - 1, len(perm) - 2):
+                return None
+        elif layer.op != "Expand" and (layer.op != "Reshape" or len(src) < 2 or out[-2:] != src[-2:]):
+            return None
+        walked.append(i)
+        reader, t = i, nodes[i].inputs[0]
+
+
+def repeat_kv(model: Model, consumers: dict[int, list[int]], k: tuple[str, int], v: tuple[str, int]
+              ) -> tuple[TensorSpec, TensorSpec, list[int]] | None:
+    """K and V unrepeated (``_unrepeat``) from the scores' Kᵀ operand and the MatMul's V, each
+    given as (tensor, the node reading it): their specs and the nodes of both repeats; None
+    unless both are repeated, with one head count."""
+    kr = _unrepeat(model, consumers, k[0], k[1], True)
+    vr = _unrepeat(model, consumers, v[0], v[1], False)
+    if kr is None or vr is None or kr[0].shape[1] != vr[0].shape[1]:
+        return None
+    return kr[0], vr[0], kr[1] + vr[1]
+
+
+def grouped_layer(model: Model, nodes: Sequence[int], pattern: FusionPattern) -> Layer | None:
+    """The attention an ``sdpa*`` match computes where it runs through repeat_kv: the ONNX
+    Attention problem of Q and of K and V with their own heads (K/V read once per KV head,
+    every query head's scores computed), the pattern's mask and scale (1/√D where it scales, as
+    every attention pattern is taken to); None where K and V have Q's heads (the match stays
+    keyed by its scores' MatMul)."""
+    from ..layers import Layer, TensorSpec
+
+    ns, consumers = model.nodes, model.consumers()
+    anchor = ns[nodes[0]]
+    pv = next(ns[i] for i in nodes[1:] if ns[i].layer.op == "MatMul")
+    k = (_data_input(model, ns[nodes[2]]), nodes[2]) if pattern.prescaled else (anchor.inputs[1], nodes[0])
+    found = repeat_kv(model, consumers, k, (pv.inputs[1], pv.index))
+    qk = anchor.layer.problem
+    if found is None or not isinstance(qk, MatMulProblem) or len(qk.a) != 4:
+        return None
+    k_spec, v_spec, _ = found
+    add = next((ns[i].layer for i in nodes if ns[i].layer.op == "Add"), None) if pattern.mask else None
+    mask = None if add is None else next(s for s in add.inputs if s.shape != add.outputs[0].shape)
+    problem = AttentionProblem(tuple(qk.a), tuple(k_spec.shape), tuple(v_spec.shape),
+                               None if mask is None else tuple(mask.shape), scale=None if pattern.scale else 1.0)
+    tensors = (TensorSpec(tuple(qk.a), anchor.layer.dtype), k_spec, v_spec) + (() if mask is None else (mask,))
+    outputs = pv.layer.outputs[:1]
+    return Layer("Attention", problem, anchor.layer.dtype, tensors, outputs, problem.macs(), problem.flops(),
+                 sum(t.numel * ELEMENT_SIZE.get(t.dtype, 4) for t in tensors + outputs),
+                 ATTENTION.cudnn_api(problem), ATTENTION.onednn_api(problem))
 
 
 def _operand_scales(model: Model, consumers: dict[int, list[int]], matmul: Node) -> list[int] | None:

@@ -166,10 +166,10 @@ Spec build(const SdpaLayer& L, DType t, uint8_t call, int sm) {
   Spec s = new_spec(t, "sdpa", sm);
   const bool masked = L.mask || (call & kSdpaMasked);
   const double scale = (call & kSdpaUnscaled) ? 1.0 : L.scale;
-  const int64_t b = L.b, h = L.h, sq = L.s_q, skv = L.s_kv, dqk = L.d_qk, dv = L.d_v;
+  const int64_t b = L.b, h = L.h, hkv = L.h_kv, sq = L.s_q, skv = L.s_kv, dqk = L.d_qk, dv = L.d_v;
   auto q = s.tensor("Q", {b, h, sq, dqk}, t);
-  auto k = s.tensor("K", {b, h, skv, dqk}, t);
-  auto v = s.tensor("V", {b, h, skv, dv}, t);
+  auto k = s.tensor("K", {b, hkv, skv, dqk}, t);
+  auto v = s.tensor("V", {b, hkv, skv, dv}, t);
   auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(false).set_attn_scale(
       static_cast<float>(scale));
   if (L.causal) options.set_causal_mask(true);

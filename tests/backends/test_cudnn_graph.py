@@ -96,7 +96,9 @@ def test_graph_layers_and_patterns_get_one_variant_per_plan_slot(exported, save,
     masked, causal = _fields(ops["masked"], cudnn.CUDNN_SDPA), _fields(ops["causal"], cudnn.CUDNN_SDPA)
     assert (masked["mask"], masked["causal"], float(masked["scale"])) == ("true", "false", 1 / math.sqrt(8))
     assert (causal["mask"], causal["causal"], causal["scale"], causal["d_v"]) == ("false", "true", "0.25", "16")
-    assert ops["grouped"].cudnn_api is None  # fewer K/V heads than Q's: not the form the op's family takes
+    # fewer K/V heads than Q's: the frontend's SDPA takes K and V with their own head count
+    grouped = _fields(ops["grouped"], cudnn.CUDNN_SDPA)
+    assert (grouped["h"], grouped["h_kv"], masked["h"], masked["h_kv"]) == ("4", "2", "4", "4")
 
 
 @pytest.mark.slow

@@ -920,7 +920,7 @@ def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
 
 def attention_op_model() -> onnx.ModelProto:
     """The ONNX Attention op (opset 23): one with a [16, 16] float mask, one causal with its own
-    scale and a V of head size 16, one with fewer K/V heads than Q's (not the chain's form)."""
+    scale and a V of head size 16, one with fewer K/V heads than Q's (grouped-query attention)."""
     n = helper.make_node
     nodes = [n("Attention", ["q", "k", "v", "mask"], ["y0"], name="masked"),
              n("Attention", ["q", "k", "v16"], ["y1"], is_causal=1, scale=0.25, name="causal"),
@@ -939,7 +939,9 @@ def test_attention_op_is_one_layer_on_the_chain(save):
                              4 * 16 * 16 * (8 + 8))
     assert got["causal"] == ("attention:q1x4x16x8_k1x4x16x8_v1x4x16x16_causal_scale0.25_f32",
                              "matmul_softmax_matmul", 4 * 16 * 16 * (8 + 16))
-    assert got["grouped"][1] is None  # grouped-query heads: not the chain's form, not covered
+    # grouped-query heads: 4 query heads over K/V's 2, every query head's work
+    assert got["grouped"] == ("attention:q1x4x16x8_k1x2x16x8_v1x2x16x8_f32", "matmul_softmax_matmul",
+                              4 * 16 * 16 * (8 + 8))
     for n in m.nodes:
         assert parse_layer_key(n.layer.key) == (n.layer.problem, "f32")
 
@@ -963,11 +965,20 @@ def test_attention_op_runs_as_the_chain(tmp_path, save):
     assert summary.failed == 0, summary.failures
     with PerfDB(tmp_path / "r.db") as pdb:
         results = pdb.results("ci")
-    assert len(results) == 2 and all(r.ok and r.median_ms > 0 for r in results), results
+    assert len(results) == 3 and all(r.ok and r.median_ms > 0 for r in results), results
     # K [1, 4, 16, 8] is read transposed through its strides (no copy): the scores' matmul is
     # 1x4x16x8 · 1x4x8x16; the causal one adds a [16, 16] mask after its 0.25 scale
     binary = build(gen.out_dir)
     for v in gen.variants:
+        if "_k1x2x" in v.layer_key:
+            # grouped: Q as [1, 2 KV heads, 2 query heads each, 16, 8] times Kᵀ [1, 2, 1, 8, 16],
+            # broadcast over the group, and V [1, 2, 1, 16, 8] likewise: nothing expanded
+            execs = verbose_execs(binary, [v.name], tmp_path)
+            assert any(",matmul," in ln and ",1x2x2x16x8:1x2x1x8x16:1x2x2x16x16," in ln and "eltwise_linear:0.353553"
+                       in ln for ln in execs), execs[-3:]
+            assert any(",softmax" in ln and "axis:4" in ln for ln in execs)
+            assert any(",matmul," in ln and ",1x2x2x16x16:1x2x1x16x8:1x2x2x16x8," in ln for ln in execs), execs[-3:]
+            continue
         causal = "causal" in v.layer_key
         execs = verbose_execs(binary, [v.name], tmp_path)
         scores = [ln for ln in execs if ",matmul," in ln and ",1x4x16x8:1x4x8x16:1x4x16x16," in ln]

@@ -213,8 +213,10 @@ struct LnormLayer {
 
 // Scaled dot-product attention, forward inference (flash attention): O = softmax(scale * Q Kᵀ
 // [+ mask] [causal]) V over b x h heads; `mask` adds one [s_q, s_kv] tensor to every head.
+// h_kv: K's and V's heads, dividing h (fewer: grouped-query attention, which the frontend's SDPA
+// takes as it is)
 struct SdpaLayer {
-  int b, h, s_q, s_kv, d_qk, d_v;
+  int b, h, h_kv, s_q, s_kv, d_qk, d_v;
   double scale;
   bool mask, causal;
   Work work;

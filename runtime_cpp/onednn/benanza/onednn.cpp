@@ -1057,22 +1057,35 @@ Prepared make_attention(const MatmulParams& m, const Config& cfg) {
 }
 
 // The ONNX Attention op: K [.., Skv, D] is read transposed through its strides; a causal
-// mask is one more additive [S, Skv] mask (a framework merges it with attn_mask).
+// mask is one more additive [S, Skv] mask (a framework merges it with attn_mask). With fewer
+// K/V heads than Q's (grouped-query attention) the G = H/Hkv query heads of one KV head are
+// one more batch dim: Q [B, Hkv, G, S, D] (Q's own memory) times Kᵀ [B, Hkv, 1, D, Skv], which
+// matmul broadcasts over G, so K and V are read as they are, never expanded.
 Prepared make_attention_op(const AttentionParams& a, const Config& cfg) {
   size_t rank = a.k.size();
-  Dims kt = a.k;
+  if (rank != 4 || a.q.size() != 4 || a.k[1] != a.v[1] || a.q[1] % a.k[1] != 0)
+    throw Unsupported("attention over other than 4-d Q/K/V with KV heads dividing Q's");
+  int64_t group = a.q[1] / a.k[1];
+  Dims q = a.q, k = a.k, v = a.v;
+  if (group > 1) {
+    q = {a.q[0], a.k[1], group, a.q[2], a.q[3]};
+    k = {a.k[0], a.k[1], 1, a.k[2], a.k[3]};
+    v = {a.v[0], a.v[1], 1, a.v[2], a.v[3]};
+    rank = 5;
+  }
+  Dims kt = k;
   std::swap(kt[rank - 1], kt[rank - 2]);
   Dims strides(rank);
   int64_t stride = 1;
   for (size_t i = rank; i-- > 0;) {  // k's row-major strides, the last two dims swapped
     size_t src = i == rank - 1 ? rank - 2 : i == rank - 2 ? rank - 1 : i;
     strides[src] = stride;
-    stride *= a.k[i];
+    stride *= k[i];
   }
   memory::desc k_t(kt, data_type(cfg.dtype), strides);
-  Dims mask = a.mask.empty() ? Dims{a.q[rank - 2], a.k[rank - 2]} : a.mask;
+  Dims mask = a.mask.empty() ? Dims{a.q[2], a.k[2]} : a.mask;
   bool masked = !a.mask.empty() || a.causal;
-  return attention_chain(a.q, k_t, a.v, masked ? &mask : nullptr, &a.scale, cfg.dtype);
+  return attention_chain(q, k_t, v, masked ? &mask : nullptr, &a.scale, cfg.dtype);
 }
 
 // --- concat ------------------------------------------------------------------------------

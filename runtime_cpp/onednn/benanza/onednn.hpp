@@ -72,9 +72,10 @@ struct TransposeParams { Dims shape; Dims perm; };
 struct CopyParams { const char* op; bool region; Dims src; std::vector<Dims> outs, offsets; };
 // A constant zero Pad of `shape` by `before` and `after` elements per dim (none negative).
 struct PadParams { Dims shape, before, after; };
-// The ONNX Attention op over 4-d Q [B, H, S, D], K [B, H, Skv, D], V [B, H, Skv, Dv]; `mask`
-// empty when there is none; `scale` the one the op applies (1/√D by default).
 struct ResampleParams { const char* alg; Dims in, out; };
+// The ONNX Attention op over 4-d Q [B, H, S, D], K [B, Hkv, Skv, D], V [B, Hkv, Skv, Dv] (Hkv
+// dividing H: grouped-query attention where less); `mask` empty when there is none; `scale` the
+// one the op applies (1/√D by default).
 struct AttentionParams { Dims q, k, v, mask; bool causal; float scale; };
 // One ONNX LSTM/GRU/RNN layer (`cell` "lstm", "gru", "rnn"), sequence-first unless
 // `batch_first` (ONNX layout=1); `dirs` 2: bidirectional, else `reverse` runs right to left;
