@@ -118,18 +118,19 @@ def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]]) -> list[dict]:
     return out
 
 
-def fidelity(pairs: list[dict]) -> dict:
+def fidelity(pairs: list[dict], detail: Path) -> dict:
+    """The share of pairs within ±10 % and their median ratio; the pairs kept in ``detail``."""
+    detail.write_text(json.dumps(pairs, indent=1))
     ratios = [p["isolated_ms"] / p["in_model_ms"] for p in pairs]
     return {"ops": len(ratios),
             "within_10pct": round(sum(abs(r - 1) <= WITHIN for r in ratios) / len(ratios), 3) if ratios else None,
-            "median_ratio": round(statistics.median(ratios), 3) if ratios else None}
+            "median_ratio": round(statistics.median(ratios), 3) if ratios else None, "detail": str(detail)}
 
 
 def row(a: Analysis, measured: Measured, pairs: list[dict], detail: Path) -> dict:
     """One model at one thread count: its benchmarks, the Benanza ratio, fidelity (its per-op
     pairs kept in ``detail``) and Q3."""
     kernels = a.framework.kernels if a.framework else []
-    detail.write_text(json.dumps(pairs, indent=1))
     return {
         "backend": a.backend, "stack": dict(a.stack.stack) if a.stack else {}, "variants": measured.variants,
         "ok": measured.statuses.get("ok", 0), "unsupported": measured.statuses.get("unsupported", 0),
@@ -137,7 +138,7 @@ def row(a: Analysis, measured: Measured, pairs: list[dict], detail: Path) -> dic
         "contended_share": measured.contended_share, "run_s": measured.run_s,
         "measured_ms": round(a.measured_ms or 0, 4), "bound_ms": round(a.bounds.sequential_ms, 4),
         "br_sequential": round(a.br_sequential or 0, 3), "partial": a.bounds.partial,
-        "fidelity": {**fidelity(pairs), "detail": str(detail)},
+        "fidelity": fidelity(pairs, detail),
         "q3": {"judged": sum(1 for c in kernels if c.comparable),
                "slower_than_fastest": len(a.framework.suboptimal) if a.framework else 0,
                "gain_ms": round(a.framework.kernel_gain_ms, 4) if a.framework else 0.0},

@@ -31,12 +31,14 @@ lacks, and a profile is taken again only with ``--reprofile``.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 from pathlib import Path
 
 from fidelity_common import (
     SYSTEM,
+    fidelity,
     fidelity_pairs,
     load_average,
     machine,
@@ -81,21 +83,53 @@ def profile(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
     return out
 
 
+def aten_samples_ms(trace: Path, first_run: int) -> dict[str, list[float]]:
+    """Per layer, its time in each run from ``first_run`` on, counting only the aten ops its
+    ``record_function`` range called (the outermost operators inside it), in ms: what the
+    isolated benchmark times for a node that made no oneDNN call, without the executor's Python
+    around them. The kineto parser keeps no operator inside a range, so the raw trace is read."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    runs = sorted(float(e["ts"]) for e in events if e.get("cat") == "user_annotation" and e["name"] == "benanza_run")
+    ops: dict[str, list[tuple[float, float]]] = {}  # per thread, (start, end), sorted
+    for e in sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: float(e["ts"])):
+        ops.setdefault(str(e["tid"]), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    times: dict[str, list[float]] = {}
+    for r in events:
+        if r.get("cat") != "user_annotation" or r["name"] == "benanza_run":
+            continue
+        start, end = float(r["ts"]), float(r["ts"]) + float(r["dur"])
+        if bisect.bisect_right(runs, start) - 1 < first_run:
+            continue
+        thread = ops.get(str(r["tid"]), [])
+        inside, covered, i = 0.0, start, bisect.bisect_left(thread, (start, start))
+        while i < len(thread) and thread[i][0] <= end:
+            a, b = thread[i]
+            if a >= covered:  # not inside the operator counted before it
+                inside, covered = inside + (min(b, end) - a), b
+            i += 1
+        times.setdefault(r["name"], []).append(inside / 1e3)
+    return times
+
+
 def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
     db = work / f"{model.stem}.db"
     measured = measure_benchmarks(model, "torch", work / f"bench-{model.stem}", db,
                                   GenOptions(dtypes=("f32",), fusion=False),
                                   RunOptions(threads=threads, min_time=args.min_time, repetitions=args.repetitions,
                                              timeout=120))
-    bundle = load_profile([str(profile(model, threads, args, work))])
+    folder = profile(model, threads, args, work)
+    bundle = load_profile([str(folder)])
     assert bundle is not None and bundle.trace is not None  # profile_model wrote its trace
     with PerfDB(db, readonly=True) as pdb:
         (a,) = run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=measured.system.stack_id), pdb,
                          bundle)
+    stem = work / f"{model.stem}-t{threads}"
     pairs = fidelity_pairs(a, op_samples_ms(bundle.trace, 1))
+    aten = fidelity(fidelity_pairs(a, aten_samples_ms(folder / "torch_trace.json", 1)),
+                    stem.with_name(f"{stem.name}-fidelity-aten.json"))
     threads_compared = {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks} if a.threads else None
     return {"model": model.stem, "threads": threads, "threads_compared": threads_compared,
-            **row(a, measured, pairs, work / f"{model.stem}-t{threads}-fidelity.json")}
+            **row(a, measured, pairs, stem.with_name(f"{stem.name}-fidelity.json")), "fidelity_aten_ops": aten}
 
 
 def main() -> None:
