@@ -19,7 +19,10 @@ the start and end, torch and the oneDNN it bundles, and per model and threads
   the 10th percentile of its per-call kernel times) against the 10th percentile of that layer's
   own time in the whole model's runs (its ``record_function`` range in the trace, the time the
   analysis gives the layer), and the share of layers within ±10 % (each pair in
-  ``--work/MODEL-tN-fidelity.json``);
+  ``--work/MODEL-tN-fidelity.json``); and the same against the layer's aten ops alone in the
+  model (``fidelity_aten_ops``: the operators its range called, without torch_exec's Python
+  around them; pairs in ``MODEL-tN-fidelity-aten.json``), which tells the kernels' fidelity
+  apart from the executor's per-layer overhead;
 - Q3: how many layers torch ran with a slower variant than its fastest, and the milliseconds
   to gain;
 
@@ -123,13 +126,12 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
     with PerfDB(db, readonly=True) as pdb:
         (a,) = run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=measured.system.stack_id), pdb,
                          bundle)
-    stem = work / f"{model.stem}-t{threads}"
+    detail = f"{model.stem}-t{threads}-fidelity"
     pairs = fidelity_pairs(a, op_samples_ms(bundle.trace, 1))
-    aten = fidelity(fidelity_pairs(a, aten_samples_ms(folder / "torch_trace.json", 1)),
-                    stem.with_name(f"{stem.name}-fidelity-aten.json"))
+    aten = fidelity(fidelity_pairs(a, aten_samples_ms(folder / "torch_trace.json", 1)), work / f"{detail}-aten.json")
     threads_compared = {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks} if a.threads else None
     return {"model": model.stem, "threads": threads, "threads_compared": threads_compared,
-            **row(a, measured, pairs, stem.with_name(f"{stem.name}-fidelity.json")), "fidelity_aten_ops": aten}
+            **row(a, measured, pairs, work / f"{detail}.json"), "fidelity_aten_ops": aten}
 
 
 def main() -> None:
