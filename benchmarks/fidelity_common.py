@@ -104,7 +104,8 @@ def low(samples: list[float]) -> float:
 
 def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]]) -> list[dict]:
     """Per framework op that ran model layers and whose variant was measured: the isolated
-    benchmark's 10th percentile (Q3's ``used_ms``) against the op's in its runs in the model."""
+    benchmark's 10th percentile (Q3's ``used_ms``) against the 10th percentile of the op's own
+    times in the model's runs (unrounded: a 1 µs kernel rounded to 10 ns moves its ratio 1 %)."""
     if a.framework is None:
         return []
     names = {g.nodes[0]: g.name for g in a.framework.match.groups if g.nodes}
@@ -113,8 +114,8 @@ def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]]) -> list[dict]:
         samples = in_model.get(names.get(c.node, ""), [])
         if c.used_ms is None or not samples or low(samples) <= 0:
             continue
-        out.append({"op": names[c.node], "variant": c.used_variant, "isolated_ms": round(c.used_ms, 5),
-                    "in_model_ms": round(low(samples), 5), "runs": len(samples)})
+        out.append({"op": names[c.node], "variant": c.used_variant, "isolated_ms": c.used_ms,
+                    "in_model_ms": low(samples), "runs": len(samples)})
     return out
 
 
@@ -138,6 +139,7 @@ def row(a: Analysis, measured: Measured, pairs: list[dict], detail: Path) -> dic
         "contended_share": measured.contended_share, "run_s": measured.run_s,
         "measured_ms": round(a.measured_ms or 0, 4), "bound_ms": round(a.bounds.sequential_ms, 4),
         "br_sequential": round(a.br_sequential or 0, 3), "partial": a.bounds.partial,
+        "bound_on_contended": len(a.contended),  # of the results the bound chose from
         "fidelity": fidelity(pairs, detail),
         "q3": {"judged": sum(1 for c in kernels if c.comparable),
                "slower_than_fastest": len(a.framework.suboptimal) if a.framework else 0,
