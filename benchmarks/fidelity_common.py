@@ -1,0 +1,168 @@
+"""What the framework-native fidelity scripts share (fidelity_onnxruntime.py, fidelity_torch.py).
+
+Each script measures one framework against its own backend: it generates and runs the model's
+benchmarks, profiles the whole model, analyzes the profile, and reports per model and threads
+the Benanza ratio, nn-Meter's fidelity (each op's isolated benchmark against its own time in the
+whole model) and Q3. Only how a framework's benchmarks and profile come about differs; the
+machine record, the benchmarks' generation and run, and the row computed from the analysis and
+the profile's trace are here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from benanza.generator import GenOptions, generate
+from benanza.layers import unique_layers
+from benanza.manifest import build_manifest, write_manifest
+from benanza.perfdb import PerfDB
+from benanza.processor import load_model
+from benanza.runner import RunOptions, run
+from benanza.system import cpu_flags, cpu_isa, cpu_model
+from benanza.zoo import build_all
+
+if TYPE_CHECKING:
+    from benanza.analyzer import Analysis
+    from benanza.parsers.base import FrameworkTrace
+    from benanza.records import System
+
+SYSTEM = "fidelity"
+# the CPU features that decide which oneDNN and MLAS kernels exist on a machine
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+WITHIN = 0.10  # nn-Meter's fidelity band: isolated within ±10 % of the op's time in the model
+
+
+def zoo_models(names: list[str], out: Path) -> dict[str, Path]:
+    """benanza.zoo's models by name, built into ``out`` unless all are there already."""
+    have = [out / f"{n}.onnx" for n in names]
+    return {p.stem: p for p in (have if all(p.exists() for p in have) else build_all(out, names=names))}
+
+
+def machine() -> dict:
+    return {"cpu": cpu_model(), "isa": cpu_isa(), "isa_flags": [f for f in ISA_FLAGS if f in cpu_flags()],
+            "cores": len(os.sched_getaffinity(0))}
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The model's benchmarks on one stack (its threads), as the database holds them."""
+
+    system: System
+    variants: int  # generated
+    statuses: dict[str, int]  # the latest result's status per variant: ok, unsupported, failed
+    contended: int  # ok results stored contended: measured while other processes took the CPU
+    contended_share: float  # of this run's measurements, those that lost time to other processes
+    run_s: float  # what this run spent (0 when everything was measured before)
+
+
+def measure_benchmarks(model: Path, backend: str, bench: Path, db: Path, options: GenOptions,
+                       run_options: RunOptions) -> Measured:
+    """Generate the model's benchmarks for ``backend`` (once: kept in ``bench``) and run what the
+    database lacks on the stack of ``run_options.threads``."""
+    if not (bench / backend / "benchmarks.json").exists():
+        loaded = [load_model(model, batch_size=1)]
+        manifest = build_manifest(loaded, unique_layers(loaded))
+        write_manifest(manifest, bench)
+        generate(manifest, backend, bench, options, loaded)
+    t0 = time.monotonic()
+    summary = run(bench, SYSTEM, backend, db, run_options)
+    run_s = time.monotonic() - t0 if summary.to_run else 0.0
+    with PerfDB(db, readonly=True) as pdb:
+        latest = pdb.results(summary.system)
+        contended = len(pdb.contended(summary.system))
+    return Measured(summary.system, summary.total, dict(Counter(str(r.status) for r in latest)), contended,
+                    round(summary.contended, 3), round(run_s, 1))
+
+
+def op_samples_ms(trace: FrameworkTrace, first_run: int) -> dict[str, list[float]]:
+    """Each op's own times in the whole model's runs from ``first_run`` on (the earlier ones warm
+    up), in ms, by the op's name: what the analysis averages into the op's framework time."""
+    times: dict[str, list[float]] = {}
+    for o in trace.ops:
+        if o.run >= first_run:
+            times.setdefault(o.name, []).append(o.span.dur_us / 1e3)
+    return times
+
+
+def low(samples: list[float]) -> float:
+    """The 10th percentile: the bound's statistic of the isolated samples, taken alike in the model."""
+    return float(np.percentile(samples, 10))
+
+
+def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]]) -> list[dict]:
+    """Per framework op that ran model layers and whose variant was measured: the isolated
+    benchmark's 10th percentile (Q3's ``used_ms``) against the 10th percentile of the op's own
+    times in the model's runs (unrounded: a 1 µs kernel rounded to 10 ns moves its ratio 1 %)."""
+    if a.framework is None:
+        return []
+    names = {g.nodes[0]: g.name for g in a.framework.match.groups if g.nodes}
+    out = []
+    for c in a.framework.kernels:
+        samples = in_model.get(names.get(c.node, ""), [])
+        if c.used_ms is None or not samples or low(samples) <= 0:
+            continue
+        out.append({"op": names[c.node], "variant": c.used_variant, "isolated_ms": c.used_ms,
+                    "in_model_ms": low(samples), "runs": len(samples)})
+    return out
+
+
+def fidelity(pairs: list[dict], detail: Path) -> dict:
+    """The share of pairs within ±10 % and their median ratio; the pairs kept in ``detail``."""
+    detail.write_text(json.dumps(pairs, indent=1))
+    ratios = [p["isolated_ms"] / p["in_model_ms"] for p in pairs]
+    return {"ops": len(ratios),
+            "within_10pct": round(sum(abs(r - 1) <= WITHIN for r in ratios) / len(ratios), 3) if ratios else None,
+            "median_ratio": round(statistics.median(ratios), 3) if ratios else None, "detail": str(detail)}
+
+
+def row(a: Analysis, measured: Measured, pairs: list[dict], detail: Path) -> dict:
+    """One model at one thread count: its benchmarks, the Benanza ratio, fidelity (its per-op
+    pairs kept in ``detail``) and Q3."""
+    kernels = a.framework.kernels if a.framework else []
+    return {
+        "backend": a.backend, "stack": dict(a.stack.stack) if a.stack else {}, "variants": measured.variants,
+        "ok": measured.statuses.get("ok", 0), "unsupported": measured.statuses.get("unsupported", 0),
+        "failed": measured.statuses.get("failed", 0), "contended": measured.contended,
+        "contended_share": measured.contended_share, "run_s": measured.run_s,
+        "measured_ms": round(a.measured_ms or 0, 4), "bound_ms": round(a.bounds.sequential_ms, 4),
+        "br_sequential": round(a.br_sequential or 0, 3), "partial": a.bounds.partial,
+        "bound_on_contended": len(a.contended),  # of the results the bound chose from
+        "fidelity": fidelity(pairs, detail),
+        "q3": {"judged": sum(1 for c in kernels if c.comparable),
+               "slower_than_fastest": len(a.framework.suboptimal) if a.framework else 0,
+               "gain_ms": round(a.framework.kernel_gain_ms, 4) if a.framework else 0.0},
+    }
+
+
+def _ms(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def markdown(rows: list[dict], bound: str) -> str:
+    """The rows as docs/backends.md's tables: ``bound`` names the bound's column."""
+    head = ["model", "threads", "variants ok", "measured ms", f"{bound} bound ms", "BR", "ops compared",
+            "within ±10 %", "median isolated/in-model", "Q3 slower than fastest"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        f, q = r["fidelity"], r["q3"]
+        within = "–" if f["within_10pct"] is None else f"{100 * f['within_10pct']:.0f} %"
+        gain = f" ({_ms(q['gain_ms'])} ms to gain)" if q["slower_than_fastest"] else ""
+        cells = [r["model"], r["threads"], f"{r['ok']}/{r['variants']}", _ms(r["measured_ms"]),
+                 _ms(r["bound_ms"]), f"{r['br_sequential']:.2f}", f["ops"], within,
+                 "–" if f["median_ratio"] is None else f"{f['median_ratio']:.2f}",
+                 f"{q['slower_than_fastest']} of {q['judged']}{gain}"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)

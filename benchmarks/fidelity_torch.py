@@ -1,0 +1,163 @@
+"""PyTorch against its own backend: BR ≤ 1, fidelity of the isolated kernels, and Q3 on a CPU.
+
+Usage: python benchmarks/fidelity_torch.py [--model NAME ...] [--threads N ...] [--work DIR]
+           [--min-time 0.05] [--repetitions 3] [--runs 100] [--iterations 50] [--reprofile]
+
+For each model (default ResNet-50 v1 and Inception-v1 from benanza.zoo, and the test suite's
+transformer encoder and GPT block, tests/torch_models.py at opset 17: ``encoder``, ``gpt``) and
+each thread count (default 1 and 2) it generates the model's torch benchmarks (f32, no fusion
+variants: torch's eager executor runs every node alone, so no profile ever runs a pattern), runs
+them (``benanza run --backend torch --threads N``), profiles the whole model in torch with the
+same threads (``benanza profile --framework torch --threads N``: the latency from ``--iterations``
+runs without the profiler, the trace from ``--runs`` runs after one warm-up run), and analyzes the
+profile against the torch results. It prints one JSON object on stdout: the machine, its load at
+the start and end, torch and the oneDNN it bundles, and per model and threads
+
+- the measured latency against the sequential bound of torch's own kernels (BR ≤ 1 expected);
+- fidelity, as nn-Meter reports it: per layer the profile attributes to an op of torch's run,
+  the isolated benchmark of the variant torch ran (``Backend.ran``: oneDNN enabled, contiguous;
+  the 10th percentile of its per-call kernel times) against the 10th percentile of that layer's
+  own time in the whole model's runs (its ``record_function`` range in the trace, the time the
+  analysis gives the layer), and the share of layers within ±10 % (each pair in
+  ``--work/MODEL-tN-fidelity.json``); and the same against the layer's aten ops alone in the
+  model (``fidelity_aten_ops``: the operators its range called, without torch_exec's Python
+  around them; pairs in ``MODEL-tN-fidelity-aten.json``), which tells the kernels' fidelity
+  apart from the executor's per-layer overhead;
+- Q3: how many layers torch ran with a slower variant than its fastest, and the milliseconds
+  to gain;
+
+and on stderr the rows as docs/backends.md's Markdown table. Every stage keeps its output under
+``--work``: the benchmarks are generated once, a second run measures only what the database
+lacks, and a profile is taken again only with ``--reprofile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import sys
+from pathlib import Path
+
+from fidelity_common import (
+    SYSTEM,
+    fidelity,
+    fidelity_pairs,
+    load_average,
+    machine,
+    markdown,
+    measure_benchmarks,
+    op_samples_ms,
+    row,
+    zoo_models,
+)
+
+from benanza.backends.torch_native import BACKEND
+from benanza.errors import BenanzaError
+from benanza.generator import GenOptions
+from benanza.parsers import load_profile
+from benanza.parsers.bundle import INDEX_NAME
+from benanza.perfdb import PerfDB
+from benanza.profiler import ProfileSpec, profile_model
+from benanza.runner import RunOptions
+from benanza.sweep import SweepRequest, run_sweep
+from benanza.zoo import names as zoo_names
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from torch_models import export  # noqa: E402 - the test suite's exporter: the models its tests check
+
+EXPORTED = ("encoder", "gpt")  # tests/torch_models.py, at the opset the tests export them
+OPSET = 17
+DEFAULT = ["resnet50-v1", "inception-v1", *EXPORTED]
+
+
+def models(names: list[str], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    zoo = zoo_models([n for n in names if n not in EXPORTED], out) if set(names) - set(EXPORTED) else {}
+    return [export(n, OPSET, out) if n in EXPORTED else zoo[n] for n in names]
+
+
+def profile(model: Path, threads: int, args: argparse.Namespace, work: Path) -> Path:
+    out = work / "profiles" / f"{model.stem}-t{threads}"
+    if args.reprofile or not (out / INDEX_NAME).exists():
+        # the analysis leaves the trace's first run out (it warms up): --runs runs after it count
+        profile_model(ProfileSpec(str(model), "torch", str(out), iterations=args.iterations,
+                                  trace_iterations=args.runs + 1, threads=threads))
+    return out
+
+
+def aten_samples_ms(trace: Path, first_run: int) -> dict[str, list[float]]:
+    """Per layer, its time in each run from ``first_run`` on, counting only the aten ops its
+    ``record_function`` range called (the outermost operators inside it), in ms: what the
+    isolated benchmark times for a node that made no oneDNN call, without the executor's Python
+    around them. The kineto parser keeps no operator inside a range, so the raw trace is read."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    runs = sorted(float(e["ts"]) for e in events if e.get("cat") == "user_annotation" and e["name"] == "benanza_run")
+    ops: dict[str, list[tuple[float, float]]] = {}  # per thread, (start, end), sorted
+    for e in sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: float(e["ts"])):
+        ops.setdefault(str(e["tid"]), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    times: dict[str, list[float]] = {}
+    for r in events:
+        if r.get("cat") != "user_annotation" or r["name"] == "benanza_run":
+            continue
+        start, end = float(r["ts"]), float(r["ts"]) + float(r["dur"])
+        if bisect.bisect_right(runs, start) - 1 < first_run:
+            continue
+        thread = ops.get(str(r["tid"]), [])
+        inside, covered, i = 0.0, start, bisect.bisect_left(thread, (start, start))
+        while i < len(thread) and thread[i][0] <= end:
+            a, b = thread[i]
+            if a >= covered:  # not inside the operator counted before it
+                inside, covered = inside + (min(b, end) - a), b
+            i += 1
+        times.setdefault(r["name"], []).append(inside / 1e3)
+    return times
+
+
+def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
+    db = work / f"{model.stem}.db"
+    measured = measure_benchmarks(model, "torch", work / f"bench-{model.stem}", db,
+                                  GenOptions(dtypes=("f32",), fusion=False),
+                                  RunOptions(threads=threads, min_time=args.min_time, repetitions=args.repetitions,
+                                             timeout=120))
+    folder = profile(model, threads, args, work)
+    bundle = load_profile([str(folder)])
+    assert bundle is not None and bundle.trace is not None  # profile_model wrote its trace
+    with PerfDB(db, readonly=True) as pdb:
+        (a,) = run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=measured.system.stack_id), pdb,
+                         bundle)
+    detail = f"{model.stem}-t{threads}-fidelity"
+    pairs = fidelity_pairs(a, op_samples_ms(bundle.trace, 1))
+    aten = fidelity(fidelity_pairs(a, aten_samples_ms(folder / "torch_trace.json", 1)), work / f"{detail}-aten.json")
+    threads_compared = {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks} if a.threads else None
+    return {"model": model.stem, "threads": threads, "threads_compared": threads_compared,
+            **row(a, measured, pairs, work / f"{detail}.json"), "fidelity_aten_ops": aten}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", action="append", default=None, choices=[*zoo_names(), *EXPORTED],
+                    help=f"a benanza.zoo model or {' / '.join(EXPORTED)} (default {', '.join(DEFAULT)})")
+    ap.add_argument("--threads", action="append", type=int, default=None, help="intra-op threads (default 1 and 2)")
+    ap.add_argument("--work", default="out/fidelity_torch")
+    ap.add_argument("--min-time", type=float, default=0.05)
+    ap.add_argument("--repetitions", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=100, help="profiled runs of the whole model, after one warm-up run")
+    ap.add_argument("--iterations", type=int, default=50, help="timed runs of the whole model (its latency)")
+    ap.add_argument("--reprofile", action="store_true", help="profile again though a profile is kept")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    paths = models(args.model or DEFAULT, work / "models")
+    load = load_average()
+    try:
+        rows = [measure(p, t, args, work) for p in paths for t in (args.threads or [1, 2])]
+    except BenanzaError as exc:  # a model torch cannot run, a run that failed: its one line
+        sys.exit(f"fidelity_torch: {exc}")
+    print(json.dumps({**machine(), **BACKEND.stack_overrides(None), "load_before": load,
+                      "load_after": load_average(), "rows": rows}, indent=1))
+    print(markdown(rows, "torch"), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

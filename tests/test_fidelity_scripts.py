@@ -1,0 +1,78 @@
+"""The in-model side of benchmarks/fidelity_torch.py's fidelity, on a real torch profile.
+
+Each layer's per-run times (its ``record_function`` range) average to the time the analysis's
+trace matching gives its op; the time of the aten ops inside each range is recomputed as the
+length of the union of the operator intervals that fall in it, a different reading of the same
+raw Chrome trace (nested operators lie inside their caller, so the union counts each once)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import invoke
+from torch_models import export
+
+from benanza.analysis.matching import match_trace
+from benanza.parsers import load_profile
+from benanza.processor import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from fidelity_common import op_samples_ms  # noqa: E402
+from fidelity_torch import aten_samples_ms  # noqa: E402
+
+RUNS = 6
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fidelity")
+    model = export("encoder", 17, out)
+    prof = out / "prof"
+    invoke("profile", str(model), "--framework", "torch", "--threads", "1", "--iterations", "3",
+           "--trace-iterations", str(RUNS), "--out", str(prof))
+    return model, prof
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+@pytest.mark.slow  # a torch export and a torch profile
+def test_a_layers_range_times_average_to_the_analysis_time_of_its_op(profiled):
+    model, prof = profiled
+    bundle = load_profile([str(prof)])
+    assert bundle is not None and bundle.trace is not None
+    samples = op_samples_ms(bundle.trace, 1)
+    groups = [g for g in match_trace(load_model(model), bundle.trace).groups if g.nodes]
+    assert groups
+    for g in groups:
+        assert len(samples[g.name]) == RUNS - 1, g.name
+        assert float(np.mean(samples[g.name])) == pytest.approx(g.time_ms, rel=1e-9), g.name
+
+
+@pytest.mark.slow  # a torch export and a torch profile
+def test_a_layers_aten_time_is_the_union_of_the_operators_in_its_range(profiled):
+    _, prof = profiled
+    events = [e for e in json.loads((prof / "torch_trace.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    runs = sorted(e["ts"] for e in events if e.get("cat") == "user_annotation" and e["name"] == "benanza_run")
+    ops = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "cpu_op"]
+    want: dict[str, list[float]] = {}
+    for r in events:
+        if r.get("cat") == "user_annotation" and r["name"] != "benanza_run" and r["ts"] >= runs[1]:
+            end = r["ts"] + r["dur"]
+            want.setdefault(r["name"], []).append(
+                _union_us([(a, min(b, end)) for a, b in ops if r["ts"] <= a <= end]) / 1e3)
+    got = aten_samples_ms(prof / "torch_trace.json", 1)
+    assert set(got) == set(want) and want
+    for name, times in want.items():
+        assert got[name] == pytest.approx(times, rel=1e-9, abs=1e-9), name
+        assert all(0 < t for t in times), name  # every layer called an aten op
