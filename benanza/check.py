@@ -248,33 +248,47 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
+# ops that read only their input's shape: a run for their outputs feeds a stand-in of that shape
+# instead of computing the input (a Shape of the last layer's activations would run the model)
+_SHAPE_READERS = ("Shape", "Size")
+
+
 def _run_whole(ref: _ModelRef, names: list[str]) -> list[np.ndarray]:
     """The tensors ``names`` from one run of the part of the model they depend on: its nodes
     upstream of them, with only their weights (ONNX Runtime reads them from the model's external
-    files), so a value near the inputs never loads the model's other weights."""
+    files), so a value near the inputs, or one computed from shapes alone, never loads the
+    model's other weights."""
     graph = ref.proto_model.graph
     producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
-    needed, todo, kept = set(names), list(names), set()
+    needed, todo, kept, shaped = set(names), list(names), set(), set()
     while todo:
         k = producer.get(todo.pop())
         if k is None or k in kept:
             continue
         kept.add(k)
-        fresh = _reads(graph.node[k]) - needed
+        node = graph.node[k]
+        if node.op_type in _SHAPE_READERS and node.input[0] in ref._shapes:
+            shaped.add(node.input[0])
+            continue
+        fresh = _reads(node) - needed
         needed |= fresh
         todo.extend(fresh)
+    stand_ins = {s for s in shaped - needed if s in producer}
+    needed |= shaped
     m = onnx.ModelProto()
     m.CopyFrom(ref.proto_model)  # weightless: the graph, opsets, functions and metadata
     del m.graph.node[:], m.graph.initializer[:], m.graph.input[:], m.graph.value_info[:]
     m.graph.node.extend(graph.node[k] for k in sorted(kept))
     m.graph.initializer.extend(t for t in graph.initializer if t.name in needed)
     m.graph.input.extend(i for i in graph.input if i.name in needed)
-    m.graph.value_info.extend(v for v in graph.value_info if v.name in needed)
+    m.graph.input.extend(helper.make_tensor_value_info(s, onnx.TensorProto.FLOAT, ref.shape(s))
+                         for s in sorted(stand_ins))
+    m.graph.value_info.extend(v for v in graph.value_info if v.name in needed and v.name not in stand_ins)
     known = {o.name for o in m.graph.output}
     for name in names:
         if name not in known:
             m.graph.output.append(helper.make_empty_tensor_value_info(name))
-    feeds = {}
+    feeds = {s: np.zeros(ref.shape(s), np.float32) for s in stand_ins}
     # the stream of each input is its place among all the model's inputs, whichever this part reads
     for k, inp in enumerate(i for i in graph.input if i.name not in ref.inits):
         if inp.name not in needed:
