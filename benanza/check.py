@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import load_external_data_for_model, load_external_data_for_tensor
 
 from .backends.base import SubgraphBackend, build
 from .errors import BenanzaError, UsageError
@@ -158,7 +159,10 @@ class _ModelRef:
 
     def __init__(self, model: Model):
         self.model = model
-        self.proto_model = onnx.load(model.path)
+        # the graph without its weights: a reference reads the few constants it keeps from their
+        # files, and the whole model's weights (several GB for an LLM) are never held here
+        self.proto_model = onnx.load(model.path, load_external_data=False)
+        self.base_dir = str(Path(model.path).resolve().parent)
         graph = self.proto_model.graph
         self.by_output = {o: n for n in graph.node for o in n.output}
         self.inits = {t.name: t for t in graph.initializer}
@@ -206,7 +210,7 @@ class _ModelRef:
         out = {}
         for name in names:
             if name in self.inits:
-                out[name] = numpy_helper.to_array(self.inits[name])
+                out[name] = _weight(self.inits[name], self.base_dir)
             elif name in self._values:
                 out[name] = self._values[name]
             else:
@@ -222,36 +226,100 @@ class _ModelRef:
         return {n: self._outputs[n] for n in names}
 
 
+def _weight(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
+    """An initializer's value, its external data read from its file into a copy (the graph's
+    proto stays without weights)."""
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(t)
+    copy = onnx.TensorProto()
+    copy.CopyFrom(t)
+    load_external_data_for_tensor(copy, base_dir)
+    return numpy_helper.to_array(copy)
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The tensors a node reads: its inputs and the outer-scope names its subgraphs (If, Loop,
+    Scan bodies) use."""
+    names = {i for i in node.input if i}
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for inner in g.node:
+                names |= _reads(inner)
+    return names
+
+
+# ops that read only their input's shape: a run for their outputs feeds a stand-in of that shape
+# instead of computing the input (a Shape of the last layer's activations would run the model)
+_SHAPE_READERS = ("Shape", "Size")
+
+
 def _run_whole(ref: _ModelRef, names: list[str]) -> list[np.ndarray]:
+    """The tensors ``names`` from one run of the part of the model they depend on: its nodes
+    upstream of them, with only their weights (ONNX Runtime reads them from the model's external
+    files), so a value near the inputs, or one computed from shapes alone, never loads the
+    model's other weights."""
+    graph = ref.proto_model.graph
+    producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+    needed, todo, kept, shaped = set(names), list(names), set(), set()
+    while todo:
+        k = producer.get(todo.pop())
+        if k is None or k in kept:
+            continue
+        kept.add(k)
+        node = graph.node[k]
+        if node.op_type in _SHAPE_READERS and node.input[0] in ref._shapes:
+            shaped.add(node.input[0])
+            continue
+        fresh = _reads(node) - needed
+        needed |= fresh
+        todo.extend(fresh)
+    stand_ins = {s for s in shaped - needed if s in producer}
+    needed |= shaped
     m = onnx.ModelProto()
-    m.CopyFrom(ref.proto_model)
+    m.CopyFrom(ref.proto_model)  # weightless: the graph, opsets, functions and metadata
+    del m.graph.node[:], m.graph.initializer[:], m.graph.input[:], m.graph.value_info[:]
+    m.graph.node.extend(graph.node[k] for k in sorted(kept))
+    m.graph.initializer.extend(t for t in graph.initializer if t.name in needed)
+    m.graph.input.extend(i for i in graph.input if i.name in needed)
+    m.graph.input.extend(helper.make_tensor_value_info(s, onnx.TensorProto.FLOAT, ref.shape(s))
+                         for s in sorted(stand_ins))
+    m.graph.value_info.extend(v for v in graph.value_info if v.name in needed and v.name not in stand_ins)
     known = {o.name for o in m.graph.output}
     for name in names:
         if name not in known:
             m.graph.output.append(helper.make_empty_tensor_value_info(name))
-    feeds = {}
-    for k, inp in enumerate(i for i in m.graph.input if i.name not in ref.inits):
+    feeds = {s: np.zeros(ref.shape(s), np.float32) for s in stand_ins}
+    # the stream of each input is its place among all the model's inputs, whichever this part reads
+    for k, inp in enumerate(i for i in graph.input if i.name not in ref.inits):
+        if inp.name not in needed:
+            continue
         shape = ref.model.input_shapes[inp.name]
         np_type = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
         feeds[inp.name] = generated(k, tuple(shape)).astype(np_type) if np_type.kind == "f" else \
             np.zeros(shape, np_type)
-    return _evaluate(m, feeds, names)
+    return _evaluate(m, feeds, names, ref.base_dir)
 
 
-def _evaluate(m: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+def _evaluate(m: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str],
+              base_dir: str | None = None) -> list[np.ndarray]:
     """ONNX Runtime's answer; onnx's reference evaluator where ONNX Runtime cannot run the graph
-    (ops it lacks in the default domain, such as opset 23's Attention)."""
+    (ops it lacks in the default domain, such as opset 23's Attention). ``base_dir``: where the
+    graph's external weights lie."""
     import onnxruntime as ort
 
     try:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        if base_dir is not None:
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", base_dir)
         sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         return sess.run(outputs, feeds)
     except Exception as exc:  # noqa: BLE001 - ORT raises many kinds for an op it lacks
         log.info("ONNX Runtime cannot run the reference (%s); onnx's reference evaluator does", exc)
     from onnx.reference import ReferenceEvaluator
 
+    if base_dir is not None:
+        load_external_data_for_model(m, base_dir)
     try:
         return list(ReferenceEvaluator(m).run(outputs, feeds))
     except Exception as exc:  # noqa: BLE001 - an op neither implements: no reference, said so

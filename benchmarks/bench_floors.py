@@ -1,7 +1,8 @@
 """The parallel bound against its resource floors, and the module tree beside ONNX Runtime's time
 per module, on ResNet-50 v1 and Inception-v1 (the zoo), a BERT-style encoder, and a Llama-shaped
 decode step and prefill of the same weights (made here in torch and exported with the TorchScript
-exporter, whose node names carry the module paths).
+exporter, whose node names carry the module paths), and the same at Llama-3.2-1B's shapes
+(``llama1b-decode``, ``llama1b-prefill``: 6 GB of f32 weights in external data, asked for by name).
 
 Everything runs through the real commands: `benanza generate` (oneDNN, f32, layout any),
 `benanza run` at one thread and at ``--threads`` under one system name (two stacks: the one-thread
@@ -14,6 +15,7 @@ average, and the share of the peaks' time other processes took: peaks above 10% 
 and give no memory or compute floor).
 
     python benchmarks/bench_floors.py [--work out/bench_floors] [--threads 2] [--models ...]
+    python benchmarks/bench_floors.py --models llama1b-decode llama1b-prefill   # ~15 GB RAM to export
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -30,11 +33,17 @@ from pathlib import Path
 BENANZA = str(Path(sys.executable).parent / "benanza")
 ZOO = ("resnet50-v1", "inception-v1")
 MADE = ("bert-encoder", "llama-decode", "llama-prefill")
+LARGE = ("llama1b-decode", "llama1b-prefill")  # past protobuf's 2 GB: only when named
 # The Llama-shaped decode step: Llama's layout (RMSNorm, grouped-query attention over a KV cache,
 # a SiLU-gated MLP, untied embedding and head) at a size this machine's benchmarks run in minutes;
 # 8 layers of 1024 make 622 MB of f32 weights, past a few hundred MB of last-level cache.
 LLAMA = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2816, "vocab": 32000, "cache": 128}
-PREFILL = 128  # prompt tokens of the prefill: the decode step's cache, computed at once
+# Llama-3.2-1B's shapes (its config.json), the head untied like the smaller one's: 1.50 G
+# parameters, 6.0 GB of f32 (the real model ties its head to the embedding: 1.24 G, 4.9 GB)
+LLAMA1B = {"layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "ffn": 8192, "vocab": 128256, "cache": 128}
+# each made model's config and prompt length (1: a decode step over the config's KV cache)
+LLAMAS = {"llama-decode": (LLAMA, 1), "llama-prefill": (LLAMA, 128),
+          "llama1b-decode": (LLAMA1B, 1), "llama1b-prefill": (LLAMA1B, 128)}
 BERT = {"layers": 4, "hidden": 256, "heads": 4, "ffn": 1024, "seq": 128}
 
 
@@ -58,18 +67,71 @@ def make_models(out: Path, names: list[str]) -> dict[str, tuple[Path, list[str]]
     files = {n: out / f"{n}.onnx" for n in zoo}
     if "bert-encoder" in names:
         files["bert-encoder"] = _export(_bert(), (_randn(1, BERT["seq"], BERT["hidden"]),), out / "bert-encoder.onnx")
-    if "llama-decode" in names:
-        c = LLAMA
-        import torch
-
-        past = torch.zeros(c["layers"], 2, 1, c["kv_heads"], c["cache"], c["hidden"] // c["heads"])
-        files["llama-decode"] = _export(_llama(1), (torch.tensor([[7]]), past), out / "llama-decode.onnx")
-    if "llama-prefill" in names:
-        import torch
-
-        files["llama-prefill"] = _export(_llama(PREFILL), (torch.arange(PREFILL)[None],),
-                                         out / "llama-prefill.onnx")
+    for name in (n for n in names if n in LLAMAS):
+        files[name] = make_llama(name, out)
     return {n: (p, []) for n, p in files.items()}
+
+
+def make_llama(name: str, out: Path) -> Path:
+    """``out/NAME.onnx``, one of LLAMAS: a decode step feeds a token and the config's KV cache, a
+    prefill its prompt of as many tokens as the cache holds; weights past 2 GB lie in external data."""
+    import torch
+
+    c, seq = LLAMAS[name]
+    path = out / f"{name}.onnx"
+    if seq == 1:
+        past = torch.zeros(c["layers"], 2, 1, c["kv_heads"], c["cache"], c["hidden"] // c["heads"])
+        args: tuple = (torch.tensor([[7]]), past)
+    else:
+        args = (torch.arange(seq)[None],)
+    if path.exists() or not weights_bytes(c) > PROTO_LIMIT:
+        return _export(_llama(c, seq), args, path)
+    # the exporter writes a model past 2 GB as one file per weight: rewritten as one data file
+    folder = out / f".{name}.export"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    _export(_llama(c, seq), args, folder / "model.onnx")
+    to_external_data(folder / "model.onnx", path)
+    shutil.rmtree(folder)
+    return path
+
+
+PROTO_LIMIT = 2**31 - 1  # protobuf's limit on one serialized message
+
+
+def weights_bytes(c: dict) -> int:
+    """The f32 bytes of a LLAMAS config's weights: embedding, head, and per layer the attention
+    projections, the MLP and two norms, plus the final norm."""
+    d, kv = c["hidden"], c["kv_heads"] * (c["hidden"] // c["heads"])
+    layer = 2 * d * d + 2 * d * kv + 3 * d * c["ffn"] + 2 * d
+    return 4 * (2 * c["vocab"] * d + c["layers"] * layer + d)
+
+
+def to_external_data(src: Path, dst: Path, inline_below: int = 1024) -> None:
+    """``src`` (weights inline or in files beside it) saved as ``dst`` with every weight of
+    ``inline_below`` bytes or more in one file, ``dst.data``, read and written one weight at a
+    time (the whole model is never in memory). Small constants stay inline: shape inference and
+    the processor read their values from the graph."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    model = onnx.load(str(src), load_external_data=False)
+    data = dst.with_name(dst.name + ".data")
+    with data.open("wb") as f:
+        for t in model.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                load_external_data_for_tensor(t, str(src.parent))
+            raw = numpy_helper.to_array(t).tobytes()
+            if len(raw) < inline_below:
+                continue
+            stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims,
+                                    data_location=onnx.TensorProto.EXTERNAL)
+            for key, value in (("location", data.name), ("offset", f.tell()), ("length", len(raw))):
+                stub.external_data.add(key=key, value=str(value))
+            f.write(raw)
+            t.CopyFrom(stub)
+    onnx.save_model(model, str(dst))
 
 
 def _randn(*shape: int):
@@ -124,13 +186,13 @@ def _bert():
     return Encoder()
 
 
-def _llama(seq: int):
-    """The Llama-shaped model over ``seq`` new tokens: a decode step (1) reads a KV cache, a prefill
-    (more) attends causally among its own tokens only. The seed makes both the same weights."""
+def _llama(c: dict, seq: int):
+    """The Llama-shaped model of config ``c`` over ``seq`` new tokens: a decode step (1) reads a KV
+    cache, a prefill (more) attends causally among its own tokens only. The seed makes both the
+    same weights."""
     import torch
     from torch import nn
 
-    c = LLAMA
     hd = c["hidden"] // c["heads"]
 
     class RMSNorm(nn.Module):
@@ -238,7 +300,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="out/bench_floors")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--models", nargs="*", default=list(ZOO + MADE), choices=list(ZOO + MADE))
+    ap.add_argument("--models", nargs="*", default=list(ZOO + MADE), choices=list(ZOO + MADE + LARGE))
     ap.add_argument("--min-time", default="0.02")
     ap.add_argument("--system", default="bench-floors")
     args = ap.parse_args()

@@ -249,3 +249,38 @@ def test_a_broadcast_first_operand_runs_swapped_and_computes_the_layer(tmp_path)
     assert keys["both"] not in ok and "mismatch" not in r.stderr
     # K = 1: one product per output, no sum, so the matmul's f32 result is ONNX Runtime's Mul's
     assert {ok[keys[n]] for n in outer} == {"0"}, r.output
+
+
+def test_check_reads_only_the_weights_its_references_use(tmp_path):
+    """A model whose weights lie in external files: `benanza check` maps each benchmark back to the
+    graph without loading the weights, and runs a reference over the part of the model it needs
+    (the embedding Gather's real output, for its dense copy's size, reads the table's file through
+    ONNX Runtime; the folded Shape of the projection's output, which the Reshape reads, is taken
+    from a stand-in of that shape, not by running the projection). The projection's weight, which
+    no reference reads (its benchmark's operands are generated), is deleted from disk: every layer
+    still checks ok (it failed with the file missing when check loaded the whole model)."""
+    import onnx
+    from helpers import io, model, tensor
+    from onnx import TensorProto, helper, numpy_helper
+
+    n = helper.make_node
+    nodes = [n("Gather", ["E", "ids"], ["h"], name="embed"), n("MatMul", ["h", "W"], ["y"], name="proj"),
+             n("Constant", [], ["two"], value=numpy_helper.from_array(np.array(2.0, np.float32))),
+             n("Pow", ["y", "two"], ["z"], name="square"), n("Shape", ["y"], ["shape"], name="shape"),
+             n("Reshape", ["z", "shape"], ["out"], name="view")]
+    m = model(nodes, [io("ids", [1, 8], TensorProto.INT64)], [io("out", None)],
+              [tensor("E", (1000, 64)), tensor("W", (64, 256))])
+    path = tmp_path / "m.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)
+    assert {p.name: p.stat().st_size for p in tmp_path.iterdir() if p != path} == {"E": 1000 * 64 * 4,
+                                                                                 "W": 64 * 256 * 4}
+    (tmp_path / "W").unlink()
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(bench), "--backend", "onednn", "--dtype", "f32"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["check", str(path), "--bench-dir", str(bench), "--show-ok", "-j", "1"])
+    assert r.exit_code == 0, r.output
+    ok = {ln.split(": ")[1].split(":")[0]: ln for ln in r.output.splitlines() if ln.startswith("ok: ")}
+    assert set(ok) == {"binary", "copy", "matmul"}, r.output
+    assert "Gather node 'embed' as a dense copy" in ok["copy"] and "sizes against the op's real outputs" in ok["copy"]
+    assert "checked 3 benchmarks (seed 0): 3 ok, 0 mismatch" in r.output
