@@ -35,7 +35,7 @@ from benanza.perfdb import PerfDB
 from benanza.processor import load_model
 from benanza.records import System, Variant
 from benanza.runner import RunOptions, RunSummary, _execute
-from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _failed_for_no_gpu, _lines
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _run_without_gpu
 from tests.e2e.test_transformers import verbose_execs
 
 EXPORTS = (("encoder", 17), ("gpt", 23))  # ReLU MLP (nn.TransformerEncoderLayer), exact-GELU MLP (opset 20+ Gelu)
@@ -194,12 +194,7 @@ def test_epilogue_variants_build_and_report_no_gpu(exports, tmp_path, cudnn_runt
     assert lt
     listed = subprocess.run([str(binary), "--benanza_list"], capture_output=True, text=True, check=True)
     assert sorted(listed.stdout.split()) == sorted(v.name for v in g.variants)
-    run = subprocess.run([str(binary), "--benchmark_filter=cublasLtMatmul", "--benchmark_min_time=0.01"],
-                         capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr[-2000:]
-    results = _lines(run.stdout, "BENANZA_RESULT")
-    assert sorted(r["name"] for r in results) == sorted(v.name for v in lt)
-    _failed_for_no_gpu(results)
+    _run_without_gpu(binary, lt, "--benchmark_filter=cublasLtMatmul")
 
 
 # --- Q5 through the pipeline: generator → runner (line protocol) → database → analyze ----------
