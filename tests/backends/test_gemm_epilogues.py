@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from helpers import REPO, io, model, tensor
+from helpers import REPO, generate_bench, io, model, tensor
 from onnx import helper, numpy_helper
 from torch_models import export
 
@@ -29,7 +29,7 @@ from benanza.fusion import BY_NAME as FUSION_PATTERNS
 from benanza.fusion import match_fusions
 from benanza.generator import GenOptions, generate, read_variants
 from benanza.layers import unique_layers
-from benanza.manifest import build_manifest, write_manifest
+from benanza.manifest import build_manifest
 from benanza.ops.attention import CUDNN_SDPA
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model
@@ -53,10 +53,8 @@ def exports(tmp_path_factory) -> list[Path]:
 @pytest.fixture(scope="module")
 def generated(exports, tmp_path_factory):
     models = [load_model(p) for p in exports]
-    manifest = build_manifest(models, unique_layers(models))
-    out = tmp_path_factory.mktemp("bench")
-    write_manifest(manifest, out)
-    return models, manifest, generate(manifest, "cudnn", out, GenOptions(dtypes=DTYPES, math=MATHS))
+    return models, *generate_bench(models, "cudnn", tmp_path_factory.mktemp("bench"),
+                                   GenOptions(dtypes=DTYPES, math=MATHS))
 
 
 def _table_rows(out_dir: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
