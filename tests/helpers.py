@@ -77,18 +77,27 @@ def conv_net(weights_as: str = "initializer", opset: int = 13) -> onnx.ModelProt
     return model(nodes, [io("x", ["N", 3, 8, 8])], [io("y", None)], inits, opset=opset)
 
 
+def generate_bench(models, backend: str, root, options, layers=None):
+    """What `benanza generate` leaves in ``root`` for ``models``: the manifest, written there for
+    run and check to read, and the backend's project, as (manifest, Generated). ``layers``: the
+    unique layers to benchmark, the models' own by default."""
+    from benanza.generator import generate
+    from benanza.layers import unique_layers
+    from benanza.manifest import build_manifest, write_manifest
+
+    manifest = build_manifest(models, unique_layers(models) if layers is None else layers)
+    write_manifest(manifest, root)
+    return manifest, generate(manifest, backend, root, options)
+
+
 def generated_conv_net(root):
     """`benanza generate` output in ``root`` (manifest and oneDNN f32 NCHW variants, no fusions)
     for conv_net: the small real model the fault and measurement tests run."""
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.processor import load_model
 
     models = [load_model(conv_net(), batch_size=1, name="conv_net")]
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, root)
-    generate(manifest, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
+    generate_bench(models, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
     return root
 
 

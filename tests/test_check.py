@@ -8,14 +8,14 @@ import shlex
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import generate_bench
 from torch_models import export
 
 from benanza.backends.base import build
 from benanza.check import CheckOptions, CheckStatus, check, generated
 from benanza.cli import main
-from benanza.generator import GenOptions, generate
+from benanza.generator import GenOptions
 from benanza.layers import UniqueLayer, unique_layers
-from benanza.manifest import build_manifest, write_manifest
 from benanza.problems import CopyProblem
 from benanza.processor import load_model
 from tests.backends.test_onednn import small_cnn
@@ -39,10 +39,8 @@ def bench(tmp_path_factory):
     paths.append(small_cnn(d / "small.onnx"))
     models = [load_model(p) for p in paths]
     out = d / "bench"
-    manifest = build_manifest(models, unique_layers(models))
-    manifest.layers.append(UniqueLayer(wrong_split(models)[1]))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions())
+    _, gen = generate_bench(models, "onednn", out, GenOptions(),
+                            layers=unique_layers(models) + [UniqueLayer(wrong_split(models)[1])])
     build(out / "onednn", jobs=1)
     wrong = wrong_split(models)[1].problem
     return out, paths, models, [v for v in gen.variants if v.problem != wrong]

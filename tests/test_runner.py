@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import generate_bench
 
 from benanza.cli import main
-from benanza.generator import GenOptions, generate
-from benanza.layers import unique_layers
-from benanza.manifest import build_manifest, write_manifest
+from benanza.generator import GenOptions
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model
 from benanza.records import Status, System
@@ -37,9 +36,7 @@ def bench(tmp_path_factory) -> Path:
     """A small model's f32 benchmarks, generated and built once for the module."""
     root = tmp_path_factory.mktemp("bench")
     models = [load_model(small_cnn(root / "small.onnx"), batch_size=1)]
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, root)
-    generate(manifest, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw", "any")))
+    generate_bench(models, "onednn", root, GenOptions(dtypes=("f32",), layouts=("nchw", "any")))
     return root
 
 

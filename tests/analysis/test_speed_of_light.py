@@ -16,13 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import conv_net, io, model, tensor
+from helpers import conv_net, generate_bench, io, model, tensor
 from onnx import helper
 
 from benanza.analysis.roofline import COMPUTE_SLACK, computes_fewer, roof
-from benanza.generator import GenOptions, generate
-from benanza.layers import unique_layers
-from benanza.manifest import build_manifest, write_manifest
+from benanza.generator import GenOptions
 from benanza.peaks import SECONDS, Peak, Peaks, cache_levels, measure, parse_output, working_sets
 from benanza.processor import load_model
 from benanza.system import cpu_has_bf16
@@ -253,10 +251,8 @@ def test_no_real_convolution_beats_the_fma_peak(tmp_path, save):
                       [io("y", None)], [tensor("W", (cout, cin, 3, 3))]))
     flops = 2 * cout * hw * hw * cin * 3 * 3
     models = [load_model(path, batch_size=1, name="conv")]
-    manifest = build_manifest(models, unique_layers(models))
     bench = tmp_path / "bench"
-    write_manifest(manifest, bench)
-    gen = generate(manifest, "onednn", bench, GenOptions(dtypes=("f32",), layouts=("nchw", "any"), fusion=False))
+    _, gen = generate_bench(models, "onednn", bench, GenOptions(dtypes=("f32",), layouts=("nchw", "any"), fusion=False))
     (key,) = {v.layer_key for v in gen.variants}
     db = tmp_path / "r.db"
     summary = runner.run(bench, "box", "onednn", db, runner.RunOptions(threads=1, min_time=0.05, repetitions=2,
@@ -423,10 +419,8 @@ def test_result_beyond_its_roof_is_flagged_and_kept_out_of_the_bound(tmp_path, s
     `benanza analyze` flags that result, and the conv's bound is the other variants'."""
     path = save(conv_net())
     models = [load_model(path, batch_size=1, name="conv_net")]
-    manifest = build_manifest(models, unique_layers(models))
     bench = tmp_path / "bench"
-    write_manifest(manifest, bench)
-    gen = generate(manifest, "onednn", bench, GenOptions(dtypes=("f32",), layouts=("nchw", "any"), fusion=False))
+    _, gen = generate_bench(models, "onednn", bench, GenOptions(dtypes=("f32",), layouts=("nchw", "any"), fusion=False))
     conv = next(v for v in gen.variants if v.problem.family == "conv")
     (bench / "onednn" / "CMakeLists.txt").write_text(PROJECT)
     (bench / "onednn" / "standin.py").write_text(STANDIN.format(python=sys.executable))

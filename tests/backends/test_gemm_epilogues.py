@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from helpers import REPO, io, model, tensor
+from helpers import REPO, generate_bench, io, model, tensor
 from onnx import helper, numpy_helper
 from torch_models import export
 
@@ -29,13 +29,13 @@ from benanza.fusion import BY_NAME as FUSION_PATTERNS
 from benanza.fusion import match_fusions
 from benanza.generator import GenOptions, generate, read_variants
 from benanza.layers import unique_layers
-from benanza.manifest import build_manifest, write_manifest
+from benanza.manifest import build_manifest
 from benanza.ops.attention import CUDNN_SDPA
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model
 from benanza.records import System, Variant
 from benanza.runner import RunOptions, RunSummary, _execute
-from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _failed_for_no_gpu, _lines
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _run_without_gpu
 from tests.e2e.test_transformers import verbose_execs
 
 EXPORTS = (("encoder", 17), ("gpt", 23))  # ReLU MLP (nn.TransformerEncoderLayer), exact-GELU MLP (opset 20+ Gelu)
@@ -53,10 +53,8 @@ def exports(tmp_path_factory) -> list[Path]:
 @pytest.fixture(scope="module")
 def generated(exports, tmp_path_factory):
     models = [load_model(p) for p in exports]
-    manifest = build_manifest(models, unique_layers(models))
-    out = tmp_path_factory.mktemp("bench")
-    write_manifest(manifest, out)
-    return models, manifest, generate(manifest, "cudnn", out, GenOptions(dtypes=DTYPES, math=MATHS))
+    return models, *generate_bench(models, "cudnn", tmp_path_factory.mktemp("bench"),
+                                   GenOptions(dtypes=DTYPES, math=MATHS))
 
 
 def _table_rows(out_dir: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
@@ -194,12 +192,7 @@ def test_epilogue_variants_build_and_report_no_gpu(exports, tmp_path, cudnn_runt
     assert lt
     listed = subprocess.run([str(binary), "--benanza_list"], capture_output=True, text=True, check=True)
     assert sorted(listed.stdout.split()) == sorted(v.name for v in g.variants)
-    run = subprocess.run([str(binary), "--benchmark_filter=cublasLtMatmul", "--benchmark_min_time=0.01"],
-                         capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr[-2000:]
-    results = _lines(run.stdout, "BENANZA_RESULT")
-    assert sorted(r["name"] for r in results) == sorted(v.name for v in lt)
-    _failed_for_no_gpu(results)
+    _run_without_gpu(binary, lt, "--benchmark_filter=cublasLtMatmul")
 
 
 # --- Q5 through the pipeline: generator → runner (line protocol) → database → analyze ----------

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import generate_bench
 from onnx import TensorProto, helper, numpy_helper
 
 from benanza.backends.onednn import BACKEND, CONV_ALGOS, DTYPES, SPATIAL_LAYOUTS
@@ -166,9 +167,8 @@ def test_reference_models_lenet_resnet50_all_layers_measured(tmp_path):
 
     paths = build_all(tmp_path / "models", names=["lenet", "resnet50-v1"])
     models = [load_model(p, batch_size=1) for p in paths]
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, tmp_path / "bench")
-    gen = generate(manifest, "onednn", tmp_path / "bench", GenOptions(dtypes=("f32",), layouts=("any",), fusion=False))
+    manifest, gen = generate_bench(models, "onednn", tmp_path / "bench",
+                                   GenOptions(dtypes=("f32",), layouts=("any",), fusion=False))
     summary = run(tmp_path / "bench", "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
     assert summary.stored == len(gen.variants) and summary.failed == 0
     with PerfDB(tmp_path / "r.db") as pdb:

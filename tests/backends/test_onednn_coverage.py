@@ -11,13 +11,12 @@ import json
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import generate_bench
 
 from benanza.backends.base import build
 from benanza.check import CheckOptions, CheckStatus, check
 from benanza.cli import main
-from benanza.generator import GenOptions, generate
-from benanza.layers import unique_layers
-from benanza.manifest import build_manifest, write_manifest
+from benanza.generator import GenOptions
 from benanza.processor import load_model
 from tests.backends.test_cudnn_coverage import DECONV_CASES, backend_cases, pad_model, with_constant_inputs
 from tests.backends.test_onednn import HAVE_TOOLCHAIN
@@ -72,9 +71,7 @@ def test_pads_and_transposed_convolutions_compute_what_onnx_runtime_does(tmp_pat
     models = [load_model(p, batch_size=b) for p, b in saved.values()]
     models.append(load_model(pad_model(tmp_path / "pads.onnx")))
     out = tmp_path / "bench"
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",), layouts=("nchw",)))
+    _, gen = generate_bench(models, "onednn", out, GenOptions(dtypes=("f32",), layouts=("nchw",)))
     assert {v.problem.family for v in gen.variants} == {"deconv", "pad"}
     build(out / "onednn", jobs=1)
     results = check(out, models, CheckOptions(build_jobs=1))

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from helpers import REPO, conv_net, io, model, tensor
+from helpers import REPO, conv_net, generate_bench, io, model, tensor
 from onnx import TensorProto, helper, numpy_helper
 from torch_models import D_MODEL, INPUTS, SEQ, export
 
@@ -307,17 +307,13 @@ VERBOSE = {
 @pytest.mark.slow
 def test_transformer_families_build_and_run_on_onednn(tmp_path, save):
     from benanza.backends.base import build
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
     m = load_model(save(transformer_ops_model()))
     node_of_key = {n.layer.key: n.name for n in m.nodes}
-    manifest = build_manifest([m], unique_layers([m]))
-    write_manifest(manifest, tmp_path)
-    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",), fusion=False))
+    _, gen = generate_bench([m], "onednn", tmp_path, GenOptions(dtypes=("f32",), fusion=False))
     assert {v.problem.family for v in gen.variants} == {"lnorm", "eltwise", "reduce", "transpose", "softmax",
                                                         "binary"}
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
@@ -554,16 +550,12 @@ def test_dynamo_export_with_a_dynamic_sequence_is_costed_on_onednn(tmp_path, exp
     length, processed at 1×24×32: every layer that runs has an OK result but Erf (not covered),
     the folded ones cost 0, and Q5 substitutes the attention and GELU chains the database has."""
     from benanza.analyzer import analyze
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
     m = load_model(exported("gpt", 18, "dynamo", True), input_shapes={"x": (1, SEQ + 8, D_MODEL)})
-    manifest = build_manifest([m], unique_layers([m]))
-    write_manifest(manifest, tmp_path)
-    generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    generate_bench([m], "onednn", tmp_path, GenOptions(dtypes=("f32",)))
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
     assert summary.failed == 0, summary.failures
     with PerfDB(tmp_path / "r.db") as pdb:
@@ -619,16 +611,12 @@ def test_matmul_bias_gelu_patterns_match(save, exported):
 def test_matmul_epilogue_fusion_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     from benanza.analyzer import analyze
     from benanza.backends.base import build
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
     m = load_model(save(mlp_model()))
-    manifest = build_manifest([m], unique_layers([m]))
-    write_manifest(manifest, tmp_path)
-    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    _, gen = generate_bench([m], "onednn", tmp_path, GenOptions(dtypes=("f32",)))
     fused = {v.fusion: v for v in gen.variants if v.fusion != "none"}
     assert set(fused) == {"mm_bias_gelu", "mm_bias"}
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
@@ -683,16 +671,12 @@ def test_layernorm_decomposition_matches_in_opset14_exports(exported):
 def test_layernorm_decomposition_fused_runs_layer_normalization(tmp_path, exported):
     from benanza.analyzer import analyze
     from benanza.backends.base import build
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
     m = load_model(exported("gpt", 14))
-    manifest = build_manifest([m], unique_layers([m]))
-    write_manifest(manifest, tmp_path)
-    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    _, gen = generate_bench([m], "onednn", tmp_path, GenOptions(dtypes=("f32",)))
     (fused,) = [v for v in gen.variants if v.fusion == "layernorm"]  # both LayerNorms are one problem
     assert fused.layer_key == f"reduce:mean_in1x{SEQ}x{D_MODEL}_axes2_f32"
     (gelu,) = [v for v in gen.variants if v.fusion == "gelu_erf"]
@@ -796,18 +780,14 @@ def test_data_movement_is_a_labelled_copy_of_the_same_bytes(save):
 @pytest.mark.slow
 def test_data_movement_copies_run_as_reorders(tmp_path, save):
     from benanza.backends.base import build
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.problems import CopyProblem
     from benanza.runner import RunOptions, run
 
     rows = 4096  # x is 2×16×12288 f32 (1.5 MiB): a copy that did nothing would show
     m = load_model(save(data_movement_model(rows)))
-    manifest = build_manifest([m], unique_layers([m]))
-    write_manifest(manifest, tmp_path)
-    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    _, gen = generate_bench([m], "onednn", tmp_path, GenOptions(dtypes=("f32",)))
     copies = [v for v in gen.variants if isinstance(v.problem, CopyProblem)]
     assert len(copies) == len(COPIES) and all(v.api == "reorder_copy" for v in copies)
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
@@ -884,16 +864,12 @@ def test_attention_patterns_match(save, exported):
 def test_attention_chain_runs_on_onednn_and_q5_uses_it(tmp_path, save):
     from benanza.analyzer import analyze
     from benanza.backends.base import build
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
     m = load_model(save(attention_model()))
-    manifest = build_manifest([m], unique_layers([m]))
-    write_manifest(manifest, tmp_path)
-    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    _, gen = generate_bench([m], "onednn", tmp_path, GenOptions(dtypes=("f32",)))
     (fused,) = [v for v in gen.variants if v.fusion != "none"]
     assert (fused.fusion, fused.layer_key, fused.api) == ("sdpa_scale_mask", "matmul:a1x4x16x8_b1x4x8x16_f32",
                                                           "matmul")
@@ -949,16 +925,12 @@ def test_attention_op_is_one_layer_on_the_chain(save):
 @pytest.mark.slow
 def test_attention_op_runs_as_the_chain(tmp_path, save):
     from benanza.backends.base import build
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
     m = load_model(save(attention_op_model()))
-    manifest = build_manifest([m], unique_layers([m]))
-    write_manifest(manifest, tmp_path)
-    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",)))
+    _, gen = generate_bench([m], "onednn", tmp_path, GenOptions(dtypes=("f32",)))
     assert sorted(v.layer_key for v in gen.variants) == sorted(
         n.layer.key for n in m.nodes if n.layer.onednn_primitive)
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
@@ -1039,16 +1011,12 @@ def test_deconv_and_resize_keys(save):
 @pytest.mark.slow
 def test_deconv_and_resize_run_on_onednn(tmp_path, save):
     from benanza.backends.base import build
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
     m = load_model(save(upsampling_model()))
-    manifest = build_manifest([m], unique_layers([m]))
-    write_manifest(manifest, tmp_path)
-    gen = generate(manifest, "onednn", tmp_path, GenOptions(dtypes=("f32",), layouts=("nchw",)))
+    _, gen = generate_bench([m], "onednn", tmp_path, GenOptions(dtypes=("f32",), layouts=("nchw",)))
     summary = run(tmp_path, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
     assert summary.failed == 0, summary.failures
     with PerfDB(tmp_path / "r.db") as pdb:

@@ -17,11 +17,11 @@ from pathlib import Path
 import onnx
 import pytest
 from faultprobe import benanza
-from helpers import REPO, TESTS, conv_net
+from helpers import REPO, TESTS, conv_net, generate_bench
 
 from benanza.generator import GenOptions, generate, read_variants
 from benanza.layers import unique_layers
-from benanza.manifest import build_manifest, write_manifest
+from benanza.manifest import build_manifest
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model
 from tests.faults.test_run import execute
@@ -33,9 +33,8 @@ def measured(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("measured")
     onnx.save(conv_net(), root / "conv.onnx")
     models = [load_model(root / "conv.onnx", batch_size=1)]
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, root / "bench")
-    generate(manifest, "onednn", root / "bench", GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
+    manifest, _ = generate_bench(models, "onednn", root / "bench",
+                                 GenOptions(dtypes=("f32",), layouts=("nchw",), fusion=False))
     variants = read_variants(root / "bench" / "onednn")
     (root / "run").mkdir()
     execute(root / "run", variants, "")

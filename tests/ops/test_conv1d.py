@@ -10,13 +10,12 @@ from pathlib import Path
 
 import onnx
 import pytest
+from helpers import generate_bench
 from onnx import numpy_helper
 
 from benanza.backends.base import build
 from benanza.check import CheckOptions, CheckStatus, check
-from benanza.generator import GenOptions, generate
-from benanza.layers import unique_layers
-from benanza.manifest import build_manifest, write_manifest
+from benanza.generator import GenOptions
 from benanza.model_stats import model_stats
 from benanza.processor import load_model
 
@@ -51,9 +50,7 @@ def test_conv1d_is_costed_as_a_conv_both_backends_cover(path):
 
 def _checked_on_onednn(models, out):
     """The models' f32 oneDNN benchmarks generated into ``out``, built, and checked against ONNX Runtime."""
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",), fusion=False))
+    manifest, gen = generate_bench(models, "onednn", out, GenOptions(dtypes=("f32",), fusion=False))
     build(out / "onednn", jobs=1)
     return manifest, gen, check(out, models, CheckOptions(build_jobs=1))
 

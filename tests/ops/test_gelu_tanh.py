@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from helpers import io, model
+from helpers import generate_bench, io, model
 from onnx import helper, numpy_helper
 from torch_models import D_MODEL, SEQ, export
 
@@ -154,9 +154,7 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
     what ONNX Runtime computes of the model's own nodes (``benanza check``)."""
     from benanza.analyzer import analyze
     from benanza.check import CheckOptions, CheckStatus, check
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
@@ -166,9 +164,7 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
     paths = [export("gelu-tanh", 17, tmp_path), export("gelu-tanh", 18, tmp_path, exporter="dynamo"), isnan]
     models = [load_model(p) for p in paths]
     out = tmp_path / "bench"
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",)))
+    _, gen = generate_bench(models, "onednn", out, GenOptions(dtypes=("f32",)))
     fused = [v for v in gen.variants if v.fusion == "gelu_tanh"]
     assert {v.layer_key for v in fused} == {f"eltwise:tanh_in1x{SEQ}x{4 * D_MODEL}_f32"}
     summary = run(out, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1, build_jobs=1))

@@ -12,14 +12,14 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from helpers import io, model, tensor
+from helpers import generate_bench, io, model, tensor
 from onnx import helper, numpy_helper
 
 from benanza.backends.onednn import BACKEND
 from benanza.cli import main
 from benanza.generator import GenOptions, generate
 from benanza.layers import unique_layers
-from benanza.manifest import build_manifest, write_manifest
+from benanza.manifest import build_manifest
 from benanza.model_stats import model_stats
 from benanza.processor import load_model
 
@@ -132,10 +132,8 @@ def test_generate_run_analyze_and_check_against_onnx_runtime(tmp_path):
 
     path = recurrent_model(tmp_path / "rnns.onnx")
     m = load_model(path, batch_size=N)
-    manifest = build_manifest([m], unique_layers([m]))
     bench = tmp_path / "bench"
-    write_manifest(manifest, bench)
-    gen = generate(manifest, "onednn", bench, GenOptions(dtypes=("f32",)))
+    _, gen = generate_bench([m], "onednn", bench, GenOptions(dtypes=("f32",)))
     summary = run(bench, "ci", "onednn", tmp_path / "r.db", RunOptions(min_time=0.01, repetitions=1))
     assert summary.stored == summary.total == len(gen.variants) == 6 and summary.failed == 0
     with PerfDB(tmp_path / "r.db") as pdb:

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import io, model
+from helpers import generate_bench, io, model
 from onnx import helper, numpy_helper
 
 from benanza.backends import cudnn, onednn
@@ -190,9 +190,7 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
     ONNX Runtime computes of the model's own nodes (``benanza check``)."""
     from benanza.analyzer import analyze
     from benanza.check import CheckOptions, CheckStatus, check
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
+    from benanza.generator import GenOptions
     from benanza.perfdb import PerfDB
     from benanza.runner import RunOptions, run
 
@@ -202,9 +200,7 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
         onnx.save(proto, paths[-1])
     models = [load_model(p) for p in paths]
     out = tmp_path / "bench"
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",)))
+    _, gen = generate_bench(models, "onednn", out, GenOptions(dtypes=("f32",)))
     fused = [v for v in gen.variants if v.fusion == "rope"]
     assert {v.layer_key for v in fused} == {f"binary:mul_in{B}x{H}x{S}x{D}_in{B}x1x{S}x{D}_f32"}
     ops = [v for v in gen.variants if v.problem.family == "rope"]
