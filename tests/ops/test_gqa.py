@@ -23,7 +23,7 @@ from benanza.fusion import match_fusions
 from benanza.ops.attention import AttentionProblem
 from benanza.ops.registry import parse_layer_key
 from benanza.processor import load_model
-from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _failed_for_no_gpu, _lines
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines, _run_without_gpu
 
 SEQ, PAST = 1, 8
 HEADS, KV, D = llm_models.HEADS, llm_models.KV_HEADS, llm_models.HEAD_DIM
@@ -256,8 +256,4 @@ def test_cudnn_sdpa_takes_the_kv_heads(tmp_path, cudnn_runtime) -> None:
     # one graph per problem and fusion (its plan slots share it)
     assert len(lines) == len({(v.problem, v.fusion) for v in mine}) == 2 and all(ln["ok"] for ln in lines), lines
     # run here, without a GPU: every variant a clean failure naming the missing driver or device
-    ran = subprocess.run([str(binary), "--benchmark_filter=^attention:", "--benchmark_min_time=0.01"],
-                         capture_output=True, text=True, timeout=300, check=False)
-    results = _lines(ran.stdout, "BENANZA_RESULT")
-    assert len(results) == len(mine)
-    _failed_for_no_gpu(results)
+    _run_without_gpu(binary, mine, "--benchmark_filter=^attention:")
