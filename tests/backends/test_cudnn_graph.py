@@ -130,5 +130,6 @@ def test_graph_benchmarks_build_fail_cleanly_without_gpu_and_validate(tmp_path, 
     assert set(refused) == {odd} and "hidden_dim should be multiple of 8" in refused[odd], refused
     turing = check(75)
     sdpa = {v.name for v in graph if v.api == cudnn.CUDNN_SDPA and v.algo == "plan0"} - {odd}
-    assert set(turing) - {odd} == sdpa and len(sdpa) == 4  # the two chains, the two Attention ops (f16)
+    # the two chains and the three Attention ops (masked, causal, grouped), f16
+    assert set(turing) - {odd} == sdpa and len(sdpa) == 5
     assert all("requires SM80 (Ampere) or newer" in turing[n] for n in sdpa)
