@@ -151,10 +151,17 @@ def _ms(x: float) -> str:
     return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
 
-def markdown(rows: list[dict], bound: str) -> str:
-    """The rows as docs/backends.md's tables: ``bound`` names the bound's column."""
+def _reading(f: dict) -> str:
+    """A fidelity reading in one cell: the ops it compares, the share within ±10 %, the median."""
+    return f"{f['ops']}: –" if f["within_10pct"] is None else \
+        f"{f['ops']}: {100 * f['within_10pct']:.0f} %, {f['median_ratio']:.2f}"
+
+
+def markdown(rows: list[dict], bound: str, readings: tuple[tuple[str, str], ...] = ()) -> str:
+    """The rows as docs/backends.md's tables: ``bound`` names the bound's column; each of
+    ``readings`` (a row's key, its column's name) adds a column of another fidelity reading."""
     head = ["model", "threads", "variants ok", "measured ms", f"{bound} bound ms", "BR", "ops compared",
-            "within ±10 %", "median isolated/in-model", "Q3 slower than fastest"]
+            "within ±10 %", "median isolated/in-model", *(name for _, name in readings), "Q3 slower than fastest"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         f, q = r["fidelity"], r["q3"]
@@ -163,6 +170,7 @@ def markdown(rows: list[dict], bound: str) -> str:
         cells = [r["model"], r["threads"], f"{r['ok']}/{r['variants']}", _ms(r["measured_ms"]),
                  _ms(r["bound_ms"]), f"{r['br_sequential']:.2f}", f["ops"], within,
                  "–" if f["median_ratio"] is None else f"{f['median_ratio']:.2f}",
+                 *(_reading(r[key]) for key, _ in readings),
                  f"{q['slower_than_fastest']} of {q['judged']}{gain}"]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)

@@ -22,7 +22,13 @@ the start and end, torch and the oneDNN it bundles, and per model and threads
   ``--work/MODEL-tN-fidelity.json``); and the same against the layer's aten ops alone in the
   model (``fidelity_aten_ops``: the operators its range called, without torch_exec's Python
   around them; pairs in ``MODEL-tN-fidelity-aten.json``), which tells the kernels' fidelity
-  apart from the executor's per-layer overhead;
+  apart from the executor's per-layer overhead; and kernel to kernel (``fidelity_onednn_calls``),
+  for the layers torch ran through oneDNN in the profile: the same isolated time, oneDNN's own
+  execution times, against the layer's oneDNN execution times in the whole model's verbose log
+  (the profile's ``onednn.log``, its calls aligned to the layers as Q3/Q4 align them, the
+  reorders torch makes around a call counted with it as the isolated benchmark counts them),
+  10th percentile over the traced runs (pairs in ``MODEL-tN-fidelity-onednn.json``; its ``ops``
+  says how many layers it covers: a layer torch ran with its own kernels has no oneDNN call);
 - Q3: how many layers torch ran with a slower variant than its fastest, and the milliseconds
   to gain;
 
@@ -52,12 +58,16 @@ from fidelity_common import (
     zoo_models,
 )
 
+from benanza.analysis.matching import CallAlignment
 from benanza.backends.torch_native import BACKEND
 from benanza.errors import BenanzaError
 from benanza.generator import GenOptions
+from benanza.layers import Model
 from benanza.parsers import load_profile
+from benanza.parsers.base import LibraryCall
 from benanza.parsers.bundle import INDEX_NAME
 from benanza.perfdb import PerfDB
+from benanza.processor import load_model
 from benanza.profiler import ProfileSpec, profile_model
 from benanza.runner import RunOptions
 from benanza.sweep import SweepRequest, run_sweep
@@ -114,6 +124,37 @@ def aten_samples_ms(trace: Path, first_run: int) -> dict[str, list[float]]:
     return times
 
 
+def onednn_samples_ms(model: Model, alignment: CallAlignment, calls: list[LibraryCall],
+                      first_run: int) -> dict[str, list[float]]:
+    """Per layer torch ran through oneDNN, its oneDNN execution time in each pass of the log from
+    ``first_run`` on (a pass is one run of the model: the log starts with the trace's warm-up run),
+    in ms, by the layer's name (torch_exec's range name, so its trace op's). The layer's calls are
+    those torch's isolated benchmark sums for it (torch_native: all of a node's oneDNN calls): the
+    call the analysis aligned to it (Q3/Q4's ``alignment``; a call matched with deviations
+    computed another problem, so its layer is left out) and the reorders torch makes around it,
+    which name no layer: those after the previous aligned call go to the next one, except the
+    reorder right after an aligned call that has its layer's output dims (its result written back
+    to a plain tensor)."""
+    aligned = sorted((m.call.index, p, m) for p, matches in enumerate(alignment.passes) for m in matches)
+    at = [i for i, _, _ in aligned]
+    per_call = {i: m.call.time_ms or 0.0 for i, _, m in aligned}
+    for c in calls:
+        if c.api != "reorder":
+            continue
+        k = bisect.bisect_left(at, c.index)  # the next aligned call
+        before = aligned[k - 1][2] if k else None
+        if before is not None and c.index == before.call.index + 1 and \
+                dict(c.detail).get("problem") == "x".join(map(str, model.nodes[before.node].layer.outputs[0].shape)):
+            per_call[before.call.index] += c.time_ms or 0.0
+        elif k < len(aligned):
+            per_call[aligned[k][0]] += c.time_ms or 0.0
+    times: dict[str, list[float]] = {}
+    for i, p, m in aligned:
+        if p >= first_run and not m.deviations:
+            times.setdefault(model.nodes[m.node].name, []).append(per_call[i])
+    return times
+
+
 def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
     db = work / f"{model.stem}.db"
     measured = measure_benchmarks(model, "torch", work / f"bench-{model.stem}", db,
@@ -127,11 +168,15 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
         (a,) = run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=measured.system.stack_id), pdb,
                          bundle)
     detail = f"{model.stem}-t{threads}-fidelity"
+    onednn = next((lib.alignment for lib in a.libraries if lib.library == "onednn"), None)
+    calls = onednn_samples_ms(load_model(model, batch_size=1), onednn, bundle.library_calls["onednn"], 1) \
+        if onednn is not None else {}
     pairs = fidelity_pairs(a, op_samples_ms(bundle.trace, 1))
     aten = fidelity(fidelity_pairs(a, aten_samples_ms(folder / "torch_trace.json", 1)), work / f"{detail}-aten.json")
     threads_compared = {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks} if a.threads else None
     return {"model": model.stem, "threads": threads, "threads_compared": threads_compared,
-            **row(a, measured, pairs, work / f"{detail}.json"), "fidelity_aten_ops": aten}
+            **row(a, measured, pairs, work / f"{detail}.json"), "fidelity_aten_ops": aten,
+            "fidelity_onednn_calls": fidelity(fidelity_pairs(a, calls), work / f"{detail}-onednn.json")}
 
 
 def main() -> None:
@@ -156,7 +201,8 @@ def main() -> None:
         sys.exit(f"fidelity_torch: {exc}")
     print(json.dumps({**machine(), **BACKEND.stack_overrides(None), "load_before": load,
                       "load_after": load_average(), "rows": rows}, indent=1))
-    print(markdown(rows, "torch"), file=sys.stderr)
+    print(markdown(rows, "torch", (("fidelity_onednn_calls", "oneDNN calls: layers, within ±10 %, median"),)),
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

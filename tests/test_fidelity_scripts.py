@@ -3,7 +3,9 @@
 Each layer's per-run times (its ``record_function`` range) average to the time the analysis's
 trace matching gives its op; the time of the aten ops inside each range is recomputed as the
 length of the union of the operator intervals that fall in it, a different reading of the same
-raw Chrome trace (nested operators lie inside their caller, so the union counts each once)."""
+raw Chrome trace (nested operators lie inside their caller, so the union counts each once).
+Each layer's oneDNN time in the model (LeNet, whose convolutions torch sends to oneDNN at one
+thread) is recomputed from the raw verbose lines of the profile, by the dims the lines name."""
 
 from __future__ import annotations
 
@@ -12,17 +14,19 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from helpers import invoke
 from torch_models import export
 
-from benanza.analysis.matching import match_trace
+from benanza.analysis.matching import align_calls, match_trace
 from benanza.parsers import load_profile
 from benanza.processor import load_model
+from benanza.zoo import build_all
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from fidelity_common import op_samples_ms  # noqa: E402
-from fidelity_torch import aten_samples_ms  # noqa: E402
+from fidelity_torch import aten_samples_ms, onednn_samples_ms  # noqa: E402
 
 RUNS = 6
 
@@ -76,3 +80,59 @@ def test_a_layers_aten_time_is_the_union_of_the_operators_in_its_range(profiled)
     for name, times in want.items():
         assert got[name] == pytest.approx(times, rel=1e-9, abs=1e-9), name
         assert all(0 < t for t in times), name  # every layer called an aten op
+
+
+@pytest.fixture(scope="module")
+def lenet_profiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fidelity-onednn")
+    (model,) = build_all(out, names=["lenet"])
+    prof = out / "prof"
+    invoke("profile", str(model), "--framework", "torch", "--threads", "1", "--iterations", "3",
+           "--trace-iterations", str(RUNS), "--out", str(prof))
+    return model, prof
+
+
+def _conv_lines(model: Path) -> dict[str, tuple[str, set[str]]]:
+    """Per Conv node of the ONNX graph, the problem its oneDNN convolution line starts with and
+    the dims (``1x8x28x28``) of its input, weights and output, which its reorder lines name."""
+    graph = onnx.shape_inference.infer_shapes(onnx.load(model)).graph
+    # a dim without a value is the graph's symbolic batch: the profile ran batch 1
+    shapes = {v.name: [d.dim_value or 1 for d in v.type.tensor_type.shape.dim]
+              for v in [*graph.input, *graph.value_info, *graph.output]}
+    shapes.update({t.name: list(t.dims) for t in graph.initializer})
+    out = {}
+    for n in graph.node:
+        if n.op_type == "Conv":
+            x, w, y = shapes[n.input[0]], shapes[n.input[1]], shapes[n.output[0]]
+            out[n.name] = (f"mb{x[0]}_ic{x[1]}oc{w[0]}_ih{x[2]}", {"x".join(map(str, s)) for s in (x, w, y)})
+    return out
+
+
+@pytest.mark.slow  # a torch profile
+def test_a_layers_onednn_time_in_the_model_is_its_calls_in_the_raw_verbose_log(lenet_profiled):
+    model, prof = lenet_profiled
+    # the oracle: the raw log's exec lines, one run after the other, each run the same calls
+    lines = [ln.split(",") for ln in (prof / "onednn.log").read_text().splitlines() if ",exec," in ln]
+    assert lines and len(lines) % RUNS == 0
+    per_run = len(lines) // RUNS
+    runs = [lines[r * per_run:(r + 1) * per_run] for r in range(RUNS)]
+    assert all([(f[f.index("exec") + 2], f[-2]) for f in run] == [(f[f.index("exec") + 2], f[-2]) for f in runs[0]]
+               for run in runs)
+    convs = _conv_lines(model)
+    want: dict[str, list[float]] = {name: [] for name in convs}
+    for run in runs[1:]:  # the first is the trace's warm-up run
+        for name in want:
+            want[name].append(0.0)
+        for f in run:
+            owners = [name for name, (problem, dims) in convs.items()
+                      if (f[-2].startswith(problem) if f[f.index("exec") + 2] == "convolution" else f[-2] in dims)]
+            assert len(owners) == 1, f  # every line names the dims of one conv alone
+            want[owners[0]][-1] += float(f[-1])
+    bundle = load_profile([str(prof)])
+    assert bundle is not None
+    calls = bundle.library_calls["onednn"]
+    loaded = load_model(model)
+    got = onednn_samples_ms(loaded, align_calls(loaded, calls, "torch", "onednn"), calls, 1)
+    assert set(got) == set(want)
+    for name, times in want.items():
+        assert got[name] == pytest.approx(times, rel=1e-9), name
