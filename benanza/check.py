@@ -277,17 +277,17 @@ def _run_whole(ref: _ModelRef, names: list[str]) -> list[np.ndarray]:
     needed |= shaped
     m = onnx.ModelProto()
     m.CopyFrom(ref.proto_model)  # weightless: the graph, opsets, functions and metadata
-    del m.graph.node[:], m.graph.initializer[:], m.graph.input[:], m.graph.value_info[:]
+    # only the part upstream of ``names``: the model's own outputs elsewhere have no producer here
+    del m.graph.node[:], m.graph.initializer[:], m.graph.input[:], m.graph.value_info[:], m.graph.output[:]
     m.graph.node.extend(graph.node[k] for k in sorted(kept))
     m.graph.initializer.extend(t for t in graph.initializer if t.name in needed)
     m.graph.input.extend(i for i in graph.input if i.name in needed)
     m.graph.input.extend(helper.make_tensor_value_info(s, onnx.TensorProto.FLOAT, ref.shape(s))
                          for s in sorted(stand_ins))
     m.graph.value_info.extend(v for v in graph.value_info if v.name in needed and v.name not in stand_ins)
-    known = {o.name for o in m.graph.output}
-    for name in names:
-        if name not in known:
-            m.graph.output.append(helper.make_empty_tensor_value_info(name))
+    declared = {o.name: o for o in graph.output}
+    m.graph.output.extend(declared[n] if n in declared else helper.make_empty_tensor_value_info(n)
+                          for n in dict.fromkeys(names))
     feeds = {s: np.zeros(ref.shape(s), np.float32) for s in stand_ins}
     # the stream of each input is its place among all the model's inputs, whichever this part reads
     for k, inp in enumerate(i for i in graph.input if i.name not in ref.inits):

@@ -114,7 +114,7 @@ def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -
     for u in manifest.layers:
         used = tuple(sorted(fusions.get(u.layer.key, []))) if options.fusion else ()
         for v in backend.variants(u, used, options):
-            if not u.occurrences and v.fusion == "none":
+            if not u.occurrences and u.layer.key in fusions and v.fusion == "none":
                 continue  # a pattern's fused form only (build_manifest): no node runs it unfused
             # one benchmark per problem and configuration: an f16 model's conv and the f16
             # variant of an f32 model's identical conv are the same benchmark
