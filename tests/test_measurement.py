@@ -222,8 +222,12 @@ def test_the_bound_uses_the_clean_calls_of_a_benchmark_with_quantum_stalls(tmp_p
         assert clean[0] <= r.low_ms <= statistics.median(clean)
         assert 0.95 * cpu[0] <= r.low_ms <= 1.5 * statistics.median(cpu)
         assert r.median_ms > 2 * r.low_ms  # what the bound used to be: the stalls' share included
-        # two calls in three are clean
-        assert r.samples == 300 and r.sample_median_ms <= 1.5 * statistics.median(cpu)
+        # the summary's median is the calls' (recomputed from the log), and with two calls in three
+        # clean it is a clean one's, below what the stalls bring: compared with the clean calls'
+        # wall times, not their CPU times (on a VM the hypervisor's stolen time lengthens a call's
+        # wall time and not its CPU time)
+        assert r.samples == 300 and r.sample_median_ms == pytest.approx(statistics.median(log["samples_ms"]))
+        assert r.sample_median_ms <= float(np.percentile(clean, 90))
 
 
 # --- contention ----------------------------------------------------------------------------------
