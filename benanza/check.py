@@ -43,6 +43,7 @@ from .layers import Model
 from .ops.reference import Gen, NoReference, Spec, generated
 from .ops.registry import FAMILIES
 from .records import Variant
+from .shapes_by_execution import node_reads
 
 log = logging.getLogger(__name__)
 _FAMILIES = {f.name: f for f in FAMILIES}
@@ -237,17 +238,6 @@ def _weight(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
     return numpy_helper.to_array(copy)
 
 
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The tensors a node reads: its inputs and the outer-scope names its subgraphs (If, Loop,
-    Scan bodies) use."""
-    names = {i for i in node.input if i}
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            for inner in g.node:
-                names |= _reads(inner)
-    return names
-
-
 # ops that read only their input's shape: a run for their outputs feeds a stand-in of that shape
 # instead of computing the input (a Shape of the last layer's activations would run the model)
 _SHAPE_READERS = ("Shape", "Size")
@@ -270,7 +260,7 @@ def _run_whole(ref: _ModelRef, names: list[str]) -> list[np.ndarray]:
         if node.op_type in _SHAPE_READERS and node.input[0] in ref._shapes:
             shaped.add(node.input[0])
             continue
-        fresh = _reads(node) - needed
+        fresh = {i for i in node_reads(node) if i} - needed
         needed |= fresh
         todo.extend(fresh)
     stand_ins = {s for s in shaped - needed if s in producer}

@@ -257,11 +257,11 @@ def _upstream_inputs(graph: onnx.GraphProto, wanted: set[str], inputs: set[str])
         seen.add(t)
         node = producer.get(t)
         if node is not None and node.op_type not in _SHAPE_ONLY:
-            stack.extend(i for i in _node_reads(node) if i)
+            stack.extend(i for i in node_reads(node) if i)
     return seen & inputs
 
 
-def _node_reads(node: onnx.NodeProto) -> list[str]:
+def node_reads(node: onnx.NodeProto) -> list[str]:
     """A node's inputs plus what its subgraphs (If branches, Loop bodies) read from outside."""
     import onnx
 
@@ -270,7 +270,7 @@ def _node_reads(node: onnx.NodeProto) -> list[str]:
         for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
             produced = {i.name for i in g.input} | {t.name for t in g.initializer} | \
                        {o for n in g.node for o in n.output}
-            reads.extend(i for n in g.node for i in _node_reads(n) if i not in produced)
+            reads.extend(i for n in g.node for i in node_reads(n) if i not in produced)
     return reads
 
 
@@ -282,7 +282,7 @@ def _downstream_of_data_dependent(graph: onnx.GraphProto, executed: set[str]) ->
     while grew:  # to a fixpoint: not every exporter writes its nodes in topological order
         before = len(tainted)
         for node in graph.node:
-            if any(i in tainted for i in _node_reads(node)):
+            if any(i in tainted for i in node_reads(node)):
                 tainted.update(o for o in node.output if o)
         grew = len(tainted) > before
     return tainted

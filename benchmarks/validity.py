@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench_onednn_all import benchmark_onednn
+from fidelity_common import ISA_FLAGS
 
 from benanza.analyzer import Analysis
 from benanza.errors import BenanzaError
@@ -46,8 +47,6 @@ from torch_models import export  # the test suite's exporter: the same encoder i
 ZOO = ("resnet50-v1", "inception-v1")
 FRAMEWORKS = ("onnxruntime", "torch")
 SYSTEM = "validity"
-# the CPU features that decide which oneDNN kernels exist on a machine
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def models(work: Path) -> list[Path]:
