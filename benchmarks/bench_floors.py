@@ -79,12 +79,14 @@ def make_llama(name: str, out: Path) -> Path:
 
     c, seq = LLAMAS[name]
     path = out / f"{name}.onnx"
+    if path.exists():  # made before: the module alone takes seconds and GBs to build
+        return path
     if seq == 1:
         past = torch.zeros(c["layers"], 2, 1, c["kv_heads"], c["cache"], c["hidden"] // c["heads"])
         args: tuple = (torch.tensor([[7]]), past)
     else:
         args = (torch.arange(seq)[None],)
-    if path.exists() or not weights_bytes(c) > PROTO_LIMIT:
+    if not weights_bytes(c) > PROTO_LIMIT:
         return _export(_llama(c, seq), args, path)
     # the exporter writes a model past 2 GB as one file per weight: rewritten as one data file
     folder = out / f".{name}.export"
