@@ -120,8 +120,10 @@ def to_external_data(src: Path, dst: Path, inline_below: int = 1024) -> None:
 
     model = onnx.load(str(src), load_external_data=False)
     data = dst.with_name(dst.name + ".data")
+    # the exporter writes large Constant nodes' values (a prefill's causal mask) to files too
+    constants = [a.t for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
     with data.open("wb") as f:
-        for t in model.graph.initializer:
+        for t in (*model.graph.initializer, *constants):
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 load_external_data_for_tensor(t, str(src.parent))
             raw = numpy_helper.to_array(t).tobytes()

@@ -9,8 +9,11 @@ below any of these floors (each a lower bound of every schedule):
 - **memory**: the weights that cannot stay in the last-level cache between runs stream from
   main memory once per run at least: (weight bytes − LLC capacity) / the memory bandwidth;
 - **compute**: the FLOPs at the compute peak of their dtype (the cores' FMA peak, else the GEMM's);
-- **work**: each layer's single-thread time is its work, and the stack's threads do it all at
-  most that many at once: Σ single-thread time / threads.
+- **work**: a layer's work is the least core time it was measured to take: its single-thread
+  time, or threads × its time at the stack's threads where that is less (a memory-bound layer
+  can run more than threads× faster on more cores: more of the memory bus, more cache), and the
+  stack's threads do it all at most that many at once: Σ work / threads, never above the
+  sequential bound.
 
 A floor's rate is the stored peak (``benanza peaks``, ``Peaks.trusted`` only), raised to the
 fastest rate a layer of the bound demonstrably reached where one beat it: a floor must never
@@ -156,8 +159,9 @@ def compute_floor(model: Model, rows: list[LayerRow], dtype: str, peaks: Peaks) 
 
 def work_floor(model: Model, rows: list[LayerRow], dtype: str, threads: int | None,
                one_thread: Iterable[Result] | None) -> Floor | str:
-    """Σ single-thread time / threads over the layers with an uncontended single-thread result
-    (a contended one may be inflated: no floor). The other layers add work, never less."""
+    """Σ work / threads over the layers with uncontended results at one thread and at the
+    stack's threads (a contended one may be inflated, and the floor with it). The other layers
+    add work, never less."""
     if not threads:
         return "work floor: the stack names no CPU threads (a GPU stack: this version measures no SM floor)"
     if one_thread is None:
@@ -165,9 +169,10 @@ def work_floor(model: Model, rows: list[LayerRow], dtype: str, threads: int | No
                 "`benanza run --threads 1` under the same system name measures them)")
     index = index_results(one_thread)
     work: list[float] = []
+    scaled = 0  # layers whose core time at the stack's threads was below their single-thread time
     counted = sum(1 for r in rows if r.status == LayerStatus.OK)
     for row in rows:
-        if row.status != LayerStatus.OK:
+        if row.status != LayerStatus.OK or row.contended:
             continue
         layer = model.nodes[row.index].layer
         results = layer_results(index, layer, dtype)
@@ -176,12 +181,16 @@ def work_floor(model: Model, rows: list[LayerRow], dtype: str, threads: int | No
             continue
         chosen = best(results, dt)
         if chosen is not None:
-            work.append(float(chosen.latency_ms))  # type: ignore[arg-type]
+            single, spread = float(chosen.latency_ms), threads * row.latency_ms  # type: ignore[arg-type]
+            scaled += spread < single
+            work.append(min(single, spread))
     if not work:
         return "work floor: none of the bound's layers has an uncontended single-thread result"
     total = math.fsum(work)
+    faster = (f"; {scaled} ran more than {threads}× faster on {threads} threads, counted at {threads} × that time"
+              if scaled else "")
     return Floor(WORK, total / threads, total, float(threads),
-                 f"{total:.4g} ms of single-thread work ({len(work)} of {counted} layers) on {threads} thread"
+                 f"{total:.4g} ms of single-thread work ({len(work)} of {counted} layers{faster}) on {threads} thread"
                  + ("s" if threads > 1 else ""), len(work))
 
 
