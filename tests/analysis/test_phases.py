@@ -184,6 +184,14 @@ def test_layer_shares_against_the_onnx_file_and_the_peaks(measured, dynamic):
         assert pv["kv_bytes"] == 4 * llm_models.HEADS * (past + seq) * hd
         # the KV inputs' own bytes are all in the cache's column
         assert p["bytes"]["kv_cache"] >= 4 * len(KV) * kvh * past * hd
+        # per layer the append of K and V, then the attention: fused, one read of the present K
+        # and V; unfused, per the bound's layers, repeat_kv's Expand reads the present and writes
+        # its G copies, K's Transpose reads and writes those and the MatMuls read them (1 + 4G
+        # presents of K, 1 + 2G of V)
+        group, token = llm_models.HEADS // kvh, 4 * kvh * hd
+        layers = llm_models.LAYERS
+        assert p["fused_bytes"]["kv_cache"] == _kv_closed_form(layers, token, past, seq, [2] * layers)
+        assert p["bytes"]["kv_cache"] == _kv_closed_form(layers, token, past, seq, [2 + 6 * group] * layers)
         # time shares from PEAKS (test_speed_of_light): 100 GFLOP/s; 400 GB/s under 4000 bytes,
         # 200 GB/s to 1 MiB
         for la in (down, pv):
