@@ -477,9 +477,10 @@ def _fold(model: Model, consumers: dict[int, list[int]], tensor: str, reader: in
     src, out = tuple(node.layer.inputs[0].shape), tuple(node.layer.outputs[0].shape)
     if len(src) != 4 or len(out) != 4 or out[0] != src[0] or out[3] != src[3] or out[1] <= 0:
         return None
-    b, h, s, d = src
-    group = h // out[1]
-    return (node.layer.inputs[0], node.index) if group > 1 and h % out[1] == 0 and out[2] == group * s else None
+    heads, tokens = src[1], src[2]
+    group = heads // out[1]
+    fits = group > 1 and heads % out[1] == 0 and out[2] == group * tokens
+    return (node.layer.inputs[0], node.index) if fits else None
 
 
 def _transposed(model: Model, consumers: dict[int, list[int]], tensor: str, reader: int
@@ -516,8 +517,6 @@ def grouped_operands(model: Model, consumers: dict[int, list[int]], found: Seque
     where ``prescaled``, the Muls scaling Q and Kᵀ next), or None where K and V have Q's heads.
     Through repeat_kv Q is the scores' operand as it is; folded, Q is unfolded and K and V are
     read as they are (K through its Transpose), with the KV heads Q was folded to."""
-    from ..layers import TensorSpec
-
     nodes = model.nodes
     anchor = nodes[found[0]]
     pv = next(nodes[i] for i in found[1:] if nodes[i].layer.op == "MatMul")
@@ -527,8 +526,7 @@ def grouped_operands(model: Model, consumers: dict[int, list[int]], found: Seque
     kr = _unrepeat(model, consumers, *k, True)
     vr = _unrepeat(model, consumers, *v, False)
     if kr is not None and vr is not None and kr[0].shape[1] == vr[0].shape[1]:
-        q_spec = TensorSpec(tuple(anchor.layer.inputs[0].shape), anchor.layer.dtype)
-        return Grouped(q_spec, kr[0], vr[0], tuple(kr[1] + vr[1]), False)
+        return Grouped(anchor.layer.inputs[0], kr[0], vr[0], tuple(kr[1] + vr[1]), False)
     fold, kt = _fold(model, consumers, *q), _transposed(model, consumers, *k)
     if fold is None or kt is None or len(pv.layer.inputs) != 2:
         return None

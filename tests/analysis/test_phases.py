@@ -293,3 +293,5 @@ def test_fused_kv_bytes_of_a_grouped_decode_step(tmp_path):
     # among the analysis's results), applied where it measured faster than its pieces
     uses = [u for u in a["fusion"]["applied"] + a["fusion"]["unprofitable"] if u["pattern"].startswith("sdpa")]
     assert len(uses) == layers, a["fusion"]
+    # each weighed against its pieces, Q's fold (a view) costing 0 among them
+    assert all((u in a["fusion"]["applied"]) == (u["fused_ms"] < u["unfused_ms"]) for u in uses), uses
