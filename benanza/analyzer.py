@@ -456,10 +456,13 @@ def profitable_fusions(rows: list[LayerRow], matches: list[FusionMatch], by_key,
                        layouts: tuple[str, ...] = ()):
     """``fused_weights`` without the fusions whose fused benchmark is no faster than the unfused
     layers it replaces (Q5 lists those as unprofitable); (weights, applied, unprofitable)."""
-    ok = {r.index for r in rows if r.status == LayerStatus.OK}
+    # a view, an identity or a folded node inside a pattern (repeat_kv's Reshapes, a fold of Q's
+    # heads) costs 0 by definition: the pattern is as comparable as its measured layers
+    known = (LayerStatus.OK, LayerStatus.VIEW, LayerStatus.IDENTITY, LayerStatus.FOLDED)
+    ok = {r.index for r in rows if r.status in known}
     unfused = {r.index: r.latency_ms for r in rows}
     _, candidates = fused_weights(rows, matches, by_key, dtype, layouts)
-    # only comparable when every layer of the pattern has its own measured latency
+    # only comparable when every layer of the pattern has its own latency
     slower = [(m, r) for m, r in candidates if set(m.nodes) <= ok
               and float(r.latency_ms) >= sum(unfused[i] for i in m.nodes)]  # type: ignore[arg-type]
     dropped = {id(m) for m, _ in slower}

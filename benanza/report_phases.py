@@ -31,6 +31,7 @@ def phase_json(p: PhaseAnalysis) -> dict:
         "tokens_per_s": {"sequential": _r(p.tokens_per_s_sequential, 3), "parallel": _r(p.tokens_per_s_parallel, 3)},
         "roofline": p.roofline,
         "bytes": p.bytes_by_source(),
+        "fused_bytes": p.fused_bytes.as_dict(),
         "attributed_ms": None if attributed is None else {k: _r(v) for k, v in attributed.items()},
         "layers": [{"index": la.index, "name": la.name, "op": la.op, "latency_ms": _r(la.latency_ms),
                     "flops": la.flops, "weight_bytes": la.weight_bytes, "kv_bytes": la.kv_bytes,

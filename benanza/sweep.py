@@ -17,6 +17,7 @@ from .analysis.across_stack import across_stack
 from .analysis.phases import Phase, PhaseInputs, graph_inputs, phase_analysis, phase_shapes
 from .analyzer import MATH_EXACT, Analysis, analyze, contended_figures
 from .errors import BenanzaError, UsageError
+from .fusion import match_fusions
 from .generator import BACKEND_MODULES, GenOptions, generate, get_backend
 from .layers import Model, unique_layers
 from .manifest import build_manifest, write_manifest
@@ -72,8 +73,11 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
     for batch in req.batch_sizes:
         model = load_model_cached(req.model, batch_size=batch, input_shapes=dict(req.input_shapes),
                                   input_values=dict(req.input_values), input_data=data)
-        keys = sorted({layer_key(n.layer.problem, n.layer.in_dtype(d))
-                       for n in model.nodes for d in ("f32", "f16", "bf16", req.dtype)})
+        # with the layers fused forms are benchmarked as where no node is (an attention through
+        # repeat_kv or with Q's heads folded): without them Q5 finds no fused result to apply
+        layers = [n.layer for n in model.nodes] + [m.conv for m in match_fusions(model)]
+        keys = sorted({layer_key(la.problem, la.in_dtype(d))
+                       for la in layers for d in ("f32", "f16", "bf16", req.dtype)})
         for name in req.systems:
             prof = _profile_for(profile, batch, single)
             system = resolve_system(db, name, req.backend or native_backend(db, name, prof), req.stack)

@@ -101,16 +101,27 @@ def input_names(step: Step) -> list[str]:
         [f"past_{kv}{i}" for i in range(layers) for kv in ("key", "value")] if step.past else [])
 
 
-def export(step: Step, exporter: str, out_dir: Path) -> Path:
-    """``step`` exported with ``exporter`` (a key of EXPORTERS) at its fixed shapes."""
+def export(step: Step, exporter: str, out_dir: Path, dynamic: bool = False) -> Path:
+    """``step`` exported with ``exporter`` (a key of EXPORTERS) at its fixed shapes, or with
+    ``dynamic`` (the TorchScript exporter only) the cache's length symbolic (``past``, the
+    mask's and the present K/V's ``past + seq``) and the new tokens' (``seq``), as
+    ``analyze --phase`` wants them. The trace follows the step's own code path (a one-token step's
+    attention stays a one-token step's at every cache length)."""
     layers = config(step.family).num_hidden_layers
-    path = out_dir / f"{step.name(exporter)}.onnx"
+    path = out_dir / f"{step.name(exporter)}{'_dyn' if dynamic else ''}.onnx"
     outputs = ["logits"] + [f"present_{kv}{i}" for i in range(layers) for kv in ("key", "value")]
+    axes = None
+    if dynamic:
+        assert exporter == "torchscript", "dynamic axes: the TorchScript exporter's dynamic_axes"
+        axes = {"input_ids": {1: "seq"}, "position_ids": {1: "seq"}, "logits": {1: "seq"},
+                **({"attention_mask": {1: "past + seq"}} if step.masked else {}),
+                **{n: {2: "past"} for n in input_names(step) if n.startswith("past_")},
+                **{n: {2: "past + seq"} for n in outputs if n.startswith("present_")}}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(Forward(model(step.family), step.masked), inputs(step), str(path),
                           input_names=input_names(step), output_names=outputs, opset_version=EXPORTERS[exporter],
-                          dynamo=exporter == "dynamo")
+                          dynamo=exporter == "dynamo", dynamic_axes=axes)
     return path
 
 

@@ -17,6 +17,15 @@ token's K/V, transposes, casts — makes of them: the present K/V that attention
 activations (the rest). The shares say which resource's demand the layer's time follows; they are
 an attribution from the roofline, not a measurement. Without trusted peaks only the byte shares
 are given.
+
+Those layers are the unfused bound's: each node's own tensors, so under grouped-query attention
+repeat_kv's copies (G times K's and V's bytes written, then read by the scores' and PV MatMuls)
+count as KV-cache bytes wherever they are moved. ``fused_bytes`` splits the bytes of the same
+layers with every fusion pattern the matcher finds run as one call (reading the tensors its
+nodes take from outside it, writing those read outside it): what a runtime that fuses moves,
+whether or not the fused benchmark measured faster here (the bytes are the fusion plan's, not
+the bound's). A fused attention reads K and V once per KV head; the copies it never makes count
+nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ModelError, UsageError
+from ..fusion import match_fusions
 from ..layers import DTYPE_NAMES, FLOAT_DTYPES, Model, TensorSpec
 from ..ops.copy import CopyProblem
 from .bounds import LayerStatus
@@ -189,6 +199,18 @@ class LayerShare:
 
 
 @dataclass(frozen=True)
+class ByteSplit:
+    """Bytes moved, by where they come from (see the module's docstring)."""
+
+    weights: int
+    kv_cache: int
+    activations: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"weights": self.weights, "kv_cache": self.kv_cache, "activations": self.activations}
+
+
+@dataclass(frozen=True)
 class PhaseAnalysis:
     phase: Phase
     sequential_ms: float
@@ -196,6 +218,7 @@ class PhaseAnalysis:
     partial: bool  # some layer has no result: the bound is lower still
     layers: tuple[LayerShare, ...]  # the layers of the bound (status ok), by node index
     roofline: bool  # time shares computed (trusted peaks stored for the stack)
+    fused_bytes: ByteSplit  # the layers' bytes with every matched fusion pattern one call
 
     @property
     def tokens_per_s_sequential(self) -> float | None:
@@ -219,9 +242,31 @@ class PhaseAnalysis:
                 "activations": sum(la.activation_bytes for la in self.layers)}
 
 
-def phase_analysis(applied: PhaseInputs, analysis: Analysis, model: Model) -> PhaseAnalysis:
-    """``analysis``: the analysis of ``model`` processed at the phase's shapes."""
-    dtype = analysis.dtype
+@dataclass(frozen=True)
+class _Sources:
+    """Where a model's tensors come from at the phase's shapes: their specs, the KV-cache ones
+    (the cache inputs and what data movement makes of them) and the folded constants."""
+
+    spec: dict[str, TensorSpec]
+    kv: frozenset[str]
+    folded: frozenset[str]
+    dtype: str
+
+    def split(self, reads: Sequence[str], writes: Sequence[str], constants: Iterable[TensorSpec], copy: bool
+              ) -> tuple[int, int, int]:
+        """(weight, KV-cache, activation) bytes of a call reading ``reads`` and the constants and
+        writing ``writes``; a copy reads at most what it writes of a constant."""
+        nbytes = {t: spec_bytes(self.spec[t], self.dtype) for t in (*reads, *writes) if t in self.spec}
+        constant = sum(spec_bytes(s, self.dtype) for s in constants)
+        constant += sum(nbytes.get(t, 0) for t in reads if t in self.folded)
+        written = sum(nbytes.get(t, 0) for t in writes)
+        weights = min(constant, written) if copy else constant
+        kv_bytes = sum(b for t, b in nbytes.items() if t in self.kv)
+        activations = sum(b for t, b in nbytes.items() if t not in self.kv and t not in self.folded)
+        return weights, kv_bytes, activations
+
+
+def _sources(applied: PhaseInputs, model: Model, dtype: str) -> _Sources:
     declared = {i.name: i.dtype for i in applied.inputs}
     spec: dict[str, TensorSpec] = {n: TensorSpec(s, declared.get(n, "f32")) for n, s in model.input_shapes.items()}
     for node in model.nodes:
@@ -234,24 +279,47 @@ def phase_analysis(applied: PhaseInputs, analysis: Analysis, model: Model) -> Ph
             folded.update(node.outputs)
         elif (node.free or node.layer.family in _MOVEMENT) and any(t in kv for t in node.inputs):
             kv.update(node.outputs)
+    return _Sources(spec, frozenset(kv), frozenset(folded), dtype)
+
+
+def _fused_bytes(model: Model, src: _Sources, layers: Sequence[LayerShare]) -> ByteSplit:
+    """The bytes of ``layers`` with each fusion pattern the matcher finds one call: reading the
+    tensors its nodes read from outside it (and their constants) and writing the tensors it
+    makes that a node outside it reads or that none reads (the graph's outputs), each once."""
+    readers: dict[str, set[int]] = {}
+    for node in model.nodes:
+        for t in node.inputs:
+            readers.setdefault(t, set()).add(node.index)
+    matches = match_fusions(model)
+    fused = {i for m in matches for i in m.nodes}
+    rest = [la for la in layers if la.index not in fused]
+    split = [(la.weight_bytes, la.kv_bytes, la.activation_bytes) for la in rest]
+    for m in matches:
+        inside = set(m.nodes)
+        made = dict.fromkeys(t for i in m.nodes for t in model.nodes[i].outputs)
+        reads = list(dict.fromkeys(t for i in m.nodes for t in model.nodes[i].inputs if t not in made))
+        writes = [t for t in made if not readers.get(t) or readers[t] - inside]
+        split.append(src.split(reads, writes, [s for i in m.nodes for s in model.nodes[i].constant_specs], False))
+    return ByteSplit(*(sum(col) for col in zip(*split))) if split else ByteSplit(0, 0, 0)
+
+
+def phase_analysis(applied: PhaseInputs, analysis: Analysis, model: Model) -> PhaseAnalysis:
+    """``analysis``: the analysis of ``model`` processed at the phase's shapes."""
+    src = _sources(applied, model, analysis.dtype)
     roofs = {r.index: r.roof for r in analysis.speed_of_light.layers} if analysis.speed_of_light else {}
     out = []
     for row in analysis.rows:
         if row.status != LayerStatus.OK:
             continue
         node = model.nodes[row.index]
-        nbytes = {t: spec_bytes(spec[t], dtype) for t in (*node.inputs, *node.outputs) if t in spec}
-        constant = sum(spec_bytes(s, dtype) for s in node.constant_specs)
-        constant += sum(nbytes.get(t, 0) for t in node.inputs if t in folded)
-        written = sum(nbytes.get(t, 0) for t in node.outputs)
-        weights = min(constant, written) if isinstance(node.layer.problem, CopyProblem) else constant
-        kv_bytes = sum(b for t, b in nbytes.items() if t in kv)
-        activations = sum(b for t, b in nbytes.items() if t not in kv and t not in folded)
+        weights, kv_bytes, activations = src.split(node.inputs, node.outputs, node.constant_specs,
+                                                   isinstance(node.layer.problem, CopyProblem))
         rf = roofs.get(row.index)
         out.append(LayerShare(row.index, row.name, row.op, row.latency_ms, node.layer.flops, weights, kv_bytes,
                               activations, None if rf is None else rf.compute_ms, None if rf is None else rf.memory_ms))
     b = analysis.bounds
-    return PhaseAnalysis(applied.phase, b.sequential_ms, b.parallel_ms, b.partial, tuple(out), bool(roofs))
+    return PhaseAnalysis(applied.phase, b.sequential_ms, b.parallel_ms, b.partial, tuple(out), bool(roofs),
+                         _fused_bytes(model, src, out))
 
 
 def graph_inputs(graph) -> list[GraphInput]:
@@ -267,5 +335,5 @@ def graph_inputs(graph) -> list[GraphInput]:
     return out
 
 
-__all__: Sequence[str] = ("DECODE", "PREFILL", "GraphInput", "LayerShare", "Phase", "PhaseAnalysis", "PhaseInputs",
-                          "graph_inputs", "parse_phase", "phase_analysis", "phase_shapes")
+__all__: Sequence[str] = ("DECODE", "PREFILL", "ByteSplit", "GraphInput", "LayerShare", "Phase", "PhaseAnalysis",
+                          "PhaseInputs", "graph_inputs", "parse_phase", "phase_analysis", "phase_shapes")

@@ -281,22 +281,28 @@ def pattern_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) 
 
 
 def _grouped_reference(site: Site, p: AttentionProblem, gen: Gen, pattern: FusionPattern) -> Spec:
-    """A pattern through repeat_kv (``grouped_layer``): Q where the pattern reads it; K and V
-    unrepeated, at their Unsqueezes (the match's K repeat comes first), K's values as the
-    benchmark's Kᵀ view holds them (as the op's reference); the mask; the PV MatMul's output."""
+    """A pattern with fewer KV heads than query heads (``grouped_layer``): through repeat_kv, Q
+    where the pattern reads it and K and V unrepeated, at their Unsqueezes (the match's K repeat
+    comes first); folded, Q before its fold, K before its Transpose and V as the PV MatMul reads
+    it (the benchmark's Q and output are the folded ones' memory). K's values as the benchmark's
+    Kᵀ view holds them (as the op's reference); the mask; the PV MatMul's output."""
     import numpy as np
 
-    q = _qk_slot(site, 0) if pattern.prescaled else (0, 0)
-    k_at, v_at = (pos for pos in range(len(site.nodes)) if site.proto(pos).op_type == "Unsqueeze")
+    ops = [site.proto(pos).op_type for pos in range(len(site.nodes))]
+    pv = next(pos for pos in range(1, len(ops)) if ops[pos] == "MatMul")
+    if "Unsqueeze" in ops:
+        q = _qk_slot(site, 0) if pattern.prescaled else (0, 0)
+        k, v = ((pos, 0) for pos in range(len(ops)) if ops[pos] == "Unsqueeze")
+    else:
+        q, k, v = (ops.index("Reshape"), 0), (ops.index("Transpose"), 0), (pv, 1)
     kt = p.k[:-2] + (p.k[-1], p.k[-2])
-    feeds = {q: gen(0, site.in_shape(*q)), (k_at, 0): np.ascontiguousarray(np.swapaxes(gen(1, kt), -1, -2))}
+    feeds = {q: gen(0, site.in_shape(*q)), k: np.ascontiguousarray(np.swapaxes(gen(1, kt), -1, -2))}
     n = 2
     if p.mask is not None:
         slot = _mask_slot(site, pattern)
         feeds[slot] = gen(n, p.mask).reshape(site.in_shape(*slot))
         n += 1
-    feeds[(v_at, 0)] = gen(n, p.v)
-    pv = next(pos for pos in range(1, len(site.nodes)) if site.proto(pos).op_type == "MatMul")
+    feeds[v] = gen(n, p.v)
     return Spec(site.nodes, feeds, (site.proto(pv).output[0],))
 
 # oneDNN's primitive chain (matmul with post-ops, softmax, matmul), the attention patterns' too
@@ -345,6 +351,7 @@ def attention_nodes(scaled: bool, masked: bool, prescaled: bool) -> NodeFinder:
 
         chain = [start]
         prescales: list[int] = []
+        mask: tuple[int, ...] = ()
         if prescaled:
             found = _operand_scales(model, consumers, first)
             if found is None:
@@ -362,9 +369,7 @@ def attention_nodes(scaled: bool, masked: bool, prescaled: bool) -> NodeFinder:
             p = nodes[nxt].layer.problem if nxt is not None else None
             if nxt is None or not isinstance(p, BinaryProblem) or p.out != scores or len(p.shapes) != 2:
                 return None
-            mask = p.shapes[1] if tuple(p.shapes[0]) == scores else p.shapes[0]
-            if (1,) * (rank - len(mask)) + tuple(mask) != (1,) * (rank - 2) + scores[-2:]:
-                return None  # the chain adds one [S, Skv] mask to every batch and head
+            mask = tuple(p.shapes[1] if tuple(p.shapes[0]) == scores else p.shapes[0])
             chain.append(nxt)
         sm = only(chain[-1], ("Softmax",))
         soft = nodes[sm].layer.problem if sm is not None else None
@@ -383,11 +388,23 @@ def attention_nodes(scaled: bool, masked: bool, prescaled: bool) -> NodeFinder:
         if not isinstance(v, MatMulProblem) or tuple(v.b) != scores[:-2] + (scores[-1], qk.k):
             return None
         found = chain[:1] + prescales + chain[1:] + probs + [pv]  # the anchor first, as every match has it
-        # through repeat_kv the pattern takes in the copies that expand K and V (grouped_layer)
-        k = (_data_input(model, nodes[prescales[1]]), prescales[1]) if prescales else (first.inputs[1], start)
-        repeats = repeat_kv(model, consumers, k, (nodes[pv].inputs[1], pv))
-        return found + (repeats[2] if repeats is not None else [])
+        # through repeat_kv, or Q's heads folded into rows, the pattern takes in the nodes that
+        # regroup the heads (grouped_layer)
+        grouped = grouped_operands(model, consumers, found, prescaled)
+        if masked and not _mask_fits(mask, scores, grouped is not None and grouped.folded):
+            return None
+        return found + list(grouped.nodes if grouped is not None else ())
     return match
+
+
+def _mask_fits(mask: tuple[int, ...], scores: tuple[int, ...], folded: bool) -> bool:
+    """Whether the chain's one [S, Skv] mask, added to every batch and head, is the pattern's
+    mask. Where Q's heads are folded into the rows (``_fold``) a row is a (query head, token)
+    pair: only a mask broadcast over the rows ([1, Skv]) is the same for every head, so it is
+    that mask of the attention the match computes; a mask per row would differ between a KV
+    head's query heads, which the Attention problem's mask cannot say."""
+    rows = 1 if folded else scores[-2]
+    return (1,) * (len(scores) - len(mask)) + mask == (1,) * (len(scores) - 2) + (rows, scores[-1])
 
 
 def _nan_guard(model: Model, consumers: dict[int, list[int]], probs: int) -> list[int]:
@@ -446,41 +463,101 @@ def _unrepeat(model: Model, consumers: dict[int, list[int]], tensor: str, reader
         reader, t = i, nodes[i].inputs[0]
 
 
-def repeat_kv(model: Model, consumers: dict[int, list[int]], k: tuple[str, int], v: tuple[str, int]
-              ) -> tuple[TensorSpec, TensorSpec, list[int]] | None:
-    """K and V unrepeated (``_unrepeat``) from the scores' Kᵀ operand and the MatMul's V, each
-    given as (tensor, the node reading it): their specs and the nodes of both repeats; None
-    unless both are repeated, with one head count."""
-    kr = _unrepeat(model, consumers, k[0], k[1], True)
-    vr = _unrepeat(model, consumers, v[0], v[1], False)
-    if kr is None or vr is None or kr[0].shape[1] != vr[0].shape[1]:
+def _fold(model: Model, consumers: dict[int, list[int]], tensor: str, reader: int
+          ) -> tuple[TensorSpec, int] | None:
+    """Q [B, H, S, D] that a Reshape read only by node ``reader`` folds into [B, Hkv, G·S, D],
+    G = H/Hkv > 1 (transformers' ``pack_gqa`` of a one-token step, which the TorchScript
+    exporter keeps): (Q's spec, the Reshape), or None. Row-major, row g·S + s of KV head j is
+    query head j·G + g's token s: each KV head's rows are its G query heads, as repeat_kv's
+    copies pair them (query head h reads KV head h // G)."""
+    i = model.producer.get(tensor)
+    node = model.nodes[i] if i is not None else None
+    if node is None or node.layer.op != "Reshape" or consumers[node.index] != [reader] or not node.layer.outputs:
         return None
-    return kr[0], vr[0], kr[1] + vr[1]
+    src, out = tuple(node.layer.inputs[0].shape), tuple(node.layer.outputs[0].shape)
+    if len(src) != 4 or len(out) != 4 or out[0] != src[0] or out[3] != src[3] or out[1] <= 0:
+        return None
+    heads, tokens = src[1], src[2]
+    group = heads // out[1]
+    fits = group > 1 and heads % out[1] == 0 and out[2] == group * tokens
+    return (node.layer.inputs[0], node.index) if fits else None
+
+
+def _transposed(model: Model, consumers: dict[int, list[int]], tensor: str, reader: int
+                ) -> tuple[TensorSpec, int] | None:
+    """K [.., Skv, D] under the Transpose of its last two axes that makes ``tensor`` (read only by
+    node ``reader``): (K's spec, the Transpose), or None."""
+    i = model.producer.get(tensor)
+    node = model.nodes[i] if i is not None else None
+    if node is None or node.layer.op != "Transpose" or consumers[node.index] != [reader]:
+        return None
+    perm = tuple(getattr(node.layer.problem, "perm", ()))
+    if len(perm) < 2 or perm != (*range(len(perm) - 2), len(perm) - 1, len(perm) - 2):
+        return None
+    return node.layer.inputs[0], node.index
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """The operands of an attention match with fewer KV heads than query heads, as the
+    Attention problem takes them: Q [B, H, S, D], K [B, Hkv, Skv, D], V [B, Hkv, Skv, Dv], and
+    the nodes between them and the match's MatMuls that regroup the heads: repeat_kv's copies
+    of K and V, or (``folded``) the Reshape folding Q's heads into rows and K's Transpose."""
+
+    q: TensorSpec
+    k: TensorSpec
+    v: TensorSpec
+    nodes: tuple[int, ...]
+    folded: bool
+
+
+def grouped_operands(model: Model, consumers: dict[int, list[int]], found: Sequence[int], prescaled: bool
+                     ) -> Grouped | None:
+    """The grouped operands of an attention match (``found``: its nodes, the anchor first and,
+    where ``prescaled``, the Muls scaling Q and Kᵀ next), or None where K and V have Q's heads.
+    Through repeat_kv Q is the scores' operand as it is; folded, Q is unfolded and K and V are
+    read as they are (K through its Transpose), with the KV heads Q was folded to."""
+    nodes = model.nodes
+    anchor = nodes[found[0]]
+    pv = next(nodes[i] for i in found[1:] if nodes[i].layer.op == "MatMul")
+    q, k = ((_data_input(model, nodes[found[j]]), found[j]) if prescaled else (anchor.inputs[j - 1], found[0])
+            for j in (1, 2))
+    v = (pv.inputs[1], pv.index)
+    kr = _unrepeat(model, consumers, *k, True)
+    vr = _unrepeat(model, consumers, *v, False)
+    if kr is not None and vr is not None and kr[0].shape[1] == vr[0].shape[1]:
+        return Grouped(anchor.layer.inputs[0], kr[0], vr[0], tuple(kr[1] + vr[1]), False)
+    fold, kt = _fold(model, consumers, *q), _transposed(model, consumers, *k)
+    if fold is None or kt is None or len(pv.layer.inputs) != 2:
+        return None
+    v_spec = pv.layer.inputs[1]
+    heads = anchor.layer.outputs[0].shape[1]
+    if len(kt[0].shape) != 4 or len(v_spec.shape) != 4 or kt[0].shape[1] != heads or v_spec.shape[1] != heads:
+        return None
+    return Grouped(fold[0], kt[0], v_spec, (fold[1], kt[1]), True)
 
 
 def grouped_layer(model: Model, nodes: Sequence[int], pattern: FusionPattern) -> Layer | None:
-    """The attention an ``sdpa*`` match computes where it runs through repeat_kv: the ONNX
-    Attention problem of Q and of K and V with their own heads (K/V read once per KV head,
-    every query head's scores computed), the pattern's mask and scale (1/√D where it scales, as
-    every attention pattern is taken to); None where K and V have Q's heads (the match stays
-    keyed by its scores' MatMul)."""
+    """The attention an ``sdpa*`` match computes where its K and V have fewer heads than Q
+    (through repeat_kv, or with Q's heads folded into rows): the ONNX Attention problem of Q and
+    of K and V with their own heads (K/V read once per KV head, every query head's scores
+    computed), the pattern's mask and scale (1/√D where it scales, as every attention pattern is
+    taken to); None where K and V have Q's heads (the match stays keyed by its scores' MatMul)."""
     from ..layers import Layer, TensorSpec
 
-    ns, consumers = model.nodes, model.consumers()
+    ns = model.nodes
     anchor = ns[nodes[0]]
     pv = next(ns[i] for i in nodes[1:] if ns[i].layer.op == "MatMul")
-    k = (_data_input(model, ns[nodes[2]]), nodes[2]) if pattern.prescaled else (anchor.inputs[1], nodes[0])
-    found = repeat_kv(model, consumers, k, (pv.inputs[1], pv.index))
-    qk = anchor.layer.problem
-    if found is None or not isinstance(qk, MatMulProblem) or len(qk.a) != 4:
+    found = grouped_operands(model, model.consumers(), nodes, pattern.prescaled)
+    if found is None or len(found.q.shape) != 4:
         return None
-    k_spec, v_spec, _ = found
     add = next((ns[i].layer for i in nodes if ns[i].layer.op == "Add"), None) if pattern.mask else None
     mask = None if add is None else next(s for s in add.inputs if s.shape != add.outputs[0].shape)
-    problem = AttentionProblem(tuple(qk.a), tuple(k_spec.shape), tuple(v_spec.shape),
+    problem = AttentionProblem(tuple(found.q.shape), tuple(found.k.shape), tuple(found.v.shape),
                                None if mask is None else tuple(mask.shape), scale=None if pattern.scale else 1.0)
-    tensors = (TensorSpec(tuple(qk.a), anchor.layer.dtype), k_spec, v_spec) + (() if mask is None else (mask,))
-    outputs = pv.layer.outputs[:1]
+    tensors = (found.q, found.k, found.v) + (() if mask is None else (mask,))
+    # folded, the output's rows are Q's (head, token) pairs: the same memory as [B, H, S, Dv]
+    outputs = (TensorSpec(problem.q[:3] + problem.v[3:], anchor.layer.dtype),) if found.folded else pv.layer.outputs[:1]
     return Layer("Attention", problem, anchor.layer.dtype, tensors, outputs, problem.macs(), problem.flops(),
                  sum(t.numel * ELEMENT_SIZE.get(t.dtype, 4) for t in tensors + outputs),
                  ATTENTION.cudnn_api(problem), ATTENTION.onednn_api(problem))

@@ -184,6 +184,14 @@ def test_layer_shares_against_the_onnx_file_and_the_peaks(measured, dynamic):
         assert pv["kv_bytes"] == 4 * llm_models.HEADS * (past + seq) * hd
         # the KV inputs' own bytes are all in the cache's column
         assert p["bytes"]["kv_cache"] >= 4 * len(KV) * kvh * past * hd
+        # per layer the append of K and V, then the attention: fused, one read of the present K
+        # and V; unfused, per the bound's layers, repeat_kv's Expand reads the present and writes
+        # its G copies, K's Transpose reads and writes those and the MatMuls read them (1 + 4G
+        # presents of K, 1 + 2G of V)
+        group, token = llm_models.HEADS // kvh, 4 * kvh * hd
+        layers = llm_models.LAYERS
+        assert p["fused_bytes"]["kv_cache"] == _kv_closed_form(layers, token, past, seq, [2] * layers)
+        assert p["bytes"]["kv_cache"] == _kv_closed_form(layers, token, past, seq, [2 + 6 * group] * layers)
         # time shares from PEAKS (test_speed_of_light): 100 GFLOP/s; 400 GB/s under 4000 bytes,
         # 200 GB/s to 1 MiB
         for la in (down, pv):
@@ -227,3 +235,63 @@ def test_terminal_names_the_phases(measured, dynamic):
     assert r.exit_code == 0, r.output
     assert "phases (shares of the sequential bound" in r.output and "decode:8" in r.output
     assert "the 10 slowest layers, shares of their time" in r.output
+
+
+# --- the KV cache's bytes against the config --------------------------------------------------
+
+
+def _kv_closed_form(layers: int, token_bytes: int, past: int, seq: int, attention: list[int]) -> int:
+    """KV-cache bytes of a step, per kernel that reads or writes the cache: per layer, K's and
+    V's append (the past read, the present of ``past + seq`` tokens written) and what the layer's
+    attention reads of the present, ``attention[layer]`` times the present's bytes of K and V
+    together (2: a fused call reading K and V once per KV head)."""
+    present = past + seq
+    return token_bytes * sum(2 * (past + present) + reads * present for reads in attention[:layers])
+
+
+@pytest.mark.slow  # exports transformers' Llama, builds and runs its oneDNN benchmarks
+def test_fused_kv_bytes_of_a_grouped_decode_step(tmp_path):
+    """transformers' Llama (4 query heads over 2 KV heads), the TorchScript exporter's decode step
+    with the cache length symbolic (pack_gqa: Q's heads folded into rows over K and V
+    unrepeated), `analyze --phase decode:L`: with attention fused, the KV-cache bytes are each
+    kernel's reads and writes of the cache, counted from the config: per layer, K's and V's
+    append (L read, L + 1 written) and the fused attention's one read of the present K and V; the
+    unfused layers read K twice more (its Transpose reads and writes it, the scale's Mul reads
+    the copy)."""
+    import hf_models
+
+    past, step = 12, hf_models.Step("llama", 1, 8)
+    path = hf_models.export(step, "torchscript", tmp_path, dynamic=True)
+    cfg = hf_models.config("llama")
+    layers, kvh, hd = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    token = 4 * kvh * hd  # one token's K (or V) of a layer, f32
+    shapes = {"input_ids": (1, 1), "attention_mask": (1, past + 1), "position_ids": (1, 1),
+              **{n: (1, kvh, past, hd) for n in hf_models.input_names(step) if n.startswith("past_")}}
+    flags = [f"--input-shape={n}={'x'.join(map(str, s))}" for n, s in shapes.items()]
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "bench"), "--backend", "onednn",
+                                  "--dtype", "f32", "--layout", "nchw", *flags])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["run", "--system", "cpu", "--bench-dir", str(tmp_path / "bench"), "--db",
+                                  str(tmp_path / "p.db"), "--min-time", "0.01", "--repetitions", "1", "--no-peaks",
+                                  "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["analyze", str(path), "--system", "cpu", "--db", str(tmp_path / "p.db"), "--json",
+                                  "--allow-contended", "--phase", f"decode:{past}"])
+    assert r.exit_code == 0, r.output
+    (a,) = json.loads(r.stdout)["analyses"]
+    p = a["phase"]
+    assert not p["partial"]
+    # the TorchScript export copies the first layer's past K alone once (a Concat of one input):
+    # a kernel that reads and writes the cache, L tokens each way
+    graph = onnx.load(str(path), load_external_data=False).graph
+    alone = sum(1 for n in graph.node if n.op_type == "Concat" and len(n.input) == 1 and n.input[0].startswith("past_"))
+    copies = alone * 2 * past * token
+    assert p["fused_bytes"]["kv_cache"] == copies + _kv_closed_form(layers, token, past, 1, [2] * layers)
+    # unfused: K's Transpose reads and writes the present K, the scale's Mul reads that copy
+    assert p["bytes"]["kv_cache"] == copies + _kv_closed_form(layers, token, past, 1, [4] * layers)
+    # Q5 weighs each layer's grouped attention (its fused benchmark, keyed as no node is, is
+    # among the analysis's results), applied where it measured faster than its pieces
+    uses = [u for u in a["fusion"]["applied"] + a["fusion"]["unprofitable"] if u["pattern"].startswith("sdpa")]
+    assert len(uses) == layers, a["fusion"]
+    # each weighed against its pieces, Q's fold (a view) costing 0 among them
+    assert all((u in a["fusion"]["applied"]) == (u["fused_ms"] < u["unfused_ms"]) for u in uses), uses

@@ -1,10 +1,12 @@
 """Grouped-query attention as one layer: the attention patterns through transformers' repeat_kv
 (Unsqueeze → Expand → Reshape of K and V to Q's head count) in real exports of
 tests/llm_models.py's decoder (4 query heads over 2 KV heads, both exporters) and of
-transformers' own Llama (dynamo), opset 23's Attention with fewer K/V heads than Q's, and ONNX
-Runtime's com.microsoft GroupQueryAttention: keys, FLOPs and bytes recomputed from the shapes,
-generate → run → database → analyze on oneDNN, the fused benchmark's output checked against ONNX
-Runtime running the model's own nodes, and cuDNN's SDPA graphs with 2 KV heads validated."""
+transformers' own Llama (dynamo), and through its pack_gqa (Q's heads folded into rows over K and
+V unrepeated) in the TorchScript exporter's decode steps of that Llama, opset 23's Attention with
+fewer K/V heads than Q's, and ONNX Runtime's com.microsoft GroupQueryAttention: keys, FLOPs and
+bytes recomputed from the shapes, generate → run → database → analyze on oneDNN, the fused
+benchmark's output checked against ONNX Runtime running the model's own nodes, and cuDNN's SDPA
+graphs with 2 KV heads validated."""
 
 from __future__ import annotations
 
@@ -95,6 +97,75 @@ def test_transformers_exports_match(tmp_path, step) -> None:
         ops = [m.nodes[i].layer.op for i in f.nodes]
         assert f.pattern.name == "sdpa_qk_scale_mask" and ops.count("Expand") == 2
         assert {"IsNaN", "Where"} <= set(ops)
+
+
+FOLDED = [hf_models.Step("llama", 1, PAST), hf_models.Step("llama", 1, PAST, masked=False)]
+
+
+@pytest.mark.slow  # exports transformers' Llama
+@pytest.mark.parametrize("step", FOLDED, ids=["masked", "unmasked"])
+def test_torchscript_folded_decode_matches(tmp_path, step) -> None:
+    """The TorchScript exporter's decode step of transformers' own Llama: transformers'
+    ``pack_gqa`` folds Q's 4 heads into rows of its 2 KV heads (Q [1, 2, 2, 16]) over K and V
+    unrepeated, with the padding mask (or the positions' causal mask, a constant) as [1, 1, 1, 9]
+    broadcast over the rows. One match per layer, keyed as the attention of 4 query heads over
+    the 2 KV heads (the dynamo step's key), taking in Q's fold and K's Transpose; its MACs those
+    of the model's own two MatMuls and of the attention recomputed from the config."""
+    m = load_model(hf_models.export(step, "torchscript", tmp_path))
+    matches = _attention_matches(m)
+    cfg = hf_models.config("llama")
+    assert len(matches) == cfg.num_hidden_layers
+    assert {f.conv_key for f in matches} == {GQA_KEY}
+    # nothing repeated (the masked step expands its boolean padding mask only)
+    assert not [n for n in m.nodes if n.layer.op == "Expand" and n.runs and n.layer.dtype == "f32"]
+    for f in matches:
+        ops = [m.nodes[i].layer.op for i in f.nodes]
+        assert f.pattern.name == "sdpa_qk_scale_mask" and {"Reshape", "Transpose", "IsNaN", "Where"} <= set(ops)
+        # the unfused pieces: a KV head's G·S rows of scores and PV, the same MACs as the
+        # attention of every query head
+        assert f.conv.macs == sum(m.nodes[i].layer.macs for i in f.nodes if m.nodes[i].layer.op == "MatMul")
+    assert sum(f.conv.macs for f in matches) == hf_models.attention_macs("llama", step.seq, step.past)
+
+
+@pytest.mark.slow  # exports transformers' Llama twice, builds and runs a oneDNN project
+def test_folded_decode_run_and_check_on_onednn(tmp_path) -> None:
+    """Both TorchScript decode steps through the real pipeline: the one fused benchmark they share
+    (the grouped attention), run into the database (OK), substituted by Q5 for each layer's
+    match, and computing what ONNX Runtime computes of each model's own folded nodes (``benanza
+    check`` at each model's first match: the masked step's Where output, the unmasked step's
+    constant mask, both fed the benchmark's mask)."""
+    from benanza.analyzer import analyze
+    from benanza.check import CheckOptions, CheckStatus, check
+    from benanza.generator import GenOptions, generate
+    from benanza.layers import unique_layers
+    from benanza.manifest import build_manifest, write_manifest
+    from benanza.perfdb import PerfDB
+    from benanza.runner import RunOptions, run
+
+    models = [load_model(hf_models.export(step, "torchscript", tmp_path)) for step in FOLDED]
+    out = tmp_path / "bench"
+    manifest = build_manifest(models, unique_layers(models))
+    write_manifest(manifest, out)
+    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",)))
+    fused = [v for v in gen.variants if v.problem.family == "attention" and v.fusion != "none"]
+    assert {(v.layer_key, v.fusion) for v in fused} == {(GQA_KEY, "sdpa_qk_scale_mask")}
+    summary = run(out, "ci", "onednn", tmp_path / "r.db",
+                  RunOptions(filter="^attention:", min_time=0.01, repetitions=1, build_jobs=1, threads=1,
+                             peaks=False))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(tmp_path / "r.db") as pdb:
+        results = pdb.results("ci")
+    got = [r for r in results if r.variant.problem.family == "attention"]
+    assert {r.variant.name for r in got} == {v.name for v in fused} and all(r.ok for r in got)
+    for m in models:
+        a = analyze(m, results, "ci", "onednn")
+        uses = [u for u in a.fusion.applied + a.fusion.unprofitable if u.pattern.startswith("sdpa")]
+        assert len(uses) == hf_models.config("llama").num_hidden_layers
+        assert all(u.fused_ms == pytest.approx(min(r.latency_ms for r in got)) for u in uses)
+        checked = {r.name: r for r in check(out, [m], CheckOptions(build_jobs=1, filter="^attention:"))}
+        for v in fused:
+            r = checked[v.name]
+            assert r.status is CheckStatus.OK, (m.name, v.name, r.status, r.compared, r.where)
 
 
 def _op_model(kv_heads: int) -> onnx.ModelProto:
