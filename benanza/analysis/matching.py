@@ -11,7 +11,7 @@
 * Ops inside an If branch or a Loop/Scan body → the layers the processor inlined for them.
   ORT names such a node by its own name in the subgraph (``/decoder/rnn/Slice``), once per
   execution; the model holds it under its path (``/decoder/If_1/then//decoder/rnn/Slice``,
-  ``Loop_0/iter2/Add_7``): the k-th execution in a run is the k-th inlined node of that name.
+  ``Loop_0/iter2/Add_5``): the k-th execution in a run is the k-th inlined node of that name.
   The If/Loop/Scan kernel's own event spans its body's ops: it keeps only the time outside them.
 * Library calls → conv / GEMM nodes by shape signature, in model order, pass after pass
   (a log holds every iteration).
