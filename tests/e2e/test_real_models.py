@@ -163,3 +163,18 @@ def test_a_real_if_model_goes_end_to_end_with_its_branch_ops_matched(silero_anal
     # what ORT ran inside the branches maps to the inlined layers: the only ops left without a
     # layer are the If kernels themselves, each keeping its time outside its branch
     assert {g["op"] for g in fw["inserted"]} <= {"If"}, fw["inserted"]
+
+
+@pytest.mark.slow  # reads a real model (fetched at first use where setup has not)
+@pytest.mark.parametrize("values,line", [
+    ((), "input 'sr' (i64, scalar) decides shapes or branches static inference cannot resolve: "
+         "give its value with --input-value sr=V"),
+    (("--input-value", "sr=16k"), "error: --input-value 'sr=16k': want NAME=V1,V2,... with numbers"),
+    (("--input-value", "sr=16000,8000"), "--input-value sr: 2 values for an input of shape scalar"),
+], ids=["missing", "not-a-number", "too-many"])
+def test_a_bad_sample_rate_for_silero_is_one_error_line(values, line, fetched, tmp_path):
+    rm = BY_NAME["silero-vad"]
+    r = CliRunner().invoke(main, ["generate", str(rm.path()), *rm.args()[:4], *values, "--backend", "none",
+                                  "--out", str(tmp_path / "o")])
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and line in lines[0], r.output
