@@ -384,10 +384,14 @@ def _inlined(graph: onnx.GraphProto, prefix: str, bound: dict[str, str], main: o
         w.name = rename[t.name]
         main.initializer.append(w)
     nodes = []
-    for i, n in enumerate(graph.node):
+    index = 0  # ONNX Runtime's index of the node in its subgraph: its Constants are initializers there
+    for n in graph.node:
         copy = onnx.NodeProto()
         copy.CopyFrom(n)
-        copy.name = prefix + (n.name or f"{n.op_type}_{i}")
+        # an unnamed node gets the name ONNX Runtime's profile gives it (OpType_index), so its
+        # trace maps to the inlined layer (analysis.matching)
+        copy.name = prefix + (n.name or f"{n.op_type}_{index}")
+        index += n.op_type != "Constant"
         _rename(copy, rename)
         nodes.append(copy)
     return nodes, [rename.get(o.name, o.name) for o in graph.output]

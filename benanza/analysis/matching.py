@@ -8,6 +8,11 @@
   those take, in execution order, the model's next unclaimed occurrence of the pattern they
   replace whose output shape is theirs. Ops matching no node are insertions (ORT's
   ReorderInput/ReorderOutput, the Reshapes it puts around a Gemm).
+* Ops inside an If branch or a Loop/Scan body → the layers the processor inlined for them.
+  ORT names such a node by its own name in the subgraph (``/decoder/rnn/Slice``), once per
+  execution; the model holds it under its path (``/decoder/If_1/then//decoder/rnn/Slice``,
+  ``Loop_0/iter2/Add_5``): the k-th execution in a run is the k-th inlined node of that name.
+  The If/Loop/Scan kernel's own event spans its body's ops: it keeps only the time outside them.
 * Library calls → conv / GEMM nodes by shape signature, in model order, pass after pass
   (a log holds every iteration).
 """
@@ -18,7 +23,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..fusion import BY_NAME as PATTERNS
@@ -84,12 +89,13 @@ def _steady_runs(trace: FrameworkTrace) -> list[int]:
 def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
     graph = _Graph(model)
     runs = _steady_runs(trace)
-    ops = [o for o in trace.ops if o.run in runs]
+    ops = _into_inlined([o for o in trace.ops if o.run in runs], graph)
+    own = _own_us(ops, graph)
     nruns = max(1, len(runs))
     acc: dict[tuple[str, str], list] = {}
     for o in ops:
         entry = acc.setdefault((o.name, o.op), [0.0, 0, o])
-        entry[0] += o.span.dur_us
+        entry[0] += own.get(id(o), o.span.dur_us)
         entry[1] += 1
     claimed: set[int] = set()
     found: dict[tuple[str, str], tuple[int, ...]] = {}
@@ -114,8 +120,50 @@ def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
     eliminated = tuple(n.index for n in model.nodes if n.index not in claimed) if groups else ()
     run_spans = [trace.runs[r] for r in runs if 0 <= r < len(trace.runs)]
     run_ms = sum(s.dur_us for s in run_spans) / max(1, len(run_spans)) / 1000.0
-    op_ms = sum(o.span.dur_us for o in ops) / nruns / 1000.0
+    op_ms = sum(own.get(id(o), o.span.dur_us) for o in ops) / nruns / 1000.0
     return TraceMatch(groups, eliminated, len(runs), run_ms, op_ms, _gaps(ops, nruns))
+
+
+# an inlined node's name: the path of its If branch or loop iteration, then its own name there
+# (the last marker: a nested one's path holds the outer ones)
+_INLINED = re.compile(r".*/(?:then|else|iter\d+)/(.+)$")
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+
+
+def _into_inlined(ops: list[OpEvent], graph: _Graph) -> list[OpEvent]:
+    """``ops`` with each subgraph node's execution named after the inlined node it is: the k-th
+    execution of a name in a run (a Loop's body runs once per iteration) is the k-th inlined node
+    of that own name, in model order, which is the order ORT runs them."""
+    seen: Counter[tuple[int, str]] = Counter()
+    out = []
+    for o in sorted(ops, key=lambda o: (o.run, o.span.start_us)):
+        inlined = graph.inlined.get(o.name) if o.name not in graph.by_name else None
+        if inlined:
+            k = seen[(o.run, o.name)]
+            seen[(o.run, o.name)] += 1
+            if k < len(inlined):
+                o = replace(o, name=inlined[k])
+        out.append(o)
+    return out
+
+
+def _own_us(ops: list[OpEvent], graph: _Graph) -> dict[int, float]:
+    """The time of each If/Loop/Scan kernel the processor inlined (``id`` of its event → µs)
+    outside the ops it ran, which ORT records inside its span on the same thread: the framework's
+    control-flow overhead, not its body's work twice."""
+    out: dict[int, float] = {}
+    for c in ops:
+        if c.op not in _CONTROL_FLOW or c.name in graph.by_name:
+            continue
+        inner = sorted((o.span.start_us, o.span.end_us) for o in ops if o is not c and o.run == c.run
+                       and o.thread == c.thread and c.span.start_us <= o.span.start_us
+                       and o.span.end_us <= c.span.end_us)
+        covered, reach = 0.0, c.span.start_us
+        for start, end in inner:  # nested spans: count each instant once
+            covered += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        out[id(c)] = max(0.0, c.span.dur_us - covered)
+    return out
 
 
 class _Graph:
@@ -124,6 +172,11 @@ class _Graph:
     def __init__(self, model: Model) -> None:
         self.model = model
         self.by_name = {n.name: n for n in model.nodes}
+        self.inlined: defaultdict[str, list[str]] = defaultdict(list)  # own name in its subgraph → inlined names
+        for n in model.nodes:
+            m = _INLINED.match(n.name)
+            if m:
+                self.inlined[m.group(1)].append(n.name)
         self.producer = {t: n for n in model.nodes for t in n.outputs}
         self.readers: defaultdict[str, list[Node]] = defaultdict(list)
         for n in model.nodes:
@@ -412,8 +465,9 @@ _CANDIDATES = {"Gemm": ("MatMul",), "FusedMatMul": ("MatMul",),
                "Gelu": ("Gelu", "Div"), "BiasGelu": ("Gelu", "Div"), "FastGelu": ("Tanh",),
                "Attention": ("Softmax",), "MultiHeadAttention": ("Softmax",)}
 # ops ORT inserts that move data or change layout: no layer of the model computes them
+# (and an inlined If/Loop/Scan's own time: its body's ops are matched to the inlined layers)
 _GLUE = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose", "ReorderInput",
-                   "ReorderOutput", "MemcpyToHost", "MemcpyFromHost"})
+                   "ReorderOutput", "MemcpyToHost", "MemcpyFromHost"} | _CONTROL_FLOW)
 
 
 def _reaches(node: Node, op: str, producer: dict[str, Node], depth: int = 6) -> bool:
