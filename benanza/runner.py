@@ -51,10 +51,10 @@ from .measurement import (
     free_cores,
     summarize,
 )
-from .peaks import GEMM_TYPES, Peaks, cache_levels
+from .peaks import GEMM_TYPES, Peaks
 from .perfdb import DatabaseError, PerfDB, resolve_db_path
 from .records import Result, Status, System, Variant
-from .system import cpu_model, detect_system, probe_gpu
+from .system import cache_levels, cpu_model, detect_system, probe_gpu
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ class Evictor:
     def __init__(self) -> None:
         import numpy as np
 
-        from ..peaks import cache_levels
+        from ..system import cache_levels
 
         levels = cache_levels(len(os.sched_getaffinity(0)))
         if not levels:
