@@ -35,8 +35,9 @@ def _llc_bytes() -> int:
     top = max((root / "cpu0" / "cache").glob("index*"), key=lambda p: int((p / "level").read_text()))
     size = (top / "size").read_text().strip()
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)
-    shared = {(root / f"cpu{c}" / "cache" / top.name / "shared_cpu_list").read_text().strip()
-              for c in os.sched_getaffinity(0)}
+    shared = {
+        (root / f"cpu{c}" / "cache" / top.name / "shared_cpu_list").read_text().strip() for c in os.sched_getaffinity(0)
+    }
     return int(size.rstrip("KMG")) * scale * len(shared)
 
 
@@ -75,19 +76,40 @@ def test_a_read_after_the_eviction_runs_at_the_speed_of_memory():
 
 
 def test_cold_cache_is_refused_where_no_backend_reads_cold(tmp_path):
-    out = CliRunner().invoke(main, ["run", "--system", SYSTEM, "--backend", "onednn", "--bench-dir", str(tmp_path),
-                                    "--db", str(tmp_path / "p.db"), "--cold-cache"])
+    out = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--system",
+            SYSTEM,
+            "--backend",
+            "onednn",
+            "--bench-dir",
+            str(tmp_path),
+            "--db",
+            str(tmp_path / "p.db"),
+            "--cold-cache",
+        ],
+    )
     assert out.exit_code == 1, out.output
     assert out.output.strip().splitlines() == [
-        "error: --cold-cache: the onednn backend has no cold-cache reading (the torch and onnxruntime backends have)"]
+        "error: --cold-cache: the onednn backend has no cold-cache reading (the torch and onnxruntime backends have)"
+    ]
 
 
 def _relu(path: Path, nbytes: int) -> None:
     """A Relu over ``nbytes`` of f32: with its output a quarter of the last-level cache, so a warm
     call finds both there and a cold one in memory."""
     n = nbytes // 4
-    onnx.save(model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [io("x", [1, n // 1024, 32, 32])],
-                    [io("y", None)], opset=17), path)
+    onnx.save(
+        model(
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            [io("x", [1, n // 1024, 32, 32])],
+            [io("y", None)],
+            opset=17,
+        ),
+        path,
+    )
 
 
 @pytest.mark.slow  # runs a framework's benchmarks twice
@@ -98,16 +120,40 @@ def test_a_cold_run_is_its_own_stack_and_reads_its_data_from_memory(backend, tmp
     _relu(tmp_path / "relu.onnx", nbytes)
     bench, db = tmp_path / "bench", tmp_path / "p.db"
     # one variant: the model's own dtype and layout
-    invoke("generate", str(tmp_path / "relu.onnx"), "--backend", backend, "--out", str(bench), "--dtype", "f32",
-           "--layout", "nchw")
-    run = ["run", "--system", SYSTEM, "--backend", backend, "--bench-dir", str(bench), "--db", str(db),
-           "--threads", "1", "--min-time", "0.05", "--repetitions", "3"]
+    invoke(
+        "generate",
+        str(tmp_path / "relu.onnx"),
+        "--backend",
+        backend,
+        "--out",
+        str(bench),
+        "--dtype",
+        "f32",
+        "--layout",
+        "nchw",
+    )
+    run = [
+        "run",
+        "--system",
+        SYSTEM,
+        "--backend",
+        backend,
+        "--bench-dir",
+        str(bench),
+        "--db",
+        str(db),
+        "--threads",
+        "1",
+        "--min-time",
+        "0.05",
+        "--repetitions",
+        "3",
+    ]
     invoke(*run)
     invoke(*run, "--cold-cache")
     with sqlite3.connect(db) as conn:
         stacks = {sid: json.loads(stack) for sid, stack in conn.execute("SELECT stack_id, stack FROM systems")}
-        rows = conn.execute("SELECT stack_id, low_ms, metrics FROM results WHERE status = 'ok' "
-                            "ORDER BY id").fetchall()
+        rows = conn.execute("SELECT stack_id, low_ms, metrics FROM results WHERE status = 'ok' ORDER BY id").fetchall()
     (cold_id,) = [sid for sid, s in stacks.items() if s.get("cache") == "cold"]
     (warm_id,) = [sid for sid, s in stacks.items() if "cache" not in s]
     assert {k: v for k, v in stacks[cold_id].items() if k != "cache"} == stacks[warm_id]  # the cache alone differs
