@@ -470,6 +470,10 @@ def db_option(f):
 @click.option("--l2", type=click.Choice(["flush", "hot"]), default="flush", show_default=True,
               help="cuDNN: flush the GPU's L2 cache before every timed call, or time with a hot cache "
                    "(stored in each result's l2_flushed counter; re-measure with --force).")
+@click.option("--cold-cache", is_flag=True, default=False,
+              help="torch, onnxruntime: evict the CPU's last-level cache before every timed call, so a layer reads "
+                   "its data from memory as inside a whole model; stored as its own stack (cache=cold), never "
+                   "mixed with warm results (docs/run.md).")
 @click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
               help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
 @click.option("--precision", type=FiniteRange(min=0.0, min_open=True), default=DEFAULT_PRECISION,
@@ -492,7 +496,7 @@ def db_option(f):
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, remeasure_contended: bool, min_time: float, repetitions: int, threads: int | None,
         timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
-        l2: str, measure_peaks: bool, precision: float | None, max_time: float, race: bool, seed: int,
+        l2: str, cold_cache: bool, measure_peaks: bool, precision: float | None, max_time: float, race: bool, seed: int,
         first_files: tuple[str, ...]) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
@@ -528,7 +532,7 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                                 command=command, seed=seed, precision=precision, max_time=max_time, race=race,
                                 max_rsd=max_rsd,
                                 remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks,
-                                max_contention=max_contention)
+                                max_contention=max_contention, cold_cache=cold_cache)
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)

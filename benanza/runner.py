@@ -54,7 +54,7 @@ from .measurement import (
 from .peaks import GEMM_TYPES, Peaks
 from .perfdb import DatabaseError, PerfDB, resolve_db_path
 from .records import Result, Status, System, Variant
-from .system import cpu_model, detect_system, probe_gpu
+from .system import cache_levels, cpu_model, detect_system, probe_gpu
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,9 @@ class RunOptions:
     command: str = ""  # the command line, stored beside each result
     env: tuple[tuple[str, str], ...] = ()  # extra environment for the benchmark binary
     l2: str = "flush"  # cuDNN: flush the L2 cache before each timed call, or time it "hot"
+    # in-process frameworks: evict the CPU's last-level cache before each timed call; a stack of
+    # its own (``cache=cold``), so cold and warm results are never mixed
+    cold_cache: bool = False
     max_rsd: float = UNSTABLE_RSD  # relative stddev above which a result is unstable
     remeasure: int = 2  # extra measurements of a result while it is unstable or contended
     # share of a benchmark's runnable time lost to other work above which its result is contended
@@ -215,6 +218,12 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     backend = resolve_backend(backend)
     check_device(backend)
     impl = get_backend(backend)
+    if options.cold_cache and not impl.reads_cold:
+        raise UsageError(f"--cold-cache: the {backend} backend has no cold-cache reading (the torch and onnxruntime "
+                         f"backends have{'; cudnn flushes its L2 with --l2 flush' if backend == 'cudnn' else ''})")
+    if options.cold_cache and not cache_levels(1):
+        raise UsageError("--cold-cache: /sys/devices/system/cpu/cpu*/cache names no cache of this CPU: "
+                         "no size to evict")
     if options.precision is not None and not impl.samples_adaptively:
         options = replace(options, precision=None)  # what its benchmarks do with any flags
     bench_dir = Path(bench_dir)
@@ -232,7 +241,8 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
 
     if options.dry_run:
         # Nothing is built, so the stack is what the machine reports, not the binary's context.
-        system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(None))
+        system = detect_system(system_name, backend, threads=threads,
+                               overrides=_stack_overrides(impl.stack_overrides(None), options))
         if not path.exists():
             summary = RunSummary(system, backend, path, len(variants), 0,
                                  measurement_order([v.name for v in variants], options.seed, options.first))
@@ -247,7 +257,8 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     binary = impl.prepare(project, options)
     env = {**os.environ, **impl.bench_env(threads, options), **dict(options.env)}
     context = binary_context(binary, env)
-    system = detect_system(system_name, backend, threads=threads, overrides=impl.stack_overrides(context))
+    system = detect_system(system_name, backend, threads=threads,
+                           overrides=_stack_overrides(impl.stack_overrides(context), options))
     with PerfDB(path) as db:
         db.record_models(manifest)
         db.upsert_system(system)
@@ -264,6 +275,13 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
             _measure_peaks(db, system, threads, options, summary)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _stack_overrides(backend: dict[str, str], options: RunOptions) -> dict[str, str]:
+    """The backend's stack entries, and ``cache=cold`` for a cold-cache run: its results are
+    another stack's, never compared or merged with warm ones (a warm stack names no cache, as
+    every stack did before cold readings existed, so its identity is unchanged)."""
+    return {**backend, "cache": "cold"} if options.cold_cache else backend
 
 
 def _measure_peaks(db: PerfDB, system: System, threads: int, options: RunOptions, summary: RunSummary) -> None:

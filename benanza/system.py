@@ -121,6 +121,43 @@ def cpu_isa() -> str:
     return platform.machine()
 
 
+@dataclass(frozen=True)
+class CacheLevel:
+    name: str  # L1, L2, L3
+    size: int  # bytes of one instance
+    instances: int  # distinct instances the measuring threads' CPUs use
+
+    @property
+    def total(self) -> int:
+        return self.size * self.instances
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def cache_levels(threads: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[CacheLevel]:
+    """Data caches of the CPUs the measuring threads run on (the first ``threads`` of this
+    process's affinity), from sysfs; an empty list where sysfs says nothing."""
+    cpus = sorted(os.sched_getaffinity(0))[:threads] if hasattr(os, "sched_getaffinity") else list(range(threads))
+    found: dict[int, tuple[int, set[str]]] = {}
+    for cpu in cpus:
+        for index in sorted((sysfs / f"cpu{cpu}" / "cache").glob("index*")):
+            try:
+                if (index / "type").read_text().strip() == "Instruction":
+                    continue
+                level = int((index / "level").read_text())
+                size = _size((index / "size").read_text())
+                shared = (index / "shared_cpu_list").read_text().strip()
+            except (OSError, ValueError):
+                continue
+            _, groups = found.setdefault(level, (size, set()))
+            groups.add(shared)
+    return [CacheLevel(f"L{lvl}", size, len(groups)) for lvl, (size, groups) in sorted(found.items())]
+
+
 def cpu_has_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16", "avx_ne_convert"} & cpu_flags())
 

@@ -13,7 +13,10 @@ object: the machine and its load, and per model and threads
 - fidelity, as nn-Meter reports it: per ORT op that ran model layers, the isolated benchmark of
   the variant ORT used (its fusion and NCHWc layout; the 10th percentile of its per-call samples)
   against the 10th percentile of that op's own kernel times in the whole model's profile, and the
-  share of ops within ±10 %;
+  share of ops within ±10 %; and the same of the isolated benchmarks measured with a cold cache
+  (``fidelity_cold``: ``benanza run --cold-cache``, the last-level cache evicted before every
+  timed call, a stack of its own in the same database; pairs in ``MODEL-tN-fidelity-cold.json``),
+  with that stack's bound (``bound_ms_cold``);
 - Q3: how many ops ORT ran with a slower variant than its fastest, and the milliseconds to gain;
 
 and on stderr the rows as docs/backends.md's Markdown table (each op's pair is kept in
@@ -26,12 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from fidelity_common import (
     SYSTEM,
+    fidelity,
     fidelity_pairs,
     load_average,
     machine,
@@ -65,17 +70,22 @@ def whole_profile(model: Path, threads: int, runs: int, out: Path) -> Path:
 
 
 def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
-    measured = measure_benchmarks(model, "onnxruntime", work / f"bench-{model.stem}", work / f"{model.stem}.db",
-                                  GenOptions(), RunOptions(threads=threads, min_time=args.min_time,
-                                                           repetitions=args.repetitions, timeout=120))
+    """One model at one thread count: the row of the warm isolated benchmarks, with the fidelity
+    of the cold ones (``fidelity_cold``, ``benanza run --cold-cache``) beside it."""
+    warm = RunOptions(threads=threads, min_time=args.min_time, repetitions=args.repetitions, timeout=120)
+    stacks = [measure_benchmarks(model, "onnxruntime", work / f"bench-{model.stem}", work / f"{model.stem}.db",
+                                 GenOptions(), options) for options in (warm, replace(warm, cold_cache=True))]
     profile = load_profile([str(whole_profile(model, threads, args.runs, work))])
     assert profile is not None and profile.trace is not None  # one ORT profile given, one read
+    in_model = op_samples_ms(profile.trace, WARMUP_RUNS)
     with PerfDB(work / f"{model.stem}.db", readonly=True) as pdb:
-        (a,) = run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=measured.system.stack_id), pdb,
-                         profile)
-    pairs = fidelity_pairs(a, op_samples_ms(profile.trace, WARMUP_RUNS))
+        (a, cold) = (run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=m.system.stack_id), pdb,
+                               profile)[0] for m in stacks)
+    detail = f"{model.stem}-t{threads}-fidelity"
     return {"model": model.stem, "threads": threads,
-            **row(a, measured, pairs, work / f"{model.stem}-t{threads}-fidelity.json")}
+            **row(a, stacks[0], fidelity_pairs(a, in_model), work / f"{detail}.json"),
+            "bound_ms_cold": round(cold.bounds.sequential_ms, 4),
+            "fidelity_cold": fidelity(fidelity_pairs(cold, in_model), work / f"{detail}-cold.json")}
 
 
 def main() -> None:
@@ -94,7 +104,7 @@ def main() -> None:
     rows = [measure(p, t, args, work) for p in paths for t in (args.threads or [1, 2])]
     print(json.dumps({**machine(), "onnxruntime": ort.__version__, "load_before": load,
                       "load_after": load_average(), "rows": rows}, indent=1))
-    print(markdown(rows, "ORT"), file=sys.stderr)
+    print(markdown(rows, "ORT", (("fidelity_cold", "cold cache: ops, within ±10 %, median"),)), file=sys.stderr)
 
 
 if __name__ == "__main__":

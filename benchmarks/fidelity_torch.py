@@ -29,6 +29,10 @@ the start and end, torch and the oneDNN it bundles, and per model and threads
   reorders torch makes around a call counted with it as the isolated benchmark counts them),
   10th percentile over the traced runs (pairs in ``MODEL-tN-fidelity-onednn.json``; its ``ops``
   says how many layers it covers: a layer torch ran with its own kernels has no oneDNN call);
+- the same three readings of the isolated benchmarks measured with a cold cache (``benanza run
+  --cold-cache``: the last-level cache evicted before every timed call, a stack of its own in the
+  same database): ``fidelity_cold``, ``fidelity_aten_ops_cold``, ``fidelity_onednn_calls_cold``
+  (pairs in ``MODEL-tN-fidelity-cold*.json``), and that stack's bound, ``bound_ms_cold``;
 - Q3: how many layers torch ran with a slower variant than its fastest, and the milliseconds
   to gain;
 
@@ -43,6 +47,7 @@ import argparse
 import bisect
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from fidelity_common import (
@@ -156,27 +161,38 @@ def onednn_samples_ms(model: Model, alignment: CallAlignment, calls: list[Librar
 
 
 def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
+    """One model at one thread count: the row of the warm isolated benchmarks, with the three
+    fidelity readings of the cold ones (``_cold``, ``benanza run --cold-cache``) beside it."""
     db = work / f"{model.stem}.db"
-    measured = measure_benchmarks(model, "torch", work / f"bench-{model.stem}", db,
-                                  GenOptions(dtypes=("f32",), fusion=False),
-                                  RunOptions(threads=threads, min_time=args.min_time, repetitions=args.repetitions,
-                                             timeout=120))
+    warm = RunOptions(threads=threads, min_time=args.min_time, repetitions=args.repetitions, timeout=120)
+    stacks = {suffix: measure_benchmarks(model, "torch", work / f"bench-{model.stem}", db,
+                                         GenOptions(dtypes=("f32",), fusion=False), options)
+              for suffix, options in (("", warm), ("_cold", replace(warm, cold_cache=True)))}
     folder = profile(model, threads, args, work)
     bundle = load_profile([str(folder)])
     assert bundle is not None and bundle.trace is not None  # profile_model wrote its trace
-    with PerfDB(db, readonly=True) as pdb:
-        (a,) = run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=measured.system.stack_id), pdb,
-                         bundle)
-    detail = f"{model.stem}-t{threads}-fidelity"
-    onednn = next((lib.alignment for lib in a.libraries if lib.library == "onednn"), None)
-    calls = onednn_samples_ms(load_model(model, batch_size=1), onednn, bundle.library_calls["onednn"], 1) \
-        if onednn is not None else {}
-    pairs = fidelity_pairs(a, op_samples_ms(bundle.trace, 1))
-    aten = fidelity(fidelity_pairs(a, aten_samples_ms(folder / "torch_trace.json", 1)), work / f"{detail}-aten.json")
-    threads_compared = {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks} if a.threads else None
-    return {"model": model.stem, "threads": threads, "threads_compared": threads_compared,
-            **row(a, measured, pairs, work / f"{detail}.json"), "fidelity_aten_ops": aten,
-            "fidelity_onednn_calls": fidelity(fidelity_pairs(a, calls), work / f"{detail}-onednn.json")}
+    out: dict = {"model": model.stem, "threads": threads}
+    for suffix, measured in stacks.items():
+        with PerfDB(db, readonly=True) as pdb:
+            (a,) = run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=measured.system.stack_id), pdb,
+                             bundle)
+        detail = f"{model.stem}-t{threads}-fidelity{suffix.replace('_', '-')}"
+        onednn = next((lib.alignment for lib in a.libraries if lib.library == "onednn"), None)
+        calls = onednn_samples_ms(load_model(model, batch_size=1), onednn, bundle.library_calls["onednn"], 1) \
+            if onednn is not None else {}
+        pairs = fidelity_pairs(a, op_samples_ms(bundle.trace, 1))
+        aten = fidelity(fidelity_pairs(a, aten_samples_ms(folder / "torch_trace.json", 1)),
+                        work / f"{detail}-aten.json")
+        onednn_calls = fidelity(fidelity_pairs(a, calls), work / f"{detail}-onednn.json")
+        if not suffix:
+            threads_compared = {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks} if a.threads else None
+            out |= {"threads_compared": threads_compared, **row(a, measured, pairs, work / f"{detail}.json"),
+                    "fidelity_aten_ops": aten, "fidelity_onednn_calls": onednn_calls}
+        else:
+            out |= {"bound_ms_cold": round(a.bounds.sequential_ms, 4),
+                    "fidelity_cold": fidelity(pairs, work / f"{detail}.json"), "fidelity_aten_ops_cold": aten,
+                    "fidelity_onednn_calls_cold": onednn_calls}
+    return out
 
 
 def main() -> None:
@@ -201,7 +217,8 @@ def main() -> None:
         sys.exit(f"fidelity_torch: {exc}")
     print(json.dumps({**machine(), **BACKEND.stack_overrides(None), "load_before": load,
                       "load_after": load_average(), "rows": rows}, indent=1))
-    print(markdown(rows, "torch", (("fidelity_onednn_calls", "oneDNN calls: layers, within ±10 %, median"),)),
+    print(markdown(rows, "torch", (("fidelity_onednn_calls", "oneDNN calls: layers, within ±10 %, median"),
+                                   ("fidelity_onednn_calls_cold", "oneDNN calls, cold cache"))),
           file=sys.stderr)
 
 

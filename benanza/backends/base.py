@@ -79,6 +79,9 @@ class Backend(ABC):
     # whether its benchmarks sample until --precision (the runtime's time_each_call); the others
     # keep a fixed budget (cuDNN: GPU events around sized batches; the in-process frameworks)
     samples_adaptively: ClassVar[bool] = False
+    # whether `run --cold-cache` can evict the CPU's caches before each timed call (the in-process
+    # frameworks: inprocess.timed_calls)
+    reads_cold: ClassVar[bool] = False
 
     @abstractmethod
     def covers(self, layer: Layer) -> bool:
@@ -126,6 +129,7 @@ class SubgraphBackend(Backend):
 
     package: ClassVar[str]  # the framework's Python package, which the child imports
     threads_env: ClassVar[str]
+    reads_cold = True
 
     def prepare(self, project: Path, options: RunOptions) -> Command:
         from .inprocess import INDEX_NAME
@@ -143,10 +147,12 @@ class SubgraphBackend(Backend):
         return None
 
     def bench_env(self, threads: int, options: RunOptions) -> dict[str, str]:
+        from .inprocess import COLD_ENV
+
         # the child imports this package as the runner did, wherever it is installed
         root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-        return {self.threads_env: str(threads), "PYTHONPATH": path}
+        return {self.threads_env: str(threads), "PYTHONPATH": path, COLD_ENV: "cold" if options.cold_cache else "warm"}
 
     @abstractmethod
     def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:

@@ -5,6 +5,11 @@ A child measures each benchmark its ``--benanza_names`` file names and prints on
 ``BENANZA_START`` and one ``BENANZA_RESULT`` line per benchmark, so the runner isolates, times out,
 resumes and re-measures it as it does a C++ binary. The runtime's fault hooks
 (``BENANZA_FAULT_ABORT``/``BENANZA_FAULT_HANG``) act here, before the backend sees the benchmark.
+
+Both backends time their calls through ``timed_calls``. With ``COLD_ENV=cold`` (``benanza run
+--cold-cache``) it evicts the last-level cache before every timed call, so a layer's inputs,
+weights and outputs come from DRAM as a layer's do inside a whole model whose other layers have
+run since; the framework's own timer still times only the kernels (docs/backends.md).
 """
 
 from __future__ import annotations
@@ -20,12 +25,81 @@ from typing import Any
 
 INDEX_NAME = "benchmarks.json"
 
-# (project, variant name, its index entry, threads, min time s, repetitions) → its result line
-Measure = Callable[[Path, str, dict[str, str], int, float, int], dict[str, Any]]
+# (project, variant name, its index entry, threads, min time s, repetitions, the evictor of a
+# cold-cache reading or None) → its result line
+Measure = Callable[[Path, str, dict[str, str], int, float, int, "Evictor | None"], dict[str, Any]]
+
+COLD_ENV = "BENANZA_CACHE"  # "cold": evict the last-level cache before every timed call
+# The eviction buffer, in last-level caches: a cache that keeps some lines of an older set
+# (adaptive replacement, or a victim L3 beside the private L2s) still loses all of them to twice
+# its size written through it.
+EVICT_FACTOR = 2
+# Timed calls per repetition a cold reading makes at least, whatever --min-time: the eviction
+# (milliseconds per call) takes most of the budget, and the low percentile needs samples.
+COLD_MIN_CALLS = 20
 
 
 class Refused(Exception):
     """The framework has no kernel for this variant (stored as unsupported, with its words)."""
+
+
+class Evictor:
+    """Evicts the last-level cache: writes a buffer ``EVICT_FACTOR`` times the size of the
+    last-level caches of the CPUs this process may run on, from the calling thread (the other
+    cores' private caches keep what they hold: at most one private cache each)."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        from ..system import cache_levels
+
+        levels = cache_levels(len(os.sched_getaffinity(0)))
+        if not levels:
+            raise RuntimeError("sysfs (/sys/devices/system/cpu/cpu*/cache) names no cache of this CPU: "
+                               "no size to evict for a cold-cache reading")
+        self.llc_bytes = levels[-1].total
+        self._buffer = np.zeros(EVICT_FACTOR * self.llc_bytes // 8, np.int64)  # its pages touched now
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._buffer.nbytes)
+
+    def __call__(self) -> None:
+        import numpy as np
+
+        # a read and a write of every line: dirty lines leave even a cache that drops clean victims
+        np.add(self._buffer, 1, out=self._buffer)
+
+
+def evictor() -> Evictor | None:
+    """The child's evictor when the runner asked for cold-cache readings, else None."""
+    return Evictor() if os.environ.get(COLD_ENV) == "cold" else None
+
+
+def timed_calls(call: Callable[[], object], min_time: float, repetitions: int, max_calls: int,
+                evict: Evictor | None) -> list[int]:
+    """Runs ``call`` for ``repetitions`` repetitions of ``min_time`` seconds each (at least one
+    call, at most ``max_calls``), evicting the cache before each call when ``evict`` is given
+    (then at least ``COLD_MIN_CALLS`` calls, the eviction counted in the time); the calls made
+    per repetition. The caller's framework times the calls' kernels."""
+    least = COLD_MIN_CALLS if evict is not None else 1
+    counts = []
+    for _ in range(repetitions):
+        n, started = 0, time.perf_counter()
+        while n < least or (time.perf_counter() - started < min_time and n < max_calls):
+            if evict is not None:
+                evict()
+            call()
+            n += 1
+        counts.append(n)
+    return counts
+
+
+def cache_context(evict: Evictor | None) -> dict[str, Any]:
+    """What the context line says of the cache: ``cold`` with the sizes, or ``warm``."""
+    if evict is None:
+        return {"cache": "warm"}
+    return {"cache": "cold", "llc_bytes": evict.llc_bytes, "evict_bytes": evict.nbytes}
 
 
 def emit(tag: str, payload: str) -> None:
@@ -57,8 +131,10 @@ def serve(argv: list[str], threads_env: str, context: Callable[[int], dict[str, 
     flags = {a[2:].partition("=")[0]: a.partition("=")[2] for a in argv if a.startswith("--")}
     project = Path(flags.get("benanza_project", "."))
     threads = int(os.environ.get(threads_env, "1"))
+    evict = evictor()
     if "benanza_context" in flags:
-        emit("BENANZA_CONTEXT", json.dumps(context(threads)))
+        line = context(threads)
+        emit("BENANZA_CONTEXT", json.dumps({**line, "custom": {**line["custom"], **cache_context(evict)}}))
         return 0
     index = json.loads((project / INDEX_NAME).read_text())
     if "benanza_list" in flags:
@@ -78,12 +154,13 @@ def serve(argv: list[str], threads_env: str, context: Callable[[int], dict[str, 
                                                "message": f"not in this project's {INDEX_NAME}"}))
             continue
         emit("BENANZA_START", name)
-        emit("BENANZA_RESULT", json.dumps(_one(project, name, index[name], threads, min_time, repetitions, measure)))
+        emit("BENANZA_RESULT",
+             json.dumps(_one(project, name, index[name], threads, min_time, repetitions, measure, evict)))
     return 0
 
 
 def _one(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float, repetitions: int,
-         measure: Measure) -> dict[str, Any]:
+         measure: Measure, evict: Evictor | None) -> dict[str, Any]:
     if os.environ.get("BENANZA_FAULT_ABORT") == name:  # the runtime's fault hooks (tests)
         os.abort()
     if os.environ.get("BENANZA_FAULT_HANG") == name:
@@ -92,8 +169,11 @@ def _one(project: Path, name: str, entry: dict[str, str], threads: int, min_time
     if "unsupported" in entry:
         return {"name": name, "status": "unsupported", "message": entry["unsupported"]}
     try:
-        return measure(project, name, entry, threads, min_time, repetitions)
+        line = measure(project, name, entry, threads, min_time, repetitions, evict)
     except Refused as exc:
         return {"name": name, "status": "unsupported", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the frameworks' errors share no base class; the runner stores it
         return {"name": name, "status": "failed", "message": f"{type(exc).__name__}: {str(exc)[:500]}"}
+    if evict is not None and line["status"] == "ok":  # each result says it was read cold, and how
+        line["counters"] = {**line["counters"], "evict_bytes": evict.nbytes}
+    return line

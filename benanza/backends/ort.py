@@ -33,7 +33,6 @@ import logging
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -48,7 +47,7 @@ from ..parsers.ort import NCHWC_SUFFIX, parse_ort_profile
 from ..problems import ConvProblem
 from ..records import Variant
 from .base import Device, SubgraphBackend
-from .inprocess import INDEX_NAME, Refused, result_line, serve
+from .inprocess import INDEX_NAME, Evictor, Refused, result_line, serve, timed_calls
 
 if TYPE_CHECKING:
     import jinja2
@@ -392,21 +391,16 @@ def run_once(path: Path, level: str, threads: int, feeds: dict[str, Any]) -> lis
     return list(_session(path, level, threads, None).run(None, feeds))
 
 
-def _measure(path: Path, level: str, threads: int, min_time: float, repetitions: int, tmp: str) -> _Timed:
+def _measure(path: Path, level: str, threads: int, min_time: float, repetitions: int, tmp: str,
+             evict: Evictor | None) -> _Timed:
     import onnx
 
     sess = _session(path, level, threads, tmp)
     domains = {n.name: n.domain for n in onnx.load(os.path.join(tmp, "optimized.onnx")).graph.node}
     feeds = _feeds(sess)
-    counts = []
     for _ in range(WARMUP_CALLS):
         sess.run(None, feeds)
-    for _ in range(repetitions):
-        n, started = 0, time.perf_counter()
-        while n == 0 or (time.perf_counter() - started < min_time and n < MAX_CALLS):
-            sess.run(None, feeds)
-            n += 1
-        counts.append(n)
+    counts = timed_calls(lambda: sess.run(None, feeds), min_time, repetitions, MAX_CALLS, evict)
     profile = Path(sess.end_profiling())
     try:
         trace = parse_ort_profile(profile)
@@ -442,11 +436,11 @@ def _per_call(trace: FrameworkTrace, counts: list[int], domains: dict[str, str])
 
 
 def _measure_entry(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float,
-                   repetitions: int) -> dict[str, Any]:
+                   repetitions: int, evict: Evictor | None) -> dict[str, Any]:
     import numpy as np
 
     with tempfile.TemporaryDirectory(prefix="benanza-ort-") as tmp:
-        t = _measure(project / entry["model"], entry["level"], threads, min_time, repetitions, tmp)
+        t = _measure(project / entry["model"], entry["level"], threads, min_time, repetitions, tmp, evict)
     counters = {"reorder_ms": float(np.median(t.reorder_ms)), "run_overhead_ms": float(np.median(t.overhead_ms))}
     return result_line(name, t.reps, t.kernels, counters,
                        "its kernels ran below the profiler's 1 us resolution in most calls: no time to store")

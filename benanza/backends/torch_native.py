@@ -35,7 +35,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from ..parsers.onednn_verbose import parse_onednn_text
 from ..problems import ConvProblem, DeconvProblem, GemmProblem, MatMulProblem
 from ..records import Dtype, Variant
 from .base import Device, SubgraphBackend
-from .inprocess import Refused, result_line, serve
+from .inprocess import Evictor, Refused, result_line, serve, timed_calls
 from .ort import write_subgraphs
 
 if TYPE_CHECKING:
@@ -202,7 +201,7 @@ def _prepared(path: Path, algo: str, dtype: str, layout: str,
     return graph, {k: cast(t) for k, t in inputs.items()}
 
 
-def _measure(path: Path, entry: dict[str, str], min_time: float, repetitions: int) -> _Timed:
+def _measure(path: Path, entry: dict[str, str], min_time: float, repetitions: int, evict: Evictor | None) -> _Timed:
     import torch
 
     graph, feed = _prepared(path, entry["algo"], entry["dtype"], entry["layout"])
@@ -213,7 +212,6 @@ def _measure(path: Path, entry: dict[str, str], min_time: float, repetitions: in
         libc.fflush(None)
         os.write(1, f"{NODE_MARK}\n".encode())
 
-    counts = []
     with torch.backends.mkldnn.flags(enabled=entry["algo"] != "native"), torch.no_grad():
         for _ in range(WARMUP_CALLS):
             graph.run(feed, annotate=False)
@@ -224,12 +222,8 @@ def _measure(path: Path, entry: dict[str, str], min_time: float, repetitions: in
             try:
                 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), \
                         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                    for _ in range(repetitions):
-                        n, started = 0, time.perf_counter()
-                        while n == 0 or (time.perf_counter() - started < min_time and n < MAX_CALLS):
-                            graph.run(feed, annotate=True, after=mark)
-                            n += 1
-                        counts.append(n)
+                    counts = timed_calls(lambda: graph.run(feed, annotate=True, after=mark), min_time,
+                                         repetitions, MAX_CALLS, evict)
             finally:
                 libc.fflush(None)
                 os.dup2(saved, 1)
@@ -287,13 +281,13 @@ def _descendants(event: Any) -> list[Any]:
 
 
 def _measure_entry(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float,
-                   repetitions: int) -> dict[str, Any]:
+                   repetitions: int, evict: Evictor | None) -> dict[str, Any]:
     import numpy as np
 
     from ..torch_exec import UnsupportedOpError
 
     try:
-        t = _measure(project / entry["model"], entry, min_time, repetitions)
+        t = _measure(project / entry["model"], entry, min_time, repetitions, evict)
     except UnsupportedOpError as exc:
         raise Refused(str(exc)) from None
     return result_line(name, t.reps, t.kernels, {"reorder_ms": float(np.median(t.reorder_ms))},
