@@ -23,6 +23,7 @@ from onnx import helper
 
 from benanza.backends.inprocess import EVICT_FACTOR, Evictor
 from benanza.cli import main
+from benanza.perfdb import PerfDB
 
 SYSTEM = "coldbox"
 ROUNDS = 15
@@ -169,3 +170,7 @@ def test_a_cold_run_is_its_own_stack_and_reads_its_data_from_memory(backend, tmp
     assert low[cold_id] / 1e3 >= 0.5 * memory_s, (low, memory_s)  # its input from memory
     for cold in ([], ["--cold-cache"]):  # each stack is complete: neither run counts the other's result
         assert "0 of 1 benchmarks would run" in invoke(*run, *cold, "--dry-run")
+    # the newer cold stack is not what an analysis reads by default: the warm one is
+    with PerfDB(db, readonly=True) as pdb:
+        default = pdb.system(SYSTEM, backend)
+    assert default is not None and default.stack_id == warm_id
