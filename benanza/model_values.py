@@ -62,6 +62,9 @@ class ModelValues:
         for n in model.nodes:
             for name, spec in zip(n.outputs, n.layer.outputs):
                 self.specs.setdefault(name, (spec.shape, spec.dtype))
+        # outputs of layers that are constants once the input shapes are fixed (a Slice's bounds
+        # from Shape→Gather→Concat): a consumer reads them as data, the model computes one value
+        self.folded = {o for n in model.nodes if n.folded for o in n.outputs}
         self._values: dict[str, np.ndarray] | None = None
         self._outputs: dict[str, np.ndarray] = {}
 
@@ -91,7 +94,7 @@ class ModelValues:
         return next((m.nodes for m in self.fusions if m.pattern.name == v.fusion and matches(m.conv)), None)
 
     def computed(self, name: str) -> bool:
-        """Whether a constant input is computed by the model (from shapes), not stored in it."""
+        """Whether a constant input is computed by the model (a Cast of a weight), not stored in it."""
         return name not in self.inits and not (name in self.by_output and self.by_output[name].op_type == "Constant")
 
     def weight(self, name: str) -> np.ndarray:
@@ -106,7 +109,7 @@ class ModelValues:
         if self._values is None:
             self._values = {}
             wanted = sorted({c for n in self.model.nodes for c in n.constant_inputs if c not in self.inits}
-                            | {o for n in self.model.nodes for o in n.outputs if n.folded})
+                            | self.folded)
             if wanted:
                 self._values = dict(zip(wanted, self.run(wanted)))
         out = {}

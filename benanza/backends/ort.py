@@ -174,7 +174,8 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
             seen.add(name)
             if name in source.inits:
                 inits.append(source.inits[name])
-            elif name in constant and source.computed(name):
+            elif name in constant and source.computed(name) or name in source.folded:
+                # a value computed from shapes is the layer's constant, not an input fed zeros
                 computed.append(name)
             elif name in constant:
                 const_nodes.append(source.by_output[name])
