@@ -32,8 +32,8 @@ from .shapes_by_execution import node_reads
 
 log = logging.getLogger(__name__)
 
-# protobuf serializes no message of 2 GiB or more; the margin is for the shapes inference adds
-PROTOBUF_LIMIT = 2**31 - 2**20
+# protobuf serializes no message of 2 GiB or more
+PROTOBUF_LIMIT = 2**31 - 1
 # ops that read only their input's shape: a run for their outputs feeds a stand-in of that shape
 # instead of computing the input (a Shape of the last layer's activations would run the model)
 _SHAPE_READERS = ("Shape", "Size")
@@ -205,12 +205,12 @@ def evaluate(m: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str
 
 
 def write_model(m: onnx.ModelProto, path: Path) -> list[Path]:
-    """``m``, its shapes inferred, as the file ``path``: whole, or, where it would pass
-    protobuf's limit, with its weights in ``<path>.data`` beside it (ONNX Runtime reads external
-    data only from the model's own folder). A file already holding the same model is left as
-    it is. Returns the files that make the model. ``m`` may be emptied of its weights."""
+    """``m`` as the file ``path``: whole, or, where it would pass protobuf's limit, with its
+    weights in ``<path>.data`` beside it (ONNX Runtime reads external data only from the model's
+    own folder). A file already holding the same model is left as it is. Returns the files that
+    make the model. ``m`` may be emptied of its weights."""
     if m.ByteSize() <= PROTOBUF_LIMIT:
-        data = onnx.shape_inference.infer_shapes(m).SerializeToString()
+        data = m.SerializeToString()
         if not path.exists() or path.read_bytes() != data:
             write_with(path, partial(Path.write_bytes, data=data))
         return [path]
@@ -219,13 +219,10 @@ def write_model(m: onnx.ModelProto, path: Path) -> list[Path]:
         # both files are made in a folder beside them, then moved: never a model without its data
         with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
             made = Path(tmp) / path.name
-            # small tensors stay in the graph: shape inference reads a Reshape's shape from there
             onnx.save_model(m, made, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=beside.name, size_threshold=1024)
-            onnx.shape_inference.infer_shapes_path(str(made))
             os.replace(Path(tmp) / beside.name, beside)
             os.replace(made, path)
     except OSError as exc:
         raise OutputError(path, f"cannot write ({exc.strerror or exc})") from None
     return [path, beside]
-

@@ -150,6 +150,7 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
     of its real shape, or the model's constant (an initializer, its Constant node, or the value
     the model computes from shapes), its data read from the model's files (only these nodes')."""
     import numpy as np
+    import onnx
     from onnx import helper, numpy_helper
     from onnx.external_data_helper import load_external_data_for_model
 
@@ -194,6 +195,8 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
     graph = helper.make_graph([*const_nodes, *protos], "layer", inputs, outputs, inits)
     m = helper.make_model(graph, opset_imports=list(source.proto.opset_import))
     m.ir_version = source.proto.ir_version
+    # shapes first, on the graph without its external weights: inference never copies them
+    m = onnx.shape_inference.infer_shapes(m)
     load_external_data_for_model(m, source.base_dir)
     return m
 
