@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.checker import ValidationError
 from onnx.external_data_helper import load_external_data_for_model
 
+from .errors import ModelError
 from .fusion import FusionMatch, match_fusions
 from .layers import Model, Node
 from .ops.reference import generated
@@ -100,7 +102,22 @@ class ModelValues:
     def weight(self, name: str) -> np.ndarray:
         """An initializer's value, its external data read from its file into a copy (the graph's
         proto stays without weights)."""
-        return numpy_helper.to_array(self.inits[name], self.base_dir)
+        try:
+            return numpy_helper.to_array(self.inits[name], self.base_dir)
+        except (OSError, ValidationError) as exc:
+            raise self._unreadable(exc) from None
+
+    def with_weights(self, m: onnx.ModelProto) -> onnx.ModelProto:
+        """``m``, made of this graph's parts, with its tensors' external data (initializers',
+        Constant values') read in from the model's files."""
+        try:
+            load_external_data_for_model(m, self.base_dir)
+        except (OSError, ValidationError) as exc:
+            raise self._unreadable(exc) from None
+        return m
+
+    def _unreadable(self, exc: Exception) -> ModelError:
+        return ModelError(self.model.path, f"its external data does not read ({str(exc).strip().splitlines()[0]})")
 
     def values(self, names: list[str]) -> dict[str, np.ndarray]:
         """The real values of tensors: initializers, and the rest from one run of the part of the

@@ -126,3 +126,20 @@ def test_a_model_with_external_weights_through_the_native_backends(saved, tmp_pa
     assert statuses["mm1"] == statuses["mm3"] == statuses["slice"] == statuses["scale"] == "ok", statuses
     out = invoke("check", str(path), "--bench-dir", str(bench), "--backend", backend)
     assert f"checked {len(index)} benchmarks (seed 0): {len(index)} ok, 0 mismatch" in out, out
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_a_weight_a_layer_needs_missing_is_one_line_naming_the_model(tmp_path, backend):
+    from click.testing import CliRunner
+
+    from benanza.cli import main
+
+    path = tmp_path / "net.onnx"
+    onnx.save_model(external_net(), str(path), save_as_external_data=True, all_tensors_to_one_file=False,
+                    size_threshold=1024)
+    (tmp_path / "W1").unlink()
+    out = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "bench"), "--backend", backend,
+                                    "--dtype", "f32"])
+    assert out.exit_code == 1 and out.output.startswith(f"error: {path}: its external data does not read ("), \
+        out.output
+    assert "W1" in out.output and "Traceback" not in out.output

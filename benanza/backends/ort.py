@@ -152,7 +152,6 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
     import numpy as np
     import onnx
     from onnx import helper, numpy_helper
-    from onnx.external_data_helper import load_external_data_for_model
 
     from ..model_values import NoValue
 
@@ -196,9 +195,7 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
     m = helper.make_model(graph, opset_imports=list(source.proto.opset_import))
     m.ir_version = source.proto.ir_version
     # shapes first, on the graph without its external weights: inference never copies them
-    m = onnx.shape_inference.infer_shapes(m)
-    load_external_data_for_model(m, source.base_dir)
-    return m
+    return source.with_weights(onnx.shape_inference.infer_shapes(m))
 
 
 def _subgraph_entry(sources: list[ModelValues], candidates: tuple[Variant, ...], folder: Path,
