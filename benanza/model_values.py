@@ -25,7 +25,7 @@ from onnx.external_data_helper import load_external_data_for_model
 
 from .errors import ModelError
 from .fusion import FusionMatch, match_fusions
-from .layers import Model, Node
+from .layers import Layer, Model, Node
 from .ops.reference import generated
 from .outputs import OutputError, write_with
 from .processor import read_onnx
@@ -88,7 +88,7 @@ class ModelValues:
         """The nodes of the model's first occurrence of the variant's layer (and fusion pattern):
         of its problem in any dtype (a bf16 benchmark of an f32 layer), or, ``same_dtype``, of
         its layer key."""
-        def matches(layer) -> bool:
+        def matches(layer: Layer) -> bool:
             return layer.key == v.layer_key if same_dtype else layer.problem == v.problem
 
         if v.fusion == "none":
