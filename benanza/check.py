@@ -32,18 +32,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.external_data_helper import load_external_data_for_model, load_external_data_for_tensor
 
 from .backends.base import SubgraphBackend, build
 from .errors import BenanzaError, UsageError
 from .fusion import BY_NAME as PATTERNS
-from .fusion import match_fusions
 from .generator import get_backend, read_variants
 from .layers import Model
+from .model_values import ModelValues, NoValue, evaluate, write_model
 from .ops.reference import Gen, NoReference, Spec, generated
 from .ops.registry import FAMILIES
 from .records import Variant
-from .shapes_by_execution import node_reads
 
 log = logging.getLogger(__name__)
 _FAMILIES = {f.name: f for f in FAMILIES}
@@ -108,7 +106,7 @@ class _Site:
     """One model's occurrence of a benchmark: the nodes and their tensors' real shapes
     (``ops.reference.Site``)."""
 
-    def __init__(self, ref: _ModelRef, nodes: tuple[int, ...]):
+    def __init__(self, ref: ModelValues, nodes: tuple[int, ...]):
         self.ref, self.nodes = ref, nodes
 
     def node(self, pos: int):
@@ -151,170 +149,6 @@ def _spec(site: _Site, v: Variant, gen: Gen) -> tuple[Spec, str]:
     protos = [site.proto(i) for i in range(len(site.nodes))]
     spec = pattern.reference(site, v, gen, pattern)
     return spec, f"fusion {v.fusion} over nodes {', '.join(repr(p.name or p.output[0]) for p in protos)}{spec.note}"
-
-
-# --- the models the benchmarks came from ---------------------------------------------------
-
-class _ModelRef:
-    """A processed model with its ONNX graph: node protos, real shapes and constant values."""
-
-    def __init__(self, model: Model):
-        self.model = model
-        # the graph without its weights: a reference reads the few constants it keeps from their
-        # files, and the whole model's weights (several GB for an LLM) are never held here
-        self.proto_model = onnx.load(model.path, load_external_data=False)
-        self.base_dir = str(Path(model.path).resolve().parent)
-        graph = self.proto_model.graph
-        self.by_output = {o: n for n in graph.node for o in n.output}
-        self.inits = {t.name: t for t in graph.initializer}
-        self.fusions = match_fusions(model)
-        # from producers' outputs: a deduplicated layer's inputs may be another occurrence's order
-        self._shapes: dict[str, tuple[int, ...]] = {k: tuple(v) for k, v in model.input_shapes.items()}
-        for n in model.nodes:
-            for name, spec in zip(self.proto_of(n).output, n.layer.outputs):
-                self._shapes.setdefault(name, spec.shape)
-        self._values: dict[str, np.ndarray] | None = None
-        self._outputs: dict[str, np.ndarray] = {}
-
-    def proto_of(self, node) -> onnx.NodeProto:
-        return self.by_output[node.outputs[0]]
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        if name in self._shapes:
-            return self._shapes[name]
-        if name in self.inits:
-            return tuple(self.inits[name].dims)
-        return tuple(self.values([name])[name].shape)  # a Constant node's, or a folded constant's
-
-    def find(self, v: Variant) -> tuple[int, ...] | None:
-        """The nodes of the model's first occurrence of the variant's problem (and fusion)."""
-        if v.fusion == "none":
-            for n in self.model.nodes:
-                if n.layer.problem == v.problem:
-                    return (n.index,)
-            return None
-        for m in self.fusions:
-            if m.pattern.name == v.fusion and m.conv.problem == v.problem:
-                return m.nodes
-        return None
-
-    def values(self, names: list[str]) -> dict[str, np.ndarray]:
-        """The real values of tensors: initializers, and the rest from one run of the whole
-        model (its constant inputs are computed once: Slice bounds from shape arithmetic, the
-        outputs of folded layers such as a scale computed from a Shape ...)."""
-        if self._values is None:
-            self._values = {}
-            wanted = sorted({c for n in self.model.nodes for c in n.constant_inputs if c not in self.inits}
-                            | {o for n in self.model.nodes for o in n.outputs if n.folded})
-            if wanted:
-                self._values = dict(zip(wanted, _run_whole(self, wanted)))
-        out = {}
-        for name in names:
-            if name in self.inits:
-                out[name] = _weight(self.inits[name], self.base_dir)
-            elif name in self._values:
-                out[name] = self._values[name]
-            else:
-                raise NoReference(f"tensor {name!r} is neither a constant nor computed by a whole-model run")
-        return out
-
-    def outputs(self, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-        """Nodes' real outputs, from one more run of the whole model (a dense copy's, compared in
-        size with what the copy moves); remembered."""
-        missing = [n for n in names if n not in self._outputs]
-        if missing:
-            self._outputs.update(zip(missing, _run_whole(self, missing)))
-        return {n: self._outputs[n] for n in names}
-
-
-def _weight(t: onnx.TensorProto, base_dir: str) -> np.ndarray:
-    """An initializer's value, its external data read from its file into a copy (the graph's
-    proto stays without weights)."""
-    if t.data_location != onnx.TensorProto.EXTERNAL:
-        return numpy_helper.to_array(t)
-    copy = onnx.TensorProto()
-    copy.CopyFrom(t)
-    load_external_data_for_tensor(copy, base_dir)
-    return numpy_helper.to_array(copy)
-
-
-# ops that read only their input's shape: a run for their outputs feeds a stand-in of that shape
-# instead of computing the input (a Shape of the last layer's activations would run the model)
-_SHAPE_READERS = ("Shape", "Size")
-
-
-def _run_whole(ref: _ModelRef, names: list[str]) -> list[np.ndarray]:
-    """The tensors ``names`` from one run of the part of the model they depend on: its nodes
-    upstream of them, with only their weights (ONNX Runtime reads them from the model's external
-    files), so a value near the inputs, or one computed from shapes alone, never loads the
-    model's other weights."""
-    graph = ref.proto_model.graph
-    producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
-    needed, todo, kept, shaped = set(names), list(names), set(), set()
-    while todo:
-        k = producer.get(todo.pop())
-        if k is None or k in kept:
-            continue
-        kept.add(k)
-        node = graph.node[k]
-        if node.op_type in _SHAPE_READERS and node.input[0] in ref._shapes:
-            shaped.add(node.input[0])
-            continue
-        fresh = {i for i in node_reads(node) if i} - needed
-        needed |= fresh
-        todo.extend(fresh)
-    stand_ins = {s for s in shaped - needed if s in producer}
-    needed |= shaped
-    m = onnx.ModelProto()
-    m.CopyFrom(ref.proto_model)  # weightless: the graph, opsets, functions and metadata
-    # only the part upstream of ``names``: the model's own outputs elsewhere have no producer here
-    del m.graph.node[:], m.graph.initializer[:], m.graph.input[:], m.graph.value_info[:], m.graph.output[:]
-    m.graph.node.extend(graph.node[k] for k in sorted(kept))
-    m.graph.initializer.extend(t for t in graph.initializer if t.name in needed)
-    m.graph.input.extend(i for i in graph.input if i.name in needed)
-    m.graph.input.extend(helper.make_tensor_value_info(s, onnx.TensorProto.FLOAT, ref.shape(s))
-                         for s in sorted(stand_ins))
-    m.graph.value_info.extend(v for v in graph.value_info if v.name in needed and v.name not in stand_ins)
-    declared = {o.name: o for o in graph.output}
-    m.graph.output.extend(declared[n] if n in declared else helper.make_empty_tensor_value_info(n)
-                          for n in dict.fromkeys(names))
-    feeds = {s: np.zeros(ref.shape(s), np.float32) for s in stand_ins}
-    # the stream of each input is its place among all the model's inputs, whichever this part reads
-    for k, inp in enumerate(i for i in graph.input if i.name not in ref.inits):
-        if inp.name not in needed:
-            continue
-        shape = ref.model.input_shapes[inp.name]
-        np_type = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
-        feeds[inp.name] = generated(k, tuple(shape)).astype(np_type) if np_type.kind == "f" else \
-            np.zeros(shape, np_type)
-    return _evaluate(m, feeds, names, ref.base_dir)
-
-
-def _evaluate(m: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str],
-              base_dir: str | None = None) -> list[np.ndarray]:
-    """ONNX Runtime's answer; onnx's reference evaluator where ONNX Runtime cannot run the graph
-    (ops it lacks in the default domain, such as opset 23's Attention). ``base_dir``: where the
-    graph's external weights lie."""
-    import onnxruntime as ort
-
-    try:
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        if base_dir is not None:
-            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", base_dir)
-        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        return sess.run(outputs, feeds)
-    except Exception as exc:  # noqa: BLE001 - ORT raises many kinds for an op it lacks
-        log.info("ONNX Runtime cannot run the reference (%s); onnx's reference evaluator does", exc)
-    from onnx.reference import ReferenceEvaluator
-
-    if base_dir is not None:
-        load_external_data_for_model(m, base_dir)
-    try:
-        return list(ReferenceEvaluator(m).run(outputs, feeds))
-    except Exception as exc:  # noqa: BLE001 - an op neither implements: no reference, said so
-        raise NoReference(f"neither ONNX Runtime nor onnx's reference evaluator runs the reference "
-                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def _reference(site: _Site, spec: Spec) -> list[np.ndarray]:
@@ -364,9 +198,9 @@ def _reference(site: _Site, spec: Spec) -> list[np.ndarray]:
         [protos[pos] for pos in ordered], "check",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in feeds.items()],
         [helper.make_empty_tensor_value_info(o) for o in spec.outputs], inits)
-    m = helper.make_model(graph, opset_imports=list(ref.proto_model.opset_import))
-    m.ir_version = ref.proto_model.ir_version
-    return _evaluate(m, feeds, list(spec.outputs))
+    m = helper.make_model(graph, opset_imports=list(ref.proto.opset_import))
+    m.ir_version = ref.proto.ir_version
+    return evaluate(m, feeds, list(spec.outputs))
 
 
 # --- comparing -----------------------------------------------------------------------------
@@ -436,7 +270,7 @@ def check(bench_dir: str | Path, models: list[Model], options: CheckOptions = Ch
     binary = build(project, options.build_jobs)
     with tempfile.TemporaryDirectory(prefix="benanza-check-") as tmp:
         statuses, entries = _run_binary(binary, variants, Path(tmp), options)
-        refs = [_ModelRef(m) for m in models]
+        refs = [ModelValues(m) for m in models]
         return [_check_one(v, statuses.get(v.name), entries.get(v.name), refs, options) for v in variants]
 
 
@@ -536,7 +370,7 @@ def _reference_on_bf16_values(m: onnx.ModelProto, threads: int, feeds: dict[str,
             t.CopyFrom(numpy_helper.from_array(bf16_values(numpy_helper.to_array(t)), t.name))
     with tempfile.TemporaryDirectory(prefix="benanza-check-") as tmp:
         path = Path(tmp) / "reference.onnx"
-        onnx.save(rounded, path)
+        write_model(rounded, path)
         return ort_backend.run_once(path, "none", threads, feeds)
 
 
@@ -581,7 +415,7 @@ def _reproduce(v: Variant, options: CheckOptions) -> str:
     return f"{options.command} --seed {options.seed} --filter {shlex.quote('^' + re.escape(v.name) + '$')}"
 
 
-def _check_one(v: Variant, status: dict | None, entry: dict | None, refs: list[_ModelRef],
+def _check_one(v: Variant, status: dict | None, entry: dict | None, refs: list[ModelValues],
                options: CheckOptions) -> CheckResult:
     repro = _reproduce(v, options)
     if status is None:
@@ -593,7 +427,7 @@ def _check_one(v: Variant, status: dict | None, entry: dict | None, refs: list[_
                            reproduce=repro)
     gen = _gen(options.seed)
     for ref in refs:
-        nodes = ref.find(v)
+        nodes = ref.find(v, same_dtype=False)
         if nodes is None:
             continue
         site = _Site(ref, nodes)
@@ -603,7 +437,7 @@ def _check_one(v: Variant, status: dict | None, entry: dict | None, refs: list[_
             if spec.dense is not None:
                 return _check_dense(v, site, spec, compared, got, gen, repro)
             want = _reference(site, spec)
-        except NoReference as exc:
+        except (NoReference, NoValue) as exc:
             return CheckResult(v.name, CheckStatus.NOT_CHECKED, str(exc))
         verdict, err, where, tol = _compare(got, want, _tolerance(v))
         return CheckResult(v.name, verdict, f"{compared} in {ref.model.name}", err, tol, where,

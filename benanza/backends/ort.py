@@ -35,13 +35,12 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BenanzaError
+from ..errors import BenanzaError, ModelError
 from ..layers import DTYPE_NAMES, Layer, Model, UniqueLayer
-from ..outputs import make_folder, write_text, write_with
+from ..outputs import make_folder, write_text
 from ..parsers.base import FrameworkTrace
 from ..parsers.ort import NCHWC_SUFFIX, parse_ort_profile
 from ..problems import ConvProblem
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
 
     from ..generator import GenOptions
     from ..manifest import Manifest
+    from ..model_values import ModelValues
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ REORDER_OPS = ("ReorderInput", "ReorderOutput")
 THREADS_ENV = "BENANZA_ORT_THREADS"
 WARMUP_CALLS = 3
 MAX_CALLS = 20000  # per repetition: the profile of one benchmark stays a few MB
+OPTIMIZED = "optimized.onnx"  # the graph ORT made of a subgraph, in the measurement's own folder
 
 
 def _own_layout(layer: Layer) -> str:
@@ -129,103 +130,29 @@ class OnnxRuntimeBackend(SubgraphBackend):
 _ELEM_TYPES = {short: code for code, short in DTYPE_NAMES.items()}
 
 
-class _Source:
-    """A processed model with its ONNX graph: the node protos, the real shapes of their
-    tensors, and the values of the constants they read."""
-
-    def __init__(self, model: Model, backend: str):
-        import onnx
-
-        self.model = model
-        try:
-            self.proto = onnx.load(model.path)
-        except Exception as exc:  # noqa: BLE001 - protobuf and OS errors alike: the file is not readable as a model
-            raise BenanzaError(f"{model.path}: the {backend} backend reads each layer's node from its model "
-                               f"file, which does not load ({type(exc).__name__})") from None
-        graph = self.proto.graph
-        self.by_output = {o: n for n in graph.node for o in n.output}
-        self.inits = {t.name: t for t in graph.initializer}
-        self.specs: dict[str, tuple[tuple[int, ...], str]] = {
-            name: (tuple(shape), "") for name, shape in model.input_shapes.items()}
-        for n in model.nodes:
-            for name, spec in zip(n.outputs, n.layer.outputs):
-                self.specs.setdefault(name, (spec.shape, spec.dtype))
-        self.input_types = {i.name: i.type.tensor_type.elem_type for i in graph.input}
-        self._folded: dict[str, onnx.TensorProto] | None = None
-        self._fusions: list | None = None
-
-    def find(self, v: Variant) -> tuple[int, ...] | None:
-        """The model nodes of the variant's first occurrence (its pattern's, for a fusion)."""
-        if v.fusion == "none":
-            return next(((n.index,) for n in self.model.nodes if n.layer.key == v.layer_key), None)
-        if self._fusions is None:
-            from ..fusion import match_fusions
-
-            self._fusions = match_fusions(self.model)
-        return next((m.nodes for m in self._fusions if m.pattern.name == v.fusion and m.conv_key == v.layer_key),
-                    None)
-
-    def computed(self, name: str) -> bool:
-        """Whether a constant input is computed by the model (from shapes), not stored in it."""
-        return name not in self.inits and not (name in self.by_output and self.by_output[name].op_type == "Constant")
-
-    def constants(self, names: list[str]) -> dict[str, onnx.TensorProto]:
-        """Values of the computed constants ``names``: one run of the whole model computes every
-        one the layers read."""
-        if not names:
-            return {}
-        if self._folded is None:
-            self._folded = _run_for(self, sorted({c for n in self.model.nodes for c in n.constant_inputs
-                                                  if self.computed(c)}))
-        missing = [n for n in names if n not in self._folded]
-        if missing:
-            raise _NoSubgraph(f"constant {missing[0]!r} has no value a run of the model computes")
-        return {n: self._folded[n] for n in names}
-
-
 class _NoSubgraph(Exception):
     """This layer cannot be cut out of its model (the reason is the message)."""
 
 
-def _run_for(source: _Source, names: list[str]) -> dict[str, onnx.TensorProto]:
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper, numpy_helper
+def _source(model: Model, backend: str) -> ModelValues:
+    from ..model_values import ModelValues
 
-    if not names:
-        return {}
-    m = onnx.ModelProto()
-    m.CopyFrom(source.proto)
-    known = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in known)
-    rng = np.random.default_rng(0)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
     try:
-        feeds = {}
-        for inp in m.graph.input:
-            if inp.name in source.inits:
-                continue
-            dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
-            shape = source.model.input_shapes[inp.name]
-            feeds[inp.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
-                               else np.zeros(shape, dtype))
-        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=[PROVIDER])
-        values = sess.run(names, feeds)
-    except Exception as exc:  # noqa: BLE001 - ORT raises many kinds; the layers needing these are said so (an
-        # input without a concrete shape, or a run that fails, leaves them without values)
-        log.warning("%s: the run computing its shape constants failed (%s)", source.model.path, exc)
-        return {}
-    return {n: numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, values)}
+        return ModelValues(model)
+    except ModelError as exc:
+        raise BenanzaError(f"{model.path}: the {backend} backend reads each layer's node from its model "
+                           f"file, which does not load ({exc.problem})") from None
 
 
-def _subgraph(source: _Source, nodes: tuple[int, ...]) -> onnx.ModelProto:
+def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
     """The model's nodes as a model of their own: what they read from outside is a graph input
     of its real shape, or the model's constant (an initializer, its Constant node, or the value
-    the model computes from shapes)."""
+    the model computes from shapes), its data read from the model's files (only these nodes')."""
+    import numpy as np
     import onnx
-    from onnx import helper
+    from onnx import helper, numpy_helper
+
+    from ..model_values import NoValue
 
     protos = []
     for i in nodes:
@@ -236,6 +163,7 @@ def _subgraph(source: _Source, nodes: tuple[int, ...]) -> onnx.ModelProto:
         protos.append(proto)
     produced = {o for p in protos for o in p.output}
     constant = {c for i in nodes for c in source.model.nodes[i].constant_inputs}
+    declared = {i.name: i.type.tensor_type.elem_type for i in source.proto.graph.input}
     inputs, inits, const_nodes, computed = [], [], [], []
     seen: set[str] = set()
     for p in protos:
@@ -245,52 +173,59 @@ def _subgraph(source: _Source, nodes: tuple[int, ...]) -> onnx.ModelProto:
             seen.add(name)
             if name in source.inits:
                 inits.append(source.inits[name])
-            elif name in constant and source.computed(name):
+            elif name in constant and source.computed(name) or name in source.folded:
+                # a value computed from shapes is the layer's constant, not an input fed zeros
                 computed.append(name)
             elif name in constant:
                 const_nodes.append(source.by_output[name])
             else:
                 shape, short = source.specs.get(name, ((), ""))
-                elem = source.input_types.get(name) or _ELEM_TYPES.get(short)
+                elem = declared.get(name) or _ELEM_TYPES.get(short)
                 if not elem or name not in source.specs:
                     raise _NoSubgraph(f"input {name!r} has no known shape and type")
                 inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
-    inits += list(source.constants(computed).values())
+    try:
+        values = source.values(computed) if computed else {}
+    except NoValue as exc:
+        raise _NoSubgraph(f"a constant it reads has no value: {exc}") from None
+    inits += [numpy_helper.from_array(np.asarray(values[n]), n) for n in computed]
     outputs = [helper.make_empty_tensor_value_info(o) for o in protos[-1].output if o]
     graph = helper.make_graph([*const_nodes, *protos], "layer", inputs, outputs, inits)
     m = helper.make_model(graph, opset_imports=list(source.proto.opset_import))
     m.ir_version = source.proto.ir_version
-    return onnx.shape_inference.infer_shapes(m)
+    # shapes first, on the graph without its external weights: inference never copies them
+    return source.with_weights(onnx.shape_inference.infer_shapes(m))
 
 
-def _subgraph_entry(sources: list[_Source], candidates: tuple[Variant, ...], folder: Path,
-                    backend: str) -> dict[str, str]:
-    """The index entry of a (layer, fusion): its subgraph file, or why there is none."""
+def _subgraph_entry(sources: list[ModelValues], candidates: tuple[Variant, ...], folder: Path,
+                    backend: str) -> tuple[dict[str, str], list[Path]]:
+    """The index entry of a (layer, fusion): its subgraph file, or why there is none; and the
+    files that make the subgraph."""
+    from ..model_values import write_model
+
     v = candidates[-1]
     for source in sources:
-        nodes = next((n for n in map(source.find, candidates) if n is not None), None)
+        nodes = next((n for n in (source.find(c, same_dtype=True) for c in candidates) if n is not None), None)
         if nodes is None:
             continue
         try:
             m = _subgraph(source, nodes)
         except _NoSubgraph as exc:
             log.warning("%s: %s%s: %s", backend, v.layer_key, f" ({v.fusion})" if v.fusion != "none" else "", exc)
-            return {"unsupported": f"not cut out of {source.model.name}: {exc}"}
-        data = m.SerializeToString()
+            return {"unsupported": f"not cut out of {source.model.name}: {exc}"}, []
         digest = hashlib.sha256(f"{v.layer_key}/{v.fusion}".encode()).hexdigest()[:16]
         path = folder / f"{digest}.onnx"
-        if not path.exists() or path.read_bytes() != data:  # an unchanged subgraph keeps its file
-            write_with(path, partial(Path.write_bytes, data=data))
-        return {"model": f"models/{path.name}", "nodes": ", ".join(source.model.nodes[i].name for i in nodes),
-                "source": source.model.name}
-    return {"unsupported": "no model holds this layer" + (f" in pattern {v.fusion}" if v.fusion != "none" else "")}
+        return ({"model": f"models/{path.name}", "nodes": ", ".join(source.model.nodes[i].name for i in nodes),
+                 "source": source.model.name}, write_model(m, path))
+    return {"unsupported": "no model holds this layer" + (f" in pattern {v.fusion}" if v.fusion != "none" else "")}, []
 
 
 def write_subgraphs(backend: str, variants: list[Variant], models: Sequence[Model], out_dir: Path,
                     fields: Callable[[Variant], dict[str, str]],
                     sites: Callable[[Variant], tuple[Variant, ...]] = lambda v: (v,)) -> list[Path]:
     """The project of a backend that runs each layer as its model's own subgraph (this one, and
-    ``torch``): one ``models/*.onnx`` per (layer, fusion) and the index ``benchmarks.json``
+    ``torch``): one ``models/*.onnx`` per (layer, fusion), holding its weights (beside it in
+    ``*.onnx.data`` where it would pass protobuf's 2 GB), and the index ``benchmarks.json``
     mapping each variant name to its subgraph (or why there is none) plus ``fields(variant)``.
     ``sites(variant)``: the variants whose layer to look for in the models, in order (a dtype
     variant of a layer is found as the model's layer in its own dtype)."""
@@ -299,22 +234,20 @@ def write_subgraphs(backend: str, variants: list[Variant], models: Sequence[Mode
                            f"models (`benanza generate MODELS --backend {backend}`)")
     # a layer several models hold is cut from the first of them by name, not by the order the
     # models were given in: `generate a b` and `generate b a` write the same subgraphs
-    sources = [_Source(m, backend) for m in sorted(models, key=lambda m: (m.name, m.path))]
+    sources = [_source(m, backend) for m in sorted(models, key=lambda m: (m.name, m.path))]
     folder = make_folder(out_dir / "models")
     index: dict[str, dict[str, str]] = {}
     written: dict[tuple[str, str], dict[str, str]] = {}
-    files = []
+    files: list[Path] = []
     for v in sorted(variants, key=lambda v: v.name):
         candidates = sites(v)
         site = (candidates[-1].layer_key, v.fusion)
         if site not in written:
-            entry = written[site] = _subgraph_entry(sources, candidates, folder, backend)
-            if "model" in entry:
-                files.append(out_dir / entry["model"])
+            written[site], made = _subgraph_entry(sources, candidates, folder, backend)
+            files += made
         index[v.name] = {**written[site], **fields(v)}
-    # a subgraph no variant uses any more is stale
-    keep = {out_dir / e["model"] for e in written.values() if "model" in e}
-    for stale in set(folder.glob("*.onnx")) - keep:
+    # a subgraph (or its data) no variant uses any more is stale
+    for stale in {*folder.glob("*.onnx"), *folder.glob("*.onnx.data")} - set(files):
         stale.unlink()
     files.append(write_text(out_dir / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True) + "\n"))
     return files
@@ -374,7 +307,12 @@ def _session(path: Path, level: str, threads: int, tmp: str | None) -> Any:
         opts.enable_profiling = True
         opts.profile_file_prefix = os.path.join(tmp, "profile")
         # the graph ORT made of it: its nodes' domains tell an NCHWc kernel from the plain one
-        opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        opts.optimized_model_filepath = os.path.join(tmp, OPTIMIZED)
+        # its weights in a file beside it: a layer's may pass protobuf's 2 GB, and only the
+        # graph is read back
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                      OPTIMIZED + ".data")
+        opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     opts.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), opts, providers=[PROVIDER])
@@ -396,7 +334,8 @@ def _measure(path: Path, level: str, threads: int, min_time: float, repetitions:
     import onnx
 
     sess = _session(path, level, threads, tmp)
-    domains = {n.name: n.domain for n in onnx.load(os.path.join(tmp, "optimized.onnx")).graph.node}
+    optimized = onnx.load(os.path.join(tmp, OPTIMIZED), load_external_data=False)
+    domains = {n.name: n.domain for n in optimized.graph.node}
     feeds = _feeds(sess)
     for _ in range(WARMUP_CALLS):
         sess.run(None, feeds)

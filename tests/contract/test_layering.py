@@ -23,7 +23,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # torch_exec: ONNX graphs run eagerly in torch, over the processor only (the torch backend
     # measures its calls, the profiler runs whole models with it)
     ("model", ("processor", "control_flow", "shapes_by_execution", "manifest", "torch_exec", "model_inputs",
-               "model_stats", "model_cache")),
+               "model_stats", "model_cache", "model_values")),
     ("generate", ("generator", "backends")),
     ("run", ("runner", "peaks", "perfdb")),
     ("profile", ("profiler",)),
