@@ -166,23 +166,37 @@ def test_small_eltwise_ops_and_casts() -> None:
              helper.make_node("IsNaN", ["r"], ["nan"], name="isnan"),
              helper.make_node("Cast", ["r"], ["same"], to=TensorProto.FLOAT, name="same"),
              helper.make_node("Cast", ["idx"], ["idxf"], to=TensorProto.FLOAT, name="cast32"),
-             helper.make_node("Cast", ["r"], ["ri"], to=TensorProto.INT64, name="toint")]
+             helper.make_node("Cast", ["r"], ["ri"], to=TensorProto.INT64, name="toint"),
+             helper.make_node("Cast", ["pos"], ["pb"], to=TensorProto.BOOL, name="mask")]
     m = model(nodes, [io("pos", [1, 8], TensorProto.INT64), io("idx", [1, 8], TensorProto.INT32)],
-              [io("s", None), io("nan", None), io("same", None), io("idxf", None), io("ri", None)])
+              [io("s", None), io("nan", None), io("same", None), io("idxf", None), io("ri", None),
+               io("pb", None)])
     layers = {n.name: n.layer for n in load_model(m, name="ew").nodes}
     assert layers["cos"].key == "eltwise:cos_in1x8_f32" and layers["recip"].key == "eltwise:reciprocal_in1x8_f32"
     # oneDNN: 1/x is its eltwise pow (x^-1); it has no cos/sin; cuDNN: pointwise nodes for all three
     assert layers["recip"].onednn_primitive == "eltwise"
     assert layers["cos"].onednn_primitive is None and layers["sin"].onednn_primitive is None
     assert {layers[n].cudnn_api for n in ("cos", "sin", "recip")} == {"cudnn_frontend.pointwise"}
-    # IsNaN: oneDNN's binary_ne of x with itself; cuDNN has no isnan pointwise mode
+    # IsNaN: oneDNN's binary_ne of x with itself; cuDNN's CMP_NEQ pointwise node of x with itself
     assert layers["isnan"].key == "eltwise:isnan_in1x8_f32"
-    assert layers["isnan"].onednn_primitive == "eltwise" and layers["isnan"].cudnn_api is None
+    assert layers["isnan"].onednn_primitive == "eltwise"
+    assert layers["isnan"].cudnn_api == "cudnn_frontend.pointwise"
     # an int64 source has no oneDNN type; int32 does; a Cast to its own type is free
     assert layers["cast64"].key == "convert:long_in1x8_f32" and not onednn.covers(layers["cast64"])
     assert layers["cast32"].key == "convert:int_in1x8_f32" and onednn.covers(layers["cast32"])
-    # cuDNN: a pointwise IDENTITY node from int32; no cuDNN tensor holds int64
-    assert layers["cast32"].cudnn_api == "cudnn_frontend.quant" and layers["cast64"].cudnn_api is None
+    # cuDNN: a pointwise IDENTITY node from int32 and from int64 (the graph API's INT64 tensors)
+    from benanza.backends import cudnn
+
+    assert layers["cast32"].cudnn_api == layers["cast64"].cudnn_api == "cudnn_frontend.quant"
+    row = cudnn.lowering(layers["cast64"]).row(layers["cast64"].problem, layers["cast64"].cudnn_api)
+    assert (row.op, row.source) == ("QuantOp::Convert", "DType::I64") and cudnn.covers(layers["cast64"])
+    # into bool: the tobool family, x ≠ 0 in one-byte booleans (cuDNN's CMP_NEQ with 0); oneDNN has none
+    mask = layers["mask"]
+    assert mask.key == "tobool:long_in1x8_b" and parse_layer_key(mask.key) == (mask.problem, "b")
+    assert mask.flops == 8 and mask.bytes == 8 * 8 + 8  # int64 in, one byte per bool out
+    assert mask.onednn_primitive is None and not onednn.covers(mask)
+    row = cudnn.lowering(mask).row(mask.problem, mask.cudnn_api)
+    assert (row.op, row.source) == ("QuantOp::NonZero", "DType::I64") and cudnn.covers(mask)
     assert layers["same"].free
     # a Cast into an integer type stays a generic layer, its key the `cast:` one it always had
     assert layers["toint"].key.startswith("cast:") and layers["toint"].family == "cast"

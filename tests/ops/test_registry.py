@@ -72,6 +72,7 @@ EXAMPLES = {
     "rmsnorm": _view("RMSNormalization", [_t(2, 6, 32), _t(32)], [_t(2, 6, 32)], opset=23),
     "rope": _view("RotaryEmbedding", [_t(1, 4, 3, 16), _t(1, 3, 8), _t(1, 3, 8)], [_t(1, 4, 3, 16)], opset=23),
     "convert": _view("Cast", [_t(1, 1, 64, dtype="i32")], [_t(1, 1, 64)], {"to": 1}),
+    "tobool": _view("Cast", [_t(1, 1, 1, 9, dtype="i64")], [_t(1, 1, 1, 9, dtype="b")], {"to": 9}),
     "matmulint": _view("MatMulInteger", [_t(1, 1, 64, dtype="u8"), _t(64, 32, dtype="i8"), _t(dtype="u8"),
                                          _t(dtype="i8")], [_t(1, 1, 32, dtype="i32")],
                        values={3: np.array(0, np.int8)}),
