@@ -67,7 +67,9 @@ time, recorded as "unsupported" with its status string):
 - Quantized layers (ONNX Runtime's ``quantize_dynamic`` exports, ``benanza.ops.quantized``):
   MatMulInteger as cuBLASLt's int8 GEMM (``cublasLtMatmul``, s8 operands, CUBLAS_COMPUTE_32I,
   s32 result; call ``kLtInt8``) in the layer's own type (``u8``/``i8``, whatever ``--dtype``
-  asks, math ``default``), one variant per heuristic rank (``LT_ALGOS``); Cast into a float type,
+  asks, math ``default``), one variant per heuristic rank (``LT_ALGOS``); QLinearMatMul (per-tensor
+  weights' scales, ONNX Runtime's ``quantize_static``) as that GEMM with an fp32 alpha and an s8
+  result (call ``kLtInt8Requant``); Cast into a float type or bool, QuantizeLinear,
   DequantizeLinear and DynamicQuantizeLinear as graph nodes of the ``quant`` table (plan slots;
   DynamicQuantizeLinear is three graphs timed back to back).
 

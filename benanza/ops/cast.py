@@ -114,8 +114,8 @@ class QuantLayer:
 
 
 def quant_row(op: str, source: str, shape: Dims, scale: Dims = (), zp: bool = False) -> QuantLayer:
-    """The row of ``op`` (Convert, NonZero, Dequantize, DynamicQuantize) reading ``source`` (a
-    short type name, CUDNN_SOURCES)."""
+    """The row of ``op`` (Convert, NonZero, Quantize, Dequantize, DynamicQuantize) of ``source``
+    (a short type name, CUDNN_SOURCES: the type read, or the integer type Quantize writes)."""
     rank = max(4, len(shape))
     return QuantLayer(op=Cpp("QuantOp::" + op), source=Cpp("DType::" + CUDNN_SOURCES[source]), zp=zp, rank=rank,
                       in_=dims8(shape, rank, 1), scale=dims8(scale, rank, 1))

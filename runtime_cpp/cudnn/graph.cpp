@@ -343,6 +343,14 @@ Spec build(const QuantLayer& L, DType t, uint8_t part, int sm) {
              true);
     return s;
   }
+  if (L.op == QuantOp::Quantize) {  // x / scale + zero point, converted into the integer type
+    Spec s = new_spec(t, L.zp ? "pointwise DIV ADD (quantize)" : "pointwise DIV (quantize)", sm);
+    TensorPtr y = s.graph->pointwise(s.tensor("X", in, t), s.tensor("scale", scale, DType::F32),
+                                     with(fe::PointwiseMode_t::DIV));
+    if (L.zp) y = s.graph->pointwise(y, s.tensor("zero_point", scale, L.source), with(fe::PointwiseMode_t::ADD));
+    s.output(y, in, L.source);
+    return s;
+  }
   if (L.op == QuantOp::Dequantize) {  // (x - zero point) · scale
     Spec s = new_spec(t, L.zp ? "pointwise SUB MUL (dequantize)" : "pointwise MUL (dequantize)", sm);
     TensorPtr x = s.tensor("X", in, L.source);

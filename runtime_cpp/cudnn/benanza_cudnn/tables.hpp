@@ -43,6 +43,8 @@ constexpr uint8_t kLtBias = 3;              // cublasLtMatmul, CUBLASLT_EPILOGUE
 constexpr uint8_t kLtBiasGelu = 4;          // cublasLtMatmul, CUBLASLT_EPILOGUE_GELU_BIAS
 constexpr uint8_t kLtBiasRelu = 5;          // cublasLtMatmul, CUBLASLT_EPILOGUE_RELU_BIAS
 constexpr uint8_t kLtInt8 = 6;              // cublasLtMatmul, s8 operands, CUBLAS_COMPUTE_32I, s32 result
+// cublasLtMatmul, s8 operands, CUBLAS_COMPUTE_32I, an fp32 alpha (the requantization scale), s8 result
+constexpr uint8_t kLtInt8Requant = 7;
 // graph families: a fusion pattern's form of the row (see graph.cpp)
 constexpr uint8_t kGeluOfA = 1;             // pointwise: the erf GELU of operand a (gelu_erf pattern)
 constexpr uint8_t kSdpaMasked = 1;          // sdpa: add an [s_q, s_kv] mask (an attention pattern's Add)
@@ -261,11 +263,14 @@ struct RopeLayer {
 //   NonZero          Cast from `source` into bool (the variant's type): CMP_NEQ with 0 (by value)
 //   Dequantize       (x - zero point) · scale, x of `source` (int8/uint8/int32), the scale (and
 //                    zero point, `zp`) of shape `scale` broadcast into `in`: pointwise SUB, MUL
+//   Quantize         ONNX QuantizeLinear: x / scale (+ zero point), x of the variant's float type
+//                    written as `source` (int8/uint8/int32), scale and zero point as Dequantize's:
+//                    pointwise DIV (, ADD)
 //   DynamicQuantize  ONNX DynamicQuantizeLinear of a float `in` into uint8: two graphs timed back
 //                    to back, the MAX and MIN reductions to [1], then the quantization pointwise
 //                    (x / scale + zero point, rounded and clipped into [0, 255], written as uint8)
 //                    with the scale and zero point as [1] tensors
-enum class QuantOp : uint8_t { Convert, Dequantize, DynamicQuantize, NonZero };
+enum class QuantOp : uint8_t { Convert, Dequantize, DynamicQuantize, NonZero, Quantize };
 
 struct QuantLayer {
   QuantOp op;
