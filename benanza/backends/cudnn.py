@@ -67,7 +67,9 @@ time, recorded as "unsupported" with its status string):
 - Quantized layers (ONNX Runtime's ``quantize_dynamic`` exports, ``benanza.ops.quantized``):
   MatMulInteger as cuBLASLt's int8 GEMM (``cublasLtMatmul``, s8 operands, CUBLAS_COMPUTE_32I,
   s32 result; call ``kLtInt8``) in the layer's own type (``u8``/``i8``, whatever ``--dtype``
-  asks, math ``default``), one variant per heuristic rank (``LT_ALGOS``); Cast into a float type,
+  asks, math ``default``), one variant per heuristic rank (``LT_ALGOS``); QLinearMatMul (per-tensor
+  weights' scales, ONNX Runtime's ``quantize_static``) as that GEMM with an fp32 alpha and an s8
+  result (call ``kLtInt8Requant``); Cast into a float type or bool, QuantizeLinear,
   DequantizeLinear and DynamicQuantizeLinear as graph nodes of the ``quant`` table (plan slots;
   DynamicQuantizeLinear is three graphs timed back to back).
 
@@ -105,7 +107,7 @@ from ..manifest import Manifest
 from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
 from ..ops.binary import CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE
-from ..ops.cast import CUDNN_QUANT_TABLE
+from ..ops.cast import CUDNN_QUANT, CUDNN_QUANT_TABLE
 from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
@@ -477,9 +479,10 @@ def _remove_stale_tables(out_dir: Path, keep: set[str]) -> None:
 
 def covers(layer: Layer) -> bool:
     """Whether this backend benchmarks the layer: a cuDNN/cuBLAS call on float data,
-    cuBLASLt's int8 GEMM on int8 data, or a graph-API pointwise node on booleans."""
+    cuBLASLt's int8 GEMM on int8 data, or a graph-API node writing booleans (a pointwise node,
+    a Cast into bool)."""
     return layer.cudnn_api is not None and (layer.dtype in FLOAT_DTYPES or layer.dtype in INT8_DTYPES or (
-        layer.dtype == BOOL and layer.cudnn_api == CUDNN_POINTWISE))
+        layer.dtype == BOOL and layer.cudnn_api in (CUDNN_POINTWISE, CUDNN_QUANT)))
 
 
 BACKEND = CudnnBackend()

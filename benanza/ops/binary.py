@@ -235,7 +235,7 @@ def _cudnn_row(p: BinaryProblem, api: str) -> BinaryLayer:
 _POINTWISE_OPS = {"div": "Div", "pow": "Pow", "eq": "CmpEq", "gt": "CmpGt", "lt": "CmpLt", "erf": "Erf",
                   "gelu": "Gelu", "gelutanh": "GeluTanh", "exp": "Exp", "log": "Log", "abs": "Abs", "neg": "Neg",
                   "softplus": "Softplus", "reciprocal": "Reciprocal", "cos": "Cos", "sin": "Sin",
-                  "hardsigmoid": "HardSigmoid", "and": "And", "or": "Or"}
+                  "hardsigmoid": "HardSigmoid", "and": "And", "or": "Or", "isnan": "IsNan"}
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,13 @@ the problem. oneDNN runs it as a reorder between the two types; it has no 64-bit
 booleans, so a Cast from those is not covered. cuDNN: the graph API's pointwise IDENTITY node
 reading the source's type and writing the variant's (``QuantLayer``, shared with the quantized
 family's DequantizeLinear and DynamicQuantizeLinear: runtime_cpp/cudnn/graph.cpp), from the
-types the graph API has (float, half, bfloat16, int32, int8, uint8); int64, f64 and booleans
-have no cuDNN tensor type here: not covered.
+types the graph API has (float, half, bfloat16, int64, int32, int8, uint8); f64 and booleans as
+sources: not covered.
+
+A Cast into bool is its own family, ``tobool`` (``tobool:long_in1x1x1x9_b``, a padding mask's
+int64 turned into booleans): x ≠ 0, written as ONNX's one-byte bool. cuDNN: a CMP_NEQ node of x
+with 0 (``QuantOp::NonZero``); oneDNN has no call for it (a u8 reorder saturates instead of
+writing 0/1, and it has no int64): not covered.
 """
 
 from __future__ import annotations
@@ -64,6 +69,23 @@ def _build(view: NodeView) -> Problem:
     return CastProblem(TYPE_WORDS[source.dtype], tuple(source.shape))
 
 
+@dataclass(frozen=True)
+class ToBoolProblem(CastProblem):
+    """A Cast into bool: x ≠ 0 for ``shape`` elements of ``source``, one byte each written."""
+
+    FAMILY: ClassVar[str] = "tobool"
+
+
+def _to_bool(view: NodeView) -> bool:
+    return (bool(view.outputs) and view.outputs[0].dtype == "b" and not same_cast(view)
+            and required(view, 0).dtype in TYPE_WORDS)
+
+
+def _build_to_bool(view: NodeView) -> Problem:
+    source = required(view, 0)
+    return ToBoolProblem(TYPE_WORDS[source.dtype], tuple(source.shape))
+
+
 def _onednn_api(p: Problem) -> str | None:
     assert isinstance(p, CastProblem)
     return "reorder" if WORD_TYPES[p.source] in ONEDNN_SOURCES else None
@@ -74,7 +96,7 @@ def _onednn_api(p: Problem) -> str | None:
 CUDNN_QUANT = "cudnn_frontend.quant"
 CUDNN_QUANT_TABLE = CudnnTable("quant", "add_quant", False, False)
 # source types the graph API's tensors take (cudnn_frontend DataType_t), as tables.hpp DType
-CUDNN_SOURCES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "i8": "I8", "u8": "U8", "i32": "I32"}
+CUDNN_SOURCES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "i8": "I8", "u8": "U8", "i32": "I32", "i64": "I64"}
 
 
 @dataclass(frozen=True)
@@ -92,8 +114,8 @@ class QuantLayer:
 
 
 def quant_row(op: str, source: str, shape: Dims, scale: Dims = (), zp: bool = False) -> QuantLayer:
-    """The row of ``op`` (Convert, Dequantize, DynamicQuantize) reading ``source`` (a short type
-    name, CUDNN_SOURCES)."""
+    """The row of ``op`` (Convert, NonZero, Quantize, Dequantize, DynamicQuantize) of ``source``
+    (a short type name, CUDNN_SOURCES: the type read, or the integer type Quantize writes)."""
     rank = max(4, len(shape))
     return QuantLayer(op=Cpp("QuantOp::" + op), source=Cpp("DType::" + CUDNN_SOURCES[source]), zp=zp, rank=rank,
                       in_=dims8(shape, rank, 1), scale=dims8(scale, rank, 1))
@@ -126,4 +148,8 @@ CAST = Family("convert", CastProblem, ("Cast",), _build, when=_converts, onednn_
               onednn=OnednnLowering("cast", False, lambda p, api: CastParams(from_=p.source, shape=p.shape),
                                     reference=_reference),
               dtype=lambda view: view.outputs[0].dtype)
-FAMILIES = (CAST,)
+TO_BOOL = Family("tobool", ToBoolProblem, ("Cast",), _build_to_bool, when=_to_bool, cudnn_api=_cudnn_api,
+                 cudnn={CUDNN_QUANT: CudnnLowering(CUDNN_QUANT_TABLE,
+                                                   lambda p, api: quant_row("NonZero", WORD_TYPES[p.source], p.shape))},
+                 dtype=lambda view: "b", int_dtypes=("b",))
+FAMILIES = (CAST, TO_BOOL)

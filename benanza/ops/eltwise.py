@@ -119,9 +119,9 @@ _ELTWISE = {
     # has no trigonometric eltwise algorithm
     "Cos": ("cos", (), None, None),
     "Sin": ("sin", (), None, None),
-    # the masked softmax's NaN guard: oneDNN's binary_ne of x with itself (x ≠ x only for NaN,
-    # runtime_cpp make_isnan); cuDNN has no isnan pointwise mode and the runtime's pointwise node
-    # takes two distinct operands, so not covered there
+    # the masked softmax's NaN guard: x ≠ x holds exactly for NaN. oneDNN: binary_ne of x with
+    # itself (runtime_cpp make_isnan); cuDNN has no isnan pointwise mode: a CMP_NEQ node reading
+    # one tensor as both operands (graph.cpp)
     "IsNaN": ("isnan", (), None, "binary_ne"),
 }
 _CUDNN_ACTIVATION = {alg: mode for alg, _, mode, _ in _ELTWISE.values()}
@@ -165,9 +165,10 @@ def _eltwise_build(view: NodeView) -> Problem:
 
 
 # element-wise ops the cuDNN legacy API lacks, each one pointwise node of the graph API
-# (HardSigmoid a chain of three: alpha·x, + beta, a ReLU clipped to [0, 1])
+# (HardSigmoid a chain of three: alpha·x, + beta, a ReLU clipped to [0, 1]; IsNaN a CMP_NEQ of x
+# with itself)
 CUDNN_POINTWISE_UNARY = ("erf", "gelu", "gelutanh", "exp", "log", "abs", "neg", "softplus", "reciprocal", "cos",
-                         "sin", "hardsigmoid")
+                         "sin", "hardsigmoid", "isnan")
 
 
 def _cudnn_api(p: Problem) -> str | None:

@@ -14,9 +14,11 @@ framework passes them; they are not part of the problems.
 On the GPU (the ``cudnn`` backend): MatMulInteger as cuBLASLt's int8 GEMM (``cublasLtMatmul``,
 s8 operands, CUBLAS_COMPUTE_32I, s32 result; runtime_cpp/cudnn/blas.cpp says what it refuses and
 what of a u8 activation's zero point it does not time), without weights' zero points (cuBLASLt
-has none); DequantizeLinear and DynamicQuantizeLinear as cuDNN graph-API nodes (the ``quant``
-table shared with Cast: cast.QuantLayer). QLinearMatMul, QLinearConv, ConvInteger and
-QuantizeLinear have no cuDNN/cuBLASLt lowering: not covered there.
+has none); QLinearMatMul with per-tensor weights' scales as the same GEMM requantized in the
+call (an fp32 alpha, s8 result: ``kLtInt8Requant``; the output's zero point not in it);
+QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear as cuDNN graph-API nodes (the
+``quant`` table shared with Cast: cast.QuantLayer). QLinearConv and ConvInteger have no
+cuDNN/cuBLASLt lowering, nor QLinearMatMul with per-column weights' scales: not covered there.
 
 Family names are none of an ONNX op's words, so the generic keys earlier versions stored for
 these ops still read: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
@@ -135,7 +137,9 @@ def _qmatmul_cudnn(p: Problem) -> str | None:
 
 
 def _qmatmul_cudnn_gap(p: QMatMulProblem) -> str | None:
-    """Why cuBLASLt's int8 GEMM cannot run a MatMulInteger, or None."""
+    """Why cuBLASLt's int8 GEMM cannot run a MatMulInteger or a QLinearMatMul, or None."""
+    if isinstance(p, QLinearMatMulProblem) and p.bscales > 1:
+        return "per-column weights' scales (cuBLASLt's alpha vector) are not generated for the int8 GEMM"
     if p.bzp:
         return "cuBLASLt's int8 GEMM has no weights' zero points"
     if p.azp > 1:
@@ -151,7 +155,8 @@ def _qmatmul_uncovered(p: Problem, backend: str) -> str | None:
 
 
 def _qmatmul_blas(p: QMatMulProblem, api: str) -> BlasLayer:
-    """The int8 GEMM of MatMulInteger's shape; a u8 A runs as the s8 data of the same bytes."""
+    """The int8 GEMM of MatMulInteger's shape (QLinearMatMul's too, whose call requantizes);
+    a u8 A (and a u8 output) runs as the s8 data of the same bytes."""
     mm = MatMulProblem(p.a, p.b)
     return BlasLayer(m=mm.m, n=mm.n, k=mm.k, trans_a=False, trans_b=False, batch=1, a_count=1, b_count=1, alpha=1.0,
                      beta=0.0)
@@ -159,12 +164,15 @@ def _qmatmul_blas(p: QMatMulProblem, api: str) -> BlasLayer:
 
 def _qdq_cudnn(p: Problem) -> str | None:
     assert isinstance(p, QdqProblem)
-    return CUDNN_QUANT if isinstance(p, DequantProblem) and WORD_TYPES[p.qtype] in CUDNN_SOURCES else None
+    return CUDNN_QUANT if WORD_TYPES[p.qtype] in CUDNN_SOURCES else None
 
 
-def _dequant_row(p: DequantProblem, api: str) -> QuantLayer:
+def _qdq_cudnn_row(p: QdqProblem, api: str) -> QuantLayer:
+    """(De)quantization as graph-API pointwise nodes: the scale (and zero point) of ``axis``
+    broadcast into the tensor; QuantizeLinear's integer type is the row's ``source``."""
     scale = tuple(n if i == p.axis else 1 for i, n in enumerate(p.shape))
-    return quant_row("Dequantize", WORD_TYPES[p.qtype], p.shape, scale, p.zp)
+    op = "Dequantize" if isinstance(p, DequantProblem) else "Quantize"
+    return quant_row(op, WORD_TYPES[p.qtype], p.shape, scale, p.zp)
 
 
 @dataclass(frozen=True)
@@ -470,7 +478,9 @@ MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_bui
                    onednn=_QMATMUL, int_dtypes=INT8, cudnn_api=_qmatmul_cudnn,
                    cudnn={LT_INT8: CudnnLowering(CUDNN_BLAS, _qmatmul_blas, "kLtInt8")}, uncovered=_qmatmul_uncovered)
 QLINEARMATMUL = Family("qmatmul", QLinearMatMulProblem, ("QLinearMatMul",), _qlinear_matmul_build,
-                       onednn_api=_qmatmul_onednn, onednn=_QMATMUL, int_dtypes=INT8)
+                       onednn_api=_qmatmul_onednn, onednn=_QMATMUL, int_dtypes=INT8, cudnn_api=_qmatmul_cudnn,
+                       cudnn={LT_INT8: CudnnLowering(CUDNN_BLAS, _qmatmul_blas, "kLtInt8Requant")},
+                       uncovered=_qmatmul_uncovered)
 DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
                   lambda view: DynQuantProblem(tuple(required(view, 0).shape)), onednn_api=const("reduction+reorder"),
                   cudnn_api=const(CUDNN_QUANT),
@@ -479,10 +489,10 @@ DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
                   onednn=OnednnLowering("dynquant", False, lambda p, api: DynquantParams(shape=p.shape),
                                         reference=_dynquant_reference))
 QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_qdq_modelled, onednn_api=_qdq_onednn,
-               onednn=_QDQ)
+               onednn=_QDQ, cudnn_api=_qdq_cudnn, cudnn={CUDNN_QUANT: CudnnLowering(CUDNN_QUANT_TABLE, _qdq_cudnn_row)})
 DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_qdq_modelled,
                  onednn_api=_qdq_onednn, onednn=_QDQ, dtype=lambda view: view.outputs[0].dtype, cudnn_api=_qdq_cudnn,
-                 cudnn={CUDNN_QUANT: CudnnLowering(CUDNN_QUANT_TABLE, _dequant_row)})
+                 cudnn={CUDNN_QUANT: CudnnLowering(CUDNN_QUANT_TABLE, _qdq_cudnn_row)})
 CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is_4d, onednn_api=_qconv_onednn,
                  onednn=_QCONV, int_dtypes=INT8)
 QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,

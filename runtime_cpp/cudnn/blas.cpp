@@ -202,19 +202,25 @@ struct LtChoice {
 
 using LtChoiceKey = std::tuple<const BlasLayer*, DType, Math, uint8_t>;
 
-bool int8_gemm(const Variant& v) { return v.call == kLtInt8; }
+bool int8_gemm(const Variant& v) { return v.call == kLtInt8 || v.call == kLtInt8Requant; }
+
+// QLinearMatMul's int8 GEMM: the s32 accumulator scaled by an fp32 alpha (sa·sb/sy) into s8 in the
+// same call; a u8 output is the s8 data of the same bytes, and the output's zero point (a shift of
+// the result) is not in the call
+bool requantized(const Variant& v) { return v.call == kLtInt8Requant; }
 
 class LtProblem : public Problem {
  public:
   LtProblem(const BlasLayer& L, const Variant& v)
-      : int8_(int8_gemm(v)), type_(int8_ ? CUDA_R_8I : cuda_dtype(v.dtype)), out_type_(int8_ ? CUDA_R_32I : type_),
+      : int8_(int8_gemm(v)), requant_(requantized(v)), type_(int8_ ? CUDA_R_8I : cuda_dtype(v.dtype)),
+        out_type_(requant_ ? CUDA_R_8I : int8_ ? CUDA_R_32I : type_),
         alpha_{static_cast<float>(L.alpha)}, beta_{static_cast<float>(L.beta)},
         ialpha_{static_cast<int32_t>(L.alpha)}, ibeta_{static_cast<int32_t>(L.beta)} {
     if (L.batch != 1 || L.a_count != 1 || L.b_count != 1)
       throw Failure("a batched cublasLtMatmul: the generator sends 2-D GEMMs only; regenerate the tables");
     lt_handle();  // no GPU: fail here, before allocating
     const cublasComputeType_t compute = int8_ ? CUBLAS_COMPUTE_32I : compute_type(v);
-    BZ_CUBLAS(cublasLtMatmulDescCreate(desc_.out(), compute, int8_ ? CUDA_R_32I : CUDA_R_32F));
+    BZ_CUBLAS(cublasLtMatmulDescCreate(desc_.out(), compute, int8_ && !requant_ ? CUDA_R_32I : CUDA_R_32F));
     // Lt's A is ONNX's B and Lt's B is ONNX's A (the column-major view above); a layout names the
     // stored matrix, before its transpose. The int8 GEMM's weights are stored N x K (TN form).
     const bool trans_b = int8_ || L.trans_b;
@@ -252,7 +258,7 @@ class LtProblem : public Problem {
     const auto stages = algo_config<uint32_t>(algo_, CUBLASLT_ALGO_CONFIG_STAGES_ID);
     const auto splitk = algo_config<int32_t>(algo_, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
     implementation = std::string("cublasLtMatmul/") + (int8_ ? "INT8/CUBLAS_COMPUTE_32I" : what) + "/" +
-                     (int8_ ? "CUDA_R_32I" : compute_name(compute)) +
+                     (requant_ ? "CUDA_R_8I" : int8_ ? "CUDA_R_32I" : compute_name(compute)) +
                      "/id=" + std::to_string(id) + ",tile=" + std::to_string(tile) +
                      ",stages=" + std::to_string(stages) + ",splitk=" + std::to_string(splitk);
     counters["algo"] = v.algo;
@@ -268,7 +274,7 @@ class LtProblem : public Problem {
     const DType in = int8_ ? DType::I8 : v.dtype;
     a_buf_ = filled(size_t(L.m) * L.k, in);
     b_buf_ = filled(size_t(L.k) * L.n, in);
-    y_buf_ = filled(size_t(L.m) * L.n, int8_ ? DType::I32 : v.dtype);
+    y_buf_ = filled(size_t(L.m) * L.n, requant_ ? DType::I8 : int8_ ? DType::I32 : v.dtype);
     ws_buf_ = DeviceBuffer(picked.workspaceSize);
     if (!int8_) {
       bias_buf_ = filled(L.n, v.dtype);
@@ -277,9 +283,10 @@ class LtProblem : public Problem {
   }
 
   void enqueue() override {
-    // alpha and beta are of the scale type: int32 for CUBLAS_COMPUTE_32I
-    const void* alpha = int8_ ? static_cast<const void*>(&ialpha_) : &alpha_;
-    const void* beta = int8_ ? static_cast<const void*>(&ibeta_) : &beta_;
+    // alpha and beta are of the scale type: int32 for CUBLAS_COMPUTE_32I with an s32 result
+    const bool integer_scale = int8_ && !requant_;
+    const void* alpha = integer_scale ? static_cast<const void*>(&ialpha_) : &alpha_;
+    const void* beta = integer_scale ? static_cast<const void*>(&ibeta_) : &beta_;
     BZ_CUBLAS(cublasLtMatmul(lt_handle(), desc_, alpha, b_buf_.get(), a_, a_buf_.get(), b_, beta, y_buf_.get(),
                              d_, y_buf_.get(), d_, &algo_, ws_buf_.get(), ws_buf_.bytes(), stream()));
   }
@@ -304,7 +311,7 @@ class LtProblem : public Problem {
     return choices.emplace(key, std::move(c)).first->second;
   }
 
-  bool int8_;
+  bool int8_, requant_;
   cudaDataType_t type_, out_type_;
   float alpha_, beta_;
   int32_t ialpha_, ibeta_;

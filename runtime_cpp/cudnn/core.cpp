@@ -133,6 +133,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 size_t dtype_size(DType t) {
   switch (t) {
+    case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
     case DType::I8: case DType::U8: case DType::Bool: return 1;
@@ -148,6 +149,7 @@ cudnnDataType_t cudnn_dtype(DType t) {
     case DType::I8: return CUDNN_DATA_INT8;
     case DType::U8: return CUDNN_DATA_UINT8;
     case DType::I32: return CUDNN_DATA_INT32;
+    case DType::I64: return CUDNN_DATA_INT64;
     case DType::Bool: unsupported("booleans run as graph-API nodes only (graph.cpp)");
   }
   return CUDNN_DATA_FLOAT;
@@ -161,6 +163,7 @@ cudaDataType_t cuda_dtype(DType t) {
     case DType::I8: return CUDA_R_8I;
     case DType::U8: return CUDA_R_8U;
     case DType::I32: return CUDA_R_32I;
+    case DType::I64: return CUDA_R_64I;
     case DType::Bool: return CUDA_R_8U;
   }
   return CUDA_R_32F;
@@ -174,6 +177,7 @@ const char* dtype_name(DType t) {
     case DType::I8: return "i8";
     case DType::U8: return "u8";
     case DType::I32: return "i32";
+    case DType::I64: return "i64";
     case DType::Bool: return "b";
   }
   return "?";

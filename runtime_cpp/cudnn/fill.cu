@@ -62,6 +62,7 @@ DeviceBuffer filled(size_t count, DType type, float lo, float hi) {
     case DType::I8: launch<int8_t>(buf.get(), count, 64 * lo, 64 * hi); break;
     case DType::U8: launch<uint8_t>(buf.get(), count, 0.0f, 128 * hi); break;
     case DType::I32: launch<int32_t>(buf.get(), count, 64 * lo, 64 * hi); break;
+    case DType::I64: launch<int64_t>(buf.get(), count, 64 * lo, 64 * hi); break;
     case DType::Bool: launch<uint8_t>(buf.get(), count, 0.f, 2.f); break;  // 0/1, whatever the range
   }
   return buf;

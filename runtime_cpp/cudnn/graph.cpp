@@ -40,6 +40,7 @@ fe::DataType_t fe_dtype(DType t) {
     case DType::I8: return fe::DataType_t::INT8;
     case DType::U8: return fe::DataType_t::UINT8;
     case DType::I32: return fe::DataType_t::INT32;
+    case DType::I64: return fe::DataType_t::INT64;
     // one byte per element as ONNX's bool (the frontend's BOOLEAN is one bit); a cuDNN before 9.25
     // refuses it when the graph is built
     case DType::Bool: return fe::DataType_t::BYTE_BOOLEAN;
@@ -49,6 +50,7 @@ fe::DataType_t fe_dtype(DType t) {
 
 int64_t type_bytes(DType t) {
   switch (t) {
+    case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
     case DType::I8: case DType::U8: case DType::Bool: return 1;
@@ -205,6 +207,7 @@ PointwiseMode pointwise_mode(PointwiseOp op) {
     case PointwiseOp::HardSigmoid: return {fe::PointwiseMode_t::RELU_FWD, "MUL ADD RELU_FWD[0,1]"};
     case PointwiseOp::And: return {fe::PointwiseMode_t::LOGICAL_AND, "LOGICAL_AND"};
     case PointwiseOp::Or: return {fe::PointwiseMode_t::LOGICAL_OR, "LOGICAL_OR"};
+    case PointwiseOp::IsNan: return {fe::PointwiseMode_t::CMP_NEQ, "CMP_NEQ(x, x) (isnan)"};
   }
   return {fe::PointwiseMode_t::IDENTITY, "IDENTITY"};
 }
@@ -214,7 +217,9 @@ Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
   const bool gelu = call == kGeluOfA;
   const PointwiseMode m = pointwise_mode(gelu ? PointwiseOp::Gelu : L.op);
   Spec s = new_spec(t, std::string("pointwise ") + m.name, sm);
-  const bool compare = L.op == PointwiseOp::CmpEq || L.op == PointwiseOp::CmpGt || L.op == PointwiseOp::CmpLt;
+  const bool isnan = L.op == PointwiseOp::IsNan;
+  const bool compare =
+      L.op == PointwiseOp::CmpEq || L.op == PointwiseOp::CmpGt || L.op == PointwiseOp::CmpLt || isnan;
   // And, Or compute in booleans, as the frontend's own SDPA builds its padding mask
   // (scaled_dot_product_flash_attention.h: LOGICAL_AND with a BOOLEAN compute type)
   const bool logical = L.op == PointwiseOp::And || L.op == PointwiseOp::Or;
@@ -229,8 +234,10 @@ Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
     a = s.graph->pointwise(scaled, s.graph->tensor(static_cast<float>(L.beta)), with(fe::PointwiseMode_t::ADD));
     options.set_relu_lower_clip(0.0f).set_relu_upper_clip(1.0f);
   }
-  TensorPtr y = L.binary && !gelu ? s.graph->pointwise(a, s.tensor("B", {L.b, L.b + L.rank}, t), options)
-                                  : s.graph->pointwise(a, options);
+  // IsNaN: the same tensor (one uid, one buffer) as both operands of CMP_NEQ
+  TensorPtr y = isnan                ? s.graph->pointwise(a, a, options)
+                : L.binary && !gelu ? s.graph->pointwise(a, s.tensor("B", {L.b, L.b + L.rank}, t), options)
+                                    : s.graph->pointwise(a, options);
   s.output(y, {L.out, L.out + L.rank}, t, compare);
   return s;
 }
@@ -327,6 +334,21 @@ Spec build(const QuantLayer& L, DType t, uint8_t part, int sm) {
   if (L.op == QuantOp::Convert) {  // a Cast: the identity from the source type into the variant's
     Spec s = new_spec(t, "pointwise IDENTITY (cast)", sm);
     s.output(s.graph->pointwise(s.tensor("X", in, L.source), with(fe::PointwiseMode_t::IDENTITY)), in, t);
+    return s;
+  }
+  if (L.op == QuantOp::NonZero) {  // a Cast into bool: x ≠ 0, one byte per element
+    Spec s = new_spec(t, "pointwise CMP_NEQ 0 (cast to bool)", sm);
+    auto zero = s.graph->tensor(0.0f);  // passed by value
+    s.output(s.graph->pointwise(s.tensor("X", in, L.source), zero, with(fe::PointwiseMode_t::CMP_NEQ)), in, t,
+             true);
+    return s;
+  }
+  if (L.op == QuantOp::Quantize) {  // x / scale + zero point, converted into the integer type
+    Spec s = new_spec(t, L.zp ? "pointwise DIV ADD (quantize)" : "pointwise DIV (quantize)", sm);
+    TensorPtr y = s.graph->pointwise(s.tensor("X", in, t), s.tensor("scale", scale, DType::F32),
+                                     with(fe::PointwiseMode_t::DIV));
+    if (L.zp) y = s.graph->pointwise(y, s.tensor("zero_point", scale, L.source), with(fe::PointwiseMode_t::ADD));
+    s.output(y, in, L.source);
     return s;
   }
   if (L.op == QuantOp::Dequantize) {  // (x - zero point) · scale

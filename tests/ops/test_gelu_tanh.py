@@ -108,9 +108,11 @@ def test_opset20_gelu_tanh_and_isnan_are_single_ops() -> None:
     for layer in (gelu, isnan):
         assert parse_layer_key(layer.key) == (layer.problem, "f32") and layer.problem.flops() == ROWS * COLS
         assert layer.onednn_primitive == "eltwise" and onednn.covers(layer)
-    assert gelu.cudnn_api == "cudnn_frontend.pointwise"
-    # cuDNN has no isnan pointwise mode: not covered there, never timed as another op
-    assert isnan.cudnn_api is None and cudnn.family_of(isnan) is None
+    # cuDNN has no isnan pointwise mode: IsNaN is a CMP_NEQ node of x with itself, written as
+    # one-byte booleans (graph.cpp), in the pointwise table as GELU
+    assert gelu.cudnn_api == isnan.cudnn_api == "cudnn_frontend.pointwise"
+    row = cudnn.lowering(isnan).row(isnan.problem, isnan.cudnn_api)
+    assert (row.op, row.binary, row.out[:4]) == ("PointwiseOp::IsNan", False, (1, 1, ROWS, COLS))
 
 
 @pytest.mark.slow  # exports torch models

@@ -94,14 +94,15 @@ def test_rmsnorm_ops_and_their_work() -> None:
 @pytest.mark.slow  # builds a cuDNN project
 @NEED_TOOLCHAIN
 def test_cudnn_graphs_of_decoder_ops_validate(tmp_path, cudnn_runtime) -> None:
-    """RMS normalization (the graph API's RMS norm node) and Cos, Sin, Reciprocal (pointwise nodes)
-    built, and accepted by the cuDNN frontend's own validation for an sm_90 GPU (no GPU needed)."""
+    """RMS normalization (the graph API's RMS norm node), Cos, Sin, Reciprocal (pointwise nodes)
+    and IsNaN (a CMP_NEQ node reading one tensor as both operands) built, and accepted by the
+    cuDNN frontend's own validation for an sm_90 GPU (no GPU needed)."""
     w = numpy_helper.from_array(np.ones(COLS, np.float32), "w")
     nodes = [helper.make_node("RMSNormalization", ["x", "w"], ["y"], epsilon=1e-6),
              helper.make_node("Cos", ["y"], ["c"]), helper.make_node("Sin", ["c"], ["s"]),
-             helper.make_node("Reciprocal", ["s"], ["r"])]
+             helper.make_node("Reciprocal", ["s"], ["r"]), helper.make_node("IsNaN", ["r"], ["nan"])]
     path = tmp_path / "decoder_ops.onnx"
-    onnx.save(model(nodes, [io("x", [1, ROWS, COLS])], [io("r", None)], [w], opset=23), path)
+    onnx.save(model(nodes, [io("x", [1, ROWS, COLS])], [io("nan", None)], [w], opset=23), path)
     models = [load_model(path)]
     g = generate(build_manifest(models, unique_layers(models)), "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16")))
     binary = _build(g.out_dir, runtime=cudnn_runtime)
@@ -111,5 +112,9 @@ def test_cudnn_graphs_of_decoder_ops_validate(tmp_path, cudnn_runtime) -> None:
     lines = {ln["name"].split("/")[0]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
     assert set(lines) == {f"{k}_{dt}" for k in (f"rmsnorm:in1x{ROWS}x{COLS}_axis2_eps0.000001",
                                                  f"eltwise:cos_in1x{ROWS}x{COLS}", f"eltwise:sin_in1x{ROWS}x{COLS}",
-                                                 f"eltwise:reciprocal_in1x{ROWS}x{COLS}") for dt in ("f32", "f16")}
+                                                 f"eltwise:reciprocal_in1x{ROWS}x{COLS}",
+                                                 f"eltwise:isnan_in1x{ROWS}x{COLS}") for dt in ("f32", "f16")}
     assert all(ln["ok"] for ln in lines.values()), lines
+    # one pointwise table row per layer, the isnan one with no B operand: the graph reads A twice
+    tables = "".join(p.read_text() for p in g.out_dir.glob("tables_pointwise_*.cpp"))
+    assert tables.count("PointwiseOp::IsNan") == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from benanza.fusion import match_fusions
 from benanza.generator import read_variants
 from benanza.ops.registry import parse_layer_key
 from benanza.processor import load_model
+from tests.backends.test_cudnn import NEED_TOOLCHAIN, _build, _lines, _run_without_gpu
 
 M, K, N = 4, 64, 32
 
@@ -155,8 +157,11 @@ def test_qdq_keys_name_type_axis_and_zero_point() -> None:
     row = cudnn.lowering(dqw).row(dqw.problem, dqw.cudnn_api)
     assert (row.op, row.source, row.zp, row.in_[:4], row.scale[:4]) == (
         "QuantOp::Dequantize", "DType::I8", False, (1, 1, K, N), (1, 1, 1, N))
+    # QuantizeLinear: x / scale + zero point written as the integer type (the row's source)
     q = next(n.layer for n in processed.nodes if n.name == "q")
-    assert q.cudnn_api is None  # QuantizeLinear: no cuDNN lowering
+    row = cudnn.lowering(q).row(q.problem, q.cudnn_api)
+    assert (row.op, row.source, row.zp, row.in_[:4], row.scale[:4]) == (
+        "QuantOp::Quantize", "DType::U8", True, (1, 1, M, K), (1, 1, 1, 1))
 
 
 def test_small_eltwise_ops_and_casts() -> None:
@@ -166,23 +171,37 @@ def test_small_eltwise_ops_and_casts() -> None:
              helper.make_node("IsNaN", ["r"], ["nan"], name="isnan"),
              helper.make_node("Cast", ["r"], ["same"], to=TensorProto.FLOAT, name="same"),
              helper.make_node("Cast", ["idx"], ["idxf"], to=TensorProto.FLOAT, name="cast32"),
-             helper.make_node("Cast", ["r"], ["ri"], to=TensorProto.INT64, name="toint")]
+             helper.make_node("Cast", ["r"], ["ri"], to=TensorProto.INT64, name="toint"),
+             helper.make_node("Cast", ["pos"], ["pb"], to=TensorProto.BOOL, name="mask")]
     m = model(nodes, [io("pos", [1, 8], TensorProto.INT64), io("idx", [1, 8], TensorProto.INT32)],
-              [io("s", None), io("nan", None), io("same", None), io("idxf", None), io("ri", None)])
+              [io("s", None), io("nan", None), io("same", None), io("idxf", None), io("ri", None),
+               io("pb", None)])
     layers = {n.name: n.layer for n in load_model(m, name="ew").nodes}
     assert layers["cos"].key == "eltwise:cos_in1x8_f32" and layers["recip"].key == "eltwise:reciprocal_in1x8_f32"
     # oneDNN: 1/x is its eltwise pow (x^-1); it has no cos/sin; cuDNN: pointwise nodes for all three
     assert layers["recip"].onednn_primitive == "eltwise"
     assert layers["cos"].onednn_primitive is None and layers["sin"].onednn_primitive is None
     assert {layers[n].cudnn_api for n in ("cos", "sin", "recip")} == {"cudnn_frontend.pointwise"}
-    # IsNaN: oneDNN's binary_ne of x with itself; cuDNN has no isnan pointwise mode
+    # IsNaN: oneDNN's binary_ne of x with itself; cuDNN's CMP_NEQ pointwise node of x with itself
     assert layers["isnan"].key == "eltwise:isnan_in1x8_f32"
-    assert layers["isnan"].onednn_primitive == "eltwise" and layers["isnan"].cudnn_api is None
+    assert layers["isnan"].onednn_primitive == "eltwise"
+    assert layers["isnan"].cudnn_api == "cudnn_frontend.pointwise"
     # an int64 source has no oneDNN type; int32 does; a Cast to its own type is free
     assert layers["cast64"].key == "convert:long_in1x8_f32" and not onednn.covers(layers["cast64"])
     assert layers["cast32"].key == "convert:int_in1x8_f32" and onednn.covers(layers["cast32"])
-    # cuDNN: a pointwise IDENTITY node from int32; no cuDNN tensor holds int64
-    assert layers["cast32"].cudnn_api == "cudnn_frontend.quant" and layers["cast64"].cudnn_api is None
+    # cuDNN: a pointwise IDENTITY node from int32 and from int64 (the graph API's INT64 tensors)
+    from benanza.backends import cudnn
+
+    assert layers["cast32"].cudnn_api == layers["cast64"].cudnn_api == "cudnn_frontend.quant"
+    row = cudnn.lowering(layers["cast64"]).row(layers["cast64"].problem, layers["cast64"].cudnn_api)
+    assert (row.op, row.source) == ("QuantOp::Convert", "DType::I64") and cudnn.covers(layers["cast64"])
+    # into bool: the tobool family, x ≠ 0 in one-byte booleans (cuDNN's CMP_NEQ with 0); oneDNN has none
+    mask = layers["mask"]
+    assert mask.key == "tobool:long_in1x8_b" and parse_layer_key(mask.key) == (mask.problem, "b")
+    assert mask.flops == 8 and mask.bytes == 8 * 8 + 8  # int64 in, one byte per bool out
+    assert mask.onednn_primitive is None and not onednn.covers(mask)
+    row = cudnn.lowering(mask).row(mask.problem, mask.cudnn_api)
+    assert (row.op, row.source) == ("QuantOp::NonZero", "DType::I64") and cudnn.covers(mask)
     assert layers["same"].free
     # a Cast into an integer type stays a generic layer, its key the `cast:` one it always had
     assert layers["toint"].key.startswith("cast:") and layers["toint"].family == "cast"
@@ -263,6 +282,56 @@ def test_static_quantization_costed_and_checked(tmp_path) -> None:
     assert [[qdq.nodes[i].layer.op for i in m.nodes] for m in matches] == [
         ["MatMul", "DequantizeLinear", "QuantizeLinear"]] * 2
     assert sum("/fusion=qdq_matmul:" in ln for ln in lines) == 2
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_static_quantization_on_cudnn(tmp_path, cudnn_runtime) -> None:
+    """ONNX Runtime's QOperator export on the GPU backend: every layer covered (generate --json),
+    QLinearMatMul as cuBLASLt's int8 GEMM with the fp32 requantization scale and an s8 result in
+    the same call (kLtInt8Requant, one variant per heuristic rank), QuantizeLinear and
+    DequantizeLinear as graph nodes; the project compiles and links against the cuDNN/cuBLAS
+    wheels, every benchmark fails cleanly without a GPU, and the cuDNN frontend validates the
+    quantization graphs for an sm_90 GPU. Per-column weights' scales are not covered, by name."""
+    from benanza.ops.registry import uncovered_reason
+
+    paths = _static_quantized(tmp_path)
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", str(paths["qop"]), "--out", str(bench), "--backend", "cudnn",
+                                  "--dtype", "f32", "--json"])
+    assert r.exit_code == 0, r.output
+    (m,) = json.loads(r.output)["models"]
+    assert m["backends"]["cudnn"]["covered_pct"] == 100.0, m
+    variants = read_variants(bench / "cudnn")
+    gemms = [v for v in variants if v.problem.family == "qmatmul"]
+    assert {v.layer_key for v in gemms} == {f"qmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_u8",
+                                            f"qmatmul:a{M}x{N}_b{N}x16_ws1_ys0_u8"}
+    assert {(v.api, v.dtype, v.math) for v in gemms} == {("cublasLtMatmul", "u8", "default")} and len(gemms) == 16
+    blas = "".join(p.read_text() for p in (bench / "cudnn").glob("tables_blas_*.cpp"))
+    assert blas.count(".call = kLtInt8Requant") == 16
+    assert {v.problem.family for v in variants if v.api == "cudnn_frontend.quant"} == {"quant", "dequant"}
+
+    binary = _build(bench / "cudnn", runtime=cudnn_runtime)
+    _run_without_gpu(binary, variants)
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {ln["name"].split("/")[0]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
+    assert set(lines) == {f"quant:byte_in{M}x{K}_zp_f32", "dequant:byte_in4x16_zp_f32"}, set(lines)
+    assert all(ln["ok"] for ln in lines.values()), lines
+
+    # per-column weights' scales: the int8 GEMM would need cuBLASLt's alpha vector, not generated
+    w = numpy_helper.from_array(np.ones((K, N), np.int8), "W")
+    scalars = [numpy_helper.from_array(np.array(v, t), n) for n, v, t in (
+        ("xs", 0.1, np.float32), ("xzp", 128, np.uint8), ("ys", 0.2, np.float32), ("yzp", 0, np.uint8))]
+    node = helper.make_node("QLinearMatMul", ["x", "xs", "xzp", "W", "ws", "wzp", "ys", "yzp"], ["y"], name="qmm")
+    per_column = [numpy_helper.from_array(np.full(N, 0.01, np.float32), "ws"),
+                  numpy_helper.from_array(np.zeros(N, np.int8), "wzp")]
+    graph = model([node], [io("x", [M, K], TensorProto.UINT8)], [io("y", None, TensorProto.UINT8)],
+                  [w, *scalars, *per_column])
+    (layer,) = [n.layer for n in load_model(graph, name="perchannel").nodes]
+    assert layer.key == f"qmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_bsc{N}_u8" and layer.cudnn_api is None
+    assert "per-column weights' scales" in uncovered_reason(layer, "cudnn")
 
 
 def test_cudnn_runs_no_float_epilogue_for_a_qdq_matmul(tmp_path) -> None:

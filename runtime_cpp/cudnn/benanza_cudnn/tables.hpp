@@ -16,10 +16,10 @@ class Registry;
 
 namespace benanza::cudnn {
 
-// I8, U8: an int8 layer's own type (MatMulInteger on cuBLASLt); I32 only as a tensor's type in a
-// quantized layer's row (QuantLayer.source), never a variant's. Bool: ONNX bool, one byte 0/1 (the
-// graph API's BYTE_BOOLEAN, cuDNN 9.25+): a mask's And, Or
-enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32, Bool };
+// I8, U8: an int8 layer's own type (MatMulInteger on cuBLASLt); I32, I64 only as a tensor's type
+// in a quantized layer's row (QuantLayer.source), never a variant's. Bool: ONNX bool, one byte 0/1
+// (the graph API's BYTE_BOOLEAN, cuDNN 9.25+): a mask's And, Or, a Cast into bool
+enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32, Bool, I64 };
 enum class Layout : uint8_t { NCHW, NHWC };
 // One vocabulary for cuDNN and cuBLAS (benanza/backends/cudnn.py MATHS):
 //   Default      the call has no math setting (pooling, activations, ...)
@@ -43,6 +43,8 @@ constexpr uint8_t kLtBias = 3;              // cublasLtMatmul, CUBLASLT_EPILOGUE
 constexpr uint8_t kLtBiasGelu = 4;          // cublasLtMatmul, CUBLASLT_EPILOGUE_GELU_BIAS
 constexpr uint8_t kLtBiasRelu = 5;          // cublasLtMatmul, CUBLASLT_EPILOGUE_RELU_BIAS
 constexpr uint8_t kLtInt8 = 6;              // cublasLtMatmul, s8 operands, CUBLAS_COMPUTE_32I, s32 result
+// cublasLtMatmul, s8 operands, CUBLAS_COMPUTE_32I, an fp32 alpha (the requantization scale), s8 result
+constexpr uint8_t kLtInt8Requant = 7;
 // graph families: a fusion pattern's form of the row (see graph.cpp)
 constexpr uint8_t kGeluOfA = 1;             // pointwise: the erf GELU of operand a (gelu_erf pattern)
 constexpr uint8_t kSdpaMasked = 1;          // sdpa: add an [s_q, s_kv] mask (an attention pattern's Add)
@@ -226,9 +228,11 @@ struct SdpaLayer {
 // broadcasts into `out` (a unary op has rank-0 `b`, all zeros). Comparisons write booleans; And,
 // Or read and write them (the variant's type is Bool).
 // HardSigmoid, max(0, min(1, alpha·x + beta)), is a chain: no single pointwise mode computes it.
+// IsNan (unary, writes booleans): no pointwise mode either; CMP_NEQ of A with itself (x ≠ x only
+// for NaN), one tensor bound to both operands.
 enum class PointwiseOp : uint8_t {
   Div, Pow, CmpEq, CmpGt, CmpLt, Erf, Gelu, GeluTanh, Exp, Log, Abs, Neg, Softplus, Reciprocal, Cos, Sin,
-  HardSigmoid, And, Or
+  HardSigmoid, And, Or, IsNan
 };
 
 struct PointwiseLayer {
@@ -256,13 +260,17 @@ struct RopeLayer {
 
 // Quantization's element-wise layers as graph-API nodes (graph.cpp), in the variant's float type:
 //   Convert          Cast from `source` into the variant's type: a pointwise IDENTITY node
+//   NonZero          Cast from `source` into bool (the variant's type): CMP_NEQ with 0 (by value)
 //   Dequantize       (x - zero point) · scale, x of `source` (int8/uint8/int32), the scale (and
 //                    zero point, `zp`) of shape `scale` broadcast into `in`: pointwise SUB, MUL
+//   Quantize         ONNX QuantizeLinear: x / scale (+ zero point), x of the variant's float type
+//                    written as `source` (int8/uint8/int32), scale and zero point as Dequantize's:
+//                    pointwise DIV (, ADD)
 //   DynamicQuantize  ONNX DynamicQuantizeLinear of a float `in` into uint8: two graphs timed back
 //                    to back, the MAX and MIN reductions to [1], then the quantization pointwise
 //                    (x / scale + zero point, rounded and clipped into [0, 255], written as uint8)
 //                    with the scale and zero point as [1] tensors
-enum class QuantOp : uint8_t { Convert, Dequantize, DynamicQuantize };
+enum class QuantOp : uint8_t { Convert, Dequantize, DynamicQuantize, NonZero, Quantize };
 
 struct QuantLayer {
   QuantOp op;
