@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import io, model
+from helpers import generate_bench, io, model
 from onnx import helper
 
 from benanza.fusion import match_fusions
@@ -127,6 +127,27 @@ def test_torchscript_folded_decode_matches(tmp_path, step) -> None:
     assert sum(f.conv.macs for f in matches) == hf_models.attention_macs("llama", step.seq, step.past)
 
 
+def _generated(models, out):
+    """The models' oneDNN f32 project in ``out``, as `benanza generate` writes it."""
+    from benanza.generator import GenOptions
+
+    return generate_bench(models, "onednn", out, GenOptions(dtypes=("f32",)))[1]
+
+
+def _run_attention(out, db):
+    """`benanza run` of the project's attention benchmarks into ``db``: every result, and the
+    attention ones."""
+    from benanza.perfdb import PerfDB
+    from benanza.runner import RunOptions, run
+
+    summary = run(out, "ci", "onednn", db, RunOptions(filter="^attention:", min_time=0.01, repetitions=1,
+                                                       build_jobs=1, threads=1, peaks=False))
+    assert summary.failed == 0, summary.failures
+    with PerfDB(db) as pdb:
+        results = pdb.results("ci")
+    return results, [r for r in results if r.variant.problem.family == "attention"]
+
+
 @pytest.mark.slow  # exports transformers' Llama twice, builds and runs a oneDNN project
 def test_folded_decode_run_and_check_on_onednn(tmp_path) -> None:
     """Both TorchScript decode steps through the real pipeline: the one fused benchmark they share
@@ -136,26 +157,13 @@ def test_folded_decode_run_and_check_on_onednn(tmp_path) -> None:
     constant mask, both fed the benchmark's mask)."""
     from benanza.analyzer import analyze
     from benanza.check import CheckOptions, CheckStatus, check
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
-    from benanza.perfdb import PerfDB
-    from benanza.runner import RunOptions, run
 
     models = [load_model(hf_models.export(step, "torchscript", tmp_path)) for step in FOLDED]
     out = tmp_path / "bench"
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",)))
+    gen = _generated(models, out)
     fused = [v for v in gen.variants if v.problem.family == "attention" and v.fusion != "none"]
     assert {(v.layer_key, v.fusion) for v in fused} == {(GQA_KEY, "sdpa_qk_scale_mask")}
-    summary = run(out, "ci", "onednn", tmp_path / "r.db",
-                  RunOptions(filter="^attention:", min_time=0.01, repetitions=1, build_jobs=1, threads=1,
-                             peaks=False))
-    assert summary.failed == 0, summary.failures
-    with PerfDB(tmp_path / "r.db") as pdb:
-        results = pdb.results("ci")
-    got = [r for r in results if r.variant.problem.family == "attention"]
+    results, got = _run_attention(out, tmp_path / "r.db")
     assert {r.variant.name for r in got} == {v.name for v in fused} and all(r.ok for r in got)
     for m in models:
         a = analyze(m, results, "ci", "onednn")
@@ -254,11 +262,6 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
     Runtime's GroupQueryAttention benchmarked through the same chain (no reference)."""
     from benanza.analyzer import analyze
     from benanza.check import CheckOptions, CheckStatus, check
-    from benanza.generator import GenOptions, generate
-    from benanza.layers import unique_layers
-    from benanza.manifest import build_manifest, write_manifest
-    from benanza.perfdb import PerfDB
-    from benanza.runner import RunOptions, run
 
     op, ort_op = tmp_path / "gqa_op.onnx", tmp_path / "ort_gqa.onnx"
     onnx.save(_op_model(2), op)
@@ -267,20 +270,12 @@ def test_generate_run_check_on_onednn(tmp_path) -> None:
     decoders = [load_model(_export(tmp_path, e)) for e in ("torchscript", "dynamo")] + [load_model(hf)]
     models = decoders + [load_model(op), load_model(ort_op)]
     out = tmp_path / "bench"
-    manifest = build_manifest(models, unique_layers(models))
-    write_manifest(manifest, out)
-    gen = generate(manifest, "onednn", out, GenOptions(dtypes=("f32",)))
+    gen = _generated(models, out)
     mine = [v for v in gen.variants if v.problem.family == "attention"]
     fused = [v for v in mine if v.fusion != "none"]
     assert {v.layer_key for v in fused} == {GQA_KEY}
     assert {v.fusion for v in fused} == {"sdpa_scale_mask", "sdpa_qk_scale_mask"}  # ours; transformers' SDPA
-    summary = run(out, "ci", "onednn", tmp_path / "r.db",
-                  RunOptions(filter="^attention:", min_time=0.01, repetitions=1, build_jobs=1, threads=1,
-                             peaks=False))
-    assert summary.failed == 0, summary.failures
-    with PerfDB(tmp_path / "r.db") as pdb:
-        results = pdb.results("ci")
-    got = [r for r in results if r.variant.problem.family == "attention"]
+    results, got = _run_attention(out, tmp_path / "r.db")
     assert len(got) == len(mine) and all(r.ok for r in got), [(r.variant.name, r.message) for r in got]
     for m in decoders:
         a = analyze(m, results, "ci", "onednn")
