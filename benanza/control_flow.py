@@ -1,11 +1,14 @@
 """Control flow the processor can cost, found by ONNX Runtime runs (``shapes_by_execution.run_once``):
 
 - each ``If`` is replaced by the branch its condition takes for the given inputs;
-- each ``Loop`` whose trip count is its M input alone (the condition starts true and the body
-  passes it through unchanged) is unrolled: its body once per iteration, with the iteration's
-  number, and its scan outputs stacked as ONNX Runtime's Loop stacks them (a Concat of the
-  iterations' outputs, a copy). A Loop that stops on a value it computes (a generation loop), or
-  runs more than ``MAX_TRIPS`` iterations, stays one node, and says why;
+- each ``Loop`` is unrolled: its body once per iteration, with the iteration's number, the
+  condition each iteration computes fed to the next (and otherwise ignored), and its scan outputs
+  stacked as ONNX Runtime's Loop stacks them (a Concat of the iterations' outputs, a copy). Its trip
+  count is its M input where the condition starts true and the body passes it through unchanged;
+  else (a while or generation loop, which stops on a condition it computes) the count the run saw:
+  the run's copy of the model gives the Loop one more scan output, the body's iteration number,
+  whose length is the number of iterations ONNX Runtime ran. A Loop of more than ``MAX_TRIPS``
+  iterations stays one node, and says why;
 - each ``Scan`` (opset 9 and later) is unrolled the same way, its trip count the length of its
   scan inputs (from static shape inference, else from the run): iteration i reads slice i of each
   scan input (from the end when that input's direction is reverse) with a ``Gather`` of a scalar
@@ -99,12 +102,13 @@ def inline_control_flow(model: onnx.ModelProto, path: Path, input_shapes: Shapes
         # Shapes known without a run: a Scan's trip count needs a run only where its length depends
         # on values (a run would also ask for every small integer input upstream, token ids too).
         static = {**input_shapes, **{t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}}
-        if any(t not in static for n in flow.values() if n.op_type == "Scan" for t in _deciding(n, static, opset)):
+        if any(t not in static for i, n in flow.items() if n.op_type == "Scan"
+               for t in _deciding(n, _name(n, i), static, opset)):
             static = {**inferred(model, path, input_shapes), **static}
-        wanted = {t for n in flow.values() for t in _deciding(n, static, opset) if t}
+        wanted = {t for i, n in flow.items() for t in _deciding(n, _name(n, i), static, opset) if t}
         found: dict[str, np.ndarray] = {}
         if wanted:
-            found, failure = run_once(model, path, input_shapes, wanted, values, data)
+            found, failure = run_once(_counted(model, flow), path, input_shapes, wanted, values, data)
             if failure:
                 log.warning("%s: the branches and trip counts of its control flow cannot be found (%s); "
                             "their bodies are not costed", path, failure)
@@ -130,15 +134,59 @@ def _name(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
-def _deciding(node: onnx.NodeProto, static: Shapes, opset: int) -> list[str]:
+def _deciding(node: onnx.NodeProto, name: str, static: Shapes, opset: int) -> list[str]:
     """The tensors whose values the run must give to decide the node: an If's condition, a
-    Loop's trip count and condition, the scan inputs of a Scan whose length is not static
-    (none for opset 8's Scan, which stays one node)."""
+    Loop's trip count and condition (where the body passes the condition through; else its count of
+    iterations, ``_counted``), the scan inputs of a Scan whose length is not static (none for opset
+    8's Scan, which stays one node)."""
     if node.op_type == "If":
         return list(node.input[:1])
     if node.op_type == "Loop":
-        return list(node.input[:2])
+        return list(node.input[:2]) if _counts_m(node) else [_count_name(name)]
     return [t for t in _scan_inputs(node) if t not in static] if opset >= 9 else []
+
+
+def _body(node: onnx.NodeProto) -> onnx.GraphProto | None:
+    return next((a.g for a in node.attribute if a.name == "body"), None)
+
+
+def _counts_m(node: onnx.NodeProto) -> bool:
+    """Whether the Loop's trip count is its M input alone: M and a starting condition are given and
+    the body passes the condition through unchanged."""
+    body = _body(node)
+    if body is None or len(node.input) < 2 or not node.input[0] or not node.input[1] or len(body.input) < 2:
+        return False
+    cond_in, cond_out = body.input[1].name, body.output[0].name
+    return cond_out == cond_in or any(n.op_type == "Identity" and list(n.input) == [cond_in]
+                                      and list(n.output) == [cond_out] for n in body.node)
+
+
+def _count_name(name: str) -> str:
+    """The extra scan output of the Loop ``name`` in the run's copy: one element per iteration run."""
+    return f"{name}/iterations_seen"
+
+
+def _counted(model: onnx.ModelProto, flow: dict[int, onnx.NodeProto]) -> onnx.ModelProto:
+    """The model to run (``model`` itself where no Loop needs counting): each Loop of ``flow`` that
+    stops on a condition it computes gets one more scan output, its body's iteration number, whose
+    length is then exactly the number of iterations ONNX Runtime ran for these inputs."""
+    counting = [i for i, n in flow.items() if n.op_type == "Loop" and not _counts_m(n) and _body(n) is not None
+                and len(_body(n).input) >= 2]
+    if not counting:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for i in counting:
+        node = copy.graph.node[i]
+        body = _body(node)
+        counter = body.input[0].name
+        # a fresh name of the body's scope; the Identity makes it a node's output, as ONNX Runtime
+        # wants of a scan output
+        seen = f"{counter}/benanza_seen"
+        body.node.append(helper.make_node("Identity", [counter], [seen]))
+        body.output.append(helper.make_tensor_value_info(seen, onnx.TensorProto.INT64, []))
+        node.output.append(_count_name(_name(node, i)))
+    return copy
 
 
 def _scan_inputs(node: onnx.NodeProto) -> list[str]:
@@ -171,9 +219,11 @@ def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], sta
               ) -> list[onnx.NodeProto] | None:
     """The Loop or Scan as its body once per iteration (None, said in ``taken``, when it stays one
     node); the names of the nodes made that move no data join ``in_place``."""
-    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    body = _body(node)
+    how = ""
     if node.op_type == "Loop":
-        trips, why = _loop_trips(node, body, found)
+        trips, why = _loop_trips(node, name, body, found)
+        how = "" if _counts_m(node) else " (condition computed by the body)"
     else:
         trips, why = _scan_trips(node, body, found, static, opset)
     if not why and trips > MAX_TRIPS:
@@ -190,7 +240,7 @@ def _unrolled(node: onnx.NodeProto, name: str, found: dict[str, np.ndarray], sta
     else:
         shapes = [_shape(t, static, found) for t in _scan_inputs(node)]
         nodes = _scan(node, body, name, trips, main, opset, shapes, in_place)
-    taken.append(TakenBranch(name, f"{trips} iterations", node.op_type))
+    taken.append(TakenBranch(name, f"{trips} iterations{how}", node.op_type))
     return nodes
 
 
@@ -201,17 +251,17 @@ def _state_count(node: onnx.NodeProto) -> int:
     return len(node.input) - len(_scan_inputs(node))
 
 
-def _loop_trips(node: onnx.NodeProto, body: onnx.GraphProto | None, found: dict[str, np.ndarray]) -> tuple[int, str]:
-    """The Loop's trip count when it is its M input alone, else why it is not."""
-    if body is None or len(node.input) < 2 or not node.input[0] or not node.input[1]:
-        return 0, "no trip count M or no initial condition"
+def _loop_trips(node: onnx.NodeProto, name: str, body: onnx.GraphProto | None,
+                found: dict[str, np.ndarray]) -> tuple[int, str]:
+    """The Loop's trip count: its M input where that alone decides it, else the number of
+    iterations the run counted (``_counted``); or why it is not known."""
+    if body is None or len(body.input) < 2:
+        return 0, "no body with an iteration number and a condition"
+    if not _counts_m(node):
+        seen = found.get(_count_name(name))
+        return (0, "its iterations were not counted in the run") if seen is None else (int(seen.shape[0]), "")
     if node.input[0] not in found or node.input[1] not in found:
         return 0, "its trip count or condition was not seen"
-    cond_in, cond_out = body.input[1].name, body.output[0].name
-    passes = cond_out == cond_in or any(n.op_type == "Identity" and list(n.input) == [cond_in]
-                                        and list(n.output) == [cond_out] for n in body.node)
-    if not passes:
-        return 0, "it stops on a condition it computes"
     return (int(found[node.input[0]].reshape(-1)[0]) if bool(found[node.input[1]].reshape(-1)[0]) else 0), ""
 
 
@@ -240,14 +290,19 @@ def _shape(tensor: str, static: Shapes, found: dict[str, np.ndarray]) -> tuple[i
 
 def _loop(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, main: onnx.GraphProto,
           opset: int) -> list[onnx.NodeProto]:
-    """A clean Loop unrolled: each iteration gets its number as a constant and the initial
-    condition (which the body passes through); scan outputs stack on a new axis 0, in order."""
+    """A Loop unrolled: each iteration gets its number as a constant and the condition the one
+    before computed (the first: the Loop's, true where it has none, as ONNX Runtime's Loop starts);
+    scan outputs stack on a new axis 0, in order."""
     counter, cond_in = body.input[0].name, body.input[1].name
+    first = node.input[1]
+    if not first:
+        first = f"{name}/condition"
+        main.initializer.append(numpy_helper.from_array(np.array(True), first))
 
-    def start(i: int, prefix: str) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    def start(i: int, prefix: str, before: list[str]) -> tuple[list[onnx.NodeProto], dict[str, str]]:
         number = helper.make_node("Constant", [], [prefix + counter], name=prefix + "iteration",
                                   value=numpy_helper.from_array(np.array(i, np.int64)))
-        return [number], {counter: prefix + counter, cond_in: node.input[1]}
+        return [number], {counter: prefix + counter, cond_in: before[0] if before else first}
 
     carried = _state_count(node)
     # ONNX Runtime's Loop keeps each iteration's scan outputs apart and copies them into the output
@@ -287,7 +342,7 @@ def _scan(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, ma
             main.initializer.append(numpy_helper.from_array(np.array(p, np.int64), positions[p]))
         return positions[p]
 
-    def start(i: int, prefix: str) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    def start(i: int, prefix: str, before: list[str]) -> tuple[list[onnx.NodeProto], dict[str, str]]:
         slices, bound = [], {}
         for k, (src, slot) in enumerate(zip(inputs, body.input[carried:])):
             element = prefix + slot.name
@@ -324,16 +379,18 @@ def _dims(value: onnx.ValueInfoProto) -> list[int | None] | None:
 
 def _iterations(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: int, main: onnx.GraphProto,
                 opset: int, state: list[str], state_in: Sequence[onnx.ValueInfoProto], first_out: int,
-                start: Callable[[int, str], tuple[list[onnx.NodeProto], dict[str, str]]],
+                start: Callable[[int, str, list[str]], tuple[list[onnx.NodeProto], dict[str, str]]],
                 stacking: list[_Stacking], in_place: set[str]) -> list[onnx.NodeProto]:
     """The body inlined once per iteration under ``name/iterI/``: ``state`` (outer tensors) feeds
     the body inputs ``state_in`` and each iteration's state outputs (the body's outputs from
     ``first_out`` on) the next; ``start`` gives an iteration's own nodes and the bindings of its
-    other body inputs. The node's outputs: the final state, then the scan outputs stacked (the
-    Concats of those stacked in place join ``in_place``)."""
+    other body inputs, from its number, prefix and the previous iteration's outputs ([] for the
+    first). The node's outputs: the final state, then the scan outputs stacked (the Concats of those
+    stacked in place join ``in_place``)."""
     carried = len(state)
     scanned: list[list[str]] = [[] for _ in stacking]
     nodes: list[onnx.NodeProto] = []
+    outs: list[str] = []
     weights = {}  # the body's weights, once for all iterations
     for t in body.initializer:
         w = onnx.TensorProto()
@@ -342,7 +399,7 @@ def _iterations(node: onnx.NodeProto, body: onnx.GraphProto, name: str, trips: i
         main.initializer.append(w)
     for i in range(trips):
         prefix = f"{name}/iter{i}/"
-        own, bound = start(i, prefix)
+        own, bound = start(i, prefix, outs)
         nodes.extend(own)
         bound.update(weights)
         bound.update((slot.name, state[j]) for j, slot in enumerate(state_in))

@@ -302,9 +302,11 @@ def shape_notes(model: Model) -> list[str]:
         if became in ("then", "else"):
             notes.append(f"If {node!r} took its {became} branch for these inputs (its layers are costed under "
                          f"'{node}/{became}/')")
-        elif became.endswith(" iterations"):
-            notes.append(f"{model.control_flow_ops[node]} {node!r} ran {became} for these inputs "
-                         f"(unrolled: its layers are costed under '{node}/iter0/', '{node}/iter1/', …)")
+        elif not became.startswith("stays one node"):  # "N iterations", with how they were found in brackets
+            count, _, how = became.partition(" (")
+            how = f"{how.rstrip(')')}; " if how else ""
+            notes.append(f"{model.control_flow_ops[node]} {node!r} ran {count} for these inputs "
+                         f"({how}unrolled: its layers are costed under '{node}/iter0/', '{node}/iter1/', …)")
     return notes
 
 
