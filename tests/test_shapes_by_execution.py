@@ -395,8 +395,70 @@ def test_range_functions_unroll_their_loop_to_the_length_they_compute(cases, tmp
         assert _shapes(m)["output"] == expected["output"] == ort_out["output"]
 
 
-def test_a_loop_that_stops_on_what_it_computes_stays_one_node_and_says_so(tmp_path):
-    body = helper.make_graph([helper.make_node("Add", ["v_in", "one"], ["v_out"]),
+def _ort_profile(path, feed: dict[str, np.ndarray], tmp_path) -> tuple[list[np.ndarray], list[dict]]:
+    """ONNX Runtime's outputs of the original model (which runs the Loop itself) and its profile's
+    node events, in order: the oracle of how many times each body node ran, and on what shapes."""
+    opts = ort.SessionOptions()
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(tmp_path / "ort")
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    outputs = sess.run(None, feed)
+    with open(sess.end_profiling()) as f:
+        return outputs, [e for e in json.load(f) if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+
+
+def _ran(events: list[dict], node: str) -> list[tuple[int, ...]]:
+    """The first input's shape of each run of the body node named ``node``, as ORT's profile says."""
+    return [tuple(next(iter(e["args"]["input_type_shape"][0].values()))) for e in events
+            if e["name"] == f"{node}_kernel_time"]
+
+
+def test_a_while_loop_is_unrolled_as_many_times_as_onnx_runtime_ran_it(tmp_path):
+    """No M: the body counts i + 1 < limit (limit an input, given by --input-value) and grows its
+    state by one row a round (Concat). The iterations inlined are the ones ORT ran (its scan
+    output's length and its profile's count of the body's Relu), each Relu on the shape ORT's
+    profile gives it, and generate says the count and how it was found."""
+    body = helper.make_graph([helper.make_node("Add", ["i", "one"], ["next"], name="count"),
+                              helper.make_node("Less", ["next", "limit"], ["c_out"], name="check"),
+                              helper.make_node("Relu", ["v_in"], ["r"], name="relu"),
+                              helper.make_node("ReduceSum", ["r", "axes"], ["row"], name="sum", keepdims=1),
+                              helper.make_node("Concat", ["v_in", "row"], ["v_out"], name="grow", axis=0)],
+                             "body", [io("i", [], TensorProto.INT64), io("c_in", [], TensorProto.BOOL),
+                                      io("v_in", None)],
+                             [io("c_out", [], TensorProto.BOOL), io("v_out", None), io("row", None)],
+                             [onnx.numpy_helper.from_array(np.array(1, np.int64), "one"),
+                              onnx.numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    m = model([helper.make_node("Loop", ["", "go", "x"], ["v", "rows"], body=body, name="Loop_0"),
+               helper.make_node("Relu", ["v"], ["out"], name="after")],
+              [io("x", [1, 4]), io("limit", [], TensorProto.INT64)], [io("out", None), io("rows", None)],
+              [onnx.numpy_helper.from_array(np.array(True), "go")], opset=16)
+    path = tmp_path / "while.onnx"
+    onnx.save(m, str(path))
+    (out, rows), events = _ort_profile(path, {"x": np.ones((1, 4), np.float32), "limit": np.array(5, np.int64)},
+                                       tmp_path)
+    seen = _ran(events, "relu")
+    assert len(seen) == rows.shape[0] > 1 and seen[-1] != seen[0]  # the state did grow
+    processed = load_model(path, input_values={"limit": (5.0,)})
+    trips = len(seen)
+    assert processed.control_flow == {"Loop_0": f"{trips} iterations (condition computed by the body)"}
+    relus = [n for n in processed.nodes if n.name.endswith("/relu")]
+    assert [n.name for n in relus] == [f"Loop_0/iter{i}/relu" for i in range(trips)]
+    assert [n.layer.inputs[0].shape for n in relus] == seen
+    shapes = {n.name: n.layer.outputs[0].shape for n in processed.nodes}
+    assert (shapes["after"], shapes["Loop_0/scan_0/concat"]) == (out.shape, rows.shape)
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none",
+                                  "--input-value", "limit=5"])
+    assert r.exit_code == 0 and (f"Loop 'Loop_0' ran {trips} iterations for these inputs (condition computed "
+                                 f"by the body; unrolled") in r.stdout
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none"])
+    assert r.exit_code != 0 and "give its value with --input-value limit=V" in r.output
+
+
+@pytest.mark.parametrize("trip_count,x", [(100, 1.0), (3, 1.0), (1000, -400.0)])
+def test_a_loop_with_m_and_a_computed_condition_runs_what_onnx_runtime_ran(tmp_path, trip_count, x):
+    """M given, the body stopping once its state sums past 40: the Loop runs min(M, until it stops)
+    iterations, as ORT's profile counts the body's Add; past 256 it stays one node and says so."""
+    body = helper.make_graph([helper.make_node("Add", ["v_in", "one"], ["v_out"], name="step"),
                               helper.make_node("ReduceSum", ["v_out"], ["s"], keepdims=0),
                               helper.make_node("Less", ["s", "limit"], ["c_out"])], "body",
                              [io("i", [], TensorProto.INT64), io("c_in", [], TensorProto.BOOL), io("v_in", [4])],
@@ -405,16 +467,23 @@ def test_a_loop_that_stops_on_what_it_computes_stays_one_node_and_says_so(tmp_pa
     m = model([helper.make_node("Loop", ["M", "go", "x"], ["v"], body=body, name="Loop_0"),
                helper.make_node("Relu", ["v"], ["r"])],
               [io("x", [4])], [io("r", None)],
-              [onnx.numpy_helper.from_array(np.array(100, np.int64), "M"),
+              [onnx.numpy_helper.from_array(np.array(trip_count, np.int64), "M"),
                onnx.numpy_helper.from_array(np.array(True), "go")], opset=16)
     path = tmp_path / "until.onnx"
     onnx.save(m, str(path))
-    processed = load_model(path)
-    assert processed.control_flow == {"Loop_0": "stays one node: it stops on a condition it computes"}
-    assert [n.layer.op for n in processed.nodes] == ["Loop", "Relu"]
-    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "o"), "--backend", "none"])
-    assert r.exit_code == 0 and ("uncosted: the body of 'Loop_0', which stays one node: it stops on a "
-                                 "condition it computes") in r.stdout
+    feed = {"x": np.full(4, x, np.float32)}
+    _, events = _ort_profile(path, feed, tmp_path)
+    trips = len(_ran(events, "step"))
+    processed = load_model(path, input_data=feed)
+    steps = [n.name for n in processed.nodes if n.name.endswith("/step")]
+    if trips > 256:
+        assert processed.control_flow == {
+            "Loop_0": f"stays one node: {trips} iterations, more than the 256 Benanza unrolls"}
+        assert steps == [] and [n.layer.op for n in processed.nodes] == ["Loop", "Relu"]
+        return
+    assert trips == min(trip_count, 9)  # 4 + 4k < 40 holds for k < 9
+    assert processed.control_flow == {"Loop_0": f"{trips} iterations (condition computed by the body)"}
+    assert steps == [f"Loop_0/iter{i}/step" for i in range(trips)]
 
 
 def test_an_unrolled_loop_holds_its_body_weights_once(tmp_path):
