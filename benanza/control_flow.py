@@ -154,7 +154,8 @@ def _counts_m(node: onnx.NodeProto) -> bool:
     """Whether the Loop's trip count is its M input alone: M and a starting condition are given and
     the body passes the condition through unchanged."""
     body = _body(node)
-    if body is None or len(node.input) < 2 or not node.input[0] or not node.input[1] or len(body.input) < 2:
+    if body is None or len(node.input) < 2 or not node.input[0] or not node.input[1] or len(body.input) < 2 \
+            or not body.output:
         return False
     cond_in, cond_out = body.input[1].name, body.output[0].name
     return cond_out == cond_in or any(n.op_type == "Identity" and list(n.input) == [cond_in]
