@@ -162,6 +162,11 @@ def _counts_m(node: onnx.NodeProto) -> bool:
                                       and list(n.output) == [cond_out] for n in body.node)
 
 
+def _has_counter(node: onnx.NodeProto) -> bool:
+    body = _body(node)
+    return body is not None and len(body.input) >= 2
+
+
 def _count_name(name: str) -> str:
     """The extra scan output of the Loop ``name`` in the run's copy: one element per iteration run."""
     return f"{name}/iterations_seen"
@@ -171,8 +176,7 @@ def _counted(model: onnx.ModelProto, flow: dict[int, onnx.NodeProto]) -> onnx.Mo
     """The model to run (``model`` itself where no Loop needs counting): each Loop of ``flow`` that
     stops on a condition it computes gets one more scan output, its body's iteration number, whose
     length is then exactly the number of iterations ONNX Runtime ran for these inputs."""
-    counting = [i for i, n in flow.items() if n.op_type == "Loop" and not _counts_m(n) and _body(n) is not None
-                and len(_body(n).input) >= 2]
+    counting = [i for i, n in flow.items() if n.op_type == "Loop" and not _counts_m(n) and _has_counter(n)]
     if not counting:
         return model
     copy = onnx.ModelProto()
@@ -180,6 +184,7 @@ def _counted(model: onnx.ModelProto, flow: dict[int, onnx.NodeProto]) -> onnx.Mo
     for i in counting:
         node = copy.graph.node[i]
         body = _body(node)
+        assert body is not None  # _has_counter held for it
         counter = body.input[0].name
         # a fresh name of the body's scope; the Identity makes it a node's output, as ONNX Runtime
         # wants of a scan output

@@ -67,10 +67,13 @@ def test_a_read_after_the_eviction_runs_at_the_speed_of_memory():
     warm, cold = [], []
     for _ in range(ROUNDS):
         _read_s(small)
-        warm.append(_read_s(small))
+        warm.extend(_read_s(small) for _ in range(3))
         evict()
         cold.append(_read_s(small))
-    warm_s, cold_s = np.percentile(warm, 10), np.percentile(cold, 10)
+    # the cache's speed is the fastest warm read: a neighbour sharing the last-level cache slows
+    # warm reads towards memory's (a busy CI machine read warm at 1.6x this one's), never cold ones
+    # towards the cache's
+    warm_s, cold_s = min(warm), np.percentile(cold, 10)
     memory_s = _stream_s(small.nbytes)
     assert cold_s >= 0.5 * memory_s, (cold_s, memory_s)  # from memory
     assert cold_s >= 2 * warm_s, (cold_s, warm_s)  # not from a cache
