@@ -474,6 +474,10 @@ def db_option(f):
               help="torch, onnxruntime: evict the CPU's last-level cache before every timed call, so a layer reads "
                    "its data from memory as inside a whole model; stored as its own stack (cache=cold), never "
                    "mixed with warm results (docs/run.md).")
+@click.option("--cold-weights", is_flag=True, default=False,
+              help="torch, onnxruntime: as --cold-cache, then read the layer's inputs back before every timed call, "
+                   "so only its weights come from memory, as inside a whole model too big for the cache; stored as "
+                   "its own stack (cache=cold-weights) (docs/run.md).")
 @click.option("--peaks/--no-peaks", "measure_peaks", default=True, show_default=True,
               help="Measure the stack's peaks (`benanza peaks`, a few seconds) when the database has none.")
 @click.option("--precision", type=FiniteRange(min=0.0, min_open=True), default=DEFAULT_PRECISION,
@@ -496,8 +500,8 @@ def db_option(f):
 def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, name_filter: str | None,
         dry_run: bool, force: bool, remeasure_contended: bool, min_time: float, repetitions: int, threads: int | None,
         timeout: float, jobs: int | None, max_rsd: float, remeasure: int, max_contention: float, max_failures: int,
-        l2: str, cold_cache: bool, measure_peaks: bool, precision: float | None, max_time: float, race: bool, seed: int,
-        first_files: tuple[str, ...]) -> None:
+        l2: str, cold_cache: bool, cold_weights: bool, measure_peaks: bool, precision: float | None, max_time: float,
+        race: bool, seed: int, first_files: tuple[str, ...]) -> None:
     """Build the generated benchmarks, run those the database lacks, and store the results.
 
     Incremental: variants with an ok or unsupported result on this system and software stack
@@ -516,12 +520,15 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
 
     from . import runner
     from .children import sigterm_interrupts
+    from .errors import UsageError
     from .perfdb import remeasure_flags, resolve_db_path
 
     # The order is part of how a result was measured: the seed in effect is in the stored command.
     given_seed = any(a == "--seed" or a.startswith("--seed=") for a in sys.argv[1:])
     command = " ".join(["benanza", *sys.argv[1:], *([] if given_seed else ["--seed", str(seed)])])
     first = tuple(_names_file(path) for path in first_files)
+    if cold_cache and cold_weights:
+        raise UsageError("--cold-cache evicts a layer's inputs, --cold-weights keeps them warm: give one")
     ctx = click.get_current_context()
     if ctx.get_parameter_source("precision") == click.core.ParameterSource.DEFAULT and any(
             ctx.get_parameter_source(o) != click.core.ParameterSource.DEFAULT for o in ("min_time", "repetitions")):
@@ -532,7 +539,8 @@ def run(system_name: str, bench_dir: str, backend: str, db_path: str | None, nam
                                 command=command, seed=seed, precision=precision, max_time=max_time, race=race,
                                 max_rsd=max_rsd,
                                 remeasure=remeasure, max_failures=max_failures, l2=l2, peaks=measure_peaks,
-                                max_contention=max_contention, cold_cache=cold_cache)
+                                max_contention=max_contention,
+                                cache="cold" if cold_cache else "cold-weights" if cold_weights else "warm")
     path = resolve_db_path(db_path)
     if dry_run:
         summary = runner.run(bench_dir, system_name, backend, path, options)

@@ -316,9 +316,9 @@ class PerfDB:
                                                f"{', '.join(r[4] for r in rows)}")
         systems = self._readable("systems", rows, lambda r: _system(r[:4]), lambda r: f"stack_id {r[4]!r}")
         if not stack:
-            # a cold-cache stack (`run --cold-cache`) is a study of cold data, above the bound the
-            # warm results give: chosen by default only where the name has no warm stack
-            systems.sort(key=lambda s: dict(s.stack).get("cache") == "cold")
+            # a cold stack (`run --cold-cache`, `--cold-weights`) is a study of cold data, above the
+            # bound the warm results give: chosen by default only where the name has no warm stack
+            systems.sort(key=lambda s: "cache" in dict(s.stack))
         return systems[0] if systems else None
 
     def stacks(self, name: str) -> list[tuple[System, str, str]]:

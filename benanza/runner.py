@@ -84,9 +84,10 @@ class RunOptions:
     command: str = ""  # the command line, stored beside each result
     env: tuple[tuple[str, str], ...] = ()  # extra environment for the benchmark binary
     l2: str = "flush"  # cuDNN: flush the L2 cache before each timed call, or time it "hot"
-    # in-process frameworks: evict the CPU's last-level cache before each timed call; a stack of
-    # its own (``cache=cold``), so cold and warm results are never mixed
-    cold_cache: bool = False
+    # in-process frameworks: what a timed call finds in the CPU's caches (inprocess.CACHE_STATES);
+    # each state but "warm" is a stack of its own (``cache=cold``, ``cache=cold-weights``), so
+    # readings of different states are never mixed
+    cache: str = "warm"
     max_rsd: float = UNSTABLE_RSD  # relative stddev above which a result is unstable
     remeasure: int = 2  # extra measurements of a result while it is unstable or contended
     # share of a benchmark's runnable time lost to other work above which its result is contended
@@ -218,12 +219,13 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
     backend = resolve_backend(backend)
     check_device(backend)
     impl = get_backend(backend)
-    if options.cold_cache and not impl.reads_cold:
-        raise UsageError(f"--cold-cache: the {backend} backend has no cold-cache reading (the torch and onnxruntime "
-                         f"backends have{'; cudnn flushes its L2 with --l2 flush' if backend == 'cudnn' else ''})")
-    if options.cold_cache and not cache_levels(1):
-        raise UsageError("--cold-cache: /sys/devices/system/cpu/cpu*/cache names no cache of this CPU: "
-                         "no size to evict")
+    if options.cache != "warm":
+        flag = f"--{options.cache if options.cache == 'cold-weights' else 'cold-cache'}"
+        if not impl.reads_cold:
+            raise UsageError(f"{flag}: the {backend} backend has no cold-cache reading (the torch and onnxruntime "
+                             f"backends have{'; cudnn flushes its L2 with --l2 flush' if backend == 'cudnn' else ''})")
+        if not cache_levels(1):
+            raise UsageError(f"{flag}: /sys/devices/system/cpu/cpu*/cache names no cache of this CPU: no size to evict")
     if options.precision is not None and not impl.samples_adaptively:
         options = replace(options, precision=None)  # what its benchmarks do with any flags
     bench_dir = Path(bench_dir)
@@ -278,10 +280,11 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
 
 
 def _stack_overrides(backend: dict[str, str], options: RunOptions) -> dict[str, str]:
-    """The backend's stack entries, and ``cache=cold`` for a cold-cache run: its results are
-    another stack's, never compared or merged with warm ones (a warm stack names no cache, as
-    every stack did before cold readings existed, so its identity is unchanged)."""
-    return {**backend, "cache": "cold"} if options.cold_cache else backend
+    """The backend's stack entries, and the cache state of a cold run (``cache=cold``,
+    ``cache=cold-weights``): its results are another stack's, never compared or merged with warm
+    ones (a warm stack names no cache, as every stack did before cold readings existed, so its
+    identity is unchanged)."""
+    return backend if options.cache == "warm" else {**backend, "cache": options.cache}
 
 
 def _measure_peaks(db: PerfDB, system: System, threads: int, options: RunOptions, summary: RunSummary) -> None:

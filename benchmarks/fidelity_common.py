@@ -157,6 +157,15 @@ def _reading(f: dict) -> str:
         f"{f['ops']}: {100 * f['within_10pct']:.0f} %, {f['median_ratio']:.2f}"
 
 
+# the isolated readings besides the warm one (benanza.backends.inprocess.CACHE_STATES)
+COLD_STATES = ("cold", "cold-weights")
+
+
+def cold_suffix(state: str) -> str:
+    """A cold state's suffix of the row's keys: ``_cold``, ``_cold_weights``."""
+    return "_" + state.replace("-", "_")
+
+
 def markdown(rows: list[dict], bound: str, readings: tuple[tuple[str, str], ...] = ()) -> str:
     """The rows as docs/backends.md's tables: ``bound`` names the bound's column; each of
     ``readings`` (a row's key, its column's name) adds a column of another fidelity reading."""

@@ -16,7 +16,9 @@ object: the machine and its load, and per model and threads
   share of ops within ±10 %; and the same of the isolated benchmarks measured with a cold cache
   (``fidelity_cold``: ``benanza run --cold-cache``, the last-level cache evicted before every
   timed call, a stack of its own in the same database; pairs in ``MODEL-tN-fidelity-cold.json``),
-  with that stack's bound (``bound_ms_cold``);
+  with that stack's bound (``bound_ms_cold``), and with cold weights (``--cold-weights``: evicted,
+  then the op's inputs read back; ``fidelity_cold_weights``, ``bound_ms_cold_weights``);
+  ``--cache`` picks which of the two;
 - Q3: how many ops ORT ran with a slower variant than its fastest, and the milliseconds to gain;
 
 and on stderr the rows as docs/backends.md's Markdown table (each op's pair is kept in
@@ -35,7 +37,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from fidelity_common import (
+    COLD_STATES,
     SYSTEM,
+    cold_suffix,
     fidelity,
     fidelity_pairs,
     load_average,
@@ -71,21 +75,27 @@ def whole_profile(model: Path, threads: int, runs: int, out: Path) -> Path:
 
 def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
     """One model at one thread count: the row of the warm isolated benchmarks, with the fidelity
-    of the cold ones (``fidelity_cold``, ``benanza run --cold-cache``) beside it."""
+    of each cold state asked for (``fidelity_cold``, ``benanza run --cold-cache``;
+    ``fidelity_cold_weights``, ``--cold-weights``) beside it."""
     warm = RunOptions(threads=threads, min_time=args.min_time, repetitions=args.repetitions, timeout=120)
-    stacks = [measure_benchmarks(model, "onnxruntime", work / f"bench-{model.stem}", work / f"{model.stem}.db",
-                                 GenOptions(), options) for options in (warm, replace(warm, cold_cache=True))]
+    stacks = {suffix: measure_benchmarks(model, "onnxruntime", work / f"bench-{model.stem}", work / f"{model.stem}.db",
+                                         GenOptions(), options)
+              for suffix, options in (("", warm), *((cold_suffix(c), replace(warm, cache=c)) for c in args.cache))}
     profile = load_profile([str(whole_profile(model, threads, args.runs, work))])
     assert profile is not None and profile.trace is not None  # one ORT profile given, one read
     in_model = op_samples_ms(profile.trace, WARMUP_RUNS)
     with PerfDB(work / f"{model.stem}.db", readonly=True) as pdb:
-        (a, cold) = (run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=m.system.stack_id), pdb,
-                               profile)[0] for m in stacks)
+        analyses = {suffix: run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=m.system.stack_id),
+                                      pdb, profile)[0] for suffix, m in stacks.items()}
     detail = f"{model.stem}-t{threads}-fidelity"
-    return {"model": model.stem, "threads": threads,
-            **row(a, stacks[0], fidelity_pairs(a, in_model), work / f"{detail}.json"),
-            "bound_ms_cold": round(cold.bounds.sequential_ms, 4),
-            "fidelity_cold": fidelity(fidelity_pairs(cold, in_model), work / f"{detail}-cold.json")}
+    out = {"model": model.stem, "threads": threads,
+           **row(analyses[""], stacks[""], fidelity_pairs(analyses[""], in_model), work / f"{detail}.json")}
+    for suffix, a in analyses.items():
+        if suffix:
+            out |= {f"bound_ms{suffix}": round(a.bounds.sequential_ms, 4),
+                    f"fidelity{suffix}": fidelity(fidelity_pairs(a, in_model),
+                                                  work / f"{detail}{suffix.replace('_', '-')}.json")}
+    return out
 
 
 def main() -> None:
@@ -96,7 +106,10 @@ def main() -> None:
     ap.add_argument("--min-time", type=float, default=0.05)
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--cache", action="append", choices=COLD_STATES, default=None,
+                    help=f"the cold readings beside the warm one (default {' and '.join(COLD_STATES)})")
     args = ap.parse_args()
+    args.cache = args.cache or list(COLD_STATES)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     paths = list(zoo_models(args.model or ["resnet50-v1", "inception-v1"], work / "models").values())
@@ -104,7 +117,8 @@ def main() -> None:
     rows = [measure(p, t, args, work) for p in paths for t in (args.threads or [1, 2])]
     print(json.dumps({**machine(), "onnxruntime": ort.__version__, "load_before": load,
                       "load_after": load_average(), "rows": rows}, indent=1))
-    print(markdown(rows, "ORT", (("fidelity_cold", "cold cache: ops, within ±10 %, median"),)), file=sys.stderr)
+    print(markdown(rows, "ORT", tuple((f"fidelity{cold_suffix(c)}", f"{c}: ops, within ±10 %, median")
+                                      for c in args.cache)), file=sys.stderr)
 
 
 if __name__ == "__main__":

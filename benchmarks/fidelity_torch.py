@@ -32,7 +32,10 @@ the start and end, torch and the oneDNN it bundles, and per model and threads
 - the same three readings of the isolated benchmarks measured with a cold cache (``benanza run
   --cold-cache``: the last-level cache evicted before every timed call, a stack of its own in the
   same database): ``fidelity_cold``, ``fidelity_aten_ops_cold``, ``fidelity_onednn_calls_cold``
-  (pairs in ``MODEL-tN-fidelity-cold*.json``), and that stack's bound, ``bound_ms_cold``;
+  (pairs in ``MODEL-tN-fidelity-cold*.json``), and that stack's bound, ``bound_ms_cold``; and
+  with cold weights (``--cold-weights``: evicted, then the layer's inputs read back, the state
+  of a layer inside a model too big for the cache), the same keys ending ``_cold_weights``
+  (pairs in ``MODEL-tN-fidelity-cold-weights*.json``); ``--cache`` picks which of the two;
 - Q3: how many layers torch ran with a slower variant than its fastest, and the milliseconds
   to gain;
 
@@ -51,7 +54,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from fidelity_common import (
+    COLD_STATES,
     SYSTEM,
+    cold_suffix,
     fidelity,
     fidelity_pairs,
     load_average,
@@ -162,12 +167,13 @@ def onednn_samples_ms(model: Model, alignment: CallAlignment, calls: list[Librar
 
 def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
     """One model at one thread count: the row of the warm isolated benchmarks, with the three
-    fidelity readings of the cold ones (``_cold``, ``benanza run --cold-cache``) beside it."""
+    fidelity readings of each cold state asked for (``_cold``, ``benanza run --cold-cache``;
+    ``_cold_weights``, ``--cold-weights``) beside it."""
     db = work / f"{model.stem}.db"
     warm = RunOptions(threads=threads, min_time=args.min_time, repetitions=args.repetitions, timeout=120)
     stacks = {suffix: measure_benchmarks(model, "torch", work / f"bench-{model.stem}", db,
                                          GenOptions(dtypes=("f32",), fusion=False), options)
-              for suffix, options in (("", warm), ("_cold", replace(warm, cold_cache=True)))}
+              for suffix, options in (("", warm), *((cold_suffix(c), replace(warm, cache=c)) for c in args.cache))}
     folder = profile(model, threads, args, work)
     bundle = load_profile([str(folder)])
     assert bundle is not None and bundle.trace is not None  # profile_model wrote its trace
@@ -189,9 +195,9 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
             out |= {"threads_compared": threads_compared, **row(a, measured, pairs, work / f"{detail}.json"),
                     "fidelity_aten_ops": aten, "fidelity_onednn_calls": onednn_calls}
         else:
-            out |= {"bound_ms_cold": round(a.bounds.sequential_ms, 4),
-                    "fidelity_cold": fidelity(pairs, work / f"{detail}.json"), "fidelity_aten_ops_cold": aten,
-                    "fidelity_onednn_calls_cold": onednn_calls}
+            out |= {f"bound_ms{suffix}": round(a.bounds.sequential_ms, 4),
+                    f"fidelity{suffix}": fidelity(pairs, work / f"{detail}.json"), f"fidelity_aten_ops{suffix}": aten,
+                    f"fidelity_onednn_calls{suffix}": onednn_calls}
     return out
 
 
@@ -206,7 +212,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=100, help="profiled runs of the whole model, after one warm-up run")
     ap.add_argument("--iterations", type=int, default=50, help="timed runs of the whole model (its latency)")
     ap.add_argument("--reprofile", action="store_true", help="profile again though a profile is kept")
+    ap.add_argument("--cache", action="append", choices=COLD_STATES, default=None,
+                    help=f"the cold readings beside the warm one (default {' and '.join(COLD_STATES)})")
     args = ap.parse_args()
+    args.cache = args.cache or list(COLD_STATES)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     paths = models(args.model or DEFAULT, work / "models")
@@ -218,7 +227,8 @@ def main() -> None:
     print(json.dumps({**machine(), **BACKEND.stack_overrides(None), "load_before": load,
                       "load_after": load_average(), "rows": rows}, indent=1))
     print(markdown(rows, "torch", (("fidelity_onednn_calls", "oneDNN calls: layers, within ±10 %, median"),
-                                   ("fidelity_onednn_calls_cold", "oneDNN calls, cold cache"))),
+                                   *((f"fidelity_onednn_calls{cold_suffix(c)}", f"oneDNN calls, {c}")
+                                     for c in args.cache))),
           file=sys.stderr)
 
 

@@ -79,7 +79,7 @@ class Backend(ABC):
     # whether its benchmarks sample until --precision (the runtime's time_each_call); the others
     # keep a fixed budget (cuDNN: GPU events around sized batches; the in-process frameworks)
     samples_adaptively: ClassVar[bool] = False
-    # whether `run --cold-cache` can evict the CPU's caches before each timed call (the in-process
+    # whether `run --cold-cache`/`--cold-weights` can evict the CPU's caches before each timed call (the in-process
     # frameworks: inprocess.timed_calls)
     reads_cold: ClassVar[bool] = False
 
@@ -152,7 +152,7 @@ class SubgraphBackend(Backend):
         # the child imports this package as the runner did, wherever it is installed
         root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-        return {self.threads_env: str(threads), "PYTHONPATH": path, COLD_ENV: "cold" if options.cold_cache else "warm"}
+        return {self.threads_env: str(threads), "PYTHONPATH": path, COLD_ENV: options.cache}
 
     @abstractmethod
     def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:

@@ -9,7 +9,10 @@ resumes and re-measures it as it does a C++ binary. The runtime's fault hooks
 Both backends time their calls through ``timed_calls``. With ``COLD_ENV=cold`` (``benanza run
 --cold-cache``) it evicts the last-level cache before every timed call, so a layer's inputs,
 weights and outputs come from DRAM as a layer's do inside a whole model whose other layers have
-run since; the framework's own timer still times only the kernels (docs/backends.md).
+run since; with ``COLD_ENV=cold-weights`` (``--cold-weights``) it then reads the layer's inputs
+back, so only its weights come from DRAM, as inside a whole model too big for the cache, where
+the layer before has just written the inputs. The framework's own timer still times only the
+kernels (docs/backends.md).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,10 @@ INDEX_NAME = "benchmarks.json"
 # cold-cache reading or None) → its result line
 Measure = Callable[[Path, str, dict[str, str], int, float, int, "Evictor | None"], dict[str, Any]]
 
-COLD_ENV = "BENANZA_CACHE"  # "cold": evict the last-level cache before every timed call
+COLD_ENV = "BENANZA_CACHE"  # one of CACHE_STATES
+# what a timed call finds in the CPU's caches: whatever the calls before left ("warm"), nothing
+# ("cold"), or its inputs alone ("cold-weights")
+CACHE_STATES = ("warm", "cold", "cold-weights")
 # The eviction buffer, in last-level caches: a cache that keeps some lines of an older set
 # (adaptive replacement, or a victim L3 beside the private L2s) still loses all of them to twice
 # its size written through it.
@@ -46,9 +52,10 @@ class Refused(Exception):
 class Evictor:
     """Evicts the last-level cache: writes a buffer ``EVICT_FACTOR`` times the size of the
     last-level caches of the CPUs this process may run on, from the calling thread (the other
-    cores' private caches keep what they hold: at most one private cache each)."""
+    cores' private caches keep what they hold: at most one private cache each); with
+    ``inputs_warm``, then reads the inputs it is given back into the caches."""
 
-    def __init__(self) -> None:
+    def __init__(self, inputs_warm: bool = False) -> None:
         import numpy as np
 
         from ..system import cache_levels
@@ -58,37 +65,52 @@ class Evictor:
             raise RuntimeError("sysfs (/sys/devices/system/cpu/cpu*/cache) names no cache of this CPU: "
                                "no size to evict for a cold-cache reading")
         self.llc_bytes = levels[-1].total
+        self.inputs_warm = inputs_warm
         self._buffer = np.zeros(EVICT_FACTOR * self.llc_bytes // 8, np.int64)  # its pages touched now
 
     @property
     def nbytes(self) -> int:
         return int(self._buffer.nbytes)
 
-    def __call__(self) -> None:
+    @property
+    def state(self) -> str:
+        return "cold-weights" if self.inputs_warm else "cold"
+
+    def __call__(self, inputs: Iterable[Any] = ()) -> None:
+        """Evicts the caches, then reads ``inputs`` (numpy arrays or torch tensors) when they are to
+        be warm."""
         import numpy as np
 
         # a read and a write of every line: dirty lines leave even a cache that drops clean victims
         np.add(self._buffer, 1, out=self._buffer)
+        if self.inputs_warm:
+            for value in inputs:
+                value.sum()  # every element read, whatever the type, layout or library
 
 
 def evictor() -> Evictor | None:
-    """The child's evictor when the runner asked for cold-cache readings, else None."""
-    return Evictor() if os.environ.get(COLD_ENV) == "cold" else None
+    """The child's evictor when the runner asked for a cold reading (``COLD_ENV``), else None."""
+    state = os.environ.get(COLD_ENV, "warm")
+    if state not in CACHE_STATES:
+        raise RuntimeError(f"{COLD_ENV}={state!r}: not one of {', '.join(CACHE_STATES)}")
+    return None if state == "warm" else Evictor(inputs_warm=state == "cold-weights")
 
 
 def timed_calls(call: Callable[[], object], min_time: float, repetitions: int, max_calls: int,
-                evict: Evictor | None) -> list[int]:
+                evict: Evictor | None, inputs: Iterable[Any] = ()) -> list[int]:
     """Runs ``call`` for ``repetitions`` repetitions of ``min_time`` seconds each (at least one
     call, at most ``max_calls``), evicting the cache before each call when ``evict`` is given
-    (then at least ``COLD_MIN_CALLS`` calls, the eviction counted in the time); the calls made
-    per repetition. The caller's framework times the calls' kernels."""
+    (then at least ``COLD_MIN_CALLS`` calls, the eviction counted in the time, and ``inputs``,
+    the call's own, read back where the evictor keeps them warm); the calls made per
+    repetition. The caller's framework times the calls' kernels."""
     least = COLD_MIN_CALLS if evict is not None else 1
+    inputs = list(inputs)
     counts = []
     for _ in range(repetitions):
         n, started = 0, time.perf_counter()
         while n < least or (time.perf_counter() - started < min_time and n < max_calls):
             if evict is not None:
-                evict()
+                evict(inputs)
             call()
             n += 1
         counts.append(n)
@@ -96,10 +118,10 @@ def timed_calls(call: Callable[[], object], min_time: float, repetitions: int, m
 
 
 def cache_context(evict: Evictor | None) -> dict[str, Any]:
-    """What the context line says of the cache: ``cold`` with the sizes, or ``warm``."""
+    """What the context line says of the cache: its state, with the sizes where it is evicted."""
     if evict is None:
         return {"cache": "warm"}
-    return {"cache": "cold", "llc_bytes": evict.llc_bytes, "evict_bytes": evict.nbytes}
+    return {"cache": evict.state, "llc_bytes": evict.llc_bytes, "evict_bytes": evict.nbytes}
 
 
 def emit(tag: str, payload: str) -> None:

@@ -339,7 +339,7 @@ def _measure(path: Path, level: str, threads: int, min_time: float, repetitions:
     feeds = _feeds(sess)
     for _ in range(WARMUP_CALLS):
         sess.run(None, feeds)
-    counts = timed_calls(lambda: sess.run(None, feeds), min_time, repetitions, MAX_CALLS, evict)
+    counts = timed_calls(lambda: sess.run(None, feeds), min_time, repetitions, MAX_CALLS, evict, feeds.values())
     profile = Path(sess.end_profiling())
     try:
         trace = parse_ort_profile(profile)

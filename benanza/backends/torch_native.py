@@ -223,7 +223,7 @@ def _measure(path: Path, entry: dict[str, str], min_time: float, repetitions: in
                 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), \
                         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                     counts = timed_calls(lambda: graph.run(feed, annotate=True, after=mark), min_time,
-                                         repetitions, MAX_CALLS, evict)
+                                         repetitions, MAX_CALLS, evict, feed.values())
             finally:
                 libc.fflush(None)
                 os.dup2(saved, 1)

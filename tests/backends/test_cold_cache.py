@@ -19,7 +19,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from helpers import invoke, io, model
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from benanza.backends.inprocess import EVICT_FACTOR, Evictor
 from benanza.cli import main
@@ -79,6 +79,24 @@ def test_a_read_after_the_eviction_runs_at_the_speed_of_memory():
     assert cold_s >= 2 * warm_s, (cold_s, warm_s)  # not from a cache
 
 
+def test_cold_weights_reads_the_inputs_back_and_leaves_the_rest_in_memory():
+    """The layer's inputs read back after the eviction come from the caches; any other buffer (a
+    weight) from memory."""
+    evict = Evictor(inputs_warm=True)
+    size = min(_llc_bytes() // 8, 4 << 20) // 8
+    inputs, weights = np.ones(size, np.int64), np.ones(size, np.int64)
+    read_inputs, read_weights = [], []
+    for _ in range(ROUNDS):
+        evict([inputs])
+        read_inputs.append(_read_s(inputs))
+        evict([inputs])
+        read_weights.append(_read_s(weights))
+    inputs_s, weights_s = np.percentile(read_inputs, 10), np.percentile(read_weights, 10)
+    memory_s = _stream_s(weights.nbytes)
+    assert weights_s >= 0.5 * memory_s, (weights_s, memory_s)  # from memory
+    assert inputs_s <= 0.7 * weights_s, (inputs_s, weights_s)  # from a cache (here 0.45 of the weights' time)
+
+
 def test_cold_cache_is_refused_where_no_backend_reads_cold(tmp_path):
     out = CliRunner().invoke(
         main,
@@ -101,79 +119,78 @@ def test_cold_cache_is_refused_where_no_backend_reads_cold(tmp_path):
     ]
 
 
-def _relu(path: Path, nbytes: int) -> None:
-    """A Relu over ``nbytes`` of f32: with its output a quarter of the last-level cache, so a warm
-    call finds both there and a cold one in memory."""
+def _reads(path: Path, nbytes: int) -> None:
+    """Two layers of ``nbytes`` each, either about a quarter of the last-level cache: a mean of all
+    of its input (``x``, its output one value), and a one-row MatMul of its weights (``W``, its
+    input and output one row): the first reads its input and the second its weights, nothing else
+    of note."""
     n = nbytes // 4
+    k = 1024
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n // k)).astype(np.float32), "W")
     onnx.save(
         model(
-            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
-            [io("x", [1, n // 1024, 32, 32])],
-            [io("y", None)],
+            [helper.make_node("ReduceMean", ["x"], ["m"], name="mean", axes=[1, 2, 3], keepdims=1),
+             helper.make_node("MatMul", ["a", "W"], ["y"], name="row")],
+            [io("x", [1, n // 1024, 32, 32]), io("a", [1, k])],
+            [io("m", None), io("y", None)],
+            [w],
             opset=17,
         ),
         path,
     )
 
 
-@pytest.mark.slow  # runs a framework's benchmarks twice
+@pytest.mark.slow  # runs a framework's benchmarks three times
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
-def test_a_cold_run_is_its_own_stack_and_reads_its_data_from_memory(backend, tmp_path):
+def test_each_cache_state_is_its_own_stack_and_reads_what_it_evicts_from_memory(backend, tmp_path):
     llc = _llc_bytes()
     nbytes = llc // 8
-    _relu(tmp_path / "relu.onnx", nbytes)
+    _reads(tmp_path / "reads.onnx", nbytes)
     bench, db = tmp_path / "bench", tmp_path / "p.db"
-    # one variant: the model's own dtype and layout
-    invoke(
-        "generate",
-        str(tmp_path / "relu.onnx"),
-        "--backend",
-        backend,
-        "--out",
-        str(bench),
-        "--dtype",
-        "f32",
-        "--layout",
-        "nchw",
-    )
-    run = [
-        "run",
-        "--system",
-        SYSTEM,
-        "--backend",
-        backend,
-        "--bench-dir",
-        str(bench),
-        "--db",
-        str(db),
-        "--threads",
-        "1",
-        "--min-time",
-        "0.05",
-        "--repetitions",
-        "3",
-    ]
-    invoke(*run)
-    invoke(*run, "--cold-cache")
+    # one variant a layer: the model's own dtype and layout
+    invoke("generate", str(tmp_path / "reads.onnx"), "--backend", backend, "--out", str(bench), "--dtype", "f32",
+           "--layout", "nchw", "--no-fusion")
+    run = ["run", "--system", SYSTEM, "--backend", backend, "--bench-dir", str(bench), "--db", str(db),
+           "--threads", "1", "--min-time", "0.05", "--repetitions", "3"]
+    states = {"warm": [], "cold": ["--cold-cache"], "cold-weights": ["--cold-weights"]}
+    for flags in states.values():
+        invoke(*run, *flags)
     with sqlite3.connect(db) as conn:
         stacks = {sid: json.loads(stack) for sid, stack in conn.execute("SELECT stack_id, stack FROM systems")}
-        rows = conn.execute("SELECT stack_id, low_ms, metrics FROM results WHERE status = 'ok' ORDER BY id").fetchall()
-    (cold_id,) = [sid for sid, s in stacks.items() if s.get("cache") == "cold"]
-    (warm_id,) = [sid for sid, s in stacks.items() if "cache" not in s]
-    assert {k: v for k, v in stacks[cold_id].items() if k != "cache"} == stacks[warm_id]  # the cache alone differs
-    low = {}
-    for sid, low_ms, metrics in rows:  # the newest result of each stack (a re-measured one replaces the first)
-        low[sid] = low_ms
-        assert ("evict_bytes" in json.loads(metrics)) == (sid == cold_id)
-        if sid == cold_id:
-            assert json.loads(metrics)["evict_bytes"] >= EVICT_FACTOR * llc
-    assert set(low) == {warm_id, cold_id}
-    assert low[cold_id] >= low[warm_id], low
+        rows = conn.execute("SELECT stack_id, variant, low_ms, metrics FROM results WHERE status = 'ok' "
+                            "ORDER BY id").fetchall()
+    ids = {s.get("cache", "warm"): sid for sid, s in stacks.items()}
+    assert set(ids) == set(states) and len(stacks) == 3
+    for state in ("cold", "cold-weights"):  # the cache alone differs
+        assert {k: v for k, v in stacks[ids[state]].items() if k != "cache"} == stacks[ids["warm"]]
+    newest: dict[tuple[str, str], float] = {}
+    for sid, variant, low_ms, metrics in rows:  # a re-measured result replaces the first
+        state = stacks[sid].get("cache", "warm")
+        newest[state, variant] = low_ms
+        evicted = json.loads(metrics).get("evict_bytes")
+        assert (evicted is None) == (state == "warm") and (evicted is None or evicted >= EVICT_FACTOR * llc)
+    variants = {v for _, v in newest}
+    assert len(newest) == 3 * len(variants), newest
+    # each layer's best variant, as a bound takes it
+    mean, row = ({s: min(t for (st, v), t in newest.items() if st == s and v.startswith(family)) for s in states}
+                 for family in ("reduce:", "matmul:"))
     memory_s = _stream_s(nbytes)
-    assert low[cold_id] / 1e3 >= 0.5 * memory_s, (low, memory_s)  # its input from memory
-    for cold in ([], ["--cold-cache"]):  # each stack is complete: neither run counts the other's result
-        assert "0 of 1 benchmarks would run" in invoke(*run, *cold, "--dry-run")
-    # the newer cold stack is not what an analysis reads by default: the warm one is
+    # cold: both read their data from memory
+    assert mean["cold"] / 1e3 >= 0.5 * memory_s and row["cold"] / 1e3 >= 0.5 * memory_s, (mean, row, memory_s)
+    # cold weights: the weights from memory, the input read back into the cache first
+    assert row["cold-weights"] / 1e3 >= 0.5 * memory_s, (row, memory_s)
+    assert mean["cold-weights"] < mean["cold"], mean
+    for flags in states.values():  # each stack is complete: no run counts another's results
+        assert f"0 of {len(variants)} benchmarks would run" in invoke(*run, *flags, "--dry-run")
+    # the newer cold stacks are not what an analysis reads by default: the warm one is
     with PerfDB(db, readonly=True) as pdb:
         default = pdb.system(SYSTEM, backend)
-    assert default is not None and default.stack_id == warm_id
+    assert default is not None and default.stack_id == ids["warm"]
+
+
+def test_cold_cache_and_cold_weights_together_are_refused(tmp_path):
+    out = CliRunner().invoke(main, ["run", "--system", SYSTEM, "--backend", "torch", "--bench-dir", str(tmp_path),
+                                    "--db", str(tmp_path / "p.db"), "--cold-cache", "--cold-weights"])
+    assert out.exit_code == 1, out.output
+    assert out.output.strip().splitlines() == [
+        "error: --cold-cache evicts a layer's inputs, --cold-weights keeps them warm: give one"]
