@@ -225,11 +225,12 @@ bool alpha_vector(const Variant& v) { return v.call == kLtInt8RequantPerColumn; 
 // CUDA_R_8F_E4M3, CUBLAS_COMPUTE_32F, fp32 scales, the weights' and the activations' scales
 // through CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER and the output's (1/s_y) through D_SCALE_POINTER
 // (cublasLt.h: device pointers to one value of the compute type), an e4m3 result. cuBLAS's
-// documentation of cublasLtMatmul asks FP8 kernels for the "TN" form (the weights as Lt's
-// transposed A, as the int8 GEMM stores them), 16-byte aligned leading dimensions (K and N
-// multiples of 16 here) and, for an FP8 D, a 16-bit C type (CUDA_R_16BF here; beta is 0, so C is
-// never read), as this project knows that documentation: the docs search here did not return the
-// page to re-read. What this cuBLASLt runs is its heuristic's answer, as for the int8 GEMM.
+// documentation of cublasLtMatmul (as NVIDIA's maintainers quote it in CUDALibrarySamples issues
+// 172 and 242) asks FP8 kernels for 16-byte aligned pointers and matrix dimensions (M, N and K
+// multiples of 16 for one-byte data), the "TN" form (the weights as Lt's transposed A, as the int8
+// GEMM stores them), CUBLAS_COMPUTE_32F and a CUDA_R_32F scale type; for an FP8 D its type table
+// lists a 16-bit C (CUDA_R_16BF here; beta is 0, so C is never read), as this project knows that
+// table, not re-read here. What this cuBLASLt runs is its heuristic's answer, as for the int8 GEMM.
 bool fp8_gemm(const Variant& v) { return v.call == kLtFp8; }
 
 // FP8 Tensor Cores came with compute capability 8.9 (Ada) and 9.0 (Hopper): older GPUs have no
@@ -292,14 +293,15 @@ class LtProblem : public Problem {
     if (choice.status != CUBLAS_STATUS_SUCCESS)
       check_cublas(choice.status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     if (v.algo >= choice.results.size()) {
-      const int multiple = int8_ ? 4 : fp8_ ? 16 : 1;
-      const bool misaligned = L.n % multiple || L.k % multiple;
+      std::string why;
+      if (int8_ && (L.n % 4 || L.k % 4))
+        why = " (cuBLAS documents its int8 IMMA kernels for N and K multiples of 4; N=" + std::to_string(L.n) +
+              ", K=" + std::to_string(L.k) + ")";
+      if (fp8_ && (L.m % 16 || L.n % 16 || L.k % 16))
+        why = " (cuBLAS documents its FP8 kernels for 16-byte aligned dimensions, M, N and K multiples of 16; M=" +
+              std::to_string(L.m) + ", N=" + std::to_string(L.n) + ", K=" + std::to_string(L.k) + ")";
       unsupported("cublasLtMatmulAlgoGetHeuristic offered " + std::to_string(choice.results.size()) +
-                  " algorithms for this GEMM, none of rank " + std::to_string(v.algo) +
-                  (misaligned ? std::string(" (cuBLAS documents its ") + (int8_ ? "int8 IMMA" : "FP8") +
-                                    " kernels for N and K multiples of " + std::to_string(multiple) +
-                                    "; N=" + std::to_string(L.n) + ", K=" + std::to_string(L.k) + ")"
-                              : std::string()));
+                  " algorithms for this GEMM, none of rank " + std::to_string(v.algo) + why);
     }
     const cublasLtMatmulHeuristicResult_t& picked = choice.results[v.algo];
     algo_ = picked.algo;
