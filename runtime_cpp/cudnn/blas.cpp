@@ -215,7 +215,8 @@ bool int8_gemm(const Variant& v) {
 bool requantized(const Variant& v) { return v.call == kLtInt8Requant || v.call == kLtInt8RequantPerColumn; }
 
 // Per-column weights' scales (sa·sb[n]/sy): cublasLt.h documents a device alpha vector's length as
-// the output matrix's row count, which in the column-major view (Y^T, N x M) is N, one scale per
+// the output matrix's row count (of CUBLASLT_POINTER_MODE_DEVICE_VECTOR, whose alpha is such a
+// vector), which in the column-major view (Y^T, N x M) is N, one scale per
 // ONNX output column, as the weights' scales run. Beta is zero (no C), so the mode is
 // CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO, which takes no batch stride: the GEMM is 2-D.
 bool alpha_vector(const Variant& v) { return v.call == kLtInt8RequantPerColumn; }
