@@ -27,6 +27,7 @@ from .ops.quantized import (
     QMatMulProblem,
     int_gemm_epilogue,
     int_gemm_reference,
+    qdq_fp8_matmul_nodes,
     qdq_matmul_nodes,
     qdq_matmul_reference,
 )
@@ -118,6 +119,11 @@ PATTERNS: tuple[FusionPattern, ...] = (
                   "DequantizeLinear(u8)→MatMul(·, dequantized s8 weights)→QuantizeLinear(u8), ONNX Runtime's QDQ "
                   "format: one int8 GEMM requantized into u8 (what ONNX Runtime runs as QLinearMatMul)",
                   anchor="MatMul", find=qdq_matmul_nodes, reference=qdq_matmul_reference),
+    # no reference: `check` compares oneDNN's benchmarks, and oneDNN has no fused form of it
+    FusionPattern("qdq_fp8_matmul", ("DequantizeLinear", "QuantizeLinear"), False, "identity",
+                  "DequantizeLinear(float8 e4m3)→MatMul(·, dequantized float8 weights)→QuantizeLinear(float8 "
+                  "e4m3), ONNX Runtime's QDQ format with QFLOAT8E4M3FN types: one FP8 GEMM with per-tensor scales "
+                  "(cuBLASLt's, on sm_89 and later)", anchor="MatMul", find=qdq_fp8_matmul_nodes),
     FusionPattern("layernorm", ("Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"), False,
                   "identity", "the LayerNorm decomposition of opsets < 17: one layer normalization",
                   anchor="ReduceMean", find=layernorm_nodes, reference=layernorm_reference),

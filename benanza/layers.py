@@ -23,6 +23,8 @@ __all__ = ["DTYPE_NAMES", "FLOAT_DTYPES", "LayerKey", "format_dims", "format_num
 DTYPE_NAMES = {
     1: "f32", 2: "u8", 3: "i8", 4: "u16", 5: "i16", 6: "i32", 7: "i64", 8: "str",
     9: "b", 10: "f16", 11: "f64", 12: "u32", 13: "u64", 16: "bf16",
+    # opset 19's float8 types, one byte each, by their ONNX names
+    17: "f8e4m3fn", 18: "f8e4m3fnuz", 19: "f8e5m2", 20: "f8e5m2fnuz",
 }
 
 

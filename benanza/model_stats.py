@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .fusion import match_fusions
 from .layers import Model, Node
-from .ops.registry import uncovered_reason
+from .ops.registry import PATTERN_LOWERINGS, uncovered_reason
 
 # The library call each backend runs a layer with (None: it cannot), as Layer records it.
 BACKEND_CALLS = {"cudnn": "cudnn_api", "onednn": "onednn_primitive"}
@@ -110,14 +111,22 @@ def node_stats(name: str, nodes: list[Node], uncosted: int = 0) -> ModelStats:
 
 def coverage_notes(model: Model, backends: Iterable[str]) -> list[str]:
     """One line per running layer a backend leaves out for a reason its family gives (an LSTM's
-    cell clip), so "not covered by onednn: LSTM×1" says why."""
+    cell clip), so "not covered by onednn: LSTM×1" says why; and one per fusion match whose fused
+    form a backend lacks (a float8 GEMM on oneDNN), whose pieces are then all it costs."""
     notes = []
+    matches = match_fusions(model)
     for backend in backends:
         call = BACKEND_CALLS[backend]
         for n in model.nodes:
             reason = uncovered_reason(n.layer, backend) if n.runs and getattr(n.layer, call) is None else None
             if reason is not None:
                 notes.append(f"not covered by {backend}: {n.layer.op} {n.name!r}: {reason}")
+        for m in matches:
+            lowering = PATTERN_LOWERINGS.get(m.pattern.name)
+            if lowering is not None and backend in lowering.gaps:
+                anchor = model.nodes[m.nodes[0]]
+                notes.append(f"not covered by {backend}: the fused {m.pattern.name} at {anchor.layer.op} "
+                             f"{anchor.name!r} (its pieces are costed): {lowering.gaps[backend]}")
     return notes
 
 

@@ -67,11 +67,17 @@ time, recorded as "unsupported" with its status string):
 - Quantized layers (ONNX Runtime's ``quantize_dynamic`` exports, ``benanza.ops.quantized``):
   MatMulInteger as cuBLASLt's int8 GEMM (``cublasLtMatmul``, s8 operands, CUBLAS_COMPUTE_32I,
   s32 result; call ``kLtInt8``) in the layer's own type (``u8``/``i8``, whatever ``--dtype``
-  asks, math ``default``), one variant per heuristic rank (``LT_ALGOS``); QLinearMatMul (per-tensor
-  weights' scales, ONNX Runtime's ``quantize_static``) as that GEMM with an fp32 alpha and an s8
-  result (call ``kLtInt8Requant``); Cast into a float type or bool, QuantizeLinear,
+  asks, math ``default``), one variant per heuristic rank (``LT_ALGOS``); QLinearMatMul (ONNX
+  Runtime's ``quantize_static``) as that GEMM with an fp32 alpha and an s8 result (call
+  ``kLtInt8Requant``), or with per-column weights' scales a device vector of alphas
+  (``kLtInt8RequantPerColumn``); the ``qdq_fp8_matmul`` pattern of float8 QDQ exports as
+  cuBLASLt's FP8 GEMM (``kLtFp8``: e4m3 operands and result, CUBLAS_COMPUTE_32F, per-tensor scale
+  pointers), on the float MatMul's key, once per dtype asked for, math ``default``; the runtime
+  stores it as unsupported on a GPU below compute capability 8.9, which the generator cannot
+  know; Cast into a float type or bool, QuantizeLinear,
   DequantizeLinear and DynamicQuantizeLinear as graph nodes of the ``quant`` table (plan slots;
-  DynamicQuantizeLinear is three graphs timed back to back).
+  DynamicQuantizeLinear is three graphs timed back to back). None of the int8 or FP8 cuBLASLt
+  variants has run on a GPU: they are compiled and linked here, where there is none.
 
 Run-time counters of every benchmark: ``flops``, ``bytes``, ``workspace_bytes``; convolutions
 add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``: what
@@ -204,9 +210,10 @@ GRAPH_PLANS = 8
 PLAN_ALGOS = tuple(f"plan{i}" for i in range(GRAPH_PLANS))
 # cuDNN's flash attention takes fp16/bf16 Q/K/V: an fp32 attention gets no SDPA variant
 SDPA_DTYPES = ("f16", "bf16")
-# fusion pattern → its fused form on the graph API (the table, the variant's call and the row)
-_GRAPH_FUSIONS: dict[str, CudnnLowering] = {name: p.cudnn for name, p in PATTERN_LOWERINGS.items()
-                                            if p.cudnn is not None}
+# fusion pattern → its fused form (the table, the variant's call and the row): a graph of the
+# graph API, or a cublasLtMatmul of the blas table (an FP8 GEMM)
+_FUSED_FORMS: dict[str, CudnnLowering] = {name: p.cudnn for name, p in PATTERN_LOWERINGS.items()
+                                          if p.cudnn is not None}
 _API_OF = {LNORM.name: CUDNN_LAYERNORM, SDPA.name: CUDNN_SDPA, POINTWISE.name: CUDNN_POINTWISE,
            CUDNN_ROPE_TABLE.name: CUDNN_ROPE}
 _BY_NAME = {f.name: f for f in REGISTRY}
@@ -347,6 +354,12 @@ class CudnnBackend(CMakeBackend):
             epilogues = [f for f in fusions if FUSION_PATTERNS[f].epilogue is gemm_epilogue]
             out += [Variant(problem, NAME, LT_API, algo, d, lay, m, fusion)
                     for fusion in epilogues for algo in LT_ALGOS for d, lay, m in exp.combos(family)]
+            # a cublasLtMatmul of its own types (the QDQ float8 MatMul's FP8 GEMM): its compute type
+            # is the call's, so no math mode; once per float type asked for, as the pattern's anchor is
+            # analysed in each
+            out += [Variant(problem, NAME, LT_API, algo, d, "nchw", NO_MATH, fusion) for fusion in fusions
+                    if fusion in _FUSED_FORMS and _FUSED_FORMS[fusion].table is BLAS
+                    for d in exp.dtypes for algo in LT_ALGOS]
         for d, lay, m in exp.combos(family):
             # cuBLAS has no 16-bit GEMV: those run as a GEMM with one row or column.
             call = "cublasGemmEx" if api == "cublasSgemv" and d != "f32" else api
@@ -399,8 +412,8 @@ def _graph_fusion_variants(layer: Layer, fusions: tuple[str, ...], exp: Expansio
     RoPE as one graph of pointwise nodes."""
     out: list[Variant] = []
     for fusion in fusions:
-        if fusion in _GRAPH_FUSIONS:
-            family = _GRAPH_FUSIONS[fusion].table
+        if fusion in _FUSED_FORMS and _FUSED_FORMS[fusion].table in GRAPH_FAMILIES:
+            family = _FUSED_FORMS[fusion].table
             out += _graph_variants(layer, family, _API_OF[family.name], fusion, exp)
     return out
 
@@ -419,14 +432,14 @@ def _warn_asymmetric(layer: Layer) -> None:
 def _variant_fields(v: Variant, layer_index: int) -> Fields:
     if v.api == FUSED_API:
         call = "kConvBiasRelu" if FUSION_PATTERNS[v.fusion].activation == "relu" else "kConvBiasIdentity"
+    elif v.fusion in _FUSED_FORMS:
+        call = _FUSED_FORMS[v.fusion].call_for(v.problem)
     elif v.api == LT_API and v.fusion in FUSION_PATTERNS:
         call = _LT_CALLS[FUSION_PATTERNS[v.fusion].activation]
-    elif v.fusion in _GRAPH_FUSIONS:
-        call = _GRAPH_FUSIONS[v.fusion].call
     else:
         family = _BY_NAME.get(v.problem.family)
         found = family.cudnn.get(v.api) if family is not None else None
-        call = found.call if found is not None else "kCall"
+        call = found.call_for(v.problem) if found is not None else "kCall"
     # FFT, WINOGRAD … are in both convolution enums, at other values
     order = (LT_ALGOS if v.api == LT_API else PLAN_ALGOS if v.algo in PLAN_ALGOS
              else DECONV_ALGOS if v.api == DECONV_API else CONV_ALGOS)
@@ -443,14 +456,14 @@ def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_P
     by_family: dict[str, list[tuple[str, Layer, Any, list[Variant]]]] = {}
     families: dict[str, CudnnTable] = {}
     per_layer: dict[tuple[Problem, str], list[Variant]] = {}
-    for v in variants:  # a graph-API fusion is benchmarked in its graph family's table
-        fused = _GRAPH_FUSIONS.get(v.fusion)
+    for v in variants:  # a fused form is benchmarked on its own row of its table (a graph family's)
+        fused = _FUSED_FORMS.get(v.fusion)
         per_layer.setdefault((v.problem, fused.table.name if fused is not None else ""), []).append(v)
     for (problem, fused_family), vs in per_layer.items():
         layer = layers.get(problem)
         if layer is None:
             raise BenanzaError(f"variant {vs[0].name} names a layer missing from the manifest")
-        found = _GRAPH_FUSIONS[vs[0].fusion] if fused_family else lowering(layer)
+        found = _FUSED_FORMS[vs[0].fusion] if fused_family else lowering(layer)
         assert found is not None  # layers without a cuDNN API produce no variants
         families[found.table.name] = found.table
         row = found.row(problem, layer.cudnn_api or "")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 ELEMENT_SIZE = {
     "f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2,
     "i32": 4, "u32": 4, "i64": 8, "u64": 8, "b": 1, "str": 8,
+    "f8e4m3fn": 1, "f8e4m3fnuz": 1, "f8e5m2": 1, "f8e5m2fnuz": 1,
 }
 
 Dims = tuple[int, ...]
@@ -113,11 +114,15 @@ class CudnnTable:
 @dataclass(frozen=True)
 class CudnnLowering:
     """A cuDNN/cuBLAS call's table and the row (a dataclass named for the table's C++ struct)
-    of a problem; ``call``: the variant's call constant in tables.hpp."""
+    of a problem; ``call``: the variant's call constant in tables.hpp, or a function of the
+    problem giving it where the problem's fields pick the call (a per-column scale's alpha vector)."""
 
     table: CudnnTable
     row: Callable[[Any, str], Any]
-    call: str = "kCall"
+    call: str | Callable[[Any], str] = "kCall"
+
+    def call_for(self, problem: Any) -> str:
+        return self.call if isinstance(self.call, str) else self.call(problem)
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,8 @@ class PatternLowering:
     pattern: str
     onednn: tuple[str, Callable[[Any, str], Any]] | None = None
     cudnn: CudnnLowering | None = None
+    # backend → why it has no fused form of the pattern (its pieces stay costed one by one there)
+    gaps: Mapping[str, str] = field(default_factory=dict)
 
 
 # --- the family record ---------------------------------------------------------------------

@@ -37,7 +37,7 @@ _NUM = r"-?\d+(?:\.\d+)?"
 _VALUE = rf"{_NUM}(?:x{_NUM})*"
 _PAIR = re.compile(rf"([a-z]+)({_VALUE})?")
 FAMILY = re.compile(r"^[a-z][a-z0-9]*$")
-DTYPE_RE = re.compile(r"^[a-z]+\d*$")
+DTYPE_RE = re.compile(r"^[a-z][a-z0-9]*$")  # f32, i8, f8e4m3fn
 
 # Float32 arithmetic by the standard library's IEEE single packing, not NumPy: every command
 # that reads a key parses its floats, and NumPy's import was a fifth of `analyze --json`'s time.

@@ -11,14 +11,20 @@ here runs it.
 Scales and zero points are run-time values in every benchmark (oneDNN's run-time attributes), as a
 framework passes them; they are not part of the problems.
 
+ONNX Runtime's float8 QDQ exports (QFLOAT8E4M3FN): the ``qdq_fp8_matmul`` pattern, DequantizeLinear →
+MatMul → QuantizeLinear on FLOAT8E4M3FN data, is cuBLASLt's FP8 GEMM on the cudnn backend
+(``kLtFp8``) and has no fused form on oneDNN (no float8 there); its QuantizeLinear and
+DequantizeLinear stay generic layers, not covered on either backend.
+
 On the GPU (the ``cudnn`` backend): MatMulInteger as cuBLASLt's int8 GEMM (``cublasLtMatmul``,
 s8 operands, CUBLAS_COMPUTE_32I, s32 result; runtime_cpp/cudnn/blas.cpp says what it refuses and
 what of a u8 activation's zero point it does not time), without weights' zero points (cuBLASLt
-has none); QLinearMatMul with per-tensor weights' scales as the same GEMM requantized in the
-call (an fp32 alpha, s8 result: ``kLtInt8Requant``; the output's zero point not in it);
+has none); QLinearMatMul as the same GEMM requantized in the call (an fp32 alpha, s8 result:
+``kLtInt8Requant``; per-column weights' scales as an alpha vector over the output's columns,
+``kLtInt8RequantPerColumn``; the output's zero point not in it);
 QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear as cuDNN graph-API nodes (the
 ``quant`` table shared with Cast: cast.QuantLayer). QLinearConv and ConvInteger have no
-cuDNN/cuBLASLt lowering, nor QLinearMatMul with per-column weights' scales: not covered there.
+cuDNN/cuBLASLt lowering: not covered there.
 
 Family names are none of an ONNX op's words, so the generic keys earlier versions stored for
 these ops still read: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
@@ -138,8 +144,6 @@ def _qmatmul_cudnn(p: Problem) -> str | None:
 
 def _qmatmul_cudnn_gap(p: QMatMulProblem) -> str | None:
     """Why cuBLASLt's int8 GEMM cannot run a MatMulInteger or a QLinearMatMul, or None."""
-    if isinstance(p, QLinearMatMulProblem) and p.bscales > 1:
-        return "per-column weights' scales (cuBLASLt's alpha vector) are not generated for the int8 GEMM"
     if p.bzp:
         return "cuBLASLt's int8 GEMM has no weights' zero points"
     if p.azp > 1:
@@ -154,9 +158,16 @@ def _qmatmul_uncovered(p: Problem, backend: str) -> str | None:
     return _qmatmul_cudnn_gap(p) if backend == "cudnn" else None
 
 
-def _qmatmul_blas(p: QMatMulProblem, api: str) -> BlasLayer:
-    """The int8 GEMM of MatMulInteger's shape (QLinearMatMul's too, whose call requantizes);
-    a u8 A (and a u8 output) runs as the s8 data of the same bytes."""
+def _qlinear_matmul_call(p: QLinearMatMulProblem) -> str:
+    """Per-column weights' scales make the requantization scale s_a·s_b[n]/s_y a vector over the
+    output's columns: cuBLASLt's alpha as a device vector (blas.cpp), the scalar alpha's otherwise."""
+    return "kLtInt8RequantPerColumn" if p.bscales > 1 else "kLtInt8Requant"
+
+
+def _qmatmul_blas(p: QMatMulProblem | MatMulProblem, api: str) -> BlasLayer:
+    """The 8-bit GEMM of MatMulInteger's shape (QLinearMatMul's too, whose call requantizes;
+    the ``qdq_fp8_matmul`` pattern's MatMul, whose call is the FP8 GEMM); a u8 A (and a u8
+    output) runs as the s8 data of the same bytes."""
     mm = MatMulProblem(p.a, p.b)
     return BlasLayer(m=mm.m, n=mm.n, k=mm.k, trans_a=False, trans_b=False, batch=1, a_count=1, b_count=1, alpha=1.0,
                      beta=0.0)
@@ -479,7 +490,7 @@ MATMULINT = Family("matmulint", QMatMulProblem, ("MatMulInteger",), _qmatmul_bui
                    cudnn={LT_INT8: CudnnLowering(CUDNN_BLAS, _qmatmul_blas, "kLtInt8")}, uncovered=_qmatmul_uncovered)
 QLINEARMATMUL = Family("qmatmul", QLinearMatMulProblem, ("QLinearMatMul",), _qlinear_matmul_build,
                        onednn_api=_qmatmul_onednn, onednn=_QMATMUL, int_dtypes=INT8, cudnn_api=_qmatmul_cudnn,
-                       cudnn={LT_INT8: CudnnLowering(CUDNN_BLAS, _qmatmul_blas, "kLtInt8Requant")},
+                       cudnn={LT_INT8: CudnnLowering(CUDNN_BLAS, _qmatmul_blas, _qlinear_matmul_call)},
                        uncovered=_qmatmul_uncovered)
 DYNQUANT = Family("dynquant", DynQuantProblem, ("DynamicQuantizeLinear",),
                   lambda view: DynQuantProblem(tuple(required(view, 0).shape)), onednn_api=const("reduction+reorder"),
@@ -520,7 +531,13 @@ def int_gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bo
     return math.prod(bias) == out[-1] and bias[-1] == out[-1]
 
 
-PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),)
+# ONNX's FLOAT8E4M3FN: cuBLASLt's CUDA_R_8F_E4M3, what ONNX Runtime's QFLOAT8E4M3FN quantization writes
+FP8 = "f8e4m3fn"
+PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),
+            # one cuBLASLt FP8 GEMM (blas.cpp kLtFp8), on the MatMul's row
+            PatternLowering("qdq_fp8_matmul", cudnn=CudnnLowering(CUDNN_BLAS, _qmatmul_blas, "kLtFp8"),
+                            gaps={"onednn": "oneDNN 2.6 has no float8 data type (its dnnl_types.h lists f16, bf16, "
+                                            "f32, s32, s8 and u8): the FP8 GEMM is cuBLASLt's only"}))
 
 
 def int_gemm_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
@@ -560,26 +577,55 @@ FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQ
 
 # --- fusion: the nodes of a QDQ MatMul in a model --------------------------------------------
 
-def qdq_matmul_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
-    """The nodes of DequantizeLinear(u8 x) → MatMul(·, W) → QuantizeLinear(u8) from the MatMul
-    (first, then the two), where W is the dequantization of constant s8 weights without a zero
-    point (folded: computed once, at load time) and every scale is per tensor; or None. The
-    MatMul's result is read only by the QuantizeLinear."""
+def _qdq_matmul_chain(model: Model, consumers: dict[int, list[int]], start: int) -> tuple[int, int, int] | None:
+    """The DequantizeLinear of x, the DequantizeLinear of W and the QuantizeLinear of the result
+    around the MatMul ``start``: DequantizeLinear(x) → MatMul(·, W) → QuantizeLinear, W the
+    dequantization of constant weights (folded: computed once, at load time), the MatMul's
+    result read only by the QuantizeLinear and x's dequantization only by the MatMul; or None."""
     nodes, producer = model.nodes, model.producer
     mm = nodes[start]
     if not isinstance(mm.layer.problem, MatMulProblem) or len(mm.inputs) != 2:
         return None
     x, w = (producer.get(t) for t in mm.inputs)
-    if x is None or w is None or consumers[start] == [] or len(consumers[start]) != 1:
+    if x is None or w is None or len(consumers[start]) != 1:
         return None
     q = consumers[start][0]
-    quant = nodes[q].layer.problem
-    dqx, dqw = nodes[x].layer.problem, nodes[w].layer.problem
-    if not (isinstance(dqx, DequantProblem) and isinstance(dqw, DequantProblem) and isinstance(quant, QuantProblem)):
+    if (nodes[x].layer.op, nodes[w].layer.op, nodes[q].layer.op) != \
+            ("DequantizeLinear", "DequantizeLinear", "QuantizeLinear"):
         return None
     if not nodes[w].folded or nodes[x].folded or consumers[x] != [start]:
+        return None
+    return x, w, q
+
+
+def qdq_matmul_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of DequantizeLinear(u8 x) → MatMul(·, W) → QuantizeLinear(u8) from the MatMul
+    (first, then the two), W the dequantization of constant s8 weights without a zero point,
+    every scale per tensor; or None."""
+    chain = _qdq_matmul_chain(model, consumers, start)
+    if chain is None:
+        return None
+    dqx, dqw, quant = (model.nodes[i].layer.problem for i in chain)
+    if not (isinstance(dqx, DequantProblem) and isinstance(dqw, DequantProblem) and isinstance(quant, QuantProblem)):
         return None
     if (dqx.qtype, dqx.axis, dqw.qtype, dqw.axis, dqw.zp, quant.qtype, quant.axis) != \
             ("byte", None, "sbyte", None, False, "byte", None):
         return None
-    return [start, x, q]
+    return [start, chain[0], chain[2]]
+
+
+def qdq_fp8_matmul_nodes(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+    """The nodes of DequantizeLinear(FLOAT8E4M3FN x) → MatMul(·, W) → QuantizeLinear(FLOAT8E4M3FN)
+    from the MatMul (first, then the two), W the dequantization of constant FLOAT8E4M3FN weights,
+    every scale per tensor (what ``quantize_static`` writes with QFLOAT8E4M3FN types in its QDQ
+    format); or None. A float8 zero point is 0 by ONNX's definition, so none is looked at. Per-
+    channel weights' scales are not matched: cuBLASLt's B scale here is one value."""
+    chain = _qdq_matmul_chain(model, consumers, start)
+    if chain is None:
+        return None
+    dqx, dqw, quant = (model.nodes[i].layer for i in chain)
+    # opset 21's blocked quantization has a scale per block: more than one value
+    per_tensor = all(len(la.inputs) > 1 and la.inputs[1].numel == 1 for la in (dqx, dqw, quant))
+    if not per_tensor or (dqx.inputs[0].dtype, dqw.inputs[0].dtype, quant.outputs[0].dtype) != (FP8, FP8, FP8):
+        return None
+    return [start, chain[0], chain[2]]

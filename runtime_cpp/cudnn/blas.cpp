@@ -1,6 +1,9 @@
 // GEMM and GEMV through cuBLAS for ONNX Gemm/MatMul (row-major), timed like the cuDNN calls, and
 // the fused MatMul→Add(bias)[→Gelu|→Relu] as one cublasLtMatmul with a bias epilogue, and ONNX
-// MatMulInteger as cublasLtMatmul's int8 GEMM (kLtInt8: s8 operands, CUBLAS_COMPUTE_32I, s32 result).
+// MatMulInteger as cublasLtMatmul's int8 GEMM (kLtInt8: s8 operands, CUBLAS_COMPUTE_32I, s32 result),
+// QLinearMatMul as that GEMM requantized into s8 by an fp32 alpha (kLtInt8Requant) or, with
+// per-column weights' scales, a device vector of alphas (kLtInt8RequantPerColumn); and the QDQ
+// float8 MatMul (the qdq_fp8_matmul pattern) as cublasLtMatmul's FP8 GEMM (kLtFp8, below).
 //
 // cuBLASLt's int8 GEMM (the cuBLAS documentation's cublasLtMatmul IMMA requirements, regular data
 // ordering) takes CUDA_R_8I A and B only, in the "TN" form (Lt's A transposed: here the weights,
@@ -202,32 +205,81 @@ struct LtChoice {
 
 using LtChoiceKey = std::tuple<const BlasLayer*, DType, Math, uint8_t>;
 
-bool int8_gemm(const Variant& v) { return v.call == kLtInt8 || v.call == kLtInt8Requant; }
+bool int8_gemm(const Variant& v) {
+  return v.call == kLtInt8 || v.call == kLtInt8Requant || v.call == kLtInt8RequantPerColumn;
+}
 
 // QLinearMatMul's int8 GEMM: the s32 accumulator scaled by an fp32 alpha (sa·sb/sy) into s8 in the
 // same call; a u8 output is the s8 data of the same bytes, and the output's zero point (a shift of
 // the result) is not in the call
-bool requantized(const Variant& v) { return v.call == kLtInt8Requant; }
+bool requantized(const Variant& v) { return v.call == kLtInt8Requant || v.call == kLtInt8RequantPerColumn; }
+
+// Per-column weights' scales (sa·sb[n]/sy): cublasLt.h documents a device alpha vector's length as
+// the output matrix's row count (of CUBLASLT_POINTER_MODE_DEVICE_VECTOR, whose alpha is such a
+// vector), which in the column-major view (Y^T, N x M) is N, one scale per
+// ONNX output column, as the weights' scales run. Beta is zero (no C), so the mode is
+// CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO, which takes no batch stride: the GEMM is 2-D.
+bool alpha_vector(const Variant& v) { return v.call == kLtInt8RequantPerColumn; }
+
+// The QDQ float8 MatMul: DequantizeLinear of e4m3 activations and of constant e4m3 weights, the
+// MatMul, QuantizeLinear of its result into e4m3, each with one scale, as one FP8 GEMM: A and B
+// CUDA_R_8F_E4M3, CUBLAS_COMPUTE_32F, fp32 scales, the weights' and the activations' scales
+// through CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER and the output's (1/s_y) through D_SCALE_POINTER
+// (cublasLt.h: device pointers to one value of the compute type), an e4m3 result. cuBLAS's
+// documentation of cublasLtMatmul (as NVIDIA's maintainers quote it in CUDALibrarySamples issues
+// 172 and 242) asks FP8 kernels for 16-byte aligned pointers and matrix dimensions (M, N and K
+// multiples of 16 for one-byte data), the "TN" form (the weights as Lt's transposed A, as the int8
+// GEMM stores them), CUBLAS_COMPUTE_32F and a CUDA_R_32F scale type; for an FP8 D its type table
+// lists a 16-bit C (CUDA_R_16BF here; beta is 0, so C is never read), as this project knows that
+// table, not re-read here. What this cuBLASLt runs is its heuristic's answer, as for the int8 GEMM.
+bool fp8_gemm(const Variant& v) { return v.call == kLtFp8; }
+
+// FP8 Tensor Cores came with compute capability 8.9 (Ada) and 9.0 (Hopper): older GPUs have no
+// FP8 GEMM to time, which is stored as unsupported, never as a latency
+void require_fp8_gpu() {
+  int device = 0, major = 0, minor = 0;
+  BZ_CUDA(cudaGetDevice(&device));
+  BZ_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  BZ_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major * 10 + minor < 89)
+    unsupported("cuBLASLt's FP8 GEMM needs a GPU of compute capability 8.9 or later; this one is " +
+                std::to_string(major) + "." + std::to_string(minor));
+}
 
 class LtProblem : public Problem {
  public:
   LtProblem(const BlasLayer& L, const Variant& v)
-      : int8_(int8_gemm(v)), requant_(requantized(v)), type_(int8_ ? CUDA_R_8I : cuda_dtype(v.dtype)),
+      : int8_(int8_gemm(v)), requant_(requantized(v)), alpha_vector_(alpha_vector(v)), fp8_(fp8_gemm(v)),
+        type_(int8_ ? CUDA_R_8I : fp8_ ? CUDA_R_8F_E4M3 : cuda_dtype(v.dtype)),
         out_type_(requant_ ? CUDA_R_8I : int8_ ? CUDA_R_32I : type_),
         alpha_{static_cast<float>(L.alpha)}, beta_{static_cast<float>(L.beta)},
         ialpha_{static_cast<int32_t>(L.alpha)}, ibeta_{static_cast<int32_t>(L.beta)} {
     if (L.batch != 1 || L.a_count != 1 || L.b_count != 1)
       throw Failure("a batched cublasLtMatmul: the generator sends 2-D GEMMs only; regenerate the tables");
     lt_handle();  // no GPU: fail here, before allocating
-    const cublasComputeType_t compute = int8_ ? CUBLAS_COMPUTE_32I : compute_type(v);
+    if (fp8_) require_fp8_gpu();
+    const cublasComputeType_t compute = int8_ ? CUBLAS_COMPUTE_32I : fp8_ ? CUBLAS_COMPUTE_32F : compute_type(v);
     BZ_CUBLAS(cublasLtMatmulDescCreate(desc_.out(), compute, int8_ && !requant_ ? CUDA_R_32I : CUDA_R_32F));
     // Lt's A is ONNX's B and Lt's B is ONNX's A (the column-major view above); a layout names the
-    // stored matrix, before its transpose. The int8 GEMM's weights are stored N x K (TN form).
-    const bool trans_b = int8_ || L.trans_b;
+    // stored matrix, before its transpose. The int8 and FP8 GEMMs' weights are stored N x K (TN form).
+    const bool trans_b = int8_ || fp8_ || L.trans_b;
     set_attribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
     set_attribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, L.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    // the pointer mode is part of what the heuristic matches an algorithm to: set before asking it
+    if (alpha_vector_)
+      set_attribute(desc_, CUBLASLT_MATMUL_DESC_POINTER_MODE,
+                    static_cast<int32_t>(CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO));
+    if (fp8_) {
+      // the scales are set before the heuristic is asked: their presence selects the scaled kernels
+      scales_buf_ = filled(3, DType::F32, 0.5f, 1.0f);
+      const float* scales = static_cast<const float*>(scales_buf_.get());
+      set_attribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(scales));
+      set_attribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scales + 1));
+      set_attribute(desc_, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(scales + 2));
+      BZ_CUBLAS(cublasLtMatrixLayoutCreate(c_.out(), CUDA_R_16BF, L.n, L.m, L.n));
+    }
     const char* what = "";
-    if (!int8_) {
+    if (!int8_ && !fp8_) {
       const cublasLtEpilogue_t ep = epilogue(v.call);
       set_attribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, ep);
       what = epilogue_name(ep);
@@ -242,12 +294,15 @@ class LtProblem : public Problem {
     if (choice.status != CUBLAS_STATUS_SUCCESS)
       check_cublas(choice.status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     if (v.algo >= choice.results.size()) {
-      const bool misaligned = int8_ && (L.n % 4 || L.k % 4);
+      std::string why;
+      if (int8_ && (L.n % 4 || L.k % 4))
+        why = " (cuBLAS documents its int8 IMMA kernels for N and K multiples of 4; N=" + std::to_string(L.n) +
+              ", K=" + std::to_string(L.k) + ")";
+      if (fp8_ && (L.m % 16 || L.n % 16 || L.k % 16))
+        why = " (cuBLAS documents its FP8 kernels for 16-byte aligned dimensions, M, N and K multiples of 16; M=" +
+              std::to_string(L.m) + ", N=" + std::to_string(L.n) + ", K=" + std::to_string(L.k) + ")";
       unsupported("cublasLtMatmulAlgoGetHeuristic offered " + std::to_string(choice.results.size()) +
-                  " algorithms for this GEMM, none of rank " + std::to_string(v.algo) +
-                  (misaligned ? " (cuBLAS documents its int8 IMMA kernels for N and K multiples of 4; N=" +
-                                    std::to_string(L.n) + ", K=" + std::to_string(L.k) + ")"
-                              : std::string()));
+                  " algorithms for this GEMM, none of rank " + std::to_string(v.algo) + why);
     }
     const cublasLtMatmulHeuristicResult_t& picked = choice.results[v.algo];
     algo_ = picked.algo;
@@ -257,8 +312,10 @@ class LtProblem : public Problem {
     const auto tile = algo_config<uint32_t>(algo_, CUBLASLT_ALGO_CONFIG_TILE_ID);
     const auto stages = algo_config<uint32_t>(algo_, CUBLASLT_ALGO_CONFIG_STAGES_ID);
     const auto splitk = algo_config<int32_t>(algo_, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-    implementation = std::string("cublasLtMatmul/") + (int8_ ? "INT8/CUBLAS_COMPUTE_32I" : what) + "/" +
-                     (requant_ ? "CUDA_R_8I" : int8_ ? "CUDA_R_32I" : compute_name(compute)) +
+    implementation = std::string("cublasLtMatmul/") +
+                     (int8_ ? "INT8/CUBLAS_COMPUTE_32I" : fp8_ ? "FP8_E4M3/CUBLAS_COMPUTE_32F" : what) + "/" +
+                     (requant_ ? "CUDA_R_8I" : int8_ ? "CUDA_R_32I" : fp8_ ? "CUDA_R_8F_E4M3" : compute_name(compute)) +
+                     (alpha_vector_ ? "/ALPHA_DEVICE_VECTOR_BETA_ZERO" : "") +
                      "/id=" + std::to_string(id) + ",tile=" + std::to_string(tile) +
                      ",stages=" + std::to_string(stages) + ",splitk=" + std::to_string(splitk);
     counters["algo"] = v.algo;
@@ -269,14 +326,17 @@ class LtProblem : public Problem {
     counters["lt_splitk"] = splitk;
     counters["waves"] = picked.wavesCount;
     counters["flops"] = L.work.flops;
-    counters["bytes"] = bytes_of(L.work, v);
+    // the row's work counts the anchor's float elements; the FP8 GEMM moves one byte of each
+    counters["bytes"] = fp8_ ? L.work.elements : bytes_of(L.work, v);
 
-    const DType in = int8_ ? DType::I8 : v.dtype;
+    const DType in = int8_ ? DType::I8 : fp8_ ? DType::F8E4M3 : v.dtype;
     a_buf_ = filled(size_t(L.m) * L.k, in);
     b_buf_ = filled(size_t(L.k) * L.n, in);
-    y_buf_ = filled(size_t(L.m) * L.n, requant_ ? DType::I8 : int8_ ? DType::I32 : v.dtype);
+    y_buf_ = filled(size_t(L.m) * L.n, requant_ ? DType::I8 : int8_ ? DType::I32 : in);
+    if (fp8_) c_buf_ = filled(size_t(L.m) * L.n, DType::BF16);
     ws_buf_ = DeviceBuffer(picked.workspaceSize);
-    if (!int8_) {
+    if (alpha_vector_) alpha_buf_ = filled(L.n, DType::F32);
+    if (!int8_ && !fp8_) {
       bias_buf_ = filled(L.n, v.dtype);
       set_attribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_buf_.get());
     }
@@ -285,13 +345,19 @@ class LtProblem : public Problem {
   void enqueue() override {
     // alpha and beta are of the scale type: int32 for CUBLAS_COMPUTE_32I with an s32 result
     const bool integer_scale = int8_ && !requant_;
-    const void* alpha = integer_scale ? static_cast<const void*>(&ialpha_) : &alpha_;
+    const void* alpha = alpha_vector_    ? alpha_buf_.get()
+                        : integer_scale ? static_cast<const void*>(&ialpha_)
+                                        : &alpha_;
     const void* beta = integer_scale ? static_cast<const void*>(&ibeta_) : &beta_;
-    BZ_CUBLAS(cublasLtMatmul(lt_handle(), desc_, alpha, b_buf_.get(), a_, a_buf_.get(), b_, beta, y_buf_.get(),
-                             d_, y_buf_.get(), d_, &algo_, ws_buf_.get(), ws_buf_.bytes(), stream()));
+    BZ_CUBLAS(cublasLtMatmul(lt_handle(), desc_, alpha, b_buf_.get(), a_, a_buf_.get(), b_, beta,
+                             fp8_ ? c_buf_.get() : y_buf_.get(), c_layout(), y_buf_.get(), d_, &algo_, ws_buf_.get(),
+                             ws_buf_.bytes(), stream()));
   }
 
  private:
+  // C is D (beta 0: never read) but for the FP8 GEMM, whose C has a 16-bit type of its own
+  cublasLtMatrixLayout_t c_layout() const { return fp8_ ? c_ : d_; }
+
   const LtChoice& choice_for(const BlasLayer& L, const Variant& v) {
     static std::map<LtChoiceKey, LtChoice> choices;
     const LtChoiceKey key{&L, v.dtype, v.math, v.call};
@@ -304,25 +370,25 @@ class LtProblem : public Problem {
                                                    &kLtWorkspaceLimit, sizeof(kLtWorkspaceLimit)));
     std::vector<cublasLtMatmulHeuristicResult_t> results(kLtAlgos);
     int returned = 0;
-    c.status = cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc_, a_, b_, d_, d_, pref, kLtAlgos, results.data(),
-                                              &returned);
+    c.status = cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc_, a_, b_, c_layout(), d_, pref, kLtAlgos,
+                                              results.data(), &returned);
     for (int i = 0; c.status == CUBLAS_STATUS_SUCCESS && i < returned; ++i)
       if (results[i].state == CUBLAS_STATUS_SUCCESS) c.results.push_back(results[i]);
     return choices.emplace(key, std::move(c)).first->second;
   }
 
-  bool int8_, requant_;
+  bool int8_, requant_, alpha_vector_, fp8_;
   cudaDataType_t type_, out_type_;
   float alpha_, beta_;
   int32_t ialpha_, ibeta_;
   LtMatmulDesc desc_;
-  LtLayout a_, b_, d_;
+  LtLayout a_, b_, c_, d_;
   cublasLtMatmulAlgo_t algo_{};
-  DeviceBuffer a_buf_, b_buf_, y_buf_, bias_buf_, ws_buf_;
+  DeviceBuffer a_buf_, b_buf_, y_buf_, c_buf_, bias_buf_, ws_buf_, alpha_buf_, scales_buf_;
 };
 
 std::unique_ptr<Problem> make_blas(const BlasLayer& L, const Variant& v) {
-  if (v.call == kLtBias || v.call == kLtBiasGelu || v.call == kLtBiasRelu || int8_gemm(v))
+  if (v.call == kLtBias || v.call == kLtBiasGelu || v.call == kLtBiasRelu || int8_gemm(v) || fp8_gemm(v))
     return std::make_unique<LtProblem>(L, v);
   return std::make_unique<BlasProblem>(L, v);
 }

@@ -136,7 +136,7 @@ size_t dtype_size(DType t) {
     case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
-    case DType::I8: case DType::U8: case DType::Bool: return 1;
+    case DType::I8: case DType::U8: case DType::Bool: case DType::F8E4M3: return 1;
   }
   return 4;
 }
@@ -151,6 +151,7 @@ cudnnDataType_t cudnn_dtype(DType t) {
     case DType::I32: return CUDNN_DATA_INT32;
     case DType::I64: return CUDNN_DATA_INT64;
     case DType::Bool: unsupported("booleans run as graph-API nodes only (graph.cpp)");
+    case DType::F8E4M3: return CUDNN_DATA_FP8_E4M3;
   }
   return CUDNN_DATA_FLOAT;
 }
@@ -165,6 +166,7 @@ cudaDataType_t cuda_dtype(DType t) {
     case DType::I32: return CUDA_R_32I;
     case DType::I64: return CUDA_R_64I;
     case DType::Bool: return CUDA_R_8U;
+    case DType::F8E4M3: return CUDA_R_8F_E4M3;
   }
   return CUDA_R_32F;
 }
@@ -179,6 +181,7 @@ const char* dtype_name(DType t) {
     case DType::I32: return "i32";
     case DType::I64: return "i64";
     case DType::Bool: return "b";
+    case DType::F8E4M3: return "f8e4m3fn";
   }
   return "?";
 }

@@ -1,6 +1,7 @@
 // Device-side initialisation of benchmark inputs: no host copies, no cuRAND.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "benanza_cudnn/cuda_runtime.hpp"
 
@@ -64,6 +65,7 @@ DeviceBuffer filled(size_t count, DType type, float lo, float hi) {
     case DType::I32: launch<int32_t>(buf.get(), count, 64 * lo, 64 * hi); break;
     case DType::I64: launch<int64_t>(buf.get(), count, 64 * lo, 64 * hi); break;
     case DType::Bool: launch<uint8_t>(buf.get(), count, 0.f, 2.f); break;  // 0/1, whatever the range
+    case DType::F8E4M3: launch<__nv_fp8_e4m3>(buf.get(), count, lo, hi); break;
   }
   return buf;
 }

@@ -44,6 +44,7 @@ fe::DataType_t fe_dtype(DType t) {
     // one byte per element as ONNX's bool (the frontend's BOOLEAN is one bit); a cuDNN before 9.25
     // refuses it when the graph is built
     case DType::Bool: return fe::DataType_t::BYTE_BOOLEAN;
+    case DType::F8E4M3: return fe::DataType_t::FP8_E4M3;
   }
   return fe::DataType_t::FLOAT;
 }
@@ -53,7 +54,7 @@ int64_t type_bytes(DType t) {
     case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
-    case DType::I8: case DType::U8: case DType::Bool: return 1;
+    case DType::I8: case DType::U8: case DType::Bool: case DType::F8E4M3: return 1;
   }
   return 4;
 }

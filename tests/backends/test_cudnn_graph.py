@@ -49,7 +49,7 @@ def _fields(layer, api) -> dict[str, str]:
     form on its anchor (the scores' MatMul of an attention pattern)."""
     family = next(f for f in FAMILIES if f.name == layer.problem.family)
     lowering = family.cudnn.get(api) or next(p.cudnn for p in PATTERN_LOWERINGS.values()
-                                             if p.cudnn is not None and cudnn._API_OF[p.cudnn.table.name] == api)
+                                             if p.cudnn is not None and cudnn._API_OF.get(p.cudnn.table.name) == api)
     return dict(cudnn.fields_of(lowering.row(layer.problem, api), layer))
 
 

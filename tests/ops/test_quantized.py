@@ -227,9 +227,10 @@ def test_matmulnbits_is_a_named_gap_with_its_weight_bytes() -> None:
     assert layer.onednn_primitive is None and layer.cudnn_api is None
 
 
-def _static_quantized(tmp: Path) -> dict[str, Path]:
+def _static_quantized(tmp: Path, per_channel: bool = False) -> dict[str, Path]:
     """An MLP (MatMul→Relu→MatMul) through ONNX Runtime's static quantization, in both of its
-    formats: QOperator (QuantizeLinear→QLinearMatMul→QLinearMatMul→DequantizeLinear) and QDQ."""
+    formats: QOperator (QuantizeLinear→QLinearMatMul→QLinearMatMul→DequantizeLinear) and QDQ;
+    ``per_channel``: the weights' scales per output column."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     rng = np.random.default_rng(0)
@@ -249,9 +250,9 @@ def _static_quantized(tmp: Path) -> dict[str, Path]:
 
     out = {}
     for fmt, name in ((QuantFormat.QOperator, "qop"), (QuantFormat.QDQ, "qdq")):
-        out[name] = tmp / f"mlp_{name}.onnx"
+        out[name] = tmp / f"mlp_{name}{'_pc' * per_channel}.onnx"
         quantize_static(str(src), str(out[name]), Reader(), quant_format=fmt, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)
+                        weight_type=QuantType.QInt8, per_channel=per_channel)
     return out
 
 
@@ -287,28 +288,32 @@ def test_static_quantization_costed_and_checked(tmp_path) -> None:
 @pytest.mark.slow  # runs ONNX Runtime's calibration, builds a cuDNN project
 @NEED_TOOLCHAIN
 def test_static_quantization_on_cudnn(tmp_path, cudnn_runtime) -> None:
-    """ONNX Runtime's QOperator export on the GPU backend: every layer covered (generate --json),
-    QLinearMatMul as cuBLASLt's int8 GEMM with the fp32 requantization scale and an s8 result in
-    the same call (kLtInt8Requant, one variant per heuristic rank), QuantizeLinear and
-    DequantizeLinear as graph nodes; the project compiles and links against the cuDNN/cuBLAS
-    wheels, every benchmark fails cleanly without a GPU, and the cuDNN frontend validates the
-    quantization graphs for an sm_90 GPU. Per-column weights' scales are not covered, by name."""
-    from benanza.ops.registry import uncovered_reason
-
+    """ONNX Runtime's QOperator exports, per-tensor and per-channel, on the GPU backend: every layer
+    covered (generate --json), QLinearMatMul as cuBLASLt's int8 GEMM requantized into s8 in the
+    same call, one variant per heuristic rank: by a scalar fp32 alpha (kLtInt8Requant) or, with
+    the weights' scales per output column, by a device vector of them (kLtInt8RequantPerColumn);
+    QuantizeLinear and DequantizeLinear as graph nodes. The project compiles and links against the
+    cuDNN/cuBLAS wheels, every benchmark fails cleanly without a GPU, and the cuDNN frontend
+    validates the quantization graphs for an sm_90 GPU."""
     paths = _static_quantized(tmp_path)
+    per_channel = _static_quantized(tmp_path, per_channel=True)["qop"]
     bench = tmp_path / "bench"
-    r = CliRunner().invoke(main, ["generate", str(paths["qop"]), "--out", str(bench), "--backend", "cudnn",
-                                  "--dtype", "f32", "--json"])
+    r = CliRunner().invoke(main, ["generate", str(paths["qop"]), str(per_channel), "--out", str(bench),
+                                  "--backend", "cudnn", "--dtype", "f32", "--json"])
     assert r.exit_code == 0, r.output
-    (m,) = json.loads(r.output)["models"]
-    assert m["backends"]["cudnn"]["covered_pct"] == 100.0, m
+    models = json.loads(r.output)["models"]
+    assert len(models) == 2 and all(m["backends"]["cudnn"]["covered_pct"] == 100.0 for m in models), models
     variants = read_variants(bench / "cudnn")
     gemms = [v for v in variants if v.problem.family == "qmatmul"]
-    assert {v.layer_key for v in gemms} == {f"qmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_u8",
-                                            f"qmatmul:a{M}x{N}_b{N}x16_ws1_ys0_u8"}
-    assert {(v.api, v.dtype, v.math) for v in gemms} == {("cublasLtMatmul", "u8", "default")} and len(gemms) == 16
+    # the per-channel export's scales: one per column of each weight (N, then 16)
+    assert {v.layer_key for v in gemms} == {
+        f"qmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_u8", f"qmatmul:a{M}x{N}_b{N}x16_ws1_ys0_u8",
+        f"qmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_bsc{N}_u8", f"qmatmul:a{M}x{N}_b{N}x16_ws1_ys0_bsc16_u8"}
+    assert {(v.api, v.dtype, v.math) for v in gemms} == {("cublasLtMatmul", "u8", "default")} and len(gemms) == 32
     blas = "".join(p.read_text() for p in (bench / "cudnn").glob("tables_blas_*.cpp"))
-    assert blas.count(".call = kLtInt8Requant") == 16
+    calls = {name: call for name, call in re.findall(r'\.name = "([^"]+)".*?\.call = (\w+)', blas)}
+    assert {v.name: calls[v.name] for v in gemms} == {
+        v.name: "kLtInt8RequantPerColumn" if "_bsc" in v.layer_key else "kLtInt8Requant" for v in gemms}
     assert {v.problem.family for v in variants if v.api == "cudnn_frontend.quant"} == {"quant", "dequant"}
 
     binary = _build(bench / "cudnn", runtime=cudnn_runtime)
@@ -320,18 +325,163 @@ def test_static_quantization_on_cudnn(tmp_path, cudnn_runtime) -> None:
     assert set(lines) == {f"quant:byte_in{M}x{K}_zp_f32", "dequant:byte_in4x16_zp_f32"}, set(lines)
     assert all(ln["ok"] for ln in lines.values()), lines
 
-    # per-column weights' scales: the int8 GEMM would need cuBLASLt's alpha vector, not generated
+
+def test_qlinear_matmul_zero_points_cublaslt_lacks_are_named() -> None:
+    """cuBLASLt's int8 GEMM has no weights' zero points and no per-row activation zero points: a
+    QLinearMatMul with either is not covered on cuDNN, with that reason, per-column scales or not."""
+    from benanza.ops.registry import uncovered_reason
+
     w = numpy_helper.from_array(np.ones((K, N), np.int8), "W")
-    scalars = [numpy_helper.from_array(np.array(v, t), n) for n, v, t in (
-        ("xs", 0.1, np.float32), ("xzp", 128, np.uint8), ("ys", 0.2, np.float32), ("yzp", 0, np.uint8))]
+    scalars = [numpy_helper.from_array(np.array(v, t), n) for n, v, t in (("xs", 0.1, np.float32),
+                                                                         ("ys", 0.2, np.float32), ("yzp", 0, np.uint8))]
     node = helper.make_node("QLinearMatMul", ["x", "xs", "xzp", "W", "ws", "wzp", "ys", "yzp"], ["y"], name="qmm")
-    per_column = [numpy_helper.from_array(np.full(N, 0.01, np.float32), "ws"),
-                  numpy_helper.from_array(np.zeros(N, np.int8), "wzp")]
-    graph = model([node], [io("x", [M, K], TensorProto.UINT8)], [io("y", None, TensorProto.UINT8)],
-                  [w, *scalars, *per_column])
-    (layer,) = [n.layer for n in load_model(graph, name="perchannel").nodes]
-    assert layer.key == f"qmatmul:a{M}x{K}_b{K}x{N}_ws1_azp1_ys0_bsc{N}_u8" and layer.cudnn_api is None
-    assert "per-column weights' scales" in uncovered_reason(layer, "cudnn")
+    cases = {"weights' zero points": (np.full(N, 0.01, np.float32), np.arange(1, N + 1, dtype=np.int8),
+                                      np.array(128, np.uint8)),
+             "per-row activation zero points": (np.array(0.01, np.float32), np.array(0, np.int8),
+                                                np.full(M, 128, np.uint8))}
+    for reason, (ws, wzp, xzp) in cases.items():
+        inits = [w, *scalars, numpy_helper.from_array(ws, "ws"), numpy_helper.from_array(wzp, "wzp"),
+                 numpy_helper.from_array(xzp, "xzp")]
+        graph = model([node], [io("x", [M, K], TensorProto.UINT8)], [io("y", None, TensorProto.UINT8)], inits)
+        (layer,) = [n.layer for n in load_model(graph, name="zp").nodes]
+        assert layer.cudnn_api is None and reason in uncovered_reason(layer, "cudnn"), (layer.key, reason)
+
+
+F8 = TensorProto.FLOAT8E4M3FN
+FM, FK, FN = 16, 64, 32  # multiples of 16, as cuBLAS documents its FP8 kernels' dimensions
+
+
+def _fp8_qdq_matmul() -> onnx.ModelProto:
+    """One MatMul in ONNX's QDQ form on float8 e4m3 data (opset 19), built by hand as ONNX
+    Runtime's QFLOAT8E4M3FN quantization writes it: QuantizeLinear → DequantizeLinear of x, the
+    DequantizeLinear of constant float8 weights, the MatMul, QuantizeLinear → DequantizeLinear of
+    its result, every scale per tensor, the float8 zero points 0."""
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor("W", F8, [FK, FN], rng.uniform(-2, 2, FK * FN).astype(np.float32).tolist()),
+             helper.make_tensor("zp", F8, [], [0.0])]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("ws", 0.05), ("xs", 0.1), ("ys", 0.2))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "zp"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "zp"], ["xd"], name="dqx"),
+             helper.make_node("DequantizeLinear", ["W", "ws", "zp"], ["wd"], name="dqw"),
+             helper.make_node("MatMul", ["xd", "wd"], ["h"], name="mm"),
+             helper.make_node("QuantizeLinear", ["h", "ys", "zp"], ["hq"], name="qy"),
+             helper.make_node("DequantizeLinear", ["hq", "ys", "zp"], ["y"], name="dqy")]
+    return model(nodes, [io("x", [FM, FK])], [io("y", [FM, FN])], inits, opset=19)
+
+
+def test_qdq_fp8_matmul_is_one_fp8_gemm_on_cudnn_only(tmp_path) -> None:
+    """A float8 QDQ MatMul (a valid model: ONNX Runtime runs it) loads with its float8 tensors
+    named and sized as ONNX defines them (one byte an element); the qdq_fp8_matmul pattern
+    matches it; on cuDNN its fused form is cuBLASLt's FP8 GEMM (kLtFp8, one variant per
+    heuristic rank, on the MatMul's row: its 2·M·N·K FLOPs and M·K + K·N + M·N elements, one
+    byte each in the FP8 call); on oneDNN it has none, and generate says why. The float8
+    QuantizeLinear/DequantizeLinear pieces are not covered on either backend, counted as such."""
+    m = _fp8_qdq_matmul()
+    x = np.random.default_rng(1).standard_normal((FM, FK)).astype(np.float32)
+    real = _run(m, {"x": x}, ["xq", "h", "y"])  # ONNX Runtime runs the model: a valid float8 QDQ graph
+    assert real["xq"].dtype.itemsize == 1 and real["h"].shape == (FM, FN)
+    path = tmp_path / "fp8.onnx"
+    onnx.save(m, path)
+    processed = load_model(path, name="fp8")
+    nodes = {n.name: n for n in processed.nodes}
+    dqx, mm, qy = nodes["dqx"].layer, nodes["mm"].layer, nodes["qy"].layer
+    assert (dqx.dtype, dqx.inputs[0].dtype, qy.outputs[0].dtype) == ("f8e4m3fn", "f8e4m3fn", "f8e4m3fn")
+    assert dqx.key.endswith("_f8e4m3fn") and parse_layer_key(dqx.key)[1] == "f8e4m3fn"
+    # x's float8 bytes, the scale, the float8 zero point, the f32 result
+    assert dqx.bytes == real["xq"].nbytes + 4 + 1 + x.nbytes
+    assert mm.key == f"matmul:a{FM}x{FK}_b{FK}x{FN}_f32" and mm.flops == 2 * FM * FK * FN
+    (match,) = match_fusions(processed)
+    assert match.pattern.name == "qdq_fp8_matmul"
+    assert [processed.nodes[i].name for i in match.nodes] == ["mm", "dqx", "qy"]
+
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(bench), "--backend", "cudnn", "--dtype", "f32",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    (stats,) = json.loads(r.output)["models"]
+    cover = stats["backends"]["cudnn"]
+    # the folded weights' DequantizeLinear aside, five layers run: the MatMul is covered (unfused as
+    # a float GEMM, fused as the FP8 GEMM); the float8 QuantizeLinear/DequantizeLinear are not
+    assert (stats["running_layers"], cover["covered_layers"]) == (5, 1)
+    assert cover["not_covered"] == {"DequantizeLinear": 2, "QuantizeLinear": 2}
+    fp8 = [v for v in read_variants(bench / "cudnn") if v.fusion == "qdq_fp8_matmul"]
+    assert [(v.layer_key, v.api, v.algo, v.dtype, v.math) for v in fp8] == [
+        (mm.key, "cublasLtMatmul", f"heuristic{i}", "f32", "default") for i in range(8)]
+    blas = "".join(p.read_text() for p in (bench / "cudnn").glob("tables_blas_*.cpp"))
+    calls = dict(re.findall(r'\.name = "([^"]+)".*?\.call = (\w+)', blas))
+    assert {calls[v.name] for v in fp8} == {"kLtFp8"}
+    elements = FM * FK + FK * FN + FM * FN
+    row = rf"\.m = {FM}, \.n = {FN}, \.k = {FK},.*?\.work = {{\.flops = ([\d.]+), \.elements = ([\d.]+)}}"
+    rows = re.findall(row, blas)
+    assert rows and {(float(f), float(e)) for f, e in rows} == {(2.0 * FM * FK * FN, float(elements))}
+
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / "cpu"), "--backend", "onednn",
+                                  "--dtype", "f32"])
+    assert r.exit_code == 0, r.output
+    assert "not covered by onednn: the fused qdq_fp8_matmul at MatMul 'mm'" in r.output
+    assert "oneDNN 2.6 has no float8 data type" in r.output
+    assert not [v for v in read_variants(tmp_path / "cpu" / "onednn") if v.fusion != "none"]
+
+
+def _fp8_static_quantized(tmp: Path) -> Path:
+    """An MLP (MatMul→Relu→MatMul, dims multiples of 16) through ONNX Runtime's static
+    quantization into float8 e4m3 (QFLOAT8E4M3FN activations and weights, QDQ format; ONNX
+    Runtime calibrates float8 with its Distribution method only)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((FK, FN)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.standard_normal((FN, 16)).astype(np.float32), "W2")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2")]
+    src = tmp / "mlp.onnx"
+    onnx.save(model(nodes, [io("x", [FM, FK])], [io("y", [FM, 16])], inits, opset=19), src)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal((FM, FK)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    out = tmp / "mlp_fp8.onnx"
+    quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QFLOAT8E4M3FN, weight_type=QuantType.QFLOAT8E4M3FN,
+                    calibrate_method=CalibrationMethod.Distribution)
+    return out
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_fp8_static_quantization_on_cudnn(tmp_path, cudnn_runtime) -> None:
+    """ONNX Runtime's own float8 QDQ export: both MatMuls match qdq_fp8_matmul, each gets eight
+    kLtFp8 variants on cuDNN, and the project compiles and links against the cuBLAS wheel; without
+    a GPU every benchmark, the FP8 GEMMs included, fails cleanly with the CUDA error."""
+    path = _fp8_static_quantized(tmp_path)
+    exported = onnx.load(str(path))
+    assert {i.data_type for i in exported.graph.initializer if i.name.endswith("_quantized")} == {F8}
+    processed = load_model(path, name="fp8")
+    matches = match_fusions(processed)
+    assert [[processed.nodes[i].layer.op for i in m.nodes] for m in matches] == [
+        ["MatMul", "DequantizeLinear", "QuantizeLinear"]] * 2
+    assert {m.pattern.name for m in matches} == {"qdq_fp8_matmul"}
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", str(path), "--out", str(bench), "--backend", "cudnn", "--dtype", "f32"])
+    assert r.exit_code == 0, r.output
+    variants = read_variants(bench / "cudnn")
+    fp8 = [v for v in variants if v.fusion == "qdq_fp8_matmul"]
+    assert {v.layer_key for v in fp8} == {f"matmul:a{FM}x{FK}_b{FK}x{FN}_f32", f"matmul:a{FM}x{FN}_b{FN}x16_f32"}
+    assert len(fp8) == 16
+    blas = "".join(p.read_text() for p in (bench / "cudnn").glob("tables_blas_*.cpp"))
+    assert blas.count(".call = kLtFp8") == 16
+    binary = _build(bench / "cudnn", runtime=cudnn_runtime)
+    _run_without_gpu(binary, variants)
 
 
 def test_cudnn_runs_no_float_epilogue_for_a_qdq_matmul(tmp_path) -> None:

@@ -18,8 +18,9 @@ namespace benanza::cudnn {
 
 // I8, U8: an int8 layer's own type (MatMulInteger on cuBLASLt); I32, I64 only as a tensor's type
 // in a quantized layer's row (QuantLayer.source), never a variant's. Bool: ONNX bool, one byte 0/1
-// (the graph API's BYTE_BOOLEAN, cuDNN 9.25+): a mask's And, Or, a Cast into bool
-enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32, Bool, I64 };
+// (the graph API's BYTE_BOOLEAN, cuDNN 9.25+): a mask's And, Or, a Cast into bool. F8E4M3: ONNX's
+// FLOAT8E4M3FN, only as the FP8 GEMM's operands inside the runtime (blas.cpp), never a variant's
+enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32, Bool, I64, F8E4M3 };
 enum class Layout : uint8_t { NCHW, NHWC };
 // One vocabulary for cuDNN and cuBLAS (benanza/backends/cudnn.py MATHS):
 //   Default      the call has no math setting (pooling, activations, ...)
@@ -45,6 +46,12 @@ constexpr uint8_t kLtBiasRelu = 5;          // cublasLtMatmul, CUBLASLT_EPILOGUE
 constexpr uint8_t kLtInt8 = 6;              // cublasLtMatmul, s8 operands, CUBLAS_COMPUTE_32I, s32 result
 // cublasLtMatmul, s8 operands, CUBLAS_COMPUTE_32I, an fp32 alpha (the requantization scale), s8 result
 constexpr uint8_t kLtInt8Requant = 7;
+// kLtInt8Requant with per-column weights' scales: alpha a device vector of N fp32 values
+// (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO)
+constexpr uint8_t kLtInt8RequantPerColumn = 8;
+// cublasLtMatmul, FP8 (CUDA_R_8F_E4M3) operands and result, CUBLAS_COMPUTE_32F, per-tensor scales
+// through the A/B/D scale pointers (the qdq_fp8_matmul pattern; GPUs of compute capability 8.9+)
+constexpr uint8_t kLtFp8 = 9;
 // graph families: a fusion pattern's form of the row (see graph.cpp)
 constexpr uint8_t kGeluOfA = 1;             // pointwise: the erf GELU of operand a (gelu_erf pattern)
 constexpr uint8_t kSdpaMasked = 1;          // sdpa: add an [s_q, s_kv] mask (an attention pattern's Add)
