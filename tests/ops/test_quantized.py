@@ -365,10 +365,9 @@ def _cnn(tmp: Path) -> Path:
     return src
 
 
-@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
-def test_quantized_convs_costed_and_checked(tmp_path) -> None:
-    """QLinearConv (per-tensor and per-channel weights' scales, a bias, groups) from static
-    quantization and ConvInteger from dynamic quantization, through oneDNN's int8 convolution."""
+def _quantized_cnns(tmp_path: Path) -> list[Path]:
+    """The CNN through ONNX Runtime's static quantization (QOperator: QLinearConv, per-tensor and
+    per-channel weights' scales) and its dynamic quantization (ConvInteger)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -394,12 +393,24 @@ def test_quantized_convs_costed_and_checked(tmp_path) -> None:
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel)
     paths.append(tmp_path / "cnn_dyn.onnx")
     quantize_dynamic(str(src), str(paths[-1]), weight_type=QuantType.QInt8, op_types_to_quantize=["Conv"])
+    return paths
+
+
+_CONV = "mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1"
+_GROUPED = "mb1_ic16ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g4"
+# what the two convolutions of _cnn become in _quantized_cnns' three models
+_QCONV_KEYS = {f"qconv:{_CONV}_bias1_ws1_azp1_ys0_u8", f"qconv:{_GROUPED}_bias0_ws1_ys0_u8",
+               f"qconv:{_CONV}_bias1_ws1_azp1_ys0_bsc16_u8", f"qconv:{_GROUPED}_bias0_ws1_ys0_bsc16_u8",
+               f"convint:{_CONV}_bias0_ws1_azp1_u8", f"convint:{_GROUPED}_bias0_ws1_azp1_u8"}
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
+def test_quantized_convs_costed_and_checked(tmp_path) -> None:
+    """QLinearConv (per-tensor and per-channel weights' scales, a bias, groups) from static
+    quantization and ConvInteger from dynamic quantization, through oneDNN's int8 convolution."""
+    paths = _quantized_cnns(tmp_path)
     keys = {n.layer.key for p in paths for n in load_model(p).nodes if n.layer.op in ("QLinearConv", "ConvInteger")}
-    conv = "mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1"
-    grouped = "mb1_ic16ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g4"
-    assert keys == {f"qconv:{conv}_bias1_ws1_azp1_ys0_u8", f"qconv:{grouped}_bias0_ws1_ys0_u8",
-                    f"qconv:{conv}_bias1_ws1_azp1_ys0_bsc16_u8", f"qconv:{grouped}_bias0_ws1_ys0_bsc16_u8",
-                    f"convint:{conv}_bias0_ws1_azp1_u8", f"convint:{grouped}_bias0_ws1_azp1_u8"}
+    assert keys == _QCONV_KEYS
     bench = tmp_path / "bench"
     r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", "onednn",
                                   "--dtype", "f32", "--json"])
@@ -416,7 +427,65 @@ def test_quantized_convs_costed_and_checked(tmp_path) -> None:
     # one step of tolerance for requantized outputs (halfway ties) hides no wrong input: one u8
     # element off by 64 (the runtime's fault hook) is a mismatch
     wrong = next(ln.split(": ")[1] for ln in r.output.splitlines()
-                 if ln.startswith(f"ok: qconv:{conv}_bias1_ws1_azp1_ys0_u8/"))
+                 if ln.startswith(f"ok: qconv:{_CONV}_bias1_ws1_azp1_ys0_u8/"))
     r = CliRunner(env={"BENANZA_FAULT_PERTURB": wrong}).invoke(
         main, ["check", *map(str, paths), "--bench-dir", str(bench), "--filter", f"^{re.escape(wrong)}$"])
     assert r.exit_code == 1 and f"mismatch: {wrong}: " in r.output and "(quantization steps)" in r.output, r.output
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_quantized_convs_on_cudnn(tmp_path, cudnn_runtime) -> None:
+    """QLinearConv (per-tensor and per-channel weights' scales, a bias, groups) and ConvInteger on
+    the GPU backend: each an int8 convolution graph (the qconv table), its plan slots in NHWC, on
+    the keys oneDNN benchmarks; the project compiles and links against the cuDNN wheels, every
+    benchmark fails cleanly without a GPU, and the cuDNN frontend validates every int8
+    convolution graph for an sm_90 GPU. Channels that are not multiples of 4, u8 weights and
+    weights' zero points are not covered, by name."""
+    from benanza.ops.registry import uncovered_reason
+
+    paths = _quantized_cnns(tmp_path)
+    keys = {}
+    for backend in ("cudnn", "onednn"):
+        bench = tmp_path / backend
+        r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", backend,
+                                      "--dtype", "f32", "--json"])
+        assert r.exit_code == 0, r.output
+        assert [m["backends"][backend]["covered_pct"] for m in json.loads(r.output)["models"]] == [100.0] * 3
+        variants = read_variants(bench / backend)
+        keys[backend] = {v.layer_key for v in variants if v.problem.family in ("qconv", "convint")}
+    assert keys["cudnn"] == keys["onednn"] == _QCONV_KEYS
+    variants = read_variants(tmp_path / "cudnn" / "cudnn")
+    convs = [v for v in variants if v.problem.family in ("qconv", "convint")]
+    assert {(v.api, v.dtype, v.layout, v.math) for v in convs} == {("cudnn_frontend.qconv", "u8", "nhwc", "default")}
+    assert sorted(v.algo for v in convs) == sorted([f"plan{i}" for i in range(8)] * 6)
+    table = (tmp_path / "cudnn" / "cudnn" / "tables_qconv_0.cpp").read_text()
+    rows = re.findall(r"\.groups = (\d+),.*\.bias = (\w+), \.requant = (\w+), \.bscales = (\d+),.*// (\w+):", table)
+    assert sorted(rows) == sorted([("1", "false", "false", "1", "convint"), ("4", "false", "false", "1", "convint"),
+                                   ("1", "true", "true", "1", "qconv"), ("1", "true", "true", "16", "qconv"),
+                                   ("4", "false", "true", "1", "qconv"), ("4", "false", "true", "16", "qconv")])
+
+    binary = _build(tmp_path / "cudnn" / "cudnn", runtime=cudnn_runtime)
+    _run_without_gpu(binary, variants)
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {ln["name"].split("/")[0]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
+    assert {k for k in lines if k.startswith(("qconv:", "convint:"))} == _QCONV_KEYS
+    assert all(ln["ok"] for ln in lines.values()), lines
+
+    # the first convolution of an image model (3 channels), u8 weights, weights' zero points
+    xzp = numpy_helper.from_array(np.array(128, np.uint8), "xzp")
+    cases = {"3 input and 16 output channels per group": (np.int8, 3, None),
+             "u8 weights": (np.uint8, 4, None), "no weights' zero points": (np.int8, 4, 3)}
+    for reason, (wtype, channels, wzp) in cases.items():
+        inits = [numpy_helper.from_array(np.ones((16, channels, 3, 3), wtype), "W"), xzp]
+        inputs = ["x", "W", "xzp"]
+        if wzp is not None:
+            inits.append(numpy_helper.from_array(np.array(wzp, wtype), "wzp"))
+            inputs.append("wzp")
+        node = helper.make_node("ConvInteger", inputs, ["y"], pads=[1, 1, 1, 1], name="ci")
+        graph = model([node], [io("x", [1, channels, 8, 8], TensorProto.UINT8)], [io("y", None, TensorProto.INT32)],
+                      inits)
+        (layer,) = [n.layer for n in load_model(graph, name="uncovered").nodes]
+        assert layer.cudnn_api is None and reason in uncovered_reason(layer, "cudnn"), (reason, layer.key)
