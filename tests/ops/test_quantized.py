@@ -489,3 +489,82 @@ def test_quantized_convs_on_cudnn(tmp_path, cudnn_runtime) -> None:
                       inits)
         (layer,) = [n.layer for n in load_model(graph, name="uncovered").nodes]
         assert layer.cudnn_api is None and reason in uncovered_reason(layer, "cudnn"), (reason, layer.key)
+
+
+def _conv_rows(x: np.ndarray, w: np.ndarray, row) -> np.ndarray:
+    """The integer convolution a cuDNN QconvLayer row describes, in NumPy: x (N, C, H, W) and w
+    (K, C/groups, R, S) as int64, zero padding per end, strides, dilations and groups of the row."""
+    xp = np.pad(x, ((0, 0), (0, 0), (row.pad_t, row.pad_b), (row.pad_l, row.pad_r)))
+    per_group, k_group = row.c // row.groups, row.k // row.groups
+    out = np.zeros((row.n, row.k, row.out_h, row.out_w), np.int64)
+    for i in range(row.r):
+        for j in range(row.s):
+            top, left = i * row.dil_h, j * row.dil_w
+            patch = xp[:, :, top:top + row.stride_h * (row.out_h - 1) + 1:row.stride_h,
+                       left:left + row.stride_w * (row.out_w - 1) + 1:row.stride_w]
+            for g in range(row.groups):
+                cs, ks = slice(g * per_group, (g + 1) * per_group), slice(g * k_group, (g + 1) * k_group)
+                out[:, ks] += np.einsum("nchw,kc->nkhw", patch[:, cs], w[ks, :, i, j])
+    return out
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration
+def test_cudnn_int8_conv_rows_compute_onnx_runtimes_convs(tmp_path) -> None:
+    """What the int8 convolution graph computes, replayed in NumPy from each generated row (the
+    s8 convolution of u8 activations read as s8, u8 − 128; QLinearConv's MUL by sa·sb/sy and ADD
+    of the per-channel offset the docs name, into s8 read back as u8), against ONNX Runtime
+    running each QLinearConv and ConvInteger node alone: QLinearConv's outputs agree within one
+    quantization step wherever the window lies inside the input, and everywhere once the
+    activations' zero-point correction at the borders, which the graph leaves out, is added;
+    ConvInteger's differ by exactly that correction, all of which its graph leaves out."""
+    from benanza.backends import cudnn
+
+    rng = np.random.default_rng(3)
+    checked = []
+    for path in _quantized_cnns(tmp_path):
+        src = onnx.load(path)
+        inits = {t.name: t for t in src.graph.initializer}
+        layers = {n.name: n.layer for n in load_model(path).nodes}
+        for node in (n for n in src.graph.node if n.op_type in ("QLinearConv", "ConvInteger")):
+            layer = layers[node.name]
+            p, row = layer.problem, cudnn.lowering(layer).row(layer.problem, layer.cudnn_api)
+            qlinear = node.op_type == "QLinearConv"
+            # ConvInteger's activation zero point is a run-time value (DynamicQuantizeLinear's): any will do
+            zps = {node.input[2]: numpy_helper.from_array(np.array(rng.integers(1, 255), np.uint8), node.input[2])}
+            consts = [inits[name] if name in inits else zps[name] for name in node.input[1:] if name]
+            single = model([node], [io(node.input[0], [p.mb, p.ic, p.ih, p.iw], TensorProto.UINT8)],
+                           [io(node.output[0], None, TensorProto.UINT8 if qlinear else TensorProto.INT32)], consts)
+            x = rng.integers(0, 256, (p.mb, p.ic, p.ih, p.iw)).astype(np.uint8)
+            sess = ort.InferenceSession(single.SerializeToString(), providers=["CPUExecutionProvider"])
+            (want,) = sess.run(None, {node.input[0]: x})
+            value = {c.name: numpy_helper.to_array(c) for c in consts}
+            w = value[node.input[3 if qlinear else 1]].astype(np.int64)
+            xzp = int(value[node.input[2]])
+            acc = _conv_rows(x.astype(np.int64) - 128, w, row)  # what the graph's convolution computes
+            # the activations' zero-point correction: (128 - zp) times the weights on the taps
+            # inside the input; per channel (the weights' sums) where the window lies inside it
+            inside = _conv_rows(np.ones(x.shape, np.int64), w, row)
+            correction = (128 - xzp) * inside
+            per_channel = (128 - xzp) * w.sum(axis=(1, 2, 3)).reshape(1, -1, 1, 1)
+            interior = inside * (128 - xzp) == per_channel
+            assert interior.any() and not interior.all()
+            if not qlinear:
+                assert np.array_equal(want.astype(np.int64) - acc, correction), node.name
+                checked.append(node.op_type)
+                continue
+            assert row.requant and row.bias == (len(node.input) > 8) and row.bscales == value[node.input[4]].size
+            scale = (value[node.input[1]] * value[node.input[4]] / value[node.input[6]]).astype(np.float32)
+            scale = np.broadcast_to(scale.reshape(-1), (row.k,)).reshape(1, -1, 1, 1)
+            bias = value[node.input[8]].astype(np.float32) if row.bias else np.zeros(row.k, np.float32)
+            # the offset a framework folds at load time: the bias times the scale, the output's
+            # zero point, -128 for a u8 output written as s8, the zero point's per-channel part
+            offset = (bias.reshape(1, -1, 1, 1) + per_channel) * scale + float(value[node.input[7]]) - 128
+            # the graph's accumulator agrees inside; with the border correction added, everywhere
+            # (one step apart where the two roundings meet a tie, which is rare: an offset one
+            # step off, or a misplaced pad, moves most outputs)
+            for total, where in ((acc, interior), (acc + correction - per_channel, np.ones_like(interior))):
+                y = np.clip(np.rint(total * scale + offset), -128, 127).astype(np.int64) + 128
+                steps = np.abs(y - want)[where]
+                assert steps.max() <= 1 and steps.mean() < 0.01, (node.name, steps.max(), steps.mean())
+            checked.append(node.op_type)
+    assert sorted(checked) == ["ConvInteger"] * 2 + ["QLinearConv"] * 4
