@@ -325,16 +325,16 @@ Spec build(const ResampleLayer& L, DType t, uint8_t, int sm) {
 // them (cudnn-frontend samples/cpp/convolution/int8_fprop.cpp; the legacy samples'
 // ConvScaleBiasAct_int8): INT8 X and W with channels-last strides (W as K x C/groups x R x S: the
 // graph API takes the group count from X's channels over W's), INT32 compute. ConvInteger: an
-// IDENTITY node writes the s32 accumulator, as the sample's graph does (the engines that run int8
-// convolutions fuse an epilogue). QLinearConv: a MUL by the scale (sa·sb/sy, per tensor or per
-// output channel), then an ADD of one offset per output channel, written as INT8; the offset is
-// what a framework folds at load time from constants: the int32 bias times the scale (ONNX adds
-// the bias to the accumulator before scaling; this is the same sum, rounded in fp32), the
-// output's zero point, and -128 for a u8 output, written as the s8 data of the same bytes. A u8
-// input is read as the s8 data of the same bytes (u8 - 128): the per-channel part of its zero
-// point's correction (a constant times each output channel's weight sum) belongs in the offset
-// too; its part at the borders (taps on the padding) and all of ConvInteger's correction are not
-// in the graph.
+// IDENTITY node writes the s32 accumulator, as the sample's graph does (whether an engine takes
+// the convolution with no node after it is not known here). QLinearConv: a MUL by the scale
+// (sa·sb/sy, per tensor or per output channel), then an ADD of one offset per output channel,
+// written as INT8; the offset is what a framework folds at load time from constants: the int32
+// bias times the scale (ONNX adds the bias to the accumulator before scaling; this is the same
+// sum, rounded in fp32), the output's zero point, and -128 for a u8 output, written as the s8
+// data of the same bytes. A u8 input is read as the s8 data of the same bytes (u8 - 128): the
+// per-channel part of its zero point's correction (a constant times each output channel's weight
+// sum) belongs in the offset too; its part at the borders (taps on the padding) and all of
+// ConvInteger's correction are not in the graph.
 Spec build(const QconvLayer& L, DType, uint8_t, int sm) {
   const char* what = L.requant ? "conv_fprop INT8 MUL ADD (QLinearConv)" : "conv_fprop INT8 IDENTITY (ConvInteger)";
   Spec s = new_spec(DType::I8, what, sm);
