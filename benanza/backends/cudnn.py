@@ -76,8 +76,14 @@ time, recorded as "unsupported" with its status string):
   stores it as unsupported on a GPU below compute capability 8.9, which the generator cannot
   know; Cast into a float type or bool, QuantizeLinear,
   DequantizeLinear and DynamicQuantizeLinear as graph nodes of the ``quant`` table (plan slots;
-  DynamicQuantizeLinear is three graphs timed back to back). None of the int8 or FP8 cuBLASLt
-  variants has run on a GPU: they are compiled and linked here, where there is none.
+  DynamicQuantizeLinear is three graphs timed back to back); ConvInteger and QLinearConv as a
+  graph-API int8 convolution (the ``qconv`` table: INT8 data and weights with channels-last
+  strides, INT32 compute; ConvInteger's s32 result through an IDENTITY node, QLinearConv's
+  scale and per-channel offset into s8 as the graph's epilogue), plan slots in the layer's own
+  type and layout ``nhwc``, where the channels per group are multiples of 4 (not covered
+  otherwise, with that reason). None of the int8 or FP8 cuBLASLt variants or the int8
+  convolution graphs has run on a GPU: they are compiled and linked here, where there is none
+  (the graphs validated for sm_90).
 
 Run-time counters of every benchmark: ``flops``, ``bytes``, ``workspace_bytes``; convolutions
 add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``: what
@@ -117,6 +123,7 @@ from ..ops.cast import CUDNN_QUANT, CUDNN_QUANT_TABLE
 from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
+from ..ops.quantized import CUDNN_QCONV_TABLE
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..ops.resample import CUDNN_RESAMPLE_TABLE
@@ -344,6 +351,8 @@ class CudnnBackend(CMakeBackend):
         if family is CUDNN_DECONV:
             return [Variant(problem, NAME, api, algo, d, lay, m) for algo in DECONV_ALGOS
                     for d, lay, m in exp.combos(family)]
+        if family is CUDNN_QCONV_TABLE:  # the int8 convolution graph: its plan slots, in NHWC, the one layout it takes
+            return [Variant(problem, NAME, api, algo, layer.dtype, "nhwc", NO_MATH) for algo in PLAN_ALGOS]
         if layer.dtype in INT8_DTYPES:  # cuBLASLt's int8 GEMM: no math mode, one variant per heuristic rank
             return [Variant(problem, NAME, api, algo, layer.dtype, "nchw", NO_MATH) for algo in LT_ALGOS]
         if family in GRAPH_FAMILIES:

@@ -23,8 +23,11 @@ has none); QLinearMatMul as the same GEMM requantized in the call (an fp32 alpha
 ``kLtInt8Requant``; per-column weights' scales as an alpha vector over the output's columns,
 ``kLtInt8RequantPerColumn``; the output's zero point not in it);
 QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear as cuDNN graph-API nodes (the
-``quant`` table shared with Cast: cast.QuantLayer). QLinearConv and ConvInteger have no
-cuDNN/cuBLASLt lowering: not covered there.
+``quant`` table shared with Cast: cast.QuantLayer); ConvInteger and QLinearConv as one graph-API
+int8 convolution each (the ``qconv`` table: INT8 NHWC data and weights, INT32 compute; an s32
+result, or QLinearConv's scale and per-channel offset into s8; runtime_cpp/cudnn/graph.cpp says
+what of the u8 zero points it leaves out), where their channels per group are multiples of 4
+and the weights s8 without zero points.
 
 Family names are none of an ONNX op's words, so the generic keys earlier versions stored for
 these ops still read: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .base import (
     CudnnLowering,
+    CudnnTable,
     Dims,
     Family,
     NodeView,
@@ -52,7 +56,7 @@ from .base import (
 )
 from .binary import BinaryProblem
 from .cast import CUDNN_QUANT, CUDNN_QUANT_TABLE, CUDNN_SOURCES, TYPE_WORDS, WORD_TYPES, QuantLayer, quant_row
-from .conv import ConvParams, ConvProblem, conv_fields, onednn_row
+from .conv import ConvLayer, ConvParams, ConvProblem, conv_fields, cudnn_row, onednn_row
 from .gemm import CUDNN_BLAS, BlasLayer, MatMulProblem, matmul_operands
 from .grammar import F, Problem
 from .reference import Gen, Site, Slot, Spec, as_filled, as_scales, external_slot, fill, last_output, np_type
@@ -285,6 +289,53 @@ def _qconv_row(p: ConvIntProblem, api: str) -> QconvParams:
     return QconvParams(**asdict(onednn_row(p, api)), signed_b=p.signed_b, azp=p.azp, out=out, bscales=bscales)
 
 
+# cuDNN's int8 convolution on the graph API (runtime_cpp/cudnn/graph.cpp, the qconv table)
+CUDNN_QCONV = "cudnn_frontend.qconv"
+CUDNN_QCONV_TABLE = CudnnTable("qconv", "add_qconv", False, False)
+
+
+def _qconv_cudnn_gap(p: ConvIntProblem) -> str | None:
+    """Why cuDNN's int8 convolution cannot run a ConvInteger or a QLinearConv, or None."""
+    if p.bzp:
+        return "cuDNN's int8 convolution has no weights' zero points"
+    if not p.signed_b:
+        return ("u8 weights: cuDNN's int8 convolution takes s8 weights, and a u8 weight's offset (128 times each "
+                "window's sum of the input) is a second convolution, not an epilogue")
+    cin, cout = p.ic // p.g, p.oc // p.g
+    if cin % 4 or cout % 4:
+        return (f"{cin} input and {cout} output channels per group: cuDNN's int8 convolutions take NHWC data with "
+                f"channel counts that are multiples of 4 (TensorRT zero-pads channels into its vectorized formats: "
+                f"a larger problem, not generated)")
+    return None
+
+
+def _qconv_cudnn(p: Problem) -> str | None:
+    assert isinstance(p, ConvIntProblem)
+    return CUDNN_QCONV if _qconv_cudnn_gap(p) is None else None
+
+
+def _qconv_uncovered(p: Problem, backend: str) -> str | None:
+    assert isinstance(p, ConvIntProblem)
+    return _qconv_cudnn_gap(p) if backend == "cudnn" else None
+
+
+@dataclass(frozen=True)
+class QconvLayer(ConvLayer):
+    """cuDNN QconvLayer (graph API): ConvLayer's fields, then ``requant``: QLinearConv's
+    epilogue (a scale, then an offset, into s8) instead of ConvInteger's s32 result; ``bscales``:
+    the weights' scales (1, or one per output channel). QLinearConv's int32 bias (``bias``) has no
+    node of its own: it is part of the offset."""
+
+    requant: bool
+    bscales: int
+
+
+def _qconv_cudnn_row(p: ConvIntProblem, api: str) -> QconvLayer:
+    qlinear = p if isinstance(p, QLinearConvProblem) else None
+    return QconvLayer(**asdict(cudnn_row(p, api)), requant=qlinear is not None,
+                      bscales=qlinear.bscales if qlinear is not None else 1)
+
+
 # --- DynamicQuantizeLinear -----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -504,10 +555,13 @@ QUANT = Family("quant", QuantProblem, ("QuantizeLinear",), _quant_build, when=_q
 DEQUANT = Family("dequant", DequantProblem, ("DequantizeLinear",), _dequant_build, when=_qdq_modelled,
                  onednn_api=_qdq_onednn, onednn=_QDQ, dtype=lambda view: view.outputs[0].dtype, cudnn_api=_qdq_cudnn,
                  cudnn={CUDNN_QUANT: CudnnLowering(CUDNN_QUANT_TABLE, _qdq_cudnn_row)})
+_QCONV_CUDNN = {CUDNN_QCONV: CudnnLowering(CUDNN_QCONV_TABLE, _qconv_cudnn_row)}
 CONVINT = Family("convint", ConvIntProblem, ("ConvInteger",), _convint_build, is_4d, onednn_api=_qconv_onednn,
-                 onednn=_QCONV, int_dtypes=INT8)
+                 onednn=_QCONV, int_dtypes=INT8, cudnn_api=_qconv_cudnn, cudnn=_QCONV_CUDNN,
+                 uncovered=_qconv_uncovered)
 QLINEARCONV = Family("qconv", QLinearConvProblem, ("QLinearConv",), _qlinearconv_build, is_4d,
-                     onednn_api=_qconv_onednn, onednn=_QCONV, int_dtypes=INT8)
+                     onednn_api=_qconv_onednn, onednn=_QCONV, int_dtypes=INT8, cudnn_api=_qconv_cudnn,
+                     cudnn=_QCONV_CUDNN, uncovered=_qconv_uncovered)
 NBITS = Family("nbitsmatmul", NbitsMatMulProblem, ("MatMulNBits",), _nbits_build, when=_has_nbits_attrs)
 def int_gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bool:
     """Whether an integer MatMul's tail is what oneDNN's int8 GEMM computes at once: a Cast of

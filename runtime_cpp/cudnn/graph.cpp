@@ -1,7 +1,8 @@
 // The cuDNN graph API through the header-only cuDNN frontend (cudnn_frontend), for what the
 // legacy API has no call for: layer normalization (inference), scaled dot-product attention
 // (flash attention forward, inference), single pointwise nodes (Div, Pow, comparisons, Erf,
-// GELU ...) and resampling (ONNX Resize by 2).
+// GELU ...), resampling (ONNX Resize by 2), quantization's element-wise layers and int8
+// convolutions (ConvInteger, QLinearConv).
 //
 // One graph per layer and data type, built, validated and lowered once and shared by that
 // layer's variants: the heuristics (mode A, then fallback) list engine configs, and each
@@ -139,6 +140,11 @@ Spec new_spec(DType io, const std::string& what, int sm) {
   return s;
 }
 
+// a pointwise node computing in fp32, as every builder's are but the boolean ones
+fe::graph::Pointwise_attributes with(fe::PointwiseMode_t mode) {
+  return fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
+}
+
 // --- the graphs, one builder per family ---------------------------------------------------
 
 Spec build(const LnormLayer& L, DType t, uint8_t, int sm) {
@@ -228,9 +234,6 @@ Spec build(const PointwiseLayer& L, DType t, uint8_t call, int sm) {
       logical ? fe::DataType_t::BOOLEAN : fe::DataType_t::FLOAT);
   auto a = s.tensor("A", {L.a, L.a + L.rank}, t);
   if (L.op == PointwiseOp::HardSigmoid) {  // alpha·x + beta (scalars by value), clipped to [0, 1]
-    auto with = [](fe::PointwiseMode_t mode) {
-      return fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
-    };
     auto scaled = s.graph->pointwise(a, s.graph->tensor(static_cast<float>(L.alpha)), with(fe::PointwiseMode_t::MUL));
     a = s.graph->pointwise(scaled, s.graph->tensor(static_cast<float>(L.beta)), with(fe::PointwiseMode_t::ADD));
     options.set_relu_lower_clip(0.0f).set_relu_upper_clip(1.0f);
@@ -276,9 +279,6 @@ Spec build(const RopeLayer& L, DType t, uint8_t, int sm) {
     ca = cb = s.tensor("cos", cs, t);
     sa = sb = s.tensor("sin", cs, t);
   }
-  auto with = [](fe::PointwiseMode_t mode) {
-    return fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
-  };
   auto mul = [&](const TensorPtr& a, const TensorPtr& b) {
     return s.graph->pointwise(a, b, with(fe::PointwiseMode_t::MUL));
   };
@@ -322,6 +322,50 @@ Spec build(const ResampleLayer& L, DType t, uint8_t, int sm) {
   return s;
 }
 
+// ConvInteger and QLinearConv (tables.hpp QconvLayer) as NVIDIA's int8 convolution samples build
+// them (cudnn-frontend samples/cpp/convolution/int8_fprop.cpp; the legacy samples'
+// ConvScaleBiasAct_int8): INT8 X and W with channels-last strides (W as K x C/groups x R x S: the
+// graph API takes the group count from X's channels over W's), INT32 compute. ConvInteger: an
+// IDENTITY node writes the s32 accumulator, as the sample's graph does (whether an engine takes
+// the convolution with no node after it is not known here). QLinearConv: a MUL by the scale
+// (sa·sb/sy, per tensor or per output channel), then an ADD of one offset per output channel,
+// written as INT8; the offset is what a framework folds at load time from constants: the int32
+// bias times the scale (ONNX adds the bias to the accumulator before scaling; this is the same
+// sum, rounded in fp32), the output's zero point, and -128 for a u8 output, written as the s8
+// data of the same bytes. A u8 input is read as the s8 data of the same bytes (u8 - 128): the
+// per-channel part of its zero point's correction (a constant times each output channel's weight
+// sum) belongs in the offset too; its part at the borders (taps on the padding) and all of
+// ConvInteger's correction are not in the graph.
+Spec build(const QconvLayer& L, DType, uint8_t, int sm) {
+  const char* what = L.requant ? "conv_fprop INT8 MUL ADD (QLinearConv)" : "conv_fprop INT8 IDENTITY (ConvInteger)";
+  Spec s = new_spec(DType::I8, what, sm);
+  s.graph->set_intermediate_data_type(L.requant ? fe::DataType_t::FLOAT : fe::DataType_t::INT32)
+      .set_compute_data_type(fe::DataType_t::INT32);
+  const int64_t k = L.k, per_group = L.c / L.groups;
+  auto x = s.tensor("X", {L.n, L.c, L.h, L.w}, DType::I8, false, nhwc_strides(L.c, L.h, L.w));
+  auto w = s.tensor("W", {k, per_group, L.r, L.s}, DType::I8, false, nhwc_strides(per_group, L.r, L.s));
+  auto options = fe::graph::Conv_fprop_attributes()
+                     .set_pre_padding({L.pad_t, L.pad_l})
+                     .set_post_padding({L.pad_b, L.pad_r})
+                     .set_stride({L.stride_h, L.stride_w})
+                     .set_dilation({L.dil_h, L.dil_w})
+                     .set_compute_data_type(fe::DataType_t::INT32);
+  auto acc = s.graph->conv_fprop(x, w, options);
+  acc->set_data_type(fe::DataType_t::INT32);
+  const std::vector<int64_t> out{L.n, k, L.out_h, L.out_w};
+  const std::vector<int64_t> strides = nhwc_strides(k, L.out_h, L.out_w);
+  if (!L.requant) {
+    s.output(s.graph->pointwise(acc, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::IDENTITY)), out,
+             DType::I32, false, strides);
+    return s;
+  }
+  auto scale = s.tensor("scale", {1, L.bscales, 1, 1}, DType::F32, false, nhwc_strides(L.bscales, 1, 1));
+  auto offset = s.tensor("offset", {1, k, 1, 1}, DType::F32, false, nhwc_strides(k, 1, 1));
+  auto scaled = s.graph->pointwise(acc, scale, with(fe::PointwiseMode_t::MUL));
+  s.output(s.graph->pointwise(scaled, offset, with(fe::PointwiseMode_t::ADD)), out, DType::I8, false, strides);
+  return s;
+}
+
 // Quantization's layers (tables.hpp QuantLayer). `part` picks one of DynamicQuantize's three
 // graphs (0: MAX reduction, 1: MIN reduction, 2: the quantization); the others have one.
 constexpr uint8_t kQuantParts = 3;
@@ -329,9 +373,6 @@ constexpr uint8_t kQuantParts = 3;
 Spec build(const QuantLayer& L, DType t, uint8_t part, int sm) {
   const std::vector<int64_t> in(L.in, L.in + L.rank), scale(L.scale, L.scale + L.rank);
   const std::vector<int64_t> one(L.rank, 1);
-  auto with = [](fe::PointwiseMode_t mode) {
-    return fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
-  };
   if (L.op == QuantOp::Convert) {  // a Cast: the identity from the source type into the variant's
     Spec s = new_spec(t, "pointwise IDENTITY (cast)", sm);
     s.output(s.graph->pointwise(s.tensor("X", in, L.source), with(fe::PointwiseMode_t::IDENTITY)), in, t);
@@ -583,6 +624,7 @@ void add_sdpa(Registry& r, const SdpaLayer* l, const Variant* v, size_t n) { add
 void add_pointwise(Registry& r, const PointwiseLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_rope(Registry& r, const RopeLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_resample(Registry& r, const ResampleLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
+void add_qconv(Registry& r, const QconvLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_quant(Registry& r, const QuantLayer* l, const Variant* v, size_t n) {
   add_family(r, l, v, n, make_quant);
   add_checks(l, v, n, quant_graphs);

@@ -515,10 +515,9 @@ def _cnn(tmp: Path) -> Path:
     return src
 
 
-@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
-def test_quantized_convs_costed_and_checked(tmp_path) -> None:
-    """QLinearConv (per-tensor and per-channel weights' scales, a bias, groups) from static
-    quantization and ConvInteger from dynamic quantization, through oneDNN's int8 convolution."""
+def _quantized_cnns(tmp_path: Path) -> list[Path]:
+    """The CNN through ONNX Runtime's static quantization (QOperator: QLinearConv, per-tensor and
+    per-channel weights' scales) and its dynamic quantization (ConvInteger)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -544,12 +543,24 @@ def test_quantized_convs_costed_and_checked(tmp_path) -> None:
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel)
     paths.append(tmp_path / "cnn_dyn.onnx")
     quantize_dynamic(str(src), str(paths[-1]), weight_type=QuantType.QInt8, op_types_to_quantize=["Conv"])
+    return paths
+
+
+_CONV = "mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1"
+_GROUPED = "mb1_ic16ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g4"
+# what the two convolutions of _cnn become in _quantized_cnns' three models
+_QCONV_KEYS = {f"qconv:{_CONV}_bias1_ws1_azp1_ys0_u8", f"qconv:{_GROUPED}_bias0_ws1_ys0_u8",
+               f"qconv:{_CONV}_bias1_ws1_azp1_ys0_bsc16_u8", f"qconv:{_GROUPED}_bias0_ws1_ys0_bsc16_u8",
+               f"convint:{_CONV}_bias0_ws1_azp1_u8", f"convint:{_GROUPED}_bias0_ws1_azp1_u8"}
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
+def test_quantized_convs_costed_and_checked(tmp_path) -> None:
+    """QLinearConv (per-tensor and per-channel weights' scales, a bias, groups) from static
+    quantization and ConvInteger from dynamic quantization, through oneDNN's int8 convolution."""
+    paths = _quantized_cnns(tmp_path)
     keys = {n.layer.key for p in paths for n in load_model(p).nodes if n.layer.op in ("QLinearConv", "ConvInteger")}
-    conv = "mb1_ic8ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1"
-    grouped = "mb1_ic16ih8iw8_oc16oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g4"
-    assert keys == {f"qconv:{conv}_bias1_ws1_azp1_ys0_u8", f"qconv:{grouped}_bias0_ws1_ys0_u8",
-                    f"qconv:{conv}_bias1_ws1_azp1_ys0_bsc16_u8", f"qconv:{grouped}_bias0_ws1_ys0_bsc16_u8",
-                    f"convint:{conv}_bias0_ws1_azp1_u8", f"convint:{grouped}_bias0_ws1_azp1_u8"}
+    assert keys == _QCONV_KEYS
     bench = tmp_path / "bench"
     r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", "onednn",
                                   "--dtype", "f32", "--json"])
@@ -566,7 +577,144 @@ def test_quantized_convs_costed_and_checked(tmp_path) -> None:
     # one step of tolerance for requantized outputs (halfway ties) hides no wrong input: one u8
     # element off by 64 (the runtime's fault hook) is a mismatch
     wrong = next(ln.split(": ")[1] for ln in r.output.splitlines()
-                 if ln.startswith(f"ok: qconv:{conv}_bias1_ws1_azp1_ys0_u8/"))
+                 if ln.startswith(f"ok: qconv:{_CONV}_bias1_ws1_azp1_ys0_u8/"))
     r = CliRunner(env={"BENANZA_FAULT_PERTURB": wrong}).invoke(
         main, ["check", *map(str, paths), "--bench-dir", str(bench), "--filter", f"^{re.escape(wrong)}$"])
     assert r.exit_code == 1 and f"mismatch: {wrong}: " in r.output and "(quantization steps)" in r.output, r.output
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_quantized_convs_on_cudnn(tmp_path, cudnn_runtime) -> None:
+    """QLinearConv (per-tensor and per-channel weights' scales, a bias, groups) and ConvInteger on
+    the GPU backend: each an int8 convolution graph (the qconv table), its plan slots in NHWC, on
+    the keys oneDNN benchmarks; the project compiles and links against the cuDNN wheels, every
+    benchmark fails cleanly without a GPU, and the cuDNN frontend validates every int8
+    convolution graph for an sm_90 GPU. Channels that are not multiples of 4, u8 weights and
+    weights' zero points are not covered, by name."""
+    from benanza.ops.registry import uncovered_reason
+
+    paths = _quantized_cnns(tmp_path)
+    keys = {}
+    for backend in ("cudnn", "onednn"):
+        bench = tmp_path / backend
+        r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", backend,
+                                      "--dtype", "f32", "--json"])
+        assert r.exit_code == 0, r.output
+        assert [m["backends"][backend]["covered_pct"] for m in json.loads(r.output)["models"]] == [100.0] * 3
+        variants = read_variants(bench / backend)
+        keys[backend] = {v.layer_key for v in variants if v.problem.family in ("qconv", "convint")}
+    assert keys["cudnn"] == keys["onednn"] == _QCONV_KEYS
+    variants = read_variants(tmp_path / "cudnn" / "cudnn")
+    convs = [v for v in variants if v.problem.family in ("qconv", "convint")]
+    assert {(v.api, v.dtype, v.layout, v.math) for v in convs} == {("cudnn_frontend.qconv", "u8", "nhwc", "default")}
+    assert sorted(v.algo for v in convs) == sorted([f"plan{i}" for i in range(8)] * 6)
+    table = (tmp_path / "cudnn" / "cudnn" / "tables_qconv_0.cpp").read_text()
+    rows = re.findall(r"\.groups = (\d+),.*\.bias = (\w+), \.requant = (\w+), \.bscales = (\d+),.*// (\w+):", table)
+    assert sorted(rows) == sorted([("1", "false", "false", "1", "convint"), ("4", "false", "false", "1", "convint"),
+                                   ("1", "true", "true", "1", "qconv"), ("1", "true", "true", "16", "qconv"),
+                                   ("4", "false", "true", "1", "qconv"), ("4", "false", "true", "16", "qconv")])
+
+    binary = _build(tmp_path / "cudnn" / "cudnn", runtime=cudnn_runtime)
+    _run_without_gpu(binary, variants)
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {ln["name"].split("/")[0]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
+    assert {k for k in lines if k.startswith(("qconv:", "convint:"))} == _QCONV_KEYS
+    assert all(ln["ok"] for ln in lines.values()), lines
+
+    # the first convolution of an image model (3 channels), u8 weights, weights' zero points
+    xzp = numpy_helper.from_array(np.array(128, np.uint8), "xzp")
+    cases = {"3 input and 16 output channels per group": (np.int8, 3, None),
+             "u8 weights": (np.uint8, 4, None), "no weights' zero points": (np.int8, 4, 3)}
+    for reason, (wtype, channels, wzp) in cases.items():
+        inits = [numpy_helper.from_array(np.ones((16, channels, 3, 3), wtype), "W"), xzp]
+        inputs = ["x", "W", "xzp"]
+        if wzp is not None:
+            inits.append(numpy_helper.from_array(np.array(wzp, wtype), "wzp"))
+            inputs.append("wzp")
+        node = helper.make_node("ConvInteger", inputs, ["y"], pads=[1, 1, 1, 1], name="ci")
+        graph = model([node], [io("x", [1, channels, 8, 8], TensorProto.UINT8)], [io("y", None, TensorProto.INT32)],
+                      inits)
+        (layer,) = [n.layer for n in load_model(graph, name="uncovered").nodes]
+        assert layer.cudnn_api is None and reason in uncovered_reason(layer, "cudnn"), (reason, layer.key)
+
+
+def _conv_rows(x: np.ndarray, w: np.ndarray, row) -> np.ndarray:
+    """The integer convolution a cuDNN QconvLayer row describes, in NumPy: x (N, C, H, W) and w
+    (K, C/groups, R, S) as int64, zero padding per end, strides, dilations and groups of the row."""
+    xp = np.pad(x, ((0, 0), (0, 0), (row.pad_t, row.pad_b), (row.pad_l, row.pad_r)))
+    per_group, k_group = row.c // row.groups, row.k // row.groups
+    out = np.zeros((row.n, row.k, row.out_h, row.out_w), np.int64)
+    for i in range(row.r):
+        for j in range(row.s):
+            top, left = i * row.dil_h, j * row.dil_w
+            patch = xp[:, :, top:top + row.stride_h * (row.out_h - 1) + 1:row.stride_h,
+                       left:left + row.stride_w * (row.out_w - 1) + 1:row.stride_w]
+            for g in range(row.groups):
+                cs, ks = slice(g * per_group, (g + 1) * per_group), slice(g * k_group, (g + 1) * k_group)
+                out[:, ks] += np.einsum("nchw,kc->nkhw", patch[:, cs], w[ks, :, i, j])
+    return out
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration
+def test_cudnn_int8_conv_rows_compute_onnx_runtimes_convs(tmp_path) -> None:
+    """What the int8 convolution graph computes, replayed in NumPy from each generated row (the
+    s8 convolution of u8 activations read as s8, u8 − 128; QLinearConv's MUL by sa·sb/sy and ADD
+    of the per-channel offset the docs name, into s8 read back as u8), against ONNX Runtime
+    running each QLinearConv and ConvInteger node alone: QLinearConv's outputs agree within one
+    quantization step wherever the window lies inside the input, and everywhere once the
+    activations' zero-point correction at the borders, which the graph leaves out, is added;
+    ConvInteger's differ by exactly that correction, all of which its graph leaves out."""
+    from benanza.backends import cudnn
+
+    rng = np.random.default_rng(3)
+    checked = []
+    for path in _quantized_cnns(tmp_path):
+        src = onnx.load(path)
+        inits = {t.name: t for t in src.graph.initializer}
+        layers = {n.name: n.layer for n in load_model(path).nodes}
+        for node in (n for n in src.graph.node if n.op_type in ("QLinearConv", "ConvInteger")):
+            layer = layers[node.name]
+            p, row = layer.problem, cudnn.lowering(layer).row(layer.problem, layer.cudnn_api)
+            qlinear = node.op_type == "QLinearConv"
+            # ConvInteger's activation zero point is a run-time value (DynamicQuantizeLinear's): any will do
+            zps = {node.input[2]: numpy_helper.from_array(np.array(rng.integers(1, 255), np.uint8), node.input[2])}
+            consts = [inits[name] if name in inits else zps[name] for name in node.input[1:] if name]
+            single = model([node], [io(node.input[0], [p.mb, p.ic, p.ih, p.iw], TensorProto.UINT8)],
+                           [io(node.output[0], None, TensorProto.UINT8 if qlinear else TensorProto.INT32)], consts)
+            x = rng.integers(0, 256, (p.mb, p.ic, p.ih, p.iw)).astype(np.uint8)
+            sess = ort.InferenceSession(single.SerializeToString(), providers=["CPUExecutionProvider"])
+            (want,) = sess.run(None, {node.input[0]: x})
+            value = {c.name: numpy_helper.to_array(c) for c in consts}
+            w = value[node.input[3 if qlinear else 1]].astype(np.int64)
+            xzp = int(value[node.input[2]])
+            acc = _conv_rows(x.astype(np.int64) - 128, w, row)  # what the graph's convolution computes
+            # the activations' zero-point correction: (128 - zp) times the weights on the taps
+            # inside the input; per channel (the weights' sums) where the window lies inside it
+            inside = _conv_rows(np.ones(x.shape, np.int64), w, row)
+            correction = (128 - xzp) * inside
+            per_channel = (128 - xzp) * w.sum(axis=(1, 2, 3)).reshape(1, -1, 1, 1)
+            interior = inside * (128 - xzp) == per_channel
+            assert interior.any() and not interior.all()
+            if not qlinear:
+                assert np.array_equal(want.astype(np.int64) - acc, correction), node.name
+                checked.append(node.op_type)
+                continue
+            assert row.requant and row.bias == (len(node.input) > 8) and row.bscales == value[node.input[4]].size
+            scale = (value[node.input[1]] * value[node.input[4]] / value[node.input[6]]).astype(np.float32)
+            scale = np.broadcast_to(scale.reshape(-1), (row.k,)).reshape(1, -1, 1, 1)
+            bias = value[node.input[8]].astype(np.float32) if row.bias else np.zeros(row.k, np.float32)
+            # the offset a framework folds at load time: the bias times the scale, the output's
+            # zero point, -128 for a u8 output written as s8, the zero point's per-channel part
+            offset = (bias.reshape(1, -1, 1, 1) + per_channel) * scale + float(value[node.input[7]]) - 128
+            # the graph's accumulator agrees inside; with the border correction added, everywhere
+            # (one step apart where the two roundings meet a tie, which is rare: an offset one
+            # step off, or a misplaced pad, moves most outputs)
+            for total, where in ((acc, interior), (acc + correction - per_channel, np.ones_like(interior))):
+                y = np.clip(np.rint(total * scale + offset), -128, 127).astype(np.int64) + 128
+                steps = np.abs(y - want)[where]
+                assert steps.max() <= 1 and steps.mean() < 0.01, (node.name, steps.max(), steps.mean())
+            checked.append(node.op_type)
+    assert sorted(checked) == ["ConvInteger"] * 2 + ["QLinearConv"] * 4

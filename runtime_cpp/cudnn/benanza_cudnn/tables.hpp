@@ -288,6 +288,22 @@ struct QuantLayer {
   Work work;
 };
 
+// ConvInteger and QLinearConv as one graph: cuDNN's int8 convolution (graph.cpp). ConvLayer's
+// fields (the graph API pads each end on its own: the pads are exact), then `requant`:
+// QLinearConv's epilogue, the s32 accumulator scaled by the `bscales` weights' scales (1, or one
+// per output channel) and offset per output channel into s8, instead of ConvInteger's s32
+// result. `bias` (QLinearConv's int32 bias) has no node of its own: it is part of the offset.
+struct QconvLayer {
+  int n, c, h, w, k, r, s;
+  int pad_t, pad_l, pad_b, pad_r;
+  int stride_h, stride_w, dil_h, dil_w, groups;
+  int out_h, out_w;
+  bool bias;
+  bool requant;
+  int bscales;
+  Work work;
+};
+
 // ONNX Resize (nearest or linear) by 2 on both spatial dims of N x C x H x W, as one resample node
 // in NHWC: the graph API's resample, which defines an output by a window, strides and pads; the
 // runtime uses the one configuration cuDNN's engines are reported to take for upsampling by 2
@@ -319,6 +335,7 @@ void add_pointwise(Registry& r, const PointwiseLayer* layers, const Variant* var
 void add_quant(Registry& r, const QuantLayer* layers, const Variant* variants, size_t count);
 void add_rope(Registry& r, const RopeLayer* layers, const Variant* variants, size_t count);
 void add_resample(Registry& r, const ResampleLayer* layers, const Variant* variants, size_t count);
+void add_qconv(Registry& r, const QconvLayer* layers, const Variant* variants, size_t count);
 
 // Defined by the generated registry.cpp: registers every family table of this build.
 void register_generated(Registry& r);
