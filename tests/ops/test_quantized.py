@@ -872,11 +872,15 @@ def test_qdq_conv_of_three_channels_is_a_named_cudnn_gap(tmp_path) -> None:
     assert [x.pattern.name for x in match_fusions(load_model(float_bias, name="float_bias"))] == ["bias"]
 
 
-@pytest.mark.slow  # runs ONNX Runtime's calibration
-def test_qdq_convs_on_cudnn_are_int8_convolution_graphs(tmp_path) -> None:
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_qdq_convs_on_cudnn_are_int8_convolution_graphs(tmp_path, cudnn_runtime) -> None:
     """On the GPU backend the qdq_conv patterns are QLinearConv's int8 convolution graph (the qconv
     table, its requantizing epilogue, the weights' scales per tensor or per output channel), plan
-    slots in NHWC, on the float Conv's key; not a float fused conv (cudnnConvolutionBiasActivationForward)."""
+    slots in NHWC, on the float Conv's key; not a float fused conv (cudnnConvolutionBiasActivationForward).
+    The project compiles and links, every benchmark fails cleanly without a GPU, and the cuDNN
+    frontend validates the graphs for sm_90 (which proves little for these graphs: above, and
+    docs/quantized.md)."""
     paths = _qdq_cnns(tmp_path)
     bench = tmp_path / "bench"
     r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", "cudnn",
@@ -892,3 +896,12 @@ def test_qdq_convs_on_cudnn_are_int8_convolution_graphs(tmp_path) -> None:
     table = "".join(p.read_text() for p in (bench / "cudnn").glob("tables_qconv_*.cpp"))
     rows = re.findall(r"\.c = (\d+),.*?\.groups = (\d+),.*?\.requant = true, \.bscales = (\d+)", table)
     assert sorted(rows) == [("16", "4", "1"), ("16", "4", "16"), ("8", "1", "1"), ("8", "1", "16")]
+
+    variants = read_variants(bench / "cudnn")
+    binary = _build(bench / "cudnn", runtime=cudnn_runtime)
+    _run_without_gpu(binary, variants)
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    graphs = [ln for ln in _lines(done.stdout, "BENANZA_GRAPH") if "fusion=qdq_conv" in ln["name"]]
+    assert len(graphs) >= 4 and all(ln["ok"] for ln in graphs), graphs
