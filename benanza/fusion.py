@@ -27,6 +27,8 @@ from .ops.quantized import (
     QMatMulProblem,
     int_gemm_epilogue,
     int_gemm_reference,
+    qdq_conv_nodes,
+    qdq_conv_reference,
     qdq_fp8_matmul_nodes,
     qdq_matmul_nodes,
     qdq_matmul_reference,
@@ -68,6 +70,10 @@ class FusionPattern:
     # match's nodes, that layer (an attention through repeat_kv: the attention with K/V's own
     # heads), or None for the anchor's
     fused_layer: Callable[[Model, Sequence[int], FusionPattern], Layer | None] | None = None
+    # the Conv anchor's own bias, where it has one, is part of the fused call, with or without
+    # one (a QDQ Conv's int32 bias, added to the int8 convolution's accumulator); ``conv_bias``
+    # then does not decide the match
+    any_bias: bool = False
 
     @property
     def dag(self) -> bool:
@@ -83,9 +89,26 @@ class FusionPattern:
         MatMul's bias Add."""
         return self.conv_bias or "BatchNormalization" in self.tail or "Add" in self.tail
 
+    def bias_of(self, problem: object) -> bool:
+        """Whether the fused call on ``problem`` (the anchor's) adds a bias: ``adds_bias``, or the
+        Conv's own where the pattern takes it as it is (``any_bias``)."""
+        return self.adds_bias or (self.any_bias and isinstance(problem, ConvProblem) and problem.bias)
+
 
 # Longest first: matching is greedy.
 PATTERNS: tuple[FusionPattern, ...] = (
+    # before the float Conv patterns: the "bias" pattern (a Conv with its bias) would take the
+    # QDQ Conv whose bias is the dequantized int32 one. ORT's QDQ quantizer folds a Conv's Relu
+    # into the output's quantization range (it writes no Relu), so there is no Relu to match.
+    FusionPattern("qdq_conv", ("DequantizeLinear", "QuantizeLinear"), False, "identity",
+                  "DequantizeLinear(u8)→Conv(·, dequantized s8 weights, per-tensor scale[, dequantized int32 bias])"
+                  "→QuantizeLinear(u8), ONNX Runtime's QDQ format: one int8 convolution requantized into u8 (what "
+                  "ONNX Runtime runs as QLinearConv)",
+                  find=qdq_conv_nodes(False), reference=qdq_conv_reference, any_bias=True),
+    FusionPattern("qdq_conv_per_channel", ("DequantizeLinear", "QuantizeLinear"), False, "identity",
+                  "qdq_conv with the weights' scales per output channel (quantize_static(per_channel=True)): one "
+                  "int8 convolution requantized with a scale per output channel",
+                  find=qdq_conv_nodes(True), reference=qdq_conv_reference, any_bias=True),
     FusionPattern("bn_relu", ("BatchNormalization", "Relu"), False, "relu",
                   "Conv→BatchNorm→Relu, BN folded into the conv bias (what inference frameworks do)",
                   reference=conv_reference),
@@ -200,7 +223,8 @@ def match_fusions(model: Model) -> list[FusionMatch]:
         plain = not isinstance(anchor, MatMulProblem) or (len(anchor.a) == 2 and len(anchor.b) == 2)
         has_bias = isinstance(anchor, ConvProblem) and anchor.bias
         for pattern in PATTERNS:
-            if pattern.anchor != node.layer.op or pattern.conv_bias != has_bias or plain == pattern.attention:
+            if pattern.anchor != node.layer.op or (pattern.conv_bias != has_bias and not pattern.any_bias) \
+                    or plain == pattern.attention:
                 continue
             if pattern.find is not None:
                 nodes = pattern.find(model, consumers, node.index)

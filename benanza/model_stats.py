@@ -123,10 +123,11 @@ def coverage_notes(model: Model, backends: Iterable[str]) -> list[str]:
                 notes.append(f"not covered by {backend}: {n.layer.op} {n.name!r}: {reason}")
         for m in matches:
             lowering = PATTERN_LOWERINGS.get(m.pattern.name)
-            if lowering is not None and backend in lowering.gaps:
+            gap = lowering.gap(m.conv.problem, backend) if lowering is not None else None
+            if gap is not None:
                 anchor = model.nodes[m.nodes[0]]
                 notes.append(f"not covered by {backend}: the fused {m.pattern.name} at {anchor.layer.op} "
-                             f"{anchor.name!r} (its pieces are costed): {lowering.gaps[backend]}")
+                             f"{anchor.name!r} (its pieces are costed): {gap}")
     return notes
 
 

@@ -121,7 +121,7 @@ def variant_epilogue(variant: Variant) -> tuple[bool, tuple[str, ...]]:
     if variant.fusion == "none":
         return isinstance(variant.problem, ConvProblem) and variant.problem.bias, ()
     pattern = FUSION_PATTERNS[variant.fusion]
-    return pattern.adds_bias, _ACTIVATION_POST_OPS[pattern.activation]
+    return pattern.bias_of(variant.problem), _ACTIVATION_POST_OPS[pattern.activation]
 
 
 def _computes(call_bias: bool | None, post_ops: tuple[str, ...], variant: Variant) -> bool:

@@ -123,7 +123,7 @@ from ..ops.cast import CUDNN_QUANT, CUDNN_QUANT_TABLE
 from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
-from ..ops.quantized import CUDNN_QCONV_TABLE
+from ..ops.quantized import CUDNN_QCONV, CUDNN_QCONV_TABLE
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..ops.resample import CUDNN_RESAMPLE_TABLE
@@ -343,10 +343,19 @@ class CudnnBackend(CMakeBackend):
             combos = exp.combos(family)
             out += [Variant(problem, NAME, api, algo, d, lay, m) for algo in CONV_ALGOS for d, lay, m in combos]
             for fusion in fusions:
+                if fusion in _FUSED_FORMS:  # a QDQ Conv: the int8 convolution graph, below
+                    continue
                 pattern = FUSION_PATTERNS[fusion]
                 algos = CONV_ALGOS if pattern.activation == "relu" else IDENTITY_ALGOS
                 out += [Variant(problem, NAME, FUSED_API, algo, d, lay, m, fusion)
                         for algo in algos for d, lay, m in combos]
+            # the qdq_conv patterns as QLinearConv's int8 convolution graph (the qconv table), in
+            # NHWC, its plan slots, where its channel rule allows (model_stats names the gap
+            # otherwise); once per float type asked for, as the pattern's anchor is analysed in each
+            out += [Variant(problem, NAME, CUDNN_QCONV, algo, d, "nhwc", NO_MATH, fusion) for fusion in fusions
+                    if fusion in _FUSED_FORMS and _FUSED_FORMS[fusion].table is CUDNN_QCONV_TABLE
+                    and PATTERN_LOWERINGS[fusion].gap(problem, NAME) is None
+                    for d in exp.dtypes for algo in PLAN_ALGOS]
             return out
         if family is CUDNN_DECONV:
             return [Variant(problem, NAME, api, algo, d, lay, m) for algo in DECONV_ALGOS
@@ -466,8 +475,8 @@ def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_P
     families: dict[str, CudnnTable] = {}
     per_layer: dict[tuple[Problem, str], list[Variant]] = {}
     for v in variants:  # a fused form is benchmarked on its own row of its table (a graph family's)
-        fused = _FUSED_FORMS.get(v.fusion)
-        per_layer.setdefault((v.problem, fused.table.name if fused is not None else ""), []).append(v)
+        fused = _FUSED_FORMS.get(v.fusion)  # keyed by the pattern: its row may hold what the problem does not
+        per_layer.setdefault((v.problem, v.fusion if fused is not None else ""), []).append(v)
     for (problem, fused_family), vs in per_layer.items():
         layer = layers.get(problem)
         if layer is None:

@@ -90,7 +90,7 @@ def fused_config(problem: Problem, fusion: str) -> Fused:
     if p.attention:
         return Fused(attention=True, scale=p.scale, mask=p.mask)
     # scale: an int8 GEMM's float result scaled (mmint_scale*)
-    return Fused(bias=p.adds_bias, relu=p.activation == "relu", gelu=p.activation == "gelu", scale=p.scale)
+    return Fused(bias=p.bias_of(problem), relu=p.activation == "relu", gelu=p.activation == "gelu", scale=p.scale)
 
 
 class OneDNNBackend(CMakeBackend):
@@ -122,7 +122,8 @@ class OneDNNBackend(CMakeBackend):
         fused = conv or isinstance(problem, (MatMulProblem, ReduceProblem, BinaryProblem, QMatMulProblem,
                                              EltwiseProblem, AttentionProblem))
         # a pattern oneDNN has no fused form of (a float8 GEMM) keeps its pieces only
-        runnable = tuple(f for f in fusions if f not in PATTERN_LOWERINGS or NAME not in PATTERN_LOWERINGS[f].gaps)
+        runnable = tuple(f for f in fusions if f not in PATTERN_LOWERINGS or PATTERN_LOWERINGS[f].gap(problem, NAME)
+                         is None)
         fusion_names = ("none",) + runnable if fused else ("none",)
         out = []
         for fusion in fusion_names:
@@ -159,24 +160,32 @@ class OneDNNBackend(CMakeBackend):
 class _Table:
     family: str
     spec: OnednnLowering
-    params: dict[Problem, Any] = field(default_factory=dict)  # one params row per problem, whatever the dtype
+    # one params row per problem, whatever the dtype; and per pattern lowered into this table,
+    # whose row may hold what the anchor's problem does not (a QDQ Conv's per-channel scales)
+    params: dict[tuple[Problem, str], Any] = field(default_factory=dict)
     variants: list[Variant] = field(default_factory=list)
 
     def add(self, v: Variant, row: Callable[[Any, str], Any]) -> None:
-        if v.problem not in self.params:
-            self.params[v.problem] = row(v.problem, v.api)
+        if _row_key(v) not in self.params:
+            self.params[_row_key(v)] = row(v.problem, v.api)
         self.variants.append(v)
 
     def rendered(self) -> dict[str, Any]:
         """The template's view: params rows as (designated initializer, problem key), sorted by
         key; variant rows in the generator's order (by problem, then name)."""
-        order = sorted(self.params, key=lambda p: p.text())
-        index = {p: i for i, p in enumerate(order)}
-        rows = [_row(v, index[v.problem], fused_config(v.problem, v.fusion))
+        order = sorted(self.params, key=lambda k: (k[0].text(), k[1]))
+        index = {k: i for i, k in enumerate(order)}
+        rows = [_row(v, index[_row_key(v)], fused_config(v.problem, v.fusion))
                 for v in sorted(self.variants, key=variant_order)]
-        params = [(initializer(self.params[p]), p.text()) for p in order]
+        params = [(initializer(self.params[k]), k[0].text() + (f" ({k[1]})" if k[1] else "")) for k in order]
         struct = type(self.params[order[0]]).__name__
         return {"family": self.family, "params_type": struct, "bench": self.spec.bench, "params": params, "rows": rows}
+
+
+def _row_key(v: Variant) -> tuple[Problem, str]:
+    """A variant's params row: its problem's, or its problem's under the pattern lowered into
+    another family's table (the same Conv as qdq_conv and qdq_conv_per_channel: two rows)."""
+    return v.problem, v.fusion if v.fusion in PATTERN_LOWERINGS else ""
 
 
 def _row(v: Variant, index: int, f: Fused) -> str:

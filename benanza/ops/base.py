@@ -135,6 +135,17 @@ class PatternLowering:
     cudnn: CudnnLowering | None = None
     # backend → why it has no fused form of the pattern (its pieces stay costed one by one there)
     gaps: Mapping[str, str] = field(default_factory=dict)
+    # backend → why it has no fused form for this anchor problem, or None where it has (cuDNN's
+    # int8 convolution takes channel counts that are multiples of 4 only): a rule of the
+    # problem, where ``gaps`` is one of the backend
+    problem_gaps: Mapping[str, Callable[[Any], str | None]] = field(default_factory=dict)
+
+    def gap(self, problem: Any, backend: str) -> str | None:
+        """Why ``backend`` has no fused form of the pattern for the anchor's ``problem``, or None."""
+        if backend in self.gaps:
+            return self.gaps[backend]
+        rule = self.problem_gaps.get(backend)
+        return rule(problem) if rule is not None else None
 
 
 # --- the family record ---------------------------------------------------------------------

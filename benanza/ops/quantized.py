@@ -29,6 +29,11 @@ result, or QLinearConv's scale and per-channel offset into s8; runtime_cpp/cudnn
 what of the u8 zero points it leaves out), where their channels per group are multiples of 4
 and the weights s8 without zero points.
 
+ONNX Runtime's QDQ format around a Conv (the ``qdq_conv`` patterns: DequantizeLinear(u8) → Conv(·,
+dequantized s8 weights[, dequantized int32 bias]) → QuantizeLinear(u8)) is QLinearConv's int8
+convolution, benchmarked on the float Conv's key: oneDNN's (the qconv table, ``a_type`` byte) and
+cuDNN's graph (the qconv table) where its channel rule allows.
+
 Family names are none of an ONNX op's words, so the generic keys earlier versions stored for
 these ops still read: ``qmatmul`` is QLinearMatMul, ``qconv`` QLinearConv, ``nbitsmatmul``
 MatMulNBits.
@@ -37,8 +42,8 @@ MatMulNBits.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .base import (
@@ -46,6 +51,7 @@ from .base import (
     CudnnTable,
     Dims,
     Family,
+    NodeFinder,
     NodeView,
     OnednnLowering,
     PatternLowering,
@@ -276,12 +282,14 @@ class QconvParams(ConvParams):
     """oneDNN QconvParams: ConvParams' fields, then the int8 weights' signedness, the source's
     zero point and the result (``out``: "int" s32, or "byte"/"sbyte" requantized with the scales
     of the source, the weights (``bscales``) and the output, and its zero point). The variant's
-    bias flag says whether QLinearConv adds its int32 bias."""
+    bias flag says whether QLinearConv adds its int32 bias. ``a_type``: the source's type word
+    (the ``qdq_conv`` patterns, benchmarked on their float Conv's variant), "" for the variant's."""
 
     signed_b: bool
     azp: int
     out: str
     bscales: int
+    a_type: str = ""
 
 
 def _qconv_row(p: ConvIntProblem, api: str) -> QconvParams:
@@ -334,6 +342,27 @@ def _qconv_cudnn_row(p: ConvIntProblem, api: str) -> QconvLayer:
     qlinear = p if isinstance(p, QLinearConvProblem) else None
     return QconvLayer(**asdict(cudnn_row(p, api)), requant=qlinear is not None,
                       bscales=qlinear.bscales if qlinear is not None else 1)
+
+
+def _qdq_conv_row(bscales: Callable[[ConvProblem], int]) -> Callable[[ConvProblem, str], QconvParams]:
+    """The ``qdq_conv`` patterns (qdq_conv_nodes: u8 activations with a zero point, s8 weights
+    without one, the int32 bias where the Conv has one, a u8 output) as the QLinearConv they
+    are; ``bscales``: the weights' scales, which the float Conv's key does not hold (the pattern
+    does)."""
+    return lambda p, api: QconvParams(**asdict(onednn_row(p, api)), signed_b=True, azp=1, out="byte",
+                                      bscales=bscales(p), a_type="byte")
+
+
+def _qdq_conv_cudnn_row(bscales: Callable[[ConvProblem], int]) -> Callable[[ConvProblem, str], QconvLayer]:
+    """The same int8 convolution as cuDNN's graph (the qconv table, QLinearConv's requantizing
+    epilogue)."""
+    return lambda p, api: QconvLayer(**asdict(cudnn_row(p, api)), requant=True, bscales=bscales(p))
+
+
+def _qdq_conv_cudnn_gap(p: ConvProblem) -> str | None:
+    """QLinearConv's rule for the pattern's int8 convolution (s8 weights, no weights' zero point,
+    as the pattern matches): channels per group multiples of 4."""
+    return _qconv_cudnn_gap(QLinearConvProblem(**{f.name: getattr(p, f.name) for f in fields(ConvProblem)}))
 
 
 # --- DynamicQuantizeLinear -----------------------------------------------------------------
@@ -587,11 +616,19 @@ def int_gemm_epilogue(anchor: Node, tail: Sequence[Node], activation: str) -> bo
 
 # ONNX's FLOAT8E4M3FN: cuBLASLt's CUDA_R_8F_E4M3, what ONNX Runtime's QFLOAT8E4M3FN quantization writes
 FP8 = "f8e4m3fn"
-PATTERNS = (PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),
-            # one cuBLASLt FP8 GEMM (blas.cpp kLtFp8), on the MatMul's row
-            PatternLowering("qdq_fp8_matmul", cudnn=CudnnLowering(CUDNN_BLAS, _qmatmul_blas, "kLtFp8"),
-                            gaps={"onednn": "oneDNN 2.6 has no float8 data type (its dnnl_types.h lists f16, bf16, "
-                                            "f32, s32, s8 and u8): the FP8 GEMM is cuBLASLt's only"}))
+PATTERNS: tuple[PatternLowering, ...] = (
+    PatternLowering("qdq_matmul", onednn=("qmatmul", _qdq_matmul_row)),
+    # one cuBLASLt FP8 GEMM (blas.cpp kLtFp8), on the MatMul's row
+    PatternLowering("qdq_fp8_matmul", cudnn=CudnnLowering(CUDNN_BLAS, _qmatmul_blas, "kLtFp8"),
+                    gaps={"onednn": "oneDNN 2.6 has no float8 data type (its dnnl_types.h lists f16, bf16, "
+                                    "f32, s32, s8 and u8): the FP8 GEMM is cuBLASLt's only"}))
+# the QDQ Conv as QLinearConv's int8 convolution: per-tensor weights' scales, or one per output channel
+_PER_TENSOR: Callable[[ConvProblem], int] = lambda p: 1  # noqa: E731
+_PER_CHANNEL: Callable[[ConvProblem], int] = lambda p: p.oc  # noqa: E731
+PATTERNS += tuple(PatternLowering(name, onednn=("qconv", _qdq_conv_row(scales)),
+                                  cudnn=CudnnLowering(CUDNN_QCONV_TABLE, _qdq_conv_cudnn_row(scales)),
+                                  problem_gaps={"cudnn": _qdq_conv_cudnn_gap})
+                  for name, scales in (("qdq_conv", _PER_TENSOR), ("qdq_conv_per_channel", _PER_CHANNEL)))
 
 
 def int_gemm_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
@@ -626,6 +663,34 @@ def qdq_matmul_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPatter
     return Spec(full.nodes, {(1, 0): as_filled(gen(0, site.in_shape(1, 0)), u8)}, last_output(site),
                 f" and the weights' DequantizeLinear {weights.name or weights.output[0]!r} (weights, scales and zero "
                 f"points constants, as in the model)", constants=constants)
+def qdq_conv_reference(site: Site, v: Variant, gen: Gen, pattern: FusionPattern) -> Spec:
+    """The runtime's streams (make_qconv, a QLinearConv with a u8 source): x u8, W s8, x's zero
+    point, x's, W's (one or one per output channel) and the output's scales, the output's zero
+    point, the int32 bias. W, its scales, the bias and its scale are the inputs of the folded
+    DequantizeLinears (not in the match): constants, as in the model, so that ONNX Runtime runs
+    the pattern as it runs the model (its QDQ Conv as QLinearConv). The bias's scale is sa·sb,
+    what ``quantize_static`` writes and what makes its dequantized sum the int32 bias that
+    QLinearConv adds to the accumulator (the benchmark's)."""
+    import numpy as np
+
+    p = v.problem
+    assert isinstance(p, ConvProblem)
+    full = site.with_producer(0, 1)
+    u8 = np.dtype(np.uint8)
+    sa, sb = as_scales(gen(3, site.in_shape(1, 1))), as_scales(gen(4, full.in_shape(3, 1)))
+    constants = {(3, 0): as_filled(gen(1, full.in_shape(3, 0)), np.dtype(np.int8)),
+                 (1, 2): as_filled(gen(2, site.in_shape(1, 2)), u8), (1, 1): sa, (3, 1): sb,
+                 (2, 1): as_scales(gen(5, site.in_shape(2, 1))), (2, 2): as_filled(gen(6, site.in_shape(2, 2)), u8)}
+    if p.bias:
+        full = full.with_producer(0, 2)
+        constants[(4, 0)] = as_filled(gen(7, full.in_shape(4, 0)), np.dtype(np.int32))
+        constants[(4, 1)] = (sa.reshape(-1) * sb.reshape(-1)).astype(np.float32).reshape(full.in_shape(4, 1))
+    folded = " and ".join(repr(full.proto(pos).name or full.proto(pos).output[0]) for pos in range(3, len(full.nodes)))
+    return Spec(full.nodes, {(1, 0): as_filled(gen(0, site.in_shape(1, 0)), u8)}, last_output(site),
+                f" and the folded DequantizeLinears {folded} (weights, scales, zero points and the int32 bias "
+                f"constants, as in the model; the bias's scale sa·sb)", constants=constants)
+
+
 FAMILIES = (MATMULINT, QLINEARMATMUL, CONVINT, QLINEARCONV, DYNQUANT, QUANT, DEQUANT, NBITS)
 
 
@@ -683,3 +748,47 @@ def qdq_fp8_matmul_nodes(model: Model, consumers: dict[int, list[int]], start: i
     if not per_tensor or (dqx.inputs[0].dtype, dqw.inputs[0].dtype, quant.outputs[0].dtype) != (FP8, FP8, FP8):
         return None
     return [start, chain[0], chain[2]]
+
+
+# --- fusion: the nodes of a QDQ Conv in a model ----------------------------------------------
+
+def qdq_conv_nodes(per_channel: bool) -> NodeFinder:
+    """The finder of DequantizeLinear(u8 x) → Conv(·, W[, B]) → QuantizeLinear(u8) from the Conv
+    (first, then the two), W the dequantization of constant s8 weights without a zero point, its
+    scales per tensor or, ``per_channel``, one per output channel (axis 0); B, where the Conv has
+    one, the dequantization of a constant int32 bias without a zero point (what ``quantize_static``
+    writes, in its QDQ format); x's and the output's scales per tensor. A float bias is not matched
+    (QLinearConv's is int32)."""
+
+    def find(model: Model, consumers: dict[int, list[int]], start: int) -> list[int] | None:
+        nodes, producer = model.nodes, model.producer
+        conv = nodes[start]
+        problem = conv.layer.problem
+        # every input a data edge (Node.inputs lists those): x's, W's and B's DequantizeLinears
+        if not isinstance(problem, ConvProblem) or len(consumers[start]) != 1 or \
+                len(conv.inputs) != 2 + problem.bias:
+            return None
+        x, w = (producer.get(t) for t in conv.inputs[:2])
+        b = producer.get(conv.inputs[2]) if problem.bias else None
+        q = consumers[start][0]
+        if x is None or w is None or (problem.bias and b is None):
+            return None
+        if nodes[x].folded or consumers[x] != [start] or not nodes[w].folded or (b is not None and not nodes[b].folded):
+            return None
+        dqx, dqw, quant = (nodes[i].layer.problem for i in (x, w, q))
+        if not (isinstance(dqx, DequantProblem) and isinstance(dqw, DequantProblem)
+                and isinstance(quant, QuantProblem)):
+            return None
+        scales = nodes[w].layer.inputs[1].numel if len(nodes[w].layer.inputs) > 1 else 0
+        if (dqx.qtype, dqx.axis, dqw.qtype, dqw.zp, quant.qtype, quant.axis) != \
+                ("byte", None, "sbyte", False, "byte", None):
+            return None
+        if (dqw.axis, scales) != ((0, problem.oc) if per_channel else (None, 1)):
+            return None
+        if b is not None:
+            dqb = nodes[b].layer.problem
+            if not isinstance(dqb, DequantProblem) or dqb.qtype != "int" or dqb.zp:
+                return None
+        return [start, x, q]
+
+    return find

@@ -718,3 +718,190 @@ def test_cudnn_int8_conv_rows_compute_onnx_runtimes_convs(tmp_path) -> None:
                 assert steps.max() <= 1 and steps.mean() < 0.01, (node.name, steps.max(), steps.mean())
             checked.append(node.op_type)
     assert sorted(checked) == ["ConvInteger"] * 2 + ["QLinearConv"] * 4
+
+
+# --- the QDQ Conv as one int8 convolution (qdq_conv, qdq_conv_per_channel) -------------------
+
+def _qdq_cnns(tmp_path: Path) -> list[Path]:
+    """The CNN through ONNX Runtime's static quantization in its QDQ format (its default), with
+    per-tensor and per-channel weights' scales: DequantizeLinear(u8) → Conv(·, DequantizeLinear(s8
+    weights)[, DequantizeLinear(int32 bias)]) → QuantizeLinear(u8) for each Conv (the quantizer
+    folds the Relu into the first Conv's output range: it writes none)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    src = _cnn(tmp_path)
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(1)
+            self.batches = iter([{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    paths = []
+    for per_channel in (False, True):
+        paths.append(tmp_path / f"cnn_qdq{int(per_channel)}.onnx")
+        quantize_static(str(src), str(paths[-1]), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel)
+    return paths
+
+
+_FLOAT_CONVS = {f"conv:{_CONV}_bias1_f32", f"conv:{_GROUPED}_bias0_f32"}
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds and runs oneDNN benchmarks
+def test_qdq_convs_run_as_int8_convolutions_checked_and_analyzed(tmp_path) -> None:
+    """quantize_static's QDQ CNN (per-tensor and per-channel weights' scales, a bias, groups): each
+    Conv matches qdq_conv (qdq_conv_per_channel), whose fused variant on the float Conv's key is
+    oneDNN's int8 convolution requantized into u8 (QLinearConv's); run, every one computes what
+    ONNX Runtime computes for the pattern's nodes (one quantization step at ties), a wrong input
+    does not; and Q5's fused bound takes them in place of the float pieces."""
+    from benanza.perfdb import PerfDB
+
+    paths = _qdq_cnns(tmp_path)
+    for path, name in zip(paths, ("qdq_conv", "qdq_conv_per_channel"), strict=True):
+        m = load_model(path)
+        matches = match_fusions(m)
+        assert [x.pattern.name for x in matches] == [name, name]
+        assert [[m.nodes[i].layer.op for i in x.nodes] for x in matches] == [
+            ["Conv", "DequantizeLinear", "QuantizeLinear"]] * 2
+        assert {x.conv_key for x in matches} == _FLOAT_CONVS
+    bench, db = tmp_path / "bench", tmp_path / "perf.db"
+    r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", "onednn",
+                                  "--dtype", "f32", "--json"])
+    assert r.exit_code == 0, r.output
+    for m in json.loads(r.output)["models"]:
+        assert m["backends"]["onednn"]["covered_pct"] == 100.0, m
+    fused = [v for v in read_variants(bench / "onednn") if v.fusion.startswith("qdq_conv")]
+    # both Convs, both patterns, every algorithm and layout a conv has, in the f32 asked for
+    assert {(v.layer_key, v.fusion) for v in fused} == {
+        (k, f) for k in _FLOAT_CONVS for f in ("qdq_conv", "qdq_conv_per_channel")}
+    assert len(fused) == 2 * 2 * 3 * 3 and {v.dtype for v in fused} == {"f32"}
+    source = (bench / "onednn" / "benchmarks.cpp").read_text()
+    # the int8 convolution's rows: a u8 source with its zero point, s8 weights, a u8 result; the
+    # weights' scales per tensor or one per output channel
+    rows = re.findall(r'\{\.mb = 1, [^}]*\.azp = 1, \.out = "byte", \.bscales = (\d+), \.a_type = "byte"\}', source)
+    assert sorted(rows) == ["1", "1", "16", "16"]
+    r = CliRunner().invoke(main, ["run", "--bench-dir", str(bench), "--system", "box", "--db", str(db), "--backend",
+                                  "onednn", "--threads", "1", "--min-time", "0.01", "--repetitions", "1",
+                                  "--max-contention", "1", "--no-peaks"])
+    assert r.exit_code == 0, r.output
+    with PerfDB(db) as perf:
+        results = [res for res in perf.results("box") if res.variant.fusion.startswith("qdq_conv")]
+    # oneDNN has no int8 winograd: 2 convs × 2 patterns × 3 layouts refused
+    assert len(results) == 36 and sum(res.ok for res in results) == 24, results
+    r = CliRunner().invoke(main, ["check", *map(str, paths), "--bench-dir", str(bench), "--show-ok",
+                                  "--filter", "fusion=qdq_conv"])
+    assert r.exit_code == 0, r.output
+    assert "checked 36 benchmarks (seed 0): 24 ok, 0 mismatch, 0 not checked, 12 unsupported, 0 failed" in r.output
+    oks = [ln for ln in r.output.splitlines() if ln.startswith("ok:")]
+    assert all("'W1_DequantizeLinear' and 'B1_DequantizeLinear'" in ln for ln in oks if "_bias1_" in ln), oks
+    # one element of the u8 source perturbed (the runtime's fault hook) is a mismatch
+    wrong = next(ln.split(": ")[1] for ln in oks if "_bias1_" in ln and ln.split(": ")[1].endswith("=qdq_conv"))
+    r = CliRunner(env={"BENANZA_FAULT_PERTURB": wrong}).invoke(
+        main, ["check", *map(str, paths), "--bench-dir", str(bench), "--filter", f"^{re.escape(wrong)}$"])
+    assert r.exit_code == 1 and f"mismatch: {wrong}: " in r.output, r.output
+    for path, name in zip(paths, ("qdq_conv", "qdq_conv_per_channel"), strict=True):
+        r = CliRunner().invoke(main, ["analyze", str(path), "--system", "box", "--db", str(db), "--json"])
+        assert r.exit_code == 0, r.output
+        (an,) = json.loads(r.output)["analyses"]
+        fusion = an["fusion"]
+        applied = fusion["applied"] + fusion["unprofitable"]
+        assert sorted(a["pattern"] for a in applied) == [name, name], fusion
+        best = {res.variant.name: res.latency_ms for res in results if res.ok}
+        # both sides measured: the int8 convolution against the float Conv and its DequantizeLinear
+        # and QuantizeLinear
+        assert all(a["variant"].endswith(f"/fusion={name}") and a["fused_ms"] > 0 and a["unfused_ms"] > 0
+                   for a in applied), applied
+        # the fused time is the measured benchmark's (analyze rounds to the nanosecond)
+        assert all(a["fused_ms"] == pytest.approx(best[a["variant"]], abs=1e-6) for a in applied), (applied, best)
+
+
+def _qdq_conv_by_hand(quantized_bias: bool = True) -> onnx.ModelProto:
+    """One Conv of 3 input channels (an image model's first) in ONNX Runtime's QDQ form, built by
+    hand as quantize_static writes it: x quantized and dequantized (u8, a zero point), the
+    dequantized s8 weights (zero point 0) and int32 bias (scale sa·sb), the result quantized and
+    dequantized; ``quantized_bias`` False: a float bias instead, which QLinearConv has not."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8), "Wq"),
+             numpy_helper.from_array(np.array(0, np.int8), "wzp"),
+             numpy_helper.from_array(np.array(128, np.uint8), "xzp"),
+             numpy_helper.from_array(np.array(0, np.uint8), "yzp")]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("xs", 0.1), ("ws", 0.05), ("ys", 0.2))]
+    if quantized_bias:
+        inits += [numpy_helper.from_array(rng.integers(-100, 100, 8).astype(np.int32), "Bq"),
+                  numpy_helper.from_array(np.array([0.005], np.float32), "bs")]
+    else:
+        inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "bd"))
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xzp"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xzp"], ["xd"], name="dqx"),
+             helper.make_node("DequantizeLinear", ["Wq", "ws", "wzp"], ["wd"], name="dqw"),
+             helper.make_node("Conv", ["xd", "wd", "bd"], ["h"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("QuantizeLinear", ["h", "ys", "yzp"], ["hq"], name="qy"),
+             helper.make_node("DequantizeLinear", ["hq", "ys", "yzp"], ["y"], name="dqy")]
+    if quantized_bias:
+        nodes.insert(3, helper.make_node("DequantizeLinear", ["Bq", "bs"], ["bd"], name="dqb"))
+    return model(nodes, [io("x", [1, 3, 8, 8])], [io("y", [1, 8, 8, 8])], inits, opset=17)
+
+
+def test_qdq_conv_of_three_channels_is_a_named_cudnn_gap(tmp_path) -> None:
+    """A QDQ Conv of 3 input channels matches qdq_conv (its int32 bias part of it), and gets its
+    oneDNN int8 convolution; cuDNN's int8 convolution takes channel counts that are multiples of 4,
+    so there it has no fused form, by name, and the float Conv and the pieces stay costed. With a
+    float bias it is not matched (QLinearConv's bias is int32)."""
+    path = tmp_path / "qdq3.onnx"
+    onnx.save(_qdq_conv_by_hand(), path)
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    assert _run(_qdq_conv_by_hand(), {"x": x}, ["y"])["y"].shape == (1, 8, 8, 8)  # a valid model
+    m = load_model(path, name="qdq3")
+    (match,) = match_fusions(m)
+    assert match.pattern.name == "qdq_conv" and [m.nodes[i].name for i in match.nodes] == ["conv", "dqx", "qy"]
+    key = "conv:mb1_ic3ih8iw8_oc8oh8ow8_kh3kw3_sh1sw1_ph1pw1_dh1dw1_g1_bias1_f32"
+    assert match.conv_key == key
+    for backend in ("onednn", "cudnn"):
+        r = CliRunner().invoke(main, ["generate", str(path), "--out", str(tmp_path / backend), "--backend", backend,
+                                      "--dtype", "f32"])
+        assert r.exit_code == 0, r.output
+        fused = {v.fusion for v in read_variants(tmp_path / backend / backend) if v.layer_key == key}
+        assert fused == ({"none", "qdq_conv"} if backend == "onednn" else {"none"}), (backend, fused)
+    assert ("not covered by cudnn: the fused qdq_conv at Conv 'conv' (its pieces are costed): 3 input and 8 "
+            "output channels per group: cuDNN's int8 convolutions take NHWC data") in r.output, r.output
+    float_bias = tmp_path / "float_bias.onnx"
+    onnx.save(_qdq_conv_by_hand(quantized_bias=False), float_bias)
+    # the float Conv with its bias, as any float Conv
+    assert [x.pattern.name for x in match_fusions(load_model(float_bias, name="float_bias"))] == ["bias"]
+
+
+@pytest.mark.slow  # runs ONNX Runtime's calibration, builds a cuDNN project
+@NEED_TOOLCHAIN
+def test_qdq_convs_on_cudnn_are_int8_convolution_graphs(tmp_path, cudnn_runtime) -> None:
+    """On the GPU backend the qdq_conv patterns are QLinearConv's int8 convolution graph (the qconv
+    table, its requantizing epilogue, the weights' scales per tensor or per output channel), plan
+    slots in NHWC, on the float Conv's key; not a float fused conv (cudnnConvolutionBiasActivationForward).
+    The project compiles and links, every benchmark fails cleanly without a GPU, and the cuDNN
+    frontend validates the graphs for sm_90 (which proves little for these graphs: above, and
+    docs/quantized.md)."""
+    paths = _qdq_cnns(tmp_path)
+    bench = tmp_path / "bench"
+    r = CliRunner().invoke(main, ["generate", *map(str, paths), "--out", str(bench), "--backend", "cudnn",
+                                  "--dtype", "f32", "--json"])
+    assert r.exit_code == 0, r.output
+    for m in json.loads(r.output)["models"]:
+        assert m["backends"]["cudnn"]["covered_pct"] == 100.0, m
+    fused = [v for v in read_variants(bench / "cudnn") if v.fusion != "none" and v.layer_key in _FLOAT_CONVS]
+    assert {(v.layer_key, v.fusion) for v in fused} == {
+        (k, f) for k in _FLOAT_CONVS for f in ("qdq_conv", "qdq_conv_per_channel")}
+    assert {(v.api, v.layout, v.math, v.dtype) for v in fused} == {("cudnn_frontend.qconv", "nhwc", "default", "f32")}
+    assert sorted(v.algo for v in fused) == sorted([f"plan{i}" for i in range(8)] * 4)
+    table = "".join(p.read_text() for p in (bench / "cudnn").glob("tables_qconv_*.cpp"))
+    rows = re.findall(r"\.c = (\d+),.*?\.groups = (\d+),.*?\.requant = true, \.bscales = (\d+)", table)
+    assert sorted(rows) == [("16", "4", "1"), ("16", "4", "16"), ("8", "1", "1"), ("8", "1", "16")]
+
+    variants = read_variants(bench / "cudnn")
+    binary = _build(bench / "cudnn", runtime=cudnn_runtime)
+    _run_without_gpu(binary, variants)
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    graphs = [ln for ln in _lines(done.stdout, "BENANZA_GRAPH") if "fusion=qdq_conv" in ln["name"]]
+    assert len(graphs) >= 4 and all(ln["ok"] for ln in graphs), graphs

@@ -1419,7 +1419,9 @@ Prepared make_qconv(const QconvParams& q, const Config& cfg) {
   const bool requantized = out != "int";
   if (cfg.bias && !requantized) throw Unsupported("ConvInteger with a bias");
   tag t = cfg.layout == Layout::nhwc ? tag::nhwc : cfg.layout == Layout::any ? tag::any : tag::nchw;
-  memory::desc src({q.mb, q.ic, q.ih, q.iw}, data_type(cfg.dtype), t);
+  const std::string a_type = q.a_type;
+  const dt src_type = a_type.empty() ? data_type(cfg.dtype) : type_of_word(a_type);
+  memory::desc src({q.mb, q.ic, q.ih, q.iw}, src_type, t);
   dt result = requantized ? type_of_word(out) : dt::s32;
   memory::desc dst({q.mb, q.oc, q.oh, q.ow}, result, t);
   Dims wdims = q.g > 1 ? Dims{q.g, q.oc / q.g, q.ic / q.g, q.kh, q.kw} : Dims{q.oc, q.ic, q.kh, q.kw};
@@ -1464,7 +1466,7 @@ Prepared make_qconv(const QconvParams& q, const Config& cfg) {
 #endif
   memory x = filled(pd.src_desc()), w = filled(pd.weights_desc());
   std::vector<std::pair<int, memory>> bound{{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}};
-  if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, cfg.dtype == DType::u8)});
+  if (q.azp) bound.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(1, src_type == dt::u8)});
   std::array<memory, 3> s;
   if (requantized) {
 #if BENANZA_DNNL3

@@ -104,13 +104,15 @@ struct QmatmulParams {
 };
 // ConvInteger (`out` "int": s32 result) and QLinearConv (`out` "byte"/"sbyte", requantized as
 // QmatmulParams; Config.bias: its int32 bias): ConvParams' fields, the source in the variant's
-// type, weights s8 or u8, the source's zero points (0 none, 1 per tensor).
+// type, weights s8 or u8, the source's zero points (0 none, 1 per tensor). `a_type`: the
+// source's type word, "" for the variant's (a QDQ Conv is benchmarked on its float Conv's variant).
 struct QconvParams {
   int64_t mb, ic, ih, iw, oc, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, g;
   bool signed_b;
   int64_t azp;
   const char* out;
   int64_t bscales;
+  const char* a_type;
 };
 // DynamicQuantizeLinear: max and min reductions, then a u8 reorder with the scale and zero point.
 struct DynquantParams { Dims shape; };
