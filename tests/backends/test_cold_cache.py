@@ -91,7 +91,9 @@ def test_cold_weights_reads_the_inputs_back_and_leaves_the_rest_in_memory():
         read_inputs.append(_read_s(inputs))
         evict([inputs])
         read_weights.append(_read_s(weights))
-    inputs_s, weights_s = np.percentile(read_inputs, 10), np.percentile(read_weights, 10)
+    # the inputs' fastest read: a process run on this core between the read-back and the read (a
+    # busy machine) evicts them again and only slows a read, as for the warm reads above
+    inputs_s, weights_s = min(read_inputs), np.percentile(read_weights, 10)
     memory_s = _stream_s(weights.nbytes)
     assert weights_s >= 0.5 * memory_s, (weights_s, memory_s)  # from memory
     assert inputs_s <= 0.7 * weights_s, (inputs_s, weights_s)  # from a cache (here 0.45 of the weights' time)
