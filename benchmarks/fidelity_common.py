@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from benanza.backends.inprocess import CACHE_STATES
 from benanza.generator import GenOptions, generate
 from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
@@ -157,8 +158,8 @@ def _reading(f: dict) -> str:
         f"{f['ops']}: {100 * f['within_10pct']:.0f} %, {f['median_ratio']:.2f}"
 
 
-# the isolated readings besides the warm one (benanza.backends.inprocess.CACHE_STATES)
-COLD_STATES = ("cold", "cold-weights")
+# the isolated readings besides the warm one
+COLD_STATES = tuple(state for state in CACHE_STATES if state != "warm")
 
 
 def cold_suffix(state: str) -> str:
