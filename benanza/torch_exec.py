@@ -435,7 +435,7 @@ def _transpose(ctx: Ctx, x: list[Value]) -> Tensor:
 
 
 def _concat(ctx: Ctx, x: list[Value]) -> Tensor:
-    return torch.cat([v for v in x if v is not None], dim=int(ctx.attrs["axis"]))
+    return torch.cat(_one_device(*(v for v in x if v is not None)), dim=int(ctx.attrs["axis"]))
 
 
 def _dropout(ctx: Ctx, x: list[Value]) -> Any:
@@ -488,7 +488,8 @@ def _gather(ctx: Ctx, x: list[Value]) -> Tensor:
     data, idx = x
     axis = _axis(int(ctx.attrs.get("axis", 0)), data.dim())
     size = data.shape[axis]
-    flat = torch.remainder(idx.reshape(-1).long(), size)  # negative indices count from the end
+    # indices computed from shapes (Shape, Constant) live on the CPU while the data is on the GPU
+    flat = torch.remainder(idx.reshape(-1).long().to(data.device), size)  # negative: from the end
     out = data.index_select(axis, flat)
     return out.reshape(list(data.shape[:axis]) + list(idx.shape) + list(data.shape[axis + 1:]))
 
@@ -632,11 +633,12 @@ def _range(ctx: Ctx, x: list[Value]) -> Tensor:
 
 def _mod(ctx: Ctx, x: list[Value]) -> Tensor:
     # fmod=1: the sign of the dividend (C fmod); 0 (integers only): the sign of the divisor
-    return torch.fmod(x[0], x[1]) if ctx.attrs.get("fmod", 0) else torch.remainder(x[0], x[1])
+    a, b = _one_device(x[0], x[1])
+    return torch.fmod(a, b) if ctx.attrs.get("fmod", 0) else torch.remainder(a, b)
 
 
 def _where(ctx: Ctx, x: list[Value]) -> Tensor:
-    return torch.where(x[0].bool(), x[1], x[2])
+    return torch.where(*_one_device(x[0].bool(), x[1], x[2]))
 
 
 def _resize(ctx: Ctx, x: list[Value]) -> Tensor:
@@ -820,7 +822,14 @@ def _unary(fn: Callable[[Tensor], Tensor]) -> OpFn:
 
 
 def _binary(fn: Callable[[Tensor, Tensor], Tensor]) -> OpFn:
-    return lambda ctx, x: fn(x[0], x[1])
+    return lambda ctx, x: fn(*_one_device(x[0], x[1]))
+
+
+def _one_device(*ts: Tensor) -> list[Tensor]:
+    """Values computed from shapes (Shape, Constant) stay on the CPU, where reading them costs no
+    GPU sync; an elementwise op mixing them with GPU tensors takes them to the GPU."""
+    gpu = next((t.device for t in ts if t.device.type != "cpu"), None)
+    return [t.to(gpu) if gpu is not None and t.device.type == "cpu" and t.dim() > 0 else t for t in ts]
 
 
 def _register() -> dict[str, OpFn]:

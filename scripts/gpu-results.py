@@ -203,6 +203,30 @@ def smoke(path: Path | None) -> list[str]:
     return lines
 
 
+def fidelity(path: Path | None) -> list[str]:
+    """benchmarks/fidelity_cuda.py's comparison: each convolution's fastest stored time against
+    PyTorch's own search of the same library on the same GPU."""
+    lines = ["## Timing fidelity: our convolutions vs PyTorch's", ""]
+    if path is None or not path.is_file():
+        return lines + ["Not run in this call (benchmarks/fidelity_cuda.py).", ""]
+    data = json.loads(path.read_text())
+    s, rows = data["summary"], data["rows"]
+    if not rows:
+        return lines + ["No convolution has an ok f32 NCHW FMA result to compare.", ""]
+    lines += [(f"{s['convolutions']} unique convolutions: the fastest f32 NCHW FMA algorithm Benanza timed "
+               f"(L2 flushed) ÷ the same convolution through PyTorch {s['torch']} (cuDNN {s['torch_cudnn']}, "
+               f"`cudnn.benchmark`, L2 flushed, TF32 off: exact f32 on both sides). Target ≤ 1.0: median "
+               f"**{s['median_ratio_exact']:.2f}**, {s['over_1']} over 1.0, {s['over_1_05']} over 1.05, max "
+               f"{s['max_ratio_exact']:.2f}. Against PyTorch's defaults (TF32 allowed in cuDNN convolutions), "
+               f"median {s['median_ratio_default']:.2f}: what an f32 bound without TF32 variants misses."), ""]
+    worst = sorted(rows, key=lambda r: -r["ratio_exact"])[:10]
+    lines += _table(["layer", "ours ms", "algorithm", "PyTorch exact ms", "ratio", "PyTorch TF32 ms"],
+                    [[r["layer"][:60], _ms(r["ours_ms"]), r["variant"].split("/algo=", 1)[1].split("/", 1)[0],
+                      _ms(r["torch_exact_ms"]), _ratio(r["ratio_exact"]), _ms(r["torch_default_ms"])]
+                     for r in worst])
+    return lines + [""]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--db", required=True, type=Path)
@@ -211,6 +235,7 @@ def main() -> int:
     p.add_argument("--campaign-seconds", type=float, required=True)
     p.add_argument("--smoke", type=Path)
     p.add_argument("--note", action="append", default=[])
+    p.add_argument("--fidelity", type=Path, help="benchmarks/fidelity_cuda.py's JSON")
     p.add_argument("analyses", nargs="*", type=Path)
     args = p.parse_args()
     with PerfDB(args.db) as db:
@@ -228,7 +253,7 @@ def main() -> int:
     lines += _table(["component", "version"], [[k, v] for k, v in system.stack])
     lines += [f"- {n}" for n in args.note] + ([""] if args.note else [])
     lines += campaign(results, args.campaign_seconds) + peaks(measured, system.device) + models(analyses)
-    lines += paths(results) + algorithms(results) + smoke(args.smoke)
+    lines += fidelity(args.fidelity) + paths(results) + algorithms(results) + smoke(args.smoke)
     args.out.write_text("\n".join(lines))
     print(f"gpu-results: wrote {args.out}")
     return 0

@@ -702,7 +702,7 @@ _CAMPAIGN_LINE = re.compile(r"^\S+ (\d+) s ", re.MULTILINE)  # one per call of `
 # Seconds a stage is assumed to take until a call has measured it (perfdb/<gpu>-campaign.log):
 # guesses, not readings; the first call on a GPU replaces them. "stop": a stopped `benanza run`
 # handing back and its database folded into one file; "page": gpu-results.py and the copies.
-DEFAULT_SECONDS = {"stop": 15.0, "profile": 60.0, "analyze": 10.0, "page": 15.0}
+DEFAULT_SECONDS = {"stop": 15.0, "profile": 60.0, "analyze": 10.0, "fidelity": 60.0, "page": 15.0}
 # How long the page may run past the budget when the estimates before it ran over (ALL_BUDGET_S).
 PAGE_GRACE_S = 25.0
 
@@ -1065,6 +1065,7 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
             continue
         analyses.append(str(analysis))
         say(f"report: analysed {name}" + (" with its PyTorch profile" if with_profile else ""))
+    notes += _fidelity(d, gpu, db, tl, log_text, page_s)
     with tl.stage("page"):
         text = _log_text(campaign_log)
         seconds = sum(float(m[1]) for m in _CAMPAIGN_LINE.finditer(text))
@@ -1079,8 +1080,11 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
         d.docs.mkdir(parents=True, exist_ok=True)
         results = d.docs / f"results-{gpu}.md"
         # the page is written even where the estimates ran over: past the budget, inside the device's limit
+        fidelity = d.state / "fidelity-cuda.json"
+        compared = ["--fidelity", str(fidelity)] if fidelity.is_file() else []
         d.call([str(d.python), str(REPO / "scripts" / "gpu-results.py"), "--db", str(db), "--system", gpu,
-                "--out", str(results), "--campaign-seconds", f"{seconds:.0f}", *smoke, *notes, *analyses],
+                "--out", str(results), "--campaign-seconds", f"{seconds:.0f}", *smoke, *compared, *notes,
+                *analyses],
                "gpu-results.py", grace=PAGE_GRACE_S)
         reports = d.state / "reports.tar.gz"
         with tarfile.open(reports, "w:gz") as t:
@@ -1088,6 +1092,27 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
                 t.add(p, arcname=p.name)
     say(f"report: wrote {results}")
     return results
+
+
+def _fidelity(d: Device, gpu: str, db: Path, tl: Timeline, log_text: str, page_s: float) -> list[str]:
+    """benchmarks/fidelity_cuda.py (our convolutions against PyTorch's, same GPU), with time to
+    spare only: once per machine; the page's notes when it did not run."""
+    out = d.state / "fidelity-cuda.json"
+    if out.is_file():
+        return []
+    need, room = estimate(log_text, "fidelity"), d.left() - page_s
+    if need > room:
+        say(f"report: fidelity: not run (about {need:.0f} s estimated, {max(0.0, room):.0f} s left)")
+        return ["--note", f"timing fidelity against PyTorch: not run in this call (about {need:.0f} s)"]
+    try:
+        with tl.stage("fidelity"):
+            d.call([str(d.python), str(REPO / "benchmarks" / "fidelity_cuda.py"), "--db", str(db), "--system", gpu,
+                    "--out", str(out)], "fidelity_cuda.py", timeout=room)
+    except KitError as e:
+        out.unlink(missing_ok=True)
+        say(f"report: {e}")
+        return ["--note", f"timing fidelity against PyTorch: {_first_line(e)}"]
+    return []
 
 
 def step_report(d: Device) -> None:
@@ -1103,7 +1128,7 @@ def step_report(d: Device) -> None:
         results = _report(d, gpu, tl, None)
     finally:
         tl.flush(campaign_log)
-    d.to_out(db, results, campaign_log, d.state / "reports.tar.gz")
+    d.to_out(db, results, campaign_log, d.state / "reports.tar.gz", d.state / "fidelity-cuda.json")
 
 
 # --- the one call ---------------------------------------------------------------------------------
@@ -1157,7 +1182,7 @@ def step_all(d: Device) -> None:
             except KitError as e:  # the report still says what was measured before it
                 failure, stopped = e, f"the campaign failed: {_first_line(e)}"
         if db.is_file():
-            d.to_out(_report(d, gpu, tl, stopped), d.state / "reports.tar.gz")
+            d.to_out(_report(d, gpu, tl, stopped), d.state / "reports.tar.gz", d.state / "fidelity-cuda.json")
         else:  # `benanza run` never started measuring: no system, nothing a page could say
             say(f"report: nothing measured on this GPU yet ({stopped}): no results page")
     finally:

@@ -78,7 +78,12 @@ def parse_blocks(text: str, path: str | Path, header: re.Pattern, what: str) -> 
         closed = False
         while i < len(lines):
             raw = lines[i]
+            if header.match(raw.strip()):  # cuBLAS 13 starts the next block on the line after the last
+                break
             body = re.match(r"^[iwe]!(\s*)(.*)$", raw.strip("\r"), re.IGNORECASE)
+            if not body and not closed and _body_follows(lines, i + 1, header):
+                i += 1  # cuDNN 9's multi-line warnings: a blank line, or a message's second line bare
+                continue
             if not body:
                 break
             indent, content = len(body.group(1)), body.group(2).strip()
@@ -111,6 +116,14 @@ def parse_blocks(text: str, path: str | Path, header: re.Pattern, what: str) -> 
         blocks.append(Block(m.group("version"), m.group("function"), m.group("level"), tuple(fields),
                             timestamp, process, thread, start + 1))
     return blocks
+
+
+def _body_follows(lines: list[str], i: int, header: re.Pattern) -> bool:
+    """Whether the next non-blank line from ``i`` continues a block (a body line, not a header)."""
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    return i < len(lines) and not header.match(lines[i].strip()) and \
+        re.match(r"^[iwe]!", lines[i].strip(), re.IGNORECASE) is not None
 
 
 def int_list(text: str) -> tuple[int, ...]:

@@ -18,8 +18,12 @@ from pathlib import Path
 from .base import GemmSignature, LibraryCall, ProfileFormatError, dtype_name, read_text
 from .blocklog import enum_name, int_list, parse_blocks
 
-_HEADER = re.compile(r"^(?P<level>[IWE])! cuBLAS \(v(?P<version>[\d.]+)\) function (?P<function>\w+)\(\) called:")
-_LT_LINE = re.compile(r"^\[(?P<time>[^\]]+)\]\[cublasLt\]\[(?P<pid>\d+)\]\[Api\]\[(?P<function>\w+)\]\s*(?P<args>.*)$")
+# cuBLAS 13 prints the C signature (``function cublasStatus_t cublasSgemm_v2(cublasHandle_t, ...)
+# called:``), earlier versions the bare name (``function cublasGemmEx() called:``)
+_HEADER = re.compile(r"^(?P<level>[IWE])! cuBLAS \(v(?P<version>[\d.]+)\) function (?:[\w ]+?\s)?(?P<function>\w+)"
+                     r"\([^()]*(?:\([^()]*\)[^()]*)*\) called:")
+_LT_LINE = re.compile(r"^\[(?P<time>[^\]]+)\]\[cublasLt\]\[(?P<pid>\d+)\]\[(?P<kind>Api|Trace)\]\[(?P<function>\w+)\]"
+                      r"\s*(?P<args>.*)$")
 _COMPUTE = re.compile(r"(gemm|gemv|Gemm|Gemv|Matmul)")
 
 
@@ -39,14 +43,37 @@ def parse_cublas_log(path: str | Path) -> list[LibraryCall]:
             algo=enum_name(b.get("algo")), math=enum_name(b.get("computeType")),
             dtype=dtype_name(enum_name(b.get("Atype", "computeType"))) if b.get("Atype") else _dtype_of(b.function),
             timestamp=b.timestamp, thread=b.thread, detail=detail))
+    calls += _lt_calls(text, path, len(calls))
+    if not calls and text.strip() and not _HEADER.search(text) and "[cublasLt]" not in text:
+        raise ProfileFormatError(path, "no `cuBLAS (vN) function ...() called:` blocks or [cublasLt] "
+                                       "lines: not a cuBLAS log")
+    return calls
+
+
+def _lt_calls(text: str, path: str | Path, start: int) -> list[LibraryCall]:
+    """One call per cublasLtMatmul. cuBLASLt up to 12 prints the descriptors on the [Api] line;
+    cuBLASLt 13 prints their addresses there (``Adesc=0X29379140``) and the descriptors on the
+    [Trace] line that follows it, so an [Api] line without them waits for its process's trace."""
+    calls: list[LibraryCall] = []
+    waiting: dict[str, int] = {}  # pid → line number of an [Api] call whose descriptors are to come
     for lineno, line in enumerate(text.splitlines(), 1):
         m = _LT_LINE.match(line.strip())
         if not m or m.group("function") != "cublasLtMatmul":
             continue
-        calls.append(_lt_call(m, len(calls), path, lineno))
-    if not calls and text.strip() and not _HEADER.search(text) and "[cublasLt]" not in text:
-        raise ProfileFormatError(path, "no `cuBLAS (vN) function ...() called:` blocks or [cublasLt] "
-                                       "lines: not a cuBLAS log")
+        pid, described = m.group("pid"), "Adesc=[" in m.group("args")
+        if m.group("kind") == "Api" and not described:
+            if pid in waiting:
+                break
+            waiting[pid] = lineno
+            continue
+        if m.group("kind") == "Trace" and (pid not in waiting or not described):
+            continue  # a trace of a call whose [Api] line held the descriptors already
+        waiting.pop(pid, None)
+        calls.append(_lt_call(m, start + len(calls), path, lineno))
+    if waiting:
+        lineno = min(waiting.values())
+        raise ProfileFormatError(path, f"line {lineno}: cublasLtMatmul whose descriptors never follow (no [Trace] "
+                                       f"line of the call): log truncated, or CUBLASLT_LOG_LEVEL below 5?")
     return calls
 
 

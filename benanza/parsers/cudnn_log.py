@@ -8,6 +8,7 @@ Only compute calls become ``LibraryCall`` records; descriptor set-up calls are c
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -20,6 +21,7 @@ _COMPUTE = re.compile(r"(Forward|ForwardInference|ForwardTraining|AddTensor|OpTe
                       r"TransformTensor|BackendExecute)$")
 _CONV_APIS = {"cudnnConvolutionForward", "cudnnConvolutionBiasActivationForward"}
 _ALGO_PREFIX = "CUDNN_CONVOLUTION_FWD_ALGO_"
+TF32_MATH = "tf32_allowed"  # records.MathMode.TF32_ALLOWED's spelling
 
 
 def parse_cudnn_log(path: str | Path) -> list[LibraryCall]:
@@ -29,10 +31,20 @@ def parse_cudnn_log(path: str | Path) -> list[LibraryCall]:
         raise ProfileFormatError(path, "no `CuDNN (vN) function ...() called:` blocks: not a cuDNN API log")
     calls: list[LibraryCall] = []
     for b in blocks:
-        if not _COMPUTE.search(b.function):
+        if b.function == "cudnnBackendExecuteInternal" and calls and calls[-1].api == "cudnnBackendExecute" \
+                and calls[-1].thread == b.thread and b.get("enable_tf32") == "true":
+            # cuDNN 9.1x says only here whether the f32 plan it just executed may use TF32 Tensor Cores
+            calls[-1] = dataclasses.replace(calls[-1], math=TF32_MATH)
+            continue
+        if not _COMPUTE.search(b.function) or _exit_record(b):
             continue
         calls.append(_call(b, len(calls)))
     return calls
+
+
+def _exit_record(b: Block) -> bool:
+    """cuDNN 9 logs a call twice: its arguments, then a block holding only the returned status."""
+    return bool(b.fields) and all(p == "status" for p, _ in b.fields)
 
 
 def _call(b: Block, index: int) -> LibraryCall:
@@ -93,7 +105,8 @@ def _backend_conv(b: Block) -> ConvSignature | None:
         return ()
 
     return _conv_from(pick("xDesc.dimA", "xDesc.dim"), pick("wDesc.dimA", "wDesc.dim"),
-                      pick("prePaddings", "padLower"), pick("filterStrides"), pick("dilations"), 0)
+                      pick("prePaddings", "padLower", "convDesc.lowerPadA"), pick("filterStrides", "convDesc.strideA"),
+                      pick("dilations", "convDesc.dilationA"), 0)
 
 
 def _engine(b: Block) -> str:

@@ -26,7 +26,11 @@ endforeach()
 find_path(BENANZA_CUDNN_INCLUDE_DIR cudnn.h
   HINTS ${_cudnn_roots} ${_wheel_cudnn} ${CUDAToolkit_INCLUDE_DIRS}
   PATH_SUFFIXES include)
-find_library(BENANZA_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 libcudnn.so.8
+# NAMES_PER_DIR: a folder earlier in the hints (the wheel, whose cudnn.h was taken above) wins with
+# any of the names; by name first, a system libcudnn.so of another version would be linked against
+# the wheel's headers, and not the cuDNN the framework beside it loads (seen on the H200 image:
+# /usr/lib/x86_64-linux-gnu/libcudnn.so 9.14 under the nvidia-cudnn-cu13 wheel's 9.19 headers).
+find_library(BENANZA_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 libcudnn.so.8 NAMES_PER_DIR
   HINTS ${_cudnn_roots} ${_wheel_cudnn} ${CUDAToolkit_LIBRARY_DIR}
   PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 find_path(BENANZA_CUBLAS_INCLUDE_DIR cublas_v2.h
@@ -37,10 +41,10 @@ find_path(BENANZA_CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
   PATH_SUFFIXES include)
 # NVRTC: the frontend's headers compile its open-source engines (runtime-compiled kernels) into
 # every user; the nvidia-cublas wheel pulls in nvidia-cuda-nvrtc, which unpacks beside cuBLAS.
-find_library(BENANZA_NVRTC_LIBRARY NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12
+find_library(BENANZA_NVRTC_LIBRARY NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12 NAMES_PER_DIR
   HINTS ${_wheel_cublas} ${CUDAToolkit_LIBRARY_DIR}
   PATH_SUFFIXES lib lib64)
-find_library(BENANZA_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12
+find_library(BENANZA_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12 NAMES_PER_DIR
   HINTS ${_wheel_cublas} ${CUDAToolkit_LIBRARY_DIR}
   PATH_SUFFIXES lib lib64)
 get_filename_component(_cublas_dir "${BENANZA_CUBLAS_LIBRARY}" DIRECTORY)

@@ -119,6 +119,19 @@ def test_cudnn_v9_log_with_backend_execute():
     assert execute.dtype == "f16"
 
 
+def test_cudnn_9_19_log_of_pytorch_on_an_h200():
+    """Written by cuDNN 9.19 under PyTorch 2.11 on an H200 (benchmarks/cuda_log_probe.py), blocks
+    kept whole: ``F.relu(F.conv2d(x, w, b, stride=2, padding=3))`` on x 1x3x224x224, w 64x3x7x7,
+    run twice. The graph API logs each execute twice (arguments, then the status alone), nests the
+    convolution's geometry under ``convDesc`` (lowerPadA, strideA, where the tensors have strideA
+    too), says TF32 only in the ExecuteInternal block that follows, and its warnings hold a blank
+    line or a bare second line inside a block."""
+    calls = parse_cudnn_log(FIXTURES / "cudnn_v9_19_h200.log")
+    conv = ConvSignature(mb=1, ic=3, ih=224, iw=224, oc=64, kh=7, kw=7, sh=2, sw=2, ph=3, pw=3, dh=1, dw=1, g=1)
+    assert [(c.api, c.conv, c.algo, c.math, c.dtype) for c in calls] == \
+        [("cudnnBackendExecute", conv, "eng28", "tf32_allowed", "f32")] * 2
+
+
 def test_cudnn_truncated_block_is_an_error_naming_the_file():
     with pytest.raises(ProfileFormatError) as e:
         parse_cudnn_log(FIXTURES / "cudnn_v7_truncated.log")
@@ -143,6 +156,32 @@ def test_cublas_and_cublaslt():
     assert calls[1].algo == "CUBLAS_GEMM_DEFAULT_TENSOR_OP" and calls[1].dtype == "f16"
     assert calls[2].gemm == GemmSignature(1000, 64, 2048) and calls[2].dtype == "f16"
     assert "algoId=21" in calls[2].algo
+
+
+def test_cublas_13_blocks_with_c_signatures_and_no_blank_line_between():
+    """cuBLAS 13.1 under PyTorch on an H200: ``torch.bmm`` of 4x128x64 by 4x64x128, run twice; the
+    header carries the C signature and the next block starts on the line after the last."""
+    calls = parse_cublas_log(FIXTURES / "cublas_v13_bmm_h200.log")
+    assert [(c.api, c.gemm, c.dtype) for c in calls] == \
+        [("cublasSgemmStridedBatched", GemmSignature(128, 128, 64, batch=4), "f32")] * 2
+
+
+def test_cublaslt_13_descriptors_on_the_trace_line():
+    """cuBLASLt 13.1: ``F.linear`` of 1x2048 by 1000x2048 with bias, run twice; the [Api] line holds
+    the descriptors' addresses, the [Trace] line after it their contents: one call each."""
+    calls = parse_cublas_log(FIXTURES / "cublaslt_v13_linear_h200.log")
+    assert [(c.api, c.gemm, c.dtype, c.math) for c in calls] == \
+        [("cublasLtMatmul", GemmSignature(1000, 1, 2048), "f32", "COMPUTE_32F")] * 2
+    assert all("algoId=" in c.algo for c in calls)
+
+
+def test_cublaslt_13_api_line_whose_trace_never_comes(tmp_path):
+    lines = (FIXTURES / "cublaslt_v13_linear_h200.log").read_text().splitlines()
+    last_trace = max(i for i, line in enumerate(lines) if "[Trace][cublasLtMatmul]" in line)
+    p = tmp_path / "lt.log"
+    p.write_text("\n".join(lines[:last_trace]) + "\n")
+    with pytest.raises(ProfileFormatError, match=r"lt.log: line \d+: cublasLtMatmul whose descriptors never follow"):
+        parse_cublas_log(p)
 
 
 def test_cublaslt_truncated_line(tmp_path):

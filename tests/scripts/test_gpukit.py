@@ -179,7 +179,11 @@ def _fake_image(root: Path) -> tuple[Path, Path, Path]:
     for wheel_dir in ("cudnn", "cu13"):
         (site / "nvidia" / wheel_dir).symlink_to(ours / "nvidia" / wheel_dir)
     (site / "zz-test-env.pth").write_text(f"{ours}\n")
-    return python, site, _system_install(real_nvcc, root / "usr" / "local" / "cuda")
+    cuda = _system_install(real_nvcc, root / "usr" / "local" / "cuda")
+    # a system cuDNN beside the wheel's, unversioned as system installs name it: the H200 image has
+    # one (9.14, the wheel 9.19), and CMake took it by its name before the wheel's libcudnn.so.9
+    (cuda / "lib64" / "libcudnn.so").symlink_to(ours / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9")
+    return python, site, cuda
 
 
 def _system_install(real, cuda: Path) -> Path:
