@@ -21,7 +21,7 @@ _COMPUTE = re.compile(r"(Forward|ForwardInference|ForwardTraining|AddTensor|OpTe
                       r"TransformTensor|BackendExecute)$")
 _CONV_APIS = {"cudnnConvolutionForward", "cudnnConvolutionBiasActivationForward"}
 _ALGO_PREFIX = "CUDNN_CONVOLUTION_FWD_ALGO_"
-TF32_MATH = "tf32_allowed"  # records.MathMode.TF32_ALLOWED's spelling
+TF32_MATH = "tf32_allowed"  # records.Math.TF32_ALLOWED
 
 
 def parse_cudnn_log(path: str | Path) -> list[LibraryCall]:
