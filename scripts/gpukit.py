@@ -48,7 +48,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,8 +69,11 @@ BATCH = 32
 # default: TF32 cuDNN convolutions, COMPUTE_32F_FAST_TF32 GEMMs), for `analyze --math exact` and
 # `--math tf32`. One --math list covers every dtype and a dtype gets the listed modes valid for it,
 # so tensor_op must be listed too, or f16 would get fma alone and the fp16 what-if would lose its
-# Tensor Core variants; f16 on FMA units is then generated too, never a first choice.
+# Tensor Core variants. f16 on FMA units is then generated too: no bound the report gives needs it
+# (a quarter of the variants), so `benanza run --filter CAMPAIGN_FILTER` leaves it out, and so do
+# the campaign's tiers.
 GENERATE_MATHS = ("fma", "tf32_allowed", "tensor_op")
+CAMPAIGN_FILTER = r"^(?!.*/dtype=f16/layout=[a-z]+/math=fma/)"
 # `benanza analyze --math`: each model's bound without and with TF32.
 ANALYSIS_MATHS = ("exact", "tf32")
 # Python packages the image holds: .library/device/KINDS.md, "Python packages already there"
@@ -649,15 +652,15 @@ print(json.dumps([input_shapes_of(p, int(sys.argv[1])) for p in sys.argv[2:]]))
 """
 
 
-def batched_args(d: Device, models: Path) -> list[str]:
+def batched_args(d: Device, models: Path, cnns: Sequence[str] = MODELS) -> list[str]:
     """`benanza generate` arguments that add the zoo's CNNs at BATCH: each file linked as
     `<model>-b32.onnx`, and its inputs' shapes at that batch (as `analyze --batch-size` makes
     them: processor.input_shapes_of) given to that name alone."""
-    paths = [models / f"{m}.onnx" for m in MODELS]
+    paths = [models / f"{m}.onnx" for m in cnns]
     shapes = json.loads(d.call([str(d.python), "-c", _INPUT_SHAPES, str(BATCH), *map(str, paths)],
                                "input shapes at batch 32"))
     args = []
-    for m, path, inputs in zip(MODELS, paths, shapes):
+    for m, path, inputs in zip(cnns, paths, shapes):
         link = models / f"{batched(m)}.onnx"
         link.unlink(missing_ok=True)
         link.symlink_to(path.name)
@@ -685,8 +688,9 @@ def step_generate(d: Device) -> None:
     count = d.call([str(d.python), "-c", ("import sys; from benanza.generator import read_variants; "
                                           "print(len(read_variants(sys.argv[1])))"), str(d.state / "bench" / "cudnn")],
                    "variant count")
-    say(f"generate: {count.strip()} campaign variants of {', '.join(names)}, and of "
-        f"{', '.join(map(batched, MODELS))} (batch {BATCH})")
+    measured = sum(len(t.names) for t in campaign_tiers(d.state / "bench", names))
+    say(f"generate: {count.strip()} variants of {', '.join(names)}, and of {', '.join(map(batched, MODELS))} "
+        f"(batch {BATCH}); {measured} in the campaign (f16 on FMA units left out)")
     d.stamp("generate").write_text("\n".join(names) + "\n")
 
 
@@ -826,15 +830,16 @@ def _problem(key: str) -> str:
 
 
 def campaign_tiers(bench: Path, models: list[str]) -> tuple[Tier, ...]:
-    """The generated variants of ``bench`` in the order the campaign measures them, most valuable
-    first: the first-choice variants in the layer's own dtype and exact math (the exact-f32
+    """The generated variants of ``bench`` that the campaign measures (CAMPAIGN_FILTER), in its
+    order, most valuable first: the first-choice variants in the layer's own dtype and exact math (the exact-f32
     bound) of the priority models' layers at batch 1, then of the other models' (every layer of
     every model then has a bound), then in TF32 (the bound of PyTorch's default math), the
     first-choice variants in the other dtypes (the fp16 what-if) of the priority models, the
     CNNs' first choices at batch 32 (exact, then TF32), all the priority models' variants at
     batch 1, and the rest. Each variant is in the first tier it fits."""
     layers = json.loads((bench / "layers.json").read_text())["layers"]
-    variants = json.loads((bench / "cudnn" / "variants.json").read_text())["variants"]
+    variants = [v for v in json.loads((bench / "cudnn" / "variants.json").read_text())["variants"]
+                if re.search(CAMPAIGN_FILTER, v["name"])]
     own_dtype = {layer["key"] for layer in layers}
     users: dict[str, set[str]] = {}
     for layer in layers:
@@ -847,8 +852,7 @@ def campaign_tiers(bench: Path, models: list[str]) -> tuple[Tier, ...]:
         return lambda v: bool(users.get(_problem(v["layer_key"]), set()) & set(group))
 
     def first(v: dict[str, str]) -> bool:
-        return (v["algo"] in FIRST_CHOICE and v["layout"] == FIRST_LAYOUT
-                and (v["math"] != "fma" or v["dtype"] == "f32"))  # f16 on FMA units: never a first choice
+        return v["algo"] in FIRST_CHOICE and v["layout"] == FIRST_LAYOUT
 
     def own(tf32: bool) -> Callable[[dict[str, str]], bool]:
         return lambda v: first(v) and v["layer_key"] in own_dtype and (v["math"] == TF32) == tf32
@@ -1019,7 +1023,7 @@ def _campaign(d: Device, gpu: str, tl: Timeline, deadline: float) -> str | None:
     with tl.stage("campaign"):
         rc, stopped = _run_until_deadline(
             d, d.bz("run", "--system", gpu, "--bench-dir", str(bench), "--backend", "cudnn", "--db", str(db),
-                    "--repetitions", "3", *first), output, deadline)
+                    "--repetitions", "3", "--filter", CAMPAIGN_FILTER, *first), output, deadline)
     lines = output.read_text(errors="replace").strip().splitlines()
     summary = next((line for line in reversed(lines) if line.startswith("cudnn on ")), "no summary line")
     outcome = "stopped at the call's time limit" if stopped else f"exit {rc}"
