@@ -686,11 +686,12 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
     tiers = gpukit.campaign_tiers(state / "bench", models["names"])
     by_name = {v.name: v for v in read_variants(state / "bench" / "cudnn")}
     system = System(GPU, "cudnn", "NVIDIA H100 80GB HBM3", (("cudnn", "9.13"),))
-    # the first tier, and the TF32 first choices faster (as on Tensor Cores)
+    # the first tier, the TF32 first choices faster (as on Tensor Cores), the batch-32 exact ones
+    stored = ((tiers[0], 0.01), (tiers[2], 0.004), (tiers[4], 0.02))
     with PerfDB(perfdb / f"{GPU}.db") as db:
         db.upsert_system(system)
         db.insert_results(system, [Result(by_name[n], GPU, Status.OK, median_ms=ms, low_ms=ms)
-                                   for tier, ms in ((tiers[0], 0.01), (tiers[2], 0.004)) for n in tier.names])
+                                   for tier, ms in stored for n in tier.names])
     # a profile measured at more than this call has: none is attempted
     (perfdb / f"{GPU}-campaign.log").write_text(
         "2026-11-26T03:00:00Z 180 s stopped at the call's time limit: cudnn on NVIDIA H100 80GB HBM3\n"
@@ -701,7 +702,7 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
     page = gpukit._report(d, GPU, gpukit.Timeline(time.monotonic(), 400), "stopped at the call's time limit")
     text = page.read_text()
     total = sum(len(t.names) for t in tiers)
-    have = len(tiers[0].names) + len(tiers[2].names)
+    have = sum(len(tier.names) for tier, _ in stored)
     assert (f"- **Partial campaign** (stopped at the call's time limit): {have} of {total} variants "
             f"have a result") in text
     assert f"{tiers[0].label}: {len(tiers[0].names)}/{len(tiers[0].names)}; {tiers[1].label}: 0/" in text
@@ -710,7 +711,9 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
     # every model analysed at batch 1 and the CNNs at 32, each in exact and TF32 math (the bounds
     # table, from the analyzer's JSON): the priority models' exact bounds rest on the first tier
     # alone, their TF32 bounds on the faster TF32 variants; MobileNet's layers have no exact
-    # result yet (its tier was not reached), so its bound is partial, as is every batch-32 one
+    # result yet (its tier was not reached), so its bound is partial; the CNNs' batch-32 bounds
+    # rest on their own first tier (`analyze --batch-size 32` finds the layers generated for
+    # `<model>-b32`)
     head = ("| model | batch | math | dtype | measured ms | sequential bound | parallel bound | BR seq | BR par | "
             "partial | missing layers | not covered |")
     table = text[text.index(head):].split("\n\n")[0].splitlines()[2:]
@@ -724,7 +727,9 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
         assert exact[4] == "—"  # not profiled: nothing measured to compare
         assert float(tf32[5]) < float(exact[5])
     for m in ("resnet50-v1", "mobilenet-v2"):
-        assert rows[(m, "32", "exact")][9] == "yes" and int(rows[(m, "32", "exact")][10]) > 0
+        exact, tf32 = rows[(m, "32", "exact")], rows[(m, "32", "tf32")]
+        assert exact[9:11] == tf32[9:11] == ["no", "0"], (exact, tf32)
+    assert float(rows[("resnet50-v1", "32", "exact")][5]) > float(rows[("resnet50-v1", "1", "exact")][5])
     assert "PyTorch's defaults (TF32 in cuDNN convolutions, `COMPUTE_32F_FAST_TF32` cuBLASLt GEMMs) are what " \
            "the `tf32` rows bound" in text
 
