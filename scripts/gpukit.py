@@ -16,12 +16,13 @@ in all, the machine's start (minutes) and every idle wait included.
                    priority order until the report's reserve, then the report; ends before 570 s
         install    carried wheels → out/gpukit/site (beside the image's Python, on PYTHONPATH),
                    Google Benchmark built from its carried source, the toolchain checked
-        generate   the zoo's three CNNs and the kit's three exports, their cuDNN/cuBLAS sources, CMake configured
+        generate   the zoo's three CNNs (also at batch 32) and the kit's three exports, their cuDNN/cuBLAS
+                   sources (f32 in FMA and TF32 math), CMake configured
         plan       install and generate, then what `all` would do with the time left: the budget
                    split and the campaign's order (out/gpukit/plan.json); needs no GPU
         campaign   GPU: `benanza run` into perfdb/<gpu>.db for the whole budget
         smoke      GPU: every family under compute-sanitizer (skipped where it refuses the device)
-        report     GPU: PyTorch-on-CUDA profiles, analyses, docs/results-<gpu>.md
+        report     GPU: PyTorch-on-CUDA profiles, exact and TF32 analyses, docs/results-<gpu>.md
 
 A step first runs the steps before it that this machine has not done (stamps in out/gpukit), so
 every call also works on a fresh machine; each stops before the 10-minute limit and a second
