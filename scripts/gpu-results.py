@@ -125,6 +125,11 @@ def algorithms(results: list[Result]) -> list[str]:
                            "heuristic math", "Find"], rows[:60])
 
 
+def _impossible(a: dict) -> str:
+    sol = a.get("speed_of_light")
+    return str(len(sol["impossible"])) if sol else "—"
+
+
 def models(analyses: list[dict]) -> list[str]:
     """A row per analysis (a model at a batch size in one math mode, as the kit ran them); the
     what-ifs of the exact ones (their f32 column is the exact bound)."""
@@ -134,7 +139,8 @@ def models(analyses: list[dict]) -> list[str]:
         rows.append([a["model"], str(a["batch_size"]), a["math"], a["dtype"], _ms(a.get("measured_ms")),
                      _ms(b["sequential_ms"]), _ms(b["parallel_ms"]), _ratio(b.get("br_sequential")),
                      _ratio(b.get("br_parallel")), "yes" if b["partial"] else "no",
-                     str(len(a["coverage"].get("missing", []))), str(len(a["coverage"].get("not_covered", [])))])
+                     str(len(a["coverage"].get("missing", []))), str(len(a["coverage"].get("not_covered", []))),
+                     _impossible(a)])
         if a["math"] != "exact":
             continue
         tc = a.get("tensor_cores", {}).get("bounds", {})
@@ -150,11 +156,13 @@ def models(analyses: list[dict]) -> list[str]:
              ("Measured: `benanza profile --framework torch --device cuda` (Benanza's eager executor of the "
               "ONNX graph) at the row's batch size, trimmed mean. BR = bound ÷ measured. Math `exact`: f32 "
               "layers bounded by f32 FMA variants only (`analyze --math exact`); `tf32`: TF32 Tensor Core "
-              "variants admitted (`--math tf32`). PyTorch's defaults (TF32 in cuDNN convolutions, "
-              "`COMPUTE_32F_FAST_TF32` cuBLASLt GEMMs) are what the `tf32` rows bound; the `exact` rows bound "
-              "PyTorch with TF32 turned off."), ""]
+              "variants admitted (`--math tf32`). PyTorch's defaults (TF32 in its convolutions, the cuDNN ones "
+              "and the 1x1 ones it runs as `COMPUTE_32F_FAST_TF32` cuBLASLt GEMMs; exact f32 in its other "
+              "matmuls) are what the `tf32` rows bound; the `exact` rows bound PyTorch with TF32 turned off. "
+              "Faster than roofline: the layers' results more than 10% faster than their roofline time "
+              "(`speed_of_light.impossible`: a measurement defect, kept out of the bound)."), ""]
     lines += _table(["model", "batch", "math", "dtype", "measured ms", "sequential bound", "parallel bound",
-                     "BR seq", "BR par", "partial", "missing layers", "not covered"], rows)
+                     "BR seq", "BR par", "partial", "missing layers", "not covered", "faster than roofline"], rows)
     lines += ["## What-ifs: fp16 / Tensor Cores, fusion, all together", "",
               ("Sequential bounds in ms of the exact analyses; TC kernels = Tensor Core kernels / kernels seen "
                "in the profile."), ""]
