@@ -51,6 +51,14 @@ time, recorded as "unsupported" with its status string):
   (cuBLASLt's GELU is the tanh approximation), one variant per rank of
   cublasLtMatmulAlgoGetHeuristic's answer (``LT_ALGOS``), with that algorithm's workspace; a rank
   the heuristic does not offer is stored as unsupported. Same dtypes and math modes as cuBLAS.
+- 1x1 convolutions as GEMMs: a convolution that is a matrix product per image
+  (``ops.conv.matrix_product``) also runs as one ``cublasLtMatmul`` on its NCHW data, a strided
+  batch over the images with the weights broadcast, on a row of the blas table
+  (``ops.conv.gemm_row``, whose docstring has the geometry), one variant per rank of ``LT_ALGOS``
+  in the convolution's dtypes and math modes, NCHW only (NHWC's would be another GEMM), unfused
+  and once per fusion pattern of the layer: a ReLU as ``CUBLASLT_EPILOGUE_RELU`` (call
+  ``kLtRelu``, else ``kLtGemm``), a bias (the conv's own or a folded BatchNorm's) as C with beta 1,
+  since cuBLASLt's bias epilogue adds along the other axis. Not yet run on a GPU.
 - The graph API through the header-only cuDNN frontend (runtime_cpp/cudnn/graph.cpp) runs what
   the legacy API lacks: LayerNormalization (inference), the ONNX Attention op as SDPA (flash
   attention forward, inference), and single pointwise nodes (Div, Pow, comparisons, Erf, GELU
