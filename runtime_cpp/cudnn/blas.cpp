@@ -97,8 +97,8 @@ class BlasProblem : public Problem {
                              &beta_, c_.get(), type_, L_.n, compute_, CUBLAS_GEMM_DEFAULT));
     } else {
       BZ_CUBLAS(cublasGemmStridedBatchedEx(h, op_b, op_a, L_.n, L_.m, L_.k, &alpha_, b_.get(), type_, ldb,
-                                           stride_b(L_), a_.get(), type_, lda, stride_a(L_), &beta_, c_.get(), type_, L_.n,
-                                           static_cast<long long>(L_.m) * L_.n, L_.batch, compute_,
+                                           stride_b(L_), a_.get(), type_, lda, stride_a(L_), &beta_, c_.get(), type_,
+                                           L_.n, static_cast<long long>(L_.m) * L_.n, L_.batch, compute_,
                                            CUBLAS_GEMM_DEFAULT));
     }
   }
