@@ -51,6 +51,14 @@ time, recorded as "unsupported" with its status string):
   (cuBLASLt's GELU is the tanh approximation), one variant per rank of
   cublasLtMatmulAlgoGetHeuristic's answer (``LT_ALGOS``), with that algorithm's workspace; a rank
   the heuristic does not offer is stored as unsupported. Same dtypes and math modes as cuBLAS.
+- 1x1 convolutions as GEMMs: a convolution that is a matrix product per image
+  (``ops.conv.matrix_product``) also runs as one ``cublasLtMatmul`` on its NCHW data, a strided
+  batch over the images with the weights broadcast, on a row of the blas table
+  (``ops.conv.gemm_row``, whose docstring has the geometry), one variant per rank of ``LT_ALGOS``
+  in the convolution's dtypes and math modes, NCHW only (NHWC's would be another GEMM), unfused
+  and once per fusion pattern of the layer: a ReLU as ``CUBLASLT_EPILOGUE_RELU`` (call
+  ``kLtRelu``, else ``kLtGemm``), a bias (the conv's own or a folded BatchNorm's) as C with beta 1,
+  since cuBLASLt's bias epilogue adds along the other axis. Not yet run on a GPU.
 - The graph API through the header-only cuDNN frontend (runtime_cpp/cudnn/graph.cpp) runs what
   the legacy API lacks: LayerNormalization (inference), the ONNX Attention op as SDPA (flash
   attention forward, inference), and single pointwise nodes (Div, Pow, comparisons, Erf, GELU
@@ -120,7 +128,7 @@ from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
 from ..ops.binary import CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE
 from ..ops.cast import CUDNN_QUANT, CUDNN_QUANT_TABLE
-from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API
+from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API, gemm_row, matrix_product
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
 from ..ops.quantized import CUDNN_QCONV, CUDNN_QCONV_TABLE
@@ -224,6 +232,17 @@ _FUSED_FORMS: dict[str, CudnnLowering] = {name: p.cudnn for name, p in PATTERN_L
 _API_OF = {LNORM.name: CUDNN_LAYERNORM, SDPA.name: CUDNN_SDPA, POINTWISE.name: CUDNN_POINTWISE,
            CUDNN_ROPE_TABLE.name: CUDNN_ROPE}
 _BY_NAME = {f.name: f for f in REGISTRY}
+
+
+def _conv_gemm(bias: bool) -> CudnnLowering:
+    return CudnnLowering(BLAS, lambda p, api: gemm_row(p, bias))
+
+
+# A convolution that is a matrix product (ops.conv.matrix_product) also runs as one cublasLtMatmul
+# on its NCHW data, on a row of the blas table: whether it adds a bias (as C, beta 1) picks the
+# row, its activation the call (CUBLASLT_EPILOGUE_DEFAULT or _RELU)
+_CONV_GEMM = {bias: _conv_gemm(bias) for bias in (False, True)}
+_CONV_GEMM_CALLS = {"identity": "kLtGemm", "relu": "kLtRelu"}
 
 
 def lowering(layer: Layer) -> CudnnLowering | None:
@@ -356,6 +375,10 @@ class CudnnBackend(CMakeBackend):
                     if fusion in _FUSED_FORMS and _FUSED_FORMS[fusion].table is CUDNN_QCONV_TABLE
                     and PATTERN_LOWERINGS[fusion].gap(problem, NAME) is None
                     for d in exp.dtypes for algo in PLAN_ALGOS]
+            if isinstance(problem, ConvProblem) and matrix_product(problem):  # as cuBLASLt GEMMs, NCHW only
+                out += [Variant(problem, NAME, LT_API, algo, d, lay, m, fusion)
+                        for fusion in ("none", *(f for f in fusions if f not in _FUSED_FORMS))
+                        for algo in LT_ALGOS for d, lay, m in combos if lay == "nchw"]
             return out
         if family is CUDNN_DECONV:
             return [Variant(problem, NAME, api, algo, d, lay, m) for algo in DECONV_ALGOS
@@ -447,8 +470,34 @@ def _warn_asymmetric(layer: Layer) -> None:
                     layer.key, pt, pl, pb, pr, max(pt, pb), max(pl, pr))
 
 
+def _conv_gemm_form(v: Variant) -> tuple[bool, str] | None:
+    """A convolution's cublasLtMatmul variant: whether it adds a bias, and its activation; None
+    for any other variant."""
+    if v.api != LT_API or not isinstance(v.problem, ConvProblem):
+        return None
+    if v.fusion == "none":
+        return v.problem.bias, "identity"
+    pattern = FUSION_PATTERNS[v.fusion]
+    return pattern.bias_of(v.problem), pattern.activation
+
+
+def _row_form(v: Variant) -> tuple[str, CudnnLowering] | None:
+    """The row a variant runs on where it is not its layer's (a tag naming it among the problem's
+    rows, and its lowering): a fusion pattern's fused form, keyed by the pattern (its row may hold
+    what the problem does not), or a convolution's GEMM, keyed by whether it adds a bias."""
+    if v.fusion in _FUSED_FORMS:
+        return v.fusion, _FUSED_FORMS[v.fusion]
+    gemm = _conv_gemm_form(v)
+    if gemm is not None:
+        return "gemm_bias" if gemm[0] else "gemm", _CONV_GEMM[gemm[0]]
+    return None
+
+
 def _variant_fields(v: Variant, layer_index: int) -> Fields:
-    if v.api == FUSED_API:
+    gemm = _conv_gemm_form(v)
+    if gemm is not None:
+        call = _CONV_GEMM_CALLS[gemm[1]]
+    elif v.api == FUSED_API:
         call = "kConvBiasRelu" if FUSION_PATTERNS[v.fusion].activation == "relu" else "kConvBiasIdentity"
     elif v.fusion in _FUSED_FORMS:
         call = _FUSED_FORMS[v.fusion].call_for(v.problem)
@@ -474,18 +523,19 @@ def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_P
     by_family: dict[str, list[tuple[str, Layer, Any, list[Variant]]]] = {}
     families: dict[str, CudnnTable] = {}
     per_layer: dict[tuple[Problem, str], list[Variant]] = {}
-    for v in variants:  # a fused form is benchmarked on its own row of its table (a graph family's)
-        fused = _FUSED_FORMS.get(v.fusion)  # keyed by the pattern: its row may hold what the problem does not
-        per_layer.setdefault((v.problem, v.fusion if fused is not None else ""), []).append(v)
-    for (problem, fused_family), vs in per_layer.items():
+    for v in variants:  # a fused form or a conv's GEMM is benchmarked on its own row of another table
+        form = _row_form(v)
+        per_layer.setdefault((v.problem, form[0] if form is not None else ""), []).append(v)
+    for (problem, tag), vs in per_layer.items():
         layer = layers.get(problem)
         if layer is None:
             raise BenanzaError(f"variant {vs[0].name} names a layer missing from the manifest")
-        found = _FUSED_FORMS[vs[0].fusion] if fused_family else lowering(layer)
+        form = _row_form(vs[0])
+        found = form[1] if form is not None else lowering(layer)
         assert found is not None  # layers without a cuDNN API produce no variants
         families[found.table.name] = found.table
         row = found.row(problem, layer.cudnn_api or "")
-        by_family.setdefault(found.table.name, []).append((fused_family, layer, row, sorted(vs, key=variant_order)))
+        by_family.setdefault(found.table.name, []).append((tag, layer, row, sorted(vs, key=variant_order)))
     parts: list[_Part] = []
     for name, entries in sorted(by_family.items()):
         index = 0

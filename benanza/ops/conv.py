@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import NodeError
 from .base import CudnnLowering, CudnnTable, Family, NodeView, OnednnLowering, const, present, required
+from .gemm import BlasLayer
 from .grammar import F, Problem, windowed
 from .reference import Fills, Gen, Site, Spec, fill, last_output
 
@@ -267,6 +268,26 @@ def cudnn_row(p: _Conv2d, api: str) -> ConvLayer:
     return ConvLayer(n=p.mb, c=p.ic, h=p.ih, w=p.iw, k=p.oc, r=p.kh, s=p.kw, pad_t=p.pt, pad_l=p.pl, pad_b=p.pb,
                      pad_r=p.pr, stride_h=p.sh, stride_w=p.sw, dil_h=p.dh, dil_w=p.dw, groups=p.g, out_h=p.oh,
                      out_w=p.ow, bias=p.bias)
+
+
+def matrix_product(p: ConvProblem) -> bool:
+    """Whether the convolution is one matrix product per image on its own NCHW data: a 1x1
+    kernel, strides 1, no padding, one group (a dilation moves no tap of a 1x1 kernel)."""
+    return (p.kh, p.kw, p.sh, p.sw, p.pt, p.pl, p.pb, p.pr, p.g) == (1, 1, 1, 1, 0, 0, 0, 0, 1)
+
+
+def gemm_row(p: ConvProblem, bias: bool) -> BlasLayer:
+    """A ``matrix_product`` convolution as the blas table's row-major GEMM, per image
+    Y[oc, H·W] = W[oc, ic] · X[ic, H·W]: A the weights (m = oc, k = ic), stored once and
+    broadcast over the batch; B the image (n = H·W), one per image, ic·H·W apart; Y oc·H·W
+    apart, which is NCHW. cuBLASLt, column-major, reads the same memory as Yᵀ = Xᵀ·Wᵀ
+    (runtime_cpp/cudnn/blas.cpp): Xᵀ is (H·W)×ic with ld H·W, Wᵀ ic×oc with ld ic, Yᵀ (H·W)×oc
+    with ld H·W. With ``bias`` (the conv's own, or a folded BatchNorm's) beta is 1: the bias,
+    per output channel, runs along Yᵀ's columns, where cuBLASLt's bias epilogue cannot add it
+    (its vector runs along D's rows, here the H·W positions), so it is C, the bias broadcast
+    over H·W, a constant of the model a framework would hold once, as it holds its weights."""
+    return BlasLayer(m=p.oc, n=p.oh * p.ow, k=p.ic, trans_a=False, trans_b=False, batch=p.mb, a_count=1,
+                     b_count=p.mb, alpha=1.0, beta=1.0 if bias else 0.0)
 
 
 CUDNN_CONV = CudnnTable("conv", "add_conv", spatial=True, math=True)

@@ -3,7 +3,9 @@
 // MatMulInteger as cublasLtMatmul's int8 GEMM (kLtInt8: s8 operands, CUBLAS_COMPUTE_32I, s32 result),
 // QLinearMatMul as that GEMM requantized into s8 by an fp32 alpha (kLtInt8Requant) or, with
 // per-column weights' scales, a device vector of alphas (kLtInt8RequantPerColumn); and the QDQ
-// float8 MatMul (the qdq_fp8_matmul pattern) as cublasLtMatmul's FP8 GEMM (kLtFp8, below).
+// float8 MatMul (the qdq_fp8_matmul pattern) as cublasLtMatmul's FP8 GEMM (kLtFp8, below); and a
+// 1x1 convolution (stride 1, no padding, one group) as a strided-batched cublasLtMatmul on its own
+// NCHW data (kLtGemm, kLtRelu: the row benanza/ops/conv.py gemm_row writes, below).
 //
 // cuBLASLt's int8 GEMM (the cuBLAS documentation's cublasLtMatmul IMMA requirements, regular data
 // ordering) takes CUDA_R_8I A and B only, in the "TN" form (Lt's A transposed: here the weights,
@@ -44,6 +46,18 @@ cublasComputeType_t compute_type(const Variant& v) {
   throw Failure("a cuBLAS variant without a math mode: regenerate the tables");
 }
 
+// Elements between consecutive products' A and B: one matrix each, or 0 where the one stored
+// matrix is broadcast over the batch (a_count/b_count, tables.hpp)
+long long stride_a(const BlasLayer& L) { return L.a_count > 1 ? static_cast<long long>(L.m) * L.k : 0; }
+long long stride_b(const BlasLayer& L) { return L.b_count > 1 ? static_cast<long long>(L.k) * L.n : 0; }
+
+void check_broadcast(const BlasLayer& L, const std::string& call) {
+  for (int count : {L.a_count, L.b_count})
+    if (count != 1 && count != L.batch)
+      unsupported(call + " cannot broadcast " + std::to_string(count) + " matrices over " +
+                  std::to_string(L.batch) + " products");
+}
+
 const char* compute_name(cublasComputeType_t t) {
   switch (t) {
     case CUBLAS_COMPUTE_32F_FAST_TF32: return "CUBLAS_COMPUTE_32F_FAST_TF32";
@@ -58,10 +72,7 @@ class BlasProblem : public Problem {
       : L_(L), call_(v.call), type_(cuda_dtype(v.dtype)), compute_(compute_type(v)),
         alpha_{static_cast<float>(L.alpha)}, beta_{static_cast<float>(L.beta)} {
     if (call_ == kSgemv && v.dtype != DType::F32) unsupported("cublasSgemv takes fp32 data only");
-    for (int count : {L.a_count, L.b_count})
-      if (count != 1 && count != L.batch)
-        unsupported("cublasGemmStridedBatchedEx cannot broadcast " + std::to_string(count) + " matrices over " +
-                    std::to_string(L.batch) + " products");
+    check_broadcast(L, "cublasGemmStridedBatchedEx");
     cublas_handle();  // no GPU: fail here, before allocating
     a_ = filled(size_t(L.a_count) * L.m * L.k, v.dtype);
     b_ = filled(size_t(L.b_count) * L.k * L.n, v.dtype);
@@ -85,11 +96,9 @@ class BlasProblem : public Problem {
       BZ_CUBLAS(cublasGemmEx(h, op_b, op_a, L_.n, L_.m, L_.k, &alpha_, b_.get(), type_, ldb, a_.get(), type_, lda,
                              &beta_, c_.get(), type_, L_.n, compute_, CUBLAS_GEMM_DEFAULT));
     } else {
-      const long long stride_a = L_.a_count > 1 ? static_cast<long long>(L_.m) * L_.k : 0;
-      const long long stride_b = L_.b_count > 1 ? static_cast<long long>(L_.k) * L_.n : 0;
-      BZ_CUBLAS(cublasGemmStridedBatchedEx(h, op_b, op_a, L_.n, L_.m, L_.k, &alpha_, b_.get(), type_, ldb, stride_b,
-                                           a_.get(), type_, lda, stride_a, &beta_, c_.get(), type_, L_.n,
-                                           static_cast<long long>(L_.m) * L_.n, L_.batch, compute_,
+      BZ_CUBLAS(cublasGemmStridedBatchedEx(h, op_b, op_a, L_.n, L_.m, L_.k, &alpha_, b_.get(), type_, ldb,
+                                           stride_b(L_), a_.get(), type_, lda, stride_a(L_), &beta_, c_.get(), type_,
+                                           L_.n, static_cast<long long>(L_.m) * L_.n, L_.batch, compute_,
                                            CUBLAS_GEMM_DEFAULT));
     }
   }
@@ -164,23 +173,37 @@ using LtLayout = LtDesc<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 using LtPreference = LtDesc<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
 // The bias is added before the activation, one value per row of the column-major D: per
-// column of the row-major output, which is the ONNX bias Add along the last axis.
+// column of the row-major output, which is the ONNX bias Add along the last axis. A 1x1
+// convolution's bias runs along the other axis of D (its rows are the H*W positions): it is C.
 cublasLtEpilogue_t epilogue(uint8_t call) {
   switch (call) {
     case kLtBias: return CUBLASLT_EPILOGUE_BIAS;
     case kLtBiasGelu: return CUBLASLT_EPILOGUE_GELU_BIAS;
     case kLtBiasRelu: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case kLtGemm: return CUBLASLT_EPILOGUE_DEFAULT;
+    case kLtRelu: return CUBLASLT_EPILOGUE_RELU;
     default: break;
   }
   throw Failure("call " + std::to_string(call) + " is not a cublasLtMatmul epilogue: regenerate the tables");
 }
 
+bool bias_epilogue(uint8_t call) { return call == kLtBias || call == kLtBiasGelu || call == kLtBiasRelu; }
+
 const char* epilogue_name(cublasLtEpilogue_t e) {
   switch (e) {
     case CUBLASLT_EPILOGUE_GELU_BIAS: return "CUBLASLT_EPILOGUE_GELU_BIAS";
     case CUBLASLT_EPILOGUE_RELU_BIAS: return "CUBLASLT_EPILOGUE_RELU_BIAS";
+    case CUBLASLT_EPILOGUE_DEFAULT: return "CUBLASLT_EPILOGUE_DEFAULT";
+    case CUBLASLT_EPILOGUE_RELU: return "CUBLASLT_EPILOGUE_RELU";
     default: return "CUBLASLT_EPILOGUE_BIAS";
   }
+}
+
+// A strided batch of `count` matrices `stride` elements apart; stride 0 reads one matrix for all.
+void set_batch(cublasLtMatrixLayout_t layout, int32_t count, int64_t stride) {
+  BZ_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  BZ_CUBLAS(
+      cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
 template <class T>
@@ -254,8 +277,9 @@ class LtProblem : public Problem {
         out_type_(requant_ ? CUDA_R_8I : int8_ ? CUDA_R_32I : type_),
         alpha_{static_cast<float>(L.alpha)}, beta_{static_cast<float>(L.beta)},
         ialpha_{static_cast<int32_t>(L.alpha)}, ibeta_{static_cast<int32_t>(L.beta)} {
-    if (L.batch != 1 || L.a_count != 1 || L.b_count != 1)
-      throw Failure("a batched cublasLtMatmul: the generator sends 2-D GEMMs only; regenerate the tables");
+    if (L.batch != 1 && (int8_ || fp8_))
+      throw Failure("a batched int8 or FP8 cublasLtMatmul: the generator sends 2-D ones only; regenerate the tables");
+    check_broadcast(L, "cublasLtMatmul");
     lt_handle();  // no GPU: fail here, before allocating
     if (fp8_) require_fp8_gpu();
     const cublasComputeType_t compute = int8_ ? CUBLAS_COMPUTE_32I : fp8_ ? CUBLAS_COMPUTE_32F : compute_type(v);
@@ -289,6 +313,13 @@ class LtProblem : public Problem {
     BZ_CUBLAS(cublasLtMatrixLayoutCreate(b_.out(), type_, L.trans_a ? L.m : L.k, L.trans_a ? L.k : L.m,
                                          L.trans_a ? L.m : L.k));
     BZ_CUBLAS(cublasLtMatrixLayoutCreate(d_.out(), out_type_, L.n, L.m, L.n));
+    // A 1x1 convolution's images: Lt's A (ONNX's B, the image) advances by one image, Lt's B (the
+    // weights) by 0, D (C too: the same layout) by one output image, which makes NCHW batches.
+    if (L.batch > 1) {
+      set_batch(a_, L.batch, stride_b(L));
+      set_batch(b_, L.batch, stride_a(L));
+      set_batch(d_, L.batch, static_cast<int64_t>(L.m) * L.n);
+    }
 
     const LtChoice& choice = choice_for(L, v);
     if (choice.status != CUBLAS_STATUS_SUCCESS)
@@ -330,13 +361,13 @@ class LtProblem : public Problem {
     counters["bytes"] = fp8_ ? L.work.elements : bytes_of(L.work, v);
 
     const DType in = int8_ ? DType::I8 : fp8_ ? DType::F8E4M3 : v.dtype;
-    a_buf_ = filled(size_t(L.m) * L.k, in);
-    b_buf_ = filled(size_t(L.k) * L.n, in);
-    y_buf_ = filled(size_t(L.m) * L.n, requant_ ? DType::I8 : int8_ ? DType::I32 : in);
+    a_buf_ = filled(size_t(L.a_count) * L.m * L.k, in);
+    b_buf_ = filled(size_t(L.b_count) * L.k * L.n, in);
+    y_buf_ = filled(size_t(L.batch) * L.m * L.n, requant_ ? DType::I8 : int8_ ? DType::I32 : in);
     if (fp8_) c_buf_ = filled(size_t(L.m) * L.n, DType::BF16);
     ws_buf_ = DeviceBuffer(picked.workspaceSize);
     if (alpha_vector_) alpha_buf_ = filled(L.n, DType::F32);
-    if (!int8_ && !fp8_) {
+    if (bias_epilogue(v.call)) {
       bias_buf_ = filled(L.n, v.dtype);
       set_attribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_buf_.get());
     }
@@ -355,7 +386,9 @@ class LtProblem : public Problem {
   }
 
  private:
-  // C is D (beta 0: never read) but for the FP8 GEMM, whose C has a 16-bit type of its own
+  // C is D but for the FP8 GEMM, whose C has a 16-bit type of its own. Beta 0 never reads it; a 1x1
+  // convolution's bias (beta 1) reads it in place: the time of reading the bias broadcast over
+  // H*W, which a framework would hold as a constant of the model (the values are not the point)
   cublasLtMatrixLayout_t c_layout() const { return fp8_ ? c_ : d_; }
 
   const LtChoice& choice_for(const BlasLayer& L, const Variant& v) {
@@ -388,7 +421,7 @@ class LtProblem : public Problem {
 };
 
 std::unique_ptr<Problem> make_blas(const BlasLayer& L, const Variant& v) {
-  if (v.call == kLtBias || v.call == kLtBiasGelu || v.call == kLtBiasRelu || int8_gemm(v) || fp8_gemm(v))
+  if (bias_epilogue(v.call) || v.call == kLtGemm || v.call == kLtRelu || int8_gemm(v) || fp8_gemm(v))
     return std::make_unique<LtProblem>(L, v);
   return std::make_unique<BlasProblem>(L, v);
 }

@@ -135,17 +135,24 @@ def _by_api(manifest: Manifest) -> Counter:
     return Counter(u.layer.cudnn_api for u in manifest.layers if u.layer.cudnn_api)
 
 
+def _one_gemm(p) -> bool:
+    """A convolution that is a matrix product per image (1x1, strides 1, no padding, one group):
+    it also runs as a cublasLtMatmul, unfused and per fusion pattern."""
+    return (p.kh, p.kw, p.sh, p.sw, p.pt, p.pl, p.pb, p.pr, p.g) == (1, 1, 1, 1, 0, 0, 0, 0, 1)
+
+
 def expected_count(manifest: Manifest, dtypes=2, layouts=2, maths=1) -> int:
     """Variants the backend must generate, counted from the manifest (defaults: f32+f16,
     NCHW+NHWC, one math mode per dtype)."""
     combos_spatial = dtypes * layouts * maths
+    lt_gemms = len(cudnn.LT_ALGOS) * dtypes * maths  # a GEMM's cublasLtMatmul: every heuristic rank, NCHW
     total = 0
     for u in manifest.layers:
         api = u.layer.cudnn_api
         if api is None:
             continue
         if api == "cudnnConvolutionForward":
-            total += 8 * combos_spatial
+            total += 8 * combos_spatial + (lt_gemms if _one_gemm(u.layer.problem) else 0)
         elif api in ("cudnnPoolingForward", "cudnnBatchNormalizationForwardInference",
                      "cudnnLRNCrossChannelForward"):
             total += dtypes * layouts
@@ -153,12 +160,14 @@ def expected_count(manifest: Manifest, dtypes=2, layouts=2, maths=1) -> int:
             total += dtypes * maths
         else:
             total += dtypes
+    problems = {u.layer.key: u.layer.problem for u in manifest.layers}
     for f in manifest.fusions:
         pattern = BY_NAME[f.pattern]
         if pattern.anchor == "Conv":
             total += (8 if pattern.activation == "relu" else 1) * combos_spatial
+            total += lt_gemms if _one_gemm(problems[f.layer]) else 0
         elif pattern.anchor == "MatMul" and not pattern.attention:  # a GEMM epilogue: every heuristic rank
-            total += len(cudnn.LT_ALGOS) * dtypes * maths
+            total += lt_gemms
         # the other patterns (decompositions, attention) have no cuDNN/cuBLAS fused call
     return total
 

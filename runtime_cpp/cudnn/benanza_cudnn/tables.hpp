@@ -52,6 +52,10 @@ constexpr uint8_t kLtInt8RequantPerColumn = 8;
 // cublasLtMatmul, FP8 (CUDA_R_8F_E4M3) operands and result, CUBLAS_COMPUTE_32F, per-tensor scales
 // through the A/B/D scale pointers (the qdq_fp8_matmul pattern; GPUs of compute capability 8.9+)
 constexpr uint8_t kLtFp8 = 9;
+// cublasLtMatmul of a 1x1 convolution on its NCHW data (benanza/ops/conv.py gemm_row), its bias, if
+// any, as C (beta 1): CUBLASLT_EPILOGUE_DEFAULT, or CUBLASLT_EPILOGUE_RELU for a fused ReLU
+constexpr uint8_t kLtGemm = 10;
+constexpr uint8_t kLtRelu = 11;
 // graph families: a fusion pattern's form of the row (see graph.cpp)
 constexpr uint8_t kGeluOfA = 1;             // pointwise: the erf GELU of operand a (gelu_erf pattern)
 constexpr uint8_t kSdpaMasked = 1;          // sdpa: add an [s_q, s_kv] mask (an attention pattern's Add)
