@@ -120,7 +120,7 @@ from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
 from ..ops.binary import CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE
 from ..ops.cast import CUDNN_QUANT, CUDNN_QUANT_TABLE
-from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API
+from ..ops.conv import CUDNN_CONV, CUDNN_CONV_GRAPH, CUDNN_DECONV, DECONV_API, conv_graph_call
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
 from ..ops.quantized import CUDNN_QCONV, CUDNN_QCONV_TABLE
@@ -342,6 +342,7 @@ class CudnnBackend(CMakeBackend):
             _warn_asymmetric(layer)
             combos = exp.combos(family)
             out += [Variant(problem, NAME, api, algo, d, lay, m) for algo in CONV_ALGOS for d, lay, m in combos]
+            out += _conv_graph_variants(layer, combos)
             for fusion in fusions:
                 if fusion in _FUSED_FORMS:  # a QDQ Conv: the int8 convolution graph, below
                     continue
@@ -437,6 +438,16 @@ def _graph_fusion_variants(layer: Layer, fusions: tuple[str, ...], exp: Expansio
 
 
 
+def _conv_graph_variants(layer: Layer, combos: list[tuple[str, str, str]]) -> list[Variant]:
+    """A float convolution through the graph API, as PyTorch runs it: a plan slot per dtype,
+    layout and math of the legacy variants. Its result's ``engine_id`` counter is the engine a
+    framework's cuDNN log names (Q3). cuDNN's graph pads asymmetrically, so no padding is added."""
+    if layer.dtype not in FLOAT_DTYPES:
+        return []
+    return [Variant(layer.problem, NAME, CUDNN_CONV_GRAPH, algo, d, lay, m)
+            for d, lay, m in combos for algo in PLAN_ALGOS]
+
+
 def _warn_asymmetric(layer: Layer) -> None:
     p = layer.problem
     assert isinstance(p, ConvProblem)
@@ -452,6 +463,8 @@ def _variant_fields(v: Variant, layer_index: int) -> Fields:
         call = "kConvBiasRelu" if FUSION_PATTERNS[v.fusion].activation == "relu" else "kConvBiasIdentity"
     elif v.fusion in _FUSED_FORMS:
         call = _FUSED_FORMS[v.fusion].call_for(v.problem)
+    elif v.api == CUDNN_CONV_GRAPH:
+        call = conv_graph_call(v.layout, v.math)
     elif v.api == LT_API and v.fusion in FUSION_PATTERNS:
         call = _LT_CALLS[FUSION_PATTERNS[v.fusion].activation]
     else:
@@ -467,6 +480,21 @@ def _variant_fields(v: Variant, layer_index: int) -> Fields:
             ("math", _CPP["math"][v.math])]
 
 
+def _row_key(v: Variant) -> str:
+    """Which of its problem's table rows a variant runs on: a fused form's own row (keyed by the
+    pattern: its row may hold what the problem does not), a conv's graph-API row (the qconv
+    table's, keyed by the call), or the layer's call's row ("")."""
+    if v.fusion in _FUSED_FORMS:
+        return v.fusion
+    return v.api if v.api == CUDNN_CONV_GRAPH else ""
+
+
+def _row_lowering(key: str, layer: Layer) -> CudnnLowering:
+    found = _FUSED_FORMS.get(key) or (_BY_NAME[layer.problem.family].cudnn[key] if key else lowering(layer))
+    assert found is not None  # layers without a cuDNN API produce no variants
+    return found
+
+
 def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_Part]:
     """Group variants by family, then cut each family into parts of about PART_SIZE variants
     without splitting a layer's variants across parts. Families, layers (by problem text) and
@@ -474,18 +502,16 @@ def _partition(variants: list[Variant], layers: dict[Problem, Layer]) -> list[_P
     by_family: dict[str, list[tuple[str, Layer, Any, list[Variant]]]] = {}
     families: dict[str, CudnnTable] = {}
     per_layer: dict[tuple[Problem, str], list[Variant]] = {}
-    for v in variants:  # a fused form is benchmarked on its own row of its table (a graph family's)
-        fused = _FUSED_FORMS.get(v.fusion)  # keyed by the pattern: its row may hold what the problem does not
-        per_layer.setdefault((v.problem, v.fusion if fused is not None else ""), []).append(v)
-    for (problem, fused_family), vs in per_layer.items():
+    for v in variants:
+        per_layer.setdefault((v.problem, _row_key(v)), []).append(v)
+    for (problem, row_key), vs in per_layer.items():
         layer = layers.get(problem)
         if layer is None:
             raise BenanzaError(f"variant {vs[0].name} names a layer missing from the manifest")
-        found = _FUSED_FORMS[vs[0].fusion] if fused_family else lowering(layer)
-        assert found is not None  # layers without a cuDNN API produce no variants
+        found = _row_lowering(row_key, layer)
         families[found.table.name] = found.table
         row = found.row(problem, layer.cudnn_api or "")
-        by_family.setdefault(found.table.name, []).append((fused_family, layer, row, sorted(vs, key=variant_order)))
+        by_family.setdefault(found.table.name, []).append((row_key, layer, row, sorted(vs, key=variant_order)))
     parts: list[_Part] = []
     for name, entries in sorted(by_family.items()):
         index = 0
