@@ -90,13 +90,13 @@ def _results(tmp_path, variants, plan0_engine: int):
     without (0.080 ms), and the ReLU."""
     graph, legacy = cudnn.CUDNN_CONV_GRAPH, "cudnnConvolutionForward"
     relu = next(v for v in variants if v.api == "cudnnActivationForward" and v.dtype == "f32")
+    engine = f"cudnn_frontend conv_fprop NCHW eng{plan0_engine}_k2=4_k13=0+cudnnAddTensor"
+    precomp = "IMPLICIT_PRECOMP_GEMM+cudnnAddTensor"
     lines = {
-        _pick(variants, graph, "plan0", "tf32_allowed"):
-            (0.050, f"cudnn_frontend conv_fprop NCHW eng{plan0_engine}_k2=4_k13=0+cudnnAddTensor", _graph(plan0_engine)),
-        _pick(variants, graph, "plan1", "tf32_allowed"):
-            (0.060, "cudnn_frontend conv_fprop NCHW eng41_k2=1+cudnnAddTensor", _graph(41)),
-        _pick(variants, legacy, "IMPLICIT_PRECOMP_GEMM", "tf32_allowed"): (0.030, "IMPLICIT_PRECOMP_GEMM+cudnnAddTensor", LEGACY),
-        _pick(variants, legacy, "IMPLICIT_PRECOMP_GEMM", "fma"): (0.080, "IMPLICIT_PRECOMP_GEMM+cudnnAddTensor", LEGACY),
+        _pick(variants, graph, "plan0", "tf32_allowed"): (0.050, engine, _graph(plan0_engine)),
+        _pick(variants, graph, "plan1", "tf32_allowed"): (0.060, "cudnn_frontend conv_fprop NCHW eng41", _graph(41)),
+        _pick(variants, legacy, "IMPLICIT_PRECOMP_GEMM", "tf32_allowed"): (0.030, precomp, LEGACY),
+        _pick(variants, legacy, "IMPLICIT_PRECOMP_GEMM", "fma"): (0.080, precomp, LEGACY),
         relu: (0.010, "cudnnActivationForward", {"flops": 8e5, "bytes": 6.4e6}),
     }
     return _stored(tmp_path, lines), lines

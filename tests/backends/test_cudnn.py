@@ -194,7 +194,8 @@ def test_convolution_expansion(family_manifest):
     variants = _expand(family_manifest)
     asym = next(u.layer.problem for u in family_manifest.layers if "pb1pr1" in u.layer.key)
     plain = [v for v in variants if v.problem == asym and v.fusion == "none"]
-    combos = {("f32", "nchw", "fma"), ("f32", "nhwc", "fma"), ("f16", "nchw", "tensor_op"), ("f16", "nhwc", "tensor_op")}
+    combos = {("f32", "nchw", "fma"), ("f32", "nhwc", "fma"),
+              ("f16", "nchw", "tensor_op"), ("f16", "nhwc", "tensor_op")}
     # the legacy API's algorithms and the graph API's plan slots, each in every dtype, layout and math
     for api, algos in (("cudnnConvolutionForward", cudnn.CONV_ALGOS), (cudnn.CUDNN_CONV_GRAPH, cudnn.PLAN_ALGOS)):
         of_api = [v for v in plain if v.api == api]
@@ -304,7 +305,8 @@ def test_golden_conv_graph_rows(generated):
             ".out_h = 15, .out_w = 15, .bias = true, .requant = false, .bscales = 1, ") in text
     assert ("api=cudnn_frontend.conv/algo=plan3/dtype=f16/layout=nhwc/math=tensor_op/fusion=none\", .layer = 0, "
             ".call = kConvGraphNhwc, .algo = 3, .dtype = DType::F16, .layout = Layout::NHWC") in text
-    assert "/algo=plan0/dtype=f32/layout=nchw/math=fma/fusion=none\", .layer = 0, .call = kConvGraphFma, .algo = 0" in text
+    assert ("/algo=plan0/dtype=f32/layout=nchw/math=fma/fusion=none\", .layer = 0, .call = kConvGraphFma, "
+            ".algo = 0") in text
     assert "benanza::cudnn::add_qconv(r, kLayers, kVariants" in text
 
 
