@@ -120,10 +120,10 @@ from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
 from ..ops.binary import CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE
 from ..ops.cast import CUDNN_QUANT, CUDNN_QUANT_TABLE
-from ..ops.conv import CUDNN_CONV, CUDNN_CONV_GRAPH, CUDNN_DECONV, DECONV_API, conv_graph_call
+from ..ops.conv import CUDNN_CONV, CUDNN_CONV_GRAPH, CUDNN_DECONV, CUDNN_QCONV_TABLE, DECONV_API, conv_graph_call
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
-from ..ops.quantized import CUDNN_QCONV, CUDNN_QCONV_TABLE
+from ..ops.quantized import CUDNN_QCONV
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..ops.resample import CUDNN_RESAMPLE_TABLE
