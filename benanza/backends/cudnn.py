@@ -13,7 +13,11 @@ time, recorded as "unsupported" with its status string):
   layer (``benanza.fusion``): RELU with every algorithm, IDENTITY (Conv→Bias, Conv→BN) with
   IMPLICIT_PRECOMP_GEMM only, the one algorithm cuDNN allows with it. A convolution with a bias
   input is timed unfused as cudnnConvolutionForward followed by cudnnAddTensor, as a framework
-  runs it.
+  runs it. And the same convolution through the graph API (``cudnn_frontend.conv``), as PyTorch
+  runs it: one conv_fprop node on the qconv table (exact pads), the bias by cudnnAddTensor after
+  the graph, a plan slot (``PLAN_ALGOS``) per dtype × layout × math; ``fma`` deselects the engines
+  with Tensor Core or down-converted-input notes. Each result's ``engine_id`` counter is the
+  engine a framework's cuDNN log names (Q3). Not yet run on a GPU.
 - Transposed convolution (ConvTranspose): cudnnConvolutionBackwardData, the 6 backward-data
   algorithms (``DECONV_ALGOS``) × dtypes × layouts × math modes, a bias added by cudnnAddTensor;
   covered only where the descriptor's symmetric padding computes the layer exactly (the family
@@ -90,7 +94,8 @@ add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``:
 cudnnGetConvolutionForwardAlgorithm_v7 and cudnnFindConvolutionForwardAlgorithm pick) and
 ``find_ms``, and the math type and workspace each of them chose: ``heuristic_math``,
 ``find_math`` (indexes into ``CUDNN_MATH_TYPES``), ``heuristic_workspace_bytes``,
-``find_workspace_bytes``; ``cublasLtMatmul`` adds ``algo`` (the heuristic rank),
+``find_workspace_bytes``; graph-API variants add ``engine_configs`` and ``engine_id`` (the
+engine's global index); ``cublasLtMatmul`` adds ``algo`` (the heuristic rank),
 ``heuristic_algos`` (how many it offered), ``lt_algo_id``, ``lt_tile_id``, ``lt_stages_id``,
 ``lt_splitk`` (the algorithm's configuration) and ``waves``. Timing counters
 (runtime_cpp/cudnn/harness.cpp): ``calls`` per repetition, ``l2_flushed`` (1: the L2 cache was
