@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..fusion import FusionMatch
-from ..layers import Model
+from ..layers import FLOAT_DTYPES, Model
 from ..parsers import ExecutionProfile, FrameworkTrace, LibraryCall
 from ..parsers.blocklog import int_list
 from ..parsers.ort import NCHWC_SUFFIX
@@ -107,15 +107,15 @@ def call_layout(call: LibraryCall) -> str:
 
 
 def _strides_layout(call: LibraryCall) -> str:
-    """A graph-API call's layout, from its input's strides (its tensors have no format): NHWC
-    where the channels are the innermost dimension, NCHW where the width is ("" if neither)."""
+    """A graph-API call's layout, from its input's strides (its tensors have no format): packed
+    NHWC or NCHW ("" if neither)."""
     strides = next((int_list(v) for p, v in call.detail if p.endswith("xDesc.strideA")), ())
     dims = next((int_list(v) for p, v in call.detail if p.endswith("xDesc.dimA")), ())
     if len(strides) != 4 or len(dims) != 4:
         return ""
-    if strides[1] == 1 and strides[3] == dims[1]:
-        return "nhwc"
-    return "nchw" if strides[3] == 1 and strides[2] == dims[3] else ""
+    _, c, h, w = dims
+    packed = {(c * h * w, 1, w * c, c): "nhwc", (c * h * w, h * w, w, 1): "nchw"}
+    return packed.get(strides, "")
 
 
 _ENGINE = re.compile(r"eng(\d+)")
@@ -144,7 +144,7 @@ def _admitting_tf32(results: list[Result]) -> tuple[list[Result], str]:
     variant is another computation. Empty, with why, where none was measured."""
     tf32 = [r for r in results if r.variant.math == Math.TF32_ALLOWED]
     why = "" if tf32 else ("the call allowed TF32 and no benchmark of the layer in its layout does "
-                           "(generate --math tf32_allowed)")
+                           "(generate --math tf32_allowed, analyze --math tf32)")
     return tf32, why
 
 
@@ -181,7 +181,8 @@ def _computes(call_bias: bool | None, post_ops: tuple[str, ...], variant: Varian
 def _comparable(results: list[Result], call_dtype: str, dtype: str, tf32: bool) -> tuple[list[Result], str]:
     """Those of a layer's results in the call's layout and fusion that compare with the call,
     and why none does where its type or its math rules them all out."""
-    if call_dtype and call_dtype != dtype:
+    # a QDQ layer's int8 call compares with the layer's int8 fusion, whatever the analysed float type
+    if call_dtype in FLOAT_DTYPES and dtype in FLOAT_DTYPES and call_dtype != dtype:
         return [], f"the call computed in {call_dtype}, the analysis is of {dtype}"
     if tf32 and dtype == "f32":
         return _admitting_tf32(results)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import helpers
 import onnx
@@ -17,6 +18,7 @@ import pytest
 from helpers import io, model, tensor
 from onnx import helper
 
+from benanza.analysis.questions import call_layout
 from benanza.analyzer import MATH_TF32, analyze
 from benanza.backends import cudnn
 from benanza.generator import GenOptions, expand_variants
@@ -150,3 +152,12 @@ def test_graph_api_executes_count_as_the_convolution_calls(tmp_path, conv_relu, 
     # one conv per pass, run as an execute: the conv's call, not a missing conv plus an unexpected execute
     assert al.api_counts["cudnnConvolutionForward"] == (1, 1)
     assert "cudnnBackendExecute" not in al.api_counts
+
+
+def test_a_graph_call_layout_is_read_from_its_strides():
+    call = parse_cudnn_log(LOG)[0]
+    assert call_layout(call) == "nchw"  # x 1x3x224x224, strides [150528,50176,224,1]
+    nhwc = tuple((p, "[150528,1,672,3]" if p.endswith("xDesc.strideA") else v) for p, v in call.detail)
+    assert call_layout(replace(call, detail=nhwc)) == "nhwc"
+    odd = tuple((p, "[150528,1,1,3]" if p.endswith("xDesc.strideA") else v) for p, v in call.detail)
+    assert call_layout(replace(call, detail=odd)) == ""
