@@ -77,9 +77,22 @@ int64_t volume(const std::vector<int64_t>& dims) {
   return n;
 }
 
+// The frontend's graph with each engine config's numerical notes readable: its
+// deselect_numeric_notes bars configs for check_support and build_plans only, not for the
+// build_plan_at_index each variant uses, so the planning reads the notes itself.
+class NotedGraph : public Graph {
+ public:
+  // whether the engine config at `index` (after create_execution_plans) has any of `notes`
+  bool noted(int64_t index, const std::vector<fe::NumericalNote_t>& notes) const {
+    const auto& has = plans.numeric_notes.at(static_cast<size_t>(index));
+    return std::any_of(notes.begin(), notes.end(),
+                       [&has](fe::NumericalNote_t n) { return std::find(has.begin(), has.end(), n) != has.end(); });
+  }
+};
+
 // A graph ready to plan, with the device tensors its variant pack needs (uid → elements, type).
 struct Spec {
-  std::shared_ptr<Graph> graph;
+  std::shared_ptr<NotedGraph> graph;
   std::string what;  // the node, for the implementation string
   struct Buffer {
     int64_t uid, elements;
@@ -93,6 +106,7 @@ struct Spec {
   };
   std::vector<Buffer> buffers;
   int64_t result = 0;  // the uid of the last output
+  std::vector<fe::NumericalNote_t> barred = {};  // engine configs with any of these notes are not planned
 
   // memory for views only: its uid
   int64_t storage(int64_t elements, DType type) {
@@ -135,7 +149,7 @@ struct Spec {
 // `sm` > 0: the compute capability to validate for without a device (nodes copy the graph's
 // context when added, so it is set first); 0: the device's, read when needed.
 Spec new_spec(DType io, const std::string& what, int sm) {
-  Spec s{std::make_shared<Graph>(), what, {}};
+  Spec s{std::make_shared<NotedGraph>(), what, {}};
   if (sm > 0) s.graph->set_sm_version(sm);
   s.graph->set_io_data_type(fe_dtype(io))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -325,28 +339,13 @@ Spec build(const ResampleLayer& L, DType t, uint8_t, int sm) {
   return s;
 }
 
-// ConvInteger and QLinearConv (tables.hpp QconvLayer) as NVIDIA's int8 convolution samples build
-// them (cudnn-frontend samples/cpp/convolution/int8_fprop.cpp; the legacy samples'
-// ConvScaleBiasAct_int8): INT8 X and W with channels-last strides (W as K x C/groups x R x S: the
-// graph API takes the group count from X's channels over W's), INT32 compute. ConvInteger: an
-// IDENTITY node writes the s32 accumulator, as the sample's graph does (whether an engine takes
-// the convolution with no node after it is not known here). QLinearConv: a MUL by the scale
-// (sa·sb/sy, per tensor or per output channel), then an ADD of one offset per output channel,
-// written as INT8; the offset is what a framework folds at load time from constants: the int32
-// bias times the scale (ONNX adds the bias to the accumulator before scaling; this is the same
-// sum, rounded in fp32), the output's zero point, and -128 for a u8 output, written as the s8
-// data of the same bytes. A u8 input is read as the s8 data of the same bytes (u8 - 128): the
-// per-channel part of its zero point's correction (a constant times each output channel's weight
-// sum) belongs in the offset too; its part at the borders (taps on the padding) and all of
-// ConvInteger's correction are not in the graph.
 // A float convolution (calls kConvGraph*): conv_fprop alone, in the variant's type with fp32
 // compute, as PyTorch's cuDNN convolutions execute it (it adds the bias in a kernel of its own:
 // a graph with the add would run other engines than the ones its log names).
 Spec conv_graph(const QconvLayer& L, DType t, uint8_t call, int sm) {
-  const bool nhwc = (call & kConvGraphNhwc) == kConvGraphNhwc;
-  Spec s = new_spec(t, nhwc ? "conv_fprop NHWC" : "conv_fprop NCHW", sm);
-  if ((call & kConvGraphFma) == kConvGraphFma)
-    s.graph->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+  const bool nhwc = (call & kConvGraphNhwc) == kConvGraphNhwc, fma = (call & kConvGraphFma) == kConvGraphFma;
+  Spec s = new_spec(t, std::string("conv_fprop ") + (nhwc ? "NHWC" : "NCHW") + (fma ? " FMA" : ""), sm);
+  if (fma) s.barred = {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
   auto strides = [nhwc](int64_t n, int64_t c, int64_t h, int64_t w) {
     return nhwc ? nhwc_strides(c, h, w) : packed({n, c, h, w});
   };
@@ -364,6 +363,20 @@ Spec conv_graph(const QconvLayer& L, DType t, uint8_t call, int sm) {
   return s;
 }
 
+// ConvInteger and QLinearConv (tables.hpp QconvLayer) as NVIDIA's int8 convolution samples build
+// them (cudnn-frontend samples/cpp/convolution/int8_fprop.cpp; the legacy samples'
+// ConvScaleBiasAct_int8): INT8 X and W with channels-last strides (W as K x C/groups x R x S: the
+// graph API takes the group count from X's channels over W's), INT32 compute. ConvInteger: an
+// IDENTITY node writes the s32 accumulator, as the sample's graph does (whether an engine takes
+// the convolution with no node after it is not known here). QLinearConv: a MUL by the scale
+// (sa·sb/sy, per tensor or per output channel), then an ADD of one offset per output channel,
+// written as INT8; the offset is what a framework folds at load time from constants: the int32
+// bias times the scale (ONNX adds the bias to the accumulator before scaling; this is the same
+// sum, rounded in fp32), the output's zero point, and -128 for a u8 output, written as the s8
+// data of the same bytes. A u8 input is read as the s8 data of the same bytes (u8 - 128): the
+// per-channel part of its zero point's correction (a constant times each output channel's weight
+// sum) belongs in the offset too; its part at the borders (taps on the padding) and all of
+// ConvInteger's correction are not in the graph.
 Spec build(const QconvLayer& L, DType t, uint8_t call, int sm) {
   if (call != kCall) return conv_graph(L, t, call, sm);
   const char* what = L.requant ? "conv_fprop INT8 MUL ADD (QLinearConv)" : "conv_fprop INT8 IDENTITY (ConvInteger)";
@@ -481,6 +494,7 @@ Planned plan(Spec spec) {
     check(g.build_operation_graph(handle), "build_operation_graph");
     check(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
     for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+      if (p.spec.graph->noted(i, p.spec.barred)) continue;  // a math mode's exclusion (conv_graph)
       std::string name;
       check(g.get_plan_name_at_index(i, name), "get_plan_name_at_index");
       bool seen = false;
