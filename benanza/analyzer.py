@@ -192,6 +192,21 @@ class ThreadsCompared:
         return f"unequal threads: profile {self.profile}, benchmarks {self.benchmarks}"
 
 
+@dataclass(frozen=True)
+class FrameworkTf32:
+    """The framework's f32 library calls whose logged math let the library use TF32 Tensor Cores
+    (cuDNN 9's ``enable_tf32``, cuBLAS/cuBLASLt's ``…FAST_TF32`` compute types): an exact-f32
+    bound does not bound a run of them."""
+
+    calls: int  # f32 calls whose math allowed TF32
+    of: int  # f32 calls in the profile's library logs
+    by_library: tuple[tuple[str, str, int], ...]  # (library, math as logged, calls), sorted
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{library} {n} {math}" for library, math, n in self.by_library)
+
+
 @dataclass
 class TensorCoreView:
     """Q6: Tensor Core kernels in the profile, and bounds per dtype/layout."""
@@ -249,6 +264,8 @@ class Analysis:
     heuristic: HeuristicAnalysis | None = None
     # the profile's threads against the stack's, when both are known (a profile on a CPU stack)
     threads: ThreadsCompared | None = None
+    # the profile's f32 library calls and those that allowed TF32 (None: the logs hold no f32 call)
+    framework_tf32: FrameworkTf32 | None = None
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
     unstable: frozenset[str] = frozenset()  # variant names whose result stayed unstable
@@ -516,6 +533,7 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
                                                          not lib.versions_differ, bound)]
             _warn_calls(a, lib)
         a.libraries.append(lib)
+    _compare_math(a, profile)
     if profile.nsys is not None:
         a.between_calls = between_library_calls(profile.nsys)
     kernels_from = profile.nsys if profile.nsys is not None and profile.nsys.kernels else profile.trace
@@ -539,6 +557,31 @@ def _compare_threads(a: Analysis, profile: ExecutionProfile) -> None:
             f"{benchmarks} (stack {a.stack.stack_id if a.stack else '?'}): the Benanza ratio and Q3 compare a "
             f"framework and a bound at different thread counts; compare them at equal threads with "
             f"`benanza profile --threads {benchmarks}` or `benanza run --threads {counted}`")
+
+
+def _compare_math(a: Analysis, profile: ExecutionProfile) -> None:
+    """The framework's f32 library calls that allowed TF32: against an exact-f32 bound, one warning."""
+    f32 = [c for calls in profile.library_calls.values() for c in calls if c.dtype == "f32"]
+    if not f32:
+        return
+    # the math as logged names TF32 (the cuDNN parser's tf32_allowed, cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32,
+    # cuBLASLt's COMPUTE_32F_FAST_TF32); a mode that allows TF32 on some versions and GPUs only (cuDNN 8's
+    # CUDNN_DEFAULT_MATH) is not counted: a warning rests on what the log says
+    tf32 = Counter((c.library, c.math) for c in f32 if "TF32" in c.math.upper())
+    a.framework_tf32 = FrameworkTf32(sum(tf32.values()), len(f32),
+                                     tuple((lib, math, n) for (lib, math), n in sorted(tf32.items())))
+    t = _tf32_unbounded(a)
+    if t is not None:
+        a.warnings.append(
+            f"the framework ran {t.calls} of its {t.of} f32 library calls with TF32 Tensor Core math allowed "
+            f"({t.label}): the exact-f32 bound does not bound that run; `benanza analyze --math tf32` bounds it "
+            f"where TF32 variants were measured (`benanza generate --math fma --math tf32_allowed`)")
+
+
+def _tf32_unbounded(a: Analysis) -> FrameworkTf32 | None:
+    """The framework's TF32 calls where the bound excludes TF32 (exact math, f32 data); else None."""
+    t = a.framework_tf32
+    return t if t is not None and t.calls and a.math == MATH_EXACT and a.dtype == "f32" else None
 
 
 def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches,
@@ -815,6 +858,10 @@ def _explain_bound(a: Analysis) -> None:
     if floors is not None and floor is not None and a.bounds.parallel_ms > m:
         reasons.append(f"the {floor.name} floor ({floor.ms:.4g} ms: {floor.detail}) raised the parallel bound above "
                        f"the critical path ({floors.critical_path_ms:.4g} ms): {_FLOOR_BEATEN[floor.name]}")
+    tf32 = _tf32_unbounded(a)
+    if tf32 is not None:
+        reasons.append(f"the framework ran {tf32.calls} of its {tf32.of} f32 library calls with TF32 Tensor Core "
+                       f"math allowed, the bound exact f32 math (`--math tf32` bounds TF32)")
     v = a.framework
     if v is not None:
         if v.bounds_same_fusions.sequential_ms < a.bounds.sequential_ms:

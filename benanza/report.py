@@ -97,6 +97,7 @@ def analysis_json(a: Analysis) -> dict:
         # the profile's threads against the benchmarks' (null: a count unknown, or no profile)
         "threads": None if a.threads is None else {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks,
                                                    "source": a.threads.source, "differ": a.threads.differ},
+        "framework_tf32": _framework_tf32_json(a),
         "phase": None if a.phase is None else phase_json(a.phase),
         # measures in full the screened estimates Q3 compares (null: it compares none)
         "screened_command": a.screened_command or None,
@@ -119,6 +120,14 @@ def analysis_json(a: Analysis) -> dict:
     if out["joint"] is not None and a.joint_contended:
         out["joint"]["contended"] = True
     return out
+
+
+def _framework_tf32_json(a: Analysis) -> dict | None:
+    t = a.framework_tf32
+    if t is None:
+        return None
+    return {"calls": t.calls, "of": t.of,
+            "by_library": [{"library": lib, "math": math, "calls": n} for lib, math, n in t.by_library]}
 
 
 def _floors_json(a: Analysis) -> dict | None:

@@ -126,16 +126,21 @@ def algorithms(results: list[Result]) -> list[str]:
 
 
 def models(analyses: list[dict]) -> list[str]:
+    """A row per analysis (a model at a batch size in one math mode, as the kit ran them); the
+    what-ifs of the exact ones (their f32 column is the exact bound)."""
     rows, whatif = [], []
     for a in analyses:
         b = a["bounds"]
-        rows.append([a["model"], a["dtype"], _ms(a.get("measured_ms")), _ms(b["sequential_ms"]), _ms(b["parallel_ms"]),
-                     _ratio(b.get("br_sequential")), _ratio(b.get("br_parallel")), "yes" if b["partial"] else "no",
+        rows.append([a["model"], str(a["batch_size"]), a["math"], a["dtype"], _ms(a.get("measured_ms")),
+                     _ms(b["sequential_ms"]), _ms(b["parallel_ms"]), _ratio(b.get("br_sequential")),
+                     _ratio(b.get("br_parallel")), "yes" if b["partial"] else "no",
                      str(len(a["coverage"].get("missing", []))), str(len(a["coverage"].get("not_covered", [])))])
+        if a["math"] != "exact":
+            continue
         tc = a.get("tensor_cores", {}).get("bounds", {})
         fused = a.get("fusion", {}).get("bounds")
         joint = a.get("joint")
-        whatif.append([a["model"], _ms(tc.get("f32", {}).get("sequential_ms")),
+        whatif.append([a["model"], str(a["batch_size"]), _ms(tc.get("f32", {}).get("sequential_ms")),
                        _ms(tc.get("f16", {}).get("sequential_ms")), _ms(tc.get("f16/nhwc", {}).get("sequential_ms")),
                        _ms(fused["sequential_ms"] if fused else None),
                        _ms(joint.get("sequential_ms") if joint else None),
@@ -143,12 +148,17 @@ def models(analyses: list[dict]) -> list[str]:
                        str(a.get("tensor_cores", {}).get("kernels", "—"))])
     lines = ["## Bounds vs PyTorch (CUDA)", "",
              ("Measured: `benanza profile --framework torch --device cuda` (Benanza's eager executor of the "
-              "ONNX graph), trimmed mean. BR = bound ÷ measured."), ""]
-    lines += _table(["model", "dtype", "measured ms", "sequential bound", "parallel bound", "BR seq", "BR par",
-                     "partial", "missing layers", "not covered"], rows)
+              "ONNX graph) at the row's batch size, trimmed mean. BR = bound ÷ measured. Math `exact`: f32 "
+              "layers bounded by f32 FMA variants only (`analyze --math exact`); `tf32`: TF32 Tensor Core "
+              "variants admitted (`--math tf32`). PyTorch's defaults (TF32 in cuDNN convolutions, "
+              "`COMPUTE_32F_FAST_TF32` cuBLASLt GEMMs) are what the `tf32` rows bound; the `exact` rows bound "
+              "PyTorch with TF32 turned off."), ""]
+    lines += _table(["model", "batch", "math", "dtype", "measured ms", "sequential bound", "parallel bound",
+                     "BR seq", "BR par", "partial", "missing layers", "not covered"], rows)
     lines += ["## What-ifs: fp16 / Tensor Cores, fusion, all together", "",
-              "Sequential bounds in ms; TC kernels = Tensor Core kernels / kernels seen in the profile.", ""]
-    lines += _table(["model", "f32", "f16", "f16 nhwc", "fused (f32)", "joint", "TC kernels"], whatif)
+              ("Sequential bounds in ms of the exact analyses; TC kernels = Tensor Core kernels / kernels seen "
+               "in the profile."), ""]
+    lines += _table(["model", "batch", "f32", "f16", "f16 nhwc", "fused (f32)", "joint", "TC kernels"], whatif)
     return lines
 
 

@@ -16,12 +16,13 @@ in all, the machine's start (minutes) and every idle wait included.
                    priority order until the report's reserve, then the report; ends before 570 s
         install    carried wheels → out/gpukit/site (beside the image's Python, on PYTHONPATH),
                    Google Benchmark built from its carried source, the toolchain checked
-        generate   the zoo's three CNNs and the kit's three exports, their cuDNN/cuBLAS sources, CMake configured
+        generate   the zoo's three CNNs (also at batch 32) and the kit's three exports, their cuDNN/cuBLAS
+                   sources (f32 in FMA and TF32 math), CMake configured
         plan       install and generate, then what `all` would do with the time left: the budget
                    split and the campaign's order (out/gpukit/plan.json); needs no GPU
         campaign   GPU: `benanza run` into perfdb/<gpu>.db for the whole budget
         smoke      GPU: every family under compute-sanitizer (skipped where it refuses the device)
-        report     GPU: PyTorch-on-CUDA profiles, analyses, docs/results-<gpu>.md
+        report     GPU: PyTorch-on-CUDA profiles, exact and TF32 analyses, docs/results-<gpu>.md
 
 A step first runs the steps before it that this machine has not done (stamps in out/gpukit), so
 every call also works on a fresh machine; each stops before the 10-minute limit and a second
@@ -48,7 +49,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,22 @@ OUT_FILE_LIMIT = 15 * 2**20  # a file the tool brings back from $OUT may have 16
 IMAGE_PYTHON = Path("/opt/torch/.venv/bin/python3")
 MODELS = ("resnet50-v1", "inception-v1", "mobilenet-v2")
 TRANSFORMER = "transformer-encoder"
+# The issue's second batch size, for the zoo's CNNs. One `benanza generate` call has one
+# --batch-size and the campaign's project must hold both, so each CNN also enters it under a
+# second name, `<model>-b32` (the same file, linked), with --input-shape setting its batch; its
+# layers' occurrences carry that name, which is how the campaign's tiers tell the batches apart.
+BATCH = 32
+# f32 layers in both math modes PyTorch may run: fma (exact f32) and tf32_allowed (PyTorch's
+# default: TF32 cuDNN convolutions, COMPUTE_32F_FAST_TF32 GEMMs), for `analyze --math exact` and
+# `--math tf32`. One --math list covers every dtype and a dtype gets the listed modes valid for it,
+# so tensor_op must be listed too, or f16 would get fma alone and the fp16 what-if would lose its
+# Tensor Core variants. f16 on FMA units is then generated too: no bound the report gives needs it
+# (a quarter of the variants), so `benanza run --filter CAMPAIGN_FILTER` leaves it out, and so do
+# the campaign's tiers.
+GENERATE_MATHS = ("fma", "tf32_allowed", "tensor_op")
+CAMPAIGN_FILTER = r"^(?!.*/dtype=f16/layout=[a-z]+/math=fma/)"
+# `benanza analyze --math`: each model's bound without and with TF32.
+ANALYSIS_MATHS = ("exact", "tf32")
 # Python packages the image holds: .library/device/KINDS.md, "Python packages already there"
 # (read on 2026-11-17). Versions are not listed, so a requirement with a version floor on one of
 # them is carried too.
@@ -624,6 +641,35 @@ def export_models(d: Device, models: Path) -> tuple[list[str], list[Path], list[
     return names, paths, notes
 
 
+def batched(model: str) -> str:
+    """The name a CNN's batch-32 layers occur under in the campaign's manifest."""
+    return f"{model}-b{BATCH}"
+
+
+_INPUT_SHAPES = """
+import json, sys
+from benanza.processor import input_shapes_of
+print(json.dumps([input_shapes_of(p, int(sys.argv[1])) for p in sys.argv[2:]]))
+"""
+
+
+def batched_args(d: Device, models: Path, cnns: Sequence[str] = MODELS) -> list[str]:
+    """`benanza generate` arguments that add the zoo's CNNs at BATCH: each file linked as
+    `<model>-b32.onnx`, and its inputs' shapes at that batch (as `analyze --batch-size` makes
+    them: processor.input_shapes_of) given to that name alone."""
+    paths = [models / f"{m}.onnx" for m in cnns]
+    shapes = json.loads(d.call([str(d.python), "-c", _INPUT_SHAPES, str(BATCH), *map(str, paths)],
+                               "input shapes at batch 32"))
+    args = []
+    for m, path, inputs in zip(cnns, paths, shapes):
+        link = models / f"{batched(m)}.onnx"
+        link.unlink(missing_ok=True)
+        link.symlink_to(path.name)
+        args += [str(link), *(a for name, dims in inputs.items()
+                              for a in ("--input-shape", f"{batched(m)}:{name}={'x'.join(map(str, dims))}"))]
+    return args
+
+
 def step_generate(d: Device) -> None:
     step_install(d)
     if d.stamp("generate").is_file():
@@ -636,13 +682,16 @@ def step_generate(d: Device) -> None:
     names, paths = [*MODELS, *names], [*(models / f"{m}.onnx" for m in MODELS), *paths]
     (d.state / "models.json").write_text(json.dumps({"names": names, "paths": [str(p) for p in paths],
                                                      "notes": notes}) + "\n")
-    d.call(d.bz("generate", *map(str, paths), "--out", str(d.state / "bench"), "--backend", "cudnn"),
-           "benanza generate (campaign)")
+    maths = [a for m in GENERATE_MATHS for a in ("--math", m)]
+    d.call(d.bz("generate", *map(str, paths), *batched_args(d, models), "--out", str(d.state / "bench"),
+                "--backend", "cudnn", *maths), "benanza generate (campaign)")
     _configure_and_say(d, d.state / "bench" / "cudnn")
     count = d.call([str(d.python), "-c", ("import sys; from benanza.generator import read_variants; "
                                           "print(len(read_variants(sys.argv[1])))"), str(d.state / "bench" / "cudnn")],
                    "variant count")
-    say(f"generate: {count.strip()} campaign variants of {', '.join(names)}")
+    measured = sum(len(t.names) for t in campaign_tiers(d.state / "bench", names))
+    say(f"generate: {count.strip()} variants of {', '.join(names)}, and of {', '.join(map(batched, MODELS))} "
+        f"(batch {BATCH}); {measured} in the campaign (f16 on FMA units left out)")
     d.stamp("generate").write_text("\n".join(names) + "\n")
 
 
@@ -699,10 +748,12 @@ def _run_until_deadline(d: Device, cmd: list[str], log: Path, deadline: float) -
 
 _STAGE_LINE = re.compile(r"^\S+ stage (.+) (\d+) s$", re.MULTILINE)
 _CAMPAIGN_LINE = re.compile(r"^\S+ (\d+) s ", re.MULTILINE)  # one per call of `benanza run`
-# Seconds a stage is assumed to take until a call has measured it (perfdb/<gpu>-campaign.log):
-# guesses, not readings; the first call on a GPU replaces them. "stop": a stopped `benanza run`
-# handing back and its database folded into one file; "page": gpu-results.py and the copies.
-DEFAULT_SECONDS = {"stop": 15.0, "profile": 60.0, "analyze": 10.0, "fidelity": 60.0, "page": 15.0}
+# Seconds a stage is assumed to take until a call has measured it on this GPU
+# (perfdb/<gpu>-campaign.log): the H200's first run (2026-11-27: profiles 10-28 s, analyses 1-8 s)
+# rounded up, the others guesses; the first call on a GPU replaces them. "stop": a stopped
+# `benanza run` handing back and its database folded into one file; "page": gpu-results.py and
+# the copies (1 s on the H200: the rest is margin).
+DEFAULT_SECONDS = {"stop": 15.0, "profile": 30.0, "analyze": 8.0, "fidelity": 60.0, "page": 15.0}
 # How long the page may run past the budget when the estimates before it ran over (ALL_BUDGET_S).
 PAGE_GRACE_S = 25.0
 
@@ -740,11 +791,15 @@ class Timeline:
         self.pending.clear()
 
 
-def estimate(log_text: str, stage: str) -> float:
-    """The stage's seconds as the latest call measured them, else the default for its kind (the
-    first word: "profile resnet50-v1" → "profile")."""
-    measured = [float(m[2]) for m in _STAGE_LINE.finditer(log_text) if m[1] == stage]
-    return measured[-1] if measured else DEFAULT_SECONDS[stage.split()[0]]
+def estimate(log_text: str, stage: str, like: str | None = None) -> float:
+    """The stage's seconds as the latest call measured them; else those of ``like``, the same
+    kind of work a call measured for the same model (Run.estimate); else the default for its
+    kind (the first word: "profile resnet50-v1" → "profile")."""
+    for name in (stage, like):
+        measured = [float(m[2]) for m in _STAGE_LINE.finditer(log_text) if m[1] == name]
+        if measured:
+            return measured[-1]
+    return DEFAULT_SECONDS[stage.split()[0]]
 
 
 # --- the campaign's order ---------------------------------------------------------------------
@@ -760,6 +815,7 @@ PRIORITY_MODELS = ("resnet50-v1", TRANSFORMER)
 # in the models' own layout.
 FIRST_CHOICE = frozenset({"default", "heuristic0", "plan0", "IMPLICIT_PRECOMP_GEMM"})
 FIRST_LAYOUT = "nchw"
+TF32 = "tf32_allowed"  # the math of the TF32 bound's f32 variants (benanza.backends.cudnn.TF32_MATH)
 
 
 @dataclass(frozen=True)
@@ -775,19 +831,23 @@ def _problem(key: str) -> str:
 
 
 def campaign_tiers(bench: Path, models: list[str]) -> tuple[Tier, ...]:
-    """The generated variants of ``bench`` in the order the campaign measures them, most valuable
-    first: the first-choice variants of the priority models' layers in the layer's own dtype,
-    then those of the other models (every layer of every model then has a bound), the
-    first-choice variants in the other dtypes (the fp16 what-if) of the priority models, all the
-    priority models' variants, and the rest. Each variant is in the first tier it fits."""
+    """The generated variants of ``bench`` that the campaign measures (CAMPAIGN_FILTER), in its
+    order, most valuable first: the first-choice variants in the layer's own dtype and exact math (the exact-f32
+    bound) of the priority models' layers at batch 1, then of the other models' (every layer of
+    every model then has a bound), then in TF32 (the bound of PyTorch's default math), the
+    first-choice variants in the other dtypes (the fp16 what-if) of the priority models, the
+    CNNs' first choices at batch 32 (exact, then TF32), all the priority models' variants at
+    batch 1, and the rest. Each variant is in the first tier it fits."""
     layers = json.loads((bench / "layers.json").read_text())["layers"]
-    variants = json.loads((bench / "cudnn" / "variants.json").read_text())["variants"]
+    variants = [v for v in json.loads((bench / "cudnn" / "variants.json").read_text())["variants"]
+                if re.search(CAMPAIGN_FILTER, v["name"])]
     own_dtype = {layer["key"] for layer in layers}
     users: dict[str, set[str]] = {}
     for layer in layers:
         users.setdefault(_problem(layer["key"]), set()).update(o["model"] for o in layer["occurrences"])
     priority = [m for m in PRIORITY_MODELS if m in models]
     others = [m for m in models if m not in priority]
+    big = [batched(m) for m in MODELS if m in models]
 
     def used_by(group: list[str]) -> Callable[[dict[str, str]], bool]:
         return lambda v: bool(users.get(_problem(v["layer_key"]), set()) & set(group))
@@ -795,13 +855,18 @@ def campaign_tiers(bench: Path, models: list[str]) -> tuple[Tier, ...]:
     def first(v: dict[str, str]) -> bool:
         return v["algo"] in FIRST_CHOICE and v["layout"] == FIRST_LAYOUT
 
-    by_priority, by_others = used_by(priority), used_by(others)
+    def own(tf32: bool) -> Callable[[dict[str, str]], bool]:
+        return lambda v: first(v) and v["layer_key"] in own_dtype and (v["math"] == TF32) == tf32
+
+    by_priority, by_others, by_all, by_big = used_by(priority), used_by(others), used_by(models), used_by(big)
+    exact, tf32 = own(False), own(True)
     rules: list[tuple[str, Callable[[dict[str, str]], bool]]] = [
-        (f"first choice in the model's dtype: {', '.join(priority)}",
-         lambda v: by_priority(v) and first(v) and v["layer_key"] in own_dtype),
-        (f"first choice in the model's dtype: {', '.join(others)}",
-         lambda v: by_others(v) and first(v) and v["layer_key"] in own_dtype),
+        (f"first choice in the model's dtype: {', '.join(priority)}", lambda v: by_priority(v) and exact(v)),
+        (f"first choice in the model's dtype: {', '.join(others)}", lambda v: by_others(v) and exact(v)),
+        (f"first choice in TF32: {', '.join(models)}", lambda v: by_all(v) and tf32(v)),
         (f"first choice in other dtypes: {', '.join(priority)}", lambda v: by_priority(v) and first(v)),
+        (f"first choice in the model's dtype: {', '.join(big)}", lambda v: by_big(v) and exact(v)),
+        (f"first choice in TF32: {', '.join(big)}", lambda v: by_big(v) and tf32(v)),
         (f"every variant: {', '.join(priority)}", by_priority),
         ("every other variant", lambda v: True),
     ]
@@ -830,6 +895,44 @@ def _report_order(names: list[str]) -> list[str]:
     return [m for m in PRIORITY_MODELS if m in names] + [m for m in names if m not in PRIORITY_MODELS]
 
 
+@dataclass(frozen=True)
+class Run:
+    """A model at one batch size in the report: one PyTorch profile, one analysis per math mode
+    (ANALYSIS_MATHS)."""
+
+    model: str
+    batch: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.model if self.batch == 1 else batched(self.model)
+
+    @property
+    def priority(self) -> bool:
+        return self.model in PRIORITY_MODELS
+
+    def subject(self, math: str = "exact") -> str:
+        """What its stages and the page's notes name: `resnet50-v1`, `resnet50-v1-b32 tf32`."""
+        return self.label + ("" if math == "exact" else f" {math}")
+
+    def stage(self, kind: str, math: str = "exact") -> str:
+        """Its stage in the campaign log: `profile resnet50-v1-b32`, `analyze resnet50-v1 tf32`."""
+        return f"{kind} {self.subject(math)}"
+
+    def estimate(self, log_text: str, kind: str, math: str = "exact") -> float:
+        """Measured, else guessed from the model's batch-1 exact stage: a TF32 analysis reads the
+        same database for the same layers, a batch-32 one the same number of layers; a batch-32
+        profile runs the same graph, whose start-up dominated at batch 1 (10-28 s on the H200)."""
+        return estimate(log_text, self.stage(kind, math), Run(self.model).stage(kind))
+
+
+def report_runs(names: list[str]) -> list[Run]:
+    """The report's order: the priority models (batch 1, then ResNet-50 at batch 32), whose
+    profiles the reserve holds, then the others, batch 1 first."""
+    runs = [Run(m) for m in _report_order(names)] + [Run(m, BATCH) for m in _report_order(list(MODELS)) if m in names]
+    return sorted(runs, key=lambda r: not r.priority)
+
+
 # --- the call's budget ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -850,12 +953,17 @@ class CallPlan:
 
 
 def plan_call(left_s: float, models: list[str], profiled: set[str], log_text: str) -> CallPlan:
-    """The report's reserve: the campaign's stop, a profile of each priority model not profiled
-    on this machine yet (the others are profiled only with time to spare), an analysis of every
-    model, the page; each as the latest call measured it, else its default."""
-    stages = ["stop", *(f"profile {m}" for m in PRIORITY_MODELS if m in models and m not in profiled),
-              *(f"analyze {m}" for m in _report_order(models)), "page"]
-    return CallPlan(left_s, tuple((stage, estimate(log_text, stage)) for stage in stages))
+    """The report's reserve: the campaign's stop, a profile of each priority run (report_runs) not
+    profiled on this machine yet (``profiled``: run labels; the others are profiled only with
+    time to spare), an analysis of every run in every math mode, the page; each as the latest
+    call measured it, else as estimated (Run.estimate)."""
+    runs = report_runs(models)
+    stages = [("stop", estimate(log_text, "stop")),
+              *((r.stage("profile"), r.estimate(log_text, "profile")) for r in runs
+                if r.priority and r.label not in profiled),
+              *((r.stage("analyze", m), r.estimate(log_text, "analyze", m)) for r in runs for m in ANALYSIS_MATHS),
+              ("page", estimate(log_text, "page"))]
+    return CallPlan(left_s, tuple(stages))
 
 
 def _log_text(log: Path | None) -> str:
@@ -863,7 +971,7 @@ def _log_text(log: Path | None) -> str:
 
 
 def _profiled(d: Device, models: list[str]) -> set[str]:
-    return {m for m in models if d.stamp(f"profile-{m}").is_file()}
+    return {r.label for r in report_runs(models) if d.stamp(f"profile-{r.label}").is_file()}
 
 
 # --- campaign -------------------------------------------------------------------------------------
@@ -916,7 +1024,7 @@ def _campaign(d: Device, gpu: str, tl: Timeline, deadline: float) -> str | None:
     with tl.stage("campaign"):
         rc, stopped = _run_until_deadline(
             d, d.bz("run", "--system", gpu, "--bench-dir", str(bench), "--backend", "cudnn", "--db", str(db),
-                    "--repetitions", "3", *first), output, deadline)
+                    "--repetitions", "3", "--filter", CAMPAIGN_FILTER, *first), output, deadline)
     lines = output.read_text(errors="replace").strip().splitlines()
     summary = next((line for line in reversed(lines) if line.startswith("cudnn on ")), "no summary line")
     outcome = "stopped at the call's time limit" if stopped else f"exit {rc}"
@@ -1019,6 +1127,44 @@ def _first_line(e: KitError) -> str:
     return f"{lines[0]} {lines[-1].strip()}" if len(lines) > 1 else lines[0]
 
 
+def _profile(d: Device, run: Run, model: str, tl: Timeline, log_text: str, room: float) -> list[str]:
+    """The run's PyTorch-on-CUDA profile where its estimate fits ``room`` (once per machine: a
+    second call on a warm machine has it); the page's notes when there is none."""
+    if d.stamp(f"profile-{run.label}").is_file():
+        return []
+    need = run.estimate(log_text, "profile")
+    if need > room:
+        say(f"report: {run.label}: not profiled (about {need:.0f} s estimated, {max(0.0, room):.0f} s left)")
+        return ["--note", (f"{run.label}: not profiled under PyTorch in this call (about {need:.0f} s, "
+                           f"{max(0.0, room):.0f} s left): its bounds have no measured time to compare")]
+    nsys = ["--nsys"] if shutil.which("nsys") else []
+    try:
+        with tl.stage(run.stage("profile")):
+            d.call(d.bz("profile", model, "--framework", "torch", "--device", "cuda", "--batch-size", str(run.batch),
+                        "--out", str(d.state / f"profile-{run.label}"), *nsys), f"profile {run.label}", timeout=room)
+    except KitError as e:  # the analysis goes on without it; the page says so
+        say(f"report: {run.label}: {e}")
+        return ["--note", f"{run.label}: not profiled: {_first_line(e)}"]
+    d.stamp(f"profile-{run.label}").write_text("")
+    return []
+
+
+def _analyze(d: Device, run: Run, math: str, model: str, gpu: str, db: Path, tl: Timeline, page_s: float) -> str:
+    """`benanza analyze --json` of the run in one math mode, with its profile where there is one;
+    the JSON file's path (KitError where the analysis failed)."""
+    name = run.subject(math).replace(" ", "-")
+    profile = d.state / f"profile-{run.label}"
+    with_profile = ["--profile", str(profile)] if d.stamp(f"profile-{run.label}").is_file() else []
+    analysis = d.state / f"analyze-{name}.json"
+    with tl.stage(run.stage("analyze", math)):
+        analysis.write_text(d.call(d.bz("analyze", model, "--system", gpu, "--db", str(db), "--batch-size",
+                                        str(run.batch), "--math", math, *with_profile, "--json", "--report",
+                                        str(d.state / f"{name}.html")),
+                                   f"analyze {name}", timeout=d.left() - page_s))
+    say(f"report: analysed {run.label} ({math})" + (" with its PyTorch profile" if with_profile else ""))
+    return str(analysis)
+
+
 def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
     """docs/results-<gpu>.md from what the database holds, always: each model analysed (priority
     models first), profiled under PyTorch first where its estimate fits what is left before the
@@ -1029,42 +1175,18 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
     log_text = _log_text(campaign_log) + "".join(line + "\n" for line in tl.pending)
     models = _models(d)
     named = dict(zip(models["names"], models["paths"]))
-    order = _report_order(models["names"])
+    runs = report_runs(models["names"])
     page_s = estimate(log_text, "page")
     analyses, notes = [], []
-    for i, name in enumerate(order):
-        later = sum(estimate(log_text, f"analyze {m}") for m in order[i:])
-        profile = d.state / f"profile-{name}"
-        if not d.stamp(f"profile-{name}").is_file():  # a second call on a warm machine has it
-            room = d.left() - page_s - later
-            need = estimate(log_text, f"profile {name}")
-            if need > room:
-                notes += ["--note", (f"{name}: not profiled under PyTorch in this call (about {need:.0f} s, "
-                                     f"{max(0.0, room):.0f} s left): its bounds have no measured time to compare")]
-                say(f"report: {name}: not profiled (about {need:.0f} s estimated, {max(0.0, room):.0f} s left)")
-            else:
-                nsys = ["--nsys"] if shutil.which("nsys") else []
-                try:
-                    with tl.stage(f"profile {name}"):
-                        d.call(d.bz("profile", named[name], "--framework", "torch", "--device", "cuda", "--out",
-                                    str(profile), *nsys), f"profile {name}", timeout=room)
-                    d.stamp(f"profile-{name}").write_text("")
-                except KitError as e:  # the analysis goes on without it; the page says so
-                    notes += ["--note", f"{name}: not profiled: {_first_line(e)}"]
-                    say(f"report: {name}: {e}")
-        analysis = d.state / f"analyze-{name}.json"
-        with_profile = ["--profile", str(profile)] if d.stamp(f"profile-{name}").is_file() else []
-        try:
-            with tl.stage(f"analyze {name}"):
-                analysis.write_text(d.call(d.bz("analyze", named[name], "--system", gpu, "--db", str(db), *with_profile,
-                                                "--json", "--report", str(d.state / f"{name}.html")),
-                                           f"analyze {name}", timeout=d.left() - page_s))
-        except KitError as e:  # one model's failure must not cost the others' results
-            notes += ["--note", f"{name}: not analysed: {_first_line(e)}"]
-            say(f"report: {name}: {e}")
-            continue
-        analyses.append(str(analysis))
-        say(f"report: analysed {name}" + (" with its PyTorch profile" if with_profile else ""))
+    for i, run in enumerate(runs):
+        later = sum(r.estimate(log_text, "analyze", m) for r in runs[i:] for m in ANALYSIS_MATHS)
+        notes += _profile(d, run, named[run.model], tl, log_text, d.left() - page_s - later)
+        for math in ANALYSIS_MATHS:
+            try:
+                analyses.append(_analyze(d, run, math, named[run.model], gpu, db, tl, page_s))
+            except KitError as e:  # one model's failure must not cost the others' results
+                notes += ["--note", f"{run.subject(math)}: not analysed: {_first_line(e)}"]
+                say(f"report: {run.label} ({math}): {e}")
     notes += _fidelity(d, gpu, db, tl, log_text, page_s)
     with tl.stage("page"):
         text = _log_text(campaign_log)

@@ -242,7 +242,16 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     from benanza.generator import read_variants
 
     variants = read_variants(state / "bench" / "cudnn")
-    assert f"generate: {len(variants)} campaign variants of {', '.join(names)}" in log
+    measured = [v for v in variants if not (v.dtype == "f16" and v.math == "fma")]  # the campaign's filter
+    assert (f"generate: {len(variants)} variants of {', '.join(names)}, and of resnet50-v1-b32, inception-v1-b32, "
+            f"mobilenet-v2-b32 (batch 32); {len(measured)} in the campaign (f16 on FMA units left out)") in log
+    # f32 in both math modes, f16 on Tensor Cores, the three CNNs at batch 32 too
+    assert {(v.dtype, v.math) for v in variants if v.api == "cudnnConvolutionForward"} == {
+        ("f32", "fma"), ("f32", "tf32_allowed"), ("f16", "tensor_op"), ("f16", "fma")}
+    occurrences = {o["model"] for layer in json.loads((state / "bench" / "layers.json").read_text())["layers"]
+                   for o in layer["occurrences"]}
+    assert occurrences == {*names, "resnet50-v1-b32", "inception-v1-b32", "mobilenet-v2-b32"}
+    assert any(v.layer_key.startswith("conv:mb32_") for v in variants)
     assert {v.api for v in variants} >= {"cudnnConvolutionForward", "cudnnPoolingForward", "cudnn_frontend.quant"}
     assert {v.dtype for v in variants if v.api == "cublasLtMatmul"} >= {"f32", "u8"}  # the int8 GEMM too
     assert {v.dtype for v in variants if v.api == "cudnn_frontend.pointwise"} >= {"f32", "b"}  # the mask's booleans
@@ -270,14 +279,16 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     plan = json.loads((state / "plan.json").read_text())
     priority = [m for m in ("resnet50-v1", "transformer-encoder") if m in names]
     others = [m for m in names if m not in priority]
+    first = [*priority, "resnet50-v1-b32"]  # the priority runs, whose profiles are reserved
     assert [stage for stage, _ in plan["reserve"]] == [
-        "stop", *(f"profile {m}" for m in priority), *(f"analyze {m}" for m in priority + others), "page"]
+        "stop", *(f"profile {m}" for m in first),
+        *_analyses(*first, *others, "inception-v1-b32", "mobilenet-v2-b32"), "page"]
     assert [s for _, s in plan["reserve"]] == [gpukit.DEFAULT_SECONDS[stage.split()[0]] for stage, _ in plan["reserve"]]
     assert 0 < plan["left_s"] <= gpukit.ALL_BUDGET_S
     assert plan["campaign_s"] == pytest.approx(plan["left_s"] - sum(s for _, s in plan["reserve"]), abs=0.11)
     assert plan["campaign_s"] > 0  # six models' install, generate and report leave the campaign a share
     assert [set(t["names"]) for t in plan["tiers"]] == _oracle_tiers(state / "bench", names)
-    assert sorted(n for t in plan["tiers"] for n in t["names"]) == sorted(v.name for v in variants)
+    assert sorted(n for t in plan["tiers"] for n in t["names"]) == sorted(v.name for v in measured)
     for stage in ("install", "generate"):
         assert re.search(rf"^gpukit: stage {stage}: \d+ s \(the call at \d+ s of 540\)$", log, re.MULTILINE), stage
 
@@ -375,8 +386,8 @@ EXPORTED = ["transformer-encoder", "transformer-encoder-int8", "masked-decoder"]
 def generated(tmp_path_factory) -> tuple[Path, dict]:
     """What `device generate` writes, made the way it makes it: the zoo's ResNet-50 and
     MobileNet-v2, the kit's own exports (`export_models`: the transformer encoder, its int8
-    quantization, the masked decoder block), the cuDNN sources of them all (`benanza generate`),
-    and models.json."""
+    quantization, the masked decoder block), the cuDNN sources of them all and of the two CNNs at
+    batch 32 (`benanza generate` with the kit's math modes and `batched_args`), and models.json."""
     root = tmp_path_factory.mktemp("generated")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     bz = [sys.executable, "-c", "from benanza.cli import main; main(prog_name='benanza')"]
@@ -388,7 +399,9 @@ def generated(tmp_path_factory) -> tuple[Path, dict]:
     assert (exported, notes) == (EXPORTED, [])
     names = ["resnet50-v1", "mobilenet-v2", *exported]
     paths = [str(root / "models" / f"{n}.onnx") for n in names[:2]] + [str(p) for p in paths]
-    subprocess.run([*bz, "generate", *paths, "--out", str(root / "state" / "bench"), "--backend", "cudnn"],
+    maths = [a for m in gpukit.GENERATE_MATHS for a in ("--math", m)]
+    subprocess.run([*bz, "generate", *paths, *gpukit.batched_args(d, root / "models", names[:2]), *maths,
+                    "--out", str(root / "state" / "bench"), "--backend", "cudnn"],
                    check=True, capture_output=True, env=env, timeout=900)
     models = {"names": names, "paths": paths, "notes": []}
     (root / "state" / "models.json").write_text(json.dumps(models) + "\n")
@@ -412,13 +425,19 @@ def _oracle_tiers(bench: Path, models: list[str]) -> list[set[str]]:
     own = {u.layer.key for u in manifest.layers}
     priority = {"resnet50-v1", "transformer-encoder"} & set(models)
     others = set(models) - priority
+    big = {f"{m}-b32" for m in ("resnet50-v1", "inception-v1", "mobilenet-v2") if m in models}
+    variants = [v for v in variants if not (v.dtype == "f16" and v.math == "fma")]  # never measured
     first = {v.name for v in variants if v.layout == "nchw"
              and v.algo in ("default", "heuristic0", "plan0", "IMPLICIT_PRECOMP_GEMM")}
-    t1 = {v.name for v in variants if users[v.name] & priority and v.name in first and v.layer_key in own}
-    t2 = {v.name for v in variants if users[v.name] & others and v.name in first and v.layer_key in own} - t1
-    t3 = {v.name for v in variants if users[v.name] & priority and v.name in first} - t1 - t2
-    t4 = {v.name for v in variants if users[v.name] & priority} - t1 - t2 - t3
-    return [t1, t2, t3, t4, {v.name for v in variants} - t1 - t2 - t3 - t4]
+    exact = {v.name for v in variants if v.name in first and v.layer_key in own and v.math != "tf32_allowed"}
+    tf32 = {v.name for v in variants if v.name in first and v.layer_key in own and v.math == "tf32_allowed"}
+    rules = [(priority, exact), (others, exact), (priority | others, tf32), (priority, first), (big, exact),
+             (big, tf32), (priority, {v.name for v in variants})]
+    tiers, taken = [], set()
+    for group, names in rules:
+        tiers.append({v.name for v in variants if users[v.name] & group and v.name in names} - taken)
+        taken |= tiers[-1]
+    return [*tiers, {v.name for v in variants} - taken]
 
 
 def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first(generated, tmp_path):
@@ -428,7 +447,10 @@ def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first
     assert [t.label for t in tiers] == [
         "first choice in the model's dtype: resnet50-v1, transformer-encoder",
         "first choice in the model's dtype: mobilenet-v2, transformer-encoder-int8, masked-decoder",
+        f"first choice in TF32: {', '.join(models['names'])}",
         "first choice in other dtypes: resnet50-v1, transformer-encoder",
+        "first choice in the model's dtype: resnet50-v1-b32, mobilenet-v2-b32",
+        "first choice in TF32: resnet50-v1-b32, mobilenet-v2-b32",
         "every variant: resnet50-v1, transformer-encoder", "every other variant"]
     first = set(tiers[0].names)
     # ResNet-50's convolutions and the transformer's GEMMs and attention are in the first tier,
@@ -437,15 +459,38 @@ def test_campaign_measures_each_layers_first_choice_of_the_priority_models_first
     assert {"cudnnConvolutionForward", "cublasGemmEx", "cublasLtMatmul", "cublasGemmStridedBatchedEx",
             "cudnn_frontend.layernorm", "cudnnSoftmaxForward"} <= apis
     assert all("/algo=IMPLICIT_PRECOMP_GEMM/" in n for n in first if "/api=cudnnConvolution" in n)
-    assert any("/api=cudnn_frontend.sdpa/algo=plan0/" in n for n in tiers[2].names)  # attention: fp16 only
-    # every layer of every model that has variants has one in the first two tiers: a bound per layer
+    assert any("/api=cudnn_frontend.sdpa/algo=plan0/" in n for n in tiers[3].names)  # attention: fp16 only
+    # every layer of every batch-1 model that has variants has one in the first two tiers (the
+    # exact bound), every layer of the batch-32 CNNs one in their first tier
     from benanza.generator import read_variants
 
     variants = read_variants(state / "bench" / "cudnn")
+    layers = json.loads((state / "bench" / "layers.json").read_text())["layers"]
+    small = {layer["key"] for layer in layers if {o["model"] for o in layer["occurrences"]} & set(models["names"])}
+    big = {layer["key"] for layer in layers} - small
+    assert big and all(re.search(r"(mb|in|gemm:m)32", k) for k in big)  # the batch in the key
     early = set(tiers[0].names) | set(tiers[1].names)
-    manifest_keys = {layer["key"] for layer in json.loads((state / "bench" / "layers.json").read_text())["layers"]}
-    assert {v.layer_key for v in variants if v.layer_key in manifest_keys} == {
-        v.layer_key for v in variants if v.name in early}
+    assert {v.layer_key for v in variants if v.layer_key in small} == {v.layer_key for v in variants if v.name in early}
+    assert {v.layer_key for v in variants if v.layer_key in big} == {
+        v.layer_key for v in variants if v.name in tiers[4].names}
+    # TF32: f32 convolutions and GEMMs in both math modes; the exact tiers hold no TF32 variant,
+    # the TF32 tiers one first choice of every f32 layer that has TF32 variants, at each batch
+    by_name = {v.name: v for v in variants}
+    assert {v.math for v in variants if v.dtype == "f32" and v.api == "cudnnConvolutionForward"} == {
+        "fma", "tf32_allowed"}
+    for exact, tf32, keys in ((early, set(tiers[2].names), small), (tiers[4].names, set(tiers[5].names), big)):
+        assert all(by_name[n].math != "tf32_allowed" for n in exact)
+        assert {by_name[n].math for n in tf32} == {"tf32_allowed"}
+        assert {by_name[n].layer_key for n in tf32} == {
+            v.layer_key for v in variants if v.math == "tf32_allowed" and v.layer_key in keys}
+    # f16 keeps its Tensor Core variants (the fp16 what-if) beside fma ones (the cost of one --math
+    # list for every dtype), which the campaign's filter and its tiers leave out, and only those
+    f16_conv = [v for v in variants if v.dtype == "f16" and v.api == "cudnnConvolutionForward"]
+    assert {v.math for v in f16_conv} == {"fma", "tensor_op"}
+    assert {v.layer_key for v in f16_conv if v.math == "tensor_op"} == {v.layer_key for v in f16_conv}
+    skipped = {v.name for v in variants if v.dtype == "f16" and v.math == "fma"}
+    assert skipped == {v.name for v in variants if not re.search(gpukit.CAMPAIGN_FILTER, v.name)}
+    assert {n for t in tiers for n in t.names} == {v.name for v in variants} - skipped
 
     # the --first files the campaign gives `benanza run`: every tier but the rest, in order
     d = gpukit.Device(Path(sys.executable), tmp_path / "kit", tmp_path, 0.0, tmp_path / "perfdb", tmp_path / "docs")
@@ -565,17 +610,24 @@ def test_results_page_counts_each_new_path(generated, tmp_path):
         assert row[5] == (message if count["failed"] else "—"), row
 
 
+def _analyses(*runs: str) -> list[str]:
+    return [f"analyze {r}{m}" for r in runs for m in ("", " tf32")]
+
+
 def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
     """Before any call measured a stage: the defaults; once the campaign log holds a stage's
-    time (as the Timeline writes it), the latest one. Profiles are reserved for the priority
-    models not yet profiled on this machine, analyses for every model, priority models first."""
+    time (as the Timeline writes it), the latest one, and for a TF32 or batch-32 stage not
+    measured yet, that of the model's batch-1 exact one. Profiles are reserved for the priority
+    runs (ResNet-50 at batch 1 and 32, the encoder) not yet profiled on this machine, an exact
+    and a TF32 analysis for every run, priority runs first, then batch 1 before batch 32."""
     models = ["resnet50-v1", "inception-v1", "mobilenet-v2", "transformer-encoder"]
     plan = gpukit.plan_call(400.0, models, set(), "")
     assert [stage for stage, _ in plan.reserve] == [
-        "stop", "profile resnet50-v1", "profile transformer-encoder", "analyze resnet50-v1",
-        "analyze transformer-encoder", "analyze inception-v1", "analyze mobilenet-v2", "page"]
+        "stop", "profile resnet50-v1", "profile transformer-encoder", "profile resnet50-v1-b32",
+        *_analyses("resnet50-v1", "transformer-encoder", "resnet50-v1-b32", "inception-v1", "mobilenet-v2",
+                   "inception-v1-b32", "mobilenet-v2-b32"), "page"]
     defaults = gpukit.DEFAULT_SECONDS
-    reserve = defaults["stop"] + 2 * defaults["profile"] + 4 * defaults["analyze"] + defaults["page"]
+    reserve = defaults["stop"] + 3 * defaults["profile"] + 14 * defaults["analyze"] + defaults["page"]
     assert sum(s for _, s in plan.reserve) == reserve
     assert plan.campaign_s == 400.0 - reserve
 
@@ -584,24 +636,37 @@ def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
     tl.record("profile resnet50-v1", 41.2)
     tl.record("page", 3.0)
     tl.record("profile resnet50-v1", 35.0)
+    tl.record("analyze mobilenet-v2", 4.0)
+    tl.record("analyze mobilenet-v2-b32 tf32", 6.0)
     log = "2026-11-26T03:00:00Z 300 s stopped at the call's time limit: cudnn on NVIDIA H100\n" + "".join(
         line + "\n" for line in tl.pending)
     measured = gpukit.plan_call(400.0, models, {"transformer-encoder"}, log)
-    assert dict(measured.reserve) == {"stop": defaults["stop"], "profile resnet50-v1": 35.0,
-                                      **{f"analyze {m}": defaults["analyze"] for m in models}, "page": 3.0}
+    assert dict(measured.reserve) == {
+        "stop": defaults["stop"], "profile resnet50-v1": 35.0, "profile resnet50-v1-b32": 35.0,
+        **{stage: defaults["analyze"] for stage in _analyses(*models, "resnet50-v1-b32", "inception-v1-b32")},
+        **dict.fromkeys(_analyses("mobilenet-v2", "mobilenet-v2-b32"), 4.0), "analyze mobilenet-v2-b32 tf32": 6.0,
+        "page": 3.0}
     assert measured.campaign_s == 400.0 - sum(dict(measured.reserve).values())
-    # the kit's six models: an analysis each in the reserve, profiles for the two priority models
-    # only (the dry run checks that install and generate leave the campaign a share)
+    # the kit's six models and the three CNNs at batch 32: two analyses each in the reserve,
+    # profiles for the priority runs only (the dry run checks that install and generate leave the
+    # campaign a share)
     six = [*gpukit.MODELS, *(e.name for e in gpukit.EXPORTS)]
     assert six == ["resnet50-v1", "inception-v1", "mobilenet-v2", *EXPORTED]
     plan = gpukit.plan_call(gpukit.ALL_BUDGET_S, six, set(), "")
     assert [stage for stage, _ in plan.reserve if stage.startswith("profile ")] == [
-        "profile resnet50-v1", "profile transformer-encoder"]
-    assert [stage for stage, _ in plan.reserve if stage.startswith("analyze ")] == [
-        f"analyze {m}" for m in ["resnet50-v1", "transformer-encoder", "inception-v1", "mobilenet-v2",
-                                 "transformer-encoder-int8", "masked-decoder"]]
-    six_reserve = defaults["stop"] + 2 * defaults["profile"] + 6 * defaults["analyze"] + defaults["page"]
-    assert plan.campaign_s == gpukit.ALL_BUDGET_S - six_reserve
+        "profile resnet50-v1", "profile transformer-encoder", "profile resnet50-v1-b32"]
+    assert [stage for stage, _ in plan.reserve if stage.startswith("analyze ")] == _analyses(
+        "resnet50-v1", "transformer-encoder", "resnet50-v1-b32", "inception-v1", "mobilenet-v2",
+        "transformer-encoder-int8", "masked-decoder", "inception-v1-b32", "mobilenet-v2-b32")
+    nine_reserve = defaults["stop"] + 3 * defaults["profile"] + 18 * defaults["analyze"] + defaults["page"]
+    assert plan.campaign_s == gpukit.ALL_BUDGET_S - nine_reserve
+    # with the H200's first run's log: the reserve it measured, the TF32 and batch-32 stages as
+    # their batch-1 exact ones; the campaign keeps most of the call
+    h200 = (REPO / "perfdb" / "nvidia-h200-campaign.log").read_text()
+    plan = gpukit.plan_call(gpukit.ALL_BUDGET_S - 14 - 28, six, set(), h200)
+    assert dict(plan.reserve)["profile resnet50-v1-b32"] == dict(plan.reserve)["profile resnet50-v1"] == 26
+    assert dict(plan.reserve)["analyze inception-v1-b32 tf32"] == 8
+    assert plan.campaign_s > 250
     # no time for a campaign: none, never a negative share
     assert gpukit.plan_call(60.0, models, set(), "").campaign_s == 0.0
 
@@ -621,10 +686,12 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
     tiers = gpukit.campaign_tiers(state / "bench", models["names"])
     by_name = {v.name: v for v in read_variants(state / "bench" / "cudnn")}
     system = System(GPU, "cudnn", "NVIDIA H100 80GB HBM3", (("cudnn", "9.13"),))
+    # the first tier, the TF32 first choices faster (as on Tensor Cores), the batch-32 exact ones
+    stored = ((tiers[0], 0.01), (tiers[2], 0.004), (tiers[4], 0.02))
     with PerfDB(perfdb / f"{GPU}.db") as db:
         db.upsert_system(system)
-        db.insert_results(system, [Result(by_name[n], GPU, Status.OK, median_ms=0.01, low_ms=0.01)
-                                   for n in tiers[0].names])
+        db.insert_results(system, [Result(by_name[n], GPU, Status.OK, median_ms=ms, low_ms=ms)
+                                   for tier, ms in stored for n in tier.names])
     # a profile measured at more than this call has: none is attempted
     (perfdb / f"{GPU}-campaign.log").write_text(
         "2026-11-26T03:00:00Z 180 s stopped at the call's time limit: cudnn on NVIDIA H100 80GB HBM3\n"
@@ -635,21 +702,36 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
     page = gpukit._report(d, GPU, gpukit.Timeline(time.monotonic(), 400), "stopped at the call's time limit")
     text = page.read_text()
     total = sum(len(t.names) for t in tiers)
-    assert (f"- **Partial campaign** (stopped at the call's time limit): {len(tiers[0].names)} of {total} variants "
+    have = sum(len(tier.names) for tier, _ in stored)
+    assert (f"- **Partial campaign** (stopped at the call's time limit): {have} of {total} variants "
             f"have a result") in text
     assert f"{tiers[0].label}: {len(tiers[0].names)}/{len(tiers[0].names)}; {tiers[1].label}: 0/" in text
-    for m in models["names"]:
-        assert f"- {m}: not profiled under PyTorch in this call (about 9999 s, " in text
-    # every model analysed (the bounds table): the priority models' bounds rest on the first tier
-    # alone, MobileNet's layers have no result yet (its tier was not reached), so its bound is partial
-    head = "| model | dtype | measured ms | sequential bound | parallel bound | BR seq | BR par | partial |"
+    for run in [*models["names"], "resnet50-v1-b32", "mobilenet-v2-b32"]:
+        assert f"- {run}: not profiled under PyTorch in this call (about 9999 s, " in text
+    # every model analysed at batch 1 and the CNNs at 32, each in exact and TF32 math (the bounds
+    # table, from the analyzer's JSON): the priority models' exact bounds rest on the first tier
+    # alone, their TF32 bounds on the faster TF32 variants; MobileNet's layers have no exact
+    # result yet (its tier was not reached), so its bound is partial; the CNNs' batch-32 bounds
+    # rest on their own first tier (`analyze --batch-size 32` finds the layers generated for
+    # `<model>-b32`)
+    head = ("| model | batch | math | dtype | measured ms | sequential bound | parallel bound | BR seq | BR par | "
+            "partial | missing layers | not covered |")
     table = text[text.index(head):].split("\n\n")[0].splitlines()[2:]
-    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table)}
-    assert set(rows) == set(models["names"])
-    assert rows["mobilenet-v2"][7] == "yes" and int(rows["mobilenet-v2"][8]) > 0
+    rows = {tuple(cells[:3]): cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table)}
+    assert set(rows) == {(m, b, mode) for m, b in [*((m, "1") for m in models["names"]), ("resnet50-v1", "32"),
+                                                   ("mobilenet-v2", "32")] for mode in ("exact", "tf32")}
+    assert rows[("mobilenet-v2", "1", "exact")][9] == "yes" and int(rows[("mobilenet-v2", "1", "exact")][10]) > 0
     for m in ("resnet50-v1", "transformer-encoder"):
-        assert rows[m][7:9] == ["no", "0"], rows[m]
-        assert rows[m][2] == "—"  # not profiled: nothing measured to compare
+        exact, tf32 = rows[(m, "1", "exact")], rows[(m, "1", "tf32")]
+        assert exact[9:11] == tf32[9:11] == ["no", "0"], (exact, tf32)
+        assert exact[4] == "—"  # not profiled: nothing measured to compare
+        assert float(tf32[5]) < float(exact[5])
+    for m in ("resnet50-v1", "mobilenet-v2"):
+        exact, tf32 = rows[(m, "32", "exact")], rows[(m, "32", "tf32")]
+        assert exact[9:11] == tf32[9:11] == ["no", "0"], (exact, tf32)
+    assert float(rows[("resnet50-v1", "32", "exact")][5]) > float(rows[("resnet50-v1", "1", "exact")][5])
+    assert "PyTorch's defaults (TF32 in cuDNN convolutions, `COMPUTE_32F_FAST_TF32` cuBLASLt GEMMs) are what " \
+           "the `tf32` rows bound" in text
 
     # no time left at all: the page all the same, from what there is
     late = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, time.monotonic(), perfdb, docs)
@@ -658,4 +740,6 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
     text = page.read_text()
     assert "**Partial campaign** (stopped at the call's time limit)" in text
     for m in models["names"]:  # analysed within the second it gets, or a line that says it was not
-        assert f"\n| {m} | f32 | " in text or f"\n- {m}: not analysed: " in text
+        for mode in ("exact", "tf32"):
+            subject = m if mode == "exact" else f"{m} tf32"
+            assert f"\n| {m} | 1 | {mode} | f32 | " in text or f"\n- {subject}: not analysed: " in text
