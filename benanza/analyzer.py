@@ -816,7 +816,11 @@ def _warn_calls(a: Analysis, lib: LibraryView) -> None:
         a.notes.append(f"Q3: {len(fused)} {lib.library} calls not comparable: the call fuses "
                        f"{', '.join(kinds)} and no benchmark of the layer runs that fusion in its layout "
                        f"({', '.join(c.name for c in fused[:4])}{', …' if len(fused) > 4 else ''}); not judged")
-    other = [c for c in lib.not_comparable if not c.post_ops]
+    # the call's math or type ruled out every benchmark of the layer (questions._comparable says why)
+    ruled_out = [c for c in lib.not_comparable if not c.post_ops and c.explanation and not c.above_framework]
+    for why, n in sorted(Counter(c.explanation for c in ruled_out).items()):
+        a.notes.append(f"Q3: {n} {lib.library} calls not comparable: {why}; not judged")
+    other = [c for c in lib.not_comparable if not c.post_ops and c not in ruled_out]
     if other:
         a.notes.append(f"Q3: {len(other)} {lib.library} calls not comparable: no benchmark of the layer in the "
                        f"call's layout ({', '.join(f'{c.name} {c.layout}' for c in other[:4])}); not judged")

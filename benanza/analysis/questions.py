@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from ..fusion import BY_NAME as FUSION_PATTERNS
 from ..fusion import FusionMatch
-from ..layers import Model
+from ..layers import FLOAT_DTYPES, Model
 from ..parsers import ExecutionProfile, FrameworkTrace, LibraryCall
+from ..parsers.blocklog import int_list
 from ..parsers.ort import NCHWC_SUFFIX
 from ..problems import ConvProblem
-from ..records import Result, Variant
+from ..records import Math, Result, Variant
 from .bounds import LayerRow, LayerStatus, ResultIndex, best, layer_results
 from .matching import CallAlignment, TraceMatch
 
@@ -41,7 +42,9 @@ class AlgoChoice:
     post_ops: tuple[str, ...] = ()  # what the call fused after the conv (LibraryCall.post_ops)
     fusion: str = ""  # the benchmark fusion (Variant.fusion) compared with the call; "" if none
     bound_ms: float | None = None  # the layer's latency in the bound (any layout, unfused)
-    explanation: str = ""  # why bound_ms is above framework_ms (set by the analyzer when it is)
+    # why bound_ms is above framework_ms (set by the analyzer when it is); for a cuDNN graph-API
+    # call, why used_ms is None or the call is not comparable (engine_of)
+    explanation: str = ""
     used_variant: str = ""  # the benchmark behind used_ms ("" without one)
     best_variant: str = ""  # the benchmark behind best_ms ("" without one)
     # Where used_ms or best_ms is a result racing stopped at its screening estimate
@@ -100,7 +103,49 @@ def call_layout(call: LibraryCall) -> str:
     for fmt, layout in (("CUDNN_TENSOR_NHWC", "nhwc"), ("CUDNN_TENSOR_NCHW", "nchw")):
         if fmt in values:
             return layout
-    return ""
+    return _strides_layout(call)
+
+
+def _strides_layout(call: LibraryCall) -> str:
+    """A graph-API call's layout, from its input's strides (its tensors have no format): packed
+    NHWC or NCHW ("" if neither)."""
+    strides = next((int_list(v) for p, v in call.detail if p.endswith("xDesc.strideA")), ())
+    dims = next((int_list(v) for p, v in call.detail if p.endswith("xDesc.dimA")), ())
+    if len(strides) != 4 or len(dims) != 4:
+        return ""
+    _, c, h, w = dims
+    packed = {(c * h * w, 1, w * c, c): "nhwc", (c * h * w, h * w, w, 1): "nchw"}
+    return packed.get(strides, "")
+
+
+_ENGINE = re.compile(r"eng(\d+)")
+
+
+def engine_of(algo: str) -> int | None:
+    """The global engine index of a cuDNN graph-API call's ``algo`` (``eng28``); None for
+    another kind of call (a legacy algorithm, a oneDNN implementation)."""
+    m = _ENGINE.fullmatch(algo)
+    return int(m.group(1)) if m else None
+
+
+def _same_engine(engine: int, results: list[Result]) -> tuple[list[Result], str]:
+    """The graph-API results that ran ``engine`` (their ``engine_id`` counter), and why none is
+    there when none is."""
+    same = [r for r in results if r.metrics.get("engine_id") == engine]
+    if same:
+        return same, ""
+    measured = sorted({int(r.metrics["engine_id"]) for r in results if "engine_id" in r.metrics})
+    return [], (f"engine {engine} was not among the measured plans"
+                + (f" (engines {', '.join(map(str, measured))})" if measured else " (no graph-API result)"))
+
+
+def _admitting_tf32(results: list[Result]) -> tuple[list[Result], str]:
+    """A call that allowed TF32 compares with the variants that allow it only: an exact-f32
+    variant is another computation. Empty, with why, where none was measured."""
+    tf32 = [r for r in results if r.variant.math == Math.TF32_ALLOWED]
+    why = "" if tf32 else ("the call allowed TF32 and no benchmark of the layer in its layout does "
+                           "(generate --math tf32_allowed, analyze --math tf32)")
+    return tf32, why
 
 
 # a fusion pattern's activation as the post-op a library call logs for it
@@ -133,6 +178,17 @@ def _computes(call_bias: bool | None, post_ops: tuple[str, ...], variant: Varian
     return ops == post_ops and (bias or not call_bias)
 
 
+def _comparable(results: list[Result], call_dtype: str, dtype: str, tf32: bool) -> tuple[list[Result], str]:
+    """Those of a layer's results in the call's layout and fusion that compare with the call,
+    and why none does where its type or its math rules them all out."""
+    # a QDQ layer's int8 call compares with the layer's int8 fusion, whatever the analysed float type
+    if call_dtype in FLOAT_DTYPES and dtype in FLOAT_DTYPES and call_dtype != dtype:
+        return [], f"the call computed in {call_dtype}, the analysis is of {dtype}"
+    if tf32 and dtype == "f32":
+        return _admitting_tf32(results)
+    return results, ""
+
+
 def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: ResultIndex,
                       dtype: str, same_version: bool = True,
                       bound: Mapping[int, float] | None = None) -> list[AlgoChoice]:
@@ -143,7 +199,7 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
     library version is the benchmarks' (else implementation names are not compared and only the
     log's own call time is shown). ``bound``: each layer's latency in the bound."""
     used: dict[int, Counter[str]] = {}
-    shapes: dict[int, Counter[tuple[str, bool | None, tuple[str, ...]]]] = {}
+    shapes: dict[int, Counter[tuple[str, bool | None, tuple[str, ...], bool, str]]] = {}
     times: dict[int, list[float]] = {}
     for p in alignment.passes:
         for m in p:
@@ -151,7 +207,9 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
             if m.call.conv is not None and m.call.algo and not m.deviations:
                 used.setdefault(m.node, Counter())[m.call.algo] += 1
                 epilogue = tuple(_post_op(op) for op in m.call.post_ops)
-                shapes.setdefault(m.node, Counter())[(call_layout(m.call), m.call.bias, epilogue)] += 1
+                tf32 = m.call.math == Math.TF32_ALLOWED
+                key = (call_layout(m.call), m.call.bias, epilogue, tf32, m.call.dtype)
+                shapes.setdefault(m.node, Counter())[key] += 1
                 if m.call.time_ms is not None:
                     times.setdefault(m.node, []).append(m.call.time_ms)
     bound = bound or {}
@@ -159,10 +217,11 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
     for index, counts in sorted(used.items()):
         node = model.nodes[index]
         dt = node.layer.in_dtype(dtype)
-        layout, bias, post_ops = shapes[index].most_common(1)[0][0]
+        layout, bias, post_ops, tf32, call_dtype = shapes[index].most_common(1)[0][0]
         measured = [r for r in layer_results(by_problem, node.layer, dtype) if r.ok and r.variant.dtype == dt]
         results = [r for r in measured if (not layout or r.variant.layout == layout)
                    and _computes(bias, post_ops, r.variant)]
+        results, why = _comparable(results, call_dtype, dt, tf32)
         # one computation, possibly under two fusion names (an unfused conv with its bias and "bias")
         fastest = min(results, key=lambda r: (float(r.latency_ms), r.variant.name), default=None)  # type: ignore[arg-type]
         algo = counts.most_common(1)[0][0]
@@ -172,15 +231,19 @@ def algorithm_choices(model: Model, alignment: CallAlignment, by_problem: Result
                 continue  # nothing measured for the layer: the bound's missing-layer warning says so
             # measured, but not in the call's layout or not with its fusion: listed, never judged
             out.append(AlgoChoice(index, node.name, algo, None, "", None, framework_ms, layout,
-                                  post_ops=post_ops, bound_ms=bound.get(index)))
+                                  post_ops=post_ops, bound_ms=bound.get(index), explanation=why))
             continue
-        same = [r for r in results if _norm(algo) in (_norm(r.variant.algo), _norm(r.implementation))]
+        engine = engine_of(algo)
+        if engine is not None:  # a graph-API execute: the results of the plans that ran its engine
+            same, why = _same_engine(engine, results)
+        else:
+            same = [r for r in results if _norm(algo) in (_norm(r.variant.algo), _norm(r.implementation))]
         match = min(same, key=lambda r: float(r.latency_ms)) if same and same_version else None  # type: ignore[arg-type]
         noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
         out.append(AlgoChoice(index, node.name, algo, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
                               fastest.implementation or fastest.variant.algo, float(fastest.latency_ms),  # type: ignore[arg-type]
                               framework_ms, layout, noise, post_ops, fastest.variant.fusion, bound.get(index),
-                              **_compared(match, same, fastest, results)))
+                              why, **_compared(match, same, fastest, results)))
     return out
 
 

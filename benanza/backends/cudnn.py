@@ -13,7 +13,11 @@ time, recorded as "unsupported" with its status string):
   layer (``benanza.fusion``): RELU with every algorithm, IDENTITY (Conv→Bias, Conv→BN) with
   IMPLICIT_PRECOMP_GEMM only, the one algorithm cuDNN allows with it. A convolution with a bias
   input is timed unfused as cudnnConvolutionForward followed by cudnnAddTensor, as a framework
-  runs it.
+  runs it. And the same convolution through the graph API (``cudnn_frontend.conv``), as PyTorch
+  runs it: one conv_fprop node on the qconv table (exact pads), the bias by cudnnAddTensor after
+  the graph, a plan slot (``PLAN_ALGOS``) per dtype × layout × math; ``fma`` deselects the engines
+  with Tensor Core or down-converted-input notes. Each result's ``engine_id`` counter is the
+  engine a framework's cuDNN log names (Q3). Not yet run on a GPU.
 - Transposed convolution (ConvTranspose): cudnnConvolutionBackwardData, the 6 backward-data
   algorithms (``DECONV_ALGOS``) × dtypes × layouts × math modes, a bias added by cudnnAddTensor;
   covered only where the descriptor's symmetric padding computes the layer exactly (the family
@@ -98,7 +102,8 @@ add ``algo``, ``heuristic_algo`` and ``find_algo`` (indexes into ``CONV_ALGOS``:
 cudnnGetConvolutionForwardAlgorithm_v7 and cudnnFindConvolutionForwardAlgorithm pick) and
 ``find_ms``, and the math type and workspace each of them chose: ``heuristic_math``,
 ``find_math`` (indexes into ``CUDNN_MATH_TYPES``), ``heuristic_workspace_bytes``,
-``find_workspace_bytes``; ``cublasLtMatmul`` adds ``algo`` (the heuristic rank),
+``find_workspace_bytes``; graph-API variants add ``engine_configs`` and ``engine_id`` (the
+engine's global index); ``cublasLtMatmul`` adds ``algo`` (the heuristic rank),
 ``heuristic_algos`` (how many it offered), ``lt_algo_id``, ``lt_tile_id``, ``lt_stages_id``,
 ``lt_splitk`` (the algorithm's configuration) and ``waves``. Timing counters
 (runtime_cpp/cudnn/harness.cpp): ``calls`` per repetition, ``l2_flushed`` (1: the L2 cache was
@@ -128,10 +133,19 @@ from ..ops.attention import CUDNN_SDPA, CUDNN_SDPA_TABLE
 from ..ops.base import ELEMENT_SIZE, CudnnLowering, CudnnTable, cpp_literal, row_fields
 from ..ops.binary import CUDNN_POINTWISE, CUDNN_POINTWISE_TABLE
 from ..ops.cast import CUDNN_QUANT, CUDNN_QUANT_TABLE
-from ..ops.conv import CUDNN_CONV, CUDNN_DECONV, DECONV_API, gemm_row, matrix_product
+from ..ops.conv import (
+    CUDNN_CONV,
+    CUDNN_CONV_GRAPH,
+    CUDNN_DECONV,
+    CUDNN_QCONV_TABLE,
+    DECONV_API,
+    conv_graph_call,
+    gemm_row,
+    matrix_product,
+)
 from ..ops.gemm import CUDNN_BLAS, gemm_epilogue
 from ..ops.norm import CUDNN_LAYERNORM, CUDNN_LNORM
-from ..ops.quantized import CUDNN_QCONV, CUDNN_QCONV_TABLE
+from ..ops.quantized import CUDNN_QCONV
 from ..ops.registry import FAMILIES as REGISTRY
 from ..ops.registry import PATTERN_LOWERINGS
 from ..ops.resample import CUDNN_RESAMPLE_TABLE
@@ -361,6 +375,7 @@ class CudnnBackend(CMakeBackend):
             _warn_asymmetric(layer)
             combos = exp.combos(family)
             out += [Variant(problem, NAME, api, algo, d, lay, m) for algo in CONV_ALGOS for d, lay, m in combos]
+            out += _conv_graph_variants(layer, combos)
             for fusion in fusions:
                 if fusion in _FUSED_FORMS:  # a QDQ Conv: the int8 convolution graph, below
                     continue
@@ -460,6 +475,16 @@ def _graph_fusion_variants(layer: Layer, fusions: tuple[str, ...], exp: Expansio
 
 
 
+def _conv_graph_variants(layer: Layer, combos: list[tuple[str, str, str]]) -> list[Variant]:
+    """A float convolution through the graph API, as PyTorch runs it: a plan slot per dtype,
+    layout and math of the legacy variants. Its result's ``engine_id`` counter is the engine a
+    framework's cuDNN log names (Q3). cuDNN's graph pads asymmetrically, so no padding is added."""
+    if layer.dtype not in FLOAT_DTYPES:
+        return []
+    return [Variant(layer.problem, NAME, CUDNN_CONV_GRAPH, algo, d, lay, m)
+            for d, lay, m in combos for algo in PLAN_ALGOS]
+
+
 def _warn_asymmetric(layer: Layer) -> None:
     p = layer.problem
     assert isinstance(p, ConvProblem)
@@ -484,9 +509,12 @@ def _conv_gemm_form(v: Variant) -> tuple[bool, str] | None:
 def _row_form(v: Variant) -> tuple[str, CudnnLowering] | None:
     """The row a variant runs on where it is not its layer's (a tag naming it among the problem's
     rows, and its lowering): a fusion pattern's fused form, keyed by the pattern (its row may hold
-    what the problem does not), or a convolution's GEMM, keyed by whether it adds a bias."""
+    what the problem does not), a convolution's GEMM, keyed by whether it adds a bias, or a
+    convolution's graph-API row (the qconv table's, keyed by the api)."""
     if v.fusion in _FUSED_FORMS:
         return v.fusion, _FUSED_FORMS[v.fusion]
+    if v.api == CUDNN_CONV_GRAPH:
+        return v.api, _BY_NAME[v.problem.family].cudnn[v.api]
     gemm = _conv_gemm_form(v)
     if gemm is not None:
         return "gemm_bias" if gemm[0] else "gemm", _CONV_GEMM[gemm[0]]
@@ -501,6 +529,8 @@ def _variant_fields(v: Variant, layer_index: int) -> Fields:
         call = "kConvBiasRelu" if FUSION_PATTERNS[v.fusion].activation == "relu" else "kConvBiasIdentity"
     elif v.fusion in _FUSED_FORMS:
         call = _FUSED_FORMS[v.fusion].call_for(v.problem)
+    elif v.api == CUDNN_CONV_GRAPH:
+        call = conv_graph_call(v.layout, v.math)
     elif v.api == LT_API and v.fusion in FUSION_PATTERNS:
         call = _LT_CALLS[FUSION_PATTERNS[v.fusion].activation]
     else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import NodeError
@@ -291,6 +291,33 @@ def gemm_row(p: ConvProblem, bias: bool) -> BlasLayer:
 
 
 CUDNN_CONV = CudnnTable("conv", "add_conv", spatial=True, math=True)
+# cuDNN's graph-API convolution (runtime_cpp/cudnn/graph.cpp): QLinearConv's and ConvInteger's int8
+# graphs (benanza.ops.quantized), and a float Conv's conv_fprop node, which is what PyTorch executes
+CUDNN_QCONV_TABLE = CudnnTable("qconv", "add_qconv", False, False)
+CUDNN_CONV_GRAPH = "cudnn_frontend.conv"
+
+
+@dataclass(frozen=True)
+class QconvLayer(ConvLayer):
+    """cuDNN QconvLayer (graph API): ConvLayer's fields, then ``requant``: QLinearConv's
+    epilogue (a scale, then an offset, into s8) instead of ConvInteger's s32 result; ``bscales``:
+    the weights' scales (1, or one per output channel). QLinearConv's int32 bias (``bias``) has no
+    node of its own: it is part of the offset. A float Conv's row (its call kConvGraph*) adds its
+    bias after the graph, as PyTorch does."""
+
+    requant: bool
+    bscales: int
+
+
+def _conv_graph_row(p: _Conv2d, api: str) -> QconvLayer:
+    return QconvLayer(**asdict(cudnn_row(p, api)), requant=False, bscales=1)
+
+
+def conv_graph_call(layout: str, math: str) -> str:
+    """The qconv table's call constant (tables.hpp) of a float convolution graph: channels-last
+    tensors for ``nhwc``; for ``fma`` math the engines with Tensor Cores or down-converted inputs
+    deselected, as PyTorch does when TF32 is off (the other modes allow them, as the legacy API's)."""
+    return "kConvGraph" + ("Nhwc" if layout == "nhwc" else "") + ("Fma" if math == "fma" else "")
 CUDNN_DECONV = CudnnTable("deconv", "add_deconv", spatial=True, math=True)
 DECONV_API = "cudnnConvolutionBackwardData"
 
@@ -336,7 +363,8 @@ def _deconv_reference(site: Site, v: Variant, gen: Gen) -> Spec:
 
 CONV = Family("conv", ConvProblem, ("Conv",), _conv_build, spatial_1d_or_2d,
               cudnn_api=const("cudnnConvolutionForward"), onednn_api=const("convolution"),
-              cudnn={"cudnnConvolutionForward": CudnnLowering(CUDNN_CONV, cudnn_row, "kConvForward")},
+              cudnn={"cudnnConvolutionForward": CudnnLowering(CUDNN_CONV, cudnn_row, "kConvForward"),
+                     CUDNN_CONV_GRAPH: CudnnLowering(CUDNN_QCONV_TABLE, _conv_graph_row)},
               onednn=OnednnLowering("conv", True, onednn_row,
                                     reference=Fills(lambda p: (0, 1, 2) if p.bias else (0, 1))),
               exact=True)

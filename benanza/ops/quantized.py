@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .base import (
     CudnnLowering,
-    CudnnTable,
     Dims,
     Family,
     NodeFinder,
@@ -62,7 +61,7 @@ from .base import (
 )
 from .binary import BinaryProblem
 from .cast import CUDNN_QUANT, CUDNN_QUANT_TABLE, CUDNN_SOURCES, TYPE_WORDS, WORD_TYPES, QuantLayer, quant_row
-from .conv import ConvLayer, ConvParams, ConvProblem, conv_fields, cudnn_row, onednn_row
+from .conv import CUDNN_QCONV_TABLE, ConvParams, ConvProblem, QconvLayer, conv_fields, cudnn_row, onednn_row
 from .gemm import CUDNN_BLAS, BlasLayer, MatMulProblem, matmul_operands
 from .grammar import F, Problem
 from .reference import Gen, Site, Slot, Spec, as_filled, as_scales, external_slot, fill, last_output, np_type
@@ -299,7 +298,6 @@ def _qconv_row(p: ConvIntProblem, api: str) -> QconvParams:
 
 # cuDNN's int8 convolution on the graph API (runtime_cpp/cudnn/graph.cpp, the qconv table)
 CUDNN_QCONV = "cudnn_frontend.qconv"
-CUDNN_QCONV_TABLE = CudnnTable("qconv", "add_qconv", False, False)
 
 
 def _qconv_cudnn_gap(p: ConvIntProblem) -> str | None:
@@ -325,17 +323,6 @@ def _qconv_cudnn(p: Problem) -> str | None:
 def _qconv_uncovered(p: Problem, backend: str) -> str | None:
     assert isinstance(p, ConvIntProblem)
     return _qconv_cudnn_gap(p) if backend == "cudnn" else None
-
-
-@dataclass(frozen=True)
-class QconvLayer(ConvLayer):
-    """cuDNN QconvLayer (graph API): ConvLayer's fields, then ``requant``: QLinearConv's
-    epilogue (a scale, then an offset, into s8) instead of ConvInteger's s32 result; ``bscales``:
-    the weights' scales (1, or one per output channel). QLinearConv's int32 bias (``bias``) has no
-    node of its own: it is part of the offset."""
-
-    requant: bool
-    bscales: int
 
 
 def _qconv_cudnn_row(p: ConvIntProblem, api: str) -> QconvLayer:

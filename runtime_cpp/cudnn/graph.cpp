@@ -2,12 +2,13 @@
 // legacy API has no call for: layer normalization (inference), scaled dot-product attention
 // (flash attention forward, inference), single pointwise nodes (Div, Pow, comparisons, Erf,
 // GELU ...), resampling (ONNX Resize by 2), quantization's element-wise layers and int8
-// convolutions (ConvInteger, QLinearConv).
+// convolutions (ConvInteger, QLinearConv); and float convolutions, as PyTorch runs them.
 //
 // One graph per layer and data type, built, validated and lowered once and shared by that
 // layer's variants: the heuristics (mode A, then fallback) list engine configs, and each
 // variant builds and times the plan of one of them (its `algo` is the slot), with the workspace
-// that plan asks for; the result's implementation names the engine config.
+// that plan asks for; the result's implementation names the engine config, its `engine_id`
+// counter the engine.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
@@ -76,9 +77,22 @@ int64_t volume(const std::vector<int64_t>& dims) {
   return n;
 }
 
+// The frontend's graph with each engine config's numerical notes readable: its
+// deselect_numeric_notes bars configs for check_support and build_plans only, not for the
+// build_plan_at_index each variant uses, so the planning reads the notes itself.
+class NotedGraph : public Graph {
+ public:
+  // whether the engine config at `index` (after create_execution_plans) has any of `notes`
+  bool noted(int64_t index, const std::vector<fe::NumericalNote_t>& notes) const {
+    const auto& has = plans.numeric_notes.at(static_cast<size_t>(index));
+    return std::any_of(notes.begin(), notes.end(),
+                       [&has](fe::NumericalNote_t n) { return std::find(has.begin(), has.end(), n) != has.end(); });
+  }
+};
+
 // A graph ready to plan, with the device tensors its variant pack needs (uid → elements, type).
 struct Spec {
-  std::shared_ptr<Graph> graph;
+  std::shared_ptr<NotedGraph> graph;
   std::string what;  // the node, for the implementation string
   struct Buffer {
     int64_t uid, elements;
@@ -91,6 +105,8 @@ struct Spec {
     bool bound = true;
   };
   std::vector<Buffer> buffers;
+  int64_t result = 0;  // the uid of the last output
+  std::vector<fe::NumericalNote_t> barred = {};  // engine configs with any of these notes are not planned
 
   // memory for views only: its uid
   int64_t storage(int64_t elements, DType type) {
@@ -123,6 +139,7 @@ struct Spec {
               std::vector<int64_t> strides = {}) {
     const int64_t uid = static_cast<int64_t>(buffers.size()) + 1;
     buffers.push_back({uid, volume(dims), type, boolean});
+    result = uid;
     if (strides.empty()) strides = packed(dims);
     t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides).set_data_type(
         fe_dtype(boolean ? DType::Bool : type));
@@ -132,7 +149,7 @@ struct Spec {
 // `sm` > 0: the compute capability to validate for without a device (nodes copy the graph's
 // context when added, so it is set first); 0: the device's, read when needed.
 Spec new_spec(DType io, const std::string& what, int sm) {
-  Spec s{std::make_shared<Graph>(), what, {}};
+  Spec s{std::make_shared<NotedGraph>(), what, {}};
   if (sm > 0) s.graph->set_sm_version(sm);
   s.graph->set_io_data_type(fe_dtype(io))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -322,6 +339,30 @@ Spec build(const ResampleLayer& L, DType t, uint8_t, int sm) {
   return s;
 }
 
+// A float convolution (calls kConvGraph*): conv_fprop alone, in the variant's type with fp32
+// compute, as PyTorch's cuDNN convolutions execute it (it adds the bias in a kernel of its own:
+// a graph with the add would run other engines than the ones its log names).
+Spec conv_graph(const QconvLayer& L, DType t, uint8_t call, int sm) {
+  const bool nhwc = (call & kConvGraphNhwc) == kConvGraphNhwc, fma = (call & kConvGraphFma) == kConvGraphFma;
+  Spec s = new_spec(t, std::string("conv_fprop ") + (nhwc ? "NHWC" : "NCHW") + (fma ? " FMA" : ""), sm);
+  if (fma) s.barred = {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
+  auto strides = [nhwc](int64_t n, int64_t c, int64_t h, int64_t w) {
+    return nhwc ? nhwc_strides(c, h, w) : packed({n, c, h, w});
+  };
+  const int64_t per_group = L.c / L.groups;
+  auto x = s.tensor("X", {L.n, L.c, L.h, L.w}, t, false, strides(L.n, L.c, L.h, L.w));
+  auto w = s.tensor("W", {L.k, per_group, L.r, L.s}, t, false, strides(L.k, per_group, L.r, L.s));
+  auto options = fe::graph::Conv_fprop_attributes()
+                     .set_pre_padding({L.pad_t, L.pad_l})
+                     .set_post_padding({L.pad_b, L.pad_r})
+                     .set_stride({L.stride_h, L.stride_w})
+                     .set_dilation({L.dil_h, L.dil_w})
+                     .set_compute_data_type(fe::DataType_t::FLOAT);
+  s.output(s.graph->conv_fprop(x, w, options), {L.n, L.k, L.out_h, L.out_w}, t, false,
+           strides(L.n, L.k, L.out_h, L.out_w));
+  return s;
+}
+
 // ConvInteger and QLinearConv (tables.hpp QconvLayer) as NVIDIA's int8 convolution samples build
 // them (cudnn-frontend samples/cpp/convolution/int8_fprop.cpp; the legacy samples'
 // ConvScaleBiasAct_int8): INT8 X and W with channels-last strides (W as K x C/groups x R x S: the
@@ -336,7 +377,8 @@ Spec build(const ResampleLayer& L, DType t, uint8_t, int sm) {
 // per-channel part of its zero point's correction (a constant times each output channel's weight
 // sum) belongs in the offset too; its part at the borders (taps on the padding) and all of
 // ConvInteger's correction are not in the graph.
-Spec build(const QconvLayer& L, DType, uint8_t, int sm) {
+Spec build(const QconvLayer& L, DType t, uint8_t call, int sm) {
+  if (call != kCall) return conv_graph(L, t, call, sm);
   const char* what = L.requant ? "conv_fprop INT8 MUL ADD (QLinearConv)" : "conv_fprop INT8 IDENTITY (ConvInteger)";
   Spec s = new_spec(DType::I8, what, sm);
   s.graph->set_intermediate_data_type(L.requant ? fe::DataType_t::FLOAT : fe::DataType_t::INT32)
@@ -452,6 +494,7 @@ Planned plan(Spec spec) {
     check(g.build_operation_graph(handle), "build_operation_graph");
     check(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
     for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+      if (p.spec.graph->noted(i, p.spec.barred)) continue;  // a math mode's exclusion (conv_graph)
       std::string name;
       check(g.get_plan_name_at_index(i, name), "get_plan_name_at_index");
       bool seen = false;
@@ -499,6 +542,12 @@ class GraphProblem : public Problem {
                   " distinct engine configs for this graph: none in slot " + std::to_string(slot));
     index_ = planned_.plans[slot];
     Graph& g = *planned_.spec.graph;
+    // the engine's global index, the number cuDNN's log prints as engine_id for a framework's
+    // execute (Q3 compares the two); the implementation string names its knobs too
+    int64_t engine = -1;
+    std::unordered_map<fe::KnobType_t, int64_t> knobs;
+    check(g.get_engine_and_knobs_at_index(index_, engine, knobs), "get_engine_and_knobs_at_index");
+    counters["engine_id"] = static_cast<double>(engine);
     check(g.build_plan_at_index(index_), "build_plan_at_index");
     int64_t ws = 0;
     check(g.get_workspace_size_plan_at_index(index_, ws), "get_workspace_size_plan_at_index");
@@ -521,6 +570,8 @@ class GraphProblem : public Problem {
     check(planned_.spec.graph->execute_plan_at_index(cudnn_handle(), pack_, workspace_.get(), index_),
           "execute_plan_at_index");
   }
+  // the device memory of the graph's last output
+  void* output() const { return pack_.at(planned_.spec.result); }
 
  private:
   Planned& planned_;
@@ -532,6 +583,31 @@ class GraphProblem : public Problem {
 
 template <class Layer>
 std::unique_ptr<Problem> make(const Layer& layer, const Variant& v) {
+  return std::make_unique<GraphProblem>(layer, v);
+}
+
+// A float convolution graph of a Conv with a bias: the graph, then cudnnAddTensor of the bias
+// into its output, as PyTorch adds a cuDNN convolution's bias (and as the legacy variants time it)
+class BiasedGraphProblem : public GraphProblem {
+ public:
+  BiasedGraphProblem(const QconvLayer& L, const Variant& v) : GraphProblem(L, v), bias_(filled(L.k, v.dtype)) {
+    set_tensor4d(bias_desc_, Layout::NCHW, v.dtype, 1, L.k, 1, 1);
+    set_tensor4d(y_desc_, v.layout, v.dtype, L.n, L.k, L.out_h, L.out_w);
+    implementation += "+cudnnAddTensor";
+  }
+  void enqueue() override {
+    GraphProblem::enqueue();
+    const Scale one{1.0f};
+    BZ_CUDNN(cudnnAddTensor(cudnn_handle(), one.ptr(), bias_desc_, bias_.get(), one.ptr(), y_desc_, output()));
+  }
+
+ private:
+  DeviceBuffer bias_;
+  TensorDesc bias_desc_, y_desc_;
+};
+
+std::unique_ptr<Problem> make_qconv(const QconvLayer& layer, const Variant& v) {
+  if (v.call != kCall && layer.bias) return std::make_unique<BiasedGraphProblem>(layer, v);
   return std::make_unique<GraphProblem>(layer, v);
 }
 
@@ -624,7 +700,10 @@ void add_sdpa(Registry& r, const SdpaLayer* l, const Variant* v, size_t n) { add
 void add_pointwise(Registry& r, const PointwiseLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_rope(Registry& r, const RopeLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
 void add_resample(Registry& r, const ResampleLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
-void add_qconv(Registry& r, const QconvLayer* l, const Variant* v, size_t n) { add_graphs(r, l, v, n); }
+void add_qconv(Registry& r, const QconvLayer* l, const Variant* v, size_t n) {
+  add_family(r, l, v, n, make_qconv);
+  add_checks(l, v, n, one_graph<QconvLayer>);
+}
 void add_quant(Registry& r, const QuantLayer* l, const Variant* v, size_t n) {
   add_family(r, l, v, n, make_quant);
   add_checks(l, v, n, quant_graphs);

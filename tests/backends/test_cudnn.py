@@ -151,8 +151,9 @@ def expected_count(manifest: Manifest, dtypes=2, layouts=2, maths=1) -> int:
         api = u.layer.cudnn_api
         if api is None:
             continue
-        if api == "cudnnConvolutionForward":
-            total += 8 * combos_spatial + (lt_gemms if _one_gemm(u.layer.problem) else 0)
+        if api == "cudnnConvolutionForward":  # the legacy algorithms, the graph API's plan slots, a GEMM's ranks
+            total += (len(cudnn.CONV_ALGOS) + len(cudnn.PLAN_ALGOS)) * combos_spatial + \
+                (lt_gemms if _one_gemm(u.layer.problem) else 0)
         elif api in ("cudnnPoolingForward", "cudnnBatchNormalizationForwardInference",
                      "cudnnLRNCrossChannelForward"):
             total += dtypes * layouts
@@ -203,10 +204,13 @@ def test_convolution_expansion(family_manifest):
     variants = _expand(family_manifest)
     asym = next(u.layer.problem for u in family_manifest.layers if "pb1pr1" in u.layer.key)
     plain = [v for v in variants if v.problem == asym and v.fusion == "none"]
-    assert {v.algo for v in plain} == set(cudnn.CONV_ALGOS)
-    assert {(v.dtype, v.layout, v.math) for v in plain} == {
-        ("f32", "nchw", "fma"), ("f32", "nhwc", "fma"),
-        ("f16", "nchw", "tensor_op"), ("f16", "nhwc", "tensor_op")}
+    combos = {("f32", "nchw", "fma"), ("f32", "nhwc", "fma"),
+              ("f16", "nchw", "tensor_op"), ("f16", "nhwc", "tensor_op")}
+    # the legacy API's algorithms and the graph API's plan slots, each in every dtype, layout and math
+    for api, algos in (("cudnnConvolutionForward", cudnn.CONV_ALGOS), (cudnn.CUDNN_CONV_GRAPH, cudnn.PLAN_ALGOS)):
+        of_api = [v for v in plain if v.api == api]
+        assert {(v.algo, v.dtype, v.layout, v.math) for v in of_api} == {(a, *c) for a in algos for c in combos}
+    assert len(plain) == (len(cudnn.CONV_ALGOS) + len(cudnn.PLAN_ALGOS)) * len(combos)
     fused = [v for v in variants if v.problem == asym and v.fusion != "none"]
     assert {v.fusion for v in fused} == {"bias_relu"}
     assert all(v.api == cudnn.FUSED_API for v in fused)
@@ -277,7 +281,7 @@ def test_generated_files_and_variants_json(generated):
     names = {p.name for p in out.glob("tables_*.cpp")}
     assert names == {f"tables_{f}_0.cpp" for f in ("conv", "bnorm", "lrn", "pool", "activation", "binary",
                                                    "dropout", "blas", "softmax", "rnn", "copy",
-                                                   "reduce")}
+                                                   "reduce", "qconv")}  # qconv: the convs' graph-API variants
     for part in ("common/benanza/runtime.hpp", "cudnn/benanza_cudnn/tables.hpp", "cudnn/conv.cpp",
                  "cmake/BenanzaCudaLibs.cmake"):
         assert (out / "runtime" / part).is_file()
@@ -301,6 +305,19 @@ def test_golden_conv_rows(generated):
             ".math = Math::TensorOp}") in text
     assert ".call = kConvBiasRelu, .algo = 1" in text
     assert "benanza::cudnn::add_conv(r, kLayers, kVariants" in text
+
+
+def test_golden_conv_graph_rows(generated):
+    """A Conv's graph-API variants: rows of the qconv table with the layer's exact pads (the graph
+    pads each end on its own), no requantization, and the call that says layout and math."""
+    text = (generated.out_dir / "tables_qconv_0.cpp").read_text()
+    assert (".pad_b = 1, .pad_r = 1, .stride_h = 1, .stride_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1, "
+            ".out_h = 15, .out_w = 15, .bias = true, .requant = false, .bscales = 1, ") in text
+    assert ("api=cudnn_frontend.conv/algo=plan3/dtype=f16/layout=nhwc/math=tensor_op/fusion=none\", .layer = 0, "
+            ".call = kConvGraphNhwc, .algo = 3, .dtype = DType::F16, .layout = Layout::NHWC") in text
+    assert ("/algo=plan0/dtype=f32/layout=nchw/math=fma/fusion=none\", .layer = 0, .call = kConvGraphFma, "
+            ".algo = 0") in text
+    assert "benanza::cudnn::add_qconv(r, kLayers, kVariants" in text
 
 
 def test_golden_other_rows(generated):

@@ -15,7 +15,7 @@ import subprocess
 from collections import defaultdict
 
 import pytest
-from helpers import io, model
+from helpers import io, model, tensor
 from onnx import helper
 from torch_models import D_MODEL, HEADS, SEQ, export
 
@@ -133,3 +133,61 @@ def test_graph_benchmarks_build_fail_cleanly_without_gpu_and_validate(tmp_path, 
     # the two chains and the three Attention ops (masked, causal, grouped), f16
     assert set(turing) - {odd} == sdpa and len(sdpa) == 5
     assert all("requires SM80 (Ampere) or newer" in turing[n] for n in sdpa)
+
+
+# --- convolutions through the graph API (as PyTorch runs them) --------------------------------
+
+def test_every_conv_of_a_real_model_gets_graph_plan_slots(zoo_model):
+    """ResNet-50's convolutions: the graph API's plan slots in every dtype, layout and math the
+    legacy algorithms get, on the qconv table's rows with the layer's own pads."""
+    m = load_model(zoo_model("resnet50-v1"))
+    manifest = build_manifest([m], unique_layers([m]))
+    variants = expand_variants(manifest, cudnn.BACKEND, GenOptions(dtypes=("f32", "f16")))
+    convs = {u.layer.problem for u in manifest.layers if u.layer.cudnn_api == "cudnnConvolutionForward"}
+    slots: dict[tuple, set[str]] = defaultdict(set)
+    legacy: dict[object, set[tuple[str, str, str]]] = defaultdict(set)
+    for v in variants:
+        if v.api == cudnn.CUDNN_CONV_GRAPH:
+            assert v.fusion == "none"
+            slots[v.problem, v.dtype, v.layout, v.math].add(v.algo)
+        elif v.api == "cudnnConvolutionForward":
+            legacy[v.problem].add((v.dtype, v.layout, v.math))
+    assert {k[0] for k in slots} == convs and len(convs) > 10
+    assert all(a == set(cudnn.PLAN_ALGOS) for a in slots.values())
+    assert all({k[1:] for k in slots if k[0] == p} == legacy[p] for p in convs)
+    layer = next(u.layer for u in manifest.layers if u.layer.problem in convs)
+    row = _fields(layer, cudnn.CUDNN_CONV_GRAPH)
+    assert (row["requant"], row["bscales"], row["pad_b"]) == ("false", "1", str(layer.problem.pb))
+
+
+def conv_graph_model():
+    """Convolutions of the shapes CNNs have: the 7x7 stride-2 stem with a bias, a 1x1, a
+    depthwise 3x3 and an asymmetrically padded 3x3 without a bias."""
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], strides=[2, 2], pads=[3, 3, 3, 3]),
+             helper.make_node("Conv", ["c1", "W2"], ["c2"]),
+             helper.make_node("Conv", ["c2", "W3"], ["c3"], group=16, pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c3", "W4"], ["y"], pads=[0, 0, 1, 1], strides=[2, 2])]
+    inits = [tensor("W1", [16, 3, 7, 7]), tensor("B1", [16]), tensor("W2", [16, 16, 1, 1]),
+             tensor("W3", [16, 1, 3, 3]), tensor("W4", [8, 16, 3, 3])]
+    return model(nodes, [io("x", [1, 3, 32, 32])], [io("y", None)], inits)
+
+
+@pytest.mark.slow
+@NEED_TOOLCHAIN
+def test_conv_graphs_build_fail_cleanly_without_gpu_and_validate(tmp_path, save, cudnn_runtime):
+    m = load_model(save(conv_graph_model(), "convs.onnx"))
+    manifest = build_manifest([m], unique_layers([m]))
+    g = generate(manifest, "cudnn", tmp_path, GenOptions(dtypes=("f32", "f16"), math=("fma", "tf32_allowed",
+                                                                                        "tensor_op")))
+    graph = [v for v in g.variants if v.api == cudnn.CUDNN_CONV_GRAPH]
+    assert {(v.dtype, v.math) for v in graph} == {("f32", "fma"), ("f32", "tf32_allowed"), ("f16", "tensor_op"),
+                                                  ("f16", "fma")}
+    binary = _build(g.out_dir, runtime=cudnn_runtime)
+    _run_without_gpu(binary, g.variants, needing_gpu=graph)
+    # the frontend validates each graph (layer, dtype, layout, math) for an sm_90 GPU without one
+    done = subprocess.run([str(binary), "--benanza_check_graphs=90"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {ln["name"]: ln for ln in _lines(done.stdout, "BENANZA_GRAPH")}
+    assert set(lines) == {v.name for v in graph if v.algo == "plan0"}
+    assert all(ln["ok"] for ln in lines.values()), [ln for ln in lines.values() if not ln["ok"]]

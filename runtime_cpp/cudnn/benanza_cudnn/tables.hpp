@@ -61,6 +61,13 @@ constexpr uint8_t kGeluOfA = 1;             // pointwise: the erf GELU of operan
 constexpr uint8_t kSdpaMasked = 1;          // sdpa: add an [s_q, s_kv] mask (an attention pattern's Add)
 constexpr uint8_t kSdpaUnscaled = 2;        // sdpa: scale 1 (a pattern without the scale's Mul/Div)
 constexpr uint8_t kSdpaUnscaledMasked = 3;  // both
+// qconv: a float convolution (a Conv's graph-API variants) instead of the int8 graph; bit 1
+// puts its tensors channels-last, bit 2 deselects the engines with Tensor Cores or
+// down-converted inputs (math fma, as PyTorch does with TF32 off)
+constexpr uint8_t kConvGraph = 1;
+constexpr uint8_t kConvGraphNhwc = kConvGraph | 2;
+constexpr uint8_t kConvGraphFma = kConvGraph | 4;
+constexpr uint8_t kConvGraphNhwcFma = kConvGraph | 2 | 4;
 
 // One benchmark. `layer` indexes the family's layer table; `algo` is the cudnnConvolutionFwdAlgo_t
 // value for convolutions, the rank of the algorithm in cublasLtMatmulAlgoGetHeuristic's answer
@@ -297,6 +304,7 @@ struct QuantLayer {
 // QLinearConv's epilogue, the s32 accumulator scaled by the `bscales` weights' scales (1, or one
 // per output channel) and offset per output channel into s8, instead of ConvInteger's s32
 // result. `bias` (QLinearConv's int32 bias) has no node of its own: it is part of the offset.
+// A float Conv's row (calls kConvGraph*) has requant false and adds `bias` after the graph.
 struct QconvLayer {
   int n, c, h, w, k, r, s;
   int pad_t, pad_l, pad_b, pad_r;
