@@ -753,6 +753,7 @@ _CAMPAIGN_LINE = re.compile(r"^\S+ (\d+) s ", re.MULTILINE)  # one per call of `
 # rounded up, the others guesses; the first call on a GPU replaces them. "stop": a stopped
 # `benanza run` handing back and its database folded into one file; "page": gpu-results.py and
 # the copies (1 s on the H200: the rest is margin).
+FIDELITY_JSON = "fidelity-cuda.json"  # benchmarks/fidelity_cuda.py's output in the machine's state
 DEFAULT_SECONDS = {"stop": 15.0, "profile": 30.0, "analyze": 8.0, "fidelity": 60.0, "page": 15.0}
 # How long the page may run past the budget when the estimates before it ran over (ALL_BUDGET_S).
 PAGE_GRACE_S = 25.0
@@ -952,16 +953,20 @@ class CallPlan:
                 "reserve": [[stage, s] for stage, s in self.reserve], "campaign_s": round(self.campaign_s, 1)}
 
 
-def plan_call(left_s: float, models: list[str], profiled: set[str], log_text: str) -> CallPlan:
+def plan_call(left_s: float, models: list[str], profiled: set[str], log_text: str,
+              compare: bool = False) -> CallPlan:
     """The report's reserve: the campaign's stop, a profile of each priority run (report_runs) not
     profiled on this machine yet (``profiled``: run labels; the others are profiled only with
-    time to spare), an analysis of every run in every math mode, the page; each as the latest
-    call measured it, else as estimated (Run.estimate)."""
+    time to spare), an analysis of every run in every math mode, the timing-fidelity comparison
+    against PyTorch where it is still to be made on this machine (``compare``: a campaign that
+    fills the call would leave it no spare time), the page; each as the latest call measured it,
+    else as estimated (Run.estimate)."""
     runs = report_runs(models)
     stages = [("stop", estimate(log_text, "stop")),
               *((r.stage("profile"), r.estimate(log_text, "profile")) for r in runs
                 if r.priority and r.label not in profiled),
               *((r.stage("analyze", m), r.estimate(log_text, "analyze", m)) for r in runs for m in ANALYSIS_MATHS),
+              *([("fidelity", estimate(log_text, "fidelity"))] if compare else []),
               ("page", estimate(log_text, "page"))]
     return CallPlan(left_s, tuple(stages))
 
@@ -1202,7 +1207,7 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
         d.docs.mkdir(parents=True, exist_ok=True)
         results = d.docs / f"results-{gpu}.md"
         # the page is written even where the estimates ran over: past the budget, inside the device's limit
-        fidelity = d.state / "fidelity-cuda.json"
+        fidelity = d.state / FIDELITY_JSON
         compared = ["--fidelity", str(fidelity)] if fidelity.is_file() else []
         d.call([str(d.python), str(REPO / "scripts" / "gpu-results.py"), "--db", str(db), "--system", gpu,
                 "--out", str(results), "--campaign-seconds", f"{seconds:.0f}", *smoke, *compared, *notes,
@@ -1219,7 +1224,7 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
 def _fidelity(d: Device, gpu: str, db: Path, tl: Timeline, log_text: str, page_s: float) -> list[str]:
     """benchmarks/fidelity_cuda.py (our convolutions against PyTorch's, same GPU), with time to
     spare only: once per machine; the page's notes when it did not run."""
-    out = d.state / "fidelity-cuda.json"
+    out = d.state / FIDELITY_JSON
     if out.is_file():
         return []
     need, room = estimate(log_text, "fidelity"), d.left() - page_s
@@ -1250,14 +1255,15 @@ def step_report(d: Device) -> None:
         results = _report(d, gpu, tl, None)
     finally:
         tl.flush(campaign_log)
-    d.to_out(db, results, campaign_log, d.state / "reports.tar.gz", d.state / "fidelity-cuda.json")
+    d.to_out(db, results, campaign_log, d.state / "reports.tar.gz", d.state / FIDELITY_JSON)
 
 
 # --- the one call ---------------------------------------------------------------------------------
 
 def _plan(d: Device, log: Path | None) -> tuple[CallPlan, tuple[Tier, ...]]:
     names = _models(d)["names"]
-    plan = plan_call(d.left(), names, _profiled(d, names), _log_text(log))
+    plan = plan_call(d.left(), names, _profiled(d, names), _log_text(log),
+                     compare=not (d.state / FIDELITY_JSON).is_file())
     tiers = campaign_tiers(d.state / "bench", names)
     (d.state / "plan.json").write_text(json.dumps(
         {**plan.to_json(), "tiers": [{"label": t.label, "names": list(t.names)} for t in tiers]}, indent=1) + "\n")
@@ -1304,7 +1310,7 @@ def step_all(d: Device) -> None:
             except KitError as e:  # the report still says what was measured before it
                 failure, stopped = e, f"the campaign failed: {_first_line(e)}"
         if db.is_file():
-            d.to_out(_report(d, gpu, tl, stopped), d.state / "reports.tar.gz", d.state / "fidelity-cuda.json")
+            d.to_out(_report(d, gpu, tl, stopped), d.state / "reports.tar.gz", d.state / FIDELITY_JSON)
         else:  # `benanza run` never started measuring: no system, nothing a page could say
             say(f"report: nothing measured on this GPU yet ({stopped}): no results page")
     finally:
