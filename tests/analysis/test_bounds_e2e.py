@@ -169,8 +169,11 @@ def test_heuristic_vs_ideal_equals_the_database(pipeline, dtype):
     with sqlite3.connect(d / "perf.db") as conn:
         for name in convs:
             ms, layout, math, metrics = conn.execute(
+                # cuDNN's legacy algorithms, the calls whose heuristic pick is stored (the figure's
+                # question; the graph API's plans and the 1x1 GEMM rows have none)
                 "SELECT r.median_ms, v.layout, v.math, r.metrics FROM results r JOIN variants v ON v.name = r.variant "
                 "WHERE r.layer_key = ? AND r.status = 'ok' AND v.fusion = 'none' AND r.dtype = ? "
+                "AND v.api = 'cudnnConvolutionForward' "
                 "ORDER BY r.median_ms, r.variant LIMIT 1", (keys[name], dtype)).fetchone()
             algo = CONV_ALGOS[json.loads(metrics)["heuristic_algo"]]
             row = conn.execute(
