@@ -847,7 +847,10 @@ def test_gpu_results_page_renders_what_the_pipeline_stored(tmp_path, save, cudnn
     assert "**12 s**" in text and "- a note" in text
     missing = len(doc["coverage"]["missing"])
     assert missing == 2  # conv and relu: every variant failed, so no layer has a result
-    assert f"| cr | f32 | 0.500 | 0.000 | 0.000 | 0.00 | 0.00 | yes | {missing} | 0 |" in text
+    sol = doc["speed_of_light"]
+    flagged = str(len(sol["impossible"])) if sol else "—"  # results faster than their roofline
+    assert (f"| cr | {doc['batch_size']} | {doc['math']} | f32 | 0.500 | 0.000 | 0.000 | 0.00 | 0.00 | yes | "
+            f"{missing} | 0 | {flagged} |") in text
     assert _says_no_gpu(text)
     assert "No convolution results." in text
     # measured / datasheet, recomputed: 700 of H100 SXM's 989.4 dense f16 TFLOP/s, 3000 of its 3350 GB/s
