@@ -282,7 +282,7 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     first = [*priority, "resnet50-v1-b32"]  # the priority runs, whose profiles are reserved
     assert [stage for stage, _ in plan["reserve"]] == [
         "stop", *(f"profile {m}" for m in first),
-        *_analyses(*first, *others, "inception-v1-b32", "mobilenet-v2-b32"), "page"]
+        *_analyses(*first, *others, "inception-v1-b32", "mobilenet-v2-b32"), "fidelity", "page"]
     assert [s for _, s in plan["reserve"]] == [gpukit.DEFAULT_SECONDS[stage.split()[0]] for stage, _ in plan["reserve"]]
     assert 0 < plan["left_s"] <= gpukit.ALL_BUDGET_S
     assert plan["campaign_s"] == pytest.approx(plan["left_s"] - sum(s for _, s in plan["reserve"]), abs=0.11)
