@@ -12,6 +12,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from ..records import Math
 from .base import ConvSignature, LibraryCall, ProfileFormatError, dtype_name, read_text
 from .blocklog import Block, enum_name, int_list, parse_blocks
 
@@ -21,7 +22,6 @@ _COMPUTE = re.compile(r"(Forward|ForwardInference|ForwardTraining|AddTensor|OpTe
                       r"TransformTensor|BackendExecute)$")
 _CONV_APIS = {"cudnnConvolutionForward", "cudnnConvolutionBiasActivationForward"}
 _ALGO_PREFIX = "CUDNN_CONVOLUTION_FWD_ALGO_"
-TF32_MATH = "tf32_allowed"  # records.Math.TF32_ALLOWED
 
 
 def parse_cudnn_log(path: str | Path) -> list[LibraryCall]:
@@ -34,7 +34,7 @@ def parse_cudnn_log(path: str | Path) -> list[LibraryCall]:
         if b.function == "cudnnBackendExecuteInternal" and calls and calls[-1].api == "cudnnBackendExecute" \
                 and calls[-1].thread == b.thread and b.get("enable_tf32") == "true":
             # cuDNN 9.1x says only here whether the f32 plan it just executed may use TF32 Tensor Cores
-            calls[-1] = dataclasses.replace(calls[-1], math=TF32_MATH)
+            calls[-1] = dataclasses.replace(calls[-1], math=Math.TF32_ALLOWED.value)
             continue
         if not _COMPUTE.search(b.function) or _exit_record(b):
             continue
