@@ -339,6 +339,16 @@ Spec build(const ResampleLayer& L, DType t, uint8_t, int sm) {
   return s;
 }
 
+// The layer's geometry (its exact pads, strides, dilations) as a conv_fprop node takes it.
+fe::graph::Conv_fprop_attributes conv_attributes(const QconvLayer& L, fe::DataType_t compute) {
+  return fe::graph::Conv_fprop_attributes()
+      .set_pre_padding({L.pad_t, L.pad_l})
+      .set_post_padding({L.pad_b, L.pad_r})
+      .set_stride({L.stride_h, L.stride_w})
+      .set_dilation({L.dil_h, L.dil_w})
+      .set_compute_data_type(compute);
+}
+
 // A float convolution (calls kConvGraph*): conv_fprop alone, in the variant's type with fp32
 // compute, as PyTorch's cuDNN convolutions execute it (it adds the bias in a kernel of its own:
 // a graph with the add would run other engines than the ones its log names).
@@ -352,13 +362,7 @@ Spec conv_graph(const QconvLayer& L, DType t, uint8_t call, int sm) {
   const int64_t per_group = L.c / L.groups;
   auto x = s.tensor("X", {L.n, L.c, L.h, L.w}, t, false, strides(L.n, L.c, L.h, L.w));
   auto w = s.tensor("W", {L.k, per_group, L.r, L.s}, t, false, strides(L.k, per_group, L.r, L.s));
-  auto options = fe::graph::Conv_fprop_attributes()
-                     .set_pre_padding({L.pad_t, L.pad_l})
-                     .set_post_padding({L.pad_b, L.pad_r})
-                     .set_stride({L.stride_h, L.stride_w})
-                     .set_dilation({L.dil_h, L.dil_w})
-                     .set_compute_data_type(fe::DataType_t::FLOAT);
-  s.output(s.graph->conv_fprop(x, w, options), {L.n, L.k, L.out_h, L.out_w}, t, false,
+  s.output(s.graph->conv_fprop(x, w, conv_attributes(L, fe::DataType_t::FLOAT)), {L.n, L.k, L.out_h, L.out_w}, t, false,
            strides(L.n, L.k, L.out_h, L.out_w));
   return s;
 }
@@ -386,13 +390,7 @@ Spec build(const QconvLayer& L, DType t, uint8_t call, int sm) {
   const int64_t k = L.k, per_group = L.c / L.groups;
   auto x = s.tensor("X", {L.n, L.c, L.h, L.w}, DType::I8, false, nhwc_strides(L.c, L.h, L.w));
   auto w = s.tensor("W", {k, per_group, L.r, L.s}, DType::I8, false, nhwc_strides(per_group, L.r, L.s));
-  auto options = fe::graph::Conv_fprop_attributes()
-                     .set_pre_padding({L.pad_t, L.pad_l})
-                     .set_post_padding({L.pad_b, L.pad_r})
-                     .set_stride({L.stride_h, L.stride_w})
-                     .set_dilation({L.dil_h, L.dil_w})
-                     .set_compute_data_type(fe::DataType_t::INT32);
-  auto acc = s.graph->conv_fprop(x, w, options);
+  auto acc = s.graph->conv_fprop(x, w, conv_attributes(L, fe::DataType_t::INT32));
   acc->set_data_type(fe::DataType_t::INT32);
   const std::vector<int64_t> out{L.n, k, L.out_h, L.out_w};
   const std::vector<int64_t> strides = nhwc_strides(k, L.out_h, L.out_w);
