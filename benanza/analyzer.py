@@ -207,6 +207,34 @@ class FrameworkTf32:
         return ", ".join(f"{library} {n} {math}" for library, math, n in self.by_library)
 
 
+@dataclass(frozen=True)
+class PageFaultCost:
+    """The framework's page faults per run (its timed runs) and their estimated time: the count
+    times one first-touch fault's cost, both measured in the profiled process."""
+
+    per_run: float
+    fault_us: float | None
+    measured_ms: float | None  # the run's measured latency, what ``share`` is of
+
+    @property
+    def ms(self) -> float | None:
+        return None if self.fault_us is None else self.per_run * self.fault_us / 1e3
+
+    @property
+    def share(self) -> float | None:
+        return self.ms / self.measured_ms if self.ms is not None and self.measured_ms else None
+
+    @property
+    def notable(self) -> bool:
+        """Worth advice: their estimated time is at least ``PAGE_FAULT_SHARE`` of the run."""
+        return self.share is not None and self.share >= PAGE_FAULT_SHARE
+
+
+# The share of a run its page faults must cost for the analysis to advise on them: below it, the
+# count is shown without advice (a few faults per run are the OS's ordinary work)
+PAGE_FAULT_SHARE = 0.02
+
+
 @dataclass
 class TensorCoreView:
     """Q6: Tensor Core kernels in the profile, and bounds per dtype/layout."""
@@ -266,6 +294,7 @@ class Analysis:
     threads: ThreadsCompared | None = None
     # the profile's f32 library calls and those that allowed TF32 (None: the logs hold no f32 call)
     framework_tf32: FrameworkTf32 | None = None
+    page_faults: PageFaultCost | None = None  # the profiled run's page faults, where it counted them
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
     unstable: frozenset[str] = frozenset()  # variant names whose result stayed unstable
@@ -494,6 +523,8 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
     a.notes = list(profile.notes)
     a.warnings.extend(profile.warnings)
     _compare_threads(a, profile)
+    if profile.page_faults is not None:
+        a.page_faults = PageFaultCost(profile.page_faults.per_run, profile.page_faults.fault_us, profile.measured_ms)
     if profile.trace is not None and profile.trace.ops:
         view = _framework_view(a, model, profile, by_key, weight, matches, graph)
         if any(g.nodes for g in view.match.groups):

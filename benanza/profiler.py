@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -36,7 +37,7 @@ from typing import Any
 
 from .children import kill_group, popen
 from .errors import BenanzaError, ModelError, UsageError
-from .parsers.bundle import latency_stats, model_identity, write_index
+from .parsers.bundle import latency_stats, model_identity, page_faults_record, write_index
 from .toolchain import nsys_importer
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,40 @@ FRAMEWORKS = ("onnxruntime", "torch")
 class Measurement:
     name: str
     elapsed_ms: float | None = None  # set when the block exits
+    page_faults: int | None = None  # the process's minor page faults inside the block, likewise
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far, all its threads: each is a page the kernel
+    had to map (and zero) on first touch, such as memory an allocator took back from the OS."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+# Fresh anonymous memory the fault probe touches: thousands of pages, so the clock's resolution
+# and the probe's own loop are a small part of each fault's share
+_FAULT_PROBE_BYTES = 16 << 20
+
+
+def fault_cost_us(probes: int = 5) -> float | None:
+    """Microseconds one first-touch page fault costs this process on this machine: fresh
+    anonymous pages mapped and each written once, the median of ``probes`` probes (None when the
+    kernel counted no fault, as where the memory came pre-faulted)."""
+    import mmap
+
+    import numpy as np
+
+    costs = []
+    for _ in range(probes):
+        m = mmap.mmap(-1, _FAULT_PROBE_BYTES)
+        pages = np.frombuffer(m, np.uint8)
+        before, start = minor_faults(), time.perf_counter_ns()
+        pages[::mmap.PAGESIZE] = 1
+        elapsed_ns, faults = time.perf_counter_ns() - start, minor_faults() - before
+        del pages  # the buffer's export ends before the mapping closes
+        m.close()
+        if faults > 0:
+            costs.append(elapsed_ns / 1e3 / faults)
+    return sorted(costs)[len(costs) // 2] if costs else None
 
 
 def _nvtx():
@@ -124,6 +159,7 @@ def measure(name: str, sync: bool = True) -> Iterator[Measurement]:
         nvtx[0](name)
     if marks:
         _mark("begin", name)
+    faults = minor_faults()
     start = time.perf_counter_ns()
     try:
         yield m
@@ -132,12 +168,13 @@ def measure(name: str, sync: bool = True) -> Iterator[Measurement]:
         if synchronize:
             synchronize()
         m.elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+        m.page_faults = minor_faults() - faults
         if marks:
             _mark("end", name)
         if nvtx:
             nvtx[1]()
         if sink:
-            _append_record(sink, {"name": name, "ms": m.elapsed_ms, "pid": os.getpid(),
+            _append_record(sink, {"name": name, "ms": m.elapsed_ms, "page_faults": m.page_faults, "pid": os.getpid(),
                                   "thread": threading.get_ident(), "start_ns": start})
         log.debug("%s: %.4f ms", name, m.elapsed_ms)
 
@@ -169,6 +206,8 @@ class ProfileSpec:
         return cls(**data, input_shapes=shapes, input_values=values)
 
 
+# the variables by which oneDNN (and DNNL, its former name) read their verbose level at load time
+ONEDNN_VERBOSE_ENV = ("ONEDNN_VERBOSE", "DNNL_VERBOSE")
 LOG_ENV = {
     "CUDNN_LOGINFO_DBG": "1", "CUDNN_LOGLEVEL_DBG": "3", "CUBLAS_LOGINFO_DBG": "1",
     "CUBLASLT_LOG_LEVEL": "5", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1",
@@ -320,6 +359,7 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
         "runs": {TIMED: {"command": timed_cmd, "loggers": timed["loggers"]},
                  TRACED: {"command": traced_cmd, "loggers": traced["loggers"]}},
         "latency_ms": latency_stats(timed["samples_ms"]).to_json(), "files": files, "notes": notes,
+        "page_faults": page_faults_record(timed["page_faults"], timed["fault_us"]),
         "threads": traced["threads"], "threads_requested": spec.threads, "threads_source": traced["threads_source"],
     })
     return out
@@ -457,19 +497,25 @@ class _Blocks:
     """The measure blocks of one run, by name, in the order they ended."""
 
     samples: dict[str, list[float]]
+    # each block's page faults, by name; a name any of whose records lacks the count (a
+    # benanza.measure older than the count) has none
+    faults: dict[str, list[int]]
 
     @classmethod
     def read(cls, path: Path) -> _Blocks:
         samples: dict[str, list[float]] = {}
+        faults: dict[str, list[int | None]] = {}
         if path.exists():
             for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                 try:
                     rec = json.loads(line)
                     samples.setdefault(str(rec["name"]), []).append(float(rec["ms"]))
+                    count = rec.get("page_faults")
+                    faults.setdefault(str(rec["name"]), []).append(None if count is None else int(count))
                 except (ValueError, KeyError, TypeError):
                     raise BenanzaError(f"{path}: line {lineno} is not a benanza.measure record "
                                        f"(did something else write to ${MEASURE_FILE_ENV}?)") from None
-        return cls(samples)
+        return cls(samples, {n: [int(c) for c in v if c is not None] for n, v in faults.items() if None not in v})
 
 
 def _split_by_measure(stdout: Path, warmup: int) -> tuple[list[str], dict[str, list[str]]]:
@@ -523,6 +569,8 @@ def _measured(blocks: _Blocks, spec: CommandSpec, shown: str, stdout: Path) -> t
         if kept:
             stats[name] = {"latency_ms": latency_stats(kept).to_json(), "blocks": len(blocks.samples[name]),
                            "warmup_dropped": len(blocks.samples[name]) - len(kept)}
+            if name in blocks.faults:
+                stats[name]["page_faults"] = blocks.faults[name][spec.warmup:]
     if chosen not in stats:
         raise UsageError(f"`{shown}` measured {chosen!r} {len(blocks.samples[chosen])} times, all of them dropped "
                          f"as --warmup {spec.warmup}: run more iterations or lower --warmup")
@@ -604,6 +652,8 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
         "warmup": spec.warmup, "command": shown, "measure_name": chosen, "measures": measures,
         "runs": runs,
         "latency_ms": measures[chosen]["latency_ms"], "files": files, "notes": notes,
+        # the command's own process took the faults; a fault costs the same in this one, on this machine
+        "page_faults": page_faults_record(measures[chosen].get("page_faults", []), fault_cost_us()),
         "threads": threads, "threads_requested": spec.threads, "threads_source": source,
     })
     return out
@@ -744,7 +794,7 @@ def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str], phase: str)
     if phase == TIMED:
         sess = _ort_session(spec.model, notes, providers, so)
         feed = _with_given(_random_feed(sess.get_inputs(), dict(spec.input_shapes)), spec)
-        return {"samples_ms": _time_runs(lambda: sess.run(None, feed), spec), "providers": sess.get_providers()}
+        return {**_time_runs(lambda: sess.run(None, feed), spec), "providers": sess.get_providers()}
     so.enable_profiling = True
     so.profile_file_prefix = str(out / "ort_profile")
     traced = _ort_session(spec.model, notes, providers, so)
@@ -782,29 +832,47 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
     with torch.inference_mode():
         if phase == TIMED:
             # the per-layer ranges cost a little: latency samples run without them
-            return {"samples_ms": _time_runs(lambda: graph.run(feed, annotate=False), spec),
-                    "providers": [spec.device], **threads}
+            return {**_time_runs(lambda: graph.run(feed, annotate=False), spec), "providers": [spec.device],
+                    **threads}
         activities = [torch.profiler.ProfilerActivity.CPU]
         if spec.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
+        # oneDNN's log comes from runs of its own, after the profiler's: the profiler's event memory
+        # grows in every run and takes the heap's freed blocks, so the kernels' buffers land on fresh
+        # pages and the kernels fault (ResNet-50 v1, one thread: 0 faults per run without the
+        # profiler, ~10,000 with it, ~25 ms of a 110 ms run), times that no kernel has alone
+        onednn_log = spec.device == "cpu" and any(os.environ.get(k, "0") not in ("", "0") for k in ONEDNN_VERBOSE_ENV)
+        if onednn_log:
+            torch._C._verbose.mkldnn_set_verbose(0)  # what torch.backends.mkldnn.verbose sets, switched off
+        faults = minor_faults()
         with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
             for _ in range(spec.trace_iterations):
                 with measure("benanza_run"), torch.profiler.record_function("benanza_run"):
                     graph.run(feed)
+        faults = minor_faults() - faults
+        if onednn_log:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                for _ in range(spec.trace_iterations):
+                    graph.run(feed, annotate=False)
+            notes.append(f"the oneDNN log comes from {spec.trace_iterations} runs after the profiler's, without it: "
+                         f"the profiler's runs took {faults / spec.trace_iterations:.0f} page faults per run (its "
+                         f"event memory), which its per-layer times hold")
     prof.export_chrome_trace(str(out / "torch_trace.json"))
     return {"trace": "torch_trace.json", "providers": [spec.device], **threads}
 
 
-def _time_runs(run, spec: ProfileSpec) -> list[float]:
+def _time_runs(run, spec: ProfileSpec) -> dict[str, Any]:
+    """The timed child's record: each run's latency and page faults, and what a fault costs here."""
     for _ in range(spec.warmup):
         run()
-    samples = []
+    samples, faults = [], []
     for _ in range(spec.iterations):
         with measure("benanza_run") as m:
             run()
-        assert m.elapsed_ms is not None  # measure() sets it as the block exits
+        assert m.elapsed_ms is not None and m.page_faults is not None  # measure() sets them as the block exits
         samples.append(m.elapsed_ms)
-    return samples
+        faults.append(m.page_faults)
+    return {"samples_ms": samples, "page_faults": faults, "fault_us": fault_cost_us()}
 
 
 def _child(spec_path: str, phase: str) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .analysis.bounds import Bounds
-from .analyzer import Analysis
+from .analyzer import Analysis, PageFaultCost
 from .escape import printable
 from .report_modules import folded_layers, folded_parallel, icicle_svg, modules_json, print_module_tree
 from .report_phases import decode_svg, phase_json
@@ -98,6 +98,9 @@ def analysis_json(a: Analysis) -> dict:
         "threads": None if a.threads is None else {"profile": a.threads.profile, "benchmarks": a.threads.benchmarks,
                                                    "source": a.threads.source, "differ": a.threads.differ},
         "framework_tf32": _framework_tf32_json(a),
+        "page_faults": None if a.page_faults is None else {
+            "per_run": _r(a.page_faults.per_run), "fault_us": _r(a.page_faults.fault_us, 4),
+            "ms": _r(a.page_faults.ms), "share": _r(a.page_faults.share, 4), "notable": a.page_faults.notable},
         "phase": None if a.phase is None else phase_json(a.phase),
         # measures in full the screened estimates Q3 compares (null: it compares none)
         "screened_command": a.screened_command or None,
@@ -423,6 +426,8 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
                           f"fastest (a measured gain beyond the noise), {f.kernel_gain_ms:.4g} ms to gain"
                           + _screened(f.screened) + _unequal(a), highlight=False, markup=False)
     _print_across_stack(a, console)
+    if a.page_faults is not None:
+        console.print(page_faults_line(a.page_faults), highlight=False, markup=False, soft_wrap=True)
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
                       highlight=False, markup=False)
@@ -433,6 +438,23 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
         console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"), soft_wrap=True)
     for n in a.notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
+
+
+def page_faults_line(f: PageFaultCost) -> str:
+    """The profiled run's page faults; where they cost a notable share of it, what removes them."""
+    line = f"page faults: {f.per_run:.4g} per run"
+    if f.ms is None:
+        return line + " (their cost was not measured)"
+    line += f" × {f.fault_us:.3g} µs each here = {f.ms:.4g} ms"
+    if f.share is not None:
+        line += f", {f.share:.1%} of the measured latency"
+    if f.notable:
+        line += (": the process mapped memory afresh in every run, memory its allocator had given back to the OS "
+                 "(glibc's malloc unmaps each freed block above its mmap threshold and trims its heap), and the bound "
+                 "has no such time. An allocator that keeps freed memory removes it: jemalloc or tcmalloc through "
+                 "LD_PRELOAD, or glibc's own "
+                 "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296")
+    return line
 
 
 def _screened(choices) -> str:
@@ -737,6 +759,7 @@ def render_html(analyses: Sequence[Analysis]) -> str:
     env.autoescape = True
     sections = [{"a": a, "json": analysis_json(a), "dag": Markup(dag_svg(a)), "modules": Markup(icicle_svg(a)),
                  "parallel": folded_parallel(a), "roofline": Markup(roofline_svg(a)),
+                 "page_faults": None if a.page_faults is None else page_faults_line(a.page_faults),
                  "charts": [Markup(c) for c in _charts(a)]} for a in analyses]
     return env.get_template("report.html.j2").render(sections=sections, schema_version=SCHEMA_VERSION,
                                                      decode_plot=Markup(decode_svg(analyses)))

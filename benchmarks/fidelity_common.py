@@ -142,6 +142,11 @@ def row(a: Analysis, measured: Measured, pairs: list[dict], detail: Path) -> dic
         "br_sequential": round(a.br_sequential or 0, 3), "partial": a.bounds.partial,
         "bound_on_contended": len(a.contended),  # of the results the bound chose from
         "fidelity": fidelity(pairs, detail),
+        # the profiled process's page faults per timed run and their estimated time (an allocator
+        # that returns memory to the OS makes the model's kernels fault where the isolated ones do not)
+        "page_faults": None if a.page_faults is None else {
+            "per_run": round(a.page_faults.per_run, 1), "fault_us": a.page_faults.fault_us,
+            "ms": None if a.page_faults.ms is None else round(a.page_faults.ms, 4)},
         "q3": {"judged": sum(1 for c in kernels if c.comparable),
                "slower_than_fastest": len(a.framework.suboptimal) if a.framework else 0,
                "gain_ms": round(a.framework.kernel_gain_ms, 4) if a.framework else 0.0},

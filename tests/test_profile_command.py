@@ -236,6 +236,21 @@ def test_a_command_without_library_calls_gives_its_latency_and_says_what_is_miss
     assert any("no library call was captured" in n and "ort_session_options" in n for n in index["notes"])
 
 
+def test_a_commands_page_faults_are_its_blocks_own(tmp_path):
+    """Each block of the command touches 300 fresh pages: the bundle's per-block counts hold
+    those faults (oracle: the pages the command touched), the warm-up block dropped."""
+    code = ("import benanza, mmap\nfor _ in range(4):\n    with benanza.measure('m'):\n"
+            "        m = mmap.mmap(-1, 300 * 4096)\n        for i in range(0, 300 * 4096, 4096):\n"
+            "            m[i] = 1\n        m.close()")
+    benanza_cli("profile", "--out", "b", "--warmup", "1", "--", sys.executable, "-c", code, cwd=tmp_path)
+    index = json.loads((tmp_path / "b" / "profile.json").read_text())
+    faults = index["page_faults"]
+    assert len(faults["samples"]) == 3 and all(300 <= n <= 364 for n in faults["samples"])
+    assert index["measures"]["m"]["page_faults"] == faults["samples"] and faults["fault_us"] > 0
+    prof = load_profile([tmp_path / "b"])
+    assert prof.page_faults.per_run == pytest.approx(statistics.mean(faults["samples"]))
+
+
 ORT_APP = r"""
 import json, sys, time
 import numpy as np, onnxruntime as ort

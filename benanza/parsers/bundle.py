@@ -17,11 +17,13 @@ bundle or any single file of a known format, so users can also bring their own l
      "files": {"trace": "ort_profile.json", "cudnn_log": "cudnn.log", "cublas_log": "cublas.log",
                "onednn_log": "onednn.log", "nsys": "nsys.nsys-rep"},
      "threads": 2, "threads_requested": 2, "threads_source": "...",
+     "page_faults": {"per_run": 812.4, "fault_us": 0.9, "samples": [..]},
      "notes": ["..."]}
 
-``latency_ms`` comes from the ``timed`` run (no library loggers); the trace and the logs from
-the ``traced`` run. ``graph_sha256`` identifies the model: an analysis of another model refuses
-the bundle. ``threads`` is the framework's intra-op thread count in the runs, as the framework
+``latency_ms`` comes from the ``timed`` run (no library loggers), as do ``page_faults`` (the
+process's minor page faults in each timed run and the measured cost of one, ``PageFaults``); the
+trace and the logs from the ``traced`` run. ``graph_sha256`` identifies the model: an analysis of
+another model refuses the bundle. ``threads`` is the framework's intra-op thread count in the runs, as the framework
 itself reported it (``torch.get_num_threads()``, ONNX Runtime's thread-pool statistics, oneDNN's
 ``nthr``), ``threads_requested`` what ``--threads`` asked for (null: the framework's default),
 ``threads_source`` where the count comes from; ``analyze`` compares it with the benchmarks'
@@ -78,6 +80,44 @@ class LatencyStats:
         return cls(tm, p50, p90, mean, lo, hi, tuple(float(x) for x in d.get("samples", ())))
 
 
+@dataclass(frozen=True)
+class PageFaults:
+    """The minor page faults the process took in each timed run (``getrusage``'s ``ru_minflt``
+    around the run, every thread's), and what one first-touch fault costs on the machine, measured
+    in the same process beside the runs (``profiler.fault_cost_us``; None where it was not)."""
+
+    samples: tuple[int, ...]
+    fault_us: float | None
+
+    @property
+    def per_run(self) -> float:
+        """The mean: faults come in bursts (an allocator trims its heap every few runs), and the
+        time they cost adds up over all runs."""
+        return sum(self.samples) / len(self.samples)
+
+    @property
+    def per_run_ms(self) -> float | None:
+        """Their estimated time per run: the count times one fault's measured cost."""
+        return None if self.fault_us is None else self.per_run * self.fault_us / 1e3
+
+    def to_json(self) -> dict:
+        return {"per_run": self.per_run, "fault_us": self.fault_us, "samples": list(self.samples)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> PageFaults:
+        """KeyError names a missing field; ValueError/TypeError a value of the wrong kind."""
+        samples = tuple(int(x) for x in d["samples"])
+        if not samples or any(x < 0 for x in samples):
+            raise ValueError("no samples, or a negative count")
+        cost = d.get("fault_us")
+        return cls(samples, None if cost is None else float(cost))
+
+
+def page_faults_record(samples: list[int], fault_us: float | None) -> dict | None:
+    """The index's ``page_faults`` of the timed runs (None: no run was timed)."""
+    return PageFaults(tuple(samples), fault_us).to_json() if samples else None
+
+
 def _percentile(ordered: list[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default)."""
     pos = (len(ordered) - 1) * q
@@ -117,6 +157,7 @@ class ExecutionProfile:
     # the framework's intra-op threads in the profiled run (the bundle's record, else the trace's
     # own statistics); None when neither says
     threads: int | None = None
+    page_faults: PageFaults | None = None  # of the timed runs (measure blocks), where the bundle counted them
 
     @property
     def measured_ms(self) -> float | None:
@@ -139,6 +180,7 @@ class ExecutionProfile:
         for lib, threads in other.library_threads.items():
             self.library_threads.setdefault(lib, threads)
         self.latency = self.latency or other.latency
+        self.page_faults = self.page_faults or other.page_faults
         self.trace = self.trace or other.trace
         self.nsys = self.nsys or other.nsys
         for lib, calls in other.library_calls.items():
@@ -246,6 +288,13 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     except (TypeError, ValueError, AttributeError):
         raise ProfileFormatError(index, f"latency_ms is not a latency record: "
                                         f"{str(data['latency_ms'])[:200]}") from None
+    try:
+        faults = PageFaults.from_json(data["page_faults"]) if data.get("page_faults") else None
+    except KeyError as exc:
+        raise ProfileFormatError(index, f"page_faults lacks the {exc.args[0]!r} field") from None
+    except (TypeError, ValueError, AttributeError):
+        raise ProfileFormatError(index, f"page_faults is not a page-fault record: "
+                                        f"{str(data['page_faults'])[:200]}") from None
     files = data.get("files") or {}
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise ProfileFormatError(index, "files is not a map of kinds to file names")
@@ -253,7 +302,7 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
         path=str(root), framework=data.get("framework", ""), framework_version=data.get("framework_version", ""),
         device=data.get("device", ""), batch_size=data.get("batch_size"), model=data.get("model", ""),
         latency=latency, notes=notes, warnings=warnings, identity=data.get("model_identity"),
-        threads=data.get("threads"))
+        threads=data.get("threads"), page_faults=faults)
     for name, rel in sorted(files.items()):
         if name not in _FILE_KINDS:
             continue

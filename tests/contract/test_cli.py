@@ -149,6 +149,10 @@ def test_broken_profile_bundles_are_one_line(net, tmp_path):
     partial = bundle(tmp_path / "partial", {"latency_ms": {k: v for k, v in LATENCY.items() if k != "p90"}})
     out = invoke("analyze", str(net), "--system", "x", "--profile", str(partial))
     assert out.exit_code == 1 and "latency_ms lacks the 'p90' field" in out.output
+    faults = bundle(tmp_path / "faults", {"latency_ms": LATENCY, "page_faults": {"per_run": 3, "samples": [-1]}})
+    out = invoke("analyze", str(net), "--system", "x", "--profile", str(faults))
+    assert out.exit_code == 1 and "page_faults is not a page-fault record" in out.output
+    assert len(out.output.strip().splitlines()) == 1
 
 
 def test_failed_profile_run_reports_the_exception_line(tmp_path):
