@@ -43,6 +43,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .base import FrameworkTrace, LibraryCall, ProfileFormatError, load_json
 from .cublas_log import parse_cublas_log
@@ -265,6 +266,19 @@ _FILE_KINDS = {"trace": None, "cudnn_log": "cudnn", "cublas_log": "cublas", "one
                "nsys": "nsys"}
 
 
+def _record(index: Path, data: dict, key: str, kind: Any, what: str) -> Any:
+    """The index's ``key`` read by ``kind.from_json`` (None when absent); one line naming the
+    field when it is malformed."""
+    if not data.get(key):
+        return None
+    try:
+        return kind.from_json(data[key])
+    except KeyError as exc:
+        raise ProfileFormatError(index, f"{key} lacks the {exc.args[0]!r} field") from None
+    except (TypeError, ValueError, AttributeError):
+        raise ProfileFormatError(index, f"{key} is not {what}: {str(data[key])[:200]}") from None
+
+
 def load_bundle(folder: str | Path) -> ExecutionProfile:
     root = Path(folder)
     index = root / INDEX_NAME
@@ -281,20 +295,8 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
     if not data.get("model_identity"):  # version 1, or `profile --command` without --model
         warnings.append("the profile bundle names no ONNX model, so Benanza cannot verify that it ran the model "
                         "analysed")
-    try:
-        latency = LatencyStats.from_json(data["latency_ms"]) if data.get("latency_ms") else None
-    except KeyError as exc:
-        raise ProfileFormatError(index, f"latency_ms lacks the {exc.args[0]!r} field") from None
-    except (TypeError, ValueError, AttributeError):
-        raise ProfileFormatError(index, f"latency_ms is not a latency record: "
-                                        f"{str(data['latency_ms'])[:200]}") from None
-    try:
-        faults = PageFaults.from_json(data["page_faults"]) if data.get("page_faults") else None
-    except KeyError as exc:
-        raise ProfileFormatError(index, f"page_faults lacks the {exc.args[0]!r} field") from None
-    except (TypeError, ValueError, AttributeError):
-        raise ProfileFormatError(index, f"page_faults is not a page-fault record: "
-                                        f"{str(data['page_faults'])[:200]}") from None
+    latency = _record(index, data, "latency_ms", LatencyStats, "a latency record")
+    faults = _record(index, data, "page_faults", PageFaults, "a page-fault record")
     files = data.get("files") or {}
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise ProfileFormatError(index, "files is not a map of kinds to file names")
