@@ -10,9 +10,11 @@ the profile's trace are here.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -25,11 +27,14 @@ from benanza.backends.inprocess import CACHE_STATES
 from benanza.generator import GenOptions, generate
 from benanza.layers import unique_layers
 from benanza.manifest import build_manifest, write_manifest
+from benanza.parsers.bundle import INDEX_NAME
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model
+from benanza.profiler import ProfileSpec, profile_model
 from benanza.runner import RunOptions, run
 from benanza.system import cpu_flags, cpu_isa, cpu_model
 from benanza.zoo import build_all
+from benanza.zoo import names as zoo_names
 
 if TYPE_CHECKING:
     from benanza.analyzer import Analysis
@@ -42,10 +47,42 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_b
 WITHIN = 0.10  # nn-Meter's fidelity band: isolated within ±10 % of the op's time in the model
 
 
+EXPORTED = ("encoder", "gpt")  # tests/torch_models.py, at the opset the tests export them
+OPSET = 17
+DEFAULT_MODELS = ["resnet50-v1", "inception-v1", *EXPORTED]
+
+
+def model_choices() -> list[str]:
+    return [*zoo_names(), *EXPORTED]
+
+
 def zoo_models(names: list[str], out: Path) -> dict[str, Path]:
     """benanza.zoo's models by name, built into ``out`` unless all are there already."""
     have = [out / f"{n}.onnx" for n in names]
     return {p.stem: p for p in (have if all(p.exists() for p in have) else build_all(out, names=names))}
+
+
+def models(names: list[str], out: Path) -> list[Path]:
+    """The models by name, in order: benanza.zoo's, and the test suite's encoder and GPT block
+    (``tests/torch_models.py``, exported by torch at ``OPSET``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    zoo = zoo_models([n for n in names if n not in EXPORTED], out) if set(names) - set(EXPORTED) else {}
+    if set(names) & set(EXPORTED):
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from torch_models import export  # the test suite's exporter: the models its tests check
+    return [export(n, OPSET, out) if n in EXPORTED else zoo[n] for n in names]
+
+
+def profile(model: Path, framework: str, threads: int, args: argparse.Namespace, work: Path,
+            trace_iterations: int) -> Path:
+    """The whole model's ``benanza profile`` bundle at ``threads`` (its latency from
+    ``args.iterations`` runs without the profiler; ``trace_iterations`` profiled runs), kept under
+    ``work`` and taken again only with ``args.reprofile``."""
+    out = work / "profiles" / f"{model.stem}-t{threads}"
+    if args.reprofile or not (out / INDEX_NAME).exists():
+        profile_model(ProfileSpec(str(model), framework, str(out), iterations=args.iterations,
+                                  trace_iterations=trace_iterations, threads=threads))
+    return out
 
 
 def machine() -> dict:

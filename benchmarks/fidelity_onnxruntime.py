@@ -1,11 +1,13 @@
 """ONNX Runtime against its own backend: BR ≤ 1, fidelity of the isolated kernels, and Q3 on a CPU.
 
 Usage: python benchmarks/fidelity_onnxruntime.py [--model NAME ...] [--threads N ...] [--work DIR]
-           [--min-time 0.05] [--repetitions 3] [--runs 100]
+           [--min-time 0.05] [--repetitions 3] [--runs 100] [--iterations 50] [--reprofile]
 
-For each zoo model (default ResNet-50 v1 and Inception-v1) and each thread count (default 1 and
-2) it generates the model's onnxruntime benchmarks, runs them (``--threads``), profiles the whole
-model in ONNX Runtime with the same intra-op threads (its own profiler, ``--runs`` runs after 10
+For each model (default ResNet-50 v1 and Inception-v1 of ``benanza.zoo``, and the test suite's
+encoder and GPT block, ``tests/torch_models.py`` at opset 17) and each thread count (default 1
+and 2) it generates the model's onnxruntime benchmarks, runs them (``--threads``), profiles the
+whole model with ``benanza profile --framework onnxruntime --threads N`` (the latency from
+``--iterations`` runs without ORT's profiler; ORT's own profile of ``--runs`` runs after 10
 warm-up runs), and analyzes the profile against the onnxruntime results. It prints one JSON
 object: the machine and its load, and per model and threads
 
@@ -23,7 +25,8 @@ object: the machine and its load, and per model and threads
 
 and on stderr the rows as docs/backends.md's Markdown table (each op's pair is kept in
 ``--work/MODEL-tN-fidelity.json``). The benchmarks are generated once under ``--work`` and a
-second run measures only what the database lacks; the whole model is profiled each time.
+second run measures only what the database lacks; a profile is taken again only with
+``--reprofile``.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 from fidelity_common import (
     COLD_STATES,
+    DEFAULT_MODELS,
+    EXPORTED,
     SYSTEM,
     cold_suffix,
     fidelity,
@@ -46,10 +50,12 @@ from fidelity_common import (
     machine,
     markdown,
     measure_benchmarks,
+    model_choices,
+    models,
     op_samples_ms,
     row,
-    zoo_models,
 )
+from fidelity_common import profile as profile_bundle
 
 from benanza.generator import GenOptions
 from benanza.parsers import load_profile
@@ -57,20 +63,7 @@ from benanza.perfdb import PerfDB
 from benanza.runner import RunOptions
 from benanza.sweep import SweepRequest, run_sweep
 
-WARMUP_RUNS = 10  # whole-model runs before the profiled ones count
-
-
-def whole_profile(model: Path, threads: int, runs: int, out: Path) -> Path:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.enable_profiling = True
-    opts.profile_file_prefix = str(out / f"{model.stem}-t{threads}")
-    sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-    feeds = {i.name: np.random.default_rng(0).standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
-             .astype(np.float32) for i in sess.get_inputs()}
-    for _ in range(WARMUP_RUNS + runs):
-        sess.run(None, feeds)
-    return Path(sess.end_profiling())
+WARMUP_RUNS = 10  # profiled runs of the whole model before those that count
 
 
 def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
@@ -81,7 +74,7 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
     stacks = {suffix: measure_benchmarks(model, "onnxruntime", work / f"bench-{model.stem}", work / f"{model.stem}.db",
                                          GenOptions(), options)
               for suffix, options in (("", warm), *((cold_suffix(c), replace(warm, cache=c)) for c in args.cache))}
-    profile = load_profile([str(whole_profile(model, threads, args.runs, work))])
+    profile = load_profile([str(profile_bundle(model, "onnxruntime", threads, args, work, WARMUP_RUNS + args.runs))])
     assert profile is not None and profile.trace is not None  # one ORT profile given, one read
     in_model = op_samples_ms(profile.trace, WARMUP_RUNS)
     with PerfDB(work / f"{model.stem}.db", readonly=True) as pdb:
@@ -100,19 +93,22 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", action="append", default=None, help="zoo model (default resnet50-v1, inception-v1)")
+    ap.add_argument("--model", action="append", default=None, choices=model_choices(),
+                    help=f"a benanza.zoo model or {' / '.join(EXPORTED)} (default {', '.join(DEFAULT_MODELS)})")
     ap.add_argument("--threads", action="append", type=int, default=None, help="intra-op threads (default 1 and 2)")
     ap.add_argument("--work", default="out/fidelity_onnxruntime")
     ap.add_argument("--min-time", type=float, default=0.05)
     ap.add_argument("--repetitions", type=int, default=3)
-    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--runs", type=int, default=100, help=f"profiled runs of the whole model, after {WARMUP_RUNS}")
+    ap.add_argument("--iterations", type=int, default=50, help="timed runs of the whole model (its latency)")
+    ap.add_argument("--reprofile", action="store_true", help="profile again though a profile is kept")
     ap.add_argument("--cache", action="append", choices=COLD_STATES, default=None,
                     help=f"the cold readings beside the warm one (default {' and '.join(COLD_STATES)})")
     args = ap.parse_args()
     args.cache = args.cache or list(COLD_STATES)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    paths = list(zoo_models(args.model or ["resnet50-v1", "inception-v1"], work / "models").values())
+    paths = models(args.model or DEFAULT_MODELS, work / "models")
     load = load_average()
     rows = [measure(p, t, args, work) for p in paths for t in (args.threads or [1, 2])]
     print(json.dumps({**machine(), "onnxruntime": ort.__version__, "load_before": load,

@@ -55,6 +55,8 @@ from pathlib import Path
 
 from fidelity_common import (
     COLD_STATES,
+    DEFAULT_MODELS,
+    EXPORTED,
     SYSTEM,
     cold_suffix,
     fidelity,
@@ -63,9 +65,11 @@ from fidelity_common import (
     machine,
     markdown,
     measure_benchmarks,
+    model_choices,
+    models,
     op_samples_ms,
+    profile,
     row,
-    zoo_models,
 )
 
 from benanza.analysis.matching import CallAlignment
@@ -75,35 +79,10 @@ from benanza.generator import GenOptions
 from benanza.layers import Model
 from benanza.parsers import load_profile
 from benanza.parsers.base import LibraryCall
-from benanza.parsers.bundle import INDEX_NAME
 from benanza.perfdb import PerfDB
 from benanza.processor import load_model
-from benanza.profiler import ProfileSpec, profile_model
 from benanza.runner import RunOptions
 from benanza.sweep import SweepRequest, run_sweep
-from benanza.zoo import names as zoo_names
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from torch_models import export  # noqa: E402 - the test suite's exporter: the models its tests check
-
-EXPORTED = ("encoder", "gpt")  # tests/torch_models.py, at the opset the tests export them
-OPSET = 17
-DEFAULT = ["resnet50-v1", "inception-v1", *EXPORTED]
-
-
-def models(names: list[str], out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    zoo = zoo_models([n for n in names if n not in EXPORTED], out) if set(names) - set(EXPORTED) else {}
-    return [export(n, OPSET, out) if n in EXPORTED else zoo[n] for n in names]
-
-
-def profile(model: Path, threads: int, args: argparse.Namespace, work: Path) -> Path:
-    out = work / "profiles" / f"{model.stem}-t{threads}"
-    if args.reprofile or not (out / INDEX_NAME).exists():
-        # the analysis leaves the trace's first run out (it warms up): --runs runs after it count
-        profile_model(ProfileSpec(str(model), "torch", str(out), iterations=args.iterations,
-                                  trace_iterations=args.runs + 1, threads=threads))
-    return out
 
 
 def aten_samples_ms(trace: Path, first_run: int) -> dict[str, list[float]]:
@@ -174,7 +153,8 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
     stacks = {suffix: measure_benchmarks(model, "torch", work / f"bench-{model.stem}", db,
                                          GenOptions(dtypes=("f32",), fusion=False), options)
               for suffix, options in (("", warm), *((cold_suffix(c), replace(warm, cache=c)) for c in args.cache))}
-    folder = profile(model, threads, args, work)
+    # the analysis leaves the trace's first run out (it warms up): --runs runs after it count
+    folder = profile(model, "torch", threads, args, work, args.runs + 1)
     bundle = load_profile([str(folder)])
     assert bundle is not None and bundle.trace is not None  # profile_model wrote its trace
     out: dict = {"model": model.stem, "threads": threads}
@@ -203,8 +183,8 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", action="append", default=None, choices=[*zoo_names(), *EXPORTED],
-                    help=f"a benanza.zoo model or {' / '.join(EXPORTED)} (default {', '.join(DEFAULT)})")
+    ap.add_argument("--model", action="append", default=None, choices=model_choices(),
+                    help=f"a benanza.zoo model or {' / '.join(EXPORTED)} (default {', '.join(DEFAULT_MODELS)})")
     ap.add_argument("--threads", action="append", type=int, default=None, help="intra-op threads (default 1 and 2)")
     ap.add_argument("--work", default="out/fidelity_torch")
     ap.add_argument("--min-time", type=float, default=0.05)
@@ -218,7 +198,7 @@ def main() -> None:
     args.cache = args.cache or list(COLD_STATES)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    paths = models(args.model or DEFAULT, work / "models")
+    paths = models(args.model or DEFAULT_MODELS, work / "models")
     load = load_average()
     try:
         rows = [measure(p, t, args, work) for p in paths for t in (args.threads or [1, 2])]
