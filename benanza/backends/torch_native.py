@@ -28,6 +28,7 @@ torch profiler's time of the aten ops it called.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -212,31 +213,45 @@ def _measure(path: Path, entry: dict[str, str], min_time: float, repetitions: in
         libc.fflush(None)
         os.write(1, f"{NODE_MARK}\n".encode())
 
-    with torch.backends.mkldnn.flags(enabled=entry["algo"] != "native"), torch.no_grad():
-        for _ in range(WARMUP_CALLS):
-            graph.run(feed, annotate=False)
+    def logged(calls: Any, profiled: bool) -> tuple[str, list[Any], Any]:
+        """``calls()`` with oneDNN's verbose log on (and the torch profiler where ``profiled``):
+        the log's text, the profiler's events, what ``calls`` returned."""
         with tempfile.TemporaryFile("w+b") as log:
             sys.stdout.flush()
             saved = os.dup(1)
             os.dup2(log.fileno(), 1)  # the verbose lines and the marks go to the log, not the protocol
             try:
                 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), \
-                        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                    counts = timed_calls(lambda: graph.run(feed, annotate=True, after=mark), min_time,
-                                         repetitions, MAX_CALLS, evict, feed.values())
+                        (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiled
+                         else contextlib.nullcontext()) as prof:
+                    out = calls()
             finally:
                 libc.fflush(None)
                 os.dup2(saved, 1)
                 os.close(saved)
             log.seek(0)
-            text = log.read().decode(errors="replace")
-    return _per_call(text, prof.events(), [n.name for n in graph.nodes], counts, str(path))
+            return log.read().decode(errors="replace"), list(prof.events()) if prof is not None else [], out
+
+    nodes = [n.name for n in graph.nodes]
+    with torch.backends.mkldnn.flags(enabled=entry["algo"] != "native"), torch.no_grad():
+        for _ in range(WARMUP_CALLS):
+            graph.run(feed, annotate=False)
+        # the profiler only where a node makes no oneDNN call: its event memory grows in every
+        # call and takes the heap's freed blocks, so the kernels' buffers land on fresh pages and
+        # fault (docs/profile.md), time that is not the kernels'
+        probe, _, _ = logged(lambda: graph.run(feed, annotate=False, after=mark), False)
+        profiled = not all(parse_onednn_text(seg, str(path)) for seg in probe.split(f"{NODE_MARK}\n")[:-1])
+        text, events, counts = logged(lambda: timed_calls(lambda: graph.run(feed, annotate=profiled, after=mark),
+                                                          min_time, repetitions, MAX_CALLS, evict, feed.values()),
+                                      profiled)
+    return _per_call(text, events, nodes, counts, str(path))
 
 
-def _per_call(text: str, events: Any, nodes: list[str], counts: list[int], origin: str) -> _Timed:
+def _per_call(text: str, events: list[Any], nodes: list[str], counts: list[int], origin: str) -> _Timed:
     """Each call's kernel time: per node, the sum of its oneDNN calls' execution times (the
     lines between its marks), or, where it made none, the profiler's time of the aten ops it
-    called (the children of its ``record_function`` range)."""
+    called (the children of its ``record_function`` range; ``events`` is empty where the calls
+    ran without the profiler, every node calling oneDNN)."""
     calls = sum(counts)
     segments = text.split(f"{NODE_MARK}\n")
     if len(segments) != calls * len(nodes) + 1:
@@ -246,7 +261,7 @@ def _per_call(text: str, events: Any, nodes: list[str], counts: list[int], origi
         if e.name in ranges and e.cpu_parent is None:
             ranges[e.name].append(e)
     for name, found in ranges.items():
-        if len(found) != calls:
+        if events and len(found) != calls:
             raise RuntimeError(f"the profile holds {len(found)} ranges of node {name!r}, {calls} calls were made")
         found.sort(key=lambda e: e.time_range.start)
     kernel, reorder = [0.0] * calls, [0.0] * calls
@@ -260,6 +275,9 @@ def _per_call(text: str, events: Any, nodes: list[str], counts: list[int], origi
                 if c == 0:
                     ran.update(dict.fromkeys(x.algo for x in onednn if x.api != "reorder"))
                 continue
+            if not events:
+                raise RuntimeError(f"node {name!r} made no oneDNN call in call {c + 1}, though it made some when "
+                                   f"probed, and the calls ran without the profiler: no time for it")
             ev = ranges[name][c]
             kernel[c] += sum(ch.time_range.elapsed_us() for ch in ev.cpu_children) / 1e3
             if c == 0:
