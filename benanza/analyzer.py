@@ -898,6 +898,13 @@ def _explain_bound(a: Analysis) -> None:
         if v.bounds_same_fusions.sequential_ms < a.bounds.sequential_ms:
             reasons.append(f"{v.framework} fused or folded layers (the bound with its fusions is "
                            f"{v.bounds_same_fusions.sequential_ms:.4g} ms sequential)")
+        if v.match.op_ms > m:
+            # a bundle's latency comes from runs without the profiler, the ops' times from runs with it
+            reasons.append(f"{v.framework}'s ops took {v.match.op_ms:.4g} ms per traced run, more than the measured "
+                           f"latency: each op's time holds the profiler's own cost"
+                           + (f", and so does each {a.backend} benchmark, which the same profiler times: for kernels "
+                              f"of a few microseconds that cost is most of their time, and the bound is no floor"
+                              if v.framework == a.backend else ""))
         faster = sorted((o for o in v.overheads if o.covered and o.overhead_ms < 0), key=lambda o: o.overhead_ms)
         if faster:
             worst = ", ".join(f"{o.group} {o.framework_ms:.3g} vs {o.bound_ms:.3g} ms" for o in faster[:3])

@@ -97,7 +97,10 @@ def test_faults_per_run_are_the_pages_the_runs_map_afresh_and_their_time_is_meas
 def test_the_advice_names_what_keeps_the_memory(pipeline, monkeypatch):
     root, path = pipeline
     profiled(pipeline, FAULTING, monkeypatch)
+    html = root / "report.html"
     text = invoke("analyze", str(path), "--system", SYSTEM, "--db", str(root / "perf.db"),
-                  "--profile", str(root / f"prof-{len(FAULTING)}"), "--allow-contended")
+                  "--profile", str(root / f"prof-{len(FAULTING)}"), "--allow-contended", "--report", str(html))
     line = next(ln for ln in text.splitlines() if ln.startswith("page faults:"))
     assert "per run" in line and "LD_PRELOAD" in line and KEEPING in " ".join(text.split())
+    page = html.read_text()
+    assert "<h3>Page faults</h3>" in page and KEEPING in page
