@@ -515,7 +515,7 @@ class _Blocks:
                 except (ValueError, KeyError, TypeError):
                     raise BenanzaError(f"{path}: line {lineno} is not a benanza.measure record "
                                        f"(did something else write to ${MEASURE_FILE_ENV}?)") from None
-        return cls(samples, {n: [int(c) for c in v if c is not None] for n, v in faults.items() if None not in v})
+        return cls(samples, {n: [c for c in v if c is not None] for n, v in faults.items() if None not in v})
 
 
 def _split_by_measure(stdout: Path, warmup: int) -> tuple[list[str], dict[str, list[str]]]:
@@ -840,7 +840,7 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
         # oneDNN's log comes from runs of its own, after the profiler's: the profiler's event memory
         # grows in every run and takes the heap's freed blocks, so the kernels' buffers land on fresh
         # pages and the kernels fault (ResNet-50 v1, one thread: 0 faults per run without the
-        # profiler, ~10,000 with it, ~25 ms of a 110 ms run), times that no kernel has alone
+        # profiler, 8,800-13,800 with it), times that no kernel has alone
         onednn_log = spec.device == "cpu" and any(os.environ.get(k, "0") not in ("", "0") for k in ONEDNN_VERBOSE_ENV)
         if onednn_log:
             torch._C._verbose.mkldnn_set_verbose(0)  # what torch.backends.mkldnn.verbose sets, switched off

@@ -96,11 +96,6 @@ class PageFaults:
         time they cost adds up over all runs."""
         return sum(self.samples) / len(self.samples)
 
-    @property
-    def per_run_ms(self) -> float | None:
-        """Their estimated time per run: the count times one fault's measured cost."""
-        return None if self.fault_us is None else self.per_run * self.fault_us / 1e3
-
     def to_json(self) -> dict:
         return {"per_run": self.per_run, "fault_us": self.fault_us, "samples": list(self.samples)}
 
