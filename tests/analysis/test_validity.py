@@ -211,8 +211,10 @@ def test_fused_torch_calls_compare_with_the_same_fusion_or_are_not_judged(work):
     for name, fusion in (("conv1", "bias_relu"), ("conv2", "bn_relu")):
         x = algos[name]
         assert x["post_ops"] == ["eltwise_relu"] and x["fusion"] == fusion and x["layout"] == "any"
-        assert x["best_ms"] == pytest.approx(db_best(work, keys[name], fusion, "any"), **JSON_MS)
-        assert x["best_ms"] != pytest.approx(db_best(work, keys[name], "none", "any"))  # not the unfused conv
+        fused, unfused = db_best(work, keys[name], fusion, "any"), db_best(work, keys[name], "none", "any")
+        assert x["best_ms"] == pytest.approx(fused, **JSON_MS)
+        if fused != unfused:  # two measurements can tie (CI once saw 0.069993 ms for both): then no value tells
+            assert x["best_ms"] != pytest.approx(unfused)  # not the unfused conv
     clip = algos["conv3"]
     assert clip["post_ops"] == ["eltwise_clip:0:6"] and not clip["comparable"]
     assert clip["best_ms"] is None and clip["fusion"] is None and not clip["suboptimal"]
