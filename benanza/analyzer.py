@@ -298,6 +298,9 @@ class Analysis:
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
     unstable: frozenset[str] = frozenset()  # variant names whose result stayed unstable
+    # variant names timed without the framework's profiler (ORT's replicas clock: its per-op cost
+    # is not in them); a framework backend's other results carry that cost
+    untraced: frozenset[str] = frozenset()
     tree: ModuleStats | None = None  # the module tree (analysis/modules.py)
     module_source: str = ""  # where the tree's modules come from (benanza.scopes)
     layer_module: dict[int, str] = field(default_factory=dict)  # layer → its module's qualified name
@@ -442,6 +445,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
                         TensorCoreView(tc, total, names, tc_bounds, tc_contended),
                         joint, joint_label, stack=stack, math=math,
                         unstable=frozenset(r.variant.name for r in results if r.unstable),
+                        untraced=frozenset(r.variant.name for r in results if r.metrics.get("replicas")),
                         contended=contended_variants(model, rows, by_key, dtype, matches=matches),
                         joint_contended=frozenset(joint_contended) if joint is not None else frozenset(),
                         floors=floors)
@@ -900,11 +904,16 @@ def _explain_bound(a: Analysis) -> None:
                            f"{v.bounds_same_fusions.sequential_ms:.4g} ms sequential)")
         if v.match.op_ms > m:
             # a bundle's latency comes from runs without the profiler, the ops' times from runs with it
+            ok = [r for r in a.rows if r.status == LayerStatus.OK]
+            traced = sum(1 for r in ok if r.variant not in a.untraced) if v.framework == a.backend else 0
             reasons.append(f"{v.framework}'s ops took {v.match.op_ms:.4g} ms per traced run, more than the measured "
                            f"latency: each op's time holds the profiler's own cost"
-                           + (f", and so does each {a.backend} benchmark, which the same profiler times: for kernels "
+                           + ("" if not traced else
+                              f", and so does each {a.backend} benchmark, which the same profiler times: for kernels "
                               f"of a few microseconds that cost is most of their time, and the bound is no floor"
-                              if v.framework == a.backend else ""))
+                              if traced == len(ok) else
+                              f", and so do {traced} of the bound's {len(ok)} {a.backend} benchmarks, which the same "
+                              f"profiler times"))
         faster = sorted((o for o in v.overheads if o.covered and o.overhead_ms < 0), key=lambda o: o.overhead_ms)
         if faster:
             worst = ", ".join(f"{o.group} {o.framework_ms:.3g} vs {o.bound_ms:.3g} ms" for o in faster[:3])

@@ -140,19 +140,32 @@ def low(samples: list[float]) -> float:
     return float(np.percentile(samples, 10))
 
 
-def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]]) -> list[dict]:
+def profiled_ms(db: Path, system: System) -> dict[str, float]:
+    """The variants whose stored time is not their profiler's reading (ORT's replicas clock),
+    each with that reading (its ``profiled_ms`` counter): the clock a traced profile's op times
+    hold, the profiler's own per-kernel cost included."""
+    with PerfDB(db, readonly=True) as pdb:
+        return {r.variant.name: float(r.metrics["profiled_ms"]) for r in pdb.results(system)
+                if "profiled_ms" in r.metrics}
+
+
+def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]], traced: dict[str, float] | None = None) -> list[dict]:
     """Per framework op that ran model layers and whose variant was measured: the isolated
-    benchmark's 10th percentile (Q3's ``used_ms``) against the 10th percentile of the op's own
-    times in the model's runs (unrounded: a 1 µs kernel rounded to 10 ns moves its ratio 1 %)."""
+    benchmark's 10th percentile (Q3's ``used_ms``; ``traced``: the variants' readings on the
+    profiler's clock, where the stored time is another) against the 10th percentile of the op's
+    own times in the model's traced runs (unrounded: a 1 µs kernel rounded to 10 ns moves its
+    ratio 1 %): the same clock on both sides."""
     if a.framework is None:
         return []
+    traced = traced or {}
     names = {g.nodes[0]: g.name for g in a.framework.match.groups if g.nodes}
     out = []
     for c in a.framework.kernels:
         samples = in_model.get(names.get(c.node, ""), [])
         if c.used_ms is None or not samples or low(samples) <= 0:
             continue
-        out.append({"op": names[c.node], "variant": c.used_variant, "isolated_ms": c.used_ms,
+        out.append({"op": names[c.node], "variant": c.used_variant,
+                    "isolated_ms": traced.get(c.used_variant or "", c.used_ms),
                     "in_model_ms": low(samples), "runs": len(samples)})
     return out
 
