@@ -445,7 +445,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
                         TensorCoreView(tc, total, names, tc_bounds, tc_contended),
                         joint, joint_label, stack=stack, math=math,
                         unstable=frozenset(r.variant.name for r in results if r.unstable),
-                        untraced=frozenset(r.variant.name for r in results if r.metrics.get("replicas")),
+                        untraced=frozenset(r.variant.name for r in results if r.untraced),
                         contended=contended_variants(model, rows, by_key, dtype, matches=matches),
                         joint_contended=frozenset(joint_contended) if joint is not None else frozenset(),
                         floors=floors)
@@ -637,7 +637,9 @@ def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key
         bound = {r.index: r.latency_ms for r in a.rows if r.status == LayerStatus.OK}
         from .generator import get_backend
 
-        view.kernels = native_kernel_choices(model, tm, matches, by_key, a.dtype, get_backend(a.backend).ran, bound)
+        native = get_backend(a.backend)
+        view.kernels = native_kernel_choices(model, tm, matches, by_key, a.dtype, native.ran, bound,
+                                             native.profiler_resolution_ms)
     return view
 
 

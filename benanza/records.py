@@ -178,6 +178,12 @@ class System:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+# Result.metrics of a time taken without the framework's profiler (backends/ort.py): the copies
+# of the subgraph its clock ran, and the profiler's reading of the same variant (10th percentile)
+REPLICAS_METRIC = "replicas"
+TRACED_METRIC = "profiled_ms"
+
+
 @dataclass(frozen=True)
 class Result:
     """What one benchmark run produced on one system."""
@@ -232,6 +238,19 @@ class Result:
         if not self.ok:
             return None
         return self.low_ms if self.low_ms is not None else self.median_ms
+
+    @property
+    def untraced(self) -> bool:
+        """Whether the stored time comes from a clock without the framework's profiler (ORT's
+        replicas clock), whose own per-kernel cost the other readings of a framework hold."""
+        return bool(self.metrics.get(REPLICAS_METRIC))
+
+    @property
+    def traced_ms(self) -> float | None:
+        """The latency on the framework profiler's clock: the profiler's own reading kept beside an
+        untraced time, else the latency (which that profiler timed, or a library's clock)."""
+        traced = self.metrics.get(TRACED_METRIC)
+        return float(traced) if traced is not None else self.latency_ms
 
     @property
     def rsd(self) -> float | None:

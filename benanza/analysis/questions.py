@@ -261,15 +261,26 @@ def _compared(used: Result | None, used_from: list[Result], best: Result, best_f
 
 
 
+def _one_clock(results: list[Result]) -> Callable[[Result], float]:
+    """The latency the variants of one op compare on: their own where one clock took them all,
+    else the framework profiler's reading every one of them has (ORT times a variant under
+    0.1 ms without its profiler, a larger or NCHWc one with it: a few microseconds apart on
+    the clocks alone, which Q3 must not read as a better kernel)."""
+    if len({r.untraced for r in results}) > 1:
+        return lambda r: float(r.traced_ms)  # type: ignore[arg-type]
+    return lambda r: float(r.latency_ms)  # type: ignore[arg-type]
+
+
 def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionMatch], by_problem: ResultIndex,
                           dtype: str, ran: Callable[[Variant, str], bool],
-                          bound: Mapping[int, float] | None = None) -> list[AlgoChoice]:
+                          bound: Mapping[int, float] | None = None, resolution_ms: float = 0.0) -> list[AlgoChoice]:
     """Per framework op that ran model layers, against the benchmarks of the framework's own
     backend (the same versions by construction): the variant that computes what the op ran (its
     layers unfused, or the fusion pattern its layers form) as the op ran it (``ran(variant, op
     name)``, the backend's word: ORT's NCHWc by the name its transform gives the node; torch's
     contiguous layout with oneDNN enabled), vs the fastest variant computing the same in any
-    layout or kernel choice. An op over layers no pattern names is listed, never judged."""
+    layout or kernel choice. An op over layers no pattern names is listed, never judged; two
+    readings of the framework profiler's clock ``resolution_ms`` apart, never told apart."""
     patterns = {tuple(sorted(m.nodes)): m.pattern.name for m in fusions}
     bound = bound or {}
     out = []
@@ -285,8 +296,9 @@ def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionM
         nchwc = g.name.endswith(NCHWC_SUFFIX)
         same = [r for r in measured if r.variant.fusion == fusion]
         used = [r for r in same if ran(r.variant, g.name)]
-        fastest = min(same, key=lambda r: (float(r.latency_ms), r.variant.name), default=None)  # type: ignore[arg-type]
-        match = min(used, key=lambda r: float(r.latency_ms), default=None)  # type: ignore[arg-type]
+        ms = _one_clock(same)
+        fastest = min(same, key=lambda r: (ms(r), r.variant.name), default=None)
+        match = min(used, key=ms, default=None)
         layout = "any" if nchwc else (match.variant.layout if match is not None else "")
         name = f"{g.op}{' (NCHWc)' if nchwc else ''}"
         if fastest is None:
@@ -294,10 +306,12 @@ def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionM
                                   bound_ms=bound.get(g.nodes[0])))
             continue
         noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
+        if match is not None and not (match.untraced and fastest.untraced):  # read on the profiler's clock
+            noise = max(noise, resolution_ms)
         v = fastest.variant
         best_name = f"{fastest.implementation or v.algo} ({v.algo}, {v.layout})"
-        out.append(AlgoChoice(g.nodes[0], node.name, name, None if match is None else float(match.latency_ms),  # type: ignore[arg-type]
-                              best_name, float(fastest.latency_ms), g.time_ms, layout, noise,  # type: ignore[arg-type]
+        out.append(AlgoChoice(g.nodes[0], node.name, name, None if match is None else ms(match),
+                              best_name, ms(fastest), g.time_ms, layout, noise,
                               fusion=fusion, bound_ms=bound.get(g.nodes[0]),
                               **_compared(match, used, fastest, same)))
     return out

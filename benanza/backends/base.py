@@ -82,6 +82,9 @@ class Backend(ABC):
     # whether `run --cold-cache`/`--cold-weights` can evict the CPU's caches before each timed call (the in-process
     # frameworks: inprocess.timed_calls)
     reads_cold: ClassVar[bool] = False
+    # the step of the framework profiler's clock that times a framework backend's benchmarks (ORT's:
+    # whole microseconds): two readings one step apart are not told apart
+    profiler_resolution_ms: ClassVar[float] = 0.0
 
     @abstractmethod
     def covers(self, layer: Layer) -> bool:

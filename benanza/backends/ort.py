@@ -59,7 +59,7 @@ from ..outputs import make_folder, write_text
 from ..parsers.base import FrameworkTrace
 from ..parsers.ort import NCHWC_SUFFIX, parse_ort_profile
 from ..problems import ConvProblem
-from ..records import Variant
+from ..records import REPLICAS_METRIC, TRACED_METRIC, Variant
 from .base import Device, SubgraphBackend
 from .inprocess import INDEX_NAME, Evictor, Refused, result_line, serve, timed_calls
 
@@ -106,6 +106,7 @@ class OnnxRuntimeBackend(SubgraphBackend):
     vendor = "onednn"
     package = "onnxruntime"
     threads_env = THREADS_ENV
+    profiler_resolution_ms = 0.001  # its profile's durations are whole microseconds
 
     def covers(self, layer: Layer) -> bool:
         """ORT runs every node of the model: every layer that computes something is covered."""
@@ -500,7 +501,7 @@ def _measure_entry(project: Path, name: str, entry: dict[str, str], threads: int
     if replicas is None:
         return result_line(name, t.reps, t.kernels, counters,
                            "its kernels ran below the profiler's 1 us resolution in most calls: no time to store")
-    counters |= {"profiled_ms": float(np.percentile(profiled, LOW_PERCENTILE)), "replicas": REPLICAS}
+    counters |= {TRACED_METRIC: float(np.percentile(profiled, LOW_PERCENTILE)), REPLICAS_METRIC: REPLICAS}
     return result_line(name, replicas, t.kernels, counters,
                        f"{REPLICAS} copies of it took no longer than one in most calls: no time to store")
 

@@ -110,3 +110,42 @@ def test_the_bound_of_microsecond_kernels_is_a_floor_under_the_untraced_run(tmp_
     # they are kernels of (measured here: 0.0418 ms run, 0.089 ms bound on the profiler's clock)
     assert a["bounds"]["sequential_ms"] < measured
     assert not any("benchmark, which the same profiler times" in w for w in a["warnings"])
+
+
+def small_conv():
+    """A 1×1 Conv+Relu of a few tens of microseconds: its plain variants are timed by the replicas
+    clock, its NCHWc ones (reorders at their edges) by the profiler, and ORT runs it NCHWc."""
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    return model(nodes, [io("x", [1, 256, 13, 13])], [io("y", None)],
+                 [tensor("W", (24, 256, 1, 1)), tensor("B", (24,))], opset=17)
+
+
+def test_q3_compares_an_ops_variants_on_the_one_clock_they_share(tmp_path):
+    """A variant timed without the profiler looks faster by the profiler's cost alone: Q3 holds the
+    NCHWc kernel ORT ran against the others on the profiler's clock, each variant's own reading of
+    it (SQL: the NCHWc result's low percentile, the others' ``profiled_ms``)."""
+    path = tmp_path / "conv.onnx"
+    path.write_bytes(small_conv().SerializeToString())
+    db = tmp_path / "perf.db"
+    invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(tmp_path / "bench"))
+    invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(tmp_path / "bench"),
+           "--db", str(db), "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1")
+    prof = tmp_path / "prof"
+    invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "1", "--out", str(prof),
+           "--iterations", "50", "--trace-iterations", "50")
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT v.algo, r.low_ms, r.metrics FROM results r JOIN variants v ON v.name = r.variant "
+                       "WHERE r.status = 'ok' AND v.fusion = 'bias_relu'").fetchall()
+    clocks = {algo: (low, json.loads(m)) for algo, low, m in rows}
+    assert set(clocks) == {"all", "extended"}
+    nchwc_low, nchwc = clocks["all"]
+    plain_low, plain = clocks["extended"]
+    assert "replicas" not in nchwc and nchwc["reorder_ms"] > 0  # the profiler's clock
+    assert plain["replicas"] == 8 and plain["profiled_ms"] > plain_low  # the replicas clock, below its traced reading
+    (a,) = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--profile", str(prof),
+                             "--json", "--allow-contended"))["analyses"]
+    (k,) = [k for k in a["framework"]["kernels"] if k["name"] == "conv"]
+    assert (k["fusion"], k["layout"]) == ("bias_relu", "any")
+    assert k["used_ms"] == pytest.approx(nchwc_low, rel=1e-3)
+    assert k["best_ms"] == pytest.approx(min(nchwc_low, plain["profiled_ms"]), rel=1e-3)
