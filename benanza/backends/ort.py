@@ -8,7 +8,7 @@ pattern: its subgraph), cut out of the model with the model's constants, and run
 - ``algo`` is the graph optimization level: ``basic`` for the node alone, ``extended`` for a
   pattern's subgraph (where ORT fuses Conv+Relu, MatMul+Add, LayerNorm, GELU ... into one
   kernel when it can; what it does not fuse runs as its nodes), ``all`` for layer plus
-  NCHWc layout transformation of MLAS (convolutions only, where it applies);
+  NCHWc layout transformation of MLAS (convolutions and 2-D f32 poolings);
 - ``layout``: ``any`` for level ``all`` (ORT picks its blocked NCHWc layout), else the model's
   own (``nchw`` for 4-D data, ``plain`` otherwise);
 - ``dtype``: the model's; the EP's refusal (no kernel for it) is stored as unsupported.
@@ -58,7 +58,7 @@ from ..measurement import LOW_PERCENTILE
 from ..outputs import make_folder, write_text
 from ..parsers.base import FrameworkTrace
 from ..parsers.ort import NCHWC_SUFFIX, parse_ort_profile
-from ..problems import ConvProblem
+from ..problems import ConvProblem, PoolProblem
 from ..records import REPLICAS_METRIC, TRACED_METRIC, Variant
 from .base import Device, SubgraphBackend
 from .inprocess import INDEX_NAME, Evictor, Refused, result_line, serve, timed_calls
@@ -118,7 +118,10 @@ class OnnxRuntimeBackend(SubgraphBackend):
             return []
         layouts = options.layouts or LAYOUTS
         own = _own_layout(layer)
-        nchwc = isinstance(layer.problem, ConvProblem) and "any" in layouts
+        # MLAS's NCHWc kernels: convolutions, and 2-D f32 poolings (a pooling alone is transformed
+        # too, its reorders at its edges as a convolution's)
+        nchwc = "any" in layouts and (isinstance(layer.problem, ConvProblem) or (
+            isinstance(layer.problem, PoolProblem) and layer.dtype == "f32" and len(layer.inputs[0].shape) == 4))
         out = []
         for fusion in ("none", *fusions):
             if "nchw" in layouts:
