@@ -854,9 +854,9 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
             with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
                 for _ in range(spec.trace_iterations):
                     graph.run(feed, annotate=False)
-            notes.append(f"the oneDNN log comes from {spec.trace_iterations} runs after the profiler's, without it: "
-                         f"the profiler's runs took {faults / spec.trace_iterations:.0f} page faults per run (its "
-                         f"event memory), which its per-layer times hold")
+            notes.append(f"the oneDNN log comes from {spec.trace_iterations} runs after the profiler's, without it")
+        notes.append(f"the profiler's runs took {faults / spec.trace_iterations:.0f} page faults per run (its event "
+                     f"memory), which its per-layer times hold")
     prof.export_chrome_trace(str(out / "torch_trace.json"))
     return {"trace": "torch_trace.json", "providers": [spec.device], **threads}
 

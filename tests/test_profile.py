@@ -212,6 +212,7 @@ def test_onednn_times_come_from_runs_without_the_profiler(tmp_path, save):
     assert len(ours) == 30  # the runs without the profiler, and only those
     index = json.loads((out / "profile.json").read_text())
     assert any("the oneDNN log comes from 30 runs after the profiler's" in n for n in index["notes"])
+    assert any(n.startswith("the profiler's runs took ") and "page faults per run" in n for n in index["notes"])
     oracle = []
     for _ in range(3):
         run = subprocess.run([sys.executable, "-c", CONV_ORACLE], env={**os.environ, "ONEDNN_VERBOSE": "1"},
