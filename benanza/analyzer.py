@@ -908,14 +908,15 @@ def _explain_bound(a: Analysis) -> None:
             # a bundle's latency comes from runs without the profiler, the ops' times from runs with it
             ok = [r for r in a.rows if r.status == LayerStatus.OK]
             traced = sum(1 for r in ok if r.variant not in a.untraced) if v.framework == a.backend else 0
+            carried = ""  # the benchmarks the same profiler times carry its cost too
+            if traced == len(ok) and traced:
+                carried = (f", and so does each {a.backend} benchmark, which the same profiler times: for kernels "
+                           f"of a few microseconds that cost is most of their time, and the bound is no floor")
+            elif traced:
+                carried = (f", and so do {traced} of the bound's {len(ok)} {a.backend} benchmarks, which the same "
+                           f"profiler times")
             reasons.append(f"{v.framework}'s ops took {v.match.op_ms:.4g} ms per traced run, more than the measured "
-                           f"latency: each op's time holds the profiler's own cost"
-                           + ("" if not traced else
-                              f", and so does each {a.backend} benchmark, which the same profiler times: for kernels "
-                              f"of a few microseconds that cost is most of their time, and the bound is no floor"
-                              if traced == len(ok) else
-                              f", and so do {traced} of the bound's {len(ok)} {a.backend} benchmarks, which the same "
-                              f"profiler times"))
+                           f"latency: each op's time holds the profiler's own cost{carried}")
         faster = sorted((o for o in v.overheads if o.covered and o.overhead_ms < 0), key=lambda o: o.overhead_ms)
         if faster:
             worst = ", ".join(f"{o.group} {o.framework_ms:.3g} vs {o.bound_ms:.3g} ms" for o in faster[:3])

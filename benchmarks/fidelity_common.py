@@ -140,13 +140,12 @@ def low(samples: list[float]) -> float:
     return float(np.percentile(samples, 10))
 
 
-def profiled_ms(db: Path, system: System) -> dict[str, float]:
+def profiled_ms(pdb: PerfDB, system: System) -> dict[str, float]:
     """The variants whose stored time is not their profiler's reading (ORT's replicas clock),
-    each with that reading (its ``profiled_ms`` counter): the clock a traced profile's op times
-    hold, the profiler's own per-kernel cost included."""
-    with PerfDB(db, readonly=True) as pdb:
-        return {r.variant.name: float(r.metrics["profiled_ms"]) for r in pdb.results(system)
-                if "profiled_ms" in r.metrics}
+    each with that reading (``Result.traced_ms``): the clock a traced profile's op times hold,
+    the profiler's own per-kernel cost included."""
+    return {r.variant.name: r.traced_ms for r in pdb.results(system)
+            if r.untraced and r.traced_ms is not None}
 
 
 def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]], traced: dict[str, float] | None = None) -> list[dict]:

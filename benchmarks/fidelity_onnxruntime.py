@@ -81,9 +81,9 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
     with PerfDB(work / f"{model.stem}.db", readonly=True) as pdb:
         analyses = {suffix: run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=m.system.stack_id),
                                       pdb, profile)[0] for suffix, m in stacks.items()}
-    # the profile's op times hold ORT's profiler's cost: each op against its benchmark's reading
-    # on that clock, where the stored time is the replicas clock
-    traced = {suffix: profiled_ms(work / f"{model.stem}.db", m.system) for suffix, m in stacks.items()}
+        # the profile's op times hold ORT's profiler's cost: each op against its benchmark's reading
+        # on that clock, where the stored time is the replicas clock
+        traced = {suffix: profiled_ms(pdb, m.system) for suffix, m in stacks.items()}
     detail = f"{model.stem}-t{threads}-fidelity"
     out = {"model": model.stem, "threads": threads,
            **row(analyses[""], stacks[""], fidelity_pairs(analyses[""], in_model, traced[""]), work / f"{detail}.json")}

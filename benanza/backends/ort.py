@@ -386,7 +386,7 @@ def _replicable(model: onnx.ModelProto) -> bool:
 
 def _replicated(model: onnx.ModelProto, copies: int) -> onnx.ModelProto:
     """``copies`` copies of the subgraph side by side: every input, value and node renamed per
-    copy, the constants shared (one copy of the weights, as the layer has)."""
+    copy (``<name>__<copy>``), the constants shared (one copy of the weights, as the layer has)."""
     from onnx import helper
 
     g = model.graph
@@ -415,7 +415,7 @@ def _replicated(model: onnx.ModelProto, copies: int) -> onnx.ModelProto:
 def _replicas_clock(path: Path, level: str, threads: int, min_time: float, repetitions: int,
                     tmp: str) -> list[list[float]] | None:
     """Per-call times in ms by repetition, without the profiler: ``REPLICAS`` copies' ``run()``
-    less the median of one copy's in the same repetition (the calls alternate, so both see the
+    less the median of the subgraph's own in the same repetition (the calls alternate, so both see the
     same machine), per copy; None where the subgraph's copies would not run as copies."""
     import numpy as np
     import onnx
@@ -424,24 +424,22 @@ def _replicas_clock(path: Path, level: str, threads: int, min_time: float, repet
     model = onnx.load(str(path))
     if not _replicable(model):
         return None
-    sessions = []
-    for copies in (1, REPLICAS):
-        file = os.path.join(tmp, f"{copies}-{REPLICATED}")
-        # the weights beside it: a subgraph's may pass protobuf's 2 GB in one message
-        onnx.save_model(_replicated(model, copies), file, save_as_external_data=True,
-                        location=f"{copies}-{REPLICATED}.data", size_threshold=1024)
-        sessions.append(_session(Path(file), level, threads, None))
-    feeds = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in _feeds(sessions[0]).items()}
+    file = os.path.join(tmp, REPLICATED)
+    # the weights beside it: a subgraph's may pass protobuf's 2 GB in one message
+    onnx.save_model(_replicated(model, REPLICAS), file, save_as_external_data=True,
+                    location=f"{REPLICATED}.data", size_threshold=1024)
+    single, copies = _session(path, level, threads, None), _session(Path(file), level, threads, None)
+    feeds = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in _feeds(single).items()}
     bindings = []
-    for sess, copies in zip(sessions, (1, REPLICAS)):
+    for sess, names in ((single, lambda n: [n]), (copies, lambda n: [f"{n}__{c}" for c in range(REPLICAS)])):
         b = sess.io_binding()
-        for c in range(copies):
-            for name, value in feeds.items():
-                b.bind_ortvalue_input(f"{name.removesuffix('__0')}__{c}", value)
+        for name, value in feeds.items():
+            for own in names(name):
+                b.bind_ortvalue_input(own, value)
         for o in sess.get_outputs():
             b.bind_output(o.name, "cpu")
         bindings.append(b)
-    one, many = (lambda s=s, b=b: s.run_with_iobinding(b) for s, b in zip(sessions, bindings))
+    one, many = (lambda s=s, b=b: s.run_with_iobinding(b) for s, b in zip((single, copies), bindings))
     for _ in range(WARMUP_CALLS):
         one(), many()
     times: tuple[list[float], list[float]] = ([], [])
