@@ -25,7 +25,7 @@ from .analysis.bounds import (
     parallel_modules,
 )
 from .analysis.floors import COMPUTE, MEMORY, Floors, resource_floors
-from .analysis.matching import CallAlignment, TraceMatch, align_calls, match_trace
+from .analysis.matching import CallAlignment, OpGroup, TraceMatch, align_calls, match_trace
 from .analysis.modules import MeasuredGroup, ModuleStats, layer_paths, module_tree
 from .analysis.phases import PhaseAnalysis
 from .analysis.questions import (
@@ -45,6 +45,7 @@ from .analysis.questions import (
 from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
 from .fusion import FusionMatch, match_fusions
 from .layers import Model
+from .ort_fusions import benchmarked_by, match_ort_fusions
 from .parsers import ExecutionProfile
 from .peaks import GEMM_TYPES, Peaks
 from .records import Result, System, Variant
@@ -622,9 +623,9 @@ def _tf32_unbounded(a: Analysis) -> FrameworkTf32 | None:
 def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches,
                     graph) -> FrameworkView:
     tm = match_trace(model, profile.trace)  # type: ignore[arg-type]
-    groups = tm.node_group()
-    done = [m for m in matches
-            if len({id(groups.get(i)) for i in m.nodes}) == 1 and groups.get(m.nodes[0]) is not None]
+    # the framework's own fusions beside the library's, where the analysis's backend benchmarks them
+    matches = [m for m in matches + match_ort_fusions(model, matches) if benchmarked_by(m.pattern.name, a.backend)]
+    done = _made_by(matches, tm.node_group())
     fw, applied = fused_weights(a.rows, done, by_key, a.dtype)
     for i in tm.eliminated:
         fw[i] = 0.0  # the framework never runs it (folded into a neighbour, or removed)
@@ -641,6 +642,22 @@ def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key
         view.kernels = native_kernel_choices(model, tm, matches, by_key, a.dtype, native.ran, bound,
                                              native.profiler_resolution_ms)
     return view
+
+
+def _made_by(matches: list[FusionMatch], groups: dict[int, OpGroup]) -> list[FusionMatch]:
+    """The matches whose nodes the framework ran inside one op, none sharing a node with another
+    (library and framework patterns may share nodes): a match of exactly an op's nodes first,
+    then the larger."""
+    inside = [m for m in matches if groups.get(m.nodes[0]) is not None
+              and len({id(groups.get(i)) for i in m.nodes}) == 1]
+    inside.sort(key=lambda m: (set(m.nodes) != set(groups[m.nodes[0]].nodes), -len(m.nodes)))
+    taken: set[int] = set()
+    out = []
+    for m in inside:
+        if not taken & set(m.nodes):
+            out.append(m)
+            taken |= set(m.nodes)
+    return out
 
 
 def _explain(a: Analysis, v: FrameworkView) -> list[str]:

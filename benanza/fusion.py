@@ -74,6 +74,9 @@ class FusionPattern:
     # one (a QDQ Conv's int32 bias, added to the int8 convolution's accumulator); ``conv_bias``
     # then does not decide the match
     any_bias: bool = False
+    # the framework whose own graph optimizer makes this fusion (``benanza.ort_fusions``): only that
+    # framework's backend benchmarks it; "" for a library pattern, which every backend benchmarks
+    framework: str = ""
 
     @property
     def dag(self) -> bool:

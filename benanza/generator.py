@@ -34,6 +34,7 @@ from .errors import BenanzaError
 from .escape import c_string, cmake_quoted
 from .layers import Model
 from .manifest import Manifest
+from .ort_fusions import benchmarked_by
 from .outputs import make_folder, write_text, write_with
 from .records import Variant, variant_order
 from .resources import runtime_dir, templates_dir
@@ -112,7 +113,8 @@ def expand_variants(manifest: Manifest, backend: Backend, options: GenOptions) -
         fusions.setdefault(f.layer, []).append(f.pattern)
     out: dict[str, Variant] = {}
     for u in manifest.layers:
-        used = tuple(sorted(fusions.get(u.layer.key, []))) if options.fusion else ()
+        used = tuple(sorted(f for f in fusions.get(u.layer.key, []) if benchmarked_by(f, backend.name))) \
+            if options.fusion else ()
         for v in backend.variants(u, used, options):
             if not u.occurrences and u.layer.key in fusions and v.fusion == "none":
                 continue  # a pattern's fused form only (build_manifest): no node runs it unfused

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import FileProblem
-from .fusion import match_fusions
 from .layers import Model, UniqueLayer
 from .model_stats import ModelStats, model_stats
+from .ort_fusions import all_fusions
 from .outputs import write_text
 
 MANIFEST_VERSION = 2  # 2: layers carry typed problems (keys parse back), no params
@@ -79,7 +79,7 @@ def build_manifest(models: list[Model], uniques: list[UniqueLayer]) -> Manifest:
     fused_only: dict[str, UniqueLayer] = {}
     known = {u.layer.key for u in uniques}
     for m in models:
-        for match in match_fusions(m):
+        for match in all_fusions(m):
             counts[(match.conv_key, match.pattern.name)] += 1
             if match.conv_key not in known:
                 fused_only.setdefault(match.conv_key, UniqueLayer(match.conv))

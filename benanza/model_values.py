@@ -24,9 +24,10 @@ from onnx.checker import ValidationError
 from onnx.external_data_helper import load_external_data_for_model
 
 from .errors import ModelError
-from .fusion import FusionMatch, match_fusions
+from .fusion import FusionMatch
 from .layers import Layer, Model, Node
 from .ops.reference import generated
+from .ort_fusions import all_fusions
 from .outputs import OutputError, write_with
 from .processor import read_onnx
 from .records import Variant
@@ -72,7 +73,7 @@ class ModelValues:
 
     @cached_property
     def fusions(self) -> list[FusionMatch]:
-        return match_fusions(self.model)
+        return all_fusions(self.model)
 
     def proto_of(self, node: Node) -> onnx.NodeProto:
         return self.by_output[node.outputs[0]]

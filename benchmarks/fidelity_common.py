@@ -157,7 +157,7 @@ def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]], traced: dict[s
     if a.framework is None:
         return []
     traced = traced or {}
-    names = {g.nodes[0]: g.name for g in a.framework.match.groups if g.nodes}
+    names = {i: g.name for g in a.framework.match.groups for i in g.nodes}
     out = []
     for c in a.framework.kernels:
         samples = in_model.get(names.get(c.node, ""), [])

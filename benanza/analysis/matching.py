@@ -3,7 +3,7 @@
 * Framework ops (ORT nodes, torch ops) → groups of model nodes. A framework may rename a
   fused node after the tensor it produces (ORT: ``r1_nchwc`` for Conv+Relu writing ``r1``)
   or after a node it replaced plus the fusion's name (``/fc/MatMul/MatMulAddFusion``); the
-  group is then what that fused op computes, walked from the named node (``_COVERS``). ORT
+  group is then what that fused op computes, walked from the named node (``COVERS``). ORT
   names other fused ops only by their type (``Gelu``, ``SkipLayerNormalization_token_3``):
   those take, in execution order, the model's next unclaimed occurrence of the pattern they
   replace whose output shape is theirs. Ops matching no node are insertions (ORT's
@@ -22,15 +22,12 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 
-from ..fusion import BY_NAME as PATTERNS
-from ..fusion import NODE_FINDERS
 from ..layers import Layer, Model, Node
+from ..ort_fusions import CANDIDATES, COVERS, NodeGraph, reaches
 from ..parsers import ConvSignature, FrameworkTrace, GemmSignature, LibraryCall, OpEvent
-from ..problems import BinaryProblem, ConvProblem, GemmProblem, MatMulProblem, TransposeProblem
+from ..problems import ConvProblem, GemmProblem, MatMulProblem
 
 # ORT's names for a node after its graph transformers rewrote it: the original node's (or
 # output's) name plus what the transformer appends; "_token_N" makes a generated name unique
@@ -105,13 +102,13 @@ def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
         claimed.update(nodes)
         found[key] = nodes
     for key, (_, _, first) in acc.items():
-        if not found[key] and first.op in _CANDIDATES:
+        if not found[key] and first.op in CANDIDATES:
             found[key] = _unnamed(first, graph, claimed)
             claimed.update(found[key])
     # then a model op under a name the model lacks (the transformer optimizer's
     # ``FullyConnect_MatMul_1``): the next unclaimed node of its type and output shape
     for key, (_, _, first) in acc.items():
-        if not found[key] and first.op not in _GLUE and first.op not in _COVERS:
+        if not found[key] and first.op not in _GLUE and first.op not in COVERS:
             found[key] = _renamed(first, graph, claimed)
             claimed.update(found[key])
     groups = [OpGroup(name, op, found[(name, op)], total / nruns / 1000.0, count / nruns)
@@ -166,39 +163,17 @@ def _own_us(ops: list[OpEvent], graph: _Graph) -> dict[int, float]:
     return out
 
 
-class _Graph:
-    """The model's nodes by name and tensors, and the decompositions ORT fuses, found once."""
+class _Graph(NodeGraph):
+    """The model's nodes by name too, and an inlined subgraph node's names by its own name."""
 
     def __init__(self, model: Model) -> None:
-        self.model = model
+        super().__init__(model)
         self.by_name = {n.name: n for n in model.nodes}
         self.inlined: defaultdict[str, list[str]] = defaultdict(list)  # own name in its subgraph → inlined names
         for n in model.nodes:
             m = _INLINED.match(n.name)
             if m:
                 self.inlined[m.group(1)].append(n.name)
-        self.producer = {t: n for n in model.nodes for t in n.outputs}
-        self.readers: defaultdict[str, list[Node]] = defaultdict(list)
-        for n in model.nodes:
-            for t in n.inputs:
-                self.readers[t].append(n)
-
-    @cached_property
-    def decompositions(self) -> dict[str, list[tuple[int, ...]]]:
-        consumers = self.model.consumers()
-        out: dict[str, list[tuple[int, ...]]] = {"layernorm": [], "gelu": [], "fastgelu": []}
-        for n in self.model.nodes:
-            for kind, pattern in (("layernorm", "layernorm"), ("gelu", "gelu_erf"), ("fastgelu", "gelu_tanh")):
-                find = NODE_FINDERS[pattern]
-                nodes = find(self.model, consumers, n.index) if n.layer.op == PATTERNS[pattern].anchor else None
-                if nodes:
-                    out[kind].append(tuple(sorted(nodes)))
-        return out
-
-    def only_read_by(self, node: Node, group: set[int]) -> bool:
-        """Whether every reader of ``node``'s outputs is in ``group`` (so fusing it loses nothing);
-        a Shape reads no data, and with static shapes ORT folds it away."""
-        return all(r.index in group or r.layer.op == "Shape" for t in node.outputs for r in self.readers[t])
 
 
 def _nodes_of(o: OpEvent, graph: _Graph) -> tuple[int, ...]:
@@ -206,8 +181,8 @@ def _nodes_of(o: OpEvent, graph: _Graph) -> tuple[int, ...]:
     anchor = graph.by_name.get(o.name) or graph.by_name.get(base) or graph.producer.get(base)
     if anchor is None:
         return ()
-    if o.op in _COVERS and anchor.layer.op != o.op:
-        nodes = _COVERS[o.op](graph, anchor)
+    if o.op in COVERS and anchor.layer.op != o.op:
+        nodes = COVERS[o.op](graph, anchor)
         if nodes:
             return nodes
     want = _FUSED_OPS.get(o.op, o.op)
@@ -220,7 +195,7 @@ def _nodes_of(o: OpEvent, graph: _Graph) -> tuple[int, ...]:
     chain = [anchor]
     while chain[-1].layer.op != want:
         preds = [producer[t] for t in chain[-1].inputs if t in producer]
-        nxt = next((p for p in preds if _reaches(p, want, producer)), None)
+        nxt = next((p for p in preds if reaches(p, want, producer)), None)
         if nxt is None or len(chain) > 6:
             return (anchor.index,)
         chain.append(nxt)
@@ -237,9 +212,9 @@ def _unnamed(o: OpEvent, graph: _Graph, claimed: set[int]) -> tuple[int, ...]:
     want = o.output_shapes[0] if o.output_shapes else None
     seen: set[tuple[int, ...]] = set()
     for seed in graph.model.nodes:
-        if seed.layer.op not in _CANDIDATES[o.op] or seed.index in claimed:
+        if seed.layer.op not in CANDIDATES[o.op] or seed.index in claimed:
             continue
-        nodes = tuple(i for i in _COVERS[o.op](graph, seed) or () if i not in claimed)
+        nodes = tuple(i for i in COVERS[o.op](graph, seed) or () if i not in claimed)
         if seed.index not in nodes or nodes in seen:
             continue
         seen.add(nodes)
@@ -261,221 +236,10 @@ def _renamed(o: OpEvent, graph: _Graph, claimed: set[int]) -> tuple[int, ...]:
                  and _same_data(n.layer.outputs[0].shape, want)), ())
 
 
-# --- what each fused ORT op computes, walked from one node of it ---------------------------------
-
-
-def _scalar_operand(graph: _Graph, node: Node) -> bool:
-    """A Mul/Div by one value (a constant, or a scalar ORT folds from static shapes)."""
-    p = node.layer.problem
-    if not isinstance(p, BinaryProblem) or p.alg not in ("mul", "div") or len(node.layer.inputs) != 2:
-        return False
-    return any(math.prod(s.shape) == 1 for s in node.layer.inputs)
-
-
-def _matmul_transpose(node: Node) -> str | None:
-    """How FusedMatMul runs a Transpose through its attributes: "trans" for the last two axes
-    swapped (transA/transB), "batch" for the first axis moved before the last (transBatch),
-    "both"; None when it cannot."""
-    p = node.layer.problem
-    if not isinstance(p, TransposeProblem) or len(p.perm) < 2:
-        return None
-    n = len(p.perm)
-    if n == 2:
-        return "trans" if p.perm == (1, 0) else None
-    middle = tuple(range(1, n - 1))
-    kinds = {tuple(range(n - 2)) + (n - 1, n - 2): "trans", middle + (0, n - 1): "batch", middle + (n - 1, 0): "both"}
-    return kinds.get(p.perm)
-
-
-def _gemm_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """MatMulAddFusion: a MatMul and the Add of a constant bias that alone reads it."""
-    if anchor.layer.op != "MatMul":
-        return None
-    readers = [r for t in anchor.outputs for r in graph.readers[t]]
-    if len(readers) == 1 and readers[0].layer.op == "Add" and readers[0].constant_inputs:
-        return tuple(sorted((anchor.index, readers[0].index)))
-    return (anchor.index,)
-
-
-def _fused_matmul_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """MatMulScaleFusion / MatmulTransposeFusion: a MatMul with the scalar scaling of an input
-    or of its output and the Transposes of each input it runs through its attributes (views
-    between them are free), each read by the fused op alone."""
-    if anchor.layer.op != "MatMul":
-        return None
-    group = {anchor.index}
-    for t in anchor.inputs:
-        used: set[str] = set()  # each attribute absorbs one Transpose per input
-        p = graph.producer.get(t)
-        while p is not None and p.index not in group and graph.only_read_by(p, group):
-            kind = _matmul_transpose(p)
-            parts = {"trans", "batch"} if kind == "both" else {kind} if kind else set()
-            if parts and not parts & used:
-                used |= parts
-            elif not (p.layer.view or _scalar_operand(graph, p)):
-                break
-            group.add(p.index)
-            p = next((graph.producer[i] for i in p.inputs if i in graph.producer
-                      and math.prod(graph.producer[i].layer.outputs[0].shape) > 1), None)
-    readers = [r for t in anchor.outputs for r in graph.readers[t]]
-    if len(readers) == 1 and _scalar_operand(graph, readers[0]):
-        group.add(readers[0].index)
-    # views at the edge of the walk are not part of what ORT fused
-    while True:
-        edge = [i for i in group if graph.model.nodes[i].layer.view
-                and not any(graph.producer.get(t) and graph.producer[t].index in group
-                            for t in graph.model.nodes[i].inputs)]
-        if not edge:
-            return tuple(sorted(group))
-        group -= set(edge)
-
-
-def _containing(graph: _Graph, kind: str, anchor: Node, op: str) -> tuple[int, ...] | None:
-    if anchor.layer.op == op:
-        return (anchor.index,)
-    return next((d for d in graph.decompositions[kind] if anchor.index in d), None)
-
-
-def _layernorm_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """LayerNormFusion: the ReduceMean…Add decomposition (or an opset-17 LayerNormalization)."""
-    return _containing(graph, "layernorm", anchor, "LayerNormalization")
-
-
-def _gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """GeluFusion: the erf decomposition Div→Erf→Add→Mul→Mul (or an opset-20 Gelu)."""
-    return _containing(graph, "gelu", anchor, "Gelu")
-
-
-def _entry(graph: _Graph, nodes: tuple[int, ...]) -> list[Node]:
-    """Producers of the tensors a node group reads from outside itself."""
-    inside = set(nodes)
-    out = []
-    for i in nodes:
-        for t in graph.model.nodes[i].inputs:
-            p = graph.producer.get(t)
-            if p is not None and p.index not in inside and p not in out:
-                out.append(p)
-    return out
-
-
-def _bias_add(graph: _Graph, node: Node, group: set[int]) -> bool:
-    return node.layer.op == "Add" and bool(node.constant_inputs) and len(node.inputs) == 1 \
-        and graph.only_read_by(node, group)
-
-
-def _bias_gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """BiasGeluFusion: the Add of a constant bias and the GELU that alone reads it."""
-    gelu = _gelu_cover(graph, anchor)
-    biased = _with_bias(graph, gelu) if gelu is not None else None
-    return biased if biased != gelu else None
-
-
-def _with_bias(graph: _Graph, nodes: tuple[int, ...]) -> tuple[int, ...]:
-    """A group and the one constant-bias Add before it that only the group reads, if there is one."""
-    bias = [p for p in _entry(graph, nodes) if _bias_add(graph, p, set(nodes))]
-    return tuple(sorted(nodes + (bias[0].index,))) if len(bias) == 1 else nodes
-
-
-def _skip_layernorm_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """SkipLayerNormFusion: the residual Add of two activations feeding a layer norm, and the
-    constant-bias Add of one of them, each read by the fused op alone (the sum itself may be
-    read elsewhere: SkipLayerNormalization can output it)."""
-    norm = _layernorm_cover(graph, anchor)
-    if norm is None:
-        return None
-    residual = [p for p in _entry(graph, norm) if p.layer.op == "Add" and len(p.inputs) == 2]
-    if len(residual) != 1:
-        return None
-    group = set(norm) | {residual[0].index}
-    for p in _entry(graph, (residual[0].index,)):
-        if _bias_add(graph, p, group):
-            group.add(p.index)
-            break
-    return tuple(sorted(group))
-
-
-def _split_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """GatherSliceToSplitFusion: the Gathers/Slices of one tensor that a Split replaced."""
-    if anchor.layer.op not in ("Gather", "Slice") or not anchor.inputs:
-        return None
-    return tuple(sorted(r.index for r in graph.readers[anchor.inputs[0]] if r.layer.op in ("Gather", "Slice")))
-
-
-def _fast_gelu_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """FastGeluFusion: the tanh GELU decomposition (the ``gelu_tanh`` pattern's nodes, in any of
-    the exporters' orders), and the constant-bias Add before x (FastGelu with a bias input) when
-    only the group reads it."""
-    gelu = _containing(graph, "fastgelu", anchor, "FastGelu")
-    return _with_bias(graph, gelu) if gelu is not None else None
-
-
-def _attention_cover(graph: _Graph, anchor: Node) -> tuple[int, ...] | None:
-    """AttentionFusion (Attention, MultiHeadAttention): softmax(Q·Kᵀ [scaled] [+ mask])·V from its
-    Softmax, with what makes Q, K and V of the projections (the MatMul with a constant weight,
-    its bias Add, the Reshapes and Transposes that split the heads, a scalar scale) and the
-    Transpose (and Reshape) that merge the heads after it; each read by the group alone. A
-    MultiHeadAttention leaves the projection MatMuls to their own named ops, which claim them
-    first."""
-    if anchor.layer.op != "Softmax" or len(anchor.inputs) != 1:
-        return None
-    group = {anchor.index}
-    scores = graph.producer.get(anchor.inputs[0])
-    while scores is not None and scores.layer.op in ("Add", "Mul", "Div", "Where"):
-        group.add(scores.index)  # the scale and the mask
-        scores = next((graph.producer[t] for t in scores.inputs if t in graph.producer
-                       and _reaches(graph.producer[t], "MatMul", graph.producer, 2)), None)
-    readers = graph.readers[anchor.outputs[0]]
-    if scores is None or scores.layer.op != "MatMul" or len(readers) != 1 or readers[0].layer.op != "MatMul":
-        return None
-    pv = readers[0]
-    group |= {scores.index, pv.index}
-    for t in scores.inputs + tuple(t for t in pv.inputs if t != anchor.outputs[0]):
-        p = graph.producer.get(t)
-        while p is not None and p.index not in group and graph.only_read_by(p, group):
-            if p.layer.op == "MatMul":
-                if p.constant_inputs:
-                    group.add(p.index)  # the projection: where Q, K or V begin
-                break
-            if not (p.layer.view or p.layer.op == "Transpose" or _scalar_operand(graph, p)
-                    or (p.layer.op == "Add" and p.constant_inputs and len(p.inputs) == 1)):
-                break
-            group.add(p.index)
-            p = graph.producer.get(p.inputs[0]) if p.inputs else None
-    node = pv
-    while True:
-        after = [r for t in node.outputs for r in graph.readers[t]]
-        if len(after) != 1 or not (after[0].layer.view or after[0].layer.op == "Transpose"):
-            break
-        node = after[0]
-        group.add(node.index)
-    return tuple(sorted(group))
-
-
-_COVERS: dict[str, Callable[[_Graph, Node], tuple[int, ...] | None]] = {
-    "Gemm": _gemm_cover, "FusedMatMul": _fused_matmul_cover, "LayerNormalization": _layernorm_cover,
-    "SkipLayerNormalization": _skip_layernorm_cover, "Gelu": _gelu_cover, "BiasGelu": _bias_gelu_cover,
-    "Split": _split_cover, "FastGelu": _fast_gelu_cover, "Attention": _attention_cover,
-    "MultiHeadAttention": _attention_cover,
-}
-# the ops ORT names by type alone (or after a node the optimizer renamed), and the node types a
-# walk to their pattern may start from
-_CANDIDATES = {"Gemm": ("MatMul",), "FusedMatMul": ("MatMul",),
-               "LayerNormalization": ("LayerNormalization", "ReduceMean"),
-               "SkipLayerNormalization": ("LayerNormalization", "ReduceMean"),
-               "Gelu": ("Gelu", "Div"), "BiasGelu": ("Gelu", "Div"), "FastGelu": ("Tanh",),
-               "Attention": ("Softmax",), "MultiHeadAttention": ("Softmax",)}
 # ops ORT inserts that move data or change layout: no layer of the model computes them
 # (and an inlined If/Loop/Scan's own time: its body's ops are matched to the inlined layers)
 _GLUE = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose", "ReorderInput",
                    "ReorderOutput", "MemcpyToHost", "MemcpyFromHost"} | _CONTROL_FLOW)
-
-
-def _reaches(node: Node, op: str, producer: dict[str, Node], depth: int = 6) -> bool:
-    if node.layer.op == op:
-        return True
-    if depth == 0:
-        return False
-    return any(_reaches(producer[t], op, producer, depth - 1) for t in node.inputs if t in producer)
 
 
 def _gaps(ops: list[OpEvent], nruns: int, top: int = 5) -> list[tuple[str, str, float]]:

@@ -281,16 +281,19 @@ def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionM
     contiguous layout with oneDNN enabled), vs the fastest variant computing the same in any
     layout or kernel choice. An op over layers no pattern names is listed, never judged; two
     readings of the framework profiler's clock ``resolution_ms`` apart, never told apart."""
-    patterns = {tuple(sorted(m.nodes)): m.pattern.name for m in fusions}
+    patterns = {tuple(sorted(m.nodes)): m for m in fusions}
     bound = bound or {}
     out = []
     for g in trace.groups:
         if not g.nodes:
             continue
-        node = model.nodes[g.nodes[0]]
-        fusion = "none" if len(g.nodes) == 1 else patterns.get(tuple(sorted(g.nodes)), "")
-        measured = [r for r in layer_results(by_problem, node.layer, dtype)
-                    if r.ok and r.variant.dtype == node.layer.in_dtype(dtype)]
+        pattern = patterns.get(tuple(sorted(g.nodes)))
+        # a fused op's benchmarks are its pattern's, on the layer the pattern is benchmarked on
+        node = model.nodes[g.nodes[0] if pattern is None else pattern.nodes[0]]
+        layer = node.layer if pattern is None else pattern.conv
+        fusion = "none" if len(g.nodes) == 1 else pattern.pattern.name if pattern is not None else ""
+        measured = [r for r in layer_results(by_problem, layer, dtype)
+                    if r.ok and r.variant.dtype == layer.in_dtype(dtype)]
         if not measured:
             continue  # nothing measured for the layer: the bound's missing-layer warning says so
         nchwc = g.name.endswith(NCHWC_SUFFIX)
@@ -302,17 +305,17 @@ def native_kernel_choices(model: Model, trace: TraceMatch, fusions: list[FusionM
         layout = "any" if nchwc else (match.variant.layout if match is not None else "")
         name = f"{g.op}{' (NCHWc)' if nchwc else ''}"
         if fastest is None:
-            out.append(AlgoChoice(g.nodes[0], node.name, name, None, "", None, g.time_ms, layout,
-                                  bound_ms=bound.get(g.nodes[0])))
+            out.append(AlgoChoice(node.index, node.name, name, None, "", None, g.time_ms, layout,
+                                  bound_ms=bound.get(node.index)))
             continue
         noise = max((r.stddev_ms or 0.0) for r in (fastest, match)) if match is not None else 0.0
         if match is not None and not (match.untraced and fastest.untraced):  # read on the profiler's clock
             noise = max(noise, resolution_ms)
         v = fastest.variant
         best_name = f"{fastest.implementation or v.algo} ({v.algo}, {v.layout})"
-        out.append(AlgoChoice(g.nodes[0], node.name, name, None if match is None else ms(match),
+        out.append(AlgoChoice(node.index, node.name, name, None if match is None else ms(match),
                               best_name, ms(fastest), g.time_ms, layout, noise,
-                              fusion=fusion, bound_ms=bound.get(g.nodes[0]),
+                              fusion=fusion, bound_ms=bound.get(node.index),
                               **_compared(match, used, fastest, same)))
     return out
 

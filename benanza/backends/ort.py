@@ -11,13 +11,18 @@ pattern: its subgraph), cut out of the model with the model's constants, and run
   NCHWc layout transformation of MLAS (convolutions and 2-D f32 poolings);
 - ``layout``: ``any`` for level ``all`` (ORT picks its blocked NCHWc layout), else the model's
   own (``nchw`` for 4-D data, ``plain`` otherwise);
-- ``dtype``: the model's; the EP's refusal (no kernel for it) is stored as unsupported.
+- ``dtype``: the model's; the EP's refusal (no kernel for it) is stored as unsupported;
+- ``fusion``: a library pattern of ``benanza.fusion``, or one of ORT's own fusions
+  (``benanza.ort_fusions``: SkipLayerNorm, FusedMatMul, Gemm, Split ...), predicted from the
+  model as the node groups its fused ops compute.
 
 Time is ONNX Runtime's own: its profiler's per-node kernel time (``<node>_kernel_time`` events,
 whole microseconds) summed over the kernels of one ``run()``, never ``run()``'s wall time, which
 holds the session's own overhead (kept beside it as the ``run_overhead_ms`` counter). The reorders
 the NCHWc transform puts at the subgraph's edges are not the layer's work inside a model whose
-neighbours share the layout; their time is the ``reorder_ms`` counter.
+neighbours share the layout; their time is the ``reorder_ms`` counter. So are the view kernels
+(Reshape, Squeeze ...) ORT puts around a fused kernel, which in a whole model are ops of their
+own and cost 0 in the bound: the ``view_ms`` counter.
 
 ORT's profiler has a cost of its own inside each kernel's event: it formats every input's and
 output's type and shape into strings between the kernel's start and end times (onnxruntime's
@@ -58,7 +63,7 @@ from ..measurement import LOW_PERCENTILE
 from ..outputs import make_folder, write_text
 from ..parsers.base import FrameworkTrace
 from ..parsers.ort import NCHWC_SUFFIX, parse_ort_profile
-from ..problems import ConvProblem, PoolProblem
+from ..problems import VIEW_OPS, ConvProblem, PoolProblem
 from ..records import REPLICAS_METRIC, TRACED_METRIC, Variant
 from .base import Device, SubgraphBackend
 from .inprocess import INDEX_NAME, Evictor, Refused, result_line, serve, timed_calls
@@ -179,7 +184,7 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
     from ..model_values import NoValue
 
     protos = []
-    for i in nodes:
+    for i in sorted(nodes):  # the model's order: a match lists its anchor first
         node = source.model.nodes[i]
         proto = source.by_output.get(node.outputs[0]) if node.outputs else None
         if proto is None:
@@ -213,7 +218,11 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
     except NoValue as exc:
         raise _NoSubgraph(f"a constant it reads has no value: {exc}") from None
     inits += [numpy_helper.from_array(np.asarray(values[n]), n) for n in computed]
-    outputs = [helper.make_empty_tensor_value_info(o) for o in protos[-1].output if o]
+    # what the nodes compute: the outputs of those no other of them reads (a chain's last, each of
+    # the Gathers a Split replaces), so none of it is dead code to ORT's optimizer
+    read = {name for p in protos for name in p.input}
+    sinks = [p for p in protos if not read & set(p.output)]
+    outputs = [helper.make_empty_tensor_value_info(o) for p in sinks for o in p.output if o]
     graph = helper.make_graph([*const_nodes, *protos], "layer", inputs, outputs, inits)
     m = helper.make_model(graph, opset_imports=list(source.proto.opset_import))
     m.ir_version = source.proto.ir_version
@@ -288,6 +297,7 @@ class _Timed:
 
     reps: list[list[float]]
     reorder_ms: list[float]
+    view_ms: list[float]  # ORT's view kernels (Reshape, Squeeze ...) among them, per call
     overhead_ms: list[float]  # run() beyond its kernels (the session's own work), per call
     kernels: str  # what ran, e.g. "CPUExecutionProvider:FusedConv"
 
@@ -465,12 +475,18 @@ def _per_call(trace: FrameworkTrace, counts: list[int], domains: dict[str, str])
         raise RuntimeError(f"the profile holds {len(trace.runs)} runs, {WARMUP_CALLS + sum(counts)} were made")
     kernel = [0.0] * len(trace.runs)
     reorder = [0.0] * len(trace.runs)
+    views = [0.0] * len(trace.runs)
     ran: dict[str, None] = {}
     for e in trace.ops:
         if e.run < 0:
             continue
         if e.op in REORDER_OPS:
             reorder[e.run] += e.span.dur_us
+        elif e.op.lower() in VIEW_OPS:
+            # the Reshapes/Squeezes ORT puts around a fused kernel (a 3-D MatMul+Add as
+            # Reshape→Gemm→Reshape, three Gathers as Split→Squeeze×3): in the whole model they
+            # are ops of their own, not the fused op's time, and a view costs 0 in the bound
+            views[e.run] += e.span.dur_us
         else:
             kernel[e.run] += e.span.dur_us
             domain = domains.get(e.name, "")
@@ -480,8 +496,8 @@ def _per_call(trace: FrameworkTrace, counts: list[int], domains: dict[str, str])
         timed.append([kernel[i] / 1e3 for i in range(at, at + n)])
         at += n
     tail = range(WARMUP_CALLS, len(trace.runs))
-    return _Timed(timed, [reorder[i] / 1e3 for i in tail],
-                  [(trace.runs[i].dur_us - kernel[i] - reorder[i]) / 1e3 for i in tail], "+".join(ran))
+    return _Timed(timed, [reorder[i] / 1e3 for i in tail], [views[i] / 1e3 for i in tail],
+                  [(trace.runs[i].dur_us - kernel[i] - reorder[i] - views[i]) / 1e3 for i in tail], "+".join(ran))
 
 
 def _measure_entry(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float,
@@ -498,7 +514,8 @@ def _measure_entry(project: Path, name: str, entry: dict[str, str], threads: int
         if (evict is None and not any(t.reorder_ms) and profiled
                 and float(np.median(profiled)) < REPLICATE_BELOW_MS):
             replicas = _replicas_clock(path, entry["level"], threads, min_time, repetitions, tmp)
-    counters = {"reorder_ms": float(np.median(t.reorder_ms)), "run_overhead_ms": float(np.median(t.overhead_ms))}
+    counters = {"reorder_ms": float(np.median(t.reorder_ms)), "view_ms": float(np.median(t.view_ms)),
+                "run_overhead_ms": float(np.median(t.overhead_ms))}
     if replicas is None:
         return result_line(name, t.reps, t.kernels, counters,
                            "its kernels ran below the profiler's 1 us resolution in most calls: no time to store")

@@ -314,8 +314,8 @@ def test_end_to_end_costs_onnxruntimes_fused_ops(perf_db, profiled, offline, flo
         # a fused kernel the analyzer does not know (as a newer ORT's would be) is named, never silent
         from benanza.analysis import matching
 
-        monkeypatch.delitem(matching._COVERS, "Attention")
-        monkeypatch.delitem(matching._CANDIDATES, "Attention")
+        monkeypatch.delitem(matching.COVERS, "Attention")
+        monkeypatch.delitem(matching.CANDIDATES, "Attention")
         (a,) = json.loads(cli(*args))["analyses"]
         assert [w for w in a["warnings"] if "cannot map back" in w and "Attention_0 (Attention)" in w], a["warnings"]
 
@@ -341,3 +341,49 @@ def test_fast_gelu_of_transformers_phi_costs_its_gelu_tanh_nodes(tmp_path, expor
     assert len(fast) == hf_models.config("phi").num_hidden_layers
     _assert_fused_as_the_oracle_says(model, match, {k: v for k, v in oracle.items() if k in fast})
     assert not match.unmapped, [(g.name, g.op) for g in match.unmapped]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,opset", CASES)
+def test_the_generator_predicts_the_fused_ops_ort_runs(profiled, name, opset):
+    """The fusion variants the onnxruntime backend benchmarks are the fused ops ORT's session runs:
+    each op of its profile that computes several of the model's nodes (mapped back by the matcher
+    the test above holds to the optimized graph) is a library pattern's match or a predicted ORT
+    fusion of its op type, node for node, and every predicted fusion ran."""
+    from benanza.fusion import match_fusions
+    from benanza.ort_fusions import PREDICTED, match_ort_fusions
+
+    path, bundle, _ = profiled(name, opset)
+    model = load_model(path)
+    match = match_trace(model, load_bundle(bundle).trace)
+    ran = {tuple(sorted(g.nodes)): g.op for g in match.groups
+           if sum(not model.nodes[i].layer.view for i in g.nodes) > 1}
+    assert ran, "ORT fused nothing: nothing to predict"
+    library = match_fusions(model)
+    predicted = match_ort_fusions(model, library)
+    op_of = {p.name: op for p, op in PREDICTED}
+    named = {tuple(sorted(m.nodes)): m.pattern.name for m in library + predicted}
+    for nodes, op in ran.items():
+        assert nodes in named, (op, [model.nodes[i].name for i in nodes])
+    for m in predicted:
+        nodes = tuple(sorted(m.nodes))
+        assert ran.get(nodes) == op_of[m.pattern.name], (m.pattern.name, [model.nodes[i].name for i in nodes])
+    assert predicted, "no ORT fusion predicted: the test would test nothing"
+
+
+def test_only_the_onnxruntime_backend_benchmarks_orts_own_fusions(tmp_path):
+    """ORT's fusions are variants of its own backend; a library backend (oneDNN, torch's eager
+    executor, which fuses nothing) keeps the library patterns alone."""
+    from benanza.generator import GenOptions, expand_variants, get_backend
+    from benanza.layers import unique_layers
+    from benanza.manifest import build_manifest
+    from benanza.ort_fusions import PATTERNS
+
+    loaded = [load_model(export("encoder", 17, tmp_path))]
+    manifest = build_manifest(loaded, unique_layers(loaded))
+    own = {p.name for p in PATTERNS}
+    fusions = {b: {v.fusion for v in expand_variants(manifest, get_backend(b), GenOptions())}
+               for b in ("onnxruntime", "onednn", "torch")}
+    assert fusions["onnxruntime"] >= {"ort_split", "ort_fused_matmul", "ort_skip_layernorm", "ort_gemm", "mm_bias"}
+    assert not (fusions["onednn"] | fusions["torch"]) & own
+    assert "mm_bias_relu" in fusions["onednn"] & fusions["onnxruntime"]

@@ -89,7 +89,11 @@ def test_the_replicas_clock_is_the_kernels_time_in_an_untraced_run(tmp_path):
     assert metrics["profiled_ms"] > 2 * low_ms, (metrics["profiled_ms"], low_ms)
 
 
-def test_the_bound_of_microsecond_kernels_is_a_floor_under_the_untraced_run(tmp_path):
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """The test suite's encoder layer (kernels of 1–5 µs) through generate → run → profile →
+    analyze on one thread: the model, the database, the profile bundle and the analysis."""
+    tmp_path = tmp_path_factory.mktemp("ortenc")
     path = export("encoder", 17, tmp_path)
     invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(tmp_path / "bench"))
     invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(tmp_path / "bench"),
@@ -98,12 +102,17 @@ def test_the_bound_of_microsecond_kernels_is_a_floor_under_the_untraced_run(tmp_
     prof = tmp_path / "prof"
     invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "1", "--out", str(prof),
            "--iterations", "300", "--trace-iterations", "50")
+    (a,) = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(tmp_path / "perf.db"),
+                             "--profile", str(prof), "--json", "--allow-contended"))["analyses"]
+    return path, tmp_path / "perf.db", prof, a
+
+
+def test_the_bound_of_microsecond_kernels_is_a_floor_under_the_untraced_run(encoder):
+    _, _, prof, a = encoder
     index = json.loads((prof / "profile.json").read_text())
     measured = index["latency_ms"]["trimmed_mean"]
     kernels = kernel_ms_per_run(prof / index["files"]["trace"])
     assert kernels > measured  # the profiled kernels alone take longer than a whole untraced run
-    (a,) = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(tmp_path / "perf.db"),
-                             "--profile", str(prof), "--json", "--allow-contended"))["analyses"]
     assert a["framework"]["op_ms"] == pytest.approx(kernels, rel=0.05)
     assert a["measured_ms"] == pytest.approx(measured, rel=1e-3)
     # each of the encoder's kernels is timed without the profiler, and their sum is below the run
@@ -149,3 +158,43 @@ def test_q3_compares_an_ops_variants_on_the_one_clock_they_share(tmp_path):
     assert (k["fusion"], k["layout"]) == ("bias_relu", "any")
     assert k["used_ms"] == pytest.approx(nchwc_low, rel=1e-3)
     assert k["best_ms"] == pytest.approx(min(nchwc_low, plain["profiled_ms"]), rel=1e-3)
+
+
+def test_orts_own_fusions_are_benchmarked_as_the_ops_it_ran(encoder):
+    """ORT runs the encoder as fewer kernels than layers (SkipLayerNormalization, FusedMatMul,
+    Split, Gemm): each of its ops is compared with the benchmark of exactly what it computed, a
+    fusion variant whose isolated session runs that same kernel and nothing of the model's besides
+    (the Reshapes ORT puts around a fused kernel are views: ``view_ms``), and whose reading on the
+    profiler's clock is the op's own time in ORT's profile of the whole model (raw JSON, 10th
+    percentiles) within ±30 % or one step of that clock (1 µs)."""
+    from benanza.analysis.matching import match_trace
+    from benanza.parsers import load_bundle
+    from benanza.processor import load_model
+
+    path, db, prof, a = encoder
+    kernels = a["framework"]["kernels"]
+    assert kernels and all(k["comparable"] for k in kernels), [k["name"] for k in kernels if not k["comparable"]]
+    own = {"ort_split": "Split", "ort_fused_matmul": "com.microsoft.FusedMatMul",
+           "ort_skip_layernorm": "com.microsoft.SkipLayerNormalization", "ort_gemm": "Gemm"}
+    assert {k["fusion"] for k in kernels} >= set(own)
+    model = load_model(path)
+    op_of = {i: g.name for g in match_trace(model, load_bundle(prof).trace).groups for i in g.nodes}
+    index = json.loads((prof / "profile.json").read_text())
+    times: dict[str, list[float]] = defaultdict(list)
+    for e in json.loads((prof / index["files"]["trace"]).read_text()):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            times[e["name"].removesuffix("_kernel_time")].append(e["dur"] / 1e3)
+    con = sqlite3.connect(db)
+    for k in kernels:
+        if k["fusion"] not in own:
+            continue
+        implementation, metrics = con.execute("SELECT implementation, metrics FROM results WHERE variant = ? "
+                                              "AND status = 'ok'", (k["used_variant"],)).fetchone()
+        assert implementation == f"CPUExecutionProvider:{own[k['fusion']]}", (k["fusion"], implementation)
+        isolated = json.loads(metrics)["profiled_ms"]
+        in_model = float(np.percentile(times[op_of[k["node"]]][5:], 10))
+        assert abs(isolated - in_model) <= max(0.3 * in_model, 0.001), (k["fusion"], isolated, in_model)
+    # the 3-D MatMul+Add ORT runs as Reshape→Gemm→Reshape: the Reshapes left out of the samples
+    ((view_ms,),) = con.execute("SELECT json_extract(r.metrics, '$.view_ms') FROM results r JOIN variants v "
+                                "ON v.name = r.variant WHERE v.fusion = 'ort_gemm' AND r.status = 'ok'").fetchall()
+    assert view_ms > 0
