@@ -305,14 +305,92 @@ def _skip_layernorm_group(graph: NodeGraph, anchor: Node) -> tuple[int, ...] | N
     return nodes if one else None
 
 
+# --- ORT's NCHWc convolutions: BatchNormalization folded in, an activation, a residual Add ------
+
+# what ORT's NCHWc transform fuses into a convolution after an Add it took as the conv's sum input
+SUM_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh")
+# what its NCHWc transform runs in the blocked layout, so an Add of two of them stays blocked
+_BLOCKED = frozenset({"Conv", "BatchNormalization", "Add", "MaxPool", "AveragePool", "Concat", *SUM_ACTIVATIONS})
+
+
+def conv_chain(graph: NodeGraph, conv: Node) -> list[Node]:
+    """A Conv and the BatchNormalization that alone reads it (ORT folds it into the weights)."""
+    chain = [conv]
+    readers = [r for t in conv.outputs for r in graph.readers[t]]
+    if len(readers) == 1 and readers[0].layer.op == "BatchNormalization":
+        chain.append(readers[0])
+    return chain
+
+
+def takes_sum(graph: NodeGraph, last: Node, add: Node) -> bool:
+    """Whether ORT's NCHWc convolution ending in ``last`` takes ``add`` as its sum input: the Add
+    alone reads it, and no activation is fused into it yet (``TransformBinary``)."""
+    readers = [r for t in last.outputs for r in graph.readers[t]]
+    return readers == [add] and last.layer.op not in SUM_ACTIVATIONS
+
+
+def sum_tail(graph: NodeGraph, add: Node) -> list[Node]:
+    """The Add a convolution took as its sum, and the activation that alone reads the sum (fused
+    after it, ``TransformActivation``)."""
+    readers = [r for t in add.outputs for r in graph.readers[t]]
+    act = readers[0] if len(readers) == 1 and readers[0].layer.op in SUM_ACTIVATIONS else None
+    return [add] if act is None else [add, act]
+
+
+def _conv_group(graph: NodeGraph, conv: Node) -> tuple[int, ...] | None:
+    """What ORT runs as one convolution, predicted from the model: the Conv, the BatchNormalization
+    it folds, and either the activation after them (FusedConv) or, for a 2-D f32 convolution its
+    NCHWc transform takes, a residual Add of two blocked tensors whose first eligible operand it is
+    (the Add's inputs are tried in order) with the activation after the sum."""
+    chain = conv_chain(graph, conv)
+    last = chain[-1]
+    readers = [r for t in last.outputs for r in graph.readers[t]]
+    if len(readers) == 1 and readers[0].layer.op in SUM_ACTIVATIONS:
+        return tuple(n.index for n in (*chain, readers[0]))
+    add = readers[0] if len(readers) == 1 and readers[0].layer.op == "Add" else None
+    blocked = conv.layer.dtype == "f32" and len(conv.layer.inputs[0].shape) == 4
+    if add is None or not blocked or len(add.inputs) != 2 or len({s.shape for s in add.layer.inputs}) != 1:
+        return tuple(n.index for n in chain)
+    producers = [graph.producer.get(t) for t in add.inputs]
+    if any(p is None or p.layer.op not in _BLOCKED for p in producers):
+        return tuple(n.index for n in chain)
+    for p in producers:  # ORT's order: the first operand a convolution can take
+        source = graph.producer.get(p.inputs[0]) if p is not None and p.inputs else None
+        ends_conv = p is not None and (p.layer.op == "Conv" or (
+            source is not None and source.layer.op == "Conv" and conv_chain(graph, source)[-1] is p))
+        if p is not None and ends_conv and takes_sum(graph, p, add):
+            if p is last:
+                return tuple(n.index for n in (*chain, *sum_tail(graph, add)))
+            break
+    return tuple(n.index for n in chain)
+
+
 def _cover(op: str) -> Callable[[NodeGraph, Node], tuple[int, ...] | None]:
-    predicted = {"Split": _split_group, "SkipLayerNormalization": _skip_layernorm_group}
-    return predicted.get(op, COVERS[op])
+    predicted = {"Split": _split_group, "SkipLayerNormalization": _skip_layernorm_group, "Conv": _conv_group}
+    return predicted.get(op) or COVERS[op]
 
 
 def _pattern(name: str, op: str, tail: tuple[str, ...], note: str, anchor: str) -> FusionPattern:
     return FusionPattern(name, tail, False, "identity", f"ONNX Runtime's {op}: {note}", anchor=anchor,
                          framework=FRAMEWORK)
+
+
+# ORT's convolution by what it runs besides the Conv: a folded BatchNormalization, a residual Add
+# as its sum input, an activation; each shape a name of its own, as the library's patterns (a
+# variant is one subgraph per layer and name). Those a library pattern names exactly (Conv→BN→Relu
+# without a bias: bn_relu) are never matched as ORT's.
+CONV_PATTERNS = {
+    (bn, add, act): _pattern(f"ort_conv{'_bn' * bn}{'_sum' * add}{'_act' * act}", "Conv",
+                             ("BatchNormalization",) * bn + ("Add",) * add + ("Relu",) * act,
+                             "a Conv" + " with the BatchNormalization it folds" * bn
+                             + ", a residual Add of two blocked tensors as its sum input (NCHWc)" * add
+                             + ", the activation after them" * act, "Conv")
+    for bn in (False, True) for add in (False, True) for act in (False, True) if bn or add or act}
+
+
+def _conv_pattern(model: Model, nodes: tuple[int, ...]) -> FusionPattern:
+    ops = {model.nodes[i].layer.op for i in nodes}
+    return CONV_PATTERNS["BatchNormalization" in ops, "Add" in ops, bool(ops & set(SUM_ACTIVATIONS))]
 
 
 # (pattern, the ORT op it predicts), in the order a node is tried: a MatMul with its bias Add is
@@ -331,10 +409,11 @@ PREDICTED: tuple[tuple[FusionPattern, str], ...] = (
               "GELU (erf) of the sum", "Gelu"), "BiasGelu"),
     (_pattern("ort_fast_gelu", "FastGelu", ("Add", "Tanh"), "the Add of a constant bias and the "
               "tanh GELU decomposition of the sum", "Tanh"), "FastGelu"),
+    (CONV_PATTERNS[True, True, True], "Conv"),
     (_pattern("ort_split", "Split", ("Gather",), "the Gathers of one tensor by constant indices "
               "that take each index of an axis once, as one Split", "Gather"), "Split"),
 )
-PATTERNS = tuple(p for p, _ in PREDICTED)
+PATTERNS = tuple(p for p, op in PREDICTED if op != "Conv") + tuple(CONV_PATTERNS.values())
 BY_NAME = {p.name: p for p in PATTERNS}
 
 
@@ -357,8 +436,9 @@ def match_ort_fusions(model: Model, library: list[FusionMatch]) -> list[FusionMa
             if seed.index not in nodes or len(nodes) < 2:
                 continue
             claimed.update(nodes)
-            if nodes not in same:
-                out.append(FusionMatch(pattern, (seed.index, *(i for i in nodes if i != seed.index)), seed.layer))
+            if tuple(sorted(nodes)) not in same:
+                named = _conv_pattern(model, nodes) if op == "Conv" else pattern
+                out.append(FusionMatch(named, (seed.index, *(i for i in nodes if i != seed.index)), seed.layer))
             break
     return out
 

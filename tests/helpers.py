@@ -150,3 +150,40 @@ def invoke(*args: str) -> str:
     out = CliRunner().invoke(main, list(args))
     assert out.exit_code == 0, (out.exit_code, out.output, out.exception)
     return out.stdout
+
+
+def residual_net() -> onnx.ModelProto:
+    """A ResNet v1 in small: a stem Conv→Relu, a block whose second Conv(bias)→BN meets the stem's
+    output in the residual Add, and a downsampling-style block whose two Conv→BN branches meet in
+    the Add; a Relu after each Add. 32 channels: a whole number of NCHWc blocks on AVX2 and AVX-512."""
+    def bn(name: str, x: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+        return (helper.make_node("BatchNormalization", [x, f"{name}_s", f"{name}_b", f"{name}_m", f"{name}_v"],
+                                 [name], name=name),
+                [tensor(f"{name}_s", (32,)), tensor(f"{name}_b", (32,)), tensor(f"{name}_m", (32,), 0.1),
+                 tensor(f"{name}_v", (32,), 1.5)])
+
+    nodes, inits = [], []
+
+    def conv(name: str, x: str, k: int, bias: bool) -> str:
+        nodes.append(helper.make_node("Conv", [x, f"{name}_w", *([f"{name}_b"] if bias else [])], [name],
+                                      pads=[k // 2] * 4, name=name))
+        inits.extend([tensor(f"{name}_w", (32, 32, k, k)), *([tensor(f"{name}_b", (32,))] if bias else [])])
+        return name
+
+    def norm(name: str, x: str) -> str:
+        node, ts = bn(name, x)
+        nodes.append(node)
+        inits.extend(ts)
+        return name
+
+    def op(kind: str, name: str, *xs: str) -> str:
+        nodes.append(helper.make_node(kind, list(xs), [name], name=name))
+        return name
+
+    stem = op("Relu", "stem_relu", conv("stem", "x", 3, False))
+    a = op("Relu", "a_relu", norm("a_bn", conv("a", stem, 3, True)))
+    r1 = op("Relu", "r1", op("Add", "add1", norm("b_bn", conv("b", a, 3, True)), stem))
+    c = norm("c_bn", conv("c", r1, 3, True))
+    d = norm("d_bn", conv("d", r1, 1, False))
+    op("Relu", "y", op("Add", "add2", c, d))
+    return model(nodes, [io("x", [1, 32, 28, 28])], [io("y", [1, 32, 28, 28])], inits)

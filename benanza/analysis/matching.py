@@ -25,8 +25,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 
 from ..layers import Layer, Model, Node
-from ..ort_fusions import CANDIDATES, COVERS, NodeGraph, reaches
+from ..ort_fusions import CANDIDATES, COVERS, NodeGraph, reaches, sum_tail, takes_sum
 from ..parsers import ConvSignature, FrameworkTrace, GemmSignature, LibraryCall, OpEvent
+from ..parsers.ort import NCHWC_SUFFIX
 from ..problems import ConvProblem, GemmProblem, MatMulProblem
 
 # ORT's names for a node after its graph transformers rewrote it: the original node's (or
@@ -111,6 +112,7 @@ def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
         if not found[key] and first.op not in _GLUE and first.op not in COVERS:
             found[key] = _renamed(first, graph, claimed)
             claimed.update(found[key])
+    _sums_into_convs(graph, found, claimed)
     groups = [OpGroup(name, op, found[(name, op)], total / nruns / 1000.0, count / nruns)
               for (name, op), (total, count, _) in acc.items()]
     groups.sort(key=lambda g: min(g.nodes) if g.nodes else 10**9)
@@ -119,6 +121,26 @@ def match_trace(model: Model, trace: FrameworkTrace) -> TraceMatch:
     run_ms = sum(s.dur_us for s in run_spans) / max(1, len(run_spans)) / 1000.0
     op_ms = sum(own.get(id(o), o.span.dur_us) for o in ops) / nruns / 1000.0
     return TraceMatch(groups, eliminated, len(runs), run_ms, op_ms, _gaps(ops, nruns))
+
+
+def _sums_into_convs(graph: _Graph, found: dict[tuple[str, str], tuple[int, ...]], claimed: set[int]) -> None:
+    """A residual Add that ORT's NCHWc transform gave a convolution as its sum input, and the
+    activation after the sum, run inside that convolution's kernel and are no ops of their own:
+    their nodes join the convolution's group. Both operands come from blocked ops; the conv is
+    the first operand that can take the sum (ORT's order)."""
+    blocked = {i: key for key, nodes in found.items() if key[0].endswith(NCHWC_SUFFIX) for i in nodes}
+    for add in graph.model.nodes:
+        producers = [graph.producer.get(t) for t in add.inputs]
+        if add.index in claimed or add.layer.op != "Add" or len(producers) != 2 \
+                or any(p is None or p.index not in blocked for p in producers):
+            continue
+        key = next((blocked[p.index] for p in producers if p is not None and blocked[p.index][1] == "Conv"
+                    and takes_sum(graph, p, add)), None)
+        if key is not None:
+            tail = tuple(n.index for n in sum_tail(graph, add) if n.index not in claimed)
+            found[key] = tuple(sorted(found[key] + tail))
+            claimed.update(tail)
+            blocked.update(dict.fromkeys(tail, key))
 
 
 # an inlined node's name: the path of its If branch or loop iteration, then its own name there

@@ -88,6 +88,9 @@ LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "O
           "all": "ORT_ENABLE_ALL"}
 # kernels the NCHWc transform adds at a subgraph's edges: layout changes, not the layer's work
 REORDER_OPS = ("ReorderInput", "ReorderOutput")
+# the name of a node that hands a residual to a convolution's sum in ORT's blocked layout
+# (``_fed_blocked``), and of the kernels ORT makes of it
+FEED = "benanza_blocked_feed__"
 THREADS_ENV = "BENANZA_ORT_THREADS"
 WARMUP_CALLS = 3
 MAX_CALLS = 20000  # per repetition: the profile of one benchmark stays a few MB
@@ -138,7 +141,7 @@ class OnnxRuntimeBackend(SubgraphBackend):
 
     def render(self, manifest: Manifest, variants: list[Variant], env: jinja2.Environment,
                out_dir: Path, options: GenOptions, models: Sequence[Model] = ()) -> list[Path]:
-        return write_subgraphs(NAME, variants, models, out_dir, lambda v: {"level": v.algo})
+        return write_subgraphs(NAME, variants, models, out_dir, lambda v: {"level": v.algo}, finish=_fed_blocked)
 
     def outputs(self, path: Path, entry: dict[str, str], feeds: dict[str, Any], threads: int) -> list[Any]:
         return run_once(path, entry["level"], threads, feeds)
@@ -230,8 +233,32 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
     return source.with_weights(onnx.shape_inference.infer_shapes(m))
 
 
+def _fed_blocked(v: Variant, m: onnx.ModelProto) -> onnx.ModelProto:
+    """A subgraph of ORT's convolution with a sum (``ort_conv…_sum…``) whose residual Add reads a
+    graph input: that input through a 1×1 MaxPool (an identity ORT's NCHWc transform runs
+    blocked), so the Add's operands are both blocked as in the model and ORT takes it as the
+    convolution's sum input, which it does not for an operand in the plain layout. The feeder's
+    kernels (``FEED``) are timed apart, as the reorders are."""
+    from onnx import helper
+
+    if not v.fusion.startswith("ort_conv") or "_sum" not in v.fusion:
+        return m
+    inputs = {i.name for i in m.graph.input}
+    fed = []
+    for n in m.graph.node:
+        for k, name in enumerate(n.input):
+            if n.op_type == "Add" and name in inputs:
+                fed.append(helper.make_node("MaxPool", [name], [FEED + name], kernel_shape=[1, 1], name=FEED + name))
+                n.input[k] = FEED + name
+    nodes = [*fed, *m.graph.node]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
+
+
 def _subgraph_entry(sources: list[ModelValues], candidates: tuple[Variant, ...], folder: Path,
-                    backend: str) -> tuple[dict[str, str], list[Path]]:
+                    backend: str, finish: Callable[[Variant, onnx.ModelProto], onnx.ModelProto]
+                    ) -> tuple[dict[str, str], list[Path]]:
     """The index entry of a (layer, fusion): its subgraph file, or why there is none; and the
     files that make the subgraph."""
     from ..model_values import write_model
@@ -242,7 +269,7 @@ def _subgraph_entry(sources: list[ModelValues], candidates: tuple[Variant, ...],
         if nodes is None:
             continue
         try:
-            m = _subgraph(source, nodes)
+            m = finish(v, _subgraph(source, nodes))
         except _NoSubgraph as exc:
             log.warning("%s: %s%s: %s", backend, v.layer_key, f" ({v.fusion})" if v.fusion != "none" else "", exc)
             return {"unsupported": f"not cut out of {source.model.name}: {exc}"}, []
@@ -255,7 +282,8 @@ def _subgraph_entry(sources: list[ModelValues], candidates: tuple[Variant, ...],
 
 def write_subgraphs(backend: str, variants: list[Variant], models: Sequence[Model], out_dir: Path,
                     fields: Callable[[Variant], dict[str, str]],
-                    sites: Callable[[Variant], tuple[Variant, ...]] = lambda v: (v,)) -> list[Path]:
+                    sites: Callable[[Variant], tuple[Variant, ...]] = lambda v: (v,),
+                    finish: Callable[[Variant, onnx.ModelProto], onnx.ModelProto] = lambda v, m: m) -> list[Path]:
     """The project of a backend that runs each layer as its model's own subgraph (this one, and
     ``torch``): one ``models/*.onnx`` per (layer, fusion), holding its weights (beside it in
     ``*.onnx.data`` where it would pass protobuf's 2 GB), and the index ``benchmarks.json``
@@ -276,7 +304,7 @@ def write_subgraphs(backend: str, variants: list[Variant], models: Sequence[Mode
         candidates = sites(v)
         site = (candidates[-1].layer_key, v.fusion)
         if site not in written:
-            written[site], made = _subgraph_entry(sources, candidates, folder, backend)
+            written[site], made = _subgraph_entry(sources, candidates, folder, backend, finish)
             files += made
         index[v.name] = {**written[site], **fields(v)}
     # a subgraph (or its data) no variant uses any more is stale
@@ -384,12 +412,14 @@ def _measure(path: Path, level: str, threads: int, min_time: float, repetitions:
 
 def _replicable(model: onnx.ModelProto) -> bool:
     """Whether copies of this subgraph run as copies: each reads an input of its own (a subgraph
-    of constants alone is folded by ORT, and copies of it merged), and no node holds a graph body
-    (whose outer-scope names a copy would have to rename inside it)."""
+    of constants alone is folded by ORT, and copies of it merged), no node holds a graph body
+    (whose outer-scope names a copy would have to rename inside it), and none is a feeder the
+    samples leave out."""
     import onnx
 
     inits = {i.name for i in model.graph.initializer}
     return (any(i.name not in inits for i in model.graph.input)
+            and not any(n.name.startswith(FEED) for n in model.graph.node)  # each copy would run it
             and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                         for n in model.graph.node for a in n.attribute))
 
@@ -480,7 +510,7 @@ def _per_call(trace: FrameworkTrace, counts: list[int], domains: dict[str, str])
     for e in trace.ops:
         if e.run < 0:
             continue
-        if e.op in REORDER_OPS:
+        if e.op in REORDER_OPS or e.name.startswith(FEED):
             reorder[e.run] += e.span.dur_us
         elif e.op.lower() in VIEW_OPS:
             # the Reshapes/Squeezes ORT puts around a fused kernel (a 3-D MatMul+Add as

@@ -387,3 +387,47 @@ def test_only_the_onnxruntime_backend_benchmarks_orts_own_fusions(tmp_path):
     assert fusions["onnxruntime"] >= {"ort_split", "ort_fused_matmul", "ort_skip_layernorm", "ort_gemm", "mm_bias"}
     assert not (fusions["onednn"] | fusions["torch"]) & own
     assert "mm_bias_relu" in fusions["onednn"] & fusions["onnxruntime"]
+
+
+def test_nchwc_convolutions_take_the_residual_add_and_are_predicted(tmp_path):
+    """ORT's NCHWc transform gives a convolution the residual Add as its sum input and the Relu
+    after it as its activation: the profile's conv op maps to exactly the nodes the graph ORT ran
+    says it computes (its sum input and activation attribute, oracle), no node of the model is left
+    as never run, and the generator predicts each such group (a Conv with a bias and its BN are no
+    library pattern either) as ORT's own fusion."""
+    import numpy as np
+    from helpers import residual_net
+
+    from benanza.fusion import match_fusions
+    from benanza.ort_fusions import match_ort_fusions
+    from benanza.parsers.ort import NCHWC_SUFFIX
+
+    path = tmp_path / "res.onnx"
+    onnx.save(residual_net(), path)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.enable_profiling, so.profile_file_prefix = True, str(tmp_path / "prof")
+    so.optimized_model_filepath = str(tmp_path / "ran.onnx")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, 32, 28, 28)).astype(np.float32)
+    for _ in range(3):
+        sess.run(None, {"x": x})
+    model = load_model(path)
+    match = match_trace(model, load_file(sess.end_profiling()).trace)
+    groups = {g.name: g for g in match.groups}
+    ran = [n for n in onnx.load(so.optimized_model_filepath).graph.node if n.name.endswith(NCHWC_SUFFIX)
+           and n.op_type == "Conv"]
+    assert len(ran) == 5 and sum(len(n.input) == 4 for n in ran) == 2, "ORT fused two Adds as conv sums"
+    for n in ran:
+        ops = [model.nodes[i].layer.op for i in groups[n.name].nodes]
+        activation = any(a.name == "activation" for a in n.attribute)
+        assert ops.count("Conv") == 1 and ("Add" in ops) == (len(n.input) == 4), (n.name, ops)
+        assert ("Relu" in ops) == activation, (n.name, ops)
+    assert not match.eliminated, [model.nodes[i].name for i in match.eliminated]
+    computed = {tuple(sorted(g.nodes)) for g in match.groups if len(g.nodes) > 1}
+    library = match_fusions(model)
+    predicted = match_ort_fusions(model, library)
+    assert {tuple(sorted(m.nodes)) for m in predicted} | {tuple(sorted(m.nodes)) for m in library} >= computed
+    assert sorted(tuple(sorted(model.nodes[i].layer.op for i in m.nodes)) for m in predicted) == [
+        ("Add", "BatchNormalization", "Conv", "Relu")] * 2 + [("BatchNormalization", "Conv", "Relu")]
+    assert {tuple(sorted(m.nodes)) for m in predicted} <= computed

@@ -308,3 +308,46 @@ def test_check_catches_a_wrong_result(measured, monkeypatch):
     assert results[name].status is CheckStatus.MISMATCH and "element" in results[name].where
     assert results[name].reproduce.endswith(f"--filter '^{re.escape(name)}$'")
     assert all(r.status is CheckStatus.OK for n, r in results.items() if n != name)
+
+
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks of a residual net
+def test_a_residual_add_is_benchmarked_inside_the_nchwc_convolution(tmp_path):
+    """The convolution ORT's NCHWc transform gives a residual Add (and the Relu after it) runs them
+    in one kernel; its ``ort_conv_bn_sum_act`` variant runs that kernel too (the Add's other operand
+    handed in blocked through a 1×1 MaxPool timed apart with the reorders), is the benchmark Q3
+    compares the op with, and agrees with the op's own time in ORT's profile of the whole model
+    (raw JSON, 10th percentiles) within ±30 %; `check` finds its outputs those of the nodes run
+    with every optimization off."""
+    from helpers import residual_net
+
+    from benanza.analysis.matching import match_trace
+    from benanza.processor import load_model
+
+    path = tmp_path / "res.onnx"
+    onnx.save(residual_net(), path)
+    bench, db = tmp_path / "bench", tmp_path / "perf.db"
+    invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(bench))
+    invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db", str(db),
+           "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1")
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    rows = con.execute("SELECT v.name, v.algo, r.implementation, r.low_ms, r.metrics FROM results r JOIN variants v "
+                       "ON v.name = r.variant WHERE v.fusion = 'ort_conv_bn_sum_act' AND r.status = 'ok'").fetchall()
+    blocked = [r for r in rows if r["algo"] == "all"]
+    assert len(blocked) == 1 and all(r["implementation"] == "CPUExecutionProvider:com.microsoft.nchwc.Conv"
+                                     for r in blocked), [dict(r) for r in rows]
+    fed = [r for r in blocked if json.loads(r["metrics"])["reorder_ms"] > 0]
+    prof = tmp_path / "prof"
+    invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "1", "--out", str(prof),
+           "--iterations", "50", "--trace-iterations", str(RUNS))
+    whole = _kernel_lows_ms(prof / json.loads((prof / "profile.json").read_text())["files"]["trace"])
+    (a,) = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--json",
+                             "--profile", str(prof), "--allow-contended"))["analyses"]
+    op_of = {i: g.name for g in match_trace(load_model(path), load_profile([str(prof)]).trace).groups for i in g.nodes}
+    sums = [k for k in a["framework"]["kernels"] if k["fusion"] == "ort_conv_bn_sum_act"]
+    assert len(sums) == 2 and all(k["comparable"] and k["layout"] == "any" for k in sums), sums
+    for k in sums:
+        (row,) = [r for r in blocked if r["name"] == k["used_variant"]]
+        assert row["low_ms"] == pytest.approx(whole[op_of[k["node"]]], rel=0.3), (k["name"], row["low_ms"])
+    assert fed == blocked, "the Add's other operand is handed in blocked"
+    invoke("check", str(path), "--backend", "onnxruntime", "--bench-dir", str(bench))
