@@ -15,7 +15,8 @@ object: the machine and its load, and per model and threads
 - fidelity, as nn-Meter reports it: per ORT op that ran model layers, the isolated benchmark of
   the variant ORT used (its fusion and NCHWc layout; the 10th percentile of its per-call samples)
   against the 10th percentile of that op's own kernel times in the whole model's profile, and the
-  share of ops within ±10 %; and the same of the isolated benchmarks measured with a cold cache
+  share of ops within ±10 % (and within ±10 % or one step of the profiler's 1 µs clock,
+  ``within_10pct_or_step``); and the same of the isolated benchmarks measured with a cold cache
   (``fidelity_cold``: ``benanza run --cold-cache``, the last-level cache evicted before every
   timed call, a stack of its own in the same database; pairs in ``MODEL-tN-fidelity-cold.json``),
   with that stack's bound (``bound_ms_cold``), and with cold weights (``--cold-weights``: evicted,
@@ -65,6 +66,7 @@ from benanza.runner import RunOptions
 from benanza.sweep import SweepRequest, run_sweep
 
 WARMUP_RUNS = 10  # profiled runs of the whole model before those that count
+STEP_MS = 0.001  # ORT's profiler records whole microseconds, on both sides of the fidelity pairs
 
 
 def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> dict:
@@ -86,7 +88,8 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
         traced = {suffix: profiled_ms(pdb, m.system) for suffix, m in stacks.items()}
     detail = f"{model.stem}-t{threads}-fidelity"
     out = {"model": model.stem, "threads": threads,
-           **row(analyses[""], stacks[""], fidelity_pairs(analyses[""], in_model, traced[""]), work / f"{detail}.json")}
+           **row(analyses[""], stacks[""], fidelity_pairs(analyses[""], in_model, traced[""]), work / f"{detail}.json",
+                 STEP_MS)}
     for suffix, a in analyses.items():
         if suffix:
             out |= {f"bound_ms{suffix}": round(a.bounds.sequential_ms, 4),
