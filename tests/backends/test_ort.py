@@ -351,3 +351,12 @@ def test_a_residual_add_is_benchmarked_inside_the_nchwc_convolution(tmp_path):
         assert row["low_ms"] == pytest.approx(whole[op_of[k["node"]]], rel=0.3), (k["name"], row["low_ms"])
     assert fed == blocked, "the Add's other operand is handed in blocked"
     invoke("check", str(path), "--backend", "onnxruntime", "--bench-dir", str(bench))
+    # a latency under the ops' traced time: the warning counts the bound's benchmarks the profiler
+    # times (SQL: those without the replicas clock) of all its measured ones
+    (low,) = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--json", "--profile",
+                               str(prof), "--allow-contended", "--measured-ms", "0.001"))["analyses"]
+    ok = [la["variant"] for la in low["layers"] if la["status"] == "ok"]
+    traced = sum("replicas" not in json.loads(newest_row(db, v)["metrics"]) for v in ok)
+    assert 0 < traced < len(ok)
+    assert [w for w in low["warnings"] if f"so do {traced} of the bound's {len(ok)} onnxruntime benchmarks" in w], \
+        low["warnings"]
