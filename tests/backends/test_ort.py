@@ -56,13 +56,19 @@ def measured(tmp_path_factory):
     """The small net generated and run through the CLI on one thread, and ORT's profile of the
     whole model on one thread (default optimization level: ORT_ENABLE_ALL)."""
     root = tmp_path_factory.mktemp("ort")
+    path, bench, db = _measured(small_net(), root)
+    return path, bench, db, _profile_whole(path, root)
+
+
+def _measured(proto: onnx.ModelProto, root: Path) -> tuple[Path, Path, Path]:
+    """The model generated and run through the CLI on one thread: its file, project and database."""
     path = root / "net.onnx"
-    onnx.save(small_net(), path)
+    onnx.save(proto, path)
     bench, db = root / "bench", root / "perf.db"
     invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(bench))
     invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db", str(db),
            "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1")
-    return path, bench, db, _profile_whole(path, root)
+    return path, bench, db
 
 
 def _profile_whole(path: Path, root: Path) -> Path:
@@ -323,12 +329,7 @@ def test_a_residual_add_is_benchmarked_inside_the_nchwc_convolution(tmp_path):
     from benanza.analysis.matching import match_trace
     from benanza.processor import load_model
 
-    path = tmp_path / "res.onnx"
-    onnx.save(residual_net(), path)
-    bench, db = tmp_path / "bench", tmp_path / "perf.db"
-    invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(bench))
-    invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db", str(db),
-           "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--remeasure", "1")
+    path, bench, db = _measured(residual_net(), tmp_path)
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     rows = con.execute("SELECT v.name, v.algo, r.implementation, r.low_ms, r.metrics FROM results r JOIN variants v "
