@@ -330,27 +330,31 @@ def test_a_residual_add_is_benchmarked_inside_the_nchwc_convolution(tmp_path):
     from benanza.processor import load_model
 
     path, bench, db = _measured(residual_net(), tmp_path)
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    rows = con.execute("SELECT v.name, v.algo, r.implementation, r.low_ms, r.metrics FROM results r JOIN variants v "
-                       "ON v.name = r.variant WHERE v.fusion = 'ort_conv_bn_sum_act' AND r.status = 'ok'").fetchall()
-    blocked = [r for r in rows if r["algo"] == "all"]
-    assert len(blocked) == 1 and all(r["implementation"] == "CPUExecutionProvider:com.microsoft.nchwc.Conv"
-                                     for r in blocked), [dict(r) for r in rows]
-    fed = [r for r in blocked if json.loads(r["metrics"])["reorder_ms"] > 0]
+    (name,) = sqlite3.connect(db).execute("SELECT name FROM variants WHERE fusion = 'ort_conv_bn_sum_act' "
+                                          "AND algo = 'all'").fetchone()
+    row = newest_row(db, name)  # the newest: a measurement the machine disturbed is taken again
+    assert (row["status"], row["implementation"]) == ("ok", "CPUExecutionProvider:com.microsoft.nchwc.Conv")
+    assert json.loads(row["metrics"])["reorder_ms"] > 0, "the Add's other operand is handed in blocked"
     prof = tmp_path / "prof"
-    invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "1", "--out", str(prof),
-           "--iterations", "50", "--trace-iterations", str(RUNS))
-    whole = _kernel_lows_ms(prof / json.loads((prof / "profile.json").read_text())["files"]["trace"])
-    (a,) = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--json",
-                             "--profile", str(prof), "--allow-contended"))["analyses"]
-    op_of = {i: g.name for g in match_trace(load_model(path), load_profile([str(prof)]).trace).groups for i in g.nodes}
-    sums = [k for k in a["framework"]["kernels"] if k["fusion"] == "ort_conv_bn_sum_act"]
-    assert len(sums) == 2 and all(k["comparable"] and k["layout"] == "any" for k in sums), sums
-    for k in sums:
-        (row,) = [r for r in blocked if r["name"] == k["used_variant"]]
-        assert row["low_ms"] == pytest.approx(whole[op_of[k["node"]]], rel=0.3), (k["name"], row["low_ms"])
-    assert fed == blocked, "the Add's other operand is handed in blocked"
+    for attempt in range(3):  # a pair measured apart in a busy moment is measured again, both sides
+        invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "1", "--out", str(prof),
+               "--iterations", "50", "--trace-iterations", str(RUNS))
+        whole = _kernel_lows_ms(prof / json.loads((prof / "profile.json").read_text())["files"]["trace"])
+        (a,) = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(db), "--json",
+                                 "--profile", str(prof), "--allow-contended"))["analyses"]
+        op_of = {i: g.name for g in match_trace(load_model(path), load_profile([str(prof)]).trace).groups
+                 for i in g.nodes}
+        sums = [k for k in a["framework"]["kernels"] if k["fusion"] == "ort_conv_bn_sum_act"]
+        assert len(sums) == 2 and all(k["comparable"] and k["layout"] == "any" and k["used_variant"] == name
+                                      for k in sums), sums
+        ratios = [row["low_ms"] / whole[op_of[k["node"]]] for k in sums]
+        if all(1 / 1.3 < r < 1.3 for r in ratios):
+            break
+        assert attempt < 2, ratios
+        invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db", str(db),
+               "--threads", "1", "--min-time", "0.05", "--repetitions", "3", "--force",
+               "--filter", "^" + re.escape(name) + "$")
+        row = newest_row(db, name)
     invoke("check", str(path), "--backend", "onnxruntime", "--bench-dir", str(bench))
     # a latency under the ops' traced time: the warning counts the bound's benchmarks the profiler
     # times (SQL: those without the replicas clock) of all its measured ones

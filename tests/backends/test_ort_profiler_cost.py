@@ -12,6 +12,7 @@ Oracles: ORT's untraced ``run()`` of a chain of the same kernel, computed here w
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from collections import defaultdict
@@ -19,7 +20,7 @@ from collections import defaultdict
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import invoke, io, model, tensor
+from helpers import invoke, io, model, newest_row, tensor
 from onnx import helper
 from torch_models import export
 
@@ -104,11 +105,11 @@ def encoder(tmp_path_factory):
            "--iterations", "300", "--trace-iterations", "50")
     (a,) = json.loads(invoke("analyze", str(path), "--system", SYSTEM, "--db", str(tmp_path / "perf.db"),
                              "--profile", str(prof), "--json", "--allow-contended"))["analyses"]
-    return path, tmp_path / "perf.db", prof, a
+    return path, tmp_path / "perf.db", prof, a, tmp_path / "bench"
 
 
 def test_the_bound_of_microsecond_kernels_is_a_floor_under_the_untraced_run(encoder):
-    _, _, prof, a = encoder
+    _, _, prof, a, _ = encoder
     index = json.loads((prof / "profile.json").read_text())
     measured = index["latency_ms"]["trimmed_mean"]
     kernels = kernel_ms_per_run(prof / index["files"]["trace"])
@@ -171,30 +172,39 @@ def test_orts_own_fusions_are_benchmarked_as_the_ops_it_ran(encoder):
     from benanza.parsers import load_bundle
     from benanza.processor import load_model
 
-    path, db, prof, a = encoder
+    path, db, prof, a, bench = encoder
     kernels = a["framework"]["kernels"]
     assert kernels and all(k["comparable"] for k in kernels), [k["name"] for k in kernels if not k["comparable"]]
     own = {"ort_split": "Split", "ort_fused_matmul": "com.microsoft.FusedMatMul",
            "ort_skip_layernorm": "com.microsoft.SkipLayerNormalization", "ort_gemm": "Gemm"}
-    assert {k["fusion"] for k in kernels} >= set(own)
+    fused = [k for k in kernels if k["fusion"] in own]
+    assert {k["fusion"] for k in fused} == set(own)
     model = load_model(path)
-    op_of = {i: g.name for g in match_trace(model, load_bundle(prof).trace).groups for i in g.nodes}
-    index = json.loads((prof / "profile.json").read_text())
-    times: dict[str, list[float]] = defaultdict(list)
-    for e in json.loads((prof / index["files"]["trace"]).read_text()):
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            times[e["name"].removesuffix("_kernel_time")].append(e["dur"] / 1e3)
-    con = sqlite3.connect(db)
-    for k in kernels:
-        if k["fusion"] not in own:
-            continue
-        implementation, metrics = con.execute("SELECT implementation, metrics FROM results WHERE variant = ? "
-                                              "AND status = 'ok'", (k["used_variant"],)).fetchone()
-        assert implementation == f"CPUExecutionProvider:{own[k['fusion']]}", (k["fusion"], implementation)
-        isolated = json.loads(metrics)["profiled_ms"]
-        in_model = float(np.percentile(times[op_of[k["node"]]][5:], 10))
-        assert abs(isolated - in_model) <= max(0.3 * in_model, 0.001), (k["fusion"], isolated, in_model)
+    for attempt in range(3):  # a pair measured apart in a busy moment is measured again, both sides
+        op_of = {i: g.name for g in match_trace(model, load_bundle(prof).trace).groups for i in g.nodes}
+        index = json.loads((prof / "profile.json").read_text())
+        times: dict[str, list[float]] = defaultdict(list)
+        for e in json.loads((prof / index["files"]["trace"]).read_text()):
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+                times[e["name"].removesuffix("_kernel_time")].append(e["dur"] / 1e3)
+        misses = []
+        for k in fused:
+            row = newest_row(db, k["used_variant"])
+            assert row["implementation"] == f"CPUExecutionProvider:{own[k['fusion']]}", (k["fusion"], dict(row))
+            isolated = json.loads(row["metrics"])["profiled_ms"]
+            in_model = float(np.percentile(times[op_of[k["node"]]][5:], 10))
+            if abs(isolated - in_model) > max(0.3 * in_model, 0.001):
+                misses.append((k["used_variant"], isolated, in_model))
+        if not misses:
+            break
+        assert attempt < 2, misses
+        for name, _, _ in misses:
+            invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db", str(db),
+                   "--threads", "1", "--min-time", "0.05", "--repetitions", "2", "--force",
+                   "--filter", "^" + re.escape(name) + "$")
+        prof = prof.parent / f"prof-again{attempt}"
+        invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "1", "--out", str(prof),
+               "--iterations", "300", "--trace-iterations", "50")
     # the 3-D MatMul+Add ORT runs as Reshape→Gemm→Reshape: the Reshapes left out of the samples
-    ((view_ms,),) = con.execute("SELECT json_extract(r.metrics, '$.view_ms') FROM results r JOIN variants v "
-                                "ON v.name = r.variant WHERE v.fusion = 'ort_gemm' AND r.status = 'ok'").fetchall()
-    assert view_ms > 0
+    (gemm,) = [k["used_variant"] for k in fused if k["fusion"] == "ort_gemm"]
+    assert json.loads(newest_row(db, gemm)["metrics"])["view_ms"] > 0
