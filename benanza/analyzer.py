@@ -419,7 +419,8 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     on_path = set(bounds.critical_path)
     rows = [replace(r, critical=r.index in on_path) for r in rows]
 
-    matches = match_fusions(model)
+    library = match_fusions(model)
+    matches = _backend_fusions(model, library, backend)
     fweight, applied, slower = profitable_fusions(rows, matches, by_key, dtype)
     fusion = FusionAnalysis(len(matches), _fusion_uses(applied, weight),
                             bounds_from_weights(graph, fweight, partial), _fusion_uses(slower, weight))
@@ -465,13 +466,22 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
         analysis.measured_ms = profile.measured_ms
         analysis.measured_source = f"{profile.framework or 'profile'} trimmed mean"
     if profile is not None:
-        _profile_views(analysis, model, profile, by_key, weight, matches, graph)
+        _profile_views(analysis, model, profile, by_key, weight, library, graph)
     groups = None if analysis.framework is None else [MeasuredGroup(g.nodes, g.time_ms)
                                                       for g in analysis.framework.match.groups]
     analysis.tree, analysis.module_source = module_tree(model, rows, graph, groups), model.scope_source
     _warn(analysis)
     _explain_bound(analysis)
     return analysis
+
+
+def _backend_fusions(model: Model, library: list[FusionMatch], backend: str) -> list[FusionMatch]:
+    """The fusions of Q5 on ``backend``: the library patterns' matches and, on a framework's own
+    backend, that framework's fusions in place of the library matches they share nodes with (what
+    the framework itself runs there: ORT's Gemm of a MatMul and its bias, not ``mm_bias_relu``)."""
+    own = [m for m in match_ort_fusions(model, library) if benchmarked_by(m.pattern.name, backend)]
+    taken = {i for m in own for i in m.nodes}
+    return [m for m in library if not taken & set(m.nodes)] + own
 
 
 def _threads(stack: System | None) -> int | None:

@@ -208,3 +208,23 @@ def test_orts_own_fusions_are_benchmarked_as_the_ops_it_ran(encoder):
     # the 3-D MatMul+Add ORT runs as Reshape→Gemm→Reshape: the Reshapes left out of the samples
     (gemm,) = [k["used_variant"] for k in fused if k["fusion"] == "ort_gemm"]
     assert json.loads(newest_row(db, gemm)["metrics"])["view_ms"] > 0
+
+
+def test_q5_on_the_onnxruntime_backend_weighs_orts_own_fusions(encoder):
+    """Q5's fusions on ORT's backend are what ORT itself fuses: its own (the Gemm of linear1's
+    MatMul and bias) in place of a library match over the same nodes (``mm_bias_relu``), each
+    weighed by its benchmark (SQL) against its layers unfused; the fused sequential bound is the
+    unfused one less what the applied fusions save."""
+    _, db, _, a, _ = encoder
+    uses = a["fusion"]["applied"] + a["fusion"]["unprofitable"]
+    patterns = {u["pattern"] for u in uses}
+    assert {"ort_gemm", "ort_skip_layernorm", "ort_split", "ort_fused_matmul"} <= patterns
+    assert "mm_bias_relu" not in patterns  # its MatMul and Add are ORT's Gemm's
+    weight = {la["index"]: la["latency_ms"] for la in a["layers"]}
+    for u in uses:  # the JSON's milliseconds have six decimals
+        assert u["fused_ms"] == pytest.approx(newest_row(db, u["variant"])["low_ms"], abs=1e-6)
+        assert u["unfused_ms"] == pytest.approx(sum(weight[i] for i in u["nodes"]), abs=1e-6 * len(u["nodes"]))
+        assert (u in a["fusion"]["applied"]) == (u["fused_ms"] < u["unfused_ms"])
+    saved = sum(u["unfused_ms"] - u["fused_ms"] for u in a["fusion"]["applied"])
+    assert a["fusion"]["bounds"]["sequential_ms"] == pytest.approx(a["bounds"]["sequential_ms"] - saved,
+                                                                   abs=1e-6 * len(a["layers"]))
