@@ -43,9 +43,9 @@ from .analysis.questions import (
     tensor_core_kernels,
 )
 from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
-from .fusion import FusionMatch, match_fusions
+from .fusion import FusionMatch
 from .layers import Model
-from .ort_fusions import benchmarked_by, match_ort_fusions
+from .ort_fusions import all_fusions, benchmarked_by
 from .parsers import ExecutionProfile
 from .peaks import GEMM_TYPES, Peaks
 from .records import Result, System, Variant
@@ -419,8 +419,9 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     on_path = set(bounds.critical_path)
     rows = [replace(r, critical=r.index in on_path) for r in rows]
 
-    library = match_fusions(model)
-    matches = _backend_fusions(model, library, backend)
+    # the library patterns' matches, and the framework's own fusions where the backend benchmarks them
+    fusions = [m for m in all_fusions(model) if benchmarked_by(m.pattern.name, backend)]
+    matches = _q5_fusions(fusions)
     fweight, applied, slower = profitable_fusions(rows, matches, by_key, dtype)
     fusion = FusionAnalysis(len(matches), _fusion_uses(applied, weight),
                             bounds_from_weights(graph, fweight, partial), _fusion_uses(slower, weight))
@@ -466,7 +467,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
         analysis.measured_ms = profile.measured_ms
         analysis.measured_source = f"{profile.framework or 'profile'} trimmed mean"
     if profile is not None:
-        _profile_views(analysis, model, profile, by_key, weight, library, graph)
+        _profile_views(analysis, model, profile, by_key, weight, fusions, graph)
     groups = None if analysis.framework is None else [MeasuredGroup(g.nodes, g.time_ms)
                                                       for g in analysis.framework.match.groups]
     analysis.tree, analysis.module_source = module_tree(model, rows, graph, groups), model.scope_source
@@ -475,13 +476,12 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     return analysis
 
 
-def _backend_fusions(model: Model, library: list[FusionMatch], backend: str) -> list[FusionMatch]:
-    """The fusions of Q5 on ``backend``: the library patterns' matches and, on a framework's own
-    backend, that framework's fusions in place of the library matches they share nodes with (what
-    the framework itself runs there: ORT's Gemm of a MatMul and its bias, not ``mm_bias_relu``)."""
-    own = [m for m in match_ort_fusions(model, library) if benchmarked_by(m.pattern.name, backend)]
-    taken = {i for m in own for i in m.nodes}
-    return [m for m in library if not taken & set(m.nodes)] + own
+def _q5_fusions(fusions: list[FusionMatch]) -> list[FusionMatch]:
+    """The fusions of Q5, none sharing a node: a framework's own fusions in place of the library
+    matches they share nodes with (what the framework itself runs there: ORT's Gemm of a MatMul
+    and its bias, not ``mm_bias_relu``)."""
+    taken = {i for m in fusions if m.pattern.framework for i in m.nodes}
+    return [m for m in fusions if m.pattern.framework or not taken & set(m.nodes)]
 
 
 def _threads(stack: System | None) -> int | None:
@@ -633,8 +633,6 @@ def _tf32_unbounded(a: Analysis) -> FrameworkTf32 | None:
 def _framework_view(a: Analysis, model: Model, profile: ExecutionProfile, by_key, weight, matches,
                     graph) -> FrameworkView:
     tm = match_trace(model, profile.trace)  # type: ignore[arg-type]
-    # the framework's own fusions beside the library's, where the analysis's backend benchmarks them
-    matches = [m for m in matches + match_ort_fusions(model, matches) if benchmarked_by(m.pattern.name, a.backend)]
     done = _made_by(matches, tm.node_group())
     fw, applied = fused_weights(a.rows, done, by_key, a.dtype)
     for i in tm.eliminated:

@@ -388,6 +388,10 @@ CONV_PATTERNS = {
     for bn in (False, True) for add in (False, True) for act in (False, True) if bn or add or act}
 
 
+# the convolutions that take a residual Add as their sum input
+SUM_PATTERNS = frozenset(p.name for (_, add, _), p in CONV_PATTERNS.items() if add)
+
+
 def _conv_pattern(model: Model, nodes: tuple[int, ...]) -> FusionPattern:
     ops = {model.nodes[i].layer.op for i in nodes}
     return CONV_PATTERNS["BatchNormalization" in ops, "Add" in ops, bool(ops & set(SUM_ACTIVATIONS))]

@@ -25,7 +25,7 @@ from benanza.processor import load_model
 from benanza.zoo import build_all
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from fidelity_common import op_samples_ms  # noqa: E402
+from fidelity_common import fidelity, op_samples_ms  # noqa: E402
 from fidelity_torch import aten_samples_ms, onednn_samples_ms  # noqa: E402
 
 RUNS = 6
@@ -136,3 +136,14 @@ def test_a_layers_onednn_time_in_the_model_is_its_calls_in_the_raw_verbose_log(l
     assert set(got) == set(want)
     for name, times in want.items():
         assert got[name] == pytest.approx(times, rel=1e-9), name
+
+
+def test_fidelity_on_a_clock_of_whole_steps_counts_a_pair_one_step_apart(tmp_path):
+    """ORT's profiler records whole microseconds: a 3 µs op read as 2 µs is 33 % off on that
+    clock alone. The share within ±10 % or one step holds the pairs one step apart, never two."""
+    pairs = [{"isolated_ms": i, "in_model_ms": m} for i, m in
+             ((0.002, 0.003), (0.004, 0.002), (0.0105, 0.010), (0.012, 0.010), (0.003, 0.003))]
+    f = fidelity(pairs, tmp_path / "pairs.json", step_ms=0.001)
+    assert (f["ops"], f["within_10pct"], f["within_10pct_or_step"]) == (5, 0.4, 0.6)
+    assert "within_10pct_or_step" not in fidelity(pairs, tmp_path / "pairs.json")
+    assert json.loads((tmp_path / "pairs.json").read_text()) == pairs

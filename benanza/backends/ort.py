@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BenanzaError, ModelError
 from ..layers import DTYPE_NAMES, Layer, Model, UniqueLayer
 from ..measurement import LOW_PERCENTILE
+from ..ort_fusions import SUM_PATTERNS
 from ..outputs import make_folder, write_text
 from ..parsers.base import FrameworkTrace
 from ..parsers.ort import NCHWC_SUFFIX, parse_ort_profile
@@ -234,14 +235,14 @@ def _subgraph(source: ModelValues, nodes: tuple[int, ...]) -> onnx.ModelProto:
 
 
 def _fed_blocked(v: Variant, m: onnx.ModelProto) -> onnx.ModelProto:
-    """A subgraph of ORT's convolution with a sum (``ort_conv…_sum…``) whose residual Add reads a
+    """A subgraph of ORT's convolution with a sum (``SUM_PATTERNS``) whose residual Add reads a
     graph input: that input through a 1×1 MaxPool (an identity ORT's NCHWc transform runs
     blocked), so the Add's operands are both blocked as in the model and ORT takes it as the
     convolution's sum input, which it does not for an operand in the plain layout. The feeder's
     kernels (``FEED``) are timed apart, as the reorders are."""
     from onnx import helper
 
-    if not v.fusion.startswith("ort_conv") or "_sum" not in v.fusion:
+    if v.fusion not in SUM_PATTERNS:
         return m
     inputs = {i.name for i in m.graph.input}
     fed = []
