@@ -37,6 +37,7 @@ from typing import Any
 
 from .children import kill_group, popen
 from .errors import BenanzaError, ModelError, UsageError
+from .heap import HeapHeadroom
 from .parsers.bundle import latency_stats, model_identity, page_faults_record, write_index
 from .toolchain import nsys_importer
 
@@ -357,7 +358,9 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
         "input_shapes": {name: list(dims) for name, dims in spec.input_shapes},
         "providers": timed.get("providers", []), "command": timed_cmd,
         "runs": {TIMED: {"command": timed_cmd, "loggers": timed["loggers"]},
-                 TRACED: {"command": traced_cmd, "loggers": traced["loggers"]}},
+                 TRACED: {"command": traced_cmd, "loggers": traced["loggers"],
+                          **({"page_faults": page_faults_record(traced["page_faults"], None), "heap": traced["heap"]}
+                             if "heap" in traced else {})}},
         "latency_ms": latency_stats(timed["samples_ms"]).to_json(), "files": files, "notes": notes,
         "page_faults": page_faults_record(timed["page_faults"], timed["fault_us"]),
         "threads": traced["threads"], "threads_requested": spec.threads, "threads_source": traced["threads_source"],
@@ -837,28 +840,37 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
         activities = [torch.profiler.ProfilerActivity.CPU]
         if spec.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        # oneDNN's log comes from runs of its own, after the profiler's: the profiler's event memory
-        # grows in every run and takes the heap's freed blocks, so the kernels' buffers land on fresh
-        # pages and the kernels fault (ResNet-50 v1, one thread: 0 faults per run without the
-        # profiler, 8,800-13,800 with it), times that no kernel has alone
+        # oneDNN's log comes from runs of its own, after the profiler's: its verbose printing is
+        # no part of a kernel's time
         onednn_log = spec.device == "cpu" and any(os.environ.get(k, "0") not in ("", "0") for k in ONEDNN_VERBOSE_ENV)
         if onednn_log:
             torch._C._verbose.mkldnn_set_verbose(0)  # what torch.backends.mkldnn.verbose sets, switched off
-        faults = minor_faults()
+        # the profiler's growing event memory must not push the tensors onto fresh pages (heap.py)
+        heap = HeapHeadroom()
+        if heap.active:
+            graph.run(feed, annotate=False)
+            heap.hold()
+        faults = []
         with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
             for _ in range(spec.trace_iterations):
-                with measure("benanza_run"), torch.profiler.record_function("benanza_run"):
+                heap.refill()
+                with measure("benanza_run") as m, torch.profiler.record_function("benanza_run"):
                     graph.run(feed)
-        faults = minor_faults() - faults
+                heap.spent()
+                faults.append(m.page_faults or 0)
+        notes.append(f"the profiler's runs kept the model's tensors on mapped pages: the heap untrimmed and "
+                     f"grown by {heap.grown_bytes / 2**20:.0f} MiB of pages touched ahead of them" if heap.active else
+                     f"the profiler's runs may put the model's tensors on fresh pages ({heap.reason})")
         if onednn_log:
             with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
                 for _ in range(spec.trace_iterations):
                     graph.run(feed, annotate=False)
             notes.append(f"the oneDNN log comes from {spec.trace_iterations} runs after the profiler's, without it")
-        notes.append(f"the profiler's runs took {faults / spec.trace_iterations:.0f} page faults per run (its event "
-                     f"memory), which its per-layer times hold")
+        notes.append(f"the profiler's runs took {sum(faults) / max(1, len(faults)):.0f} page faults per run, which its "
+                     f"per-layer times hold")
     prof.export_chrome_trace(str(out / "torch_trace.json"))
-    return {"trace": "torch_trace.json", "providers": [spec.device], **threads}
+    return {"trace": "torch_trace.json", "providers": [spec.device], **threads, "page_faults": faults,
+            "heap": {"kept": heap.active, "grown_bytes": heap.grown_bytes, "why_not": heap.reason}}
 
 
 def _time_runs(run, spec: ProfileSpec) -> dict[str, Any]:

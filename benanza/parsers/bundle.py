@@ -11,7 +11,8 @@ bundle or any single file of a known format, so users can also bring their own l
                         "inputs": {"data": [1, 3, 224, 224]}},
      "device": "cpu", "batch_size": 1, "warmup": 5, "iterations": 50,
      "runs": {"timed": {"command": "...", "loggers": {}},
-              "traced": {"command": "...", "loggers": {"ONEDNN_VERBOSE": "1", ...}}},
+              "traced": {"command": "...", "loggers": {"ONEDNN_VERBOSE": "1", ...},
+                         "page_faults": {...}, "heap": {"kept": true, "grown_bytes": .., "why_not": null}}},
      "latency_ms": {"trimmed_mean": .., "p50": .., "p90": .., "mean": .., "min": .., "max": ..,
                     "samples": [..]},
      "files": {"trace": "ort_profile.json", "cudnn_log": "cudnn.log", "cublas_log": "cublas.log",
@@ -22,13 +23,14 @@ bundle or any single file of a known format, so users can also bring their own l
 
 ``latency_ms`` comes from the ``timed`` run (no library loggers), as do ``page_faults`` (the
 process's minor page faults in each timed run and the measured cost of one, ``PageFaults``); the
-trace and the logs from the ``traced`` run. ``graph_sha256`` identifies the model: an analysis of
-another model refuses the bundle. ``threads`` is the framework's intra-op thread count in the runs, as the framework
-itself reported it (``torch.get_num_threads()``, ONNX Runtime's thread-pool statistics, oneDNN's
-``nthr``), ``threads_requested`` what ``--threads`` asked for (null: the framework's default),
-``threads_source`` where the count comes from; ``analyze`` compares it with the benchmarks'
-threads. Version 1 bundles (no identity, latency timed with the loggers on) still load,
-with a note saying so.
+trace and the logs from the ``traced`` run (a torch run's ``traced`` also has its runs' page faults
+and whether its heap was kept on mapped pages: ``benanza/heap.py``). ``graph_sha256`` identifies the
+model: an analysis of another model refuses the bundle. ``threads`` is the framework's intra-op
+thread count in the runs, as the framework itself reported it (``torch.get_num_threads()``, ONNX
+Runtime's thread-pool statistics, oneDNN's ``nthr``), ``threads_requested`` what ``--threads`` asked
+for (null: the framework's default), ``threads_source`` where the count comes from; ``analyze``
+compares it with the benchmarks' threads. Version 1 bundles (no identity, latency timed with the
+loggers on) still load, with a note saying so.
 
 ``benanza profile --command`` writes the same index with ``"framework": "command"``, the
 command line, ``"measure_name"`` (the ``benanza.measure`` name whose blocks are ``latency_ms``)

@@ -16,7 +16,7 @@ PACKAGE = REPO / "benanza"
 # first prefix that matches a module's dotted name (``benanza.`` left off) decides.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "escape", "outputs", "resources", "scopes", "measurement", "children", "toolchain",
-              "limits")),
+              "limits", "heap")),
     # what every stage speaks: op families and their registry, layer and variant records, the
     # fusion patterns (the libraries' and ONNX Runtime's own), the machine's description, the parsers of logs and traces
     ("vocabulary", ("ops", "layers", "problems", "records", "fusion", "ort_fusions", "system", "parsers")),
