@@ -851,7 +851,10 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
             graph.run(feed, annotate=False)
             heap.hold()
         faults = []
-        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        # no shapes: the analysis reads none from a torch trace (its layers are named ranges), and
+        # recording them costs every op time the isolated benchmarks' profiler does not spend,
+        # and memory (ResNet-50: about 40 MB per run)
+        with torch.profiler.profile(activities=activities, record_shapes=False) as prof:
             for _ in range(spec.trace_iterations):
                 heap.refill()
                 with measure("benanza_run") as m, torch.profiler.record_function("benanza_run"):
