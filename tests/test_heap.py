@@ -13,8 +13,9 @@ import pytest
 
 from benanza.heap import RESERVE_MIN, HeapHeadroom
 
-# Allocates HALF of the headroom as 1 MiB blocks (below glibc's smallest mmap threshold once the
-# heap is held, so from the heap's top), writes every page, and prints the faults that took.
+# Allocates half of the headroom as 64 KiB blocks (below glibc's smallest mmap threshold, 128 KiB,
+# so from the heap whatever the threshold was left at), writes every page, and prints the faults
+# that took.
 CHILD = textwrap.dedent("""
     import ctypes, json, resource, sys
     from benanza.heap import HeapHeadroom, RESERVE_MIN
@@ -25,7 +26,7 @@ CHILD = textwrap.dedent("""
     heap.hold()
     if sys.argv[1] == "refill":
         heap.refill()
-    block = 1 << 20
+    block = 64 << 10
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(RESERVE_MIN // 2 // block):
         ctypes.memset(libc.malloc(block), 1, block)
