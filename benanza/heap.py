@@ -83,30 +83,31 @@ class HeapHeadroom:
         cut from the top (extended as needed; a free block elsewhere the size fits is held aside
         meanwhile), taken from the heap even where glibc would map a block that size, written, and
         freed back into the top."""
-        if self._libc is None or self.top() >= self.reserve:
-            self._before = self.top()
+        if self._libc is None:
             return
         libc, held = self._libc, []
-        arena = int(libc.mallinfo2().arena)
-        libc.mallopt(_M_MMAP_MAX, 0)
-        try:
-            for _ in range(_MAX_HOLES):
-                top = self.top()
-                block = libc.malloc(self.reserve)
-                if not block:
+        before = libc.mallinfo2()
+        if before.keepcost < self.reserve:
+            libc.mallopt(_M_MMAP_MAX, 0)
+            try:
+                for _ in range(_MAX_HOLES):
+                    block = libc.malloc(self.reserve)
+                    if not block:
+                        break
+                    now = libc.mallinfo2()
+                    if (now.keepcost, now.arena) == (before.keepcost, before.arena):
+                        held.append(block)  # a free block inside the heap, mapped already
+                        continue
+                    ctypes.memset(block, 0, self.reserve)
+                    libc.free(block)
                     break
-                if self.top() == top and int(libc.mallinfo2().arena) == arena:
-                    held.append(block)  # a free block inside the heap, mapped already
-                    continue
-                ctypes.memset(block, 0, self.reserve)
-                libc.free(block)
-                break
-        finally:
-            libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
-            for block in held:
-                libc.free(block)
-        self.grown_bytes += int(libc.mallinfo2().arena) - arena
-        self._before = self.top()
+            finally:
+                libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+                for block in held:
+                    libc.free(block)
+        after = libc.mallinfo2()
+        self.grown_bytes += int(after.arena) - int(before.arena)
+        self._before = int(after.keepcost)
 
     def spent(self) -> None:
         """After a profiled run: a run that took much of the headroom doubles it for the next."""
