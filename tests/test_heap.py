@@ -22,16 +22,21 @@ CHILD = textwrap.dedent("""
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
+    def resident():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
     heap = HeapHeadroom()
     heap.hold()
+    rss = resident()
     if sys.argv[1] == "refill":
         heap.refill()
+    rss = resident() - rss
     block = 64 << 10
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(RESERVE_MIN // 2 // block):
         ctypes.memset(libc.malloc(block), 1, block)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    print(json.dumps({"faults": faults, "top": heap.top(), "active": heap.active}))
+    print(json.dumps({"faults": faults, "top": heap.top(), "active": heap.active, "grown": heap.grown_bytes,
+                      "resident": rss}))
 """)
 
 
@@ -50,6 +55,8 @@ def test_refilled_headroom_takes_new_tensors_without_a_fault():
     assert cold["faults"] >= 0.9 * pages
     assert kept["faults"] <= 0.02 * pages
     assert kept["top"] >= RESERVE_MIN // 2 - (1 << 20)  # what is left of the headroom, by glibc's count
+    # how far the refill grew the heap is memory the process now holds, by the kernel's count
+    assert kept["grown"] > RESERVE_MIN // 2 and abs(kept["resident"] - kept["grown"]) <= 0.05 * kept["grown"]
 
 
 @pytest.mark.parametrize("name, value", [("LD_PRELOAD", "libjemalloc.so.2"),
