@@ -16,7 +16,8 @@ object: the machine and its load, and per model and threads
   the variant ORT used (its fusion and NCHWc layout; the 10th percentile of its per-call samples)
   against the 10th percentile of that op's own kernel times in the whole model's profile, and the
   share of ops within ±10 % (and within ±10 % or one step of the profiler's 1 µs clock,
-  ``within_10pct_or_step``); and the same of the isolated benchmarks measured with a cold cache
+  ``within_10pct_or_step``; the share of the ops' time in the model those within ±10 % take,
+  ``within_10pct_of_time``); and the same of the isolated benchmarks measured with a cold cache
   (``fidelity_cold``: ``benanza run --cold-cache``, the last-level cache evicted before every
   timed call, a stack of its own in the same database; pairs in ``MODEL-tN-fidelity-cold.json``),
   with that stack's bound (``bound_ms_cold``), and with cold weights (``--cold-weights``: evicted,

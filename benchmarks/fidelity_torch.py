@@ -18,7 +18,8 @@ the start and end, torch and the oneDNN it bundles, and per model and threads
   the isolated benchmark of the variant torch ran (``Backend.ran``: oneDNN enabled, contiguous;
   the 10th percentile of its per-call kernel times) against the 10th percentile of that layer's
   own time in the whole model's runs (its ``record_function`` range in the trace, the time the
-  analysis gives the layer), and the share of layers within ±10 % (each pair in
+  analysis gives the layer), and the share of layers within ±10 %, by count and by the
+  layers' time in the model (``within_10pct_of_time``; each pair in
   ``--work/MODEL-tN-fidelity.json``); and the same against the layer's aten ops alone in the
   model (``fidelity_aten_ops``: the operators its range called, without torch_exec's Python
   around them; pairs in ``MODEL-tN-fidelity-aten.json``), which tells the kernels' fidelity

@@ -25,7 +25,7 @@ from benanza.processor import load_model
 from benanza.zoo import build_all
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from fidelity_common import fidelity, op_samples_ms  # noqa: E402
+from fidelity_common import fidelity, op_samples_ms, repeatability  # noqa: E402
 from fidelity_torch import aten_samples_ms, onednn_samples_ms  # noqa: E402
 
 RUNS = 6
@@ -145,5 +145,31 @@ def test_fidelity_on_a_clock_of_whole_steps_counts_a_pair_one_step_apart(tmp_pat
              ((0.002, 0.003), (0.004, 0.002), (0.0105, 0.010), (0.012, 0.010), (0.003, 0.003))]
     f = fidelity(pairs, tmp_path / "pairs.json", step_ms=0.001)
     assert (f["ops"], f["within_10pct"], f["within_10pct_or_step"]) == (5, 0.4, 0.6)
+    # the two within ±10 % take 10 + 3 of the 28 µs the five take in the model
+    assert f["within_10pct_of_time"] == round(13 / 28, 3)
     assert "within_10pct_or_step" not in fidelity(pairs, tmp_path / "pairs.json")
     assert json.loads((tmp_path / "pairs.json").read_text()) == pairs
+
+
+def test_repeatability_compares_two_runs_kept_pairs_op_by_op(tmp_path):
+    """Two runs' pairs as the scripts keep them (fidelity() writes them): the ops both compared,
+    matched by name whatever their order; each side's share that repeats within ±10 %, by count
+    and by the first run's in-model time; the ops whose verdict flips."""
+    first = [{"op": "conv", "isolated_ms": 1.00, "in_model_ms": 1.00},   # both sides repeat
+             {"op": "lrn", "isolated_ms": 14.7, "in_model_ms": 15.1},    # isolated 19 % slower next time
+             {"op": "concat", "isolated_ms": 0.023, "in_model_ms": 0.057},  # in-model 19 % faster
+             {"op": "gone", "isolated_ms": 0.5, "in_model_ms": 0.5}]     # not in the second run
+    second = [{"op": "concat", "isolated_ms": 0.021, "in_model_ms": 0.046},
+              {"op": "lrn", "isolated_ms": 17.5, "in_model_ms": 14.8},
+              {"op": "conv", "isolated_ms": 1.05, "in_model_ms": 0.98}]
+    runs = []
+    for name, pairs in (("a", first), ("b", second)):
+        fidelity(pairs, tmp_path / f"{name}.json")
+        runs.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    r = repeatability(*runs)
+    total = 1.00 + 15.1 + 0.057
+    assert r["ops"] == 3
+    assert r["isolated"] == {"within_10pct": round(2 / 3, 3), "within_10pct_of_time": round((1.00 + 0.057) / total, 3)}
+    assert r["in_model"] == {"within_10pct": round(2 / 3, 3), "within_10pct_of_time": round((1.00 + 15.1) / total, 3)}
+    assert r["verdict_changes"] == 1  # the LRN: 0.97 of its in-model time, then 1.18
+    assert repeatability(first, []) == {"ops": 0}

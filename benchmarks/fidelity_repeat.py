@@ -1,0 +1,36 @@
+"""Whether two runs of a fidelity measurement agree: the noise floor of the fidelity readings.
+
+Usage: python benchmarks/fidelity_repeat.py FIRST.json SECOND.json
+
+FIRST and SECOND are the per-op pairs ``fidelity_onnxruntime.py`` or ``fidelity_torch.py`` keep
+(``--work/MODEL-tN-fidelity*.json``) from two runs of the same model, threads and reading, each
+with its own ``--work`` (so its own benchmark processes, database and profile). Prints one JSON
+object (``fidelity_common.repeatability``): the share of the ops whose isolated reading, and
+whose in-model reading, repeats within ±10 %, by count and by their time in the model, and how
+many ops change their fidelity verdict between the runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fidelity_common import repeatability
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        sys.exit(__doc__.split("\n\n")[1])
+    pairs = []
+    for name in argv:
+        try:
+            pairs.append(json.loads(Path(name).read_text()))
+        except (OSError, ValueError) as exc:
+            sys.exit(f"fidelity_repeat: {name}: not a fidelity pairs file ({exc})")
+    print(json.dumps({"first": argv[0], "second": argv[1], **repeatability(*pairs)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
