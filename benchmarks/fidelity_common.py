@@ -178,7 +178,7 @@ def fidelity(pairs: list[dict], detail: Path, step_ms: float = 0.0) -> dict:
     clock both sides read, ORT's whole microseconds) also the share within ±10 % or one step
     apart: a 3 µs op read as 2 µs is 33 % off on that clock alone."""
     detail.write_text(json.dumps(pairs, indent=1))
-    within = [abs(p["isolated_ms"] / p["in_model_ms"] - 1) <= WITHIN for p in pairs]
+    within = [_within(p) for p in pairs]
     ratios = [p["isolated_ms"] / p["in_model_ms"] for p in pairs]
     in_model = sum(p["in_model_ms"] for p in pairs)
     out = {"ops": len(ratios),
@@ -187,8 +187,7 @@ def fidelity(pairs: list[dict], detail: Path, step_ms: float = 0.0) -> dict:
            if ratios else None,
            "median_ratio": round(statistics.median(ratios), 3) if ratios else None, "detail": str(detail)}
     if step_ms and pairs:
-        near = sum(abs(p["isolated_ms"] / p["in_model_ms"] - 1) <= WITHIN
-                   or abs(p["isolated_ms"] - p["in_model_ms"]) <= step_ms * (1 + 1e-6) for p in pairs)
+        near = sum(_within(p) or abs(p["isolated_ms"] - p["in_model_ms"]) <= step_ms * (1 + 1e-6) for p in pairs)
         out["within_10pct_or_step"] = round(near / len(pairs), 3)
     return out
 
@@ -212,11 +211,13 @@ def repeatability(first: list[dict], second: list[dict]) -> dict:
         return {"within_10pct": round(sum(same) / len(both), 3),
                 "within_10pct_of_time": round(sum(a["in_model_ms"] for (a, _), s in zip(both, same) if s) / time_ms, 3)}
 
-    def within(p: dict) -> bool:
-        return abs(p["isolated_ms"] / p["in_model_ms"] - 1) <= WITHIN
-
     return {"ops": len(both), "isolated": repeats("isolated_ms"), "in_model": repeats("in_model_ms"),
-            "verdict_changes": sum(within(a) != within(b) for a, b in both)}
+            "verdict_changes": sum(_within(a) != _within(b) for a, b in both)}
+
+
+def _within(pair: dict) -> bool:
+    """Whether a pair's isolated reading is within ±10 % of its time in the model."""
+    return abs(pair["isolated_ms"] / pair["in_model_ms"] - 1) <= WITHIN
 
 
 def row(a: Analysis, measured: Measured, pairs: list[dict], detail: Path, step_ms: float = 0.0) -> dict:

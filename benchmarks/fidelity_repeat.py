@@ -19,15 +19,25 @@ from pathlib import Path
 from fidelity_common import repeatability
 
 
+def _pairs(name: str) -> list[dict]:
+    """A kept pairs file, or the script's exit with one line naming the file and its fault."""
+    try:
+        data = json.loads(Path(name).read_text())
+    except (OSError, ValueError) as exc:
+        sys.exit(f"fidelity_repeat: {name}: not a fidelity pairs file ({exc})")
+    if not isinstance(data, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("op"), str)
+            and all(isinstance(p.get(k), (int, float)) and p[k] > 0 for k in ("isolated_ms", "in_model_ms"))
+            for p in data):
+        sys.exit(f"fidelity_repeat: {name}: not a fidelity pairs file (a list of objects with op, isolated_ms "
+                 "and in_model_ms, as fidelity_onnxruntime.py and fidelity_torch.py keep them)")
+    return data
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         sys.exit(__doc__.split("\n\n")[1])
-    pairs = []
-    for name in argv:
-        try:
-            pairs.append(json.loads(Path(name).read_text()))
-        except (OSError, ValueError) as exc:
-            sys.exit(f"fidelity_repeat: {name}: not a fidelity pairs file ({exc})")
+    pairs = [_pairs(name) for name in argv]
     print(json.dumps({"first": argv[0], "second": argv[1], **repeatability(*pairs)}, indent=1))
     return 0
 

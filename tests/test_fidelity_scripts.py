@@ -173,3 +173,17 @@ def test_repeatability_compares_two_runs_kept_pairs_op_by_op(tmp_path):
     assert r["in_model"] == {"within_10pct": round(2 / 3, 3), "within_10pct_of_time": round((1.00 + 15.1) / total, 3)}
     assert r["verdict_changes"] == 1  # the LRN: 0.97 of its in-model time, then 1.18
     assert repeatability(first, []) == {"ops": 0}
+
+
+def test_fidelity_repeat_names_a_file_that_holds_no_pairs_in_one_line(tmp_path):
+    import subprocess
+
+    bad = tmp_path / "summary.json"
+    bad.write_text(json.dumps({"ops": 3}))  # a row's fidelity object, not its kept pairs
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "fidelity_repeat.py"
+    out = subprocess.run([sys.executable, str(script), str(bad), str(bad)], capture_output=True, text=True,
+                         cwd=script.parent)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"fidelity_repeat: {bad}: not a fidelity pairs file (a list of objects with op, isolated_ms and in_model_ms, "
+        "as fidelity_onnxruntime.py and fidelity_torch.py keep them)"]
