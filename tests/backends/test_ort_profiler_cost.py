@@ -80,8 +80,10 @@ def test_the_replicas_clock_is_the_kernels_time_in_an_untraced_run(tmp_path):
            "--db", str(tmp_path / "perf.db"), "--threads", "1", "--min-time", "0.1", "--repetitions", "3",
            "--remeasure", "1")
     con = sqlite3.connect(tmp_path / "perf.db")
-    ((low_ms, metrics),) = con.execute("SELECT low_ms, metrics FROM results WHERE status = 'ok'").fetchall()
-    metrics = json.loads(metrics)
+    (variant,) = {v for (v,) in con.execute("SELECT variant FROM results WHERE status = 'ok'")}
+    # the newest measurement, as an analysis reads it: an unstable first one is measured again
+    row = newest_row(tmp_path / "perf.db", variant)
+    low_ms, metrics = row["low_ms"], json.loads(row["metrics"])
     assert metrics["replicas"] == 8
     oracle = untraced_per_node_ms(CHAIN)
     # measured here 0.57 against 0.64 µs: the chain's nodes also hand their outputs on
@@ -161,7 +163,7 @@ def test_q3_compares_an_ops_variants_on_the_one_clock_they_share(tmp_path):
     assert k["best_ms"] == pytest.approx(min(nchwc_low, plain["profiled_ms"]), rel=1e-3)
 
 
-def test_orts_own_fusions_are_benchmarked_as_the_ops_it_ran(encoder):
+def test_orts_own_fusions_are_benchmarked_as_the_ops_it_ran(encoder, tmp_path):
     """ORT runs the encoder as fewer kernels than layers (SkipLayerNormalization, FusedMatMul,
     Split, Gemm): each of its ops is compared with the benchmark of exactly what it computed, a
     fusion variant whose isolated session runs that same kernel and nothing of the model's besides
@@ -172,7 +174,14 @@ def test_orts_own_fusions_are_benchmarked_as_the_ops_it_ran(encoder):
     from benanza.parsers import load_bundle
     from benanza.processor import load_model
 
-    path, db, prof, a, bench = encoder
+    path, shared_db, prof, a, bench = encoder
+    # the pairs measured again below go into a copy: the module's other tests read the database
+    # the fixture's analysis was made from
+    db = tmp_path / "perf.db"
+    src, dst = sqlite3.connect(shared_db), sqlite3.connect(db)
+    src.backup(dst)  # what a write-ahead log still holds too
+    src.close()
+    dst.close()
     kernels = a["framework"]["kernels"]
     assert kernels and all(k["comparable"] for k in kernels), [k["name"] for k in kernels if not k["comparable"]]
     own = {"ort_split": "Split", "ort_fused_matmul": "com.microsoft.FusedMatMul",
