@@ -207,7 +207,7 @@ def repeatability(first: list[dict], second: list[dict]) -> dict:
     time_ms = sum(a["in_model_ms"] for a, _ in both)
 
     def repeats(key: str) -> dict:
-        same = [abs(b[key] / a[key] - 1) <= WITHIN for a, b in both]
+        same = [_close(b[key], a[key]) for a, b in both]
         return {"within_10pct": round(sum(same) / len(both), 3),
                 "within_10pct_of_time": round(sum(a["in_model_ms"] for (a, _), s in zip(both, same) if s) / time_ms, 3)}
 
@@ -217,7 +217,12 @@ def repeatability(first: list[dict], second: list[dict]) -> dict:
 
 def _within(pair: dict) -> bool:
     """Whether a pair's isolated reading is within ±10 % of its time in the model."""
-    return abs(pair["isolated_ms"] / pair["in_model_ms"] - 1) <= WITHIN
+    return _close(pair["isolated_ms"], pair["in_model_ms"])
+
+
+def _close(value: float, reference: float) -> bool:
+    """Whether ``value`` is within the fidelity band (±10 %) of ``reference``."""
+    return abs(value / reference - 1) <= WITHIN
 
 
 def row(a: Analysis, measured: Measured, pairs: list[dict], detail: Path, step_ms: float = 0.0) -> dict:

@@ -23,7 +23,7 @@ CHILD = textwrap.dedent("""
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
     def resident():
-        return int(open("/proc/self/statm").read().split()[1]) * 4096
+        return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
     heap = HeapHeadroom()
     heap.hold()
     rss = resident()
