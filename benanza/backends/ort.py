@@ -456,9 +456,8 @@ def _replicated(model: onnx.ModelProto, copies: int) -> onnx.ModelProto:
 def _replicas_clock(path: Path, level: str, threads: int, min_time: float, repetitions: int,
                     tmp: str) -> list[list[float]] | None:
     """Per-call times in ms by repetition, without the profiler: ``REPLICAS`` copies' ``run()``
-    less the median of the subgraph's own in the same repetition (the calls alternate, so both see the
-    same machine), per copy; None where the subgraph's copies would not run as copies."""
-    import numpy as np
+    less the subgraph's own in the same repetition (the calls alternate, so both see the same
+    machine), per copy (``per_copy_ms``); None where the subgraph's copies would not run as copies."""
     import onnx
     import onnxruntime as ort
 
@@ -493,10 +492,22 @@ def _replicas_clock(path: Path, level: str, threads: int, min_time: float, repet
 
     reps, at = [], 0
     for n in timed_calls(pair, min_time, repetitions, MAX_CALLS, None):
-        base = float(np.median(times[0][at:at + n]))
-        reps.append([(t - base) * 1e3 / (REPLICAS - 1) for t in times[1][at:at + n]])
+        reps.append(per_copy_ms(times[0][at:at + n], times[1][at:at + n], REPLICAS))
         at += n
     return reps
+
+
+def per_copy_ms(single: list[float], copies: list[float], replicas: int) -> list[float]:
+    """Per-copy times in ms from one repetition's alternating calls (seconds) of the subgraph and
+    of its ``replicas`` copies, the calls paired by rank, the fastest of one with the fastest of
+    the other: a low percentile is then clean calls less clean calls (less the single clock's
+    median, it also took in that clock's spread, and fell below 0 for a kernel under a
+    microsecond). Where two slow outliers pair the other way, the difference is 0: no call takes
+    less than no time."""
+    import numpy as np
+
+    by_rank = np.sort(copies) - np.sort(single)
+    return [float(x) for x in np.maximum(by_rank, 0) * 1e3 / (replicas - 1)]
 
 
 def _per_call(trace: FrameworkTrace, counts: list[int], domains: dict[str, str]) -> _Timed:
