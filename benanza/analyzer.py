@@ -45,6 +45,7 @@ from .analysis.questions import (
 from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
 from .fusion import FusionMatch
 from .layers import Model
+from .machine_speed import MachineSpeed, SpeedCompared, typical
 from .ort_fusions import all_fusions, benchmarked_by
 from .parsers import ExecutionProfile
 from .peaks import GEMM_TYPES, Peaks
@@ -296,6 +297,8 @@ class Analysis:
     # the profile's f32 library calls and those that allowed TF32 (None: the logs hold no f32 call)
     framework_tf32: FrameworkTf32 | None = None
     page_faults: PageFaultCost | None = None  # the profiled run's page faults, where it counted them
+    # the machine's speed around the profiled run against the bound's benchmarks' (where both read it)
+    speed: SpeedCompared | None = None
     stack: System | None = None  # the one system+stack every result comes from
     math: str = MATH_EXACT  # what the bound assumes about math modes (see admits_math)
     unstable: frozenset[str] = frozenset()  # variant names whose result stayed unstable
@@ -468,6 +471,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
         analysis.measured_source = f"{profile.framework or 'profile'} trimmed mean"
     if profile is not None:
         _profile_views(analysis, model, profile, by_key, weight, fusions, graph)
+        _compare_speed(analysis, profile, results)
     groups = None if analysis.framework is None else [MeasuredGroup(g.nodes, g.time_ms)
                                                       for g in analysis.framework.match.groups]
     analysis.tree, analysis.module_source = module_tree(model, rows, graph, groups), model.scope_source
@@ -603,6 +607,29 @@ def _compare_threads(a: Analysis, profile: ExecutionProfile) -> None:
             f"{benchmarks} (stack {a.stack.stack_id if a.stack else '?'}): the Benanza ratio and Q3 compare a "
             f"framework and a bound at different thread counts; compare them at equal threads with "
             f"`benanza profile --threads {benchmarks}` or `benanza run --threads {counted}`")
+
+
+def _compare_speed(a: Analysis, profile: ExecutionProfile, results: list[Result]) -> None:
+    """The reference kernel around the profiled run against its readings before the bound's
+    results were measured: a difference gets one warning (the host slowed one side unseen)."""
+    if profile.speed is None:
+        return
+    chosen = {r.variant for r in a.rows if r.status == LayerStatus.OK}
+    readings = [s for r in results if r.variant.name in chosen
+                if (s := MachineSpeed.from_metrics(r.metrics)) is not None]
+    benchmarks = typical(readings)
+    if benchmarks is None:
+        a.notes.append("the bound's results carry no reading of the machine's speed (measured by an earlier "
+                       "version): whether the machine ran the profile and the benchmarks at one speed is unknown")
+        return
+    a.speed = SpeedCompared(profile.speed.typical, benchmarks, len(readings))
+    if a.speed.differ:
+        a.warnings.append(
+            f"the machine ran at another speed in the profile than in the benchmarks: a fixed reference kernel "
+            f"took {a.speed.core_ratio:.2f}× (core) and {a.speed.memory_ratio:.2f}× (memory) its time before the "
+            f"bound's benchmarks ({len(readings)} results' readings), a difference steal time and the scheduler "
+            f"do not show (a shared host slows its guests unseen): the Benanza ratio compares a run and a bound "
+            f"at two speeds; profile again, or re-measure with `benanza run --force`, when the machine is steadier")
 
 
 def _compare_math(a: Analysis, profile: ExecutionProfile) -> None:

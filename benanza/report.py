@@ -101,6 +101,7 @@ def analysis_json(a: Analysis) -> dict:
         "page_faults": None if a.page_faults is None else {
             "per_run": _r(a.page_faults.per_run), "fault_us": _r(a.page_faults.fault_us, 4),
             "ms": _r(a.page_faults.ms), "share": _r(a.page_faults.share, 4), "notable": a.page_faults.notable},
+        "machine_speed": None if a.speed is None else a.speed.to_json(),
         "phase": None if a.phase is None else phase_json(a.phase),
         # measures in full the screened estimates Q3 compares (null: it compares none)
         "screened_command": a.screened_command or None,
@@ -428,6 +429,10 @@ def print_analysis(a: Analysis, console: Console, max_layers: int = 60, depth: i
     _print_across_stack(a, console)
     if a.page_faults is not None:
         console.print(page_faults_line(a.page_faults), highlight=False, markup=False, soft_wrap=True)
+    if a.speed is not None:
+        console.print(f"machine speed: the reference kernel took {a.speed.core_ratio:.2f}× (core) and "
+                      f"{a.speed.memory_ratio:.2f}× (memory) its benchmarks' time around the profiled run",
+                      highlight=False, markup=False, soft_wrap=True)
     if a.tensor_cores.kernels:
         console.print(f"Q6: {a.tensor_cores.tc_kernels} of {a.tensor_cores.kernels} GPU kernels use Tensor Cores",
                       highlight=False, markup=False)

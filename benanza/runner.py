@@ -27,10 +27,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import children
+from . import children, machine_speed
 from .backends.base import Command, Device
 from .errors import BenanzaError, UsageError
 from .generator import BACKEND_MODULES, get_backend, read_variants
+from .machine_speed import MachineSpeed
 from .manifest import read_manifest
 from .measurement import (
     LOW_PERCENTILE,
@@ -412,8 +413,12 @@ class _Store:
     """Buffers results and writes them in small transactions as they arrive."""
 
     def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float, max_contention: float | None,
-                 precision: float | None = None):
+                 precision: float | None = None, read_speed: bool = False):
         self.db, self.system, self.command, self.max_rsd = db, system, command, max_rsd
+        # a CPU's results carry the machine's speed read before their child started; a GPU's
+        # device clocks are not what the host slows
+        self.read_speed = read_speed
+        self.speed: MachineSpeed | None = None
         self.precision = precision  # adaptive sampling's target: what its results are held to
         self.max_contention = max_contention  # None: contention does not flag (GPU timing)
         self.measured = self.contended = 0  # this run's OK measurements, and those contended
@@ -434,6 +439,8 @@ class _Store:
         else:
             unstable = result.rsd is not None and result.rsd > self.max_rsd
         result = replace(result, unstable=unstable)
+        if result.ok and self.speed is not None:
+            result = replace(result, metrics={**result.metrics, **self.speed.metrics()})
         if result.ok and lost is not None:
             clean = lost.clean_share(result.low_ms) if result.low_ms is not None else None
             result = replace(result, contention=lost.share, clean_share=clean)
@@ -481,7 +488,7 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
     # counts the repetitions the host could have delayed): contention flags CPU results only.
     cpu = get_backend(system.backend).device is Device.CPU
     store = _Store(db, system, options.command, options.max_rsd, options.max_contention if cpu else None,
-                   options.precision)
+                   options.precision, read_speed=cpu)
     try:
         with children.sigterm_interrupts():
             names = batch = [v.name for v in todo]
@@ -707,6 +714,8 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
     and stderr are unlinked files), so a killed Benanza leaves no temp folder behind.
     """
     batch = _Batch(binary, env, options, system, store, by_name, finished, notify)
+    if store.read_speed:  # while no child runs: the reading is the machine's, not a neighbour's
+        store.speed = machine_speed.probe()
     with tempfile.TemporaryFile("w+") as names_file, tempfile.TemporaryFile("w+b") as err:
         names_file.write("\n".join(names) + "\n")
         names_file.flush()

@@ -243,6 +243,10 @@ def row(a: Analysis, measured: Measured, pairs: list[dict], detail: Path, step_m
         "page_faults": None if a.page_faults is None else {
             "per_run": round(a.page_faults.per_run, 1), "fault_us": a.page_faults.fault_us,
             "ms": None if a.page_faults.ms is None else round(a.page_faults.ms, 4)},
+        # the reference kernel around the profile against its readings before the benchmarks:
+        # pairs taken at two speeds of a shared host disagree by that much before any kernel does
+        "machine_speed": None if a.speed is None else {
+            "core_ratio": round(a.speed.core_ratio, 3), "memory_ratio": round(a.speed.memory_ratio, 3)},
         "q3": {"judged": sum(1 for c in kernels if c.comparable),
                "slower_than_fastest": len(a.framework.suboptimal) if a.framework else 0,
                "gain_ms": round(a.framework.kernel_gain_ms, 4) if a.framework else 0.0},
@@ -261,6 +265,10 @@ def _reading(f: dict) -> str:
         f"{f['median_ratio']:.2f}"
 
 
+def _speed(s: dict | None) -> str:
+    return "–" if s is None else f"{s['core_ratio']:.2f}, {s['memory_ratio']:.2f}"
+
+
 # the isolated readings besides the warm one
 COLD_STATES = tuple(state for state in CACHE_STATES if state != "warm")
 
@@ -274,7 +282,8 @@ def markdown(rows: list[dict], bound: str, readings: tuple[tuple[str, str], ...]
     """The rows as docs/backends.md's tables: ``bound`` names the bound's column; each of
     ``readings`` (a row's key, its column's name) adds a column of another fidelity reading."""
     head = ["model", "threads", "variants ok", "measured ms", f"{bound} bound ms", "BR", "ops compared",
-            "within ±10 %", "median isolated/in-model", *(name for _, name in readings), "Q3 slower than fastest"]
+            "within ±10 %", "median isolated/in-model", *(name for _, name in readings),
+            "machine speed profile/benchmarks (core, memory)", "Q3 slower than fastest"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         f, q = r["fidelity"], r["q3"]
@@ -285,7 +294,7 @@ def markdown(rows: list[dict], bound: str, readings: tuple[tuple[str, str], ...]
         cells = [r["model"], r["threads"], f"{r['ok']}/{r['variants']}", _ms(r["measured_ms"]),
                  _ms(r["bound_ms"]), f"{r['br_sequential']:.2f}", f["ops"], within,
                  "–" if f["median_ratio"] is None else f"{f['median_ratio']:.2f}",
-                 *(_reading(r[key]) for key, _ in readings),
+                 *(_reading(r[key]) for key, _ in readings), _speed(r.get("machine_speed")),
                  f"{q['slower_than_fastest']} of {q['judged']}{gain}"]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)

@@ -19,10 +19,13 @@ bundle or any single file of a known format, so users can also bring their own l
                "onednn_log": "onednn.log", "nsys": "nsys.nsys-rep"},
      "threads": 2, "threads_requested": 2, "threads_source": "...",
      "page_faults": {"per_run": 812.4, "fault_us": 0.9, "samples": [..]},
+     "machine_speed": {"before": {"core_ms": 2.2, "memory_ms": 6.3}, "after": {..}},
      "notes": ["..."]}
 
 ``latency_ms`` comes from the ``timed`` run (no library loggers), as do ``page_faults`` (the
-process's minor page faults in each timed run and the measured cost of one, ``PageFaults``); the
+process's minor page faults in each timed run and the measured cost of one, ``PageFaults``), and
+``machine_speed`` is the reference kernel's readings just before and after it on a CPU
+(``benanza/machine_speed.py``: ``analyze`` compares them with the benchmarks' own); the
 trace and the logs from the ``traced`` run (a torch run's ``traced`` also has its runs' page faults
 and whether its heap was kept on mapped pages: ``benanza/heap.py``). ``graph_sha256`` identifies the
 model: an analysis of another model refuses the bundle. ``threads`` is the framework's intra-op
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..machine_speed import RunSpeed
 from .base import FrameworkTrace, LibraryCall, ProfileFormatError, load_json
 from .cublas_log import parse_cublas_log
 from .cudnn_log import parse_cudnn_log
@@ -156,6 +160,7 @@ class ExecutionProfile:
     # own statistics); None when neither says
     threads: int | None = None
     page_faults: PageFaults | None = None  # of the timed runs (measure blocks), where the bundle counted them
+    speed: RunSpeed | None = None  # the machine's speed around the timed runs, where the bundle read it
 
     @property
     def measured_ms(self) -> float | None:
@@ -179,6 +184,7 @@ class ExecutionProfile:
             self.library_threads.setdefault(lib, threads)
         self.latency = self.latency or other.latency
         self.page_faults = self.page_faults or other.page_faults
+        self.speed = self.speed or other.speed
         self.trace = self.trace or other.trace
         self.nsys = self.nsys or other.nsys
         for lib, calls in other.library_calls.items():
@@ -294,6 +300,7 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
                         "analysed")
     latency = _record(index, data, "latency_ms", LatencyStats, "a latency record")
     faults = _record(index, data, "page_faults", PageFaults, "a page-fault record")
+    speed = _record(index, data, "machine_speed", RunSpeed, "a machine-speed record")
     files = data.get("files") or {}
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise ProfileFormatError(index, "files is not a map of kinds to file names")
@@ -301,7 +308,7 @@ def load_bundle(folder: str | Path) -> ExecutionProfile:
         path=str(root), framework=data.get("framework", ""), framework_version=data.get("framework_version", ""),
         device=data.get("device", ""), batch_size=data.get("batch_size"), model=data.get("model", ""),
         latency=latency, notes=notes, warnings=warnings, identity=data.get("model_identity"),
-        threads=data.get("threads"), page_faults=faults)
+        threads=data.get("threads"), page_faults=faults, speed=speed)
     for name, rel in sorted(files.items()):
         if name not in _FILE_KINDS:
             continue

@@ -18,8 +18,10 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "escape", "outputs", "resources", "scopes", "measurement", "children", "toolchain",
               "limits", "heap")),
     # what every stage speaks: op families and their registry, layer and variant records, the
-    # fusion patterns (the libraries' and ONNX Runtime's own), the machine's description, the parsers of logs and traces
-    ("vocabulary", ("ops", "layers", "problems", "records", "fusion", "ort_fusions", "system", "parsers")),
+    # fusion patterns (the libraries' and ONNX Runtime's own), the machine's description and its speed, the parsers
+    # of logs and traces
+    ("vocabulary", ("ops", "layers", "problems", "records", "fusion", "ort_fusions", "system", "machine_speed",
+                    "parsers")),
     # torch_exec: ONNX graphs run eagerly in torch, over the processor only (the torch backend
     # measures its calls, the profiler runs whole models with it)
     ("model", ("processor", "control_flow", "shapes_by_execution", "manifest", "torch_exec", "model_inputs",

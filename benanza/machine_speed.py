@@ -1,0 +1,149 @@
+"""The machine's speed at a moment: a fixed reference kernel, timed by the runner before each
+pass of benchmarks and by ``benanza profile`` before and after the framework's timed run.
+
+A shared host can slow its guest for minutes without a trace in steal time or the scheduler's
+counters (docs/measurement.md: the same single-thread loop ran 68–95 ms per second on an idle
+VM; a whole framework profile 20–35 % slower than twenty minutes earlier). Contention checks
+cannot see that; a kernel of fixed work timed on both sides can. When the profile's and the
+benchmarks' readings differ, the Benanza ratio compares a run and a bound taken at two speeds,
+and the analysis says so (``SpeedCompared``).
+
+Two readings, because a host can take either from a guest: ``core_ms``, a fixed loop of small
+in-cache numpy operations on one thread (the core's speed: clock, a sibling thread, an
+interpreter's dispatch), and ``memory_ms``, a copy of twice the last-level cache (the memory
+bandwidth it gets). Each is the median of several blocks, so one preemption moves neither.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# The profile's and the benchmarks' readings may differ by this much before an analysis warns:
+# the readings of one idle moment repeat within a few per cent here (tests/test_machine_speed.py).
+SPEED_TOLERANCE = 0.10
+_CORE_BLOCKS, _CORE_CALLS, _CORE_ELEMENTS = 9, 2000, 2048  # 3 arrays of 8 KiB: in any L1
+_MEMORY_COPIES = 5
+_MIN_COPY_BYTES = 16 << 20  # where sysfs names no cache
+METRICS = ("probe_core_ms", "probe_memory_ms")  # a result's metrics that hold its pass's reading
+
+
+@dataclass(frozen=True)
+class MachineSpeed:
+    """One reading of the reference kernel: its two parts' median times, ms."""
+
+    core_ms: float
+    memory_ms: float
+
+    def to_json(self) -> dict:
+        return {"core_ms": self.core_ms, "memory_ms": self.memory_ms}
+
+    @classmethod
+    def from_json(cls, d: dict) -> MachineSpeed:
+        """KeyError names a missing field; ValueError a time that is not one."""
+        speed = cls(float(d["core_ms"]), float(d["memory_ms"]))
+        if not (speed.core_ms > 0 and speed.memory_ms > 0):
+            raise ValueError("a reading is not a positive time")
+        return speed
+
+    def metrics(self) -> dict[str, float]:
+        """The reading as a result's metrics (``METRICS``)."""
+        return dict(zip(METRICS, (self.core_ms, self.memory_ms), strict=True))
+
+    @classmethod
+    def from_metrics(cls, metrics: dict) -> MachineSpeed | None:
+        """The reading a result's metrics hold; None for a result measured without one."""
+        values = [metrics.get(k) for k in METRICS]
+        if not all(isinstance(v, (int, float)) and v > 0 for v in values):
+            return None
+        return cls(*(float(v) for v in values))  # type: ignore[arg-type]
+
+
+def _copy_bytes() -> int:
+    from .system import cache_levels
+
+    levels = cache_levels(len(os.sched_getaffinity(0)))
+    return max(2 * levels[-1].total, _MIN_COPY_BYTES) if levels else _MIN_COPY_BYTES
+
+
+def probe() -> MachineSpeed:
+    """Reads the machine's speed now (about 0.1 s on one thread)."""
+    import numpy as np
+
+    x = np.linspace(0.5, 1.5, _CORE_ELEMENTS, dtype=np.float32)
+    y, z = x.copy(), np.empty_like(x)
+    blocks = []
+    for _ in range(_CORE_BLOCKS):
+        started = time.perf_counter()
+        for _ in range(_CORE_CALLS):
+            np.multiply(x, y, out=z)
+            np.add(z, x, out=z)
+        blocks.append(time.perf_counter() - started)
+    n = _copy_bytes() // 8
+    src, dst = np.ones(n), np.zeros(n)  # both written now: no page fault inside a timed copy
+    copies = []
+    for _ in range(_MEMORY_COPIES):
+        started = time.perf_counter()
+        np.copyto(dst, src)
+        copies.append(time.perf_counter() - started)
+    return MachineSpeed(statistics.median(blocks) * 1e3, statistics.median(copies) * 1e3)
+
+
+def typical(readings: Iterable[MachineSpeed]) -> MachineSpeed | None:
+    """The median of several readings, part by part (None: no reading)."""
+    readings = list(readings)
+    if not readings:
+        return None
+    return MachineSpeed(statistics.median(r.core_ms for r in readings),
+                        statistics.median(r.memory_ms for r in readings))
+
+
+@dataclass(frozen=True)
+class RunSpeed:
+    """The readings around a profile's timed run: the machine may change speed during it."""
+
+    before: MachineSpeed
+    after: MachineSpeed
+
+    @property
+    def typical(self) -> MachineSpeed:
+        return MachineSpeed((self.before.core_ms + self.after.core_ms) / 2,
+                            (self.before.memory_ms + self.after.memory_ms) / 2)
+
+    def to_json(self) -> dict:
+        return {"before": self.before.to_json(), "after": self.after.to_json()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> RunSpeed:
+        return cls(MachineSpeed.from_json(d["before"]), MachineSpeed.from_json(d["after"]))
+
+
+@dataclass(frozen=True)
+class SpeedCompared:
+    """The machine's speed in the profiled run against the benchmarks' (``typical`` of the
+    readings of the passes that measured the bound's results)."""
+
+    profile: MachineSpeed
+    benchmarks: MachineSpeed
+    readings: int  # the bound's results that carried a reading
+
+    @property
+    def core_ratio(self) -> float:
+        """How many times slower the core ran in the profile than in the benchmarks."""
+        return self.profile.core_ms / self.benchmarks.core_ms
+
+    @property
+    def memory_ratio(self) -> float:
+        return self.profile.memory_ms / self.benchmarks.memory_ms
+
+    @property
+    def differ(self) -> bool:
+        return any(abs(r - 1) > SPEED_TOLERANCE for r in (self.core_ratio, self.memory_ratio))
+
+    def to_json(self) -> dict:
+        return {"profile": self.profile.to_json(), "benchmarks": self.benchmarks.to_json(),
+                "readings": self.readings, "core_ratio": self.core_ratio, "memory_ratio": self.memory_ratio,
+                "differ": self.differ}
