@@ -1,5 +1,6 @@
 """The machine's speed at a moment: a fixed reference kernel, timed by the runner before each
-pass of benchmarks and by ``benanza profile`` before and after the framework's timed run.
+child of benchmarks (and by an in-process backend's child between its benchmarks) and by
+``benanza profile`` before and after the framework's timed run.
 
 A shared host can slow its guest for minutes without a trace in steal time or the scheduler's
 counters (docs/measurement.md: the same single-thread loop ran 68–95 ms per second on an idle
@@ -28,7 +29,10 @@ SPEED_TOLERANCE = 0.10
 _CORE_BLOCKS, _CORE_CALLS, _CORE_ELEMENTS = 9, 2000, 2048  # 3 arrays of 8 KiB: in any L1
 _MEMORY_COPIES = 5
 _MIN_COPY_BYTES = 16 << 20  # where sysfs names no cache
-METRICS = ("probe_core_ms", "probe_memory_ms")  # a result's metrics that hold its pass's reading
+# a result's metrics that hold the reading taken before it: its child's own (an in-process
+# backend reads at most every READ_EVERY_S, 1-2 % of its time), else the runner's before the child
+METRICS = ("probe_core_ms", "probe_memory_ms")
+READ_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -69,27 +73,39 @@ def _copy_bytes() -> int:
     return max(2 * levels[-1].total, _MIN_COPY_BYTES) if levels else _MIN_COPY_BYTES
 
 
-def probe() -> MachineSpeed:
-    """Reads the machine's speed now (about 0.1 s on one thread)."""
-    import numpy as np
+class Reader:
+    """Reads the machine's speed (about 0.05 s on one thread), its buffers allocated once: a
+    benchmark child reads it every ``READ_EVERY_S`` without new pages each time."""
 
-    x = np.linspace(0.5, 1.5, _CORE_ELEMENTS, dtype=np.float32)
-    y, z = x.copy(), np.empty_like(x)
-    blocks = []
-    for _ in range(_CORE_BLOCKS):
-        started = time.perf_counter()
-        for _ in range(_CORE_CALLS):
-            np.multiply(x, y, out=z)
-            np.add(z, x, out=z)
-        blocks.append(time.perf_counter() - started)
-    n = _copy_bytes() // 8
-    src, dst = np.ones(n), np.zeros(n)  # both written now: no page fault inside a timed copy
-    copies = []
-    for _ in range(_MEMORY_COPIES):
-        started = time.perf_counter()
-        np.copyto(dst, src)
-        copies.append(time.perf_counter() - started)
-    return MachineSpeed(statistics.median(blocks) * 1e3, statistics.median(copies) * 1e3)
+    def __init__(self) -> None:
+        import numpy as np
+
+        self._x = np.linspace(0.5, 1.5, _CORE_ELEMENTS, dtype=np.float32)
+        self._y, self._z = self._x.copy(), np.empty_like(self._x)
+        n = _copy_bytes() // 8
+        self._src, self._dst = np.ones(n), np.zeros(n)  # both written now: no page fault in a timed copy
+
+    def __call__(self) -> MachineSpeed:
+        import numpy as np
+
+        blocks = []
+        for _ in range(_CORE_BLOCKS):
+            started = time.perf_counter()
+            for _ in range(_CORE_CALLS):
+                np.multiply(self._x, self._y, out=self._z)
+                np.add(self._z, self._x, out=self._z)
+            blocks.append(time.perf_counter() - started)
+        copies = []
+        for _ in range(_MEMORY_COPIES):
+            started = time.perf_counter()
+            np.copyto(self._dst, self._src)
+            copies.append(time.perf_counter() - started)
+        return MachineSpeed(statistics.median(blocks) * 1e3, statistics.median(copies) * 1e3)
+
+
+def probe() -> MachineSpeed:
+    """Reads the machine's speed now."""
+    return Reader()()
 
 
 def typical(readings: Iterable[MachineSpeed]) -> MachineSpeed | None:

@@ -415,8 +415,8 @@ class _Store:
     def __init__(self, db: PerfDB, system: System, command: str, max_rsd: float, max_contention: float | None,
                  precision: float | None = None, read_speed: bool = False):
         self.db, self.system, self.command, self.max_rsd = db, system, command, max_rsd
-        # a CPU's results carry the machine's speed read before their child started; a GPU's
-        # device clocks are not what the host slows
+        # a CPU's results carry the machine's speed read before their child started (where the
+        # child read none of its own); a GPU's device clocks are not what the host slows
         self.read_speed = read_speed
         self.speed: MachineSpeed | None = None
         self.precision = precision  # adaptive sampling's target: what its results are held to
@@ -440,7 +440,7 @@ class _Store:
             unstable = result.rsd is not None and result.rsd > self.max_rsd
         result = replace(result, unstable=unstable)
         if result.ok and self.speed is not None:
-            result = replace(result, metrics={**result.metrics, **self.speed.metrics()})
+            result = replace(result, metrics={**self.speed.metrics(), **result.metrics})  # the child's own first
         if result.ok and lost is not None:
             clean = lost.clean_share(result.low_ms) if result.low_ms is not None else None
             result = replace(result, contention=lost.share, clean_share=clean)

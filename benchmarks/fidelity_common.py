@@ -26,6 +26,7 @@ import numpy as np
 from benanza.backends.inprocess import CACHE_STATES
 from benanza.generator import GenOptions, generate
 from benanza.layers import unique_layers
+from benanza.machine_speed import MachineSpeed
 from benanza.manifest import build_manifest, write_manifest
 from benanza.parsers.bundle import INDEX_NAME
 from benanza.perfdb import PerfDB
@@ -45,6 +46,9 @@ SYSTEM = "fidelity"
 # the CPU features that decide which oneDNN and MLAS kernels exist on a machine
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 WITHIN = 0.10  # nn-Meter's fidelity band: isolated within ±10 % of the op's time in the model
+# a pair whose two sides read the machine's speed this close in both parts ran at one speed: the
+# readings of one quiet moment agree this well (docs/measurement.md, "The machine's speed")
+EQUAL_SPEED = 0.05
 
 
 EXPORTED = ("encoder", "gpt")  # tests/torch_models.py, at the opset the tests export them
@@ -148,24 +152,37 @@ def profiled_ms(pdb: PerfDB, system: System) -> dict[str, float]:
             if r.untraced and r.traced_ms is not None}
 
 
-def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]], traced: dict[str, float] | None = None) -> list[dict]:
+def readings(pdb: PerfDB, system: System) -> dict[str, MachineSpeed]:
+    """Each variant's reading of the machine's speed taken before it was measured."""
+    return {r.variant.name: s for r in pdb.results(system) if (s := MachineSpeed.from_metrics(r.metrics)) is not None}
+
+
+def fidelity_pairs(a: Analysis, in_model: dict[str, list[float]], traced: dict[str, float] | None = None,
+                   speeds: dict[str, MachineSpeed] | None = None) -> list[dict]:
     """Per framework op that ran model layers and whose variant was measured: the isolated
     benchmark's 10th percentile (Q3's ``used_ms``; ``traced``: the variants' readings on the
     profiler's clock, where the stored time is another) against the 10th percentile of the op's
     own times in the model's traced runs (unrounded: a 1 µs kernel rounded to 10 ns moves its
-    ratio 1 %): the same clock on both sides."""
+    ratio 1 %): the same clock on both sides. With ``speeds`` (``readings``) and the profile's own
+    reading, each pair also has ``speed_ratio``: the machine's speed around the profile against
+    before its benchmark, core and memory (above 1: the profile ran on a slower machine)."""
     if a.framework is None:
         return []
-    traced = traced or {}
+    traced, speeds = traced or {}, speeds or {}
     names = {i: g.name for g in a.framework.match.groups for i in g.nodes}
     out = []
     for c in a.framework.kernels:
         samples = in_model.get(names.get(c.node, ""), [])
         if c.used_ms is None or not samples or low(samples) <= 0:
             continue
-        out.append({"op": names[c.node], "variant": c.used_variant,
-                    "isolated_ms": traced.get(c.used_variant or "", c.used_ms),
-                    "in_model_ms": low(samples), "runs": len(samples)})
+        pair = {"op": names[c.node], "variant": c.used_variant,
+                "isolated_ms": traced.get(c.used_variant or "", c.used_ms),
+                "in_model_ms": low(samples), "runs": len(samples)}
+        before = speeds.get(c.used_variant or "")
+        if a.speed is not None and before is not None:
+            pair["speed_ratio"] = [round(a.speed.profile.core_ms / before.core_ms, 3),
+                                   round(a.speed.profile.memory_ms / before.memory_ms, 3)]
+        out.append(pair)
     return out
 
 
@@ -186,6 +203,11 @@ def fidelity(pairs: list[dict], detail: Path, step_ms: float = 0.0) -> dict:
            "within_10pct_of_time": round(sum(p["in_model_ms"] for p, w in zip(pairs, within) if w) / in_model, 3)
            if ratios else None,
            "median_ratio": round(statistics.median(ratios), 3) if ratios else None, "detail": str(detail)}
+    timed = [p for p in pairs if "speed_ratio" in p]
+    if timed:  # the pairs whose two sides the machine ran at one speed: what is left is the kernels'
+        equal = [p for p in timed if all(abs(r - 1) <= EQUAL_SPEED for r in p["speed_ratio"])]
+        out["equal_speed"] = {"ops": len(equal),
+                              "within_10pct": round(sum(map(_within, equal)) / len(equal), 3) if equal else None}
     if step_ms and pairs:
         near = sum(_within(p) or abs(p["isolated_ms"] - p["in_model_ms"]) <= step_ms * (1 + 1e-6) for p in pairs)
         out["within_10pct_or_step"] = round(near / len(pairs), 3)

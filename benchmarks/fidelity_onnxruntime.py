@@ -56,6 +56,7 @@ from fidelity_common import (
     models,
     op_samples_ms,
     profiled_ms,
+    readings,
     row,
 )
 from fidelity_common import profile as profile_bundle
@@ -87,14 +88,15 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
         # the profile's op times hold ORT's profiler's cost: each op against its benchmark's reading
         # on that clock, where the stored time is the replicas clock
         traced = {suffix: profiled_ms(pdb, m.system) for suffix, m in stacks.items()}
+        speeds = {suffix: readings(pdb, m.system) for suffix, m in stacks.items()}
     detail = f"{model.stem}-t{threads}-fidelity"
     out = {"model": model.stem, "threads": threads,
-           **row(analyses[""], stacks[""], fidelity_pairs(analyses[""], in_model, traced[""]), work / f"{detail}.json",
-                 STEP_MS)}
+           **row(analyses[""], stacks[""], fidelity_pairs(analyses[""], in_model, traced[""], speeds[""]),
+                 work / f"{detail}.json", STEP_MS)}
     for suffix, a in analyses.items():
         if suffix:
             out |= {f"bound_ms{suffix}": round(a.bounds.sequential_ms, 4),
-                    f"fidelity{suffix}": fidelity(fidelity_pairs(a, in_model, traced[suffix]),
+                    f"fidelity{suffix}": fidelity(fidelity_pairs(a, in_model, traced[suffix], speeds[suffix]),
                                                   work / f"{detail}{suffix.replace('_', '-')}.json")}
     return out
 

@@ -70,6 +70,7 @@ from fidelity_common import (
     models,
     op_samples_ms,
     profile,
+    readings,
     row,
 )
 
@@ -163,11 +164,12 @@ def measure(model: Path, threads: int, args: argparse.Namespace, work: Path) -> 
         with PerfDB(db, readonly=True) as pdb:
             (a,) = run_sweep(SweepRequest(model=str(model), systems=(SYSTEM,), stack=measured.system.stack_id), pdb,
                              bundle)
+            speeds = readings(pdb, measured.system)
         detail = f"{model.stem}-t{threads}-fidelity{suffix.replace('_', '-')}"
         onednn = next((lib.alignment for lib in a.libraries if lib.library == "onednn"), None)
         calls = onednn_samples_ms(load_model(model, batch_size=1), onednn, bundle.library_calls["onednn"], 1) \
             if onednn is not None else {}
-        pairs = fidelity_pairs(a, op_samples_ms(bundle.trace, 1))
+        pairs = fidelity_pairs(a, op_samples_ms(bundle.trace, 1), speeds=speeds)
         aten = fidelity(fidelity_pairs(a, aten_samples_ms(folder / "torch_trace.json", 1)),
                         work / f"{detail}-aten.json")
         onednn_calls = fidelity(fidelity_pairs(a, calls), work / f"{detail}-onednn.json")

@@ -151,6 +151,20 @@ def test_fidelity_on_a_clock_of_whole_steps_counts_a_pair_one_step_apart(tmp_pat
     assert json.loads((tmp_path / "pairs.json").read_text()) == pairs
 
 
+def test_fidelity_at_equal_speed_keeps_the_pairs_whose_sides_read_one_machine_speed(tmp_path):
+    """A pair's ``speed_ratio`` (the profile's reading of the machine over its benchmark's) within
+    ±5 % in both parts: its two sides ran at one speed. Of the three such pairs here, two are
+    within ±10 %; the pair read on a 1.3× slower machine and the one without readings are left out."""
+    pairs = [{"isolated_ms": 1.0, "in_model_ms": 1.05, "speed_ratio": [1.02, 0.97]},
+             {"isolated_ms": 1.0, "in_model_ms": 1.3, "speed_ratio": [1.3, 1.0]},
+             {"isolated_ms": 1.0, "in_model_ms": 1.2, "speed_ratio": [0.96, 1.04]},
+             {"isolated_ms": 2.0, "in_model_ms": 2.1, "speed_ratio": [1.0, 1.0]},
+             {"isolated_ms": 1.0, "in_model_ms": 1.0}]
+    f = fidelity(pairs, tmp_path / "pairs.json")
+    assert f["equal_speed"] == {"ops": 3, "within_10pct": round(2 / 3, 3)}
+    assert "equal_speed" not in fidelity(pairs[4:], tmp_path / "pairs.json")
+
+
 def test_repeatability_compares_two_runs_kept_pairs_op_by_op(tmp_path):
     """Two runs' pairs as the scripts keep them (fidelity() writes them): the ops both compared,
     matched by name whatever their order; each side's share that repeats within ±10 %, by count

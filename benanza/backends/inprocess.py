@@ -18,6 +18,7 @@ kernels (docs/backends.md).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -25,6 +26,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from .. import machine_speed
 
 INDEX_NAME = "benchmarks.json"
 
@@ -170,15 +173,34 @@ def serve(argv: list[str], threads_env: str, context: Callable[[int], dict[str, 
         names = [n for n in index if rx.search(n)]
     min_time = float(flags.get("benchmark_min_time", "0.2"))
     repetitions = int(flags.get("benchmark_repetitions", "3"))
+    speed = _Speed()
     for name in names:
         if name not in index:
             emit("BENANZA_RESULT", json.dumps({"name": name, "status": "failed",
                                                "message": f"not in this project's {INDEX_NAME}"}))
             continue
+        reading = speed.now()  # before its start line: outside the window the runner's contention counts
         emit("BENANZA_START", name)
-        emit("BENANZA_RESULT",
-             json.dumps(_one(project, name, index[name], threads, min_time, repetitions, measure, evict)))
+        line = _one(project, name, index[name], threads, min_time, repetitions, measure, evict)
+        if line["status"] == "ok":
+            line["counters"] = {**line["counters"], **reading.metrics()}
+        emit("BENANZA_RESULT", json.dumps(line))
     return 0
+
+
+class _Speed:
+    """The machine's speed before a benchmark: read again once ``READ_EVERY_S`` have passed."""
+
+    def __init__(self) -> None:
+        self._reader: machine_speed.Reader | None = None
+        self._reading: machine_speed.MachineSpeed | None = None
+        self._at = -math.inf
+
+    def now(self) -> machine_speed.MachineSpeed:
+        if self._reading is None or time.monotonic() - self._at > machine_speed.READ_EVERY_S:
+            self._reader = self._reader or machine_speed.Reader()
+            self._reading, self._at = self._reader(), time.monotonic()
+        return self._reading
 
 
 def _one(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float, repetitions: int,
