@@ -416,7 +416,7 @@ class _Store:
                  precision: float | None = None, read_speed: bool = False):
         self.db, self.system, self.command, self.max_rsd = db, system, command, max_rsd
         # a CPU's results carry the machine's speed read before their child started (where the
-        # child read none of its own); a GPU's device clocks are not what the host slows
+        # child reads none of its own); a GPU's device clocks are not what the host slows
         self.read_speed = read_speed
         self.speed: MachineSpeed | None = None
         self.precision = precision  # adaptive sampling's target: what its results are held to
@@ -488,7 +488,7 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
     # counts the repetitions the host could have delayed): contention flags CPU results only.
     cpu = get_backend(system.backend).device is Device.CPU
     store = _Store(db, system, options.command, options.max_rsd, options.max_contention if cpu else None,
-                   options.precision, read_speed=cpu)
+                   options.precision, read_speed=cpu and not get_backend(system.backend).reads_speed)
     try:
         with children.sigterm_interrupts():
             names = batch = [v.name for v in todo]

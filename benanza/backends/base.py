@@ -82,6 +82,9 @@ class Backend(ABC):
     # whether `run --cold-cache`/`--cold-weights` can evict the CPU's caches before each timed call (the in-process
     # frameworks: inprocess.timed_calls)
     reads_cold: ClassVar[bool] = False
+    # whether its child reads the machine's speed itself before its benchmarks (benanza.machine_speed);
+    # else the runner reads it before starting the child
+    reads_speed: ClassVar[bool] = False
     # the step of the framework profiler's clock that times a framework backend's benchmarks (ORT's:
     # whole microseconds): two readings one step apart are not told apart
     profiler_resolution_ms: ClassVar[float] = 0.0
@@ -132,7 +135,7 @@ class SubgraphBackend(Backend):
 
     package: ClassVar[str]  # the framework's Python package, which the child imports
     threads_env: ClassVar[str]
-    reads_cold = True
+    reads_cold = reads_speed = True
 
     def prepare(self, project: Path, options: RunOptions) -> Command:
         from .inprocess import INDEX_NAME

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from benanza.backends.onednn import BACKEND, CONV_ALGOS, DTYPES, SPATIAL_LAYOUTS
 from benanza.generator import GenOptions, expand_variants, generate
 from benanza.layers import unique_layers
+from benanza.machine_speed import MachineSpeed
 from benanza.manifest import build_manifest, write_manifest
 from benanza.processor import load_model
 from benanza.records import Variant
@@ -126,6 +127,8 @@ def test_build_and_run_every_variant_reports_a_status(manifest, tmp_path):
     assert len(results) == summary.total
     for r in results:
         assert (r.ok and r.median_ms > 0 and r.implementation) or (not r.ok and r.message), r
+    # the machine's speed, read by the runner before each start of the binary
+    assert all(MachineSpeed.from_metrics(r.metrics) is not None for r in results if r.ok)
     ok_keys = {r.variant.layer_key for r in results if r.ok and r.variant.dtype == "f32"}
     assert ok_keys == {u.layer.key for u in manifest.layers if BACKEND.variants(u, (), GenOptions())}
     winograd_nchw = [r for r in results if r.variant.algo == "winograd" and r.variant.layout == "nchw"]
