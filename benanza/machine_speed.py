@@ -126,8 +126,10 @@ class RunSpeed:
 
     @property
     def typical(self) -> MachineSpeed:
-        return MachineSpeed((self.before.core_ms + self.after.core_ms) / 2,
-                            (self.before.memory_ms + self.after.memory_ms) / 2)
+        """The mean of the two: the median of two readings."""
+        both = typical((self.before, self.after))
+        assert both is not None
+        return both
 
     def to_json(self) -> dict:
         return {"before": self.before.to_json(), "after": self.after.to_json()}
