@@ -10,9 +10,11 @@ benchmarks' readings differ, the Benanza ratio compares a run and a bound taken 
 and the analysis says so (``SpeedCompared``).
 
 Two readings, because a host can take either from a guest: ``core_ms``, a fixed loop of small
-in-cache numpy operations on one thread (the core's speed: clock, a sibling thread, an
-interpreter's dispatch), and ``memory_ms``, a copy of twice the last-level cache (the memory
-bandwidth it gets). Each is the median of several blocks, so one preemption moves neither.
+matrix products on one thread (the core's speed: its clock, what shares it), and ``memory_ms``,
+a copy of twice the last-level cache (the memory bandwidth it gets). Each is timed in pieces
+shorter than a scheduler's slice and read at their median, as the benchmarks' low percentile
+reads their calls: a neighbour the scheduler counts (and the contention checks catch) costs a
+few pieces and moves neither, a slowdown that lasts through the reading moves it.
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ from dataclasses import dataclass
 # The profile's and the benchmarks' readings may differ by this much before an analysis warns:
 # the readings of one idle moment repeat within a few per cent here (tests/test_machine_speed.py).
 SPEED_TOLERANCE = 0.10
-_CORE_BLOCKS, _CORE_CALLS, _CORE_ELEMENTS = 9, 2000, 2048  # 3 arrays of 8 KiB: in any L1
-_MEMORY_COPIES = 5
+# 64×64 f32 products: single-threaded in numpy's BLAS (OpenBLAS threads from 65,536 × 4
+# multiply-adds up), their 48 KiB in L2; a loop of small element-wise numpy calls was tried
+# first and read the host's slow phases 1.77× slow where a 3×3 convolution in ONNX Runtime ran
+# 1.12×, the products 1.19× (docs/measurement.md)
+_CORE_BLOCKS, _CORE_CALLS, _CORE_N = 9, 150, 64
+_MEMORY_COPIES = 3
+_MEMORY_CHUNK_BYTES = 1 << 20  # about 0.1 ms at 20 GB/s read and written: within a slice at nice 19
 _MIN_COPY_BYTES = 16 << 20  # where sysfs names no cache
 # a result's metrics that hold the reading taken before it: its child's own (an in-process
 # backend reads at most every READ_EVERY_S, 1-2 % of its time), else the runner's before the child
@@ -80,10 +87,11 @@ class Reader:
     def __init__(self) -> None:
         import numpy as np
 
-        self._x = np.linspace(0.5, 1.5, _CORE_ELEMENTS, dtype=np.float32)
-        self._y, self._z = self._x.copy(), np.empty_like(self._x)
+        self._a = np.linspace(0.5, 1.5, _CORE_N * _CORE_N, dtype=np.float32).reshape(_CORE_N, _CORE_N)
+        self._b, self._c = self._a.T.copy(), np.empty_like(self._a)
         n = _copy_bytes() // 8
         self._src, self._dst = np.ones(n), np.zeros(n)  # both written now: no page fault in a timed copy
+        self._chunk = min(n, _MEMORY_CHUNK_BYTES // 8)
 
     def __call__(self) -> MachineSpeed:
         import numpy as np
@@ -92,15 +100,19 @@ class Reader:
         for _ in range(_CORE_BLOCKS):
             started = time.perf_counter()
             for _ in range(_CORE_CALLS):
-                np.multiply(self._x, self._y, out=self._z)
-                np.add(self._z, self._x, out=self._z)
+                np.matmul(self._a, self._b, out=self._c)
             blocks.append(time.perf_counter() - started)
-        copies = []
+        chunks = []
         for _ in range(_MEMORY_COPIES):
-            started = time.perf_counter()
-            np.copyto(self._dst, self._src)
-            copies.append(time.perf_counter() - started)
-        return MachineSpeed(statistics.median(blocks) * 1e3, statistics.median(copies) * 1e3)
+            # in chunks shorter than a scheduler's slice, as the core's blocks: a neighbour the
+            # scheduler counts costs a few of them, one the scheduler cannot see (on the memory
+            # bus) every one; the chunks stream from memory, the whole copy being twice the cache
+            for at in range(0, self._src.size, self._chunk):
+                started = time.perf_counter()
+                np.copyto(self._dst[at:at + self._chunk], self._src[at:at + self._chunk])
+                chunks.append(time.perf_counter() - started)
+        copy_s = statistics.median(chunks) * self._src.size / self._chunk
+        return MachineSpeed(statistics.median(blocks) * 1e3, copy_s * 1e3)
 
 
 def probe() -> MachineSpeed:

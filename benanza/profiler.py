@@ -39,7 +39,7 @@ from . import machine_speed
 from .children import kill_group, popen
 from .errors import BenanzaError, ModelError, UsageError
 from .heap import HeapHeadroom
-from .machine_speed import MachineSpeed, RunSpeed
+from .machine_speed import RunSpeed
 from .parsers.bundle import latency_stats, model_identity, page_faults_record, write_index
 from .toolchain import nsys_importer
 
@@ -343,9 +343,7 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
     identity = model_identity(spec.model, spec.batch_size)
     nsys_bin = _nsys_bin(nsys)
     quiet = _quiet_env(out)
-    before = _speed(spec.device)
     timed, timed_cmd = _child_run(spec, spec_path, TIMED, quiet, None)
-    speed = _run_speed(before, _speed(spec.device))
     traced, traced_cmd = _child_run(spec, spec_path, TRACED, {**quiet, **_log_env(out)}, nsys_bin)
     files = {"trace": traced["trace"]}
     notes = timed.get("notes", []) + [n for n in traced.get("notes", []) if n not in timed.get("notes", [])]
@@ -368,19 +366,9 @@ def profile_model(spec: ProfileSpec, nsys: bool = False) -> Path:
         "latency_ms": latency_stats(timed["samples_ms"]).to_json(), "files": files, "notes": notes,
         "page_faults": page_faults_record(timed["page_faults"], timed["fault_us"]),
         "threads": traced["threads"], "threads_requested": spec.threads, "threads_source": traced["threads_source"],
-        "machine_speed": speed,
+        "machine_speed": timed.get("machine_speed"),
     })
     return out
-
-
-def _speed(device: str) -> MachineSpeed | None:
-    """The machine's speed now, on a CPU (a GPU's kernels run on device clocks the host does not slow)."""
-    return machine_speed.probe() if device == "cpu" else None
-
-
-def _run_speed(before: MachineSpeed | None, after: MachineSpeed | None) -> dict | None:
-    """The index's ``machine_speed``: the readings around the timed run."""
-    return RunSpeed(before, after).to_json() if before is not None and after is not None else None
 
 
 def _last_error(stderr: Path) -> str:
@@ -611,9 +599,7 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
     runs: dict[str, dict] = {}
     blocks: dict[str, _Blocks] = {}
     traced_env = {**quiet, **_log_env(out), MEASURE_MARKS_ENV: "1", ORT_PROFILE_ENV: str((out / _ORT_APP).resolve())}
-    speed = None
     for phase, env, wrap in ((TIMED, quiet, None), (TRACED, traced_env, nsys_bin)):
-        before = _speed(spec.device) if phase == TIMED else None
         stem = "command" if phase == TRACED else f"command-{phase}"
         sink = out / f"measure-{phase}.jsonl"
         sink.unlink(missing_ok=True)
@@ -628,7 +614,6 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
                        "threads_env": _threads_env(spec.threads),
                        "measure_blocks": {n: len(v) for n, v in blocks[phase].samples.items()}}
         if phase == TIMED:
-            speed = _run_speed(before, _speed(spec.device))
             chosen, measures = _measured(blocks[phase], spec, shown, out / f"{stem}.stdout")
 
     files: dict[str, str] = {}
@@ -676,7 +661,6 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
         # the command's own process took the faults; a fault costs the same in this one, on this machine
         "page_faults": page_faults_record(measures[chosen].get("page_faults", []), fault_cost_us()),
         "threads": threads, "threads_requested": spec.threads, "threads_source": source,
-        "machine_speed": speed,
     })
     return out
 
@@ -896,7 +880,13 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
 
 
 def _time_runs(run, spec: ProfileSpec) -> dict[str, Any]:
-    """The timed child's record: each run's latency and page faults, and what a fault costs here."""
+    """The timed child's record: each run's latency and page faults, what a fault costs here, and
+    on a CPU the machine's speed just before and after the runs, read in this process (the
+    parent, woken from its wait, may read another CPU in another state: a GPU's kernels run on
+    device clocks the host does not slow)."""
+    # read before the warm-up runs: its copy leaves the caches cold, and they warm them again
+    reader = machine_speed.Reader() if spec.device == "cpu" else None
+    before = reader() if reader is not None else None
     for _ in range(spec.warmup):
         run()
     samples, faults = [], []
@@ -906,7 +896,8 @@ def _time_runs(run, spec: ProfileSpec) -> dict[str, Any]:
         assert m.elapsed_ms is not None and m.page_faults is not None  # measure() sets them as the block exits
         samples.append(m.elapsed_ms)
         faults.append(m.page_faults)
-    return {"samples_ms": samples, "page_faults": faults, "fault_us": fault_cost_us()}
+    speed = RunSpeed(before, reader()).to_json() if reader is not None and before is not None else None
+    return {"samples_ms": samples, "page_faults": faults, "fault_us": fault_cost_us(), "machine_speed": speed}
 
 
 def _child(spec_path: str, phase: str) -> int:
