@@ -26,7 +26,7 @@ import numpy as np
 from benanza.backends.inprocess import CACHE_STATES
 from benanza.generator import GenOptions, generate
 from benanza.layers import unique_layers
-from benanza.machine_speed import MachineSpeed
+from benanza.machine_speed import CORE_TOLERANCE, MEMORY_TOLERANCE, MachineSpeed
 from benanza.manifest import build_manifest, write_manifest
 from benanza.parsers.bundle import INDEX_NAME
 from benanza.perfdb import PerfDB
@@ -46,9 +46,6 @@ SYSTEM = "fidelity"
 # the CPU features that decide which oneDNN and MLAS kernels exist on a machine
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 WITHIN = 0.10  # nn-Meter's fidelity band: isolated within ±10 % of the op's time in the model
-# a pair whose two sides read the machine's speed this close in both parts ran at one speed: the
-# readings of one quiet moment agree this well (docs/measurement.md, "The machine's speed")
-EQUAL_SPEED = 0.05
 
 
 EXPORTED = ("encoder", "gpt")  # tests/torch_models.py, at the opset the tests export them
@@ -204,8 +201,9 @@ def fidelity(pairs: list[dict], detail: Path, step_ms: float = 0.0) -> dict:
            if ratios else None,
            "median_ratio": round(statistics.median(ratios), 3) if ratios else None, "detail": str(detail)}
     timed = [p for p in pairs if "speed_ratio" in p]
-    if timed:  # the pairs whose two sides the machine ran at one speed: what is left is the kernels'
-        equal = [p for p in timed if all(abs(r - 1) <= EQUAL_SPEED for r in p["speed_ratio"])]
+    if timed:  # the pairs whose two sides read one machine speed, within the readings' own spread
+        equal = [p for p in timed if abs(p["speed_ratio"][0] - 1) <= CORE_TOLERANCE
+                 and abs(p["speed_ratio"][1] - 1) <= MEMORY_TOLERANCE]
         out["equal_speed"] = {"ops": len(equal),
                               "within_10pct": round(sum(map(_within, equal)) / len(equal), 3) if equal else None}
     if step_ms and pairs:

