@@ -159,8 +159,6 @@ class RunSummary:
     from_earlier: int = 0
     at_most_s: float = 0.0  # adaptive sampling: every variant that may run sampling to --max-time
     precision: float | None = None  # what the run sampled to (None: the fixed budget)
-    # the machine's speed read before this run's results (benanza.machine_speed), in the order read
-    speeds: tuple[MachineSpeed, ...] = ()
 
     @property
     def stored(self) -> int:
@@ -529,8 +527,6 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
         summary.unstable = sum(r.unstable for r in store.final.values())
         summary.eliminated = sum(r.eliminated for r in store.final.values())
         summary.still_contended = sorted(n for n, r in store.final.items() if r.contended)
-        summary.speeds = tuple(dict.fromkeys(s for r in store.final.values()
-                                             if (s := MachineSpeed.from_metrics(r.metrics)) is not None))
         summary.failures = [Failure(n, r.message, r.metrics["reproduce"]) for n, r in store.final.items()
                             if r.status is Status.FAILED and "reproduce" in r.metrics]
 
