@@ -130,6 +130,11 @@ def typical(readings: Iterable[MachineSpeed]) -> MachineSpeed | None:
                         statistics.median(r.memory_ms for r in readings))
 
 
+def one_speed(core_ratio: float, memory_ratio: float) -> bool:
+    """Whether two readings' ratios, core and memory, lie within the readings' own spread."""
+    return abs(core_ratio - 1) <= CORE_TOLERANCE and abs(memory_ratio - 1) <= MEMORY_TOLERANCE
+
+
 @dataclass(frozen=True)
 class RunSpeed:
     """The readings around a profile's timed run: the machine may change speed during it."""
@@ -172,7 +177,7 @@ class SpeedCompared:
 
     @property
     def differ(self) -> bool:
-        return abs(self.core_ratio - 1) > CORE_TOLERANCE or abs(self.memory_ratio - 1) > MEMORY_TOLERANCE
+        return not one_speed(self.core_ratio, self.memory_ratio)
 
     def to_json(self) -> dict:
         return {"profile": self.profile.to_json(), "benchmarks": self.benchmarks.to_json(),

@@ -486,9 +486,10 @@ def _execute(binary: Path | Command, todo: list[Variant], env: dict[str, str], o
     by_name = {v.name: v for v in todo}
     # GPU times come from device events, which a busy host does not stretch (the harness
     # counts the repetitions the host could have delayed): contention flags CPU results only.
-    cpu = get_backend(system.backend).device is Device.CPU
+    backend = get_backend(system.backend)
+    cpu = backend.device is Device.CPU
     store = _Store(db, system, options.command, options.max_rsd, options.max_contention if cpu else None,
-                   options.precision, read_speed=cpu and not get_backend(system.backend).reads_speed)
+                   options.precision, read_speed=cpu and not backend.reads_speed)
     try:
         with children.sigterm_interrupts():
             names = batch = [v.name for v in todo]

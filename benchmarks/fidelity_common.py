@@ -26,7 +26,7 @@ import numpy as np
 from benanza.backends.inprocess import CACHE_STATES
 from benanza.generator import GenOptions, generate
 from benanza.layers import unique_layers
-from benanza.machine_speed import CORE_TOLERANCE, MEMORY_TOLERANCE, MachineSpeed
+from benanza.machine_speed import MachineSpeed, one_speed
 from benanza.manifest import build_manifest, write_manifest
 from benanza.parsers.bundle import INDEX_NAME
 from benanza.perfdb import PerfDB
@@ -202,8 +202,7 @@ def fidelity(pairs: list[dict], detail: Path, step_ms: float = 0.0) -> dict:
            "median_ratio": round(statistics.median(ratios), 3) if ratios else None, "detail": str(detail)}
     timed = [p for p in pairs if "speed_ratio" in p]
     if timed:  # the pairs whose two sides read one machine speed, within the readings' own spread
-        equal = [p for p in timed if abs(p["speed_ratio"][0] - 1) <= CORE_TOLERANCE
-                 and abs(p["speed_ratio"][1] - 1) <= MEMORY_TOLERANCE]
+        equal = [p for p in timed if one_speed(*p["speed_ratio"])]
         out["equal_speed"] = {"ops": len(equal),
                               "within_10pct": round(sum(map(_within, equal)) / len(equal), 3) if equal else None}
     if step_ms and pairs:
