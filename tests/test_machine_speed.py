@@ -158,3 +158,17 @@ def test_a_profile_beside_a_memory_stream_is_flagged(measured, tmp_path):
     assert a["machine_speed"]["differ"]
     (warning,) = [w for w in a["warnings"] if "another speed" in w]
     assert f"{a['machine_speed']['memory_ratio']:.2f}× (memory)" in warning
+
+
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
+def test_a_profile_of_two_threads_is_noted_not_judged(measured, tmp_path):
+    """At two threads the framework's own threads move the reading: its ratios go into a note
+    whenever they differ, never into a warning."""
+    path, db, _ = measured
+    out = tmp_path / "two"
+    invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "2", "--out", str(out),
+           "--iterations", "30")
+    a = _analysis(path, db, out)
+    assert not any("another speed" in w for w in a["warnings"])
+    noted = [n for n in a["notes"] if "is not judged" in n]
+    assert len(noted) == int(a["machine_speed"]["differ"])
