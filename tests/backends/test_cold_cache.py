@@ -64,19 +64,24 @@ def test_a_read_after_the_eviction_runs_at_the_speed_of_memory():
     evict = Evictor()
     assert evict.llc_bytes == llc and evict.nbytes >= EVICT_FACTOR * llc
     small = np.ones(min(llc // 8, 4 << 20) // 8, np.int64)  # fits the last-level cache, warm
-    warm, cold = [], []
-    for _ in range(ROUNDS):
-        _read_s(small)
-        warm.extend(_read_s(small) for _ in range(3))
-        evict()
-        cold.append(_read_s(small))
-    # the cache's speed is the fastest warm read: a neighbour sharing the last-level cache slows
-    # warm reads towards memory's (a busy CI machine read warm at 1.6x this one's), never cold ones
-    # towards the cache's
-    warm_s, cold_s = min(warm), np.percentile(cold, 10)
-    memory_s = _stream_s(small.nbytes)
-    assert cold_s >= 0.5 * memory_s, (cold_s, memory_s)  # from memory
-    assert cold_s >= 2 * warm_s, (cold_s, warm_s)  # not from a cache
+    # The host's speed moves between phases (CI once read warm 75 us against cold 130 us; here
+    # 50 against 200-290): readings that miss are read again; an eviction that leaves the buffer
+    # in a cache misses every time.
+    for attempt in range(3):
+        warm, cold = [], []
+        for _ in range(ROUNDS):
+            _read_s(small)
+            warm.extend(_read_s(small) for _ in range(3))
+            evict()
+            cold.append(_read_s(small))
+        # the cache's speed is the fastest warm read: a neighbour sharing the last-level cache slows
+        # warm reads towards memory's (a busy CI machine read warm at 1.6x this one's), never cold
+        # ones towards the cache's
+        warm_s, cold_s = min(warm), np.percentile(cold, 10)
+        memory_s = _stream_s(small.nbytes)
+        if cold_s >= 0.5 * memory_s and cold_s >= 2 * warm_s:  # from memory, not from a cache
+            break
+        assert attempt < 2, (cold_s, warm_s, memory_s)
 
 
 def test_cold_weights_reads_the_inputs_back_and_leaves_the_rest_in_memory():
