@@ -400,7 +400,7 @@ def analyze(model: Model, results: Iterable[Result], system: str, backend: str, 
     contended_peaks = peaks.contended if peaks is not None and not peaks.trusted else None
     if contended_peaks is not None:  # roofs too low to judge by: no speed of light rather than a wrong one
         peaks = None
-    threads = _threads(stack) if backend in GEMM_TYPES else None
+    threads = stack.threads if backend in GEMM_TYPES and stack is not None else None
     single = None if one_thread is None else [r for r in one_thread
                                               if r.variant.backend == backend and admits_math(r.variant, math)]
     if peaks is not None:  # a result beyond its roofline is a defect: it never enters a bound
@@ -488,9 +488,6 @@ def _q5_fusions(fusions: list[FusionMatch]) -> list[FusionMatch]:
     return [m for m in fusions if m.pattern.framework or not taken & set(m.nodes)]
 
 
-def _threads(stack: System | None) -> int | None:
-    threads = dict(stack.stack).get("threads", "") if stack is not None else ""
-    return int(threads) if threads.isdigit() and int(threads) > 0 else None
 
 
 def _heuristic(model: Model, graph, by_key, dtype: str, weight: dict[int, float],
@@ -594,7 +591,7 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
 def _compare_threads(a: Analysis, profile: ExecutionProfile) -> None:
     """The profile's threads against the benchmarks': unequal ones get one warning, and the
     ratio and Q3 say so wherever they are shown."""
-    benchmarks = _threads(a.stack)
+    benchmarks = a.stack.threads if a.stack is not None else None
     counted, source = profile.threads, "the profile's record"
     if counted is None and "onednn" in profile.library_threads:
         counted, source = profile.library_threads["onednn"], "oneDNN's log (nthr)"
@@ -623,13 +620,13 @@ def _compare_speed(a: Analysis, profile: ExecutionProfile, results: list[Result]
                        "version): whether the machine ran the profile and the benchmarks at one speed is unknown")
         return
     a.speed = SpeedCompared(profile.speed.typical, benchmarks, len(readings))
-    if a.speed.differ and (profile.threads or 1) > 1:
-        # the reading runs on one thread beside the framework's idle workers: at two threads the
-        # demo's three profiles read 1.12–1.44× (core) their one-thread benchmarks' with no sign
-        # of a slower run, a bias the one-thread readings did not show (docs/measurement.md)
-        a.notes.append(f"the profile ran {profile.threads} threads: its reading of the machine's speed "
-                       f"({a.speed.core_ratio:.2f}× core, {a.speed.memory_ratio:.2f}× memory) is not judged, as "
-                       f"its framework's other threads move it")
+    if a.speed.differ and a.threads is not None and a.threads.differ:
+        # each side reads the CPUs its own threads need (one thread: where the scheduler puts it;
+        # more: the slowest CPU of those it may use), so unequal threads read unequal things: a
+        # two-thread profile read 1.07-1.16x (core) one-thread readings on a quiet machine here
+        a.notes.append(f"the profile's reading of the machine's speed ({a.speed.core_ratio:.2f}× core, "
+                       f"{a.speed.memory_ratio:.2f}× memory) is not judged: it was read for "
+                       f"{a.threads.profile} threads, the benchmarks' for {a.threads.benchmarks}")
     elif a.speed.differ:
         a.warnings.append(
             f"the machine ran at another speed in the profile than in the benchmarks: a fixed reference kernel "

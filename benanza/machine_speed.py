@@ -15,7 +15,8 @@ a copy of twice the last-level cache (the memory bandwidth it gets). Each is tim
 and read at their median: the core's blocks of about 1 ms, shorter than a scheduler's slice, are
 mostly whole beside a neighbour the scheduler counts (the contention checks catch that one), as
 the benchmarks' low percentile reads their calls; a slowdown that lasts through the reading
-moves it.
+moves it. A run of several threads is read on each CPU it may use (``Reader``): one thread on
+one CPU misses a host that slows the other.
 """
 
 from __future__ import annotations
@@ -83,12 +84,18 @@ def _copy_bytes() -> int:
 
 
 class Reader:
-    """Reads the machine's speed (about 0.05 s on one thread), its buffers allocated once: a
-    benchmark child reads it every ``READ_EVERY_S`` without new pages each time."""
+    """Reads the machine's speed for a run of ``threads`` threads, its buffers allocated once: a
+    benchmark child reads it every ``READ_EVERY_S`` without new pages each time.
 
-    def __init__(self) -> None:
+    One thread reads it where the scheduler puts it, as it puts a one-thread benchmark (about
+    0.03 s). More threads read it on each CPU this process may use in turn, and take the
+    ``threads``-th fastest CPU's, part by part: such a run waits for its slowest thread, and the
+    scheduler gives it the fastest CPUs it can (0.03 s per CPU)."""
+
+    def __init__(self, threads: int = 1) -> None:
         import numpy as np
 
+        self.threads = max(1, threads)
         self._a = np.linspace(0.5, 1.5, _CORE_N * _CORE_N, dtype=np.float32).reshape(_CORE_N, _CORE_N)
         self._b, self._c = self._a.T.copy(), np.empty_like(self._a)
         n = _copy_bytes() // 8
@@ -96,6 +103,20 @@ class Reader:
         self._chunk = min(n, _MEMORY_CHUNK_BYTES // 8)
 
     def __call__(self) -> MachineSpeed:
+        cpus = sorted(os.sched_getaffinity(0))
+        if self.threads == 1 or len(cpus) == 1:
+            return self._read()
+        per_cpu = []
+        try:
+            for cpu in cpus:
+                os.sched_setaffinity(0, {cpu})  # this thread only: pid 0 is the calling thread
+                per_cpu.append(self._read())
+        finally:
+            os.sched_setaffinity(0, cpus)
+        at = min(self.threads, len(cpus)) - 1
+        return MachineSpeed(sorted(r.core_ms for r in per_cpu)[at], sorted(r.memory_ms for r in per_cpu)[at])
+
+    def _read(self) -> MachineSpeed:
         import numpy as np
 
         blocks = []
@@ -116,9 +137,9 @@ class Reader:
         return MachineSpeed(statistics.median(blocks) * 1e3, copy_s * 1e3)
 
 
-def probe() -> MachineSpeed:
-    """Reads the machine's speed now."""
-    return Reader()()
+def probe(threads: int = 1) -> MachineSpeed:
+    """Reads the machine's speed now, for a run of ``threads`` threads."""
+    return Reader(threads)()
 
 
 def typical(readings: Iterable[MachineSpeed]) -> MachineSpeed | None:

@@ -41,6 +41,7 @@ from .errors import BenanzaError, ModelError, UsageError
 from .heap import HeapHeadroom
 from .machine_speed import RunSpeed
 from .parsers.bundle import latency_stats, model_identity, page_faults_record, write_index
+from .system import default_threads
 from .toolchain import nsys_importer
 
 log = logging.getLogger(__name__)
@@ -800,7 +801,10 @@ def _run_onnxruntime(spec: ProfileSpec, out: Path, notes: list[str], phase: str)
     if phase == TIMED:
         sess = _ort_session(spec.model, notes, providers, so)
         feed = _with_given(_random_feed(sess.get_inputs(), dict(spec.input_shapes)), spec)
-        return {**_time_runs(lambda: sess.run(None, feed), spec), "providers": sess.get_providers()}
+        # ORT's default threads (one per physical core) are known only from the traced run's
+        # profile: without --threads each CPU this process may use is read
+        return {**_time_runs(lambda: sess.run(None, feed), spec, spec.threads or default_threads()),
+                "providers": sess.get_providers()}
     so.enable_profiling = True
     so.profile_file_prefix = str(out / "ort_profile")
     traced = _ort_session(spec.model, notes, providers, so)
@@ -838,8 +842,8 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
     with torch.inference_mode():
         if phase == TIMED:
             # the per-layer ranges cost a little: latency samples run without them
-            return {**_time_runs(lambda: graph.run(feed, annotate=False), spec), "providers": [spec.device],
-                    **threads}
+            return {**_time_runs(lambda: graph.run(feed, annotate=False), spec, torch.get_num_threads()),
+                    "providers": [spec.device], **threads}
         activities = [torch.profiler.ProfilerActivity.CPU]
         if spec.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -879,13 +883,13 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
             "heap": {"kept": heap.active, "grown_bytes": heap.grown_bytes, "why_not": heap.reason}}
 
 
-def _time_runs(run, spec: ProfileSpec) -> dict[str, Any]:
+def _time_runs(run, spec: ProfileSpec, threads: int) -> dict[str, Any]:
     """The timed child's record: each run's latency and page faults, what a fault costs here, and
-    on a CPU the machine's speed just before and after the runs, read in this process (the
-    parent, woken from its wait, may read another CPU in another state: a GPU's kernels run on
-    device clocks the host does not slow)."""
+    on a CPU the machine's speed for a run of ``threads`` threads just before and after the runs,
+    read in this process (the parent, woken from its wait, may read another CPU in another state:
+    a GPU's kernels run on device clocks the host does not slow)."""
     # read before the warm-up runs: its copy leaves the caches cold, and they warm them again
-    reader = machine_speed.Reader() if spec.device == "cpu" else None
+    reader = machine_speed.Reader(threads) if spec.device == "cpu" else None
     before = reader() if reader is not None else None
     for _ in range(spec.warmup):
         run()

@@ -177,6 +177,12 @@ class System:
         blob = json.dumps([self.name, self.backend, self.device, list(self.stack)], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    @property
+    def threads(self) -> int | None:
+        """The CPU threads its benchmarks ran (None: a GPU's stack, or one stored without them)."""
+        threads = dict(self.stack).get("threads", "")
+        return int(threads) if threads.isdigit() and int(threads) > 0 else None
+
 
 # Result.metrics of a time taken without the framework's profiler (backends/ort.py): the copies
 # of the subgraph its clock ran, and the profiler's reading of the same variant (10th percentile)

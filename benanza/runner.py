@@ -716,7 +716,7 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
     """
     batch = _Batch(binary, env, options, system, store, by_name, finished, notify)
     if store.read_speed:  # while no child runs: the reading is the machine's, not a neighbour's
-        store.speed = machine_speed.probe()
+        store.speed = machine_speed.probe(system.threads or 1)
     with tempfile.TemporaryFile("w+") as names_file, tempfile.TemporaryFile("w+b") as err:
         names_file.write("\n".join(names) + "\n")
         names_file.flush()

@@ -33,11 +33,12 @@ STREAM = "import numpy as np\na, b = np.ones(4 << 20), np.zeros(4 << 20)\nwhile 
 
 
 @contextmanager
-def beside(code: str | None, same_core: bool) -> Iterator[None]:
-    """This process on one core, with ``code`` running in a child on the same core or the other."""
+def beside(code: str | None, same_core: bool, pin: bool = True) -> Iterator[None]:
+    """This process on one core (or, not ``pin``-ned, on all it may use), with ``code`` running in
+    a child on the same core or the other."""
     allowed = os.sched_getaffinity(0)
     cpu = min(allowed)
-    os.sched_setaffinity(0, {cpu})
+    os.sched_setaffinity(0, {cpu} if pin else allowed)
     child = None
     if code is not None:
         there = cpu if same_core else max(allowed)
@@ -52,10 +53,10 @@ def beside(code: str | None, same_core: bool) -> Iterator[None]:
         os.sched_setaffinity(0, allowed)
 
 
-def _reading(nice: int = 0) -> MachineSpeed:
-    """One reading in a child (this process's core) at ``nice``."""
+def _reading(nice: int = 0, threads: int = 1) -> MachineSpeed:
+    """One reading in a child (this process's CPUs) at ``nice``, for a run of ``threads`` threads."""
     code = (f"import json, os\nos.nice({nice})\nfrom benanza.machine_speed import probe\n"
-            "print(json.dumps(probe().to_json()))")
+            f"print(json.dumps(probe({threads}).to_json()))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return MachineSpeed.from_json(json.loads(done.stdout))
@@ -92,6 +93,28 @@ def test_a_neighbour_on_the_memory_bus_reads_as_slower_memory():
         assert attempt < 2, (streamed, quiet)
 
 
+# Half of a CPU taken in bursts of 0.3 ms at real-time priority: it preempts whatever runs there
+# at once, as a host takes a vCPU from its guest, so every 1 ms block read there is slowed
+BURSTS = ("import time\nos.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))\n"
+          "while True:\n    t = time.perf_counter() + 3e-4\n    while time.perf_counter() < t: pass\n"
+          "    time.sleep(3e-4)\n")
+
+
+def test_a_reading_for_two_threads_sees_the_cpu_a_neighbour_slows():
+    """A neighbour slows the other CPU alone: a one-thread run, and its reading, go to the free
+    CPU; a run of two threads needs both, and its reading (each CPU in turn, the slower one's)
+    reads the slowed one, about twice slower (read again twice at most: the bursts' timing is the
+    kernel's)."""
+    assert len(os.sched_getaffinity(0)) >= 2, "a neighbour on another CPU needs two CPUs"
+    for attempt in range(3):
+        quiet = _reading(threads=2)
+        with beside(BURSTS, same_core=False, pin=False):
+            one, two = _reading(threads=1), _reading(threads=2)
+        if two.core_ms / quiet.core_ms > 1.4 and one.core_ms / quiet.core_ms < 1 + CORE_TOLERANCE:
+            break
+        assert attempt < 2, (quiet, one, two)
+
+
 @pytest.mark.parametrize("metrics", [{}, {"probe_core_ms": 2.0}, {"probe_core_ms": 0, "probe_memory_ms": 1.0},
                                      {"probe_core_ms": "2", "probe_memory_ms": 1.0}])
 def test_a_result_without_a_whole_reading_has_none(metrics):
@@ -104,16 +127,20 @@ def measured(tmp_path_factory):
     root = tmp_path_factory.mktemp("speed")
     path = root / "net.onnx"
     path.write_bytes(conv_net().SerializeToString())
-    bench, db = root / "bench", root / "perf.db"
-    invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(bench))
-    invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(bench), "--db", str(db),
-           "--threads", "1", "--min-time", "0.05", "--repetitions", "2", "--remeasure", "0")
-    return path, db, _profile(path, root / "quiet")
+    invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(root / "bench"))
+    _measure(root, threads=1)
+    return path, root / "perf.db", _profile(path, root / "quiet")
 
 
-def _profile(path, out, neighbour: str | None = None):
-    with beside(neighbour, same_core=False):
-        invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "1", "--out", str(out),
+def _measure(root, threads: int, *force: str) -> None:
+    invoke("run", "--system", SYSTEM, "--backend", "onnxruntime", "--bench-dir", str(root / "bench"),
+           "--db", str(root / "perf.db"), "--threads", str(threads), "--min-time", "0.05", "--repetitions", "2",
+           "--remeasure", "0", *force)
+
+
+def _profile(path, out, neighbour: str | None = None, threads: int = 1):
+    with beside(neighbour, same_core=False, pin=threads == 1):
+        invoke("profile", str(path), "--framework", "onnxruntime", "--threads", str(threads), "--out", str(out),
                "--iterations", "30")
     return out
 
@@ -147,10 +174,14 @@ def test_the_comparison_is_the_readings_as_stored(measured):
 @pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
 def test_a_profile_beside_a_memory_stream_is_flagged(measured, tmp_path):
     """The benchmarks read on a quiet machine, the profile beside a stream of copies on the other
-    core: where its memory reading is beyond the tolerance (profiled again twice at most: the
-    stream's effect varies), the analysis says the two ran at two speeds."""
+    core: where its memory reading is beyond the tolerance, the analysis says the two ran at two
+    speeds. When it is not (the stream's effect varies, and CI once read the benchmarks' memory in
+    a slow phase, 8.0 ms, that the streamed profile's 8.1 did not pass), the benchmarks are
+    measured again and the profile taken again, twice at most."""
     path, db, _ = measured
     for attempt in range(3):
+        if attempt:
+            _measure(db.parent, 1, "--force")
         a = _analysis(path, db, _profile(path, tmp_path / f"streamed{attempt}", STREAM))
         if a["machine_speed"]["memory_ratio"] > 1 + MEMORY_TOLERANCE:
             break
@@ -161,14 +192,31 @@ def test_a_profile_beside_a_memory_stream_is_flagged(measured, tmp_path):
 
 
 @pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
-def test_a_profile_of_two_threads_is_noted_not_judged(measured, tmp_path):
-    """At two threads the framework's own threads move the reading: its ratios go into a note
-    whenever they differ, never into a warning."""
+def test_a_profile_at_other_threads_than_the_benchmarks_is_noted_not_judged(measured, tmp_path):
+    """Each side reads the CPUs its threads need: a two-thread profile's reading against one-thread
+    benchmarks' goes into a note whenever they differ, never into a warning."""
     path, db, _ = measured
-    out = tmp_path / "two"
-    invoke("profile", str(path), "--framework", "onnxruntime", "--threads", "2", "--out", str(out),
-           "--iterations", "30")
-    a = _analysis(path, db, out)
+    a = _analysis(path, db, _profile(path, tmp_path / "two", threads=2))
     assert not any("another speed" in w for w in a["warnings"])
     noted = [n for n in a["notes"] if "is not judged" in n]
     assert len(noted) == int(a["machine_speed"]["differ"])
+
+
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
+def test_a_two_thread_profile_beside_a_slowed_cpu_is_flagged(tmp_path):
+    """Benchmarks and profile at two threads, the profile beside a neighbour that takes half of
+    the other CPU in bursts (BURSTS): the profile's reading of its slower CPU is beyond the
+    tolerance, and the analysis warns (profiled again twice at most, as above)."""
+    path = tmp_path / "net.onnx"
+    path.write_bytes(conv_net().SerializeToString())
+    invoke("generate", str(path), "--backend", "onnxruntime", "--out", str(tmp_path / "bench"))
+    _measure(tmp_path, threads=2)
+    for attempt in range(3):
+        a = _analysis(path, tmp_path / "perf.db",
+                      _profile(path, tmp_path / f"slowed{attempt}", BURSTS, threads=2))
+        if a["machine_speed"]["core_ratio"] > 1 + CORE_TOLERANCE:
+            break
+        assert attempt < 2, a["machine_speed"]
+    assert a["threads"] is None or not a["threads"]["differ"]
+    (warning,) = [w for w in a["warnings"] if "another speed" in w]
+    assert f"{a['machine_speed']['core_ratio']:.2f}× (core)" in warning
