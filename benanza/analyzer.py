@@ -488,8 +488,6 @@ def _q5_fusions(fusions: list[FusionMatch]) -> list[FusionMatch]:
     return [m for m in fusions if m.pattern.framework or not taken & set(m.nodes)]
 
 
-
-
 def _heuristic(model: Model, graph, by_key, dtype: str, weight: dict[int, float],
                partial: bool) -> HeuristicAnalysis | None:
     from .backends.cudnn import CONV_ALGOS, DECONV_ALGOS  # the counters index cuDNN's algorithm enums
