@@ -560,7 +560,7 @@ def _profile_views(a: Analysis, model: Model, profile: ExecutionProfile, by_key,
         stack = dict(a.stack.stack) if a.stack is not None else {}
         lib = LibraryView(library, len(calls), alignment, [], profile.library_versions.get(library, ""),
                           stack.get(library, ""), profile.library_threads.get(library),
-                          int(stack["threads"]) if stack.get("threads", "").isdigit() else None)
+                          a.stack.threads if a.stack is not None else None)
         if lib.threads_differ and a.threads is None:  # else said once, for the whole profile
             a.warnings.append(f"{_threads_said(lib)}: the bound and the framework's times compare different "
                               f"thread counts (benchmark with `benanza run --threads {lib.framework_threads}` "
@@ -991,7 +991,7 @@ def _explain_bound(a: Analysis) -> None:
     if a.threads is not None and a.threads.differ:
         reasons.append(f"the framework ran {a.threads.profile} threads, the benchmarks {a.threads.benchmarks}")
     if a.threads is None and not any(lib.framework_threads for lib in a.libraries):  # nothing said how many
-        threads = dict(a.stack.stack).get("threads") if a.stack is not None else None
+        threads = a.stack.threads if a.stack is not None else None
         if threads:
             reasons.append(f"the benchmarks ran {threads} threads; the framework's thread count is not compared "
                            f"here (a framework with more threads can beat a bound measured with fewer)")

@@ -99,7 +99,10 @@ class Reader:
         self._a = np.linspace(0.5, 1.5, _CORE_N * _CORE_N, dtype=np.float32).reshape(_CORE_N, _CORE_N)
         self._b, self._c = self._a.T.copy(), np.empty_like(self._a)
         n = _copy_bytes() // 8
-        self._src, self._dst = np.ones(n), np.zeros(n)  # both written now: no page fault in a timed copy
+        # both written now (np.zeros would leave the destination's pages unmapped): the first timed
+        # copy faulted them in, its chunks 1.8x the later ones', and a fault costs most where
+        # the kernel must compact or reclaim memory for it, as after a long benchmark run
+        self._src, self._dst = np.ones(n), np.full(n, 2.0)
         self._chunk = min(n, _MEMORY_CHUNK_BYTES // 8)
 
     def __call__(self) -> MachineSpeed:

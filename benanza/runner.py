@@ -308,11 +308,9 @@ def _stack_threads(path: Path, system_name: str, backend: str) -> int | None:
         return None
     with PerfDB(path, readonly=True) as db:
         system = db.system(system_name, backend)
-    stack = dict(system.stack) if system is not None else {}
-    threads = stack.get("threads", "")
-    if stack.get("cpu") != cpu_model() or not threads.isdigit() or int(threads) > len(os.sched_getaffinity(0)):
+    if system is None or system.threads is None or dict(system.stack).get("cpu") != cpu_model():
         return None
-    return int(threads)
+    return system.threads if system.threads <= len(os.sched_getaffinity(0)) else None
 
 
 def _select(variants: list[Variant], pattern: str | None) -> list[Variant]:
@@ -419,6 +417,7 @@ class _Store:
         # child reads none of its own); a GPU's device clocks are not what the host slows
         self.read_speed = read_speed
         self.speed: MachineSpeed | None = None
+        self._reader: machine_speed.Reader | None = None  # its buffers allocated once per run
         self.precision = precision  # adaptive sampling's target: what its results are held to
         self.max_contention = max_contention  # None: contention does not flag (GPU timing)
         self.measured = self.contended = 0  # this run's OK measurements, and those contended
@@ -426,6 +425,11 @@ class _Store:
         self.last = time.monotonic()
         self.final: dict[str, Result] = {}  # the latest outcome per variant name
         self.stored = 0  # measurements written
+
+    def read_speed_now(self) -> None:
+        """Reads the machine's speed for the results of the child about to start."""
+        self._reader = self._reader or machine_speed.Reader(self.system.threads or 1)
+        self.speed = self._reader()
 
     def add(self, result: Result, raw: dict, lost: Contention | None = None) -> None:
         """Buffers one result, flagged unstable or contended (``lost``: what other work cost it
@@ -716,7 +720,7 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
     """
     batch = _Batch(binary, env, options, system, store, by_name, finished, notify)
     if store.read_speed:  # while no child runs: the reading is the machine's, not a neighbour's
-        store.speed = machine_speed.probe(system.threads or 1)
+        store.read_speed_now()
     with tempfile.TemporaryFile("w+") as names_file, tempfile.TemporaryFile("w+b") as err:
         names_file.write("\n".join(names) + "\n")
         names_file.flush()

@@ -105,13 +105,11 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                                 one_thread=_one_thread(db, system, keys))
                 if a.missing:
                     a.warnings.append(f"to fill the missing benchmarks run: {cmd}")
-            threads = dict(system.stack).get("threads", "")
-            stack_threads = int(threads) if threads.isdigit() else None
             if a.contended or contended_figures(a):
                 a.remeasure_command = missing_command(
                     [req.model], name, system.backend, batch_size=batch, db=str(db.path),
                     input_shapes=req.input_shapes, input_values=req.input_values, input_data=req.input_data,
-                    run_flags=remeasure_flags(stack_threads))
+                    run_flags=remeasure_flags(system.threads))
                 a.warnings.append(f"to re-measure the contended results when the machine is idle: "
                                   f"{a.remeasure_command}")
             if screened := a.screened:
@@ -119,7 +117,7 @@ def run_sweep(req: SweepRequest, db, profile: ExecutionProfile | None = None) ->
                 a.screened_command = missing_command(
                     [req.model], name, system.backend, batch_size=batch, db=str(db.path), dtype=req.dtype,
                     input_shapes=req.input_shapes, input_values=req.input_values, input_data=req.input_data,
-                    run_flags=full_sampling_flags([by_name[n] for n in screened], stack_threads))
+                    run_flags=full_sampling_flags([by_name[n] for n in screened], system.threads))
                 a.warnings.append(f"Q3 compares {len(screened)} screened estimates (results racing stopped early, "
                                   f"at a coarse precision, because they cannot be their layer's best), not full "
                                   f"measurements: the layers they decide are not judged. To measure them in full: "
@@ -174,7 +172,7 @@ def _split_across_stack(a: Analysis, model: Model, db, name: str, keys: list[str
                           f"while other processes took the CPU (`benanza run --system {name} --backend "
                           f"{vendor.backend} --remeasure-contended` with its bench dir re-measures them)")
     a.across_stack = across_stack(a, v)
-    ours, theirs = dict(a.stack.stack).get("threads"), dict(vendor.stack).get("threads")
+    ours, theirs = a.stack.threads, vendor.threads
     if ours != theirs:
         a.warnings.append(f"across the stack: the {a.backend} results ran on {ours} threads, the {vendor.backend} "
                           f"ones (stack {vendor.stack_id}) on {theirs}: the kernel headroom compares unequal threads")
