@@ -45,7 +45,7 @@ from .analysis.questions import (
 from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
 from .fusion import FusionMatch
 from .layers import Model
-from .machine_speed import MachineSpeed, SpeedCompared, typical
+from .machine_speed import MachineSpeed, SpeedCompared, one_speed, typical
 from .ort_fusions import all_fusions, benchmarked_by
 from .parsers import ExecutionProfile
 from .peaks import GEMM_TYPES, Peaks
@@ -618,20 +618,32 @@ def _compare_speed(a: Analysis, profile: ExecutionProfile, results: list[Result]
                        "version): whether the machine ran the profile and the benchmarks at one speed is unknown")
         return
     a.speed = SpeedCompared(profile.speed.typical, benchmarks, len(readings))
+    before, after = (SpeedCompared(s, benchmarks, len(readings)) for s in (profile.speed.before, profile.speed.after))
+    # a reading that moved from before the timed runs to after them: the runs hold either speed,
+    # or both, in shares the two readings cannot tell (a quiet profile here once read 1.86 before
+    # and 0.97 after, at its usual latency)
+    changed = "" if one_speed(after.core_ratio / before.core_ratio, after.memory_ratio / before.memory_ratio) else (
+        f"; the machine changed speed during the profiled run: {before.core_ratio:.2f}× (core) and "
+        f"{before.memory_ratio:.2f}× (memory) the benchmarks' time before it, {after.core_ratio:.2f}× and "
+        f"{after.memory_ratio:.2f}× after it")
     if a.speed.differ and a.threads is not None and a.threads.differ:
         # each side reads the CPUs its own threads need (one thread: where the scheduler puts it;
         # more: the slowest CPU of those it may use), so unequal threads read unequal things: a
         # two-thread profile read 1.07-1.16x (core) one-thread readings on a quiet machine here
         a.notes.append(f"the profile's reading of the machine's speed ({a.speed.core_ratio:.2f}× core, "
                        f"{a.speed.memory_ratio:.2f}× memory) is not judged: it was read for "
-                       f"{a.threads.profile} threads, the benchmarks' for {a.threads.benchmarks}")
+                       f"{a.threads.profile} threads, the benchmarks' for {a.threads.benchmarks}{changed}")
     elif a.speed.differ:
         a.warnings.append(
             f"the machine ran at another speed in the profile than in the benchmarks: a fixed reference kernel "
             f"took {a.speed.core_ratio:.2f}× (core) and {a.speed.memory_ratio:.2f}× (memory) its time before the "
             f"bound's benchmarks ({len(readings)} results' readings), a difference steal time and the scheduler "
             f"do not show (a shared host slows its guests unseen): the Benanza ratio compares a run and a bound "
-            f"at two speeds; profile again, or re-measure with `benanza run --force`, when the machine is steadier")
+            f"at two speeds; profile again, or re-measure with `benanza run --force`, when the machine is steadier"
+            f"{changed}")
+    elif changed:
+        a.notes.append(f"the profile's reading of the machine's speed matches the benchmarks' on average{changed}: "
+                       f"the Benanza ratio may compare a run partly at another speed than its bound")
 
 
 def _compare_math(a: Analysis, profile: ExecutionProfile) -> None:

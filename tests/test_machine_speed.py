@@ -190,6 +190,42 @@ def test_the_comparison_is_the_readings_as_stored(measured):
 
 
 @pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
+def test_a_profile_whose_readings_moved_says_so(measured, tmp_path):
+    """A profile whose machine slowed between its two readings: its quiet bundle with the reading
+    before its runs replaced by one taken on a slowed machine (two threads beside the bursts
+    neighbour, the slower CPU's: 1.8-2.5x quiet). The analysis says the machine changed speed
+    during the run, with each reading's ratios to the benchmarks' as recomputed from SQL and
+    the bundle (a warning when their mean is beyond the tolerance, else a note)."""
+    import shutil
+
+    path, db, prof = measured
+    quiet = json.loads((prof / "profile.json").read_text())["machine_speed"]["after"]
+    for attempt in range(3):
+        with beside(BURSTS, same_core=False, pin=False):
+            slowed = _reading(threads=2)
+        if slowed.core_ms / quiet["core_ms"] > 1.5:
+            break
+        assert attempt < 2, (slowed, quiet)
+    moved = tmp_path / "moved"
+    shutil.copytree(prof, moved)
+    bundle = json.loads((moved / "profile.json").read_text())
+    bundle["machine_speed"]["before"] = slowed.to_json()
+    (moved / "profile.json").write_text(json.dumps(bundle))
+    a = _analysis(path, db, moved)
+    chosen = {la["variant"] for la in a["layers"] if la["variant"]}
+    con = sqlite3.connect(db)
+    stored = [json.loads(m) for v, m in con.execute("SELECT variant, metrics FROM results WHERE status = 'ok'")
+              if v in chosen]
+    bench = {part: statistics.median(m[f"probe_{part}"] for m in stored) for part in ("core_ms", "memory_ms")}
+    said = (f"{slowed.core_ms / bench['core_ms']:.2f}× (core) and {slowed.memory_ms / bench['memory_ms']:.2f}× "
+            f"(memory) the benchmarks' time before it, {quiet['core_ms'] / bench['core_ms']:.2f}× and "
+            f"{quiet['memory_ms'] / bench['memory_ms']:.2f}× after it")
+    (line,) = [t for t in a["warnings"] + a["notes"] if "changed speed during the profiled run" in t]
+    assert said in line, (said, line)
+    assert (line in a["warnings"]) == a["machine_speed"]["differ"]
+
+
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
 def test_a_profile_beside_a_memory_stream_is_flagged(measured, tmp_path):
     """The benchmarks read on a quiet machine, the profile beside a stream of copies on the other
     core: where its memory reading is beyond the tolerance, the analysis says the two ran at two
