@@ -45,7 +45,7 @@ from .analysis.questions import (
 from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
 from .fusion import FusionMatch
 from .layers import Model
-from .machine_speed import MachineSpeed, SpeedCompared, one_speed, typical
+from .machine_speed import MachineSpeed, SpeedCompared, typical
 from .ort_fusions import all_fusions, benchmarked_by
 from .parsers import ExecutionProfile
 from .peaks import GEMM_TYPES, Peaks
@@ -619,10 +619,8 @@ def _compare_speed(a: Analysis, profile: ExecutionProfile, results: list[Result]
         return
     a.speed = SpeedCompared(profile.speed.typical, benchmarks, len(readings))
     before, after = (SpeedCompared(s, benchmarks, len(readings)) for s in (profile.speed.before, profile.speed.after))
-    # a reading that moved from before the timed runs to after them: the runs hold either speed,
-    # or both, in shares the two readings cannot tell (a quiet profile here once read 1.86 before
-    # and 0.97 after, at its usual latency)
-    changed = "" if one_speed(after.core_ratio / before.core_ratio, after.memory_ratio / before.memory_ratio) else (
+    # a quiet profile here once read 1.86 before and 0.97 after, at its usual latency
+    changed = "" if profile.speed.steady else (
         f"; the machine changed speed during the profiled run: {before.core_ratio:.2f}× (core) and "
         f"{before.memory_ratio:.2f}× (memory) the benchmarks' time before it, {after.core_ratio:.2f}× and "
         f"{after.memory_ratio:.2f}× after it")

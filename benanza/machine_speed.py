@@ -140,11 +140,6 @@ class Reader:
         return MachineSpeed(statistics.median(blocks) * 1e3, copy_s * 1e3)
 
 
-def probe(threads: int = 1) -> MachineSpeed:
-    """Reads the machine's speed now, for a run of ``threads`` threads."""
-    return Reader(threads)()
-
-
 def typical(readings: Iterable[MachineSpeed]) -> MachineSpeed | None:
     """The median of several readings, part by part (None: no reading)."""
     readings = list(readings)
@@ -172,6 +167,12 @@ class RunSpeed:
         both = typical((self.before, self.after))
         assert both is not None
         return both
+
+    @property
+    def steady(self) -> bool:
+        """Whether the two readings agree within the readings' own spread: else the machine
+        changed speed during the run, and its runs hold either speed in shares they cannot tell."""
+        return one_speed(self.after.core_ms / self.before.core_ms, self.after.memory_ms / self.before.memory_ms)
 
     def to_json(self) -> dict:
         return {"before": self.before.to_json(), "after": self.after.to_json()}

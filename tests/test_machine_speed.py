@@ -55,8 +55,8 @@ def beside(code: str | None, same_core: bool, pin: bool = True) -> Iterator[None
 
 def _reading(nice: int = 0, threads: int = 1) -> MachineSpeed:
     """One reading in a child (this process's CPUs) at ``nice``, for a run of ``threads`` threads."""
-    code = (f"import json, os\nos.nice({nice})\nfrom benanza.machine_speed import probe\n"
-            f"print(json.dumps(probe({threads}).to_json()))")
+    code = (f"import json, os\nos.nice({nice})\nfrom benanza.machine_speed import Reader\n"
+            f"print(json.dumps(Reader({threads})().to_json()))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return MachineSpeed.from_json(json.loads(done.stdout))
