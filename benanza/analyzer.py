@@ -45,7 +45,7 @@ from .analysis.questions import (
 from .analysis.roofline import IMPOSSIBLE_BELOW, ImpossibleResult, SpeedOfLight, screen, speed_of_light
 from .fusion import FusionMatch
 from .layers import Model
-from .machine_speed import MachineSpeed, SpeedCompared, typical
+from .machine_speed import MachineSpeed, RunSpeed, SpeedCompared, typical
 from .ort_fusions import all_fusions, benchmarked_by
 from .parsers import ExecutionProfile
 from .peaks import GEMM_TYPES, Peaks
@@ -618,12 +618,8 @@ def _compare_speed(a: Analysis, profile: ExecutionProfile, results: list[Result]
                        "version): whether the machine ran the profile and the benchmarks at one speed is unknown")
         return
     a.speed = SpeedCompared(profile.speed.typical, benchmarks, len(readings))
-    before, after = (SpeedCompared(s, benchmarks, len(readings)) for s in (profile.speed.before, profile.speed.after))
     # a quiet profile here once read 1.86 before and 0.97 after, at its usual latency
-    changed = "" if profile.speed.steady else (
-        f"; the machine changed speed during the profiled run: {before.core_ratio:.2f}× (core) and "
-        f"{before.memory_ratio:.2f}× (memory) the benchmarks' time before it, {after.core_ratio:.2f}× and "
-        f"{after.memory_ratio:.2f}× after it")
+    changed = "" if profile.speed.steady else f"; {_changed_speed(profile.speed, benchmarks)}"
     if a.speed.differ and a.threads is not None and a.threads.differ:
         # each side reads the CPUs its own threads need (one thread: where the scheduler puts it;
         # more: the slowest CPU of those it may use), so unequal threads read unequal things: a
@@ -642,6 +638,27 @@ def _compare_speed(a: Analysis, profile: ExecutionProfile, results: list[Result]
     elif changed:
         a.notes.append(f"the profile's reading of the machine's speed matches the benchmarks' on average{changed}: "
                        f"the Benanza ratio may compare a run partly at another speed than its bound")
+
+
+def _span(ratios: tuple[float, ...]) -> str:
+    lo, hi = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _changed_speed(speed: RunSpeed, benchmarks: MachineSpeed) -> str:
+    """Each reading of a profile whose machine changed speed during its runs, as ratios to the
+    benchmarks' readings."""
+    def ratios(r: MachineSpeed) -> tuple[float, float]:
+        return r.core_ms / benchmarks.core_ms, r.memory_ms / benchmarks.memory_ms
+
+    (bc, bm), (ac, am) = ratios(speed.before), ratios(speed.after)
+    between = ""
+    if speed.during:
+        core, memory = zip(*(ratios(r) for r in speed.during), strict=True)
+        where = "the reading" if len(speed.during) == 1 else f"the {len(speed.during)} readings"
+        between = f", {_span(core)}× and {_span(memory)}× in {where} between its runs"
+    return (f"the machine changed speed during the profiled run: {bc:.2f}× (core) and {bm:.2f}× (memory) "
+            f"the benchmarks' time before it{between}, {ac:.2f}× and {am:.2f}× after it")
 
 
 def _compare_math(a: Analysis, profile: ExecutionProfile) -> None:

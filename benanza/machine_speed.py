@@ -1,6 +1,6 @@
 """The machine's speed at a moment: a fixed reference kernel, timed by the runner before each
 child of benchmarks (and by an in-process backend's child between its benchmarks) and by
-``benanza profile`` before and after the framework's timed run.
+``benanza profile`` before, between and after the framework's timed runs.
 
 A shared host can slow its guest for minutes without a trace in steal time or the scheduler's
 counters (docs/measurement.md: the same single-thread loop ran 68–95 ms per second on an idle
@@ -21,6 +21,7 @@ one CPU misses a host that slows the other.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -140,6 +141,35 @@ class Reader:
         return MachineSpeed(statistics.median(blocks) * 1e3, copy_s * 1e3)
 
 
+class Periodic:
+    """Readings for a run of ``threads`` threads, each once ``every_s`` have passed since the last
+    (``due``), or longer where a reading of many CPUs is slow: readings take at most ``share`` of
+    the time between them."""
+
+    def __init__(self, threads: int, every_s: float = READ_EVERY_S, share: float = 0.02) -> None:
+        self._threads, self._min_every, self._share = threads, every_s, share
+        self._reader: Reader | None = None
+        self._reading: MachineSpeed | None = None
+        self._at, self._every = -math.inf, every_s
+
+    def due(self) -> bool:
+        return self._reading is None or time.monotonic() - self._at > self._every
+
+    def read(self) -> MachineSpeed:
+        """A reading now, whether due or not."""
+        self._reader = self._reader or Reader(self._threads)
+        started = time.monotonic()
+        self._reading, self._at = self._reader(), time.monotonic()
+        self._every = max(self._min_every, (self._at - started) / self._share)
+        return self._reading
+
+    def now(self) -> MachineSpeed:
+        """The last reading, read again when due."""
+        if self.due() or self._reading is None:
+            return self.read()
+        return self._reading
+
+
 def typical(readings: Iterable[MachineSpeed]) -> MachineSpeed | None:
     """The median of several readings, part by part (None: no reading)."""
     readings = list(readings)
@@ -156,30 +186,44 @@ def one_speed(core_ratio: float, memory_ratio: float) -> bool:
 
 @dataclass(frozen=True)
 class RunSpeed:
-    """The readings around a profile's timed run: the machine may change speed during it."""
+    """The readings around a profile's timed runs, and between them: the machine may change speed
+    during the run."""
 
     before: MachineSpeed
     after: MachineSpeed
+    during: tuple[MachineSpeed, ...] = ()  # between the timed runs, in their order
+
+    @property
+    def readings(self) -> tuple[MachineSpeed, ...]:
+        return (self.before, *self.during, self.after)
 
     @property
     def typical(self) -> MachineSpeed:
-        """The mean of the two: the median of two readings."""
-        both = typical((self.before, self.after))
-        assert both is not None
-        return both
+        """The median of all readings (of two, their mean)."""
+        all_of_them = typical(self.readings)
+        assert all_of_them is not None
+        return all_of_them
 
     @property
     def steady(self) -> bool:
-        """Whether the two readings agree within the readings' own spread: else the machine
-        changed speed during the run, and its runs hold either speed in shares they cannot tell."""
-        return one_speed(self.after.core_ms / self.before.core_ms, self.after.memory_ms / self.before.memory_ms)
+        """Whether the slowest and the fastest reading agree within the readings' own spread: else
+        the machine changed speed during the run, and its runs hold either speed in shares the
+        readings cannot tell."""
+        core, memory = [r.core_ms for r in self.readings], [r.memory_ms for r in self.readings]
+        return one_speed(max(core) / min(core), max(memory) / min(memory))
 
     def to_json(self) -> dict:
-        return {"before": self.before.to_json(), "after": self.after.to_json()}
+        return {"before": self.before.to_json(), "after": self.after.to_json(),
+                "during": [r.to_json() for r in self.during]}
 
     @classmethod
     def from_json(cls, d: dict) -> RunSpeed:
-        return cls(MachineSpeed.from_json(d["before"]), MachineSpeed.from_json(d["after"]))
+        """A bundle written before readings between runs were taken has no ``during``."""
+        during = d.get("during", [])
+        if not isinstance(during, list):
+            raise ValueError("'during' is not a list of readings")
+        return cls(MachineSpeed.from_json(d["before"]), MachineSpeed.from_json(d["after"]),
+                   tuple(MachineSpeed.from_json(r) for r in during))
 
 
 @dataclass(frozen=True)

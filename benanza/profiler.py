@@ -47,6 +47,11 @@ from .toolchain import nsys_importer
 log = logging.getLogger(__name__)
 
 FRAMEWORKS = ("onnxruntime", "torch")
+# The timed runs read the machine's speed between them this often, or where a reading of many
+# CPUs is slow (0.03 s a CPU) at most this share of the time: a host slowdown of a few seconds
+# inside the runs, which the readings before and after them both miss, is seen by one between
+# them. The readings lengthen the profile, not its runs' times (the run after one is untimed).
+READ_DURING_RUNS_S, READ_DURING_RUNS_SHARE = 2.0, 0.05
 
 
 # --- timing API ----------------------------------------------------------------------------------
@@ -883,25 +888,31 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
             "heap": {"kept": heap.active, "grown_bytes": heap.grown_bytes, "why_not": heap.reason}}
 
 
-def _time_runs(run, spec: ProfileSpec, threads: int) -> dict[str, Any]:
+def _time_runs(run, spec: ProfileSpec, threads: int, read_every_s: float = READ_DURING_RUNS_S) -> dict[str, Any]:
     """The timed child's record: each run's latency and page faults, what a fault costs here, and
-    on a CPU the machine's speed for a run of ``threads`` threads just before and after the runs,
-    read in this process (the parent, woken from its wait, may read another CPU in another state:
-    a GPU's kernels run on device clocks the host does not slow)."""
+    on a CPU the machine's speed for a run of ``threads`` threads just before and after the runs
+    and between them every ``read_every_s``, read in this process (the parent, woken from its
+    wait, may read another CPU in another state: a GPU's kernels run on device clocks the host
+    does not slow)."""
     # read before the warm-up runs: its copy leaves the caches cold, and they warm them again
-    reader = machine_speed.Reader(threads) if spec.device == "cpu" else None
-    before = reader() if reader is not None else None
+    speed = machine_speed.Periodic(threads, read_every_s, READ_DURING_RUNS_SHARE) if spec.device == "cpu" else None
+    before = speed.read() if speed is not None else None
     for _ in range(spec.warmup):
         run()
-    samples, faults = [], []
+    samples, faults, during = [], [], []
     for _ in range(spec.iterations):
+        if speed is not None and speed.due():
+            during.append(speed.read())
+            run()  # untimed: the reading's copy left the caches cold, as the warm-up runs found them
         with measure("benanza_run") as m:
             run()
         assert m.elapsed_ms is not None and m.page_faults is not None  # measure() sets them as the block exits
         samples.append(m.elapsed_ms)
         faults.append(m.page_faults)
-    speed = RunSpeed(before, reader()).to_json() if reader is not None and before is not None else None
-    return {"samples_ms": samples, "page_faults": faults, "fault_us": fault_cost_us(), "machine_speed": speed}
+    record = None
+    if speed is not None and before is not None:
+        record = RunSpeed(before, speed.read(), tuple(during)).to_json()
+    return {"samples_ms": samples, "page_faults": faults, "fault_us": fault_cost_us(), "machine_speed": record}
 
 
 def _child(spec_path: str, phase: str) -> int:

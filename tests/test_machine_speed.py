@@ -181,7 +181,8 @@ def test_the_comparison_is_the_readings_as_stored(measured):
     s = a["machine_speed"]
     for part in ("core_ms", "memory_ms"):
         assert s["benchmarks"][part] == pytest.approx(statistics.median(m[f"probe_{part}"] for m in chosen))
-        assert s["profile"][part] == pytest.approx((around["before"][part] + around["after"][part]) / 2)
+        each = [around["before"][part], *(r[part] for r in around["during"]), around["after"][part]]
+        assert s["profile"][part] == pytest.approx(statistics.median(each))
     assert s["readings"] == len(chosen)
     assert s["core_ratio"] == pytest.approx(s["profile"]["core_ms"] / s["benchmarks"]["core_ms"])
     assert s["memory_ratio"] == pytest.approx(s["profile"]["memory_ms"] / s["benchmarks"]["memory_ms"])
@@ -189,27 +190,40 @@ def test_the_comparison_is_the_readings_as_stored(measured):
     assert s["differ"] == any("another speed" in w for w in a["warnings"])
 
 
-@pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
-def test_a_profile_whose_readings_moved_says_so(measured, tmp_path):
-    """A profile whose machine slowed between its two readings: its quiet bundle with the reading
-    before its runs replaced by one taken on a slowed machine (two threads beside the bursts
-    neighbour, the slower CPU's: 1.8-2.5x quiet). The analysis says the machine changed speed
-    during the run, with each reading's ratios to the benchmarks' as recomputed from SQL and
-    the bundle (a warning when their mean is beyond the tolerance, else a note)."""
-    import shutil
-
-    path, db, prof = measured
-    quiet = json.loads((prof / "profile.json").read_text())["machine_speed"]["after"]
+def _slowed(quiet: dict) -> MachineSpeed:
+    """A real reading of a slowed machine: two threads beside the bursts neighbour, the slower
+    CPU's (1.8-2.5x quiet), read again twice at most."""
     for attempt in range(3):
         with beside(BURSTS, same_core=False, pin=False):
             slowed = _reading(threads=2)
         if slowed.core_ms / quiet["core_ms"] > 1.5:
-            break
+            return slowed
         assert attempt < 2, (slowed, quiet)
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
+@pytest.mark.parametrize("when", ["before", "between"])
+def test_a_profile_whose_readings_moved_says_so(measured, tmp_path, when):
+    """A profile whose machine slowed before its runs, or between two readings among them: its
+    quiet bundle with the reading before its runs replaced by one taken on a slowed machine, or
+    with two readings between its runs, a quiet one and a slowed one. The analysis says the
+    machine changed speed during the run, with each reading's ratios to the benchmarks' as
+    recomputed from SQL and the bundle (a warning when the readings' median is beyond the
+    tolerance, else a note)."""
+    import shutil
+
+    path, db, prof = measured
+    quiet = json.loads((prof / "profile.json").read_text())["machine_speed"]["after"]
+    slowed = _slowed(quiet)
     moved = tmp_path / "moved"
     shutil.copytree(prof, moved)
     bundle = json.loads((moved / "profile.json").read_text())
-    bundle["machine_speed"]["before"] = slowed.to_json()
+    if when == "before":
+        bundle["machine_speed"]["before"] = slowed.to_json()
+    else:
+        bundle["machine_speed"]["before"] = quiet
+        bundle["machine_speed"]["during"] = [quiet, slowed.to_json()]
     (moved / "profile.json").write_text(json.dumps(bundle))
     a = _analysis(path, db, moved)
     chosen = {la["variant"] for la in a["layers"] if la["variant"]}
@@ -217,12 +231,70 @@ def test_a_profile_whose_readings_moved_says_so(measured, tmp_path):
     stored = [json.loads(m) for v, m in con.execute("SELECT variant, metrics FROM results WHERE status = 'ok'")
               if v in chosen]
     bench = {part: statistics.median(m[f"probe_{part}"] for m in stored) for part in ("core_ms", "memory_ms")}
-    said = (f"{slowed.core_ms / bench['core_ms']:.2f}× (core) and {slowed.memory_ms / bench['memory_ms']:.2f}× "
-            f"(memory) the benchmarks' time before it, {quiet['core_ms'] / bench['core_ms']:.2f}× and "
-            f"{quiet['memory_ms'] / bench['memory_ms']:.2f}× after it")
+    def ratio(r: dict, part: str) -> str:
+        return f"{r[part] / bench[part]:.2f}"
+
+    slow = slowed.to_json()
+    after = f"{ratio(quiet, 'core_ms')}× and {ratio(quiet, 'memory_ms')}× after it"
+    if when == "before":
+        said = (f"{ratio(slow, 'core_ms')}× (core) and {ratio(slow, 'memory_ms')}× (memory) the benchmarks' time "
+                f"before it, {after}")
+    else:
+        said = (f"{ratio(quiet, 'core_ms')}× (core) and {ratio(quiet, 'memory_ms')}× (memory) the benchmarks' time "
+                f"before it, {ratio(quiet, 'core_ms')}–{ratio(slow, 'core_ms')}× and "
+                f"{ratio(quiet, 'memory_ms')}–{ratio(slow, 'memory_ms')}× in the 2 readings between its runs, {after}")
     (line,) = [t for t in a["warnings"] + a["notes"] if "changed speed during the profiled run" in t]
     assert said in line, (said, line)
     assert (line in a["warnings"]) == a["machine_speed"]["differ"]
+
+
+class _SlowedMidway:
+    """A framework's run of about 5 ms, whose host starts the bursts neighbour on the other CPU
+    at one call and stops it at another."""
+
+    def __init__(self, start: int, stop: int) -> None:
+        import numpy as np
+
+        self.calls, self._start, self._stop = 0, start, stop
+        self._a = np.ones((160, 160), np.float32)
+        self._neighbour: subprocess.Popen | None = None
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.calls == self._start:
+            there = max(os.sched_getaffinity(0))
+            self._neighbour = subprocess.Popen(
+                [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{there}}})\n{BURSTS}"])
+        if self.calls == self._stop and self._neighbour is not None:
+            self._neighbour.kill()
+            self._neighbour.wait()
+        for _ in range(70):
+            self._a @ self._a
+
+
+def test_a_slowdown_inside_the_runs_is_read_between_them():
+    """The host slows a CPU only in the middle of a profile's timed runs (the bursts neighbour on
+    the other CPU, from a third of the runs to two thirds): the readings before and after the
+    runs miss it, one between the runs reads it (a two-thread run's reading, each CPU in turn),
+    and the record says the machine did not run at one speed. Each reading is followed by an
+    untimed run (its copy left the caches cold); the timed runs are as many as asked."""
+    from benanza.machine_speed import RunSpeed
+    from benanza.profiler import ProfileSpec, _time_runs
+
+    assert len(os.sched_getaffinity(0)) >= 2, "a neighbour on another CPU needs two CPUs"
+    spec = ProfileSpec(model="m.onnx", framework="onnxruntime", out_dir=".", warmup=2, iterations=900)
+    for attempt in range(3):
+        run = _SlowedMidway(spec.warmup + spec.iterations // 3, spec.warmup + 2 * spec.iterations // 3)
+        record = _time_runs(run, spec, threads=2, read_every_s=0.25)
+        speed = RunSpeed.from_json(record["machine_speed"])
+        assert len(record["samples_ms"]) == spec.iterations
+        assert run.calls == spec.warmup + spec.iterations + len(speed.during)
+        ends = max(speed.before.core_ms, speed.after.core_ms)
+        slowest = max((r.core_ms for r in speed.during), default=0.0)
+        if slowest / ends > 1.4 and RunSpeed(speed.before, speed.after).steady:
+            break
+        assert attempt < 2, speed
+    assert not speed.steady
 
 
 @pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles

@@ -18,7 +18,6 @@ kernels (docs/backends.md).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -173,7 +172,7 @@ def serve(argv: list[str], threads_env: str, context: Callable[[int], dict[str, 
         names = [n for n in index if rx.search(n)]
     min_time = float(flags.get("benchmark_min_time", "0.2"))
     repetitions = int(flags.get("benchmark_repetitions", "3"))
-    speed = _Speed(threads)
+    speed = machine_speed.Periodic(threads)
     for name in names:
         if name not in index:
             emit("BENANZA_RESULT", json.dumps({"name": name, "status": "failed",
@@ -186,25 +185,6 @@ def serve(argv: list[str], threads_env: str, context: Callable[[int], dict[str, 
             line["counters"] = {**line["counters"], **reading.metrics()}
         emit("BENANZA_RESULT", json.dumps(line))
     return 0
-
-
-class _Speed:
-    """The machine's speed before a benchmark, for a run of ``threads`` threads: read again once
-    ``READ_EVERY_S`` have passed, or fifty readings' time where a reading of many CPUs is slow."""
-
-    def __init__(self, threads: int) -> None:
-        self._threads = threads
-        self._reader: machine_speed.Reader | None = None
-        self._reading: machine_speed.MachineSpeed | None = None
-        self._at, self._every = -math.inf, machine_speed.READ_EVERY_S
-
-    def now(self) -> machine_speed.MachineSpeed:
-        if self._reading is None or time.monotonic() - self._at > self._every:
-            self._reader = self._reader or machine_speed.Reader(self._threads)
-            started = time.monotonic()
-            self._reading, self._at = self._reader(), time.monotonic()
-            self._every = max(machine_speed.READ_EVERY_S, 50 * (self._at - started))
-        return self._reading
 
 
 def _one(project: Path, name: str, entry: dict[str, str], threads: int, min_time: float, repetitions: int,

@@ -19,14 +19,15 @@ bundle or any single file of a known format, so users can also bring their own l
                "onednn_log": "onednn.log", "nsys": "nsys.nsys-rep"},
      "threads": 2, "threads_requested": 2, "threads_source": "...",
      "page_faults": {"per_run": 812.4, "fault_us": 0.9, "samples": [..]},
-     "machine_speed": {"before": {"core_ms": 2.2, "memory_ms": 6.3}, "after": {..}},
+     "machine_speed": {"before": {"core_ms": 2.2, "memory_ms": 6.3}, "after": {..}, "during": [{..}]},
      "notes": ["..."]}
 
 ``latency_ms`` comes from the ``timed`` run (no library loggers), as do ``page_faults`` (the
 process's minor page faults in each timed run and the measured cost of one, ``PageFaults``), and
-``machine_speed`` is the reference kernel's readings just before and after it on a CPU
-(``benanza/machine_speed.py``: ``analyze`` compares them with the benchmarks' own); the
-trace and the logs from the ``traced`` run (a torch run's ``traced`` also has its runs' page faults
+``machine_speed`` is the reference kernel's readings just before and after it on a CPU, and
+between its runs every two seconds (``during``; absent from older bundles)
+(``benanza/machine_speed.py``: ``analyze`` compares them with the benchmarks' own); the trace
+and the logs come from the ``traced`` run (a torch run's ``traced`` also has its runs' page faults
 and whether its heap was kept on mapped pages: ``benanza/heap.py``). ``graph_sha256`` identifies the
 model: an analysis of another model refuses the bundle. ``threads`` is the framework's intra-op
 thread count in the runs, as the framework itself reported it (``torch.get_num_threads()``, ONNX
