@@ -607,9 +607,42 @@ def _run_all(binary: Command, names: list[str], env: dict[str, str], options: Ru
             progress(Progress(len(finished), len(names), name, status, _left(names, finished, expected, first)))
 
     remaining = list(names)
+    pace = _Pace(expected) if store.read_speed else None
     while remaining:
-        _run_batch(binary, remaining, env, options, system, store, by_name, finished, notify)
+        take = remaining if pace is None else pace.next(remaining)
+        began = time.monotonic()
+        if not _run_batch(binary, take, env, options, system, store, by_name, finished, notify):
+            pace = None  # a binary that starts no benchmark hangs or fails once, not once per child
+        if pace is not None:
+            pace.ran([n for n in take if n in finished], time.monotonic() - began)
         remaining = [n for n in remaining if n not in finished]
+
+
+class _Pace:
+    """Where the runner reads the machine's speed before each child (a C++ backend on a CPU), the
+    names each child runs: about ``READ_EVERY_S`` of them by their expected times, scaled by
+    how long the pass's finished ones took against theirs (setup and start-up are in that ratio),
+    at least one. Each result's reading is then as fresh as an in-process backend's; one child
+    for a whole pass had carried one reading through minutes of it. A child's start (the
+    reading, the process, the library's first primitive) cost 0.04 s here (docs/measurement.md)."""
+
+    def __init__(self, expected: dict[str, float]) -> None:
+        self._expected = expected
+        self._spent = self._planned = 0.0
+
+    def next(self, remaining: list[str]) -> list[str]:
+        scale = self._spent / self._planned if self._planned > 0 else 1.0
+        take, total = [], 0.0
+        for name in remaining:
+            take.append(name)
+            total += self._expected.get(name, 0.0) * scale
+            if total >= machine_speed.READ_EVERY_S:
+                break
+        return take
+
+    def ran(self, done: list[str], seconds: float) -> None:
+        self._spent += seconds
+        self._planned += sum(self._expected.get(n, 0.0) for n in done)
 
 
 def _left(names: list[str], finished: set[str], expected: dict[str, float], first: list[float]) -> float | None:
@@ -666,9 +699,10 @@ class _Lines:
                 self.eof = True
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Batch:
-    """What one run of the binary needs beside the names: where results go and how it ran."""
+    """What one run of the binary needs beside the names: where results go and how it ran
+    (``finished`` and ``started`` fill as it runs)."""
 
     binary: Command
     env: dict[str, str]
@@ -678,6 +712,7 @@ class _Batch:
     by_name: dict[str, Variant]
     finished: set[str]
     notify: Callable[[str, Status | None], None]
+    started: bool = False  # whether the process started a benchmark
 
     def reproduce(self, name: str) -> str:
         """A shell line that runs this one benchmark the way the runner did (benchdnn-style)."""
@@ -710,8 +745,9 @@ def _regex_literal(text: str) -> str:
 
 def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: RunOptions, system: System,
                store: _Store, by_name: dict[str, Variant], finished: set[str],
-               notify: Callable[[str, Status | None], None]) -> None:
-    """Runs ``names`` in one process until it ends, crashes, hangs or stalls; records each outcome.
+               notify: Callable[[str, Status | None], None]) -> bool:
+    """Runs ``names`` in one process until it ends, crashes, hangs or stalls; records each
+    outcome; whether the process started any benchmark.
 
     Always finishes at least one name, so the caller's restart loop terminates. ``--timeout``
     bounds every silence of the binary, not only a running benchmark: at start-up, between
@@ -749,11 +785,11 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
             reason = f"benchmark binary printed nothing for {options.timeout:g}s at start-up (killed)"
             for name in [n for n in names if n not in finished]:
                 batch.fail(name, reason + (f": {stderr_tail}" if stderr_tail else ""))
-        return
+        return batch.started
     current = outcome
     if current is not None and current not in finished:
         batch.fail(current, f"{_exit_reason(rc)} while running" + (f": {stderr_tail}" if stderr_tail else ""))
-        return
+        return batch.started
     unreported = [n for n in names if n not in finished]
     if unreported:
         # The process ended between benchmarks (or never started one): none of them is to
@@ -762,6 +798,7 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
             f": {stderr_tail}" if stderr_tail else "")
         for name in unreported:
             batch.fail(name, reason)
+    return batch.started
 
 
 @dataclass(frozen=True)
@@ -802,6 +839,7 @@ def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
         tag, _, payload = line.rstrip("\n").partition(" ")
         if tag == "BENANZA_START":
             current, started = payload, True
+            batch.started = True
             clock = cpu_clock(proc.pid)
             batch.notify(current, None)
         elif tag == "BENANZA_METRICS":

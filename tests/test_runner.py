@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -59,6 +60,40 @@ def test_second_run_measures_nothing_new_and_force_remeasures(bench, tmp_path):
     assert forced.stored == len(dry.to_run)
     with PerfDB(db) as pdb:
         assert pdb.db["results"].count == first.total + forced.stored
+
+
+@pytest.mark.slow
+@needs_toolchain
+def test_each_child_runs_seconds_of_benchmarks_after_its_reading(bench, tmp_path, monkeypatch):
+    """The runner reads the machine's speed before each child of a CPU backend, and gives each
+    child about ``READ_EVERY_S`` of benchmarks (1 s here), so a result's reading is that fresh,
+    not a whole pass old. Oracle: the results' own store times; results that share a reading
+    (one child's) lie within a few seconds of each other, and the run has several readings."""
+    from datetime import datetime
+
+    from benanza import machine_speed
+
+    monkeypatch.setattr(machine_speed, "READ_EVERY_S", 1.0)
+    db = tmp_path / "r.db"
+    summary = run(bench, "ci", "onednn", db, RunOptions(min_time=0.05, repetitions=1, remeasure=0))
+    with PerfDB(db) as pdb:
+        rows = list(pdb.db.query("SELECT metrics, timestamp FROM results ORDER BY id"))
+    assert len(rows) == summary.total and summary.failed == 0
+    children: list[list[datetime]] = []
+    last = None
+    for row in rows:
+        metrics = json.loads(row["metrics"])
+        reading = (metrics.get("probe_core_ms"), metrics.get("probe_memory_ms"))
+        if reading == (None, None):  # an unsupported variant: measured nothing
+            continue
+        if reading != last:
+            children.append([])
+            last = reading
+        children[-1].append(datetime.fromisoformat(row["timestamp"]))
+    spans = [(c[-1] - c[0]).total_seconds() for c in children]
+    whole = (children[-1][-1] - children[0][0]).total_seconds()
+    assert len(children) >= max(2, whole / 2), (whole, spans)
+    assert max(spans) <= 3, (whole, spans)
 
 
 @pytest.mark.slow
