@@ -308,7 +308,7 @@ def _stack_threads(path: Path, system_name: str, backend: str) -> int | None:
         return None
     with PerfDB(path, readonly=True) as db:
         system = db.system(system_name, backend)
-    if system is None or system.threads is None or dict(system.stack).get("cpu") != cpu_model():
+    if system is None or system.threads is None or system.device != cpu_model():  # a CPU stack's device: its CPU
         return None
     return system.threads if system.threads <= len(os.sched_getaffinity(0)) else None
 
