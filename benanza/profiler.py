@@ -605,12 +605,19 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
     runs: dict[str, dict] = {}
     blocks: dict[str, _Blocks] = {}
     traced_env = {**quiet, **_log_env(out), MEASURE_MARKS_ENV: "1", ORT_PROFILE_ENV: str((out / _ORT_APP).resolve())}
+    # the machine's speed for the command's threads, read here just before its timed run starts and
+    # just after it exits: between its blocks it would be read inside the user's process
+    reader = machine_speed.Reader(spec.threads or default_threads()) if spec.device == "cpu" else None
+    speed: RunSpeed | None = None
     for phase, env, wrap in ((TIMED, quiet, None), (TRACED, traced_env, nsys_bin)):
         stem = "command" if phase == TRACED else f"command-{phase}"
         sink = out / f"measure-{phase}.jsonl"
         sink.unlink(missing_ok=True)
         cmd = _under_nsys(list(spec.command), wrap, out, spec.device)
+        before = reader() if reader is not None and phase == TIMED else None
         returncode = _run_logged(cmd, {**env, MEASURE_FILE_ENV: str(sink.resolve())}, out, stem, spec.timeout)
+        if reader is not None and before is not None:
+            speed = RunSpeed(before, reader())
         stderr = out / f"{stem}.stderr"
         if returncode != 0:
             raise BenanzaError(f"`{shown}` failed in the {phase} run (exit {returncode}): {_last_error(stderr)} "
@@ -667,6 +674,7 @@ def profile_command(spec: CommandSpec, nsys: bool = False) -> Path:
         # the command's own process took the faults; a fault costs the same in this one, on this machine
         "page_faults": page_faults_record(measures[chosen].get("page_faults", []), fault_cost_us()),
         "threads": threads, "threads_requested": spec.threads, "threads_source": source,
+        "machine_speed": None if speed is None else speed.to_json(),
     })
     return out
 

@@ -169,12 +169,17 @@ def _analysis(path, db, prof) -> dict:
     return a
 
 
+# each variant's latest result, what an analysis reads (a test may have measured them again)
+LATEST = ("SELECT variant, metrics FROM results WHERE status = 'ok' AND id IN "
+          "(SELECT max(id) FROM results GROUP BY variant)")
+
+
 @pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
 def test_the_comparison_is_the_readings_as_stored(measured):
     path, db, prof = measured
     a = _analysis(path, db, prof)
     con = sqlite3.connect(db)
-    stored = {v: json.loads(m) for v, m in con.execute("SELECT variant, metrics FROM results WHERE status = 'ok'")}
+    stored = {v: json.loads(m) for v, m in con.execute(LATEST)}
     assert stored and all(m["probe_core_ms"] > 0 and m["probe_memory_ms"] > 0 for m in stored.values())
     chosen = [stored[v] for v in {la["variant"] for la in a["layers"] if la["variant"]}]
     around = json.loads((prof / "profile.json").read_text())["machine_speed"]
@@ -228,7 +233,7 @@ def test_a_profile_whose_readings_moved_says_so(measured, tmp_path, when):
     a = _analysis(path, db, moved)
     chosen = {la["variant"] for la in a["layers"] if la["variant"]}
     con = sqlite3.connect(db)
-    stored = [json.loads(m) for v, m in con.execute("SELECT variant, metrics FROM results WHERE status = 'ok'")
+    stored = [json.loads(m) for v, m in con.execute(LATEST)
               if v in chosen]
     bench = {part: statistics.median(m[f"probe_{part}"] for m in stored) for part in ("core_ms", "memory_ms")}
     def ratio(r: dict, part: str) -> str:
@@ -313,6 +318,50 @@ def test_a_profile_beside_a_memory_stream_is_flagged(measured, tmp_path):
             break
         assert attempt < 2, a["machine_speed"]
     assert a["machine_speed"]["differ"]
+    (warning,) = [w for w in a["warnings"] if "another speed" in w]
+    assert f"{a['machine_speed']['memory_ratio']:.2f}× (memory)" in warning
+
+
+# An application serving the model with ONNX Runtime at one thread, its runs in measure blocks
+COMMAND_APP = """
+import sys, numpy as np, onnxruntime as ort, benanza
+options = benanza.ort_session_options()
+options.intra_op_num_threads = 1
+sess = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+x = np.random.rand(*(d if isinstance(d, int) else 1 for d in sess.get_inputs()[0].shape)).astype(np.float32)
+for _ in range(300):
+    with benanza.measure("run"):
+        sess.run(None, {sess.get_inputs()[0].name: x})
+"""
+
+
+@pytest.mark.slow  # runs the onnxruntime backend's benchmarks and profiles
+def test_a_command_profile_is_read_around_its_run_and_flagged_beside_a_stream(measured, tmp_path):
+    """`profile --command` reads the machine's speed just before the command's timed run starts
+    and just after it exits (for --threads): the analysis holds their median against the
+    benchmarks' readings, as recomputed from SQL and the bundle, and warns when the command ran
+    beside a memory stream (profiled again, after the benchmarks are measured again, twice at
+    most, as for a framework profile)."""
+    path, db, _ = measured
+    for attempt in range(3):
+        if attempt:
+            _measure(db.parent, 1, "--force")
+        out = tmp_path / f"command{attempt}"
+        with beside(STREAM, same_core=False):
+            invoke("profile", "--out", str(out), "--warmup", "5", "--threads", "1", "--model", str(path), "--",
+                   sys.executable, "-c", COMMAND_APP, str(path))
+        a = _analysis(path, db, out)
+        if a["machine_speed"]["memory_ratio"] > 1 + MEMORY_TOLERANCE:
+            break
+        assert attempt < 2, a["machine_speed"]
+    around = json.loads((out / "profile.json").read_text())["machine_speed"]
+    assert around["during"] == []
+    chosen = {la["variant"] for la in a["layers"] if la["variant"]}
+    stored = [json.loads(m) for v, m in sqlite3.connect(db).execute(LATEST) if v in chosen]
+    s = a["machine_speed"]
+    for part in ("core_ms", "memory_ms"):
+        assert s["profile"][part] == pytest.approx((around["before"][part] + around["after"][part]) / 2)
+        assert s["benchmarks"][part] == pytest.approx(statistics.median(m[f"probe_{part}"] for m in stored))
     (warning,) = [w for w in a["warnings"] if "another speed" in w]
     assert f"{a['machine_speed']['memory_ratio']:.2f}× (memory)" in warning
 
