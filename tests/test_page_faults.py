@@ -90,8 +90,12 @@ def test_faults_per_run_are_the_pages_the_runs_map_afresh_and_their_time_is_meas
     lost = faulting["measured_ms"] - keeping["measured_ms"]
     # (seen here: 3140 faults per run at 3.05 µs, 9.4 ms estimated against 6.2 ms measured)
     assert 0.4 * lost <= f["ms"] - k["ms"] <= 2.5 * lost
-    # a tiny model: even the keeping run's few faults may be a notable share of it
-    assert f["notable"] and k["share"] < f["share"] / 10
+    assert f["notable"]
+    # the keeping heap may still grow once inside the timed runs (seen: 3,137 faults in one of 40
+    # runs, 78.4 per run; or none), a fortieth of the faulting run's faults. Their shares are of
+    # two latencies 3-10x apart (a tiny model: even that one growth may be a notable share of the
+    # keeping run; CI once read 0.089 against the faulting run's 0.864), so their times are compared
+    assert k["ms"] < f["ms"] / 10
 
 
 def test_the_advice_names_what_keeps_the_memory(pipeline, monkeypatch):
