@@ -899,7 +899,7 @@ def _run_torch(spec: ProfileSpec, out: Path, notes: list[str], phase: str) -> di
 def _time_runs(run, spec: ProfileSpec, threads: int, read_every_s: float = READ_DURING_RUNS_S) -> dict[str, Any]:
     """The timed child's record: each run's latency and page faults, what a fault costs here, and
     on a CPU the machine's speed for a run of ``threads`` threads just before and after the runs
-    and between them every ``read_every_s``, read in this process (the parent, woken from its
+    and between them every ``read_every_s`` (at least once), read in this process (the parent, woken from its
     wait, may read another CPU in another state: a GPU's kernels run on device clocks the host
     does not slow)."""
     # read before the warm-up runs: its copy leaves the caches cold, and they warm them again
@@ -907,9 +907,12 @@ def _time_runs(run, spec: ProfileSpec, threads: int, read_every_s: float = READ_
     before = speed.read() if speed is not None else None
     for _ in range(spec.warmup):
         run()
-    samples, faults, during = [], [], []
-    for _ in range(spec.iterations):
-        if speed is not None and speed.due():
+    samples, faults = [], []
+    during: list[machine_speed.MachineSpeed] = []
+    for i in range(spec.iterations):
+        # and once halfway whatever the time: the median of three readings resists one slow
+        # reading of a short run (a 1.3 s profile read 1.16 ms core before its runs, 0.86 after)
+        if speed is not None and (speed.due() or (i == spec.iterations // 2 and not during)):
             during.append(speed.read())
             run()  # untimed: the reading's copy left the caches cold, as the warm-up runs found them
         with measure("benanza_run") as m:

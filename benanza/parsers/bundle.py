@@ -25,7 +25,7 @@ bundle or any single file of a known format, so users can also bring their own l
 ``latency_ms`` comes from the ``timed`` run (no library loggers), as do ``page_faults`` (the
 process's minor page faults in each timed run and the measured cost of one, ``PageFaults``), and
 ``machine_speed`` is the reference kernel's readings just before and after it on a CPU, and
-between its runs every two seconds (``during``; absent from older bundles)
+between its runs every two seconds and at least once (``during``; absent from older bundles)
 (``benanza/machine_speed.py``: ``analyze`` compares them with the benchmarks' own); the trace
 and the logs come from the ``traced`` run (a torch run's ``traced`` also has its runs' page faults
 and whether its heap was kept on mapped pages: ``benanza/heap.py``). ``graph_sha256`` identifies the
