@@ -776,7 +776,7 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
     if isinstance(outcome, _TimedOut):
         if outcome.current is not None:
             batch.fail(outcome.current, f"timed out after {options.timeout:g}s")
-        elif outcome.started:
+        elif batch.started:
             # Silent between two benchmarks: the next one's setup is the suspect; the rest
             # get a fresh process.
             nxt = next(n for n in names if n not in finished)
@@ -804,7 +804,6 @@ def _run_batch(binary: Command, names: list[str], env: dict[str, str], options: 
 @dataclass(frozen=True)
 class _TimedOut:
     current: str | None  # the benchmark running when the binary fell silent
-    started: bool  # whether any benchmark had started in this process
 
 
 def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
@@ -812,7 +811,6 @@ def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
     """Reads the protocol until the binary is done; the benchmark running when its output
     ended (None between benchmarks), or ``_TimedOut`` when it fell silent and was killed."""
     current: str | None = None
-    started = False
     clock: CpuClock | None = None  # the child's CPU clock when the running benchmark started
     last = time.monotonic()  # the last sign of life
     exited: float | None = None
@@ -830,7 +828,7 @@ def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
                 return None  # everything reported; the binary just does not exit
             elif now - last > batch.options.timeout:
                 children.kill_group(proc)
-                return _TimedOut(current, started)
+                return _TimedOut(current)
             continue
         if line is None:
             return current
@@ -838,8 +836,7 @@ def _read_results(proc: subprocess.Popen, lines: _Lines, names: list[str],
         last = now
         tag, _, payload = line.rstrip("\n").partition(" ")
         if tag == "BENANZA_START":
-            current, started = payload, True
-            batch.started = True
+            current, batch.started = payload, True
             clock = cpu_clock(proc.pid)
             batch.notify(current, None)
         elif tag == "BENANZA_METRICS":
