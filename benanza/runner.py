@@ -271,11 +271,13 @@ def run(bench_dir: str | Path, system_name: str, backend: str = "auto", db_path:
         summary.precision = options.precision
         by_name = {v.name: v for v in variants}
         todo = [by_name[n] for n in summary.to_run]
-        if todo:
-            _execute(binary, todo, env, options, db, system, summary, progress)
-        if (options.peaks and not options.remeasure_contended and backend in GEMM_TYPES and not summary.interrupted
+        # Before the pass: they take seconds, and a campaign cut short (a GPU lease's time limit,
+        # a stopped run) is still held to its roofline.
+        if (options.peaks and not options.remeasure_contended and backend in GEMM_TYPES
                 and db.peaks(system) is None):
             _measure_peaks(db, system, threads, options, summary)
+        if todo:
+            _execute(binary, todo, env, options, db, system, summary, progress)
     summary.seconds = time.monotonic() - started
     return summary
 

@@ -130,6 +130,14 @@ def _impossible(a: dict) -> str:
     return str(len(sol["impossible"])) if sol else "—"
 
 
+def _whatif(bound: dict | None) -> str:
+    """A what-if's sequential bound, marked where layers of it had no result in that dtype or layout
+    (the analyzer's `partial`: a figure the campaign has not finished, not yet a bound)."""
+    if not bound:
+        return "—"
+    return _ms(bound.get("sequential_ms")) + (" (partial)" if bound.get("partial") else "")
+
+
 def models(analyses: list[dict]) -> list[str]:
     """A row per analysis (a model at a batch size in one math mode, as the kit ran them); the
     what-ifs of the exact ones (their f32 column is the exact bound)."""
@@ -146,10 +154,8 @@ def models(analyses: list[dict]) -> list[str]:
         tc = a.get("tensor_cores", {}).get("bounds", {})
         fused = a.get("fusion", {}).get("bounds")
         joint = a.get("joint")
-        whatif.append([a["model"], str(a["batch_size"]), _ms(tc.get("f32", {}).get("sequential_ms")),
-                       _ms(tc.get("f16", {}).get("sequential_ms")), _ms(tc.get("f16/nhwc", {}).get("sequential_ms")),
-                       _ms(fused["sequential_ms"] if fused else None),
-                       _ms(joint.get("sequential_ms") if joint else None),
+        whatif.append([a["model"], str(a["batch_size"]), _whatif(tc.get("f32")), _whatif(tc.get("f16")),
+                       _whatif(tc.get("f16/nhwc")), _whatif(fused), _whatif(joint),
                        str(a.get("tensor_cores", {}).get("tc_kernels", "—")) + "/" +
                        str(a.get("tensor_cores", {}).get("kernels", "—"))])
     lines = ["## Bounds vs PyTorch (CUDA)", "",
@@ -164,8 +170,8 @@ def models(analyses: list[dict]) -> list[str]:
     lines += _table(["model", "batch", "math", "dtype", "measured ms", "sequential bound", "parallel bound",
                      "BR seq", "BR par", "partial", "missing layers", "not covered", "faster than roofline"], rows)
     lines += ["## What-ifs: fp16 / Tensor Cores, fusion, all together", "",
-              ("Sequential bounds in ms of the exact analyses; TC kernels = Tensor Core kernels / kernels seen "
-               "in the profile."), ""]
+              ("Sequential bounds in ms of the exact analyses; (partial): some layers had no result in that "
+               "dtype or layout yet; TC kernels = Tensor Core kernels / kernels seen in the profile."), ""]
     lines += _table(["model", "batch", "f32", "f16", "f16 nhwc", "fused (f32)", "joint", "TC kernels"], whatif)
     return lines
 

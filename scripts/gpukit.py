@@ -28,8 +28,8 @@ A step first runs the steps before it that this machine has not done (stamps in 
 every call also works on a fresh machine; each stops before the 10-minute limit and a second
 call continues where it stopped. Every stage's time is printed as it ends and kept in
 perfdb/<gpu>-campaign.log, whose measured times the next call's budget split uses. The
-deliverables (perfdb/<gpu>.db, its -campaign.log and -smoke.log, docs/results-<gpu>.md) are also
-copied to $OUT, to be copied back into the tree.
+deliverables (perfdb/<gpu>.db packed as the tracked <gpu>.db.gz, its -campaign.log and -smoke.log,
+docs/results-<gpu>.md) are also copied to $OUT, to be copied back into the tree.
 """
 
 from __future__ import annotations
@@ -314,9 +314,9 @@ def _kit_rel(kit: Path) -> str:
 
 def commands(kit: Path) -> list[str]:
     carry = json.dumps([_kit_rel(kit)])
-    back = ("then here: cp FILES_AT/*.db FILES_AT/*-campaign.log FILES_AT/*-smoke.log perfdb/ 2>/dev/null; "
-            "cp FILES_AT/results-*.md docs/ 2>/dev/null  (FILES_AT: the reply's files_at; a <gpu>.db.gz "
-            "instead of <gpu>.db: gunzip -c it into perfdb/<gpu>.db)")
+    back = ("then here: cp FILES_AT/*.db.gz FILES_AT/*-campaign.log FILES_AT/*-smoke.log perfdb/ 2>/dev/null; "
+            "cp FILES_AT/results-*.md docs/ 2>/dev/null; gunzip -kf perfdb/<gpu>.db.gz  (FILES_AT: the reply's "
+            "files_at; the packed database is the tracked one, perfdb/*.db is ignored)")
     step = "python3 scripts/gpukit.py device {}"
     # One call does everything: the session has 15 minutes of device time in all, a machine's
     # start takes minutes of it, and the machine is given back 30 s after a call (KINDS.md), so a
@@ -336,7 +336,7 @@ def commands(kit: Path) -> list[str]:
          "bare one redoes them), budgets with the stage times call 1 measured, and refreshes the report"),
         f"     {back}",
         "   else: give_back at once",
-        "then commit perfdb/<gpu>.db, perfdb/<gpu>-campaign.log and docs/results-<gpu>.md",
+        "then commit perfdb/<gpu>.db.gz, perfdb/<gpu>-campaign.log and docs/results-<gpu>.md",
         (f"(`{step.format('smoke')}`, every family under compute-sanitizer, is its own call of a later session: "
          f"this one has no device time for it)"),
     ]
@@ -401,17 +401,18 @@ class Device:
         for p in paths:
             if not p.is_file():
                 continue
-            if p.suffix == ".db":  # one consistent file, whatever the journal holds
-                with closing(sqlite3.connect(p)) as src, closing(sqlite3.connect(Path(out) / p.name)) as dst:
-                    src.backup(dst)
-            else:
-                shutil.copy2(p, Path(out) / p.name)
             copied = Path(out) / p.name
-            if copied.stat().st_size > OUT_FILE_LIMIT:  # the tool brings back files of up to 16 MiB
+            if p.suffix == ".db":  # one consistent file, whatever the journal holds, packed as it is tracked
+                with closing(sqlite3.connect(p)) as src, closing(sqlite3.connect(copied)) as dst:
+                    src.backup(dst)
                 with copied.open("rb") as raw, gzip.open(f"{copied}.gz", "wb") as packed:
                     shutil.copyfileobj(raw, packed)
                 copied.unlink()
-                say(f"{p.name} is over 15 MiB: it comes back as {p.name}.gz (gunzip it into place)")
+                copied = Path(f"{copied}.gz")
+            else:
+                shutil.copy2(p, copied)
+            if copied.stat().st_size > OUT_FILE_LIMIT:  # the tool brings back files of up to 16 MiB
+                say(f"{copied.name} is over 15 MiB: the device tool will not bring it back")
 
 
 def _manifest_digest(kit: Path) -> str:
@@ -723,7 +724,33 @@ def _torch_sees_gpu(d: Device, step: str) -> None:
 def _gpu_preflight(d: Device, step: str) -> str:
     name = gpu_name(step)
     _torch_sees_gpu(d, step)
-    return slug(name)
+    gpu = slug(name)
+    unpack_db(d.perfdb / f"{gpu}.db")
+    return gpu
+
+
+def _last_result(db: Path) -> int:
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return conn.execute("SELECT coalesce(max(id), 0) FROM results").fetchone()[0]
+
+
+def unpack_db(db: Path) -> None:
+    """The tracked ``<gpu>.db.gz`` (the database itself would outgrow what a device call carries)
+    into ``<gpu>.db``, unless the database there already holds as many results: on a warm machine
+    it is the newer one, its campaign continued since the packed copy travelled."""
+    packed = db.with_name(db.name + ".gz")
+    if not packed.is_file():
+        return
+    fresh = db.with_name(db.name + ".unpacked")
+    with gzip.open(packed, "rb") as src, fresh.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    if db.is_file() and _last_result(db) >= _last_result(fresh):
+        fresh.unlink()
+        return
+    for journal in (db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        journal.unlink(missing_ok=True)  # the replaced database's: SQLite would replay it into this one
+    fresh.replace(db)
+    say(f"{db.name}: unpacked from {packed.name}")
 
 
 def _run_until_deadline(d: Device, cmd: list[str], log: Path, deadline: float) -> tuple[int, bool]:
@@ -747,7 +774,8 @@ def _run_until_deadline(d: Device, cmd: list[str], log: Path, deadline: float) -
 # --- what each stage costs: printed as it goes, kept in perfdb/<gpu>-campaign.log -----------------
 
 _STAGE_LINE = re.compile(r"^\S+ stage (.+) (\d+) s$", re.MULTILINE)
-_CAMPAIGN_LINE = re.compile(r"^\S+ (\d+) s ", re.MULTILINE)  # one per call of `benanza run`
+# one per call of `benanza run`, its summary naming the stack it measured (none if it printed none)
+_CAMPAIGN_LINE = r"^\S+ (\d+) s (?!.*\(stack (?!{stack})).*$"
 # Seconds a stage is assumed to take until a call has measured it on this GPU
 # (perfdb/<gpu>-campaign.log): the H200's first run (2026-11-27: profiles 10-28 s, analyses 1-8 s)
 # rounded up, the others guesses; the first call on a GPU replaces them. "stop": a stopped
@@ -839,9 +867,7 @@ def campaign_tiers(bench: Path, models: list[str]) -> tuple[Tier, ...]:
     first-choice variants in the other dtypes (the fp16 what-if) of the priority models, the
     CNNs' first choices at batch 32 (exact, then TF32), all the priority models' variants at
     batch 1, and the rest. Each variant is in the first tier it fits."""
-    layers = json.loads((bench / "layers.json").read_text())["layers"]
-    variants = [v for v in json.loads((bench / "cudnn" / "variants.json").read_text())["variants"]
-                if re.search(CAMPAIGN_FILTER, v["name"])]
+    layers, variants = _campaign_variants(bench)
     own_dtype = {layer["key"] for layer in layers}
     users: dict[str, set[str]] = {}
     for layer in layers:
@@ -875,6 +901,26 @@ def campaign_tiers(bench: Path, models: list[str]) -> tuple[Tier, ...]:
     for v in variants:
         tiers[next(i for i, (_, rule) in enumerate(rules) if rule(v))].append(v["name"])
     return tuple(Tier(label, tuple(names)) for (label, _), names in zip(rules, tiers) if names)
+
+
+def _campaign_variants(bench: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The generated layers of ``bench`` and the variants of them the campaign measures."""
+    layers = json.loads((bench / "layers.json").read_text())["layers"]
+    variants = [v for v in json.loads((bench / "cudnn" / "variants.json").read_text())["variants"]
+                if re.search(CAMPAIGN_FILTER, v["name"])]
+    return layers, variants
+
+
+def model_variants(bench: Path) -> dict[str, tuple[str, ...]]:
+    """Per model, as its layers' occurrences name it (`<model>-b32` at batch 32): the campaign's
+    variants of those layers in their own dtype, among which its bounds take each layer's fastest."""
+    layers, variants = _campaign_variants(bench)
+    users = {layer["key"]: {o["model"] for o in layer["occurrences"]} for layer in layers}
+    by_model: dict[str, list[str]] = {}
+    for v in variants:
+        for model in users.get(v["layer_key"], ()):
+            by_model.setdefault(model, []).append(v["name"])
+    return {m: tuple(names) for m, names in sorted(by_model.items())}
 
 
 def write_tiers(d: Device, tiers: tuple[Tier, ...]) -> list[Path]:
@@ -981,18 +1027,41 @@ def _profiled(d: Device, models: list[str]) -> set[str]:
 
 # --- campaign -------------------------------------------------------------------------------------
 
-def latest_statuses(db: Path, system: str) -> dict[str, str]:
-    """Each variant's latest status on the system (the database's results table)."""
+def current_stack(db: Path, system: str) -> str | None:
+    """The stack the system last measured on (what `benanza analyze` reads, PerfDB.system): a new
+    cuDNN, cuBLAS or driver is a new stack, whose campaign starts over."""
     if not db.is_file():
+        return None
+    with closing(sqlite3.connect(db)) as conn:
+        row = conn.execute("SELECT stack_id FROM systems WHERE name = ? ORDER BY last_used DESC, rowid DESC LIMIT 1",
+                           (system,)).fetchone()
+    return row[0] if row else None
+
+
+def latest_statuses(db: Path, system: str) -> dict[str, str]:
+    """Each variant's latest status on the system's current stack (the database's results table)."""
+    stack = current_stack(db, system)
+    if stack is None:
         return {}
     with closing(sqlite3.connect(db)) as conn:
-        rows = conn.execute("SELECT variant, status FROM results WHERE system = ? ORDER BY id", (system,)).fetchall()
+        rows = conn.execute("SELECT variant, status FROM results WHERE stack_id = ? ORDER BY id", (stack,)).fetchall()
     return dict(rows)
 
 
-def coverage_note(tiers: tuple[Tier, ...], statuses: dict[str, str], stopped: str | None) -> str:
+def campaign_calls(log_text: str, stack: str | None) -> tuple[int, float]:
+    """The calls of `benanza run` on ``stack`` in the campaign log, and their seconds (a call
+    that printed no summary counts: it names no other stack)."""
+    line = re.compile(_CAMPAIGN_LINE.format(stack=re.escape(stack or "")), re.MULTILINE)
+    seconds = [float(m[1]) for m in line.finditer(log_text)]
+    return len(seconds), sum(seconds)
+
+
+def coverage_note(tiers: tuple[Tier, ...], statuses: dict[str, str], stopped: str | None,
+                  by_model: dict[str, tuple[str, ...]]) -> str:
     """The results page's line on how far the campaign got: complete, or partial with each tier's
-    share of variants that have a result (ok or unsupported; a failed one is retried)."""
+    share of variants that have a result (ok or unsupported; a failed one is retried), and the
+    models whose bounds chose among only some of their layers' variants: a layer's fastest so far
+    is no bound on it until its every variant has run."""
     done = {n for n, s in statuses.items() if s in ("ok", "unsupported")}
     total = sum(len(t.names) for t in tiers)
     have = sum(n in done for t in tiers for n in t.names)
@@ -1000,8 +1069,15 @@ def coverage_note(tiers: tuple[Tier, ...], statuses: dict[str, str], stopped: st
         return f"Campaign complete: all {total} variants have a result (ok or unsupported)."
     per_tier = "; ".join(f"{t.label}: {sum(n in done for n in t.names)}/{len(t.names)}" for t in tiers)
     why = stopped or "variants failed or not run yet"
+    counts = {m: sum(n in done for n in names) for m, names in by_model.items()}
+    whole = [m for m in by_model if counts[m] == len(by_model[m])]
+    short = [f"{m} {counts[m]}/{len(by_model[m])}" for m in by_model if m not in whole]
+    models = (f"Every variant of their layers has a result for {', '.join(whole) or 'no model'}; "
+              f"the other models' bounds are each layer's fastest among the variants measured so far "
+              f"({', '.join(short)} of the variants of their layers in their own dtype), and may still fall. "
+              if short else "")
     return (f"**Partial campaign** ({why}): {have} of {total} variants have a result, in the order measured: "
-            f"{per_tier}. Bounds resting on a layer without a result are partial (below); "
+            f"{per_tier}. {models}Bounds resting on a layer without a result are partial (below); "
             f"`python3 scripts/gpukit.py device all` on the GPU machine continues the campaign.")
 
 
@@ -1194,11 +1270,10 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
                 say(f"report: {run.label} ({math}): {e}")
     notes += _fidelity(d, gpu, db, tl, log_text, page_s)
     with tl.stage("page"):
-        text = _log_text(campaign_log)
-        seconds = sum(float(m[1]) for m in _CAMPAIGN_LINE.finditer(text))
-        calls = len(_CAMPAIGN_LINE.findall(text))
+        calls, seconds = campaign_calls(_log_text(campaign_log), current_stack(db, gpu))
         tiers = campaign_tiers(d.state / "bench", models["names"])
-        notes += ["--note", coverage_note(tiers, latest_statuses(db, gpu), stopped)]
+        notes += ["--note", coverage_note(tiers, latest_statuses(db, gpu), stopped,
+                                          model_variants(d.state / "bench"))]
         notes += ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
                              f"3 repetitions (perfdb/{gpu}-campaign.log)")]
         notes += [a for note in models["notes"] for a in ("--note", note)]

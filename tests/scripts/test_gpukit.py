@@ -662,11 +662,19 @@ def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
     assert plan.campaign_s == gpukit.ALL_BUDGET_S - nine_reserve
     # with the H200's first run's log: the reserve it measured, the TF32 and batch-32 stages as
     # their batch-1 exact ones; the campaign keeps most of the call
-    h200 = (REPO / "perfdb" / "nvidia-h200-campaign.log").read_text()
+    shipped = (REPO / "perfdb" / "nvidia-h200-campaign.log").read_text()
+    h200 = "".join(line for line in shipped.splitlines(True) if line.startswith("2026-11-27"))
     plan = gpukit.plan_call(gpukit.ALL_BUDGET_S - 14 - 28, six, set(), h200)
     assert dict(plan.reserve)["profile resnet50-v1-b32"] == dict(plan.reserve)["profile resnet50-v1"] == 26
     assert dict(plan.reserve)["analyze inception-v1-b32 tf32"] == 8
     assert plan.campaign_s > 250
+    # with its second run's too: each stage as last measured, the batch-32 ones their own
+    last = {m[1]: float(m[2]) for m in re.finditer(r"^\S+ stage (.+) (\d+) s$", shipped, re.MULTILINE)}
+    assert last["profile resnet50-v1-b32"] != last["profile resnet50-v1"]
+    later = dict(gpukit.plan_call(gpukit.ALL_BUDGET_S - 14 - 28, six, set(), shipped).reserve)
+    assert {stage: later[stage] for stage in later if stage in last} == {
+        stage: last[stage] for stage in later if stage in last}
+    assert later["profile resnet50-v1-b32"] == last["profile resnet50-v1-b32"]
     # the comparison with PyTorch, where this machine has not made it: reserved before the page
     # (a campaign that fills the call leaves no spare time), its measured time once there is one
     compared = gpukit.plan_call(gpukit.ALL_BUDGET_S - 14 - 28, six, set(), h200, compare=True)
@@ -743,6 +751,18 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
            "what the `tf32` rows bound" in text
     # this database holds no peaks: no roofline to judge by, said as such rather than as none flagged
     assert {cells[12] for cells in rows.values()} == {"—"}
+    # no model has every variant of its layers measured (only first choices were stored): each
+    # one's share, recounted from the layers its analysis bounded and the generated variants
+    measured = {n for tier, _ in stored for n in tier.names}
+    campaign = [v for v in by_name.values() if re.search(gpukit.CAMPAIGN_FILTER, v.name)]
+    assert "Every variant of their layers has a result for no model; the other models' bounds are each " \
+           "layer's fastest among the variants measured so far (" in text
+    for subject in ("resnet50-v1", "resnet50-v1-b32", "transformer-encoder"):
+        analysis = json.loads((state / f"analyze-{subject}.json").read_text())["analyses"][0]
+        keys = {layer["key"] for layer in analysis["layers"] if layer.get("key")}
+        mine = [v.name for v in campaign if v.layer_key in keys]
+        assert 0 < sum(n in measured for n in mine) < len(mine)
+        assert f"{subject} {sum(n in measured for n in mine)}/{len(mine)}" in text
 
     # no time left at all: the page all the same, from what there is
     late = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, time.monotonic(), perfdb, docs)
@@ -754,3 +774,88 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
         for mode in ("exact", "tf32"):
             subject = m if mode == "exact" else f"{m} tf32"
             assert f"\n| {m} | 1 | {mode} | f32 | " in text or f"\n- {subject}: not analysed: " in text
+
+
+def test_the_tracked_packed_database_travels_and_never_replaces_a_newer_one(tmp_path, monkeypatch):
+    """perfdb/<gpu>.db.gz is what git holds (the database outgrows a device call's 64 MiB): a GPU
+    step unpacks it, keeps a database there whose campaign went further (a warm machine's), and
+    hands the database back packed, the same rows as the file it read."""
+    import gzip
+    import sqlite3
+    from contextlib import closing
+
+    gpukit = _load_kit()
+    shipped = REPO / "perfdb" / "nvidia-h200.db.gz"
+    perfdb = tmp_path / "perfdb"
+    perfdb.mkdir()
+    packed, db = perfdb / shipped.name, perfdb / "nvidia-h200.db"
+    shutil.copy2(shipped, packed)
+
+    def rows(path: Path) -> tuple[int, int]:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            return conn.execute("select count(*), max(id) from results").fetchone()
+
+    with gzip.open(shipped, "rb") as src:
+        (tmp_path / "oracle.db").write_bytes(src.read())
+    expected = rows(tmp_path / "oracle.db")
+    assert expected[0] > 10_000
+
+    gpukit.unpack_db(db)
+    assert rows(db) == expected
+    with closing(sqlite3.connect(db)) as conn:  # the campaign continued here after the packed copy travelled
+        conn.execute("pragma journal_mode=wal")  # as PerfDB writes, its last rows still in the journal
+        conn.execute("insert into results select null, system, stack_id, variant, layer_key, dtype, status, message, "
+                     "median_ms, mean_ms, stddev_ms, min_ms, iterations, repetitions, workspace_bytes, implementation, "
+                     "metrics, raw, command, timestamp, rsd, unstable, low_ms, sample_median_ms, sample_iqr_ms, "
+                     "samples, contention, clean_share, contended, precision, eliminated from results "
+                     "order by id desc limit 1")
+        conn.commit()
+        gpukit.unpack_db(db)
+    assert rows(db) == (expected[0] + 1, expected[1] + 1)
+    assert not list(perfdb.glob("*.unpacked"))
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("OUT", str(out))
+    d = gpukit.Device(Path(sys.executable), tmp_path / "kit", tmp_path, 0.0, perfdb, tmp_path / "docs")
+    d.to_out(db)
+    assert [p.name for p in out.iterdir()] == ["nvidia-h200.db.gz"]
+    back = tmp_path / "back.db"
+    with gzip.open(out / "nvidia-h200.db.gz", "rb") as src:
+        back.write_bytes(src.read())
+    assert rows(back) == rows(db)
+
+    db.unlink()  # a bare machine, or one whose database is older: the packed copy is the database
+    gpukit.unpack_db(db)
+    assert rows(db) == expected
+
+
+def test_the_page_counts_only_the_campaign_of_the_stack_it_analyses(tmp_path):
+    """The H200's database holds two stacks (its first run linked cuDNN 9.14, the second the
+    image's 9.19): the page's coverage line and campaign time are the current stack's alone, as
+    `benanza analyze` reads only that one."""
+    import gzip
+    import sqlite3
+    from contextlib import closing
+
+    gpukit = _load_kit()
+    db = tmp_path / "nvidia-h200.db"
+    with gzip.open(REPO / "perfdb" / "nvidia-h200.db.gz", "rb") as src:
+        db.write_bytes(src.read())
+    with closing(sqlite3.connect(db)) as conn:
+        stacks = {sid: json.loads(stack)["cudnn"] for sid, stack in conn.execute("select stack_id, stack from systems")}
+        latest = conn.execute("select stack_id from results order by id desc limit 1").fetchone()[0]
+        variants = {v for (v,) in conn.execute("select distinct variant from results where stack_id = ?", (latest,))}
+        everything = conn.execute("select count(distinct variant) from results").fetchone()[0]
+    assert stacks[latest] == "9.19.0" and len(stacks) == 2
+    assert gpukit.current_stack(db, "nvidia-h200") == latest
+    statuses = gpukit.latest_statuses(db, "nvidia-h200")
+    assert set(statuses) == variants and len(variants) < everything
+
+    log = (REPO / "perfdb" / "nvidia-h200-campaign.log").read_text()
+    ours = [line for line in log.splitlines() if f"(stack {latest})" in line]
+    assert len(ours) >= 2 and any("(stack " in line and line not in ours for line in log.splitlines())
+    assert gpukit.campaign_calls(log, latest) == (len(ours), sum(float(line.split()[1]) for line in ours))
+    unnamed = "2026-11-29T00:00:00Z 12 s stopped at the call's time limit: no summary line\n"
+    assert gpukit.campaign_calls(log + unnamed, latest) == (len(ours) + 1,
+                                                           sum(float(line.split()[1]) for line in ours) + 12)
