@@ -1258,10 +1258,13 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
     named = dict(zip(models["names"], models["paths"]))
     runs = report_runs(models["names"])
     page_s = estimate(log_text, "page")
+    # the comparison with PyTorch is reserved (plan_call), a profile of a model not in the
+    # priority runs is not: it may take only what both leave
+    compare_s = 0.0 if (d.state / FIDELITY_JSON).is_file() else estimate(log_text, "fidelity")
     analyses, notes = [], []
     for i, run in enumerate(runs):
         later = sum(r.estimate(log_text, "analyze", m) for r in runs[i:] for m in ANALYSIS_MATHS)
-        notes += _profile(d, run, named[run.model], tl, log_text, d.left() - page_s - later)
+        notes += _profile(d, run, named[run.model], tl, log_text, d.left() - page_s - compare_s - later)
         for math in ANALYSIS_MATHS:
             try:
                 analyses.append(_analyze(d, run, math, named[run.model], gpu, db, tl, page_s))

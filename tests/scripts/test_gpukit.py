@@ -859,3 +859,51 @@ def test_the_page_counts_only_the_campaign_of_the_stack_it_analyses(tmp_path):
     unnamed = "2026-11-29T00:00:00Z 12 s stopped at the call's time limit: no summary line\n"
     assert gpukit.campaign_calls(log + unnamed, latest) == (len(ours) + 1,
                                                            sum(float(line.split()[1]) for line in ours) + 12)
+
+
+def test_a_profile_with_time_to_spare_never_takes_the_comparisons_reserved_time(generated, tmp_path):
+    """The comparison with PyTorch (benchmarks/fidelity_cuda.py) is in the call's reserve; a
+    profile of a model outside the priority runs only has time to spare. On the H200's second run
+    both calls spent the comparison's minute on such profiles and it never ran: here a profile
+    that fits only by taking that minute is not attempted, and once the comparison is made on the
+    machine the same profile is."""
+    from benanza.generator import read_variants
+    from benanza.perfdb import PerfDB
+    from benanza.records import Result, Status, System
+
+    state = tmp_path / "state"
+    shutil.copytree(generated[0], state)
+    models = generated[1]
+    perfdb, docs = tmp_path / "perfdb", tmp_path / "docs"
+    perfdb.mkdir()
+    tiers = gpukit.campaign_tiers(state / "bench", models["names"])
+    by_name = {v.name: v for v in read_variants(state / "bench" / "cudnn")}
+    system = System(GPU, "cudnn", "NVIDIA H100 80GB HBM3", (("cudnn", "9.13"),))
+    with PerfDB(perfdb / f"{GPU}.db") as db:
+        db.upsert_system(system)
+        db.insert_results(system, [Result(by_name[n], GPU, Status.OK, median_ms=0.01, low_ms=0.01)
+                                   for n in tiers[0].names])
+    spare = "masked-decoder"  # not a priority run: profiled with time to spare only
+    assert spare not in gpukit.PRIORITY_MODELS
+    log = "".join(f"2026-11-26T03:00:00Z stage profile {r.label} {20 if r.label == spare else 9999} s\n"
+                  for r in gpukit.report_runs(models["names"]))
+    log += ("2026-11-26T03:00:00Z stage fidelity 150 s\n"
+            + "".join(f"2026-11-26T03:00:00Z stage {r.stage('analyze', m)} 1 s\n"
+                      for r in gpukit.report_runs(models["names"]) for m in gpukit.ANALYSIS_MATHS)
+            + "2026-11-26T03:00:00Z stage page 1 s\n")
+    (perfdb / f"{GPU}-campaign.log").write_text(log)
+
+    def page(left: float) -> str:
+        d = gpukit.Device(Path(sys.executable), tmp_path / "kit", state, time.monotonic() + left, perfdb, docs)
+        return gpukit._report(d, GPU, gpukit.Timeline(time.monotonic(), left), None).read_text()
+
+    # 120 s: room for the 20 s profile only by eating into the comparison's 150 s
+    text = page(120)
+    assert f"- {spare}: not profiled under PyTorch in this call (about 20 s, 0 s left)" in text
+    assert "- timing fidelity against PyTorch: not run in this call (about 150 s)" in text
+    # the comparison made on this machine already (the first run's own JSON): the profile is
+    # attempted (and fails here, with no GPU, saying why)
+    shutil.copy2(REPO / "benchmarks" / "results" / "fidelity-cuda-nvidia-h200.json", state / gpukit.FIDELITY_JSON)
+    text = page(120)
+    assert f"- {spare}: not profiled: " in text and f"- {spare}: not profiled under PyTorch" not in text
+    assert "timing fidelity against PyTorch: not run" not in text
