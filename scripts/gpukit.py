@@ -316,7 +316,8 @@ def commands(kit: Path) -> list[str]:
     carry = json.dumps([_kit_rel(kit)])
     back = ("then here: cp FILES_AT/*.db.gz FILES_AT/*-campaign.log FILES_AT/*-smoke.log perfdb/ 2>/dev/null; "
             "cp FILES_AT/results-*.md docs/ 2>/dev/null; gunzip -kf perfdb/<gpu>.db.gz  (FILES_AT: the reply's "
-            "files_at; the packed database is the tracked one, perfdb/*.db is ignored)")
+            "files_at; the packed database is the tracked one, perfdb/*.db is ignored; one over 15 MiB comes back "
+            "as <gpu>.db.gz.part0, .part1, ...: cat FILES_AT/<gpu>.db.gz.part? > perfdb/<gpu>.db.gz)")
     step = "python3 scripts/gpukit.py device {}"
     # One call does everything: the session has 15 minutes of device time in all, a machine's
     # start takes minutes of it, and the machine is given back 30 s after a call (KINDS.md), so a
@@ -412,7 +413,21 @@ class Device:
             else:
                 shutil.copy2(p, copied)
             if copied.stat().st_size > OUT_FILE_LIMIT:  # the tool brings back files of up to 16 MiB
-                say(f"{copied.name} is over 15 MiB: the device tool will not bring it back")
+                parts = _split(copied)
+                say(f"{copied.name} is over {OUT_FILE_LIMIT / 2**20:g} MiB: it comes back in {len(parts)} parts "
+                    f"({copied.name}.part0, ...): cat them, in order, into {copied.name}")
+
+
+def _split(path: Path) -> list[Path]:
+    """``path`` as ``<name>.part0``, ``.part1``, ... of OUT_FILE_LIMIT bytes at most, in place of it."""
+    parts = []
+    with path.open("rb") as src:
+        while chunk := src.read(OUT_FILE_LIMIT):
+            part = path.with_name(f"{path.name}.part{len(parts)}")
+            part.write_bytes(chunk)
+            parts.append(part)
+    path.unlink()
+    return parts
 
 
 def _manifest_digest(kit: Path) -> str:

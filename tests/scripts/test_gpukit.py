@@ -781,6 +781,7 @@ def test_the_tracked_packed_database_travels_and_never_replaces_a_newer_one(tmp_
     step unpacks it, keeps a database there whose campaign went further (a warm machine's), and
     hands the database back packed, the same rows as the file it read."""
     import gzip
+    import io
     import sqlite3
     from contextlib import closing
 
@@ -822,6 +823,18 @@ def test_the_tracked_packed_database_travels_and_never_replaces_a_newer_one(tmp_
     assert [p.name for p in out.iterdir()] == ["nvidia-h200.db.gz"]
     back = tmp_path / "back.db"
     with gzip.open(out / "nvidia-h200.db.gz", "rb") as src:
+        back.write_bytes(src.read())
+    assert rows(back) == rows(db)
+
+    # packed beyond what one file back from the device may hold: in parts, joined by `cat`
+    monkeypatch.setattr(gpukit, "OUT_FILE_LIMIT", 2 * 2**20)
+    for f in out.iterdir():
+        f.unlink()
+    d.to_out(db)
+    parts = sorted(out.iterdir())
+    assert [p.name for p in parts] == [f"nvidia-h200.db.gz.part{i}" for i in range(len(parts))] and len(parts) > 1
+    assert all(p.stat().st_size <= 2 * 2**20 for p in parts)
+    with gzip.open(io.BytesIO(b"".join(p.read_bytes() for p in parts)), "rb") as src:
         back.write_bytes(src.read())
     assert rows(back) == rows(db)
 
