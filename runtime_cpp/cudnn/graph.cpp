@@ -44,7 +44,7 @@ fe::DataType_t fe_dtype(DType t) {
     case DType::I32: return fe::DataType_t::INT32;
     case DType::I64: return fe::DataType_t::INT64;
     // one byte per element as ONNX's bool (the frontend's BOOLEAN is one bit); a cuDNN before 9.25
-    // refuses it when the graph is built
+    // does not know it (plan: unsupported)
     case DType::Bool: return fe::DataType_t::BYTE_BOOLEAN;
     case DType::F8E4M3: return fe::DataType_t::FP8_E4M3;
   }
@@ -483,11 +483,22 @@ struct Planned {
   bool refused = false;
 };
 
+// ONNX's one-byte bool is the graph API's BYTE_BOOLEAN, a type cuDNN knows from 9.25 on: an older
+// one refuses it at the tensor descriptor (SetAttribute CUDNN_ATTR_TENSOR_DATA_TYPE:
+// CUDNN_STATUS_INVALID_VALUE, seen on the H200 with 9.14 and 9.19), which is no harness failure
+constexpr size_t kByteBooleanSince = 92500;
+
 Planned plan(Spec spec) {
   Planned p{std::move(spec), {}, {}, "", false};
   try {
     Graph& g = *p.spec.graph;
     cudnnHandle_t handle = cudnn_handle();  // without a usable GPU this fails first, with the CUDA error
+    const size_t version = cudnnGetVersion();
+    for (const auto& b : p.spec.buffers) {
+      if ((b.type == DType::Bool || b.boolean) && version < kByteBooleanSince)
+        throw Unsupported("cudnn_frontend: a one-byte bool tensor (BYTE_BOOLEAN) needs cuDNN 9.25 or newer; this is " +
+                          std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100));
+    }
     check(g.validate(), "validate");
     check(g.build_operation_graph(handle), "build_operation_graph");
     check(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
