@@ -144,9 +144,11 @@ def models(analyses: list[dict]) -> list[str]:
     rows, whatif = [], []
     for a in analyses:
         b = a["bounds"]
+        # an exact-f32 bound against a run whose library calls allowed TF32 bounds another run: no ratio
+        tf32_run = a["math"] == "exact" and a["dtype"] == "f32" and (a.get("framework_tf32") or {}).get("calls")
+        br = ["— (TF32 run)"] * 2 if tf32_run else [_ratio(b.get("br_sequential")), _ratio(b.get("br_parallel"))]
         rows.append([a["model"], str(a["batch_size"]), a["math"], a["dtype"], _ms(a.get("measured_ms")),
-                     _ms(b["sequential_ms"]), _ms(b["parallel_ms"]), _ratio(b.get("br_sequential")),
-                     _ratio(b.get("br_parallel")), "yes" if b["partial"] else "no",
+                     _ms(b["sequential_ms"]), _ms(b["parallel_ms"]), *br, "yes" if b["partial"] else "no",
                      str(len(a["coverage"].get("missing", []))), str(len(a["coverage"].get("not_covered", []))),
                      _impossible(a)])
         if a["math"] != "exact":
@@ -164,7 +166,8 @@ def models(analyses: list[dict]) -> list[str]:
               "layers bounded by f32 FMA variants only (`analyze --math exact`); `tf32`: TF32 Tensor Core "
               "variants admitted (`--math tf32`). PyTorch's defaults (TF32 in its convolutions, the cuDNN ones "
               "and the 1x1 ones it runs as `COMPUTE_32F_FAST_TF32` cuBLASLt GEMMs; exact f32 in its other "
-              "matmuls) are what the `tf32` rows bound; the `exact` rows bound PyTorch with TF32 turned off. "
+              "matmuls) are what the `tf32` rows bound; the `exact` rows bound PyTorch with TF32 turned off, so "
+              "their BR is left out (— (TF32 run)) where the profiled run's library calls allowed TF32. "
               "Faster than roofline: the layers' results more than 10% faster than their roofline time "
               "(`speed_of_light.impossible`: a measurement defect, kept out of the bound)."), ""]
     lines += _table(["model", "batch", "math", "dtype", "measured ms", "sequential bound", "parallel bound",

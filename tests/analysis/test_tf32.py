@@ -135,3 +135,34 @@ def test_json_and_html_carry_the_counts_and_the_warning(setup, tmp_path):
     assert r.exit_code == 0, r.output
     (a,) = json.loads(r.stdout)["analyses"]
     assert a["framework_tf32"]["calls"] == tf32 and not [w for w in a["warnings"] if "TF32" in w]
+
+
+def test_the_gpu_results_page_gives_no_ratio_of_an_exact_bound_to_a_tf32_run(setup, tmp_path):
+    """scripts/gpu-results.py's bounds table, from `analyze --json` of bundles with the H200's
+    logs: an exact row against PyTorch's TF32 run has no BR (it bounds another run), its TF32 row
+    has one; an exact row against a run of exact f32 calls keeps its BR."""
+    import subprocess
+    import sys
+
+    path, db = setup
+    runs = {"tf32": bundle(tmp_path / "t", path, 1.0, cudnn_log=CUDNN_TF32),
+            "exact": bundle(tmp_path / "e", path, 1.0, cudnn_log="cudnn_v7.log")}
+    files = []
+    for (run, math), name in {("tf32", "exact"): "a", ("tf32", "tf32"): "b", ("exact", "exact"): "c"}.items():
+        args = ["analyze", str(path), "--system", "h200", "--db", str(db.path), "--profile", str(runs[run]),
+                "--json", "--math", math]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        (tmp_path / f"{name}.json").write_text(r.stdout)
+        files.append(tmp_path / f"{name}.json")
+    page = tmp_path / "page.md"
+    subprocess.run([sys.executable, str(helpers.REPO / "scripts" / "gpu-results.py"), "--db", str(db.path),
+                    "--system", "h200", "--out", str(page), "--campaign-seconds", "1", *map(str, files)],
+                   check=True, capture_output=True, env={"PYTHONPATH": str(helpers.REPO), "PATH": ""})
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in page.read_text().splitlines()
+            if line.startswith("| conv | 1 |")][:3]  # the bounds table's; the what-ifs follow
+    assert [r[2] for r in rows] == ["exact", "tf32", "exact"]
+    assert rows[0][7:9] == ["— (TF32 run)"] * 2
+    for row, bound in zip(rows[1:], [TF32_BOUND_MS, EXACT_MS]):  # measured 1.0 ms in both bundles
+        assert row[4] == "1.000" and float(row[5]) == pytest.approx(bound, abs=5e-4)
+        assert row[7] == f"{bound / 1.0:.2f}", row
