@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from benanza.backends.cudnn import CONV_ALGOS, CUDNN_MATH_TYPES
+from benanza.backends.cudnn import CONV_ALGOS, CUDNN_MATH_TYPES, PLAN_ALGOS
 from benanza.peaks import Peaks, datasheet_for
 from benanza.perfdb import PerfDB
 from benanza.records import Result, Status, Variant
@@ -254,6 +254,30 @@ def fidelity(path: Path | None) -> list[str]:
     return lines + [""]
 
 
+def graph_plans(results: list[Result]) -> list[str]:
+    """Per convolution problem through the graph API whose every plan slot has a result: the
+    frontend heuristic's first plan (``plan0``, what a framework that takes the heuristic runs)
+    against the fastest plan timed."""
+    groups: dict[tuple, list[Result]] = defaultdict(list)
+    for r in results:
+        v = r.variant
+        if v.api == "cudnn_frontend.conv":
+            groups[(v.layer_key, v.dtype, v.layout, v.math)].append(r)
+    ratios, first_best = [], 0
+    for rs in groups.values():
+        timed = {r.variant.algo: r.median_ms for r in rs if r.ok and r.median_ms}
+        if {r.variant.algo for r in rs} != set(PLAN_ALGOS) or "plan0" not in timed:
+            continue  # slots still to run, or the heuristic's first plan refused
+        ratios.append(timed["plan0"] / min(timed.values()))
+        first_best += timed["plan0"] == min(timed.values())
+    if not ratios:
+        return ["No graph-API convolution has a result in every plan slot yet.", ""]
+    return [f"Through the graph API (`cudnn_frontend.conv`), {len(ratios)} convolution problems have a result in "
+            f"all {len(PLAN_ALGOS)} plan slots: the heuristic's first plan (`plan0`) was the fastest in "
+            f"{first_best}; `plan0` ÷ fastest plan: median {statistics.median(ratios):.2f}, max {max(ratios):.2f}.",
+            ""]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--db", required=True, type=Path)
@@ -280,7 +304,8 @@ def main() -> int:
     lines += _table(["component", "version"], [[k, v] for k, v in system.stack])
     lines += [f"- {n}" for n in args.note] + ([""] if args.note else [])
     lines += campaign(results, args.campaign_seconds) + peaks(measured, system.device) + models(analyses)
-    lines += fidelity(args.fidelity) + paths(results) + algorithms(results) + smoke(args.smoke)
+    lines += fidelity(args.fidelity) + paths(results) + algorithms(results) + graph_plans(results)
+    lines += smoke(args.smoke)
     args.out.write_text("\n".join(lines))
     print(f"gpu-results: wrote {args.out}")
     return 0

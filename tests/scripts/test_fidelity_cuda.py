@@ -3,9 +3,7 @@ the database the H200 campaign shipped) and the results page's section of its JS
 
 from __future__ import annotations
 
-import gzip
 import json
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -14,26 +12,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKED = REPO / "perfdb" / "nvidia-h200.db.gz"  # tracked packed (scripts/gpukit.py unpack_db)
 MODELS = ["resnet50-v1", "inception-v1", "mobilenet-v2"]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fidelity_cuda import our_best  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def DB(tmp_path_factory) -> Path:
-    db = tmp_path_factory.mktemp("perfdb") / "nvidia-h200.db"
-    with gzip.open(PACKED, "rb") as src, db.open("wb") as dst:
-        shutil.copyfileobj(src, dst)
-    return db
-
-
-def test_each_convolution_of_the_models_gets_its_fastest_exact_f32_result(DB):
-    rows = our_best(DB, "nvidia-h200", MODELS)
+def test_each_convolution_of_the_models_gets_its_fastest_exact_f32_result(h200_db):
+    rows = our_best(h200_db, "nvidia-h200", MODELS)
     # recomputed in SQL from the stored rows: the latest result of each variant on the stack the
     # system last used (the H200 has two: cuDNN 9.14, then the image's 9.19), then the fastest
-    con = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
+    con = sqlite3.connect(f"file:{h200_db}?mode=ro", uri=True)
     stack = con.execute("select stack_id from systems where name = 'nvidia-h200' "
                         "order by last_used desc, rowid desc limit 1").fetchone()[0]
     best = dict(con.execute(
@@ -51,8 +40,8 @@ def test_each_convolution_of_the_models_gets_its_fastest_exact_f32_result(DB):
         assert {"ic", "oc", "kh", "sh", "pt", "pb", "g"} <= set(r["params"])
 
 
-def test_the_results_page_shows_the_comparison(DB, tmp_path):
-    rows = our_best(DB, "nvidia-h200", ["resnet50-v1"])[:3]
+def test_the_results_page_shows_the_comparison(h200_db, tmp_path):
+    rows = our_best(h200_db, "nvidia-h200", ["resnet50-v1"])[:3]
     for r, (exact, default) in zip(rows, [(0.01, 0.008), (0.5, 0.2), (0.02, 0.02)]):
         r.update(torch_exact_ms=exact, torch_default_ms=default, ratio_exact=r["ours_ms"] / exact,
                  ratio_default=r["ours_ms"] / default)
@@ -64,7 +53,7 @@ def test_the_results_page_shows_the_comparison(DB, tmp_path):
     fid = tmp_path / "fid.json"
     fid.write_text(json.dumps({"summary": summary, "rows": rows}))
     out = tmp_path / "page.md"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-results.py"), "--db", str(DB), "--system",
+    subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-results.py"), "--db", str(h200_db), "--system",
                     "nvidia-h200", "--out", str(out), "--campaign-seconds", "73", "--fidelity", str(fid)],
                    check=True, capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": ""})
     page = out.read_text()

@@ -843,18 +843,15 @@ def test_the_tracked_packed_database_travels_and_never_replaces_a_newer_one(tmp_
     assert rows(db) == expected
 
 
-def test_the_page_counts_only_the_campaign_of_the_stack_it_analyses(tmp_path):
+def test_the_page_counts_only_the_campaign_of_the_stack_it_analyses(h200_db):
     """The H200's database holds two stacks (its first run linked cuDNN 9.14, the second the
     image's 9.19): the page's coverage line and campaign time are the current stack's alone, as
     `benanza analyze` reads only that one."""
-    import gzip
     import sqlite3
     from contextlib import closing
 
     gpukit = _load_kit()
-    db = tmp_path / "nvidia-h200.db"
-    with gzip.open(REPO / "perfdb" / "nvidia-h200.db.gz", "rb") as src:
-        db.write_bytes(src.read())
+    db = h200_db
     with closing(sqlite3.connect(db)) as conn:
         stacks = {sid: json.loads(stack)["cudnn"] for sid, stack in conn.execute("select stack_id, stack from systems")}
         latest = conn.execute("select stack_id from results order by id desc limit 1").fetchone()[0]
