@@ -817,6 +817,34 @@ def _reduce(fn: Callable[..., Tensor], axes_input_since: int) -> OpFn:
     return op
 
 
+def _dynamic_quantize_linear(ctx: Ctx, x: list[Value]) -> tuple[Tensor, Tensor, Tensor]:
+    """ONNX's uint8 formula: the range widened to hold 0, its scale and zero point, values rounded
+    half to even (torch.round) and saturated."""
+    v = x[0].float()
+    lo, hi = torch.clamp(v.min(), max=0.0), torch.clamp(v.max(), min=0.0)
+    scale = (hi - lo) / 255.0
+    # an all-zero input: scale 0; ORT then quantizes everything to the zero point 0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = torch.clamp(torch.round(-lo / safe), 0, 255)
+    y = torch.clamp(torch.round(v / safe) + zero, 0, 255)
+    return y.to(torch.uint8), scale, zero.to(torch.uint8)
+
+
+def _matmul_integer(ctx: Ctx, x: list[Value]) -> Tensor:
+    """(A - a_zero_point) · (B - b_zero_point) in int32. CUDA has no integer matmul: there it runs in
+    float64, exact for any product of 8-bit values below 2^53 in magnitude."""
+    a, b = _one_device(x[0], x[1])
+    azp = x[2] if len(x) > 2 and x[2] is not None else None
+    bzp = x[3] if len(x) > 3 and x[3] is not None else None
+    wide = torch.float64 if a.device.type == "cuda" else torch.int32
+    if azp is not None and azp.dim() == 1 and azp.numel() > 1:
+        azp = azp.unsqueeze(-1)  # one per row of A, [M]: along its rows
+    # one per column of B, [N], broadcasts along its last axis as it is
+    a = a.to(wide) - (azp.to(a.device, wide) if azp is not None else 0)
+    b = b.to(wide) - (bzp.to(b.device, wide) if bzp is not None else 0)
+    return torch.matmul(a, b).to(torch.int32)
+
+
 def _unary(fn: Callable[[Tensor], Tensor]) -> OpFn:
     return lambda ctx, x: fn(x[0])
 
@@ -870,6 +898,7 @@ def _register() -> dict[str, OpFn]:
         "Greater": _binary(torch.gt), "LessOrEqual": _binary(torch.le), "GreaterOrEqual": _binary(torch.ge),
         "And": _binary(torch.logical_and), "Or": _binary(torch.logical_or), "Xor": _binary(torch.logical_xor),
         "Resize": _resize, "Upsample": _resize, "LSTM": _rnn, "GRU": _rnn, "RNN": _rnn, "Attention": _attention,
+        "DynamicQuantizeLinear": _dynamic_quantize_linear, "MatMulInteger": _matmul_integer,
     }
 
 

@@ -416,3 +416,23 @@ def test_vit_and_mobilenet_v3_like_exports_match_onnxruntime(tmp_path, build, op
         torch.onnx.export(module.eval(), (torch.randn(*shape),), str(path), opset_version=opset, dynamo=False,
                           input_names=["x"], output_names=["y"])
     _compare(onnx.load(str(path)))
+
+
+def test_a_dynamically_quantized_matmul_matches_onnxruntime(tmp_path):
+    """ONNX Runtime's own dynamic quantization of a linear layer (DynamicQuantizeLinear of the
+    activations, MatMulInteger against uint8/int8 weights with their zero point, Cast, Mul by the
+    scales): the executor's uint8 rounding and integer product give ORT's output."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    fp32 = tmp_path / "linear.onnx"
+    onnx.save(helpers.model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [io("x", [8, 64])],
+                            [io("y", None)],
+                            [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "W")]),
+              str(fp32))
+    for weight_type in (QuantType.QUInt8, QuantType.QInt8):
+        quantized = tmp_path / f"linear-{weight_type.name}.onnx"
+        quantize_dynamic(str(fp32), str(quantized), weight_type=weight_type)
+        proto = onnx.load(str(quantized))
+        assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in proto.graph.node}
+        _compare(proto)
