@@ -92,13 +92,18 @@ def paths(results: list[Result]) -> list[str]:
         ["path", "results", "ok", "unsupported", "failed", "first failure"], rows)
 
 
-def algorithms(results: list[Result]) -> list[str]:
-    """Per convolution problem: the heuristic's and Find's algorithm against the fastest timed."""
+def _by_problem(results: list[Result], keep: Callable[[Result], bool]) -> dict[tuple, list[Result]]:
+    """The kept results per convolution problem: layer, dtype, layout and math."""
     groups: dict[tuple, list[Result]] = defaultdict(list)
     for r in results:
-        v = r.variant
-        if v.api == "cudnnConvolutionForward" and r.ok:
-            groups[(v.layer_key, v.dtype, v.layout, v.math)].append(r)
+        if keep(r):
+            groups[(r.variant.layer_key, r.variant.dtype, r.variant.layout, r.variant.math)].append(r)
+    return groups
+
+
+def algorithms(results: list[Result]) -> list[str]:
+    """Per convolution problem: the heuristic's and Find's algorithm against the fastest timed."""
+    groups = _by_problem(results, lambda r: r.variant.api == "cudnnConvolutionForward" and r.ok)
     rows, same_h, same_f, loss_h = [], 0, 0, []
     for (key, dtype, layout, math), rs in sorted(groups.items()):
         best = min(rs, key=lambda r: r.median_ms or 0.0)
@@ -258,18 +263,14 @@ def graph_plans(results: list[Result]) -> list[str]:
     """Per convolution problem through the graph API whose every plan slot has a result: the
     frontend heuristic's first plan (``plan0``, what a framework that takes the heuristic runs)
     against the fastest plan timed."""
-    groups: dict[tuple, list[Result]] = defaultdict(list)
-    for r in results:
-        v = r.variant
-        if v.api == "cudnn_frontend.conv":
-            groups[(v.layer_key, v.dtype, v.layout, v.math)].append(r)
     ratios, first_best = [], 0
-    for rs in groups.values():
+    for rs in _by_problem(results, lambda r: r.variant.api == "cudnn_frontend.conv").values():
         timed = {r.variant.algo: r.median_ms for r in rs if r.ok and r.median_ms}
         if {r.variant.algo for r in rs} != set(PLAN_ALGOS) or "plan0" not in timed:
             continue  # slots still to run, or the heuristic's first plan refused
-        ratios.append(timed["plan0"] / min(timed.values()))
-        first_best += timed["plan0"] == min(timed.values())
+        fastest = min(timed.values())
+        ratios.append(timed["plan0"] / fastest)
+        first_best += timed["plan0"] == fastest
     if not ratios:
         return ["No graph-API convolution has a result in every plan slot yet.", ""]
     return [f"Through the graph API (`cudnn_frontend.conv`), {len(ratios)} convolution problems have a result in "

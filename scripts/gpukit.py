@@ -789,8 +789,8 @@ def _run_until_deadline(d: Device, cmd: list[str], log: Path, deadline: float) -
 # --- what each stage costs: printed as it goes, kept in perfdb/<gpu>-campaign.log -----------------
 
 _STAGE_LINE = re.compile(r"^\S+ stage (.+) (\d+) s$", re.MULTILINE)
-# one per call of `benanza run`, its summary naming the stack it measured (none if it printed none)
-_CAMPAIGN_LINE = r"^\S+ (\d+) s (?!.*\(stack (?!{stack})).*$"
+_CAMPAIGN_LINE = re.compile(r"^\S+ (\d+) s .*$", re.MULTILINE)  # one per call of `benanza run`
+_STACK_NAMED = re.compile(r"\(stack (\w+)\)")  # in its summary, where it printed one
 # Seconds a stage is assumed to take until a call has measured it on this GPU
 # (perfdb/<gpu>-campaign.log): the H200's first run (2026-11-27: profiles 10-28 s, analyses 1-8 s)
 # rounded up, the others guesses; the first call on a GPU replaces them. "stop": a stopped
@@ -875,14 +875,17 @@ def _problem(key: str) -> str:
 
 
 def campaign_tiers(bench: Path, models: list[str]) -> tuple[Tier, ...]:
-    """The generated variants of ``bench`` that the campaign measures (CAMPAIGN_FILTER), in its
+    return _tiers(*_campaign_variants(bench), models)
+
+
+def _tiers(layers: list[dict[str, Any]], variants: list[dict[str, str]], models: list[str]) -> tuple[Tier, ...]:
+    """The generated variants that the campaign measures (CAMPAIGN_FILTER), in its
     order, most valuable first: the first-choice variants in the layer's own dtype and exact math (the exact-f32
     bound) of the priority models' layers at batch 1, then of the other models' (every layer of
     every model then has a bound), then in TF32 (the bound of PyTorch's default math), the
     first-choice variants in the other dtypes (the fp16 what-if) of the priority models, the
     CNNs' first choices at batch 32 (exact, then TF32), all the priority models' variants at
     batch 1, and the rest. Each variant is in the first tier it fits."""
-    layers, variants = _campaign_variants(bench)
     own_dtype = {layer["key"] for layer in layers}
     users: dict[str, set[str]] = {}
     for layer in layers:
@@ -926,10 +929,9 @@ def _campaign_variants(bench: Path) -> tuple[list[dict[str, Any]], list[dict[str
     return layers, variants
 
 
-def model_variants(bench: Path) -> dict[str, tuple[str, ...]]:
+def model_variants(layers: list[dict[str, Any]], variants: list[dict[str, str]]) -> dict[str, tuple[str, ...]]:
     """Per model, as its layers' occurrences name it (`<model>-b32` at batch 32): the campaign's
     variants of those layers in their own dtype, among which its bounds take each layer's fastest."""
-    layers, variants = _campaign_variants(bench)
     users = {layer["key"]: {o["model"] for o in layer["occurrences"]} for layer in layers}
     by_model: dict[str, list[str]] = {}
     for v in variants:
@@ -1066,8 +1068,8 @@ def latest_statuses(db: Path, system: str) -> dict[str, str]:
 def campaign_calls(log_text: str, stack: str | None) -> tuple[int, float]:
     """The calls of `benanza run` on ``stack`` in the campaign log, and their seconds (a call
     that printed no summary counts: it names no other stack)."""
-    line = re.compile(_CAMPAIGN_LINE.format(stack=re.escape(stack or "")), re.MULTILINE)
-    seconds = [float(m[1]) for m in line.finditer(log_text)]
+    seconds = [float(m[1]) for m in _CAMPAIGN_LINE.finditer(log_text)
+               if stack is None or (named := _STACK_NAMED.search(m[0])) is None or named[1] == stack]
     return len(seconds), sum(seconds)
 
 
@@ -1289,9 +1291,9 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
     notes += _fidelity(d, gpu, db, tl, log_text, page_s)
     with tl.stage("page"):
         calls, seconds = campaign_calls(_log_text(campaign_log), current_stack(db, gpu))
-        tiers = campaign_tiers(d.state / "bench", models["names"])
-        notes += ["--note", coverage_note(tiers, latest_statuses(db, gpu), stopped,
-                                          model_variants(d.state / "bench"))]
+        layers, variants = _campaign_variants(d.state / "bench")
+        notes += ["--note", coverage_note(_tiers(layers, variants, models["names"]), latest_statuses(db, gpu),
+                                          stopped, model_variants(layers, variants))]
         notes += ["--note", (f"campaign: {calls} call(s) of `benanza run`, L2 flushed before every timed call, "
                              f"3 repetitions (perfdb/{gpu}-campaign.log)")]
         notes += [a for note in models["notes"] for a in ("--note", note)]
