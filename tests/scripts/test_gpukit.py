@@ -751,6 +751,22 @@ def test_a_campaign_stopped_by_the_budget_still_gets_its_report_marked_partial(g
            "what the `tf32` rows bound" in text
     # this database holds no peaks: no roofline to judge by, said as such rather than as none flagged
     assert {cells[12] for cells in rows.values()} == {"—"}
+    # the what-ifs of the exact analyses, each figure marked where the analyzer's own JSON calls
+    # that bound partial (MobileNet's exact bound, missing its layers, among them)
+    head = "| model | batch | f32 | f16 | f16 nhwc | fused (f32) | joint | TC kernels |"
+    whatifs = text[text.index(head):].split("\n\n")[0].splitlines()[2:]
+    marked = 0
+    for line in whatifs:
+        model, batch, f32, *_ = [c.strip() for c in line.strip("|").split("|")]
+        subject = model if batch == "1" else f"{model}-b{batch}"
+        a = json.loads((state / f"analyze-{subject}.json").read_text())["analyses"][0]
+        bound = a["tensor_cores"]["bounds"].get("f32")  # none where no layer has an f32 result
+        if bound is None:
+            assert f32 == "—", line
+            continue
+        assert f32 == f"{bound['sequential_ms']:.3f}" + (" (partial)" if bound["partial"] else ""), line
+        marked += bound["partial"]
+    assert marked and len(whatifs) == len(rows) // 2
     # no model has every variant of its layers measured (only first choices were stored): each
     # one's share, recounted from the layers its analysis bounded and the generated variants
     measured = {n for tier, _ in stored for n in tier.names}
