@@ -259,6 +259,33 @@ def fidelity(path: Path | None) -> list[str]:
     return lines + [""]
 
 
+def kernels(path: Path | None) -> list[str]:
+    """benchmarks/kernel_durations.py's comparison: the event time stored for one call of each
+    variant a CNN's exact bound takes ÷ the summed CUPTI durations of the kernels that call ran."""
+    lines = ["## Our times vs the kernels' own durations", ""]
+    if path is None or not path.is_file():
+        return lines + ["Not run in this call (benchmarks/kernel_durations.py).", ""]
+    data = json.loads(path.read_text())
+    s, rows = data["summary"], [r for r in data["rows"] if r["ratio"] is not None]
+    if not rows:
+        return lines + ["No result of the CUPTI-mode run carried a kernel time to compare.", ""]
+    lines += [(f"{s['compared']} variants, those the exact bounds of the three CNNs take at batch 1, rebuilt in "
+               f"CUPTI mode and run with the L2 hot: the time Benanza stores for one call (CUDA events around "
+               f"it) ÷ the summed durations of the kernels the call launched (CUPTI's activity records). Target "
+               f"≤ {s['target']:g}: median **{s['median_ratio']:.2f}**, {s['over_target']} over {s['target']:g}, "
+               f"max {s['max_ratio']:.2f}, min {s['min_ratio']:.2f}"
+               + (f" ({s['below_1']} below 1: the recorded calls' kernels ran longer than the timed calls)"
+                  if s["below_1"] else "")
+               + (f"; {s['incomplete']} with kernel records CUPTI had not completed (their kernel time "
+                  f"is short)" if s["incomplete"] else "") + "."), ""]
+    worst = sorted(rows, key=lambda r: -r["ratio"])[:10]
+    lines += _table(["variant", "ours ms", "kernels ms", "kernels per call", "ratio"],
+                    [[f"{r['layer'][:50]} {Variant.from_name(r['variant']).api}", _ms(r["event_ms"]),
+                      _ms(r["kernel_ms"]), f"{r['kernels_per_call']:g}", _ratio(r["ratio"])]
+                     for r in worst])
+    return lines + [""]
+
+
 def graph_plans(results: list[Result]) -> list[str]:
     """Per convolution problem through the graph API whose every plan slot has a result: the
     frontend heuristic's first plan (``plan0``, what a framework that takes the heuristic runs)
@@ -288,6 +315,7 @@ def main() -> int:
     p.add_argument("--smoke", type=Path)
     p.add_argument("--note", action="append", default=[])
     p.add_argument("--fidelity", type=Path, help="benchmarks/fidelity_cuda.py's JSON")
+    p.add_argument("--kernels", type=Path, help="benchmarks/kernel_durations.py's JSON")
     p.add_argument("analyses", nargs="*", type=Path)
     args = p.parse_args()
     with PerfDB(args.db) as db:
@@ -305,7 +333,8 @@ def main() -> int:
     lines += _table(["component", "version"], [[k, v] for k, v in system.stack])
     lines += [f"- {n}" for n in args.note] + ([""] if args.note else [])
     lines += campaign(results, args.campaign_seconds) + peaks(measured, system.device) + models(analyses)
-    lines += fidelity(args.fidelity) + paths(results) + algorithms(results) + graph_plans(results)
+    lines += fidelity(args.fidelity) + kernels(args.kernels) + paths(results) + algorithms(results)
+    lines += graph_plans(results)
     lines += smoke(args.smoke)
     args.out.write_text("\n".join(lines))
     print(f"gpu-results: wrote {args.out}")

@@ -22,7 +22,8 @@ in all, the machine's start (minutes) and every idle wait included.
                    split and the campaign's order (out/gpukit/plan.json); needs no GPU
         campaign   GPU: `benanza run` into perfdb/<gpu>.db for the whole budget
         smoke      GPU: every family under compute-sanitizer (skipped where it refuses the device)
-        report     GPU: PyTorch-on-CUDA profiles, exact and TF32 analyses, docs/results-<gpu>.md
+        report     GPU: PyTorch-on-CUDA profiles, exact and TF32 analyses, the timing comparisons
+                   with PyTorch and with the kernels' own CUPTI durations, docs/results-<gpu>.md
 
 A step first runs the steps before it that this machine has not done (stamps in out/gpukit), so
 every call also works on a fresh machine; each stops before the 10-minute limit and a second
@@ -315,7 +316,9 @@ def _kit_rel(kit: Path) -> str:
 def commands(kit: Path) -> list[str]:
     carry = json.dumps([_kit_rel(kit)])
     back = ("then here: cp FILES_AT/*.db.gz FILES_AT/*-campaign.log FILES_AT/*-smoke.log perfdb/ 2>/dev/null; "
-            "cp FILES_AT/results-*.md docs/ 2>/dev/null; gunzip -kf perfdb/<gpu>.db.gz  (FILES_AT: the reply's "
+            "cp FILES_AT/results-*.md docs/ 2>/dev/null; for j in fidelity kernels; do cp FILES_AT/$j-cuda.json "
+            "benchmarks/results/$j-cuda-<gpu>.json 2>/dev/null; done; gunzip -kf perfdb/<gpu>.db.gz  "
+            "(FILES_AT: the reply's "
             "files_at; the packed database is the tracked one, perfdb/*.db is ignored; one over 15 MiB comes back "
             "as <gpu>.db.gz.part0, .part1, ...: cat FILES_AT/<gpu>.db.gz.part? > perfdb/<gpu>.db.gz)")
     step = "python3 scripts/gpukit.py device {}"
@@ -797,7 +800,11 @@ _STACK_NAMED = re.compile(r"\(stack (\w+)\)")  # in its summary, where it printe
 # `benanza run` handing back and its database folded into one file; "page": gpu-results.py and
 # the copies (1 s on the H200: the rest is margin).
 FIDELITY_JSON = "fidelity-cuda.json"  # benchmarks/fidelity_cuda.py's output in the machine's state
-DEFAULT_SECONDS = {"stop": 15.0, "profile": 30.0, "analyze": 8.0, "fidelity": 60.0, "page": 15.0}
+KERNELS_JSON = "kernels-cuda.json"  # benchmarks/kernel_durations.py's comparison, likewise
+# "kernels": a CUPTI-mode project of the three CNNs generated (f32), configured, built (the
+# campaign's whole project took 49 s on the H200, this one has a sixth of its variants) and the
+# bounds' 220 variants run
+DEFAULT_SECONDS = {"stop": 15.0, "profile": 30.0, "analyze": 8.0, "fidelity": 60.0, "kernels": 150.0, "page": 15.0}
 # How long the page may run past the budget when the estimates before it ran over (ALL_BUDGET_S).
 PAGE_GRACE_S = 25.0
 
@@ -1017,19 +1024,20 @@ class CallPlan:
 
 
 def plan_call(left_s: float, models: list[str], profiled: set[str], log_text: str,
-              compare: bool = False) -> CallPlan:
+              compare: bool = False, kernels: bool = False) -> CallPlan:
     """The report's reserve: the campaign's stop, a profile of each priority run (report_runs) not
     profiled on this machine yet (``profiled``: run labels; the others are profiled only with
     time to spare), an analysis of every run in every math mode, the timing-fidelity comparison
-    against PyTorch where it is still to be made on this machine (``compare``: a campaign that
-    fills the call would leave it no spare time), the page; each as the latest call measured it,
-    else as estimated (Run.estimate)."""
+    against PyTorch and the kernels' own durations where each is still to be made on this machine
+    (``compare``, ``kernels``: a campaign that fills the call would leave them no spare time), the
+    page; each as the latest call measured it, else as estimated (Run.estimate)."""
     runs = report_runs(models)
     stages = [("stop", estimate(log_text, "stop")),
               *((r.stage("profile"), r.estimate(log_text, "profile")) for r in runs
                 if r.priority and r.label not in profiled),
               *((r.stage("analyze", m), r.estimate(log_text, "analyze", m)) for r in runs for m in ANALYSIS_MATHS),
               *([("fidelity", estimate(log_text, "fidelity"))] if compare else []),
+              *([("kernels", estimate(log_text, "kernels"))] if kernels else []),
               ("page", estimate(log_text, "page"))]
     return CallPlan(left_s, tuple(stages))
 
@@ -1277,7 +1285,8 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
     page_s = estimate(log_text, "page")
     # the comparison with PyTorch is reserved (plan_call), a profile of a model not in the
     # priority runs is not: it may take only what both leave
-    compare_s = 0.0 if (d.state / FIDELITY_JSON).is_file() else estimate(log_text, "fidelity")
+    compare_s = sum(0.0 if (d.state / done).is_file() else estimate(log_text, stage)
+                    for done, stage in ((FIDELITY_JSON, "fidelity"), (KERNELS_JSON, "kernels")))
     analyses, notes = [], []
     for i, run in enumerate(runs):
         later = sum(r.estimate(log_text, "analyze", m) for r in runs[i:] for m in ANALYSIS_MATHS)
@@ -1289,6 +1298,7 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
                 notes += ["--note", f"{run.subject(math)}: not analysed: {_first_line(e)}"]
                 say(f"report: {run.label} ({math}): {e}")
     notes += _fidelity(d, gpu, db, tl, log_text, page_s)
+    notes += _kernels(d, gpu, db, tl, log_text, page_s)
     with tl.stage("page"):
         calls, seconds = campaign_calls(_log_text(campaign_log), current_stack(db, gpu))
         layers, variants = _campaign_variants(d.state / "bench")
@@ -1302,8 +1312,8 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
         d.docs.mkdir(parents=True, exist_ok=True)
         results = d.docs / f"results-{gpu}.md"
         # the page is written even where the estimates ran over: past the budget, inside the device's limit
-        fidelity = d.state / FIDELITY_JSON
-        compared = ["--fidelity", str(fidelity)] if fidelity.is_file() else []
+        compared = [a for flag, done in (("--fidelity", FIDELITY_JSON), ("--kernels", KERNELS_JSON))
+                    if (d.state / done).is_file() for a in (flag, str(d.state / done))]
         d.call([str(d.python), str(REPO / "scripts" / "gpu-results.py"), "--db", str(db), "--system", gpu,
                 "--out", str(results), "--campaign-seconds", f"{seconds:.0f}", *smoke, *compared, *notes,
                 *analyses],
@@ -1337,6 +1347,49 @@ def _fidelity(d: Device, gpu: str, db: Path, tl: Timeline, log_text: str, page_s
     return []
 
 
+def _kernels(d: Device, gpu: str, db: Path, tl: Timeline, log_text: str, page_s: float) -> list[str]:
+    """benchmarks/kernel_durations.py (our event times against the kernels' own CUPTI durations,
+    for the variants the CNNs' exact bounds take), with time to spare only: once per machine; the
+    page's notes when it did not run."""
+    out = d.state / KERNELS_JSON
+    if out.is_file():
+        return []
+    need, room = estimate(log_text, "kernels"), d.left() - page_s
+    if need > room:
+        say(f"report: kernels: not run (about {need:.0f} s estimated, {max(0.0, room):.0f} s left)")
+        return ["--note", f"kernel durations (CUPTI): not run in this call (about {need:.0f} s)"]
+    try:
+        with tl.stage("kernels"):
+            _kernel_durations(d, gpu, db, out, time.monotonic() + room)
+    except KitError as e:
+        out.unlink(missing_ok=True)
+        say(f"report: {e}")
+        return ["--note", f"kernel durations (CUPTI): {_first_line(e)}"]
+    return []
+
+
+def _kernel_durations(d: Device, gpu: str, db: Path, out: Path, deadline: float) -> None:
+    """The variants the three CNNs' exact bounds take (batch 1), from their own CUPTI-mode project
+    (f32, generated once per machine), run with the L2 hot into a database of their own (a CUPTI
+    build is another stack: its results never mix with the campaign's), then compared."""
+    script = [str(d.python), str(REPO / "benchmarks" / "kernel_durations.py")]
+    names = d.call([*script, "select", "--db", str(db), "--system", gpu], "kernel_durations.py select").split()
+    project = d.state / "kernels"
+    if not d.stamp("kernels-generate").is_file():
+        named = dict(zip(_models(d)["names"], _models(d)["paths"]))
+        d.call(d.bz("generate", *(named[m] for m in MODELS), "--out", str(project), "--backend", "cudnn",
+                    "--dtype", "f32", "--cupti"), "benanza generate (kernels)")
+        configure(d, project / "cudnn")
+        d.stamp("kernels-generate").write_text("")
+    chosen = "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+    d.call(d.bz("run", "--system", gpu, "--bench-dir", str(project), "--backend", "cudnn",
+                "--db", str(d.state / "kernels.db"), "--l2", "hot", "--no-peaks", "--repetitions", "3",
+                "--filter", chosen),
+           "benanza run (kernels)", log=d.state / "kernels-run.log", timeout=deadline - time.monotonic())
+    say("report: kernels: " + d.call([*script, "compare", "--db", str(d.state / "kernels.db"), "--system", gpu,
+                                      "--out", str(out)], "kernel_durations.py compare").strip())
+
+
 def step_report(d: Device) -> None:
     step_generate(d)
     gpu = _gpu_preflight(d, "report")
@@ -1350,7 +1403,7 @@ def step_report(d: Device) -> None:
         results = _report(d, gpu, tl, None)
     finally:
         tl.flush(campaign_log)
-    d.to_out(db, results, campaign_log, d.state / "reports.tar.gz", d.state / FIDELITY_JSON)
+    d.to_out(db, results, campaign_log, d.state / "reports.tar.gz", d.state / FIDELITY_JSON, d.state / KERNELS_JSON)
 
 
 # --- the one call ---------------------------------------------------------------------------------
@@ -1358,7 +1411,7 @@ def step_report(d: Device) -> None:
 def _plan(d: Device, log: Path | None) -> tuple[CallPlan, tuple[Tier, ...]]:
     names = _models(d)["names"]
     plan = plan_call(d.left(), names, _profiled(d, names), _log_text(log),
-                     compare=not (d.state / FIDELITY_JSON).is_file())
+                     compare=not (d.state / FIDELITY_JSON).is_file(), kernels=not (d.state / KERNELS_JSON).is_file())
     tiers = campaign_tiers(d.state / "bench", names)
     (d.state / "plan.json").write_text(json.dumps(
         {**plan.to_json(), "tiers": [{"label": t.label, "names": list(t.names)} for t in tiers]}, indent=1) + "\n")
@@ -1405,7 +1458,8 @@ def step_all(d: Device) -> None:
             except KitError as e:  # the report still says what was measured before it
                 failure, stopped = e, f"the campaign failed: {_first_line(e)}"
         if db.is_file():
-            d.to_out(_report(d, gpu, tl, stopped), d.state / "reports.tar.gz", d.state / FIDELITY_JSON)
+            d.to_out(_report(d, gpu, tl, stopped), d.state / "reports.tar.gz", d.state / FIDELITY_JSON,
+                     d.state / KERNELS_JSON)
         else:  # `benanza run` never started measuring: no system, nothing a page could say
             say(f"report: nothing measured on this GPU yet ({stopped}): no results page")
     finally:

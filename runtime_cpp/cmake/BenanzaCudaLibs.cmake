@@ -79,15 +79,23 @@ _benanza_imported(benanza::cublaslt "${BENANZA_CUBLASLT_LIBRARY}" "${BENANZA_CUB
 set_property(TARGET benanza::cublas PROPERTY INTERFACE_LINK_OPTIONS "LINKER:-rpath-link,${_cublas_dir}")
 set_property(TARGET benanza::cublas PROPERTY INTERFACE_LINK_LIBRARIES benanza::cublaslt)
 
+# The toolkit's CUPTI first (the one its nvcc and driver were released with), else the PyPI wheel's
+# (nvidia-cuda-cupti: nvidia/cu13 for CUDA 13, nvidia/cuda_cupti for 12), which an image holding
+# PyTorch has beside cuBLAS.
 function(benanza_find_cupti)
+  set(_wheel_cupti "")
+  foreach(dir IN LISTS _benanza_site_dirs)
+    list(APPEND _wheel_cupti "${dir}/nvidia/cu13" "${dir}/nvidia/cuda_cupti")
+  endforeach()
   find_library(BENANZA_CUPTI_LIBRARY NAMES cupti libcupti.so.13 libcupti.so.12
-    HINTS ${CUDAToolkit_LIBRARY_DIR} "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/lib64"
+    HINTS ${CUDAToolkit_LIBRARY_DIR} "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/lib64" ${_wheel_cupti}
     PATH_SUFFIXES lib64 lib)
   find_path(BENANZA_CUPTI_INCLUDE_DIR cupti.h
-    HINTS ${CUDAToolkit_INCLUDE_DIRS} "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include")
+    HINTS ${CUDAToolkit_INCLUDE_DIRS} "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include" ${_wheel_cupti}
+    PATH_SUFFIXES include)
   if(NOT BENANZA_CUPTI_LIBRARY OR NOT BENANZA_CUPTI_INCLUDE_DIR)
-    message(FATAL_ERROR "BENANZA_CUPTI=ON but CUPTI (libcupti, cupti.h) is not in the CUDA toolkit "
-                        "${CUDAToolkit_LIBRARY_ROOT}")
+    message(FATAL_ERROR "BENANZA_CUPTI=ON but CUPTI (libcupti, cupti.h) is neither in the CUDA toolkit "
+                        "${CUDAToolkit_LIBRARY_ROOT} nor in a nvidia-cuda-cupti wheel (searched: ${_wheel_cupti})")
   endif()
   _benanza_imported(benanza::cupti "${BENANZA_CUPTI_LIBRARY}" "${BENANZA_CUPTI_INCLUDE_DIR}")
 endfunction()

@@ -282,7 +282,7 @@ def test_dry_run_on_the_image_layout_passes_every_step_that_needs_no_gpu(kit, tm
     first = [*priority, "resnet50-v1-b32"]  # the priority runs, whose profiles are reserved
     assert [stage for stage, _ in plan["reserve"]] == [
         "stop", *(f"profile {m}" for m in first),
-        *_analyses(*first, *others, "inception-v1-b32", "mobilenet-v2-b32"), "fidelity", "page"]
+        *_analyses(*first, *others, "inception-v1-b32", "mobilenet-v2-b32"), "fidelity", "kernels", "page"]
     assert [s for _, s in plan["reserve"]] == [gpukit.DEFAULT_SECONDS[stage.split()[0]] for stage, _ in plan["reserve"]]
     assert 0 < plan["left_s"] <= gpukit.ALL_BUDGET_S
     assert plan["campaign_s"] == pytest.approx(plan["left_s"] - sum(s for _, s in plan["reserve"]), abs=0.11)
@@ -681,6 +681,9 @@ def test_the_report_reserve_comes_first_and_the_campaign_gets_the_rest():
     assert [stage for stage, _ in compared.reserve][-2:] == ["fidelity", "page"]
     assert dict(compared.reserve)["fidelity"] == gpukit.DEFAULT_SECONDS["fidelity"]
     assert compared.campaign_s == plan.campaign_s - gpukit.DEFAULT_SECONDS["fidelity"]
+    both = gpukit.plan_call(gpukit.ALL_BUDGET_S - 14 - 28, six, set(), h200, compare=True, kernels=True)
+    assert [stage for stage, _ in both.reserve][-3:] == ["fidelity", "kernels", "page"]
+    assert both.campaign_s == compared.campaign_s - gpukit.DEFAULT_SECONDS["kernels"]
     tl = gpukit.Timeline(0.0, 540.0)
     tl.record("fidelity", 41.0)
     assert dict(gpukit.plan_call(400.0, models, set(), tl.pending[0] + "\n", compare=True).reserve)["fidelity"] == 41
@@ -887,12 +890,16 @@ def test_the_page_counts_only_the_campaign_of_the_stack_it_analyses(h200_db):
                                                            sum(float(line.split()[1]) for line in ours) + 12)
 
 
-def test_a_profile_with_time_to_spare_never_takes_the_comparisons_reserved_time(generated, tmp_path):
-    """The comparison with PyTorch (benchmarks/fidelity_cuda.py) is in the call's reserve; a
-    profile of a model outside the priority runs only has time to spare. On the H200's second run
-    both calls spent the comparison's minute on such profiles and it never ran: here a profile
-    that fits only by taking that minute is not attempted, and once the comparison is made on the
-    machine the same profile is."""
+def test_a_profile_with_time_to_spare_never_takes_the_comparisons_reserved_time(generated, tmp_path, h200_db):
+    """The comparisons (with PyTorch: benchmarks/fidelity_cuda.py; with the kernels' own
+    durations: kernel_durations.py) are in the call's reserve; a profile of a model outside the
+    priority runs only has time to spare. On the H200's second run both calls spent the
+    comparison's minute on such profiles and it never ran: here a profile that fits only by taking
+    that time is not attempted, and once the comparisons are made on the machine the same profile
+    is."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from kernel_durations import compare
+
     from benanza.generator import read_variants
     from benanza.perfdb import PerfDB
     from benanza.records import Result, Status, System
@@ -913,7 +920,7 @@ def test_a_profile_with_time_to_spare_never_takes_the_comparisons_reserved_time(
     assert spare not in gpukit.PRIORITY_MODELS
     log = "".join(f"2026-11-26T03:00:00Z stage profile {r.label} {20 if r.label == spare else 9999} s\n"
                   for r in gpukit.report_runs(models["names"]))
-    log += ("2026-11-26T03:00:00Z stage fidelity 150 s\n"
+    log += ("2026-11-26T03:00:00Z stage fidelity 150 s\n2026-11-26T03:00:00Z stage kernels 150 s\n"
             + "".join(f"2026-11-26T03:00:00Z stage {r.stage('analyze', m)} 1 s\n"
                       for r in gpukit.report_runs(models["names"]) for m in gpukit.ANALYSIS_MATHS)
             + "2026-11-26T03:00:00Z stage page 1 s\n")
@@ -927,9 +934,13 @@ def test_a_profile_with_time_to_spare_never_takes_the_comparisons_reserved_time(
     text = page(120)
     assert f"- {spare}: not profiled under PyTorch in this call (about 20 s, 0 s left)" in text
     assert "- timing fidelity against PyTorch: not run in this call (about 150 s)" in text
+    assert "- kernel durations (CUPTI): not run in this call (about 150 s)" in text
     # the comparison made on this machine already (the first run's own JSON): the profile is
     # attempted (and fails here, with no GPU, saying why)
     shutil.copy2(REPO / "benchmarks" / "results" / "fidelity-cuda-nvidia-h200.json", state / gpukit.FIDELITY_JSON)
     text = page(120)
+    assert f"- {spare}: not profiled under PyTorch in this call (about 20 s, 0 s left)" in text  # kernels' time
+    (state / gpukit.KERNELS_JSON).write_text(json.dumps(compare(h200_db, "nvidia-h200")))
+    text = page(120)
     assert f"- {spare}: not profiled: " in text and f"- {spare}: not profiled under PyTorch" not in text
-    assert "timing fidelity against PyTorch: not run" not in text
+    assert "timing fidelity against PyTorch: not run" not in text and "kernel durations (CUPTI): not run" not in text
