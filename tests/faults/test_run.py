@@ -302,6 +302,12 @@ def test_killed_run_leaves_no_process_and_no_temp_folder(standin_bench, tmp_path
         time.sleep(0.1)
     assert not [p for p in child if alive(p)], "the benchmark child outlived `benanza run`"
     assert list(tmp.iterdir()) == []  # no temp folder, no names file
+    with PerfDB(db, readonly=True) as pdb:
+        system = pdb.system("box")
+        peaks = pdb.peaks(system) if system is not None else None
+    # the stack's peaks are measured before the pass: a run killed inside it (a GPU lease's time
+    # limit cuts every campaign short) is still held to its roofline
+    assert peaks is not None and peaks.peaks, err.decode()
     if sig == signal.SIGTERM:
         assert proc.returncode == 130, err.decode()
         with PerfDB(db, readonly=True) as pdb:
