@@ -235,16 +235,26 @@ def smoke(path: Path | None) -> list[str]:
     return lines
 
 
+def _comparison(path: Path | None, title: str, script: str, ratio: str, empty: str) -> tuple[list[str], dict | None]:
+    """A comparison section's heading, and the script's JSON where it ran and some row has a
+    ``ratio`` (None: the lines already say why not)."""
+    lines = [f"## {title}", ""]
+    if path is None or not path.is_file():
+        return lines + [f"Not run in this call (benchmarks/{script}).", ""], None
+    data = json.loads(path.read_text())
+    if not any(r[ratio] is not None for r in data["rows"]):
+        return lines + [empty, ""], None
+    return lines, data
+
+
 def fidelity(path: Path | None) -> list[str]:
     """benchmarks/fidelity_cuda.py's comparison: each convolution's fastest stored time against
     PyTorch's own search of the same library on the same GPU."""
-    lines = ["## Timing fidelity: our convolutions vs PyTorch's", ""]
-    if path is None or not path.is_file():
-        return lines + ["Not run in this call (benchmarks/fidelity_cuda.py).", ""]
-    data = json.loads(path.read_text())
+    lines, data = _comparison(path, "Timing fidelity: our convolutions vs PyTorch's", "fidelity_cuda.py", "ratio_exact",
+                              "No convolution has an ok f32 NCHW FMA result to compare.")
+    if data is None:
+        return lines
     s, rows = data["summary"], data["rows"]
-    if not rows:
-        return lines + ["No convolution has an ok f32 NCHW FMA result to compare.", ""]
     lines += [(f"{s['convolutions']} unique convolutions: the fastest f32 NCHW FMA algorithm Benanza timed "
                f"(L2 flushed) ÷ the same convolution through PyTorch {s['torch']} (cuDNN {s['torch_cudnn']}, "
                f"`cudnn.benchmark`, L2 flushed, TF32 off: exact f32 on both sides). Target ≤ 1.0: median "
@@ -262,13 +272,11 @@ def fidelity(path: Path | None) -> list[str]:
 def kernels(path: Path | None) -> list[str]:
     """benchmarks/kernel_durations.py's comparison: the event time stored for one call of each
     variant a CNN's exact bound takes ÷ the summed CUPTI durations of the kernels that call ran."""
-    lines = ["## Our times vs the kernels' own durations", ""]
-    if path is None or not path.is_file():
-        return lines + ["Not run in this call (benchmarks/kernel_durations.py).", ""]
-    data = json.loads(path.read_text())
+    lines, data = _comparison(path, "Our times vs the kernels' own durations", "kernel_durations.py", "ratio",
+                              "No result of the CUPTI-mode run carried a kernel time to compare.")
+    if data is None:
+        return lines
     s, rows = data["summary"], [r for r in data["rows"] if r["ratio"] is not None]
-    if not rows:
-        return lines + ["No result of the CUPTI-mode run carried a kernel time to compare.", ""]
     lines += [(f"{s['compared']} variants, those the exact bounds of the three CNNs take at batch 1, rebuilt in "
                f"CUPTI mode and run with the L2 hot: the time Benanza stores for one call (CUDA events around "
                f"it) ÷ the summed durations of the kernels the call launched (CUPTI's activity records). Target "

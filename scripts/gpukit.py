@@ -1326,46 +1326,40 @@ def _report(d: Device, gpu: str, tl: Timeline, stopped: str | None) -> Path:
     return results
 
 
-def _fidelity(d: Device, gpu: str, db: Path, tl: Timeline, log_text: str, page_s: float) -> list[str]:
-    """benchmarks/fidelity_cuda.py (our convolutions against PyTorch's, same GPU), with time to
-    spare only: once per machine; the page's notes when it did not run."""
-    out = d.state / FIDELITY_JSON
+def _comparison(d: Device, stage: str, what: str, out: Path, tl: Timeline, log_text: str, page_s: float,
+                work: Callable[[float], object]) -> list[str]:
+    """One of the report's comparisons (``work``, given the seconds it may take, writes ``out``),
+    with time to spare only: once per machine; the page's notes when it did not run."""
     if out.is_file():
         return []
-    need, room = estimate(log_text, "fidelity"), d.left() - page_s
+    need, room = estimate(log_text, stage), d.left() - page_s
     if need > room:
-        say(f"report: fidelity: not run (about {need:.0f} s estimated, {max(0.0, room):.0f} s left)")
-        return ["--note", f"timing fidelity against PyTorch: not run in this call (about {need:.0f} s)"]
+        say(f"report: {stage}: not run (about {need:.0f} s estimated, {max(0.0, room):.0f} s left)")
+        return ["--note", f"{what}: not run in this call (about {need:.0f} s)"]
     try:
-        with tl.stage("fidelity"):
-            d.call([str(d.python), str(REPO / "benchmarks" / "fidelity_cuda.py"), "--db", str(db), "--system", gpu,
-                    "--out", str(out)], "fidelity_cuda.py", timeout=room)
+        with tl.stage(stage):
+            work(room)
     except KitError as e:
         out.unlink(missing_ok=True)
         say(f"report: {e}")
-        return ["--note", f"timing fidelity against PyTorch: {_first_line(e)}"]
+        return ["--note", f"{what}: {_first_line(e)}"]
     return []
+
+
+def _fidelity(d: Device, gpu: str, db: Path, tl: Timeline, log_text: str, page_s: float) -> list[str]:
+    """benchmarks/fidelity_cuda.py: our convolutions against PyTorch's, same GPU."""
+    out = d.state / FIDELITY_JSON
+    return _comparison(d, "fidelity", "timing fidelity against PyTorch", out, tl, log_text, page_s, lambda room: d.call(
+        [str(d.python), str(REPO / "benchmarks" / "fidelity_cuda.py"), "--db", str(db), "--system", gpu,
+         "--out", str(out)], "fidelity_cuda.py", timeout=room))
 
 
 def _kernels(d: Device, gpu: str, db: Path, tl: Timeline, log_text: str, page_s: float) -> list[str]:
-    """benchmarks/kernel_durations.py (our event times against the kernels' own CUPTI durations,
-    for the variants the CNNs' exact bounds take), with time to spare only: once per machine; the
-    page's notes when it did not run."""
+    """benchmarks/kernel_durations.py: our event times against the kernels' own CUPTI durations,
+    for the variants the CNNs' exact bounds take."""
     out = d.state / KERNELS_JSON
-    if out.is_file():
-        return []
-    need, room = estimate(log_text, "kernels"), d.left() - page_s
-    if need > room:
-        say(f"report: kernels: not run (about {need:.0f} s estimated, {max(0.0, room):.0f} s left)")
-        return ["--note", f"kernel durations (CUPTI): not run in this call (about {need:.0f} s)"]
-    try:
-        with tl.stage("kernels"):
-            _kernel_durations(d, gpu, db, out, time.monotonic() + room)
-    except KitError as e:
-        out.unlink(missing_ok=True)
-        say(f"report: {e}")
-        return ["--note", f"kernel durations (CUPTI): {_first_line(e)}"]
-    return []
+    return _comparison(d, "kernels", "kernel durations (CUPTI)", out, tl, log_text, page_s,
+                       lambda room: _kernel_durations(d, gpu, db, out, time.monotonic() + room))
 
 
 def _kernel_durations(d: Device, gpu: str, db: Path, out: Path, deadline: float) -> None:
