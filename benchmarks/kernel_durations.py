@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benanza.analysis.bounds import best  # noqa: E402
 from benanza.analyzer import MATH_EXACT, admits_math  # noqa: E402
 from benanza.perfdb import PerfDB  # noqa: E402
 from benanza.records import Result  # noqa: E402
@@ -38,21 +39,18 @@ TARGET = 1.05  # the issue's bound on our time over the kernels' own
 
 def bound_variants(db: Path, system: str, models: tuple[str, ...] = MODELS) -> list[str]:
     """Per layer of the models (as their occurrences name them), in the layer's own dtype, the
-    variant its exact bound takes: the fastest ok result by the bound's own estimator
-    (Result.latency_ms) with no TF32 math; sorted, each once."""
+    variant its exact sequential bound takes: the analysis's own choice (bounds.best: the fastest
+    ok unfused result by Result.latency_ms) among the results with no TF32 math; sorted, each once."""
     with PerfDB(db, readonly=True) as perf:
         marks = ",".join("?" * len(models))
         keys = [k for (k,) in perf.db.execute(
             f"SELECT DISTINCT layer_key FROM occurrences WHERE model IN ({marks})", models)]
-        best: dict[str, Result] = {}
+        by_layer: dict[str, list[Result]] = {}
         for r in perf.results(system, keys):
-            latency = r.latency_ms
-            if not r.ok or latency is None or not admits_math(r.variant, MATH_EXACT):
-                continue
-            held = best.get(r.variant.layer_key)
-            if held is None or latency < (held.latency_ms or 0.0):
-                best[r.variant.layer_key] = r
-    return sorted({r.variant.name for r in best.values()})
+            if admits_math(r.variant, MATH_EXACT):
+                by_layer.setdefault(r.variant.layer_key, []).append(r)
+    chosen = (best(rs, rs[0].variant.dtype) for rs in by_layer.values())
+    return sorted({r.variant.name for r in chosen if r is not None})
 
 
 def compare(db: Path, system: str) -> dict:
@@ -99,10 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("--system", required=True)
     cmp.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    for path in (args.db,):
-        if not path.is_file():
-            print(f"kernel_durations: {path}: no such database", file=sys.stderr)
-            return 2
+    if not args.db.is_file():
+        print(f"kernel_durations: {args.db}: no such database", file=sys.stderr)
+        return 2
     if args.command == "select":
         names = bound_variants(args.db, args.system, tuple(args.models))
         if not names:

@@ -1367,10 +1367,12 @@ def _kernel_durations(d: Device, gpu: str, db: Path, out: Path, deadline: float)
     (f32, generated once per machine), run with the L2 hot into a database of their own (a CUPTI
     build is another stack: its results never mix with the campaign's), then compared."""
     script = [str(d.python), str(REPO / "benchmarks" / "kernel_durations.py")]
-    names = d.call([*script, "select", "--db", str(db), "--system", gpu], "kernel_durations.py select").split()
+    names = d.call([*script, "select", "--db", str(db), "--system", gpu, "--models", *MODELS],
+                   "kernel_durations.py select").split()
     project = d.state / "kernels"
     if not d.stamp("kernels-generate").is_file():
-        named = dict(zip(_models(d)["names"], _models(d)["paths"]))
+        models = _models(d)
+        named = dict(zip(models["names"], models["paths"]))
         d.call(d.bz("generate", *(named[m] for m in MODELS), "--out", str(project), "--backend", "cudnn",
                     "--dtype", "f32", "--cupti"), "benanza generate (kernels)")
         configure(d, project / "cudnn")
